@@ -1,0 +1,32 @@
+# Two commands: `make run` (the product, in the foreground) and `make test` (the suite).
+# Both create .venv and install requirements.txt on first use; nothing else is needed
+# but Python 3.11.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test stop install check-deploy clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	@touch $(STAMP)
+
+# exec: make's child is the runner itself, so SIGTERM to make reaches it (see config/devserver.py).
+run: $(STAMP)
+	exec $(PY) -m config.devserver
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Stop the embedded PostgreSQL and Redis (make run and make test stop them on exit).
+stop: $(STAMP)
+	$(PY) -c "from config import embedded; embedded.stop_all()"
+
+clean: stop
+	rm -rf var

@@ -1,0 +1,7 @@
+from django.urls import path
+
+from chat import consumers
+
+websocket_urlpatterns = [
+    path("ws/ops/", consumers.OpsConsumer.as_asgi()),
+]

@@ -1,0 +1,174 @@
+"""`make run`: the whole product in the foreground, for development and demos.
+
+Starts (or reuses) PostgreSQL and Redis, migrates, loads the demo data, then runs
+daphne, a Celery worker and Celery beat with their logs interleaved. Ctrl-C, or
+SIGTERM to this process or to the `make` above it, stops every process it
+started. Production runs the same three commands under its own supervisor (see
+the README).
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from config.env import env_int, env_str
+
+COLOURS = {"run": "1", "web": "36", "worker": "33", "beat": "35"}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_print_lock = threading.Lock()
+
+
+def log(name: str, line: str) -> None:
+    colour = COLOURS.get(name, "0") if sys.stdout.isatty() else None
+    label = f"{name:<6}|"
+    if colour:
+        label = f"\033[{colour}m{label}\033[0m"
+    with _print_lock:
+        print(f"{label} {line}", flush=True)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when `make` dies, so `kill <make>` still cleans up."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _pump(name: str, stream) -> None:
+    for raw in iter(stream.readline, b""):
+        log(name, raw.decode("utf-8", "replace").rstrip())
+
+
+def _wait_ready(url: str, deadline: float, stop: threading.Event) -> dict | None:
+    body = None
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            body = json.load(exc) if exc.code == 503 else None
+        except (OSError, ValueError):
+            pass
+        stop.wait(0.5)
+    return body if body is not None else None
+
+
+def prepare() -> dict[str, str]:
+    """Migrate, collect static files and load demo data. Returns the environment for the children."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connections
+
+    call_command("migrate", "--noinput", verbosity=1)
+    call_command("collectstatic", "--noinput", verbosity=0)
+    call_command("seed_demo")
+    connections.close_all()
+    env = dict(os.environ)
+    # The children reuse the servers found here instead of probing again.
+    env.update(DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1")
+    return env
+
+
+def commands(*, host: str, port: int, var_dir: str) -> dict[str, list[str]]:
+    python = sys.executable
+    return {
+        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
+        "worker": [
+            python, "-m", "celery", "-A", "config", "worker",
+            "-Q", "default,ops,embeddings", "-c", "2", "-l", "INFO", "-n", f"dev-{os.getpid()}@%h",
+        ],
+        "beat": [
+            python, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
+            "-s", os.path.join(var_dir, "celerybeat-schedule"),
+        ],
+    }
+
+
+def main() -> int:
+    _die_with_parent()
+    os.environ.setdefault("DEBUG", "true")
+    host = env_str("HOST", "127.0.0.1")
+    port = env_int("PORT", 8000, minimum=1, maximum=65535)
+    started_at = time.monotonic()
+    stop = threading.Event()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stop.set())
+
+    from config import embedded
+
+    uses_embedded = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
+    if uses_embedded:
+        embedded.hold()
+    children: dict[str, subprocess.Popen] = {}
+    exit_code = 0
+    try:
+        env = prepare()
+        for name, command in commands(host=host, port=port, var_dir=str(embedded.var_dir())).items():
+            process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            children[name] = process
+            threading.Thread(target=_pump, args=(name, process.stdout), daemon=True).start()
+        threading.Thread(
+            target=_announce, args=(host, port, started_at, stop), daemon=True
+        ).start()
+        while not stop.wait(0.2):
+            for name, process in children.items():
+                if process.poll() is not None:
+                    log("run", f"{name} exited with code {process.returncode}; stopping everything")
+                    exit_code = 1
+                    stop.set()
+                    break
+    finally:
+        _terminate(children)
+        if uses_embedded:
+            embedded.release()
+    log("run", "stopped")
+    return exit_code
+
+
+def _announce(host: str, port: int, started_at: float, stop: threading.Event) -> None:
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    body = _wait_ready(f"{base}/readyz", time.monotonic() + 90, stop)
+    if stop.is_set():
+        return
+    if body and body.get("status") == "ok":
+        log("run", f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/)")
+    else:
+        log("run", f"not ready after 90s: {json.dumps(body)}")
+
+
+def _terminate(children: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
+    for process in children.values():
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for name, process in children.items():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log("run", f"{name} did not stop in {grace:.0f}s; killing it")
+        # The whole group: a prefork worker's children must not outlive it.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Liveness and readiness probes.
+
+/healthz answers from the process alone, so a load balancer never restarts a
+healthy web process because a dependency is down. /readyz checks what a request
+needs (database with pgvector, Redis, a live Celery worker) and names each one.
+"""
+
+import time
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from config.celery import app as celery_app
+
+
+@never_cache
+@require_GET
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the pgvector extension is not installed (run migrate)")
+    return f"pgvector {row[0]}"
+
+
+def _check_redis() -> str:
+    timeout = settings.READYZ_TIMEOUT
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+    finally:
+        client.close()
+    return "PONG"
+
+
+def _check_celery() -> str:
+    with celery_app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
+        # ensure_connection fails fast instead of kombu's default retry-forever.
+        conn.ensure_connection(max_retries=1, timeout=settings.READYZ_TIMEOUT)
+        replies = celery_app.control.ping(connection=conn, timeout=settings.READYZ_TIMEOUT, limit=1)
+    if not replies:
+        raise RuntimeError("no Celery worker answered ping")
+    return ", ".join(name for reply in replies for name in reply)
+
+
+CHECKS = (("database", _check_database), ("redis", _check_redis), ("celery", _check_celery))
+
+
+@never_cache
+@require_GET
+def readyz(request):
+    results = {}
+    for name, check in CHECKS:
+        if name == "celery" and not results["redis"]["ok"]:
+            # The broker is Redis: without it a ping can only time out.
+            results[name] = {"ok": False, "error": "skipped: Redis is down"}
+            continue
+        started = time.perf_counter()
+        try:
+            results[name] = {"ok": True, "detail": check()}
+        except Exception as exc:  # noqa: BLE001 - a probe reports every failure, it never raises
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        results[name]["ms"] = round((time.perf_counter() - started) * 1000, 1)
+    failing = [name for name, result in results.items() if not result["ok"]]
+    body = {"status": "fail" if failing else "ok", "failing": failing, "checks": results}
+    return JsonResponse(body, status=503 if failing else 200)

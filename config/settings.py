@@ -1,0 +1,264 @@
+"""The one settings module. Everything deployment-specific comes from the environment.
+
+Defaults are the production-safe choice; conveniences (a generated secret key,
+localhost in ALLOWED_HOSTS, plain-HTTP cookies) appear only with DEBUG on.
+The README's table lists every variable read here.
+"""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
+
+from config import embedded
+from config.env import (
+    check_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    env_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = embedded.var_dir()
+
+DEBUG = env_bool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "Environment variable SECRET_KEY must be set when DEBUG is off "
+            "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
+    # Development only: one random key per checkout, kept so sessions survive restarts.
+    path = VAR_DIR / "dev-secret-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+for _origin in CSRF_TRUSTED_ORIGINS:
+    check_url("CSRF_TRUSTED_ORIGINS", _origin, schemes=("http", "https"))
+
+INSTALLED_APPS = [
+    "daphne",  # first, so `runserver` is the ASGI one
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "inference_ops",
+    "knowledge",
+    "routing",
+    "chat",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- PostgreSQL (with pgvector) ---------------------------------------------------
+
+
+def _database(url: str) -> dict:
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    host = query.pop("host", None) or parts.hostname or ""
+    options: dict = {}
+    if "sslmode" in query:
+        options["sslmode"] = query.pop("sslmode")
+    options["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1)
+    pool_size = env_int("DATABASE_POOL_SIZE", 10, minimum=0)
+    if pool_size:
+        # A psycopg pool per process: under ASGI each request would otherwise pay a
+        # fresh connection (and TLS handshake against a managed database).
+        options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": options,
+        "CONN_HEALTH_CHECKS": not pool_size,
+        "TEST": {"NAME": env_str("DATABASE_TEST_NAME")},
+    }
+
+
+DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or embedded.postgres_url()
+DATABASES = {"default": _database(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: Channels layer, Celery broker, cache ---------------------------------------
+
+REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix")) or embedded.redis_url()
+REDIS_TIMEOUT = env_float("REDIS_TIMEOUT", 5.0, minimum=0.1)
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "gw",
+        "OPTIONS": {"socket_connect_timeout": REDIS_TIMEOUT, "socket_timeout": REDIS_TIMEOUT},
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "gw:asgi", "capacity": 1000, "expiry": 60},
+    }
+}
+
+# --- Celery (read by config/celery.py with the CELERY_ namespace) ----------------------
+
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", schemes=("redis", "rediss", "unix"), default=REDIS_URL)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_EXPIRES = timedelta(days=1)
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", CELERY_TASK_SOFT_TIME_LIMIT + 30, minimum=1)
+if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "Environment variable CELERY_TASK_TIME_LIMIT must be greater than CELERY_TASK_SOFT_TIME_LIMIT."
+    )
+# Tasks are idempotent (they re-read their rows), so a task lost with its worker runs again.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    # Engine processes live on the host that owns the GPU: only its worker consumes `ops`.
+    "inference_ops.tasks.*": {"queue": "ops"},
+    "knowledge.tasks.*": {"queue": "embeddings"},
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_TIMEOUT
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Longer than the hard time limit, or Redis would hand a running task to a second worker.
+    "visibility_timeout": max(3600, CELERY_TASK_TIME_LIMIT * 2),
+    "socket_timeout": REDIS_TIMEOUT,
+    "socket_connect_timeout": REDIS_TIMEOUT,
+}
+CELERY_REDIS_SOCKET_TIMEOUT = REDIS_TIMEOUT
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_TIMEOUT
+CELERY_WORKER_SEND_TASK_EVENTS = False
+CELERY_BEAT_SCHEDULE = {
+    "clear-expired-sessions": {
+        "task": "chat.tasks.sessions_clear_expired",
+        "schedule": crontab(hour=3, minute=17),
+    },
+}
+
+# --- Auth, sessions, security ---------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("TRUST_X_FORWARDED_PROTO", False) else None
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Health probes come from the load balancer over plain HTTP inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 14 * 24 * 3600, minimum=60)
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+# --- Internationalization, static files ---------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env_str("STATIC_ROOT") or VAR_DIR / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- DRF ---------------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
+    + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
+}
+
+# --- Health --------------------------------------------------------------------------------------
+
+READYZ_TIMEOUT = env_float("READYZ_TIMEOUT", 1.0, minimum=0.05)
+
+# --- Logging -------------------------------------------------------------------------------------
+
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

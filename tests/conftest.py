@@ -1,0 +1,86 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from django.conf import settings
+
+from config import embedded
+
+BASE_DIR = settings.BASE_DIR
+
+
+def pytest_configure(config):
+    embedded.hold()
+
+
+def pytest_unconfigure(config):
+    # The last holder out stops the embedded servers (a running `make run` keeps them).
+    embedded.release()
+
+
+def url_with_database(url: str, name: str) -> str:
+    return urlsplit(url)._replace(path="/" + name).geturl()
+
+
+@pytest.fixture(scope="session")
+def test_database_url(django_db_setup) -> str:
+    """A DATABASE_URL naming pytest-django's test database, for child processes."""
+    return url_with_database(settings.DATABASE_URL, settings.DATABASES["default"]["NAME"])
+
+
+@pytest.fixture(scope="session")
+def child_env(test_database_url) -> dict[str, str]:
+    """The environment of this test run, for processes the tests start."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=test_database_url,
+        REDIS_URL=settings.REDIS_URL,
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 15) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(child_env, tmp_path_factory):
+    """A real Celery worker process consuming every queue through the test Redis database."""
+    from config.celery import app
+
+    app.control.purge()  # tasks left by an earlier, interrupted run
+    log_path = tmp_path_factory.mktemp("celery") / "worker.log"
+    hostname = f"test-{os.getpid()}@%h"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default,ops,embeddings",
+             "-c", "1", "-l", "INFO", "-n", hostname],
+            cwd=BASE_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    expected = hostname.replace("%h", os.uname().nodename)
+    while True:
+        replies = app.control.ping(timeout=0.5)
+        if any(expected in reply for reply in replies):
+            break
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_process_group(process)
+            pytest.fail(f"Celery worker did not start:\n{log_path.read_text()}")
+    yield process
+    stop_process_group(process)

@@ -1,0 +1,27 @@
+"""Test settings: the production settings module, fed a test environment.
+
+Only the environment changes; the code under test reads it exactly as production
+does. Redis defaults to database 15 so a test run never touches `make run`'s data.
+"""
+
+import os
+
+from config import embedded
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-" + "x" * 40)
+os.environ.setdefault("DEBUG", "false")
+os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
+os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+if not os.environ.get("REDIS_URL"):
+    os.environ["REDIS_URL"] = embedded.redis_url().rsplit("/", 1)[0] + "/15"
+if not os.environ.get("DATABASE_URL"):
+    os.environ["DATABASE_URL"] = embedded.postgres_url()
+
+from config.settings import *  # noqa: E402,F403
+
+# Tests render templates without running collectstatic first.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when it is missing
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed only; never in production

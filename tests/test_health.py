@@ -1,0 +1,65 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthz_answers_without_touching_dependencies(client, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # even with Redis unreachable
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_is_ready_with_database_redis_and_a_live_worker(client, celery_worker):
+    response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ok"
+    assert body["failing"] == []
+    assert set(body["checks"]) == {"database", "redis", "celery"}
+    assert body["checks"]["database"]["detail"].startswith("pgvector ")
+    assert body["checks"]["redis"]["detail"] == "PONG"
+    assert "test-" in body["checks"]["celery"]["detail"]
+
+
+def test_readyz_names_redis_when_redis_is_down(client, settings, celery_worker):
+    # A real connection to a port where nothing listens: connection refused.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CELERY_BROKER_URL = settings.REDIS_URL
+    response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["status"] == "fail"
+    assert "redis" in body["failing"]
+    assert "Connection" in body["checks"]["redis"]["error"]
+    assert body["checks"]["database"]["ok"] is True
+
+
+def test_readyz_names_celery_when_no_worker_listens(client, settings, celery_worker):
+    # Redis is up, but no worker consumes this broker database.
+    settings.CELERY_BROKER_URL = settings.REDIS_URL.rsplit("/", 1)[0] + "/14"
+    response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["failing"] == ["celery"]
+    assert body["checks"]["celery"]["error"] == "RuntimeError: no Celery worker answered ping"
+
+
+def test_readyz_names_the_database_when_postgres_refuses(child_env):
+    # A separate process, so the test's own database connection stays intact.
+    env = {**child_env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/gateway", "DATABASE_CONNECT_TIMEOUT": "2"}
+    script = (
+        "import django, json; django.setup(); from django.test import Client; "
+        "r = Client().get('/readyz'); print(r.status_code); print(r.content.decode())"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    status, body = result.stdout.strip().split("\n", 1)
+    body = json.loads(body)
+    assert status == "503", result.stderr
+    assert "database" in body["failing"]
+    assert body["checks"]["database"]["ok"] is False
+    assert body["checks"]["redis"]["ok"] is True

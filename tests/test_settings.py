@@ -1,0 +1,62 @@
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from config.settings import BASE_DIR
+
+
+def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def production_env(child_env) -> dict[str, str]:
+    return {
+        **child_env,
+        "DEBUG": "false",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "answers.example.com",
+        "CSRF_TRUSTED_ORIGINS": "https://answers.example.com",
+        "SECURE_SSL_REDIRECT": "true",
+    }
+
+
+def test_check_deploy_is_clean_in_a_production_environment(production_env):
+    result = _manage("check", "--deploy", "--fail-level", "WARNING", env=production_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("DEBUG", "maybe", "Environment variable DEBUG must be a boolean"),
+        ("DATABASE_POOL_SIZE", "ten", "Environment variable DATABASE_POOL_SIZE must be a whole number"),
+        ("REDIS_URL", "http://localhost:6379", "Environment variable REDIS_URL must be a URL with scheme redis"),
+        ("DATABASE_URL", "mysql://db/x", "Environment variable DATABASE_URL must be a URL with scheme postgres"),
+        ("CSRF_TRUSTED_ORIGINS", "answers.example.com", "Environment variable CSRF_TRUSTED_ORIGINS must be a URL"),
+        ("LOG_LEVEL", "LOUD", "Environment variable LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_a_malformed_variable_stops_start_up_naming_it(production_env, variable, value, message):
+    result = _manage("check", env={**production_env, variable: value})
+    assert result.returncode == 2
+    assert f"Configuration error: {message}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_production_refuses_to_start_without_a_secret_key(production_env):
+    env = {key: value for key, value in production_env.items() if key != "SECRET_KEY"}
+    result = _manage("check", env=env)
+    assert result.returncode == 2
+    assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+
+
+def test_a_password_in_a_bad_url_is_not_printed(production_env):
+    result = _manage("check", env={**production_env, "DATABASE_URL": "mysql://user:hunter2@db/x"})
+    assert result.returncode == 2
+    assert "hunter2" not in result.stderr

@@ -1,0 +1,87 @@
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.test import Client
+
+from config.asgi import application
+from config.events import ops_event_abroadcast
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+async def close_executor_connections():
+    """The ORM calls made from async code run in asgiref's shared thread; close its
+    connection afterwards, or the test database could not be dropped at the end."""
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+async def _cookie_for(**fields) -> str:
+    user = await sync_to_async(get_user_model().objects.create_user)(password="pw-123456789", **fields)
+    client = Client()
+    await client.aforce_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def _socket(cookie: str | None = None, origin: str = "http://testserver") -> WebsocketCommunicator:
+    headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    return WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+
+
+def test_the_channel_layer_is_redis():
+    assert isinstance(get_channel_layer(), RedisChannelLayer)
+
+
+async def test_staff_gets_ops_events_broadcast_through_redis():
+    socket = _socket(await _cookie_for(username="ops", is_staff=True))
+    connected, _ = await socket.connect()
+    assert connected
+    assert await socket.receive_json_from(timeout=5) == {"type": "hello", "user": "ops"}
+
+    await socket.send_json_to({"type": "ping"})
+    assert await socket.receive_json_from(timeout=5) == {"type": "pong"}
+
+    await ops_event_abroadcast(kind="engine.status", data={"engine": "local", "status": "ready"})
+    assert await socket.receive_json_from(timeout=5) == {
+        "type": "event",
+        "kind": "engine.status",
+        "data": {"engine": "local", "status": "ready"},
+    }
+    await socket.disconnect()
+
+
+async def test_a_malformed_frame_gets_an_error_not_a_dropped_socket():
+    socket = _socket(await _cookie_for(username="ops", is_staff=True))
+    await socket.connect()
+    await socket.receive_json_from(timeout=5)
+    await socket.send_to(text_data="{not json")
+    frame = await socket.receive_json_from(timeout=5)
+    assert frame["type"] == "error" and frame["code"] == "bad_json"
+    await socket.send_json_to({"type": "ping"})
+    assert await socket.receive_json_from(timeout=5) == {"type": "pong"}
+    await socket.disconnect()
+
+
+async def test_anonymous_sockets_are_rejected_before_accept():
+    connected, code = await _socket().connect()
+    assert connected is False
+    assert code == 4403
+
+
+async def test_non_staff_users_are_rejected_before_accept():
+    connected, code = await _socket(await _cookie_for(username="user")).connect()
+    assert connected is False
+    assert code == 4403
+
+
+async def test_foreign_origins_are_rejected():
+    cookie = await _cookie_for(username="ops", is_staff=True)
+    connected, _ = await _socket(cookie, origin="http://evil.example").connect()
+    assert connected is False
