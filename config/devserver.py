@@ -147,7 +147,7 @@ def _announce(host: str, port: int, started_at: float, stop: threading.Event) ->
     if stop.is_set():
         return
     if body and body.get("status") == "ok":
-        log("run", f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/)")
+        log("run", f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/, login printed above)")
     else:
         log("run", f"not ready after 90s: {json.dumps(body)}")
 

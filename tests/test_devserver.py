@@ -1,0 +1,70 @@
+"""`make run`'s runner, end to end: real daphne, a real worker and beat, then a clean stop."""
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from config.settings import BASE_DIR
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):
+    port = _free_port()
+    env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO"}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "config.devserver"], cwd=BASE_DIR, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in runner.stdout:
+            lines.append(line)
+            if "ready in" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert ready.wait(120), "".join(lines)
+        descendants = psutil.Process(runner.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in descendants)
+        assert "daphne" in names and "worker" in names and "beat" in names
+
+        assert "admin login: admin / " in "".join(lines)
+        base = f"http://127.0.0.1:{port}"
+        status, body = _get(f"{base}/readyz")
+        assert status == 200, body
+        status, body = _get(f"{base}/admin/login/")
+        assert status == 200 and b'name="username"' in body
+        status, _ = _get(f"{base}/static/admin/css/base.css")
+        assert status == 200
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(60)
+    assert runner.returncode == 0, "".join(lines)
+    time.sleep(0.2)
+    assert [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert "stopped" in lines[-1]
