@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "rest_framework",
     "channels",
     "inference_ops",
@@ -246,6 +247,28 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
 }
+
+# --- Knowledge base ------------------------------------------------------------------------------
+
+KB_EMBEDDING_BACKEND = env_choice("KB_EMBEDDING_BACKEND", "local", ("local", "openai"))
+KB_EMBEDDING_MODEL = env_str("KB_EMBEDDING_MODEL", "all-MiniLM-L6-v2" if KB_EMBEDDING_BACKEND == "local" else None)
+KB_EMBEDDING_DIMENSIONS = env_int("KB_EMBEDDING_DIMENSIONS", 384, minimum=1, maximum=16000)
+KB_EMBEDDING_BASE_URL = env_url("KB_EMBEDDING_BASE_URL", schemes=("http", "https"), default="")
+KB_EMBEDDING_API_KEY_ENV = env_str("KB_EMBEDDING_API_KEY_ENV", "")
+if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING_BASE_URL):
+    raise ImproperlyConfigured(
+        "Environment variables KB_EMBEDDING_MODEL and KB_EMBEDDING_BASE_URL must be set when "
+        "KB_EMBEDDING_BACKEND is openai."
+    )
+# A vector hit needs the score to reach the threshold AND to beat the best other entry by the
+# margin: near-miss wordings with another meaning score high on both entries.
+KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", 0.80, minimum=0.0)
+KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", 0.05, minimum=0.0)
+KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
+KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
+KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
+KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
+KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.85, minimum=0.0)
 
 # --- Health --------------------------------------------------------------------------------------
 

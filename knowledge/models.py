@@ -1,0 +1,150 @@
+"""The knowledge base: curated entries, their phrasings and passages, and vectors per model.
+
+Vectors live in their own tables keyed by embedding model, because a model change
+re-embeds everything while the old vectors keep serving: for a while each
+phrasing has two vectors, of two models and possibly two dimensions. The vector
+column is therefore untyped; each model gets a partial HNSW index on
+`embedding::vector(dims)` (see `knowledge.services.embedding_model_index_ensure`).
+"""
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from pgvector.django import VectorField
+
+
+class EmbeddingModel(models.Model):
+    class Backend(models.TextChoices):
+        LOCAL = "local", "sentence-transformers, in process"
+        OPENAI = "openai", "OpenAI-compatible /v1/embeddings"
+
+    class State(models.TextChoices):
+        BUILDING = "building", "building (not serving yet)"
+        SERVING = "serving", "serving"
+        RETIRED = "retired", "retired"
+
+    name = models.CharField(max_length=200, unique=True)
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    base_url = models.URLField(blank=True, help_text="For the openai backend: the server's /v1 URL.")
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Name of the environment variable holding the API key (never the key)."
+    )
+    dimensions = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.BUILDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    serving_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # At most one model serves queries at a time.
+            models.UniqueConstraint(fields=["state"], condition=models.Q(state="serving"), name="one_serving_model"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.get_state_display()})"
+
+
+class Entry(models.Model):
+    class Kind(models.TextChoices):
+        FAQ = "faq", "FAQ (may be answered directly)"
+        RULE = "rule", "Business rule (context only)"
+        DOCUMENT = "document", "Document (context only, split into passages)"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.FAQ)
+    question = models.TextField(help_text="The question, or the title of a rule or document.")
+    aliases = ArrayField(models.TextField(), default=list, blank=True, help_text="Other phrasings, one per line.")
+    answer = models.TextField(help_text="Markdown. For a document, its full text.")
+    tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    active = models.BooleanField(default=True)
+    threshold = models.FloatField(
+        null=True, blank=True, help_text="Similarity needed for a direct answer; empty for the global threshold."
+    )
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # Bumped whenever the text changes: a queued embedding task for an older version does nothing.
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "entries"
+        indexes = [GinIndex(fields=["tags"]), models.Index(fields=["kind", "active"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(threshold__isnull=True) | models.Q(threshold__gte=0, threshold__lte=1),
+                name="entry_threshold_between_0_and_1",
+            )
+        ]
+
+    def __str__(self):
+        return self.question[:80]
+
+    @property
+    def citation(self) -> str:
+        return f"KB#{self.pk}: {self.question[:80]}"
+
+
+class Phrasing(models.Model):
+    """The question or one alias of an entry, normalized for exact match."""
+
+    entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="phrasings")
+    text = models.TextField()
+    normalized = models.TextField(db_index=True)
+    primary = models.BooleanField(default=False)
+
+
+class Passage(models.Model):
+    """A retrievable piece of an entry: the whole of a short entry, a paragraph group of a document."""
+
+    entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="passages")
+    ordinal = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["entry_id", "ordinal"]
+        constraints = [models.UniqueConstraint(fields=["entry", "ordinal"], name="passage_unique_ordinal")]
+
+
+class PhrasingVector(models.Model):
+    phrasing = models.ForeignKey(Phrasing, on_delete=models.CASCADE, related_name="vectors")
+    model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE)
+    embedding = VectorField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["phrasing", "model"], name="phrasing_vector_unique")]
+
+
+class PassageVector(models.Model):
+    passage = models.ForeignKey(Passage, on_delete=models.CASCADE, related_name="vectors")
+    model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE)
+    embedding = VectorField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["passage", "model"], name="passage_vector_unique")]
+
+
+class Miss(models.Model):
+    """A question the KB did not answer directly and a model answered instead.
+
+    Misses are grouped by similarity (`group` points at the first miss of its
+    group) so curators see the most-asked missing questions first.
+    """
+
+    question = models.TextField()
+    normalized = models.TextField(db_index=True)
+    answer = models.TextField(blank=True)
+    best_entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    best_score = models.FloatField(null=True, blank=True)
+    group = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
+    count = models.PositiveIntegerField(default=1, help_text="On a group's first miss: how many misses it holds.")
+    embedding = VectorField(null=True, blank=True)
+    model = models.ForeignKey(EmbeddingModel, null=True, blank=True, on_delete=models.SET_NULL)
+    resolved_by = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "KB miss"
+        indexes = [models.Index(fields=["-count"], condition=models.Q(group__isnull=True), name="miss_group_heads")]
+
+    def __str__(self):
+        return self.question[:80]

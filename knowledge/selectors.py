@@ -1,0 +1,203 @@
+"""Reads from the knowledge base: direct answers, matches, and context for generation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+
+from knowledge.embeddings import embed_query
+from knowledge.models import EmbeddingModel, Entry, Phrasing
+from knowledge.normalize import lexical_similarity, normalize
+from knowledge.services import spec_of
+
+# How long a process trusts its idea of the serving model. A model switch reaches
+# every process within this time; until then the old vectors (still present) serve.
+_SERVING_TTL = 10.0
+_serving: tuple[float, EmbeddingModel | None] = (0.0, None)
+
+
+def serving_model() -> EmbeddingModel | None:
+    global _serving
+    checked_at, model = _serving
+    if time.monotonic() - checked_at > _SERVING_TTL or model is None:
+        model = EmbeddingModel.objects.filter(state=EmbeddingModel.State.SERVING).first()
+        _serving = (time.monotonic(), model)
+    return model
+
+
+def serving_model_forget() -> None:
+    global _serving
+    _serving = (0.0, None)
+
+
+@dataclass
+class Match:
+    entry: Entry
+    score: float
+    phrasing: str = ""
+    lexical: float | None = None
+
+
+@dataclass
+class DirectAnswer:
+    hit: bool
+    method: str  # exact | vector | none
+    reason: str
+    entry: Entry | None = None
+    score: float | None = None
+    runner_up: Match | None = None
+    matches: list[Match] = field(default_factory=list)
+    threshold: float | None = None
+    margin: float | None = None
+
+
+@dataclass
+class ContextPassage:
+    entry_id: int
+    title: str
+    kind: str
+    text: str
+    score: float
+
+    @property
+    def label(self) -> str:
+        return f"KB#{self.entry_id}: {self.title[:80]}"
+
+
+def _vector_literal(vector) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+
+
+def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) -> list[tuple[int, float]]:
+    """(owner id, cosine similarity) of the nearest vectors of `model`, through its HNSW index."""
+    dims = int(model.dimensions)
+    # The model id and dimensions are integers from our own rows; inlining them lets the
+    # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
+    sql = (
+        f"SELECT {owner}_id, 1 - ((embedding::vector({dims})) <=> %s::vector({dims})) AS score "
+        f"FROM {table} WHERE model_id = {int(model.pk)} "
+        f"ORDER BY (embedding::vector({dims})) <=> %s::vector({dims}) LIMIT %s"
+    )
+    literal = _vector_literal(vector)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [literal, literal, limit])
+        return cursor.fetchall()
+
+
+def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = None) -> list[Match]:
+    """The nearest active FAQ entries by vector, best phrasing per entry, best first."""
+    model = model or serving_model()
+    if model is None:
+        return []
+    vector = embed_query(spec_of(model), text)
+    nearest = _nearest("knowledge_phrasingvector", "phrasing", model, vector, 40)
+    phrasings = Phrasing.objects.select_related("entry").in_bulk([pid for pid, _ in nearest])
+    best: dict[int, Match] = {}
+    for phrasing_id, score in nearest:
+        phrasing = phrasings.get(phrasing_id)
+        if phrasing is None or not phrasing.entry.active or phrasing.entry.kind != Entry.Kind.FAQ:
+            continue
+        if phrasing.entry_id not in best:
+            best[phrasing.entry_id] = Match(entry=phrasing.entry, score=float(score), phrasing=phrasing.text)
+    return sorted(best.values(), key=lambda match: -match.score)[:limit]
+
+
+def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
+    """Can the KB answer `text` by itself? Exact match first, then a guarded vector match."""
+    key = normalize(text)
+    if not key:
+        return DirectAnswer(hit=False, method="none", reason="the question is empty")
+    exact = (
+        Phrasing.objects.filter(normalized=key, entry__active=True, entry__kind=Entry.Kind.FAQ)
+        .select_related("entry")
+        .order_by("entry_id")
+        .first()
+    )
+    if exact is not None and not with_matches:
+        return DirectAnswer(
+            hit=True, method="exact", entry=exact.entry, score=1.0,
+            reason=f"exact match on {'the question' if exact.primary else 'an alias'} (normalized)",
+        )
+    matches = faq_matches(text, limit=5)
+    if exact is not None:
+        return DirectAnswer(
+            hit=True, method="exact", entry=exact.entry, score=1.0, matches=matches,
+            reason=f"exact match on {'the question' if exact.primary else 'an alias'} (normalized)",
+        )
+    if not matches:
+        return DirectAnswer(hit=False, method="none", reason="no FAQ entry has a current embedding")
+    best = matches[0]
+    runner_up = matches[1] if len(matches) > 1 else None
+    threshold = best.entry.threshold if best.entry.threshold is not None else settings.KB_DIRECT_THRESHOLD
+    margin = best.score - (runner_up.score if runner_up else 0.0)
+    common = dict(method="vector", entry=best.entry, score=best.score, runner_up=runner_up,
+                  matches=matches, threshold=threshold, margin=margin)
+    if best.score < threshold:
+        return DirectAnswer(hit=False, reason=f"best score {best.score:.3f} is below the threshold {threshold:.2f}",
+                            **common)
+    if margin < settings.KB_DIRECT_MARGIN:
+        return DirectAnswer(
+            hit=False,
+            reason=(f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "
+                    f"{best.score:.3f} (margin {margin:.3f} < {settings.KB_DIRECT_MARGIN:.2f})"),
+            **common,
+        )
+    if runner_up is not None:
+        _lexical_fill(text, [best, runner_up])
+        if runner_up.lexical > best.lexical:
+            # The embedding prefers one entry, the words another: the near-miss case
+            # ("cancel my subscription" vs "cancel my order", 订阅 vs 订单). Not sure means no.
+            return DirectAnswer(
+                hit=False,
+                reason=(f"the words match KB#{runner_up.entry.pk} better ({runner_up.lexical:.2f} vs "
+                        f"{best.lexical:.2f}) than the embedding's choice"),
+                **common,
+            )
+    return DirectAnswer(
+        hit=True,
+        reason=f"score {best.score:.3f} ≥ threshold {threshold:.2f}, margin {margin:.3f} over the runner-up",
+        **common,
+    )
+
+
+def _lexical_fill(text: str, matches: list[Match]) -> None:
+    """Best lexical similarity of `text` to any phrasing of each match's entry."""
+    rows = Phrasing.objects.filter(entry_id__in=[m.entry.pk for m in matches]).values_list("entry_id", "text")
+    for match in matches:
+        match.lexical = max((lexical_similarity(text, t) for eid, t in rows if eid == match.entry.pk), default=0.0)
+
+
+def context_passages(text: str, *, k: int | None = None, min_score: float | None = None) -> list[ContextPassage]:
+    """Top-k passages of active entries of any kind, for the prompt, each with a citation label."""
+    k = k or settings.KB_CONTEXT_K
+    min_score = settings.KB_CONTEXT_MIN_SCORE if min_score is None else min_score
+    model = serving_model()
+    if model is None or not normalize(text):
+        return []
+    vector = embed_query(spec_of(model), text)
+    nearest = _nearest("knowledge_passagevector", "passage", model, vector, max(k * 4, 20))
+    from knowledge.models import Passage
+
+    passages = Passage.objects.select_related("entry").in_bulk([pid for pid, _ in nearest])
+    out = []
+    for passage_id, score in nearest:
+        passage = passages.get(passage_id)
+        if passage is None or not passage.entry.active or score < min_score:
+            continue
+        out.append(ContextPassage(entry_id=passage.entry_id, title=passage.entry.question,
+                                  kind=passage.entry.kind, text=passage.text, score=float(score)))
+        if len(out) == k:
+            break
+    return out
+
+
+async def adirect_answer(text: str) -> DirectAnswer:
+    return await sync_to_async(direct_answer)(text)
+
+
+async def acontext_passages(text: str, *, k: int | None = None) -> list[ContextPassage]:
+    return await sync_to_async(context_passages)(text, k=k)

@@ -1,0 +1,396 @@
+"""Writes to the knowledge base. Validate, then mutate; embedding happens after commit."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from knowledge.embeddings import EmbeddingSpec, embed_texts
+from knowledge.exceptions import EntryInvalid
+from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
+from knowledge.normalize import normalize
+
+TEXT_FIELDS = ("kind", "question", "aliases", "answer")
+EDITABLE_FIELDS = (*TEXT_FIELDS, "tags", "active", "threshold")
+
+# --- embedding models -------------------------------------------------------------------------
+
+
+def configured_spec() -> EmbeddingSpec:
+    return EmbeddingSpec(
+        name=settings.KB_EMBEDDING_MODEL,
+        backend=settings.KB_EMBEDDING_BACKEND,
+        dimensions=settings.KB_EMBEDDING_DIMENSIONS,
+        base_url=settings.KB_EMBEDDING_BASE_URL or "",
+        api_key_env=settings.KB_EMBEDDING_API_KEY_ENV or "",
+    )
+
+
+def spec_of(model: EmbeddingModel) -> EmbeddingSpec:
+    return EmbeddingSpec(
+        name=model.name,
+        backend=model.backend,
+        dimensions=model.dimensions,
+        base_url=model.base_url,
+        api_key_env=model.api_key_env,
+    )
+
+
+def embedding_model_ensure() -> EmbeddingModel:
+    """The row of the configured model; on a fresh database it serves at once (nothing to re-embed)."""
+    spec = configured_spec()
+    with transaction.atomic():
+        model, _ = EmbeddingModel.objects.select_for_update().get_or_create(
+            name=spec.name,
+            defaults={
+                "backend": spec.backend,
+                "dimensions": spec.dimensions,
+                "base_url": spec.base_url,
+                "api_key_env": spec.api_key_env,
+            },
+        )
+        if model.state != EmbeddingModel.State.SERVING and not EmbeddingModel.objects.filter(
+            state=EmbeddingModel.State.SERVING
+        ).exists():
+            _embedding_model_promote(model)
+        elif model.state == EmbeddingModel.State.RETIRED:
+            model.state = EmbeddingModel.State.BUILDING
+            model.save(update_fields=["state"])
+    embedding_model_index_ensure(model=model)
+    return model
+
+
+def embedding_model_index_ensure(*, model: EmbeddingModel) -> None:
+    """Partial HNSW indexes for one model's vectors (cosine); idempotent."""
+    with connection.cursor() as cursor:
+        for table in ("knowledge_phrasingvector", "knowledge_passagevector"):
+            # Identifiers built from integers only: nothing user-supplied reaches this DDL.
+            cursor.execute(
+                f"CREATE INDEX IF NOT EXISTS {table}_hnsw_m{int(model.pk)} ON {table} "
+                f"USING hnsw ((embedding::vector({int(model.dimensions)})) vector_cosine_ops) "
+                f"WHERE model_id = {int(model.pk)}"
+            )
+
+
+def _embedding_model_promote(model: EmbeddingModel) -> None:
+    EmbeddingModel.objects.filter(state=EmbeddingModel.State.SERVING).exclude(pk=model.pk).update(
+        state=EmbeddingModel.State.RETIRED
+    )
+    model.state = EmbeddingModel.State.SERVING
+    model.serving_since = timezone.now()
+    model.save(update_fields=["state", "serving_since"])
+
+
+def embedding_models_active() -> list[EmbeddingModel]:
+    """Models that need vectors for new text: the serving one and any being built."""
+    models = list(
+        EmbeddingModel.objects.filter(state__in=[EmbeddingModel.State.SERVING, EmbeddingModel.State.BUILDING])
+    )
+    return models or [embedding_model_ensure()]
+
+
+def kb_reembed(*, batch_size: int = 128, progress=None) -> EmbeddingModel:
+    """Embed everything with the configured model, then let it serve.
+
+    The serving model keeps answering until every phrasing and passage has a
+    vector of the new model; the switch is one transaction, and the old model's
+    vectors are dropped after it.
+    """
+    model = embedding_model_ensure()
+    missing_vectors_embed(model=model, batch_size=batch_size, progress=progress)
+    with transaction.atomic():
+        model = EmbeddingModel.objects.select_for_update().get(pk=model.pk)
+        if _missing(model).exists():  # entries edited meanwhile: their tasks embed them for both models
+            missing_vectors_embed(model=model, batch_size=batch_size)
+        if model.state != EmbeddingModel.State.SERVING:
+            _embedding_model_promote(model)
+    PhrasingVector.objects.exclude(model=model).delete()
+    PassageVector.objects.exclude(model=model).delete()
+    return model
+
+
+def _missing(model: EmbeddingModel):
+    return Phrasing.objects.exclude(vectors__model=model)
+
+
+def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progress=None) -> int:
+    """Embed every phrasing and passage that has no vector of `model`. Returns how many."""
+    spec = spec_of(model)
+    done = 0
+    for owner, vector_model, field in (
+        (Phrasing, PhrasingVector, "phrasing"),
+        (Passage, PassageVector, "passage"),
+    ):
+        while True:
+            rows = list(
+                owner.objects.exclude(vectors__model=model).select_related("entry").order_by("pk")[:batch_size]
+            )
+            if not rows:
+                break
+            vectors = embed_texts(spec, [_embedding_text(row) for row in rows])
+            vector_model.objects.bulk_create(
+                [vector_model(**{field: row}, model=model, embedding=vector) for row, vector in zip(rows, vectors)],
+                ignore_conflicts=True,
+            )
+            done += len(rows)
+            if progress:
+                progress(done)
+    return done
+
+
+def _embedding_text(row: Phrasing | Passage) -> str:
+    if isinstance(row, Phrasing):
+        return row.text
+    # A passage is embedded with its entry's title: a paragraph alone often lacks its subject.
+    if row.entry.kind == Entry.Kind.DOCUMENT:
+        return f"{row.entry.question}\n{row.text}"
+    return row.text
+
+
+# --- entries ----------------------------------------------------------------------------------
+
+
+def _clean_list(values: Iterable[str] | str | None) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = re.split(r"[\n|]", values)
+    out: list[str] = []
+    for value in values:
+        value = str(value).strip()
+        if value and value not in out:
+            out.append(value)
+    return out
+
+
+def entry_validate(fields: dict) -> dict:
+    """Return cleaned fields or raise EntryInvalid naming each bad field."""
+    errors: dict[str, str] = {}
+    cleaned = dict(fields)
+    for name in ("question", "answer"):
+        if name in cleaned:
+            cleaned[name] = str(cleaned[name] or "").strip()
+            if not cleaned[name]:
+                errors[name] = "must not be empty"
+            elif not normalize(cleaned[name]) and name == "question":
+                errors[name] = "must contain letters or digits"
+    if "kind" in cleaned and cleaned["kind"] not in Entry.Kind.values:
+        errors["kind"] = f"must be one of {', '.join(Entry.Kind.values)}; got {cleaned['kind']!r}"
+    if "aliases" in cleaned:
+        cleaned["aliases"] = _clean_list(cleaned["aliases"])
+    if "tags" in cleaned:
+        cleaned["tags"] = [tag.lower() for tag in _clean_list(cleaned["tags"])]
+        if any(len(tag) > 64 for tag in cleaned["tags"]):
+            errors["tags"] = "each tag must be at most 64 characters"
+    if cleaned.get("threshold") is not None:
+        try:
+            cleaned["threshold"] = float(cleaned["threshold"])
+        except (TypeError, ValueError):
+            errors["threshold"] = "must be a number between 0 and 1"
+        else:
+            if not 0 <= cleaned["threshold"] <= 1:
+                errors["threshold"] = "must be a number between 0 and 1"
+    if errors:
+        raise EntryInvalid(errors)
+    return cleaned
+
+
+def entry_create(
+    *,
+    question: str,
+    answer: str,
+    kind: str = Entry.Kind.FAQ,
+    aliases: Iterable[str] | str = (),
+    tags: Iterable[str] | str = (),
+    active: bool = True,
+    threshold: float | None = None,
+    author=None,
+    embed: str = "async",
+) -> Entry:
+    """Create an entry. `embed`: "async" (Celery, after commit), "sync" (now), or "none"."""
+    fields = entry_validate(
+        {"question": question, "answer": answer, "kind": kind, "aliases": aliases, "tags": tags, "threshold": threshold}
+    )
+    with transaction.atomic():
+        entry = Entry.objects.create(**fields, active=active, author=author)
+        _rebuild_texts(entry)
+        _after_text_change(entry, embed)
+    return entry
+
+
+def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
+    """Update an entry. A text change replaces its phrasings and passages in the same
+    transaction, so the old wording can never answer again, and bumps `version`."""
+    unknown = set(changes) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise EntryInvalid({name: "is not an editable field" for name in sorted(unknown)})
+    changes = entry_validate(changes)
+    with transaction.atomic():
+        entry = Entry.objects.select_for_update().get(pk=entry.pk)
+        text_changed = any(name in changes and getattr(entry, name) != changes[name] for name in TEXT_FIELDS)
+        for name, value in changes.items():
+            setattr(entry, name, value)
+        if text_changed:
+            entry.version += 1
+        entry.save()
+        if text_changed:
+            _rebuild_texts(entry)
+            _after_text_change(entry, embed)
+    return entry
+
+
+def entries_set_active(*, ids: Iterable[int], active: bool) -> int:
+    return Entry.objects.filter(pk__in=list(ids)).exclude(active=active).update(active=active, updated_at=timezone.now())
+
+
+def entry_delete(*, entry: Entry) -> None:
+    entry.delete()
+
+
+def _rebuild_texts(entry: Entry) -> None:
+    entry.phrasings.all().delete()
+    entry.passages.all().delete()
+    if entry.kind == Entry.Kind.FAQ:
+        # Only FAQ entries answer directly, so only they need matchable phrasings.
+        seen = set()
+        rows = []
+        for index, text in enumerate([entry.question, *entry.aliases]):
+            key = normalize(text)
+            if key and key not in seen:
+                seen.add(key)
+                rows.append(Phrasing(entry=entry, text=text, normalized=key, primary=index == 0))
+        Phrasing.objects.bulk_create(rows)
+    if entry.kind == Entry.Kind.DOCUMENT:
+        chunks = split_passages(entry.answer, settings.KB_PASSAGE_CHARS)
+    else:
+        chunks = [f"{entry.question}\n{entry.answer}"]
+    Passage.objects.bulk_create([Passage(entry=entry, ordinal=i, text=chunk) for i, chunk in enumerate(chunks)])
+
+
+def split_passages(text: str, limit: int) -> list[str]:
+    """Paragraphs packed into passages of at most `limit` characters; a longer paragraph
+    is cut at sentence ends. A rule book is then retrieved by the paragraph that matters."""
+    pieces: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text.strip()):
+        paragraph = paragraph.strip()
+        while len(paragraph) > limit:
+            cut = max(paragraph.rfind(mark, 0, limit) for mark in (". ", "。", "! ", "? ", "；", "\n"))
+            cut = cut + 1 if cut > limit // 3 else limit
+            pieces.append(paragraph[:cut].strip())
+            paragraph = paragraph[cut:].strip()
+        if paragraph:
+            pieces.append(paragraph)
+    passages: list[str] = []
+    for piece in pieces:
+        if passages and len(passages[-1]) + 2 + len(piece) <= limit:
+            passages[-1] += "\n\n" + piece
+        else:
+            passages.append(piece)
+    return passages or [text.strip()]
+
+
+def _after_text_change(entry: Entry, embed: str) -> None:
+    if embed == "sync":
+        entry_embed(entry_id=entry.pk, version=entry.version)
+    elif embed == "async":
+        from knowledge.tasks import entry_embed_task
+
+        entry_id, version = entry.pk, entry.version
+        transaction.on_commit(lambda: entry_embed_task.delay(entry_id, version))
+
+
+def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
+    """Embed one entry's phrasings and passages for every active model.
+
+    Safe to run twice and safe to run late: it does nothing for a deleted entry or
+    for an entry edited since `version` (the newer edit has its own task).
+    """
+    entry = Entry.objects.filter(pk=entry_id).first()
+    if entry is None or (version is not None and entry.version != version):
+        return False
+    phrasings = list(entry.phrasings.all())
+    passages = list(entry.passages.select_related("entry"))
+    computed = []
+    for model in embedding_models_active():
+        spec = spec_of(model)
+        # The model runs outside any transaction: a slow embedding holds no row lock.
+        computed.append(
+            (
+                model,
+                embed_texts(spec, [_embedding_text(p) for p in phrasings]),
+                embed_texts(spec, [_embedding_text(p) for p in passages]),
+            )
+        )
+    with transaction.atomic():
+        current = Entry.objects.select_for_update().filter(pk=entry_id).first()
+        if current is None or current.version != entry.version:
+            return False
+        for model, phrasing_vectors, passage_vectors in computed:
+            PhrasingVector.objects.bulk_create(
+                [PhrasingVector(phrasing=p, model=model, embedding=v) for p, v in zip(phrasings, phrasing_vectors)],
+                ignore_conflicts=True,
+            )
+            PassageVector.objects.bulk_create(
+                [PassageVector(passage=p, model=model, embedding=v) for p, v in zip(passages, passage_vectors)],
+                ignore_conflicts=True,
+            )
+    return True
+
+
+# --- misses -----------------------------------------------------------------------------------
+
+
+def miss_record(*, question: str, answer: str = "", best_entry_id: int | None = None,
+                best_score: float | None = None) -> Miss:
+    """Record a question the KB missed and a model answered, grouped with similar misses."""
+    from knowledge.selectors import serving_model
+
+    key = normalize(question)
+    model = serving_model()
+    vector = None
+    if model is not None:
+        from knowledge.embeddings import embed_query
+
+        vector = list(embed_query(spec_of(model), question))
+    with transaction.atomic():
+        head = _miss_group_head(key, model, vector)
+        miss = Miss.objects.create(
+            question=question.strip(), normalized=key, answer=answer, best_entry_id=best_entry_id,
+            best_score=best_score, group=head, embedding=vector, model=model,
+        )
+        if head is None:
+            return miss
+        Miss.objects.filter(pk=head.pk).update(count=F("count") + 1)
+    return miss
+
+
+def _miss_group_head(key: str, model, vector) -> Miss | None:
+    heads = Miss.objects.filter(group__isnull=True, resolved_by__isnull=True)
+    same = heads.filter(normalized=key).first()
+    if same is not None or vector is None:
+        return same
+    from pgvector.django import CosineDistance
+
+    nearest = (
+        heads.filter(model=model)
+        .annotate(distance=CosineDistance("embedding", vector))
+        .order_by("distance")
+        .first()
+    )
+    if nearest is not None and 1 - nearest.distance >= settings.KB_MISS_GROUP_SCORE:
+        return nearest
+    return None
+
+
+def miss_to_entry(*, miss: Miss, question: str | None = None, answer: str | None = None, author=None) -> Entry:
+    """Turn a missed question and its generated answer into a KB entry; resolves its group."""
+    entry = entry_create(question=question or miss.question, answer=answer or miss.answer, author=author)
+    head = miss.group or miss
+    Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
+    Miss.objects.filter(group=head).update(resolved_by=entry)
+    return entry
