@@ -1,0 +1,116 @@
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from knowledge.models import Entry, PhrasingVector
+from knowledge.selectors import direct_answer
+
+pytestmark = pytest.mark.django_db
+
+GOOD = [
+    {"question": "Do you ship to Norway?", "answer": "Yes, in 3 to 5 days.", "aliases": ["delivery to Norway"],
+     "tags": ["shipping"]},
+    {"question": "Refund window", "answer": "30 days from delivery.", "kind": "rule", "tags": "policy,refunds"},
+]
+
+
+def _jsonl(tmp_path, rows, name="kb.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_import_embeds_synchronously_so_entries_answer_when_it_returns(tmp_path, capsys):
+    call_command("kb_import", _jsonl(tmp_path, GOOD))
+    assert "2 created, 0 updated, 0 unchanged, 0 rejected" in capsys.readouterr().out
+    norway = Entry.objects.get(question="Do you ship to Norway?")
+    assert norway.aliases == ["delivery to Norway"] and norway.tags == ["shipping"]
+    assert Entry.objects.get(question="Refund window").tags == ["policy", "refunds"]
+    assert PhrasingVector.objects.filter(phrasing__entry=norway).count() == 2
+    result = direct_answer("can you deliver to norway")
+    assert result.hit and result.entry == norway
+
+
+def test_importing_the_same_file_twice_updates_instead_of_duplicating(tmp_path, capsys):
+    path = _jsonl(tmp_path, GOOD)
+    call_command("kb_import", path)
+    call_command("kb_import", path)
+    assert "0 created, 0 updated, 2 unchanged" in capsys.readouterr().out
+    assert Entry.objects.count() == 2
+
+    changed = [{**GOOD[0], "question": "DO YOU SHIP TO NORWAY", "answer": "Yes, in 2 days."}]
+    call_command("kb_import", _jsonl(tmp_path, changed, "v2.jsonl"))
+    assert Entry.objects.count() == 2
+    assert Entry.objects.get(question="DO YOU SHIP TO NORWAY").answer == "Yes, in 2 days."
+
+
+def test_an_id_column_updates_that_entry(tmp_path):
+    call_command("kb_import", _jsonl(tmp_path, GOOD))
+    entry = Entry.objects.get(question="Refund window")
+    call_command("kb_import", _jsonl(tmp_path, [{"id": entry.pk, "question": "Refund period",
+                                                 "answer": "14 days.", "kind": "rule"}], "v2.jsonl"))
+    entry.refresh_from_db()
+    assert (entry.question, entry.answer) == ("Refund period", "14 days.")
+
+
+def test_bad_rows_are_reported_by_line_and_skipped_while_good_rows_import(tmp_path, capsys):
+    rows = [
+        GOOD[0],
+        '{"question": "broken", ',
+        {"question": "No answer here?"},
+        {"question": "Odd kind?", "answer": "x", "kind": "poem"},
+        {"question": "Unknown column?", "answer": "x", "colour": "red"},
+        {"id": 999999, "question": "Ghost?", "answer": "x"},
+        GOOD[1],
+        {**GOOD[0], "answer": "again"},
+    ]
+    with pytest.raises(CommandError, match="6 row\\(s\\) rejected"):
+        call_command("kb_import", _jsonl(tmp_path, rows))
+    err = capsys.readouterr().err
+    assert "kb.jsonl:2: not valid JSON" in err
+    assert "kb.jsonl:3: answer: must not be empty" in err
+    assert "kb.jsonl:4: kind: must be one of faq, rule, document; got 'poem'" in err
+    assert "kb.jsonl:5: colour: is not a known column" in err
+    assert "kb.jsonl:6: no entry has id 999999" in err
+    assert "kb.jsonl:8: duplicates line 1" in err
+    assert sorted(Entry.objects.values_list("question", flat=True)) == ["Do you ship to Norway?", "Refund window"]
+
+
+def test_csv_import_and_export_round_trip(tmp_path):
+    source = tmp_path / "kb.csv"
+    source.write_text(
+        "question,answer,aliases,kind,tags\n"
+        '"How do I pay?","By card, or by bank transfer.",payment options|paying,faq,billing\n'
+        "如何付款？,银行卡或转账。,怎么付款,faq,billing|zh\n",
+        encoding="utf-8",
+    )
+    call_command("kb_import", str(source))
+    entry = Entry.objects.get(question="How do I pay?")
+    assert entry.aliases == ["payment options", "paying"]
+    assert Entry.objects.get(question="如何付款？").tags == ["billing", "zh"]
+    assert direct_answer("怎么付款").entry.answer == "银行卡或转账。"
+
+    exported = tmp_path / "out.csv"
+    call_command("kb_export", str(exported))
+    Entry.objects.update(answer="overwritten")
+    call_command("kb_import", str(exported))
+    assert Entry.objects.get(pk=entry.pk).answer == "By card, or by bank transfer."
+    assert Entry.objects.count() == 2
+
+
+def test_export_writes_jsonl_that_import_reads(tmp_path, capsys):
+    call_command("kb_import", _jsonl(tmp_path, GOOD))
+    capsys.readouterr()
+    call_command("kb_export", "-")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {line["question"] for line in lines} == {"Do you ship to Norway?", "Refund window"}
+    assert all(set(line) == {"id", "question", "answer", "aliases", "kind", "tags"} for line in lines)
+
+
+def test_an_unreadable_or_unknown_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CommandError, match="cannot read"):
+        call_command("kb_import", str(tmp_path / "missing.jsonl"))
+    with pytest.raises(CommandError, match="must end in .jsonl"):
+        call_command("kb_import", str(tmp_path / "kb.xlsx"))
