@@ -268,7 +268,7 @@ KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
-KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.85, minimum=0.0)
+KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.75, minimum=0.0)
 
 # --- Health --------------------------------------------------------------------------------------
 

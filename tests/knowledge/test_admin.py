@@ -1,0 +1,95 @@
+import pytest
+
+from knowledge.models import Entry, Miss, PhrasingVector
+from knowledge.services import miss_record
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+def test_the_try_tool_shows_matches_scores_margin_and_verdict(staff_client, kb):
+    response = staff_client.get("/admin/knowledge/entry/try/", {"q": "how can I cancel an order I placed"})
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Answered directly (vector)" in html
+    assert "Margin over the runner-up" in html
+    assert f"KB#{kb['How do I cancel my order?'].pk}" in html
+    assert f"KB#{kb['How do I cancel my subscription?'].pk}" in html  # the runner-up is listed too
+
+    html = staff_client.get("/admin/knowledge/entry/try/", {"q": "怎么取消订阅呢"}).content.decode()
+    assert "Not answered directly" in html and "words match" in html
+
+
+def test_adding_an_entry_in_the_admin_goes_through_the_service(staff_client, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = staff_client.post("/admin/knowledge/entry/add/", {
+            "kind": "faq", "question": "Is there a student discount?", "aliases": "student price\nstudents",
+            "answer": "Yes, 20%.", "tags": "pricing, students", "active": "on", "threshold": "",
+        })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    entry = Entry.objects.get(question="Is there a student discount?")
+    assert entry.aliases == ["student price", "students"] and entry.tags == ["pricing", "students"]
+    assert entry.phrasings.count() == 3
+    assert len(callbacks) == 1  # the embedding task is enqueued after commit
+
+
+def test_the_admin_rejects_an_empty_answer_with_a_message(staff_client):
+    response = staff_client.post("/admin/knowledge/entry/add/", {
+        "kind": "faq", "question": "Anything?", "answer": "   ", "aliases": "", "tags": "", "threshold": "",
+    })
+    assert response.status_code == 200
+    assert "This field is required." in response.content.decode() or "must not be empty" in response.content.decode()
+    assert not Entry.objects.exists()
+
+
+def test_bulk_deactivate_and_activate(staff_client, kb):
+    ids = [kb["What is LoRA?"].pk, kb["What is QLoRA?"].pk]
+    staff_client.post("/admin/knowledge/entry/", {"action": "deactivate", "_selected_action": ids})
+    assert not Entry.objects.filter(pk__in=ids, active=True).exists()
+    staff_client.post("/admin/knowledge/entry/", {"action": "activate", "_selected_action": ids})
+    assert Entry.objects.filter(pk__in=ids, active=True).count() == 2
+
+
+def test_the_changelist_searches_aliases_and_filters_by_tag(staff_client, kb):
+    html = staff_client.get("/admin/knowledge/entry/", {"q": "forgot password"}).content.decode()
+    assert "How do I reset my password?" in html and "What is LoRA?" not in html
+    assert staff_client.get("/admin/knowledge/entry/", {"embedded": "no"}).status_code == 200
+
+
+def test_the_import_form_reports_bad_lines(staff_client, tmp_path):
+    upload = tmp_path / "kb.jsonl"
+    upload.write_text('{"question": "Q1?", "answer": "A1."}\n{"question": "Q2?"}\n', encoding="utf-8")
+    with open(upload, "rb") as handle:
+        response = staff_client.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "sync"})
+    html = response.content.decode()
+    assert "1 created, 0 updated, 0 unchanged, 1 rejected" in html
+    assert "answer: must not be empty" in html
+    entry = Entry.objects.get(question="Q1?")
+    assert PhrasingVector.objects.filter(phrasing__entry=entry).exists()
+
+
+def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client, kb):
+    first = miss_record(question="Do you have gift cards?", answer="Yes, from 10 to 200 euros.")
+    miss_record(question="do you have gift cards", answer="Yes.")
+    miss_record(question="Can I buy a gift card?", answer="Yes.")
+    miss_record(question="What is your phone number?", answer="+1 555 0100")
+    first.refresh_from_db()
+    assert first.count == 3
+    html = staff_client.get("/admin/knowledge/miss/").content.decode()
+    assert html.index("Do you have gift cards?") < html.index("What is your phone number?")
+
+    response = staff_client.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [first.pk]})
+    entry = Entry.objects.get(question="Do you have gift cards?")
+    assert response.status_code == 302 and response["Location"].endswith(f"/entry/{entry.pk}/change/")
+    assert entry.answer == "Yes, from 10 to 200 euros."
+    assert Miss.objects.filter(resolved_by=entry).count() == 3
+
+
+def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("user", password="pw-123456789"))
+    assert client.get("/admin/knowledge/entry/try/", {"q": "x"}).status_code == 302
