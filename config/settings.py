@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
+    "drf_spectacular",
     "channels",
     "inference_ops",
     "knowledge",
@@ -246,6 +247,14 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
+    "EXCEPTION_HANDLER": "config.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Answering gateway API",
+    "DESCRIPTION": "Knowledge base, chat sessions and routing. The OpenAI-compatible API lives under /v1.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 
 # --- Knowledge base ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 from django.views.generic import TemplateView
 
 from config import health
@@ -9,4 +10,6 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
+    path("api/kb/", include("knowledge.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
 ]

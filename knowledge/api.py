@@ -1,0 +1,143 @@
+"""DRF API for integrations: entries CRUD and search with the direct-answer verdict."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from knowledge import services
+from knowledge.models import Entry
+from knowledge.selectors import context_passages, direct_answer
+
+MAX_QUERY_CHARS = 2000
+
+
+class KBPermission(IsAdminUser):
+    """Staff only for now; API keys with the `kb` scope join when keys exist."""
+
+
+class EntrySerializer(serializers.ModelSerializer):
+    aliases = serializers.ListField(child=serializers.CharField(), required=False)
+    tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
+
+    class Meta:
+        model = Entry
+        fields = ["id", "kind", "question", "aliases", "answer", "tags", "active", "threshold", "version",
+                  "created_at", "updated_at"]
+        read_only_fields = ["id", "version", "created_at", "updated_at"]
+
+
+class EntryPagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class EntryListView(APIView):
+    permission_classes = [KBPermission]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("kind", str), OpenApiParameter("active", bool), OpenApiParameter("tag", str),
+                    OpenApiParameter("page", int)],
+        responses=EntrySerializer(many=True),
+    )
+    def get(self, request):
+        entries = Entry.objects.order_by("pk")
+        if kind := request.query_params.get("kind"):
+            entries = entries.filter(kind=kind)
+        if (active := request.query_params.get("active")) in ("true", "false"):
+            entries = entries.filter(active=active == "true")
+        if tag := request.query_params.get("tag"):
+            entries = entries.filter(tags__contains=[tag.lower()])
+        paginator = EntryPagination()
+        page = paginator.paginate_queryset(entries, request, view=self)
+        return paginator.get_paginated_response(EntrySerializer(page, many=True).data)
+
+    @extend_schema(request=EntrySerializer, responses={201: EntrySerializer})
+    def post(self, request):
+        serializer = EntrySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        entry = services.entry_create(**serializer.validated_data, author=request.user)
+        return Response(EntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+
+
+class EntryDetailView(APIView):
+    permission_classes = [KBPermission]
+
+    @extend_schema(responses=EntrySerializer)
+    def get(self, request, pk):
+        return Response(EntrySerializer(get_object_or_404(Entry, pk=pk)).data)
+
+    @extend_schema(request=EntrySerializer, responses=EntrySerializer)
+    def put(self, request, pk):
+        return self._update(request, pk, partial=False)
+
+    @extend_schema(request=EntrySerializer, responses=EntrySerializer)
+    def patch(self, request, pk):
+        return self._update(request, pk, partial=True)
+
+    def _update(self, request, pk, *, partial):
+        entry = get_object_or_404(Entry, pk=pk)
+        serializer = EntrySerializer(entry, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        entry = services.entry_update(entry=entry, **serializer.validated_data)
+        return Response(EntrySerializer(entry).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        services.entry_delete(entry=get_object_or_404(Entry, pk=pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SearchQuerySerializer(serializers.Serializer):
+    q = serializers.CharField(max_length=MAX_QUERY_CHARS, trim_whitespace=True)
+    k = serializers.IntegerField(min_value=1, max_value=20, default=5)
+
+
+class MatchSerializer(serializers.Serializer):
+    entry_id = serializers.IntegerField(source="entry.pk")
+    question = serializers.CharField(source="entry.question")
+    phrasing = serializers.CharField()
+    score = serializers.FloatField()
+
+
+class DirectSerializer(serializers.Serializer):
+    hit = serializers.BooleanField()
+    method = serializers.CharField()
+    reason = serializers.CharField()
+    entry = EntrySerializer(allow_null=True)
+    score = serializers.FloatField(allow_null=True)
+    threshold = serializers.FloatField(allow_null=True)
+    margin = serializers.FloatField(allow_null=True)
+    runner_up = MatchSerializer(allow_null=True)
+
+
+class PassageSerializer(serializers.Serializer):
+    entry_id = serializers.IntegerField()
+    label = serializers.CharField()
+    kind = serializers.CharField()
+    score = serializers.FloatField()
+    text = serializers.CharField()
+
+
+class SearchResultSerializer(serializers.Serializer):
+    query = serializers.CharField()
+    direct = DirectSerializer()
+    matches = MatchSerializer(many=True)
+    context = PassageSerializer(many=True)
+
+
+class SearchView(APIView):
+    permission_classes = [KBPermission]
+
+    @extend_schema(parameters=[SearchQuerySerializer], responses=SearchResultSerializer)
+    def get(self, request):
+        params = SearchQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q, k = params.validated_data["q"], params.validated_data["k"]
+        result = direct_answer(q, with_matches=True)
+        body = {"query": q, "direct": result, "matches": result.matches[:k], "context": context_passages(q, k=k)}
+        return Response(SearchResultSerializer(body).data)
