@@ -141,3 +141,31 @@ class SearchView(APIView):
         result = direct_answer(q, with_matches=True)
         body = {"query": q, "direct": result, "matches": result.matches[:k], "context": context_passages(q, k=k)}
         return Response(SearchResultSerializer(body).data)
+
+
+class AnswerSerializer(serializers.Serializer):
+    query = serializers.CharField()
+    hit = serializers.BooleanField()
+    method = serializers.CharField()
+    reason = serializers.CharField()
+    entry_id = serializers.IntegerField(allow_null=True)
+    answer = serializers.CharField(allow_null=True)
+    score = serializers.FloatField(allow_null=True)
+
+
+class AnswerView(APIView):
+    """The KB road alone: the stored answer when the KB can answer by itself, else a miss."""
+
+    permission_classes = [KBPermission]
+
+    @extend_schema(parameters=[OpenApiParameter("q", str, required=True)], responses=AnswerSerializer)
+    def get(self, request):
+        params = SearchQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        q = params.validated_data["q"]
+        result = direct_answer(q)
+        entry = result.entry if result.hit else None
+        body = {"query": q, "hit": result.hit, "method": result.method, "reason": result.reason,
+                "entry_id": entry.pk if entry else None, "answer": entry.answer if entry else None,
+                "score": result.score}
+        return Response(AnswerSerializer(body).data)

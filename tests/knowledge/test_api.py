@@ -71,6 +71,14 @@ def test_search_returns_matches_scores_and_the_direct_answer_verdict(staff, kb):
     assert body["context"][0]["label"] == f"KB#{kb['refund'].pk}: Refund policy"
 
 
+def test_answer_returns_the_stored_answer_or_a_miss(staff, kb):
+    body = staff.get("/api/kb/answer", {"q": "HOW DO I CANCEL MY ORDER"}).json()
+    assert body["hit"] is True and body["method"] == "exact"
+    assert body["answer"] == kb["How do I cancel my order?"].answer
+    body = staff.get("/api/kb/answer", {"q": "what is the weather today"}).json()
+    assert body["hit"] is False and body["answer"] is None and "threshold" in body["reason"]
+
+
 def test_search_rejects_an_empty_or_oversized_query(staff):
     assert staff.get("/api/kb/search", {"q": "   "}).status_code == 400
     assert staff.get("/api/kb/search", {"q": "x" * 2001}).status_code == 400
@@ -85,4 +93,4 @@ def test_users_without_kb_access_are_refused(user, client, kb):
 
 def test_the_kb_api_is_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
-    assert {"/api/kb/entries/", "/api/kb/entries/{id}/", "/api/kb/search"} <= set(schema["paths"])
+    assert {"/api/kb/entries/", "/api/kb/entries/{id}/", "/api/kb/search", "/api/kb/answer"} <= set(schema["paths"])
