@@ -26,3 +26,22 @@ def test_the_home_page_names_the_three_roads(client):
     assert response.status_code == 200
     for road in (b"Knowledge base", b"Local model", b"External model"):
         assert road in response.content
+
+
+def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp_path):
+    from django.core.management import call_command
+
+    settings.VAR_DIR = tmp_path  # the admin password file of `make run` stays untouched
+
+    from knowledge.models import Entry
+    from knowledge.selectors import direct_answer
+
+    call_command("seed_demo")
+    out = capsys.readouterr().out
+    assert "admin login: admin / " in out
+    assert "demo knowledge base: 10 created" in out
+    assert direct_answer("I want to cancel my order").hit
+    Entry.objects.filter(question="What is LoRA?").update(answer="edited by a curator")
+    call_command("seed_demo")
+    assert "demo knowledge base" not in capsys.readouterr().out
+    assert Entry.objects.get(question="What is LoRA?").answer == "edited by a curator"

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from chat.demo import demo_admin_ensure
+from knowledge.demo import demo_kb_load
 
 
 class Command(BaseCommand):
@@ -13,3 +14,6 @@ class Command(BaseCommand):
             self.stdout.write(f"admin login: {username} / {password}")
         else:
             self.stdout.write(f"admin login: {username} (password changed since it was generated)")
+        report = demo_kb_load()
+        if report is not None:
+            self.stdout.write(f"demo knowledge base: {report.summary()}")
