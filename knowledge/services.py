@@ -98,9 +98,13 @@ def kb_reembed(*, batch_size: int = 128, progress=None) -> EmbeddingModel:
     """Embed everything with the configured model, then let it serve.
 
     The serving model keeps answering until every phrasing and passage has a
-    vector of the new model; the switch is one transaction, and the old model's
-    vectors are dropped after it.
+    vector of the new model; the switch is one transaction. The old model's
+    vectors are dropped by the next re-embed.
     """
+    # Vectors of models retired by an earlier switch go now; the model this run retires keeps
+    # its vectors, because processes trust their cached idea of the serving model for a few seconds.
+    PhrasingVector.objects.filter(model__state=EmbeddingModel.State.RETIRED).delete()
+    PassageVector.objects.filter(model__state=EmbeddingModel.State.RETIRED).delete()
     model = embedding_model_ensure()
     missing_vectors_embed(model=model, batch_size=batch_size, progress=progress)
     with transaction.atomic():
@@ -109,8 +113,6 @@ def kb_reembed(*, batch_size: int = 128, progress=None) -> EmbeddingModel:
             missing_vectors_embed(model=model, batch_size=batch_size)
         if model.state != EmbeddingModel.State.SERVING:
             _embedding_model_promote(model)
-    PhrasingVector.objects.exclude(model=model).delete()
-    PassageVector.objects.exclude(model=model).delete()
     return model
 
 
