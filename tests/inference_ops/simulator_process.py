@@ -1,13 +1,12 @@
 """Running the vLLM simulator as a real subprocess, for tests."""
 
 import os
+import queue
 import re
-import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,25 +50,20 @@ def start_simulator(*args: str, env: dict[str, str] | None = None, timeout: floa
     """Start the simulator on a free port and wait for its ready line."""
     process = launch_simulator(*args, "--host", "127.0.0.1", "--port", "0", env=env)
     output: list[str] = []
-    deadline = time.monotonic() + timeout
-    port = None
-    while port is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or process.poll() is not None:
-            process.kill()
-            raise RuntimeError("simulator did not become ready:\n" + "".join(output))
-        readable, _, _ = select.select([process.stdout], [], [], remaining)
-        if readable:
-            line = process.stdout.readline()
-            output.append(line)
-            if match := READY.search(line):
-                port = int(match.group(2))
-    sim = RunningSimulator(process=process, port=port, output=output)
+    ready: queue.Queue[int] = queue.Queue()
 
-    def drain() -> None:
-        # Keep reading so a full pipe never blocks the simulator's logging.
+    def read() -> None:
+        # Keep reading for the process's whole life, so a full pipe never blocks its logging.
         for line in process.stdout:
             output.append(line)
+            if match := READY.search(line):
+                ready.put(int(match.group(2)))
 
-    threading.Thread(target=drain, daemon=True).start()
-    return sim
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        port = ready.get(timeout=timeout)
+    except queue.Empty:
+        process.kill()
+        process.wait(timeout=10)
+        raise RuntimeError("simulator did not become ready:\n" + "".join(output)) from None
+    return RunningSimulator(process=process, port=port, output=output)

@@ -1,0 +1,22 @@
+"""A CPU-only simulator of vLLM's OpenAI-compatible server.
+
+Start it like vLLM:
+
+    python -m inference_ops.simulator serve MODEL --port 8000 [vLLM flags] [simulator flags]
+    python -m inference_ops.simulator --model MODEL ...
+
+It serves vLLM's routes and JSON shapes: /health, /ping, /version, /v1/models,
+/v1/chat/completions and /v1/completions (streamed or not), /tokenize,
+/metrics (vLLM's Prometheus names), and /v1/load_lora_adapter and
+/v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set.
+Tokens are paced by a continuous-batching scheduler (engine.py): every step of
+--inter-token-latency gives each running sequence one token, at most
+--max-num-seqs run at once, the rest wait.
+
+Faults for a single request come from the `X-Sim-Fail` header
+(connect-close, before-first-token, mid-stream, 500, 429, hang), or at random
+with --failure-injection-rate. `python -m inference_ops.simulator.bench`
+measures the pacing under load. See `--help` for every flag.
+
+A standalone process: no Django here, only asyncio and aiohttp.
+"""

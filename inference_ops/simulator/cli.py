@@ -1,0 +1,171 @@
+"""Command line: the `vllm serve` surface, plus the simulator's own knobs.
+
+Both `serve MODEL [flags]` and `--model MODEL [flags]` work. vLLM flags the
+simulator does not model (--gpu-memory-utilization, --dtype, ...) are accepted
+and ignored, so a supervisor can launch the simulator with the exact command
+line it would give vLLM.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # vLLM's own default model
+FAULTS = ("connect-close", "before-first-token", "mid-stream", "500", "429", "hang")
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: str = DEFAULT_MODEL
+    served_model_names: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_lora: bool = False
+    max_loras: int = 1
+    lora_modules: tuple[LoraModule, ...] = ()
+    ttft: float = 0.05  # seconds
+    itl: float = 0.02  # seconds
+    startup_duration: float = 0.0  # seconds
+    failure_injection_rate: float = 0.0
+    mode: str = "random"
+    seed: int | None = None
+    allow_runtime_lora_updating: bool = False
+    ignored_args: tuple[str, ...] = field(default=())
+
+    @property
+    def primary_name(self) -> str:
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
+    environ = os.environ if environ is None else environ
+    # vLLM's parser accepts --max_model_len as well as --max-model-len.
+    argv = [_dashed(a) for a in argv]
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    # The model is the first word only (`vllm serve MODEL ...`). Taking a
+    # positional anywhere else would take the value of an unknown flag
+    # (`--dtype auto`) for the model.
+    model_tag = argv.pop(0) if argv and not argv[0].startswith("-") else None
+
+    parser = argparse.ArgumentParser(
+        prog="python -m inference_ops.simulator",
+        description="A CPU-only simulator of vLLM's OpenAI-compatible server.",
+        epilog="Other vLLM flags (--dtype, --gpu-memory-utilization, ...) are accepted and ignored. "
+        "Per request, the X-Sim-Fail header injects a fault: " + ", ".join(FAULTS) + ".",
+        allow_abbrev=False,  # an unknown vLLM flag must never be read as an abbreviation of ours
+    )
+    parser.add_argument("--model", help="model name or path (also accepted as `serve MODEL`)")
+    parser.add_argument("--served-model-name", nargs="+", help="names the API accepts; the first is the primary")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together; more wait")
+    parser.add_argument("--max-model-len", type=_token_count, default=4096, help="context window, e.g. 4096 or 4k")
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-loras", type=int, default=1, help="only reported in vllm:lora_requests_info")
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=_lora_module,
+        default=[],
+        help='name=path or {"name": ..., "path": ..., "base_model_name": ...}',
+    )
+    parser.add_argument("--time-to-first-token", type=float, default=50.0, help="milliseconds")
+    parser.add_argument("--inter-token-latency", type=float, default=20.0, help="milliseconds")
+    parser.add_argument("--startup-duration", type=float, default=0.0, help="seconds before the port opens")
+    parser.add_argument("--failure-injection-rate", type=float, default=0.0, help="0..1 of requests get a fault")
+    parser.add_argument(
+        "--mode", choices=("echo", "random"), default="random", help="echo the last user message, or random words"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="makes generated text and injected faults repeatable")
+    args, unknown = parser.parse_known_args(argv)
+
+    if args.max_num_seqs < 1:
+        parser.error("--max-num-seqs must be at least 1")
+    if args.max_model_len < 1:
+        parser.error("--max-model-len must be at least 1")
+    if min(args.time_to_first_token, args.inter_token_latency, args.startup_duration) < 0:
+        parser.error("latencies and --startup-duration must not be negative")
+    if not 0.0 <= args.failure_injection_rate <= 1.0:
+        parser.error("--failure-injection-rate must be between 0 and 1")
+    if args.lora_modules and not args.enable_lora:
+        # vLLM fails at startup too: loading the static adapters needs LoRA enabled.
+        parser.error("--lora-modules requires --enable-lora")
+
+    model = args.model or model_tag or DEFAULT_MODEL
+    return SimConfig(
+        model=model,
+        served_model_names=tuple(args.served_model_name or ()),
+        host=args.host,
+        port=args.port,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        lora_modules=tuple(args.lora_modules),
+        ttft=args.time_to_first_token / 1000,
+        itl=args.inter_token_latency / 1000,
+        startup_duration=args.startup_duration,
+        failure_injection_rate=args.failure_injection_rate,
+        mode=args.mode,
+        seed=args.seed,
+        # Read like vLLM's envs.py: only "1" or "true" switch the routes on.
+        allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
+        in ("1", "true"),
+        ignored_args=tuple(unknown),
+    )
+
+
+def _dashed(arg: str) -> str:
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    return name.replace("_", "-") + eq + value
+
+
+def _token_count(value: str) -> int:
+    # vLLM takes human-readable lengths: 4096, 4k, 32K, 1m.
+    lowered = value.strip().lower()
+    for suffix, factor in (("k", 1000), ("m", 1_000_000)):
+        if lowered.endswith(suffix):
+            if value.strip()[-1].isupper():
+                factor = 1024 if suffix == "k" else 1024 * 1024
+            return int(float(lowered[:-1]) * factor)
+    return int(lowered)
+
+
+def _lora_module(value: str) -> LoraModule:
+    # Both of vLLM's forms: name=path, or a JSON object with name, path and base_model_name.
+    if value.lstrip().startswith("{"):
+        try:
+            data = json.loads(value)
+            return LoraModule(name=data["name"], path=data["path"], base_model_name=data.get("base_model_name"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"invalid LoRA module JSON {value!r}: {exc}") from None
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"invalid LoRA module {value!r}: expected name=path or JSON")
+    return LoraModule(name=name, path=path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    # Imported here so that parsing (and --help) stays instant.
+    from .server import run
+
+    return run(config)

@@ -1,0 +1,214 @@
+"""The continuous-batching scheduler.
+
+One asyncio task plays vLLM's engine loop. Every step (one --inter-token-latency)
+each running sequence gets its next token, however many are running: that is
+why two concurrent requests finish in about the time of one. At most
+--max-num-seqs sequences run; the rest wait in FIFO order for a slot, which
+frees the moment a sequence finishes or is aborted.
+
+A newly admitted sequence gets its first token --time-to-first-token after
+admission, on the step closest to that moment: steps keep their rhythm for the
+sequences already decoding, so the first token lands within half a step of the
+configured value. When nothing is decoding the loop jumps straight to the
+first-token time, so a lone request sees the configured TTFT exactly.
+
+The loop wakes each sequence through an asyncio.Event; there is no timer per
+token or per request, which is what lets one process carry hundreds of streams.
+"""
+
+import asyncio
+import collections
+import logging
+import math
+from collections.abc import AsyncIterator
+
+from .generation import PlannedOutput
+from .metrics import EngineState, Metrics
+
+logger = logging.getLogger(__name__)
+
+KV_BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default
+
+
+class Sequence:
+    """One request inside the engine, and the channel its tokens come out of."""
+
+    def __init__(self, *, request_id: str, prompt_tokens: int, output: PlannedOutput, lora: str | None = None):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.output = output
+        self.lora = lora
+        self.generated = 0  # tokens produced so far
+        self.finish_reason: str | None = None  # "stop", "length" or "abort" once finished
+        self.arrival = 0.0
+        self.first_token_due = 0.0
+        self.last_token_at = 0.0
+        self._read = 0
+        self._event = asyncio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+    async def stream(self) -> AsyncIterator[list[str]]:
+        """Yield the text of new tokens as they come.
+
+        When the reader falls behind, the tokens produced meanwhile come as one
+        batch, as vLLM merges outputs for a slow client.
+        """
+        while True:
+            if self._read < self.generated:
+                batch = self.output.tokens[self._read : self.generated]
+                self._read = self.generated
+                yield batch
+            elif self.finished:
+                return
+            else:
+                self._event.clear()
+                await self._event.wait()
+
+    async def wait_finished(self) -> None:
+        while not self.finished:
+            self._event.clear()
+            await self._event.wait()
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        ttft: float,
+        itl: float,
+        metrics: Metrics,
+        max_loras: int | None = None,
+    ):
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.ttft = ttft
+        self.itl = itl
+        self.metrics = metrics
+        self.max_loras = max_loras
+        self.running: dict[Sequence, None] = {}  # a dict keeps admission order and removes in O(1)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> asyncio.Task:
+        self._task = asyncio.create_task(self._run(), name="sim-engine")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, seq: Sequence) -> None:
+        now = asyncio.get_running_loop().time()
+        seq.arrival = now
+        if len(self.running) < self.max_num_seqs:
+            self._admit(seq, now)
+        else:
+            self.waiting.append(seq)
+        self._wake.set()
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence at once (client gone, or a fault): its slot frees now."""
+        if seq.finished:
+            return
+        now = asyncio.get_running_loop().time()
+        if seq in self.running:
+            del self.running[seq]
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self._finish(seq, "abort", now)
+        self._fill_slots(now)
+
+    def state(self) -> EngineState:
+        blocks = sum(
+            math.ceil((seq.prompt_tokens + seq.generated) / KV_BLOCK_SIZE) for seq in self.running
+        )
+        capacity_blocks = self.max_num_seqs * math.ceil(self.max_model_len / KV_BLOCK_SIZE)
+        return EngineState(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_cache_usage=min(1.0, blocks / capacity_blocks),
+            max_loras=self.max_loras,
+            running_loras=tuple(sorted({s.lora for s in self.running if s.lora})),
+            waiting_loras=tuple(sorted({s.lora for s in self.waiting if s.lora})),
+        )
+
+    # -- the loop ---------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_step: float | None = None
+        while True:
+            if not self.running:
+                next_step = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = loop.time()
+            if not any(seq.generated for seq in self.running):
+                # Nothing decoding: no rhythm to keep, go straight to the first prefill.
+                next_step = max(now, min(seq.first_token_due for seq in self.running))
+            assert next_step is not None
+            # Sleep even when late (delay 0): the handlers must get to write.
+            await asyncio.sleep(max(0.0, next_step - now))
+            now = loop.time()
+            self._step(next_step, now)
+            next_step += self.itl
+            if next_step < now - self.itl:
+                # Over a step behind (an overloaded CPU): steps just take longer, as
+                # on a saturated GPU; no burst of catch-up steps.
+                next_step = now
+
+    def _step(self, step_time: float, now: float) -> None:
+        metrics = self.metrics
+        half_step = self.itl / 2
+        for seq in list(self.running):
+            if seq.generated == 0:
+                if step_time < seq.first_token_due - half_step:
+                    continue  # still in prefill
+                metrics.prompt_tokens += seq.prompt_tokens
+                metrics.ttft.observe(now - seq.arrival)
+            else:
+                metrics.inter_token.observe(now - seq.last_token_at)
+            seq.generated += 1
+            seq.last_token_at = now
+            metrics.generation_tokens += 1
+            seq._event.set()
+            if seq.generated >= len(seq.output.tokens):
+                del self.running[seq]
+                self._finish(seq, seq.output.finish_reason, now)
+        self._fill_slots(now)
+
+    def _admit(self, seq: Sequence, now: float) -> None:
+        self.running[seq] = None
+        seq.first_token_due = now + self.ttft
+        self.metrics.queue_time.observe(now - seq.arrival)
+
+    def _fill_slots(self, now: float) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            self._admit(self.waiting.popleft(), now)
+        if self.running:
+            self._wake.set()
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.finish_reason = reason
+        self.metrics.request_success[reason] += 1
+        if reason != "abort":
+            self.metrics.e2e.observe(now - seq.arrival)
+        seq._event.set()
