@@ -68,6 +68,10 @@ def embedding_model_ensure() -> EmbeddingModel:
 def embedding_model_index_ensure(*, model: EmbeddingModel) -> None:
     """Partial HNSW indexes for one model's vectors (cosine); idempotent."""
     with connection.cursor() as cursor:
+        if connection.in_atomic_block:
+            # Deferred foreign-key checks of earlier inserts would block the DDL; run them now,
+            # as Django's schema editor does before altering a table inside a transaction.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         for table in ("knowledge_phrasingvector", "knowledge_passagevector"):
             # Identifiers built from integers only: nothing user-supplied reaches this DDL.
             cursor.execute(
@@ -75,6 +79,8 @@ def embedding_model_index_ensure(*, model: EmbeddingModel) -> None:
                 f"USING hnsw ((embedding::vector({int(model.dimensions)})) vector_cosine_ops) "
                 f"WHERE model_id = {int(model.pk)}"
             )
+        if connection.in_atomic_block:
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
 
 
 def _embedding_model_promote(model: EmbeddingModel) -> None:

@@ -43,6 +43,7 @@ class SimConfig:
     failure_injection_rate: float = 0.0
     mode: str = "random"
     seed: int | None = None
+    embedding_dim: int = 0
     allow_runtime_lora_updating: bool = False
     ignored_args: tuple[str, ...] = field(default=())
 
@@ -93,6 +94,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--mode", choices=("echo", "random"), default="random", help="echo the last user message, or random words"
     )
     parser.add_argument("--seed", type=int, default=None, help="makes generated text and injected faults repeatable")
+    parser.add_argument(
+        "--embedding-dim", type=int, default=0,
+        help="simulate a pooling (embedding) model of this size: serves /v1/embeddings (0: a generative model)",
+    )
     args, unknown = parser.parse_known_args(argv)
 
     if args.max_num_seqs < 1:
@@ -103,6 +108,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         parser.error("latencies and --startup-duration must not be negative")
     if not 0.0 <= args.failure_injection_rate <= 1.0:
         parser.error("--failure-injection-rate must be between 0 and 1")
+    if args.embedding_dim < 0:
+        parser.error("--embedding-dim must not be negative")
     if args.lora_modules and not args.enable_lora:
         # vLLM fails at startup too: loading the static adapters needs LoRA enabled.
         parser.error("--lora-modules requires --enable-lora")
@@ -124,6 +131,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         failure_injection_rate=args.failure_injection_rate,
         mode=args.mode,
         seed=args.seed,
+        embedding_dim=args.embedding_dim,
         # Read like vLLM's envs.py: only "1" or "true" switch the routes on.
         allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
         in ("1", "true"),

@@ -12,6 +12,7 @@ import uuid
 from aiohttp import web
 
 from .cli import FAULTS, LoraModule, SimConfig
+from . import embeddings as sim_embeddings
 from .engine import Engine, Sequence
 from .generation import plan_output
 from .metrics import Metrics
@@ -67,6 +68,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/metrics", self.metrics_text)
         if self.config.allow_runtime_lora_updating:
             # Like vLLM, the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING set.
@@ -297,6 +299,42 @@ class Simulator:
                 completion_tokens=seq.generated,
             )
         )
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = _json_body(request, await request.read())
+        if not isinstance(body, dict):
+            raise validation_error("body", "Input should be a valid dictionary", "dict_type")
+        model, _ = self._resolve_model(body.get("model"))
+        if not self.config.embedding_dim:
+            raise APIError("The model does not support Embeddings API", param="model")
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise validation_error("input", "Input should be a string or a list of strings", "string_type")
+        encoding_format = body.get("encoding_format") or "float"
+        if encoding_format not in ("float", "base64"):
+            raise validation_error("encoding_format", "Input should be 'float' or 'base64'", "literal_error")
+        prompt_tokens = 0
+        data = []
+        for index, text in enumerate(texts):
+            tokens = tokenize(text)
+            if len(tokens) > self.config.max_model_len:
+                raise APIError(
+                    f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+                    f"requested {len(tokens)} tokens in the input for embedding generation. Please reduce the "
+                    "length of the input.",
+                    param="input",
+                )
+            prompt_tokens += len(tokens)
+            vector = sim_embeddings.embed(text, self.config.embedding_dim)
+            data.append({"index": index, "object": "embedding",
+                         "embedding": sim_embeddings.encode(vector, encoding_format)})
+        return _json_response({
+            "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
+            "data": data, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
+                                    "completion_tokens": 0},
+        })
 
     def _resolve_model(self, name: str | None) -> tuple[str, str | None]:
         """The model name to answer with, and the LoRA adapter to use."""

@@ -189,6 +189,26 @@ async def test_a_stop_string_ends_generation_and_never_shows_even_across_tokens(
 # -- errors ----------------------------------------------------------------------------------
 
 
+async def test_a_generative_model_refuses_the_embeddings_api_like_vllm(simulator):
+    async with sdk(simulator) as client:
+        with pytest.raises(openai.BadRequestError, match="does not support Embeddings API"):
+            await client.embeddings.create(model="base", input="hello")
+
+
+async def test_a_pooling_model_serves_embeddings_in_float_and_base64():
+    sim = start_simulator("serve", "acme/embed", "--embedding-dim", "64")
+    try:
+        async with sdk(sim) as client:
+            # The SDK asks for base64 by default and decodes it.
+            response = await client.embeddings.create(model="acme/embed", input=["hello world", "hello there"])
+            floats = await client.embeddings.create(model="acme/embed", input="hello world", encoding_format="float")
+        assert [len(item.embedding) for item in response.data] == [64, 64]
+        assert response.usage.prompt_tokens > 0
+        assert floats.data[0].embedding == pytest.approx(response.data[0].embedding, abs=1e-6)
+    finally:
+        sim.stop()
+
+
 async def test_an_unknown_model_is_a_404_not_found_error_shaped_like_vllm(simulator):
     async with sdk(simulator) as client:
         with pytest.raises(openai.NotFoundError) as info:
