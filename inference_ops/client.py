@@ -1,0 +1,208 @@
+"""Streaming chat completions from any OpenAI-compatible engine, through the official SDK.
+
+One pooled `AsyncOpenAI` per endpoint (and event loop) is reused across requests.
+Every failure becomes one `EngineError` with a kind, `retryable`, and whether a
+token was already produced. Closing or cancelling the consumer closes the
+upstream HTTP stream, so the engine stops generating and frees its slot: always
+iterate with `contextlib.aclosing(stream_chat(...))` or consume to the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx2
+import openai
+
+from inference_ops.exceptions import EngineError
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """What a call needs from a ModelEndpoint row: immutable, hashable, safe across threads."""
+
+    name: str
+    base_url: str
+    model: str
+    api_key: str = ""
+    connect_timeout: float = 3.0
+    first_token_timeout: float = 30.0
+    idle_timeout: float = 15.0
+    total_timeout: float = 300.0
+    max_concurrency: int = 64
+
+    @classmethod
+    def from_endpoint(cls, endpoint) -> EndpointConfig:
+        return cls(
+            name=endpoint.name, base_url=endpoint.base_url, model=endpoint.request_model,
+            api_key=endpoint.api_key, connect_timeout=endpoint.connect_timeout,
+            first_token_timeout=endpoint.first_token_timeout, idle_timeout=endpoint.idle_timeout,
+            total_timeout=endpoint.total_timeout, max_concurrency=endpoint.max_concurrency,
+        )
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Token:
+    text: str
+    elapsed: float  # seconds since the request started
+
+
+@dataclass
+class Finish:
+    finish_reason: str
+    usage: Usage | None
+    ttft: float | None  # seconds to the first token
+    total: float
+    tokens: int  # content chunks received
+
+
+class _Pool:
+    def __init__(self, config: EndpointConfig):
+        timeout = httpx2.Timeout(
+            connect=config.connect_timeout, read=config.idle_timeout, write=10.0, pool=config.first_token_timeout
+        )
+        # Retries belong to the pipeline (it may pick another target), not to the SDK.
+        self.client = openai.AsyncOpenAI(
+            base_url=config.base_url, api_key=config.api_key or "EMPTY", timeout=timeout, max_retries=0
+        )
+        self.slots = asyncio.Semaphore(config.max_concurrency)
+
+
+_pools: dict[tuple[EndpointConfig, int], tuple[asyncio.AbstractEventLoop, _Pool]] = {}
+
+
+def _pool_for(config: EndpointConfig) -> _Pool:
+    # HTTP connections belong to the event loop that opened them: one pool per (endpoint, loop).
+    loop = asyncio.get_running_loop()
+    key = (config, id(loop))
+    entry = _pools.get(key)
+    if entry is None or entry[0] is not loop:
+        for stale in [k for k, (l, _) in _pools.items() if l.is_closed()]:
+            del _pools[stale]
+        entry = (loop, _Pool(config))
+        _pools[key] = entry
+    return entry[1]
+
+
+def _from_sdk(exc: Exception, *, produced: bool, during_request: bool, endpoint: str) -> EngineError:
+    if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc.__cause__, httpx2.ConnectTimeout):
+            kind = "timeout_connect"
+        else:
+            kind = "timeout_idle" if produced else "timeout_first_token"
+        return EngineError(kind, "the engine did not answer in time", produced_tokens=produced, endpoint=endpoint)
+    if isinstance(exc, openai.APIConnectionError):
+        kind = "connect" if during_request else "stream_truncated"
+        return EngineError(kind, f"connection failed: {exc.__cause__ or exc}", produced_tokens=produced,
+                           endpoint=endpoint)
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        kind = "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
+        return EngineError(kind, f"HTTP {status}: {exc.message}", produced_tokens=produced, status_code=status,
+                           endpoint=endpoint)
+    if isinstance(exc, openai.APIError):
+        return EngineError("stream_error", f"error in the stream: {exc.message}", produced_tokens=produced,
+                           endpoint=endpoint)
+    return EngineError("malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint)
+
+
+_SDK_ERRORS = (openai.APIError, json.JSONDecodeError, ValueError, TypeError, AttributeError)
+
+
+async def stream_chat(
+    config: EndpointConfig,
+    messages: list[dict],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    stop: list[str] | None = None,
+    extra_body: dict | None = None,
+    extra_headers: dict[str, str] | None = None,
+) -> AsyncIterator[Token | Finish]:
+    """Yield Token events, then one Finish; raise EngineError on any failure."""
+    pool = _pool_for(config)
+    started = time.monotonic()
+    first_deadline = started + config.first_token_timeout
+    total_deadline = started + config.total_timeout
+    produced = False
+    stream = None
+    acquired = False
+    try:
+        try:
+            await asyncio.wait_for(pool.slots.acquire(), timeout=config.first_token_timeout)
+            acquired = True
+        except TimeoutError:
+            raise EngineError("timeout_first_token", f"all {config.max_concurrency} slots stayed busy",
+                              endpoint=config.name) from None
+        options = {"stream_options": {"include_usage": True}}
+        if max_tokens is not None:
+            options["max_tokens"] = max_tokens
+        if temperature is not None:
+            options["temperature"] = temperature
+        if stop:
+            options["stop"] = stop
+        try:
+            stream = await asyncio.wait_for(
+                pool.client.chat.completions.create(
+                    model=config.model, messages=messages, stream=True, extra_body=extra_body,
+                    extra_headers=extra_headers, **options,
+                ),
+                timeout=max(0.001, min(first_deadline, total_deadline) - time.monotonic()),
+            )
+        except TimeoutError:
+            raise EngineError("timeout_first_token", "no response headers in time", endpoint=config.name) from None
+        except _SDK_ERRORS as exc:
+            raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
+
+        chunks = stream.__aiter__()
+        finish_reason, usage, ttft, count = None, None, None, 0
+        while True:
+            now = time.monotonic()
+            wait = min(total_deadline, first_deadline if not produced else now + config.idle_timeout) - now
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.001, wait))
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                if time.monotonic() >= total_deadline:
+                    kind, what = "timeout_total", f"the request took longer than {config.total_timeout:g}s"
+                elif produced:
+                    kind, what = "timeout_idle", f"no token for {config.idle_timeout:g}s"
+                else:
+                    kind, what = "timeout_first_token", f"no first token in {config.first_token_timeout:g}s"
+                raise EngineError(kind, what, produced_tokens=produced, endpoint=config.name) from None
+            except _SDK_ERRORS as exc:
+                raise _from_sdk(exc, produced=produced, during_request=False, endpoint=config.name) from exc
+            if chunk.usage is not None:
+                usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+            for choice in chunk.choices or ():
+                text = choice.delta.content if choice.delta else None
+                if text:
+                    elapsed = time.monotonic() - started
+                    if not produced:
+                        produced, ttft = True, elapsed
+                    count += 1
+                    yield Token(text=text, elapsed=elapsed)
+                if choice.finish_reason:
+                    finish_reason = choice.finish_reason
+        if finish_reason is None:
+            raise EngineError("stream_truncated", "the stream ended without a finish reason",
+                              produced_tokens=produced, endpoint=config.name)
+        yield Finish(finish_reason=finish_reason, usage=usage, ttft=ttft, total=time.monotonic() - started,
+                     tokens=count)
+    finally:
+        if stream is not None:
+            # Closing the response tells the engine the client is gone: vLLM aborts the request.
+            await stream.close()
+        if acquired:
+            pool.slots.release()

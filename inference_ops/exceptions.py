@@ -1,0 +1,43 @@
+from config.errors import DomainError
+
+
+class InferenceError(DomainError):
+    """Base of the inference layer's domain errors."""
+
+
+class EngineError(InferenceError):
+    """One failed call to a model engine, whatever the cause.
+
+    `kind` says what happened; `retryable` whether another attempt (or another
+    target) may succeed; `produced_tokens` whether any token reached the caller,
+    after which the pipeline must not switch targets.
+    """
+
+    status = 502
+    code = "engine_error"
+
+    KINDS = {
+        # kind: retryable
+        "connect": True,            # refused, reset, DNS: nothing reached the engine
+        "timeout_connect": True,
+        "timeout_first_token": True,
+        "timeout_idle": True,       # the stream stalled between tokens
+        "timeout_total": False,     # the request's own budget ran out
+        "rate_limited": True,       # HTTP 429
+        "server_error": True,       # HTTP 5xx
+        "client_error": False,      # HTTP 4xx other than 429: the request itself is wrong
+        "stream_error": True,       # an error frame inside the SSE stream
+        "stream_truncated": True,   # the stream ended without a finish reason or [DONE]
+        "malformed": False,         # a chunk that is not the API's JSON
+    }
+
+    def __init__(self, kind: str, message: str, *, produced_tokens: bool = False, status_code: int | None = None,
+                 endpoint: str = ""):
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown engine error kind {kind!r}")
+        self.kind = kind
+        self.retryable = self.KINDS[kind]
+        self.produced_tokens = produced_tokens
+        self.status_code = status_code
+        self.endpoint = endpoint
+        super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")

@@ -1,0 +1,182 @@
+"""The streaming client against real HTTP servers: the simulator, and a misbehaving stub."""
+
+import asyncio
+import contextlib
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from inference_ops.client import EndpointConfig, Finish, Token, _pool_for, stream_chat
+from inference_ops.exceptions import EngineError
+
+from .simulator_process import start_simulator
+
+ASK = [{"role": "user", "content": "Tell me about lighthouses."}]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    server = start_simulator("serve", "acme/base", "--max-num-seqs", "2", "--time-to-first-token", "10",
+                             "--inter-token-latency", "10")
+    yield server
+    server.stop()
+
+
+def config_for(url: str, **overrides) -> EndpointConfig:
+    return EndpointConfig(**{"name": "local", "base_url": f"{url}/v1", "model": "acme/base",
+                             "connect_timeout": 1, "first_token_timeout": 2, "idle_timeout": 2,
+                             "total_timeout": 20, **overrides})
+
+
+async def collect(config, **kwargs):
+    events = []
+    async with contextlib.aclosing(stream_chat(config, ASK, **kwargs)) as stream:
+        async for event in stream:
+            events.append(event)
+    return events
+
+
+async def failure(config, **kwargs) -> tuple[EngineError, list]:
+    events = []
+    with pytest.raises(EngineError) as info:
+        async with contextlib.aclosing(stream_chat(config, ASK, **kwargs)) as stream:
+            async for event in stream:
+                events.append(event)
+    return info.value, events
+
+
+async def running(sim) -> float:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with session.get(f"{sim.url}/metrics") as response:
+            text = await response.text()
+    line = next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_it_streams_tokens_then_a_finish_with_usage_and_timings(sim):
+    events = await collect(config_for(sim.url), max_tokens=12)
+    tokens, finish = events[:-1], events[-1]
+    assert all(isinstance(t, Token) and t.text for t in tokens)
+    assert isinstance(finish, Finish)
+    assert finish.finish_reason == "length"
+    assert finish.usage.completion_tokens == 12 and finish.usage.prompt_tokens > 0
+    assert finish.tokens == len(tokens)
+    assert 0 < finish.ttft <= tokens[-1].elapsed <= finish.total
+
+
+async def test_one_pooled_sdk_client_per_endpoint_is_reused(sim):
+    config = config_for(sim.url)
+    assert _pool_for(config) is _pool_for(config)
+    assert _pool_for(config) is not _pool_for(config_for(sim.url, idle_timeout=3))
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "retryable", "produced"),
+    [
+        ("500", "server_error", True, False),
+        ("429", "rate_limited", True, False),
+        ("connect-close", "connect", True, False),
+        ("before-first-token", "stream_truncated", True, False),
+        ("hang", "timeout_first_token", True, False),
+        ("mid-stream", "stream_error", True, True),
+    ],
+)
+async def test_each_engine_failure_becomes_one_typed_error(sim, fault, kind, retryable, produced):
+    error, events = await failure(config_for(sim.url, first_token_timeout=1), max_tokens=40,
+                                  extra_headers={"X-Sim-Fail": fault})
+    assert (error.kind, error.retryable, error.produced_tokens) == (kind, retryable, produced), error
+    assert bool(events) == produced
+    assert error.endpoint == "local"
+
+
+async def test_a_refused_connection_is_a_retryable_connect_error():
+    error, _ = await failure(config_for("http://127.0.0.1:1"))
+    assert error.kind == "connect" and error.retryable and not error.produced_tokens
+
+
+async def test_client_errors_are_not_retryable(sim):
+    error, _ = await failure(config_for(sim.url, model="no-such-model"))
+    assert (error.kind, error.status_code, error.retryable) == ("client_error", 404, False)
+    error, _ = await failure(config_for(sim.url), max_tokens=100_000)
+    assert (error.kind, error.status_code) == ("client_error", 400)
+    assert "maximum context length" in str(error)
+
+
+async def test_the_total_budget_ends_a_long_answer(sim):
+    error, events = await failure(config_for(sim.url, total_timeout=0.3), max_tokens=200)
+    assert error.kind == "timeout_total" and error.produced_tokens and events
+
+
+async def test_cancelling_the_consumer_closes_the_upstream_stream(sim):
+    config = config_for(sim.url)
+
+    async def consume(started: asyncio.Event):
+        async for event in stream_chat(config, ASK, max_tokens=500):
+            started.set()
+
+    started = asyncio.Event()
+    task = asyncio.create_task(consume(started))
+    await asyncio.wait_for(started.wait(), 5)
+    assert await running(sim) == 1
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        if await running(sim) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert await running(sim) == 0  # the engine stopped generating: its slot is free
+
+
+# -- a misbehaving server, for what the simulator does not do ------------------------------------------
+
+@pytest.fixture
+async def stub():
+    """Serves /v1/chat/completions per `stub.mode`: malformed JSON, a stall between tokens, or a clean close."""
+    state = {"mode": "malformed"}
+
+    async def chat(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",' \
+                b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        if state["mode"] == "malformed":
+            await response.write(b"data: {not json\n\n")
+        elif state["mode"] == "stall":
+            await response.write(chunk)
+            await asyncio.sleep(5)
+        elif state["mode"] == "no-finish":
+            await response.write(chunk)
+            await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield state, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_a_malformed_chunk_is_a_malformed_error(stub):
+    state, url = stub
+    error, _ = await failure(config_for(url))
+    assert error.kind == "malformed" and not error.retryable
+
+
+async def test_a_stall_between_tokens_is_an_idle_timeout(stub):
+    state, url = stub
+    state["mode"] = "stall"
+    error, events = await failure(config_for(url, idle_timeout=0.3))
+    assert error.kind == "timeout_idle" and error.produced_tokens and len(events) == 1
+
+
+async def test_a_stream_without_a_finish_reason_is_truncated(stub):
+    state, url = stub
+    state["mode"] = "no-finish"
+    error, _ = await failure(config_for(url))
+    assert error.kind == "stream_truncated" and error.produced_tokens
