@@ -158,6 +158,18 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Engine supervision -----------------------------------------------------------------------
+
+VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
+ENGINE_CHECK_INTERVAL = env_float("ENGINE_CHECK_INTERVAL", 5.0, minimum=0.5)
+ENGINE_CHECK_TIMEOUT = env_float("ENGINE_CHECK_TIMEOUT", 2.0, minimum=0.1)
+ENGINE_UNHEALTHY_AFTER = env_int("ENGINE_UNHEALTHY_AFTER", 3, minimum=1)  # failed checks in a row
+ENGINE_RESTART_UNHEALTHY_AFTER = env_int("ENGINE_RESTART_UNHEALTHY_AFTER", 12, minimum=1)
+ENGINE_RESTART_BUDGET = env_int("ENGINE_RESTART_BUDGET", 5, minimum=0)  # automatic restarts per window
+ENGINE_RESTART_WINDOW = env_int("ENGINE_RESTART_WINDOW", 600, minimum=1)  # seconds
+ENGINE_BACKOFF_BASE = env_float("ENGINE_BACKOFF_BASE", 2.0, minimum=0.0)  # seconds, doubled per restart
+ENGINE_BACKOFF_MAX = env_float("ENGINE_BACKOFF_MAX", 300.0, minimum=0.0)
+
 # --- Celery (read by config/celery.py with the CELERY_ namespace) ----------------------
 
 CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", schemes=("redis", "rediss", "unix"), default=REDIS_URL)
@@ -194,6 +206,12 @@ CELERY_REDIS_SOCKET_TIMEOUT = REDIS_TIMEOUT
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_TIMEOUT
 CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_BEAT_SCHEDULE = {
+    "check-engines": {
+        "task": "inference_ops.tasks.engines_check_all",
+        "schedule": ENGINE_CHECK_INTERVAL,
+        # A check older than its interval is useless: drop it rather than pile them up.
+        "options": {"expires": ENGINE_CHECK_INTERVAL},
+    },
     "clear-expired-sessions": {
         "task": "chat.tasks.sessions_clear_expired",
         "schedule": crontab(hour=3, minute=17),

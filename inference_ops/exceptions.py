@@ -41,3 +41,14 @@ class EngineError(InferenceError):
         self.status_code = status_code
         self.endpoint = endpoint
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
+
+
+class SupervisorError(InferenceError):
+    """An engine could not be started, stopped or changed as asked."""
+
+    status = 409
+    code = "engine_supervision"
+
+
+class EngineStartRefused(SupervisorError):
+    """Refused before launching anything (port taken, kind not launchable)."""

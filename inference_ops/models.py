@@ -58,3 +58,123 @@ class ModelEndpoint(models.Model):
     @property
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+
+class EngineProcess(models.Model):
+    """A model engine process the gateway starts, watches and restarts (vLLM, the simulator, the CPU engine)."""
+
+    class Kind(models.TextChoices):
+        VLLM = "vllm", "vLLM (vllm serve)"
+        SIMULATOR = "simulator", "vLLM simulator (CPU, for tests and demos)"
+        CPU = "cpu", "CPU engine (llama.cpp server)"
+
+    class Desired(models.TextChoices):
+        RUNNING = "running", "running"
+        STOPPED = "stopped", "stopped"
+
+    class Status(models.TextChoices):
+        STOPPED = "stopped", "stopped"
+        STARTING = "starting", "starting"
+        READY = "ready", "ready"
+        UNHEALTHY = "unhealthy", "unhealthy"
+        CRASHED = "crashed", "crashed"
+        RESTARTING = "restarting", "restarting (waiting for its backoff)"
+
+    name = models.SlugField(max_length=100, unique=True)
+    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="engines")
+    host = models.CharField(
+        max_length=200, blank=True,
+        help_text="Host that runs it; its worker consumes the queue ops.<host>. Empty: the `ops` queue.",
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.VLLM)
+    model = models.CharField(max_length=300, help_text="Model id or path, e.g. Qwen/Qwen3-8B or /models/qwen3.")
+    served_model_name = models.CharField(max_length=200, blank=True)
+    bind_host = models.CharField(max_length=100, default="127.0.0.1")
+    port = models.PositiveIntegerField()
+    # vLLM's options; empty means vLLM's own default.
+    max_model_len = models.PositiveIntegerField(null=True, blank=True)
+    gpu_memory_utilization = models.FloatField(null=True, blank=True)
+    max_num_seqs = models.PositiveIntegerField(null=True, blank=True)
+    enable_lora = models.BooleanField(default=False)
+    max_loras = models.PositiveIntegerField(null=True, blank=True)
+    max_lora_rank = models.PositiveIntegerField(null=True, blank=True)
+    tensor_parallel_size = models.PositiveIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=50, blank=True)
+    dtype = models.CharField(max_length=20, blank=True)
+    enable_prefix_caching = models.BooleanField(default=False)
+    runtime_lora_updating = models.BooleanField(
+        default=False, help_text="Allow loading and unloading adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."
+    )
+    extra_args = models.JSONField(default=list, blank=True, help_text='More arguments, e.g. ["--seed", "1"].')
+    environment = models.JSONField(default=dict, blank=True, help_text='Extra environment, e.g. {"HF_HOME": "/data"}.')
+    startup_timeout = models.PositiveIntegerField(default=900, help_text="Seconds to become ready (vLLM loads weights).")
+    stop_timeout = models.PositiveIntegerField(default=30, help_text="Seconds between SIGTERM and SIGKILL.")
+
+    desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.STOPPED)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STOPPED)
+    status_reason = models.CharField(max_length=1000, blank=True)
+    status_changed_at = models.DateTimeField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    # Automatic restarts: exponential backoff, and a budget per window.
+    restarts_in_window = models.PositiveIntegerField(default=0)
+    restart_window_started_at = models.DateTimeField(null=True, blank=True)
+    next_restart_at = models.DateTimeField(null=True, blank=True)
+    failed_checks = models.PositiveIntegerField(default=0)
+    last_check_at = models.DateTimeField(null=True, blank=True)
+    last_check_ok = models.BooleanField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "port"], name="engine_unique_host_port")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"ops.{self.host}" if self.host else "ops"
+
+    @property
+    def api_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "") else self.bind_host
+        return f"http://{host}:{self.port}"
+
+
+class EngineEvent(models.Model):
+    """The history of an engine's states, with reasons: what an operator reads after an incident."""
+
+    engine = models.ForeignKey(EngineProcess, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    status = models.CharField(max_length=16, choices=EngineProcess.Status.choices)
+    reason = models.CharField(max_length=1000, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+
+
+class LoraAdapter(models.Model):
+    class State(models.TextChoices):
+        STATIC = "static", "on the command line"
+        LOADED = "loaded", "loaded at run time"
+        UNLOADED = "unloaded", "not loaded"
+        ERROR = "error", "error"
+
+    engine = models.ForeignKey(EngineProcess, on_delete=models.CASCADE, related_name="adapters")
+    name = models.SlugField(max_length=100)
+    path = models.CharField(max_length=500)
+    base_model = models.CharField(max_length=200, blank=True)
+    static = models.BooleanField(default=True, help_text="Pass it with --lora-modules at start; else load at run time.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UNLOADED)
+    error = models.CharField(max_length=1000, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["engine", "name"], name="adapter_unique_name")]
+
+    def __str__(self):
+        return self.name

@@ -13,6 +13,11 @@ os.environ.setdefault("DEBUG", "false")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
 os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+# Engine supervision at test speed: quick checks, short backoff.
+os.environ.setdefault("ENGINE_CHECK_TIMEOUT", "0.5")
+os.environ.setdefault("ENGINE_UNHEALTHY_AFTER", "2")
+os.environ.setdefault("ENGINE_RESTART_UNHEALTHY_AFTER", "4")
+os.environ.setdefault("ENGINE_BACKOFF_BASE", "0.2")
 if not os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = embedded.redis_url().rsplit("/", 1)[0] + "/15"
 if not os.environ.get("DATABASE_URL"):

@@ -1,0 +1,70 @@
+"""Engine supervision tasks. They run on the engine's own queue (`ops` or `ops.<host>`),
+take ids, re-read the row, and are safe to run twice."""
+
+import logging
+
+from celery import shared_task
+
+from inference_ops import supervisor
+from inference_ops.exceptions import SupervisorError
+from inference_ops.models import EngineProcess
+
+logger = logging.getLogger(__name__)
+
+# vLLM may take many minutes to load weights; the global limits are for ordinary tasks.
+_START_LIMITS = {"soft_time_limit": 3600, "time_limit": 3660}
+
+
+@shared_task(name="inference_ops.tasks.engine_start", **_START_LIMITS)
+def engine_start_task(engine_id: int, reason: str = "started by an operator") -> str:
+    if not EngineProcess.objects.filter(pk=engine_id).exists():
+        return "gone"
+    try:
+        return supervisor.engine_start(engine_id=engine_id, reason=reason).status
+    except SupervisorError as exc:
+        logger.warning("%s", exc)
+        return f"failed: {exc}"
+
+
+@shared_task(name="inference_ops.tasks.engine_stop")
+def engine_stop_task(engine_id: int, reason: str = "stopped by an operator") -> str:
+    if not EngineProcess.objects.filter(pk=engine_id).exists():
+        return "gone"
+    return supervisor.engine_stop(engine_id=engine_id, reason=reason).status
+
+
+@shared_task(name="inference_ops.tasks.engine_restart", **_START_LIMITS)
+def engine_restart_task(engine_id: int, reason: str = "restarted by an operator") -> str:
+    if not EngineProcess.objects.filter(pk=engine_id).exists():
+        return "gone"
+    try:
+        return supervisor.engine_restart(engine_id=engine_id, reason=reason).status
+    except SupervisorError as exc:
+        logger.warning("%s", exc)
+        return f"failed: {exc}"
+
+
+@shared_task(name="inference_ops.tasks.engine_check", soft_time_limit=60, time_limit=90)
+def engine_check_task(engine_id: int) -> str | None:
+    action = supervisor.engine_check(engine_id=engine_id)
+    if action == "restart":
+        engine = EngineProcess.objects.get(pk=engine_id)
+        engine_start_task.apply_async((engine_id, "automatic restart"), queue=engine.queue)
+    return action
+
+
+@shared_task(name="inference_ops.tasks.engines_check_all", soft_time_limit=30, time_limit=60)
+def engines_check_all() -> int:
+    """Beat, every few seconds: one check per engine that should run, on the engine's own queue."""
+    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).values_list("pk", "host")
+    for engine_id, host in engines:
+        engine_check_task.apply_async((engine_id,), queue=f"ops.{host}" if host else "ops",
+                                      expires=30)
+    return len(engines)
+
+
+def enqueue(action: str, engine: EngineProcess, reason: str | None = None) -> None:
+    """Send start/stop/restart to the engine's host (used by the admin, after commit)."""
+    task = {"start": engine_start_task, "stop": engine_stop_task, "restart": engine_restart_task}[action]
+    args = (engine.pk,) if reason is None else (engine.pk, reason)
+    task.apply_async(args, queue=engine.queue)

@@ -1,0 +1,311 @@
+"""Engine supervision with the simulator as the engine process: real processes, real HTTP."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from inference_ops import supervisor
+from inference_ops.exceptions import EngineStartRefused, SupervisorError
+from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from inference_ops.tasks import engine_check_task, engine_start_task
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_engine(name="local-sim", **fields) -> EngineProcess:
+    port = fields.pop("port", None) or free_port()
+    endpoint = ModelEndpoint.objects.create(name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
+                                            model="acme/base")
+    defaults = dict(kind="simulator", model="acme/base", port=port, startup_timeout=30, stop_timeout=5,
+                    extra_args=["--time-to-first-token", "5", "--inter-token-latency", "2"])
+    return EngineProcess.objects.create(name=name, endpoint=endpoint, **{**defaults, **fields})
+
+
+def processes_on(port: int) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "inference_ops.simulator" in cmdline and str(port) in cmdline and process.status() != "zombie":
+            found.append(process)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def stop_engines_afterwards(request):
+    yield
+    if request.node.get_closest_marker("django_db") is None:
+        return
+    for engine in EngineProcess.objects.all():
+        if engine.pid:
+            supervisor._terminate_session(engine.pid, 2)
+        for process in processes_on(engine.port):
+            process.kill()
+
+
+def wait_until(predicate, timeout=30.0, step=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+# --- the command line ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_vllm_command_line_is_built_from_the_row(settings):
+    settings.VLLM_EXECUTABLE = "/opt/vllm/bin/vllm"
+    engine = make_engine(
+        kind="vllm", model="Qwen/Qwen3-8B", served_model_name="qwen3", port=8001, bind_host="0.0.0.0",
+        max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=128, tensor_parallel_size=2,
+        quantization="awq", dtype="bfloat16", enable_prefix_caching=True, enable_lora=True, max_loras=4,
+        max_lora_rank=64, extra_args=["--seed", "1"], runtime_lora_updating=True, environment={"HF_HOME": "/data"},
+    )
+    LoraAdapter.objects.create(engine=engine, name="sql", path="/adapters/sql")
+    LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", base_model="qwen3")
+    LoraAdapter.objects.create(engine=engine, name="later", path="/adapters/later", static=False)
+    assert supervisor.command_line(engine) == [
+        "/opt/vllm/bin/vllm", "serve", "Qwen/Qwen3-8B", "--host", "0.0.0.0", "--port", "8001",
+        "--served-model-name", "qwen3", "--max-model-len", "8192", "--gpu-memory-utilization", "0.9",
+        "--max-num-seqs", "128", "--tensor-parallel-size", "2", "--quantization", "awq", "--dtype", "bfloat16",
+        "--enable-prefix-caching", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64",
+        "--lora-modules", '{"name":"legal","path":"/adapters/legal","base_model_name":"qwen3"}',
+        '{"name":"sql","path":"/adapters/sql"}', "--seed", "1",
+    ]
+    env = supervisor.environment(engine)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HOME"] == "/data"
+
+
+@pytest.mark.django_db
+def test_a_minimal_vllm_row_leaves_every_option_to_vllm():
+    engine = make_engine(kind="vllm", model="meta-llama/Llama-3.1-8B-Instruct", port=8002, extra_args=[])
+    assert supervisor.command_line(engine) == [
+        "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8002",
+    ]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in supervisor.environment(engine) or \
+        os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+
+
+@pytest.mark.django_db
+def test_the_simulator_gets_the_same_vllm_arguments():
+    engine = make_engine(port=8003, max_num_seqs=4, enable_lora=True, extra_args=[])
+    LoraAdapter.objects.create(engine=engine, name="sql", path="/adapters/sql")
+    argv = supervisor.command_line(engine)
+    assert argv[1:3] == ["-m", "inference_ops.simulator"]
+    assert argv[3:] == ["serve", "acme/base", "--host", "127.0.0.1", "--port", "8003", "--max-num-seqs", "4",
+                        "--enable-lora", "--lora-modules", '{"name":"sql","path":"/adapters/sql"}']
+
+
+def test_metrics_of_vllm_and_llama_cpp_map_to_the_same_gauges():
+    vllm = ('vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n# HELP x\nvllm:prompt_tokens_total 10\n')
+    llama = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\nllamacpp:kv_cache_usage_ratio 0.5\n"
+    assert supervisor.parse_metrics(vllm) == {"running": 3.0, "waiting": 1.0, "kv_cache_usage": 0.25}
+    assert supervisor.parse_metrics(llama) == {"running": 2.0, "waiting": 0.0, "kv_cache_usage": 0.5}
+
+
+# --- start and stop ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_start_waits_for_readiness_and_stop_leaves_no_process():
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    assert engine.status == "ready" and supervisor.process_alive(engine.pid)
+    engine.endpoint.refresh_from_db()
+    assert engine.endpoint.status == "ready"
+    session = supervisor.session_processes(engine.pid)
+    assert session
+
+    engine = supervisor.engine_stop(engine_id=engine.pk)
+    assert engine.status == "stopped" and engine.pid is None
+    assert not any(p.is_running() and p.status() != "zombie" for p in session)
+    assert not processes_on(engine.port)
+    assert [e.status for e in EngineEvent.objects.filter(engine=engine).order_by("pk")] == [
+        "starting", "ready", "stopped"]
+
+
+@pytest.mark.django_db
+def test_start_refuses_a_port_that_is_taken():
+    engine = make_engine()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", engine.port))
+        squatter.listen()
+        with pytest.raises(EngineStartRefused, match="already in use"):
+            supervisor.engine_start(engine_id=engine.pk)
+    engine.refresh_from_db()
+    assert engine.status == "stopped" and "already in use" in engine.status_reason
+    assert not processes_on(engine.port)
+
+
+@pytest.mark.django_db
+def test_an_engine_that_exits_during_start_up_is_crashed_with_its_log():
+    engine = make_engine(extra_args=["--max-num-seqs", "0"])
+    with pytest.raises(SupervisorError, match="exited during start-up"):
+        supervisor.engine_start(engine_id=engine.pk)
+    engine.refresh_from_db()
+    assert engine.status == "crashed"
+    assert "--max-num-seqs must be at least 1" in engine.status_reason
+    assert "--max-num-seqs must be at least 1" in supervisor.log_tail(engine)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_start_requests_launch_one_process():
+    engine = make_engine()
+    results = []
+
+    def start():
+        from django.db import connection
+
+        try:
+            results.append(supervisor.engine_start(engine_id=engine.pk).status)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    wait_until(lambda: EngineProcess.objects.get(pk=engine.pk).status == "ready")
+    assert len(processes_on(engine.port)) == 1
+    assert "ready" in results
+
+
+# --- health, crashes, restarts -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_engine_is_restarted_by_the_worker_and_ready_again(celery_worker):
+    engine = make_engine()
+    assert engine_start_task.apply_async((engine.pk,), queue="ops").get(timeout=60) == "ready"
+    engine.refresh_from_db()
+    old_pid = engine.pid
+    os.kill(old_pid, signal.SIGKILL)
+
+    def restarted():
+        engine_check_task.apply_async((engine.pk,), queue="ops").get(timeout=30)
+        current = EngineProcess.objects.get(pk=engine.pk)
+        return current if current.status == "ready" and current.pid != old_pid else None
+
+    current = wait_until(restarted, timeout=60, step=0.3)
+    assert current, list(EngineEvent.objects.filter(engine=engine).values_list("status", "reason"))
+    statuses = list(EngineEvent.objects.filter(engine=engine).order_by("pk").values_list("status", flat=True))
+    assert statuses[-3:] == ["restarting", "starting", "ready"]
+    assert "the process exited; automatic restart 1/5" in EngineEvent.objects.get(
+        engine=engine, status="restarting").reason
+    assert len(processes_on(engine.port)) == 1
+
+
+def _check_until(engine, wanted, timeout=30):
+    """Run checks (and the restarts they ask for) until the engine reaches `wanted`
+    with a process other than the one it had (for "ready")."""
+    def reached():
+        if supervisor.engine_check(engine_id=engine.pk) == "restart":
+            supervisor.engine_start(engine_id=engine.pk, reason="automatic restart")
+        current = EngineProcess.objects.get(pk=engine.pk)
+        if wanted == "ready" and current.pid == engine.pid:
+            return None
+        return current if current.status == wanted else None
+
+    return wait_until(reached, timeout=timeout, step=0.2)
+
+
+@pytest.mark.django_db
+def test_a_clean_exit_still_counts_as_a_failure():
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    old_pid = engine.pid
+    os.kill(old_pid, signal.SIGTERM)  # the simulator exits with status 0
+    wait_until(lambda: not supervisor.process_alive(old_pid))
+    assert _check_until(engine, "restarting")
+    current = _check_until(engine, "ready")
+    assert current and current.pid != old_pid
+
+
+@pytest.mark.django_db
+def test_a_hung_engine_turns_unhealthy_then_is_killed_and_restarted():
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    os.kill(engine.pid, signal.SIGSTOP)  # alive, but answers nothing
+    unhealthy = _check_until(engine, "unhealthy")
+    assert unhealthy and "failed check" in unhealthy.status_reason
+    unhealthy.endpoint.refresh_from_db()
+    assert unhealthy.endpoint.status == "unhealthy"
+    current = _check_until(engine, "ready")
+    assert current and current.pid != engine.pid
+    assert EngineEvent.objects.filter(engine=engine, reason__contains="killed").exists()
+
+
+@pytest.mark.django_db
+def test_checks_scrape_metrics_onto_the_engine_and_its_endpoint():
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    supervisor.engine_check(engine_id=engine.pk)
+    engine.refresh_from_db()
+    assert set(engine.metrics) == {"running", "waiting", "kv_cache_usage"}
+    engine.endpoint.refresh_from_db()
+    assert engine.endpoint.requests_running == 0 and engine.endpoint.checked_at is not None
+
+
+@pytest.mark.django_db
+def test_the_restart_budget_stops_automatic_restarts(settings):
+    settings.ENGINE_RESTART_BUDGET = 1
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    os.kill(engine.pid, signal.SIGKILL)
+    engine = _check_until(engine, "ready")
+    os.kill(engine.pid, signal.SIGKILL)
+    crashed = _check_until(engine, "crashed")
+    assert crashed and "restart budget exhausted (1 in 600s)" in crashed.status_reason
+    assert supervisor.engine_check(engine_id=engine.pk) is None
+    assert EngineProcess.objects.get(pk=engine.pk).status == "crashed"
+    # An operator's restart resets the budget.
+    assert supervisor.engine_restart(engine_id=engine.pk).status == "ready"
+
+
+# --- LoRA adapters ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart():
+    engine = make_engine(enable_lora=True, runtime_lora_updating=True)
+    adapter = LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", static=False)
+    engine = supervisor.engine_start(engine_id=engine.pk)
+
+    supervisor.adapter_load(adapter=adapter)
+    assert adapter.state == "loaded"
+    _, body = supervisor._get(f"{engine.base_url}/v1/models", 2)
+    assert b'"legal"' in body
+
+    with pytest.raises(SupervisorError, match="HTTP 400"):
+        supervisor.adapter_load(adapter=adapter)  # already loaded: the engine refuses
+    adapter.refresh_from_db()
+    assert adapter.state == "error" and "HTTP 400" in adapter.error
+
+    adapter.state = "loaded"
+    adapter.save()
+    engine = supervisor.engine_restart(engine_id=engine.pk)
+    _, body = supervisor._get(f"{engine.base_url}/v1/models", 2)
+    assert b'"legal"' in body  # reloaded after the restart
+
+    supervisor.adapter_unload(adapter=adapter)
+    assert adapter.state == "unloaded"
+    ghost = LoraAdapter.objects.create(engine=engine, name="ghost", path="/x", static=False)
+    with pytest.raises(SupervisorError, match="HTTP 404"):
+        supervisor.adapter_unload(adapter=ghost)
+
+
+@pytest.mark.django_db
+def test_loading_at_run_time_needs_the_engine_to_allow_it():
+    engine = make_engine(enable_lora=True)
+    adapter = LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", static=False)
+    with pytest.raises(SupervisorError, match="does not allow runtime LoRA updates"):
+        supervisor.adapter_load(adapter=adapter)
