@@ -1,0 +1,153 @@
+"""Operations in the admin: endpoints, engines (status, health, metrics, log tail, start/stop/restart), adapters."""
+
+from django.contrib import admin, messages
+from django.db import transaction
+from django.utils.html import format_html
+
+from inference_ops import supervisor, tasks
+from inference_ops.exceptions import SupervisorError
+from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+
+
+@admin.register(ModelEndpoint)
+class ModelEndpointAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "model", "lora_adapter", "active", "status", "requests_running",
+                    "requests_waiting", "kv_cache_usage", "checked_at"]
+    list_filter = ["kind", "active", "status"]
+    search_fields = ["name", "model", "base_url"]
+    readonly_fields = ["status", "status_reason", "checked_at", "requests_running", "requests_waiting",
+                       "kv_cache_usage", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "kind", "active", "base_url", "api_key_env", "model", "lora_adapter",
+                           "context_window", "max_concurrency"]}),
+        ("Timeouts (seconds)", {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout",
+                                           "total_timeout"]}),
+        ("Live status", {"fields": ["status", "status_reason", "checked_at", "requests_running",
+                                    "requests_waiting", "kv_cache_usage"]}),
+    ]
+
+
+class LoraAdapterInline(admin.TabularInline):
+    model = LoraAdapter
+    extra = 0
+    fields = ["name", "path", "base_model", "static", "state", "error"]
+    readonly_fields = ["state", "error"]
+
+
+class EngineEventInline(admin.TabularInline):
+    model = EngineEvent
+    extra = 0
+    fields = ["at", "status", "reason"]
+    readonly_fields = fields
+    can_delete = False
+    max_num = 0
+    ordering = ["-at", "-pk"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).order_by("-at", "-pk")
+
+
+@admin.register(EngineProcess)
+class EngineProcessAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "model", "port", "desired_state", "status_badge", "status_reason_short",
+                    "last_check_at", "running", "waiting", "kv_cache"]
+    list_filter = ["kind", "status", "desired_state"]
+    search_fields = ["name", "model"]
+    inlines = [LoraAdapterInline, EngineEventInline]
+    actions = ["start", "stop", "restart"]
+    readonly_fields = ["status", "status_reason", "status_changed_at", "pid", "started_at", "restarts_in_window",
+                       "next_restart_at", "failed_checks", "last_check_at", "last_check_ok", "metrics",
+                       "command", "log"]
+    fieldsets = [
+        (None, {"fields": ["name", "endpoint", "host", "kind", "model", "served_model_name", "bind_host", "port",
+                           "desired_state"]}),
+        ("vLLM options", {"fields": ["max_model_len", "gpu_memory_utilization", "max_num_seqs",
+                                     "tensor_parallel_size", "quantization", "dtype", "enable_prefix_caching",
+                                     "enable_lora", "max_loras", "max_lora_rank", "runtime_lora_updating",
+                                     "extra_args", "environment", "startup_timeout", "stop_timeout"]}),
+        ("Live", {"fields": ["status", "status_reason", "status_changed_at", "pid", "started_at", "last_check_at",
+                             "last_check_ok", "failed_checks", "restarts_in_window", "next_restart_at", "metrics",
+                             "command", "log"]}),
+    ]
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj):
+        colour = {"ready": "#1a7f37", "starting": "#9a6700", "restarting": "#9a6700",
+                  "unhealthy": "#bc4c00", "crashed": "#cf222e"}.get(obj.status, "#57606a")
+        return format_html('<strong style="color:{}">{}</strong>', colour, obj.get_status_display())
+
+    @admin.display(description="reason")
+    def status_reason_short(self, obj):
+        return obj.status_reason[:120]
+
+    @admin.display(description="running")
+    def running(self, obj):
+        return obj.metrics.get("running")
+
+    @admin.display(description="waiting")
+    def waiting(self, obj):
+        return obj.metrics.get("waiting")
+
+    @admin.display(description="KV cache")
+    def kv_cache(self, obj):
+        value = obj.metrics.get("kv_cache_usage")
+        return None if value is None else f"{value:.0%}"
+
+    @admin.display(description="command line")
+    def command(self, obj):
+        if obj.pk is None:
+            return "—"
+        try:
+            return " ".join(supervisor.command_line(obj))
+        except SupervisorError as exc:
+            return str(exc)
+
+    @admin.display(description="log (last lines)")
+    def log(self, obj):
+        if obj.pk is None:
+            return "—"
+        return format_html('<pre style="max-height:30em;overflow:auto;white-space:pre-wrap">{}</pre>',
+                           supervisor.log_tail(obj, 80) or "(empty)")
+
+    def _enqueue(self, request, queryset, action):
+        for engine in queryset:
+            transaction.on_commit(lambda engine=engine: tasks.enqueue(action, engine))
+        self.message_user(request, f"{action.capitalize()} queued for {queryset.count()} engine(s); "
+                                   "the status column follows.")
+
+    @admin.action(description="Start selected engines")
+    def start(self, request, queryset):
+        self._enqueue(request, queryset, "start")
+
+    @admin.action(description="Stop selected engines")
+    def stop(self, request, queryset):
+        self._enqueue(request, queryset, "stop")
+
+    @admin.action(description="Restart selected engines")
+    def restart(self, request, queryset):
+        self._enqueue(request, queryset, "restart")
+
+
+@admin.register(LoraAdapter)
+class LoraAdapterAdmin(admin.ModelAdmin):
+    list_display = ["name", "engine", "path", "static", "state", "error"]
+    list_filter = ["state", "static", "engine"]
+    readonly_fields = ["state", "error"]
+    actions = ["load", "unload"]
+
+    def _each(self, request, queryset, operation, verb):
+        for adapter in queryset.select_related("engine"):
+            try:
+                operation(adapter=adapter)
+            except SupervisorError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"{adapter.name}: {verb}.")
+
+    @admin.action(description="Load selected adapters now (runtime)")
+    def load(self, request, queryset):
+        self._each(request, queryset, supervisor.adapter_load, "loaded")
+
+    @admin.action(description="Unload selected adapters now (runtime)")
+    def unload(self, request, queryset):
+        self._each(request, queryset, supervisor.adapter_unload, "unloaded")
