@@ -158,6 +158,44 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Routing ------------------------------------------------------------------------------------------
+
+ROUTING_BREAKER_FAILURES = env_int("ROUTING_BREAKER_FAILURES", 5, minimum=1)  # in a row, to open
+ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 30.0, minimum=0.1)  # seconds open
+ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)
+ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=1)
+ROUTING_KB_NO_ANSWER = env_str(
+    "ROUTING_KB_NO_ANSWER", "Sorry, the knowledge base has no answer to that question yet."
+)
+ROUTING_SYSTEM_PROMPT = env_str(
+    "ROUTING_SYSTEM_PROMPT",
+    "You are a helpful, precise assistant. Answer in the language of the question.",
+)
+
+# --- The local road: the CPU engine (llama.cpp's llama-server) or your own vLLM -------------
+
+# llama-server is built once into this folder (with the bundled model); CPU_ENGINE_SERVER uses yours.
+CPU_ENGINE_CACHE_DIR = env_str("CPU_ENGINE_CACHE_DIR") or str(
+    Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache") / "answering-gateway"
+)
+CPU_ENGINE_SERVER = env_str("CPU_ENGINE_SERVER", "")
+CPU_ENGINE_MODEL = env_str("CPU_ENGINE_MODEL", "")  # a GGUF file; empty: the bundled Gemma 3 270M
+# Empty: the question/answer template for the bundled model, the GGUF's own for yours;
+# `qa`: the question/answer template (for a base model); else the path of a Jinja template.
+CPU_ENGINE_CHAT_TEMPLATE = env_str("CPU_ENGINE_CHAT_TEMPLATE", "")
+CPU_ENGINE_PORT = env_int("CPU_ENGINE_PORT", 8081, minimum=1, maximum=65535)
+CPU_ENGINE_PARALLEL = env_int("CPU_ENGINE_PARALLEL", 2, minimum=1, maximum=64)  # requests decoded together
+CPU_ENGINE_CTX_PER_SLOT = env_int("CPU_ENGINE_CTX_PER_SLOT", 2048, minimum=256)  # tokens per request
+CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: every core this process may use
+# Your own vLLM server as the local road instead of the CPU engine.
+LOCAL_VLLM_URL = env_url("LOCAL_VLLM_URL", schemes=("http", "https"))
+LOCAL_VLLM_MODEL = env_str("LOCAL_VLLM_MODEL", "")
+LOCAL_VLLM_CONTEXT = env_int("LOCAL_VLLM_CONTEXT", 4096, minimum=256)
+if LOCAL_VLLM_URL and not LOCAL_VLLM_MODEL:
+    raise ImproperlyConfigured(
+        "Environment variable LOCAL_VLLM_MODEL must name the served model when LOCAL_VLLM_URL is set."
+    )
+
 # --- Engine supervision -----------------------------------------------------------------------
 
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")

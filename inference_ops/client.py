@@ -34,6 +34,7 @@ class EndpointConfig:
     idle_timeout: float = 15.0
     total_timeout: float = 300.0
     max_concurrency: int = 64
+    headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_endpoint(cls, endpoint) -> EndpointConfig:
@@ -42,6 +43,7 @@ class EndpointConfig:
             api_key=endpoint.api_key, connect_timeout=endpoint.connect_timeout,
             first_token_timeout=endpoint.first_token_timeout, idle_timeout=endpoint.idle_timeout,
             total_timeout=endpoint.total_timeout, max_concurrency=endpoint.max_concurrency,
+            headers=tuple(sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())),
         )
 
 
@@ -73,7 +75,8 @@ class _Pool:
         )
         # Retries belong to the pipeline (it may pick another target), not to the SDK.
         self.client = openai.AsyncOpenAI(
-            base_url=config.base_url, api_key=config.api_key or "EMPTY", timeout=timeout, max_retries=0
+            base_url=config.base_url, api_key=config.api_key or "EMPTY", timeout=timeout, max_retries=0,
+            default_headers=dict(config.headers) or None,
         )
         self.slots = asyncio.Semaphore(config.max_concurrency)
 

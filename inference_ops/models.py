@@ -39,6 +39,9 @@ class ModelEndpoint(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
     )
+    extra_headers = models.JSONField(
+        default=dict, blank=True, help_text='HTTP headers sent with every request, e.g. {"X-Title": "gateway"}.'
+    )
     active = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
     status_reason = models.CharField(max_length=500, blank=True)
@@ -50,6 +53,11 @@ class ModelEndpoint(models.Model):
 
     def __str__(self):
         return self.name
+
+    @property
+    def road(self) -> str:
+        """The road a request to this endpoint takes: local (our own engines) or external."""
+        return "external" if self.kind == self.Kind.EXTERNAL else "local"
 
     @property
     def request_model(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -88,12 +89,14 @@ def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) 
         return cursor.fetchall()
 
 
-def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = None) -> list[Match]:
+def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = None,
+                vector: tuple[float, ...] | None = None) -> list[Match]:
     """The nearest active FAQ entries by vector, best phrasing per entry, best first."""
     model = model or serving_model()
     if model is None:
         return []
-    vector = embed_query(spec_of(model), text)
+    if vector is None:
+        vector = embed_query(spec_of(model), text)
     nearest = _nearest("knowledge_phrasingvector", "phrasing", model, vector, 40)
     phrasings = Phrasing.objects.select_related("entry").in_bulk([pid for pid, _ in nearest])
     best: dict[int, Match] = {}
@@ -106,28 +109,35 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
     return sorted(best.values(), key=lambda match: -match.score)[:limit]
 
 
-def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
-    """Can the KB answer `text` by itself? Exact match first, then a guarded vector match."""
-    key = normalize(text)
-    if not key:
-        return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = (
+def _exact(key: str) -> DirectAnswer | None:
+    phrasing = (
         Phrasing.objects.filter(normalized=key, entry__active=True, entry__kind=Entry.Kind.FAQ)
         .select_related("entry")
         .order_by("entry_id")
         .first()
     )
+    if phrasing is None:
+        return None
+    return DirectAnswer(hit=True, method="exact", entry=phrasing.entry, score=1.0,
+                        reason=f"exact match on {'the question' if phrasing.primary else 'an alias'} (normalized)")
+
+
+def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
+    """Can the KB answer `text` by itself? Exact match first, then a guarded vector match."""
+    key = normalize(text)
+    if not key:
+        return DirectAnswer(hit=False, method="none", reason="the question is empty")
+    exact = _exact(key)
     if exact is not None and not with_matches:
-        return DirectAnswer(
-            hit=True, method="exact", entry=exact.entry, score=1.0,
-            reason=f"exact match on {'the question' if exact.primary else 'an alias'} (normalized)",
-        )
+        return exact
     matches = faq_matches(text, limit=5)
     if exact is not None:
-        return DirectAnswer(
-            hit=True, method="exact", entry=exact.entry, score=1.0, matches=matches,
-            reason=f"exact match on {'the question' if exact.primary else 'an alias'} (normalized)",
-        )
+        exact.matches = matches
+        return exact
+    return _vector_verdict(text, matches)
+
+
+def _vector_verdict(text: str, matches: list[Match]) -> DirectAnswer:
     if not matches:
         return DirectAnswer(hit=False, method="none", reason="no FAQ entry has a current embedding")
     best = matches[0]
@@ -171,14 +181,16 @@ def _lexical_fill(text: str, matches: list[Match]) -> None:
         match.lexical = max((lexical_similarity(text, t) for eid, t in rows if eid == match.entry.pk), default=0.0)
 
 
-def context_passages(text: str, *, k: int | None = None, min_score: float | None = None) -> list[ContextPassage]:
+def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
+                     vector: tuple[float, ...] | None = None) -> list[ContextPassage]:
     """Top-k passages of active entries of any kind, for the prompt, each with a citation label."""
     k = k or settings.KB_CONTEXT_K
     min_score = settings.KB_CONTEXT_MIN_SCORE if min_score is None else min_score
     model = serving_model()
     if model is None or not normalize(text):
         return []
-    vector = embed_query(spec_of(model), text)
+    if vector is None:
+        vector = embed_query(spec_of(model), text)
     nearest = _nearest("knowledge_passagevector", "passage", model, vector, max(k * 4, 20))
     from knowledge.models import Passage
 
@@ -196,8 +208,25 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
 
 
 async def adirect_answer(text: str) -> DirectAnswer:
-    return await sync_to_async(direct_answer)(text)
+    """direct_answer for async callers. Database work runs in Django's DB thread; the query
+    embedding (CPU, ~10 ms) runs in a worker thread, so concurrent questions do not queue
+    behind each other's model calls."""
+    key = normalize(text)
+    if not key:
+        return DirectAnswer(hit=False, method="none", reason="the question is empty")
+    exact = await sync_to_async(_exact)(key)
+    if exact is not None:
+        return exact
+    model = await sync_to_async(serving_model)()
+    if model is None:
+        return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
+    vector = await asyncio.to_thread(embed_query, spec_of(model), text)
+    matches = await sync_to_async(faq_matches)(text, model=model, vector=vector)
+    return await sync_to_async(_vector_verdict)(text, matches)
 
 
 async def acontext_passages(text: str, *, k: int | None = None) -> list[ContextPassage]:
-    return await sync_to_async(context_passages)(text, k=k)
+    model = await sync_to_async(serving_model)()
+    vector = None if model is None or not normalize(text) else await asyncio.to_thread(
+        embed_query, spec_of(model), text)
+    return await sync_to_async(context_passages)(text, k=k, vector=vector)

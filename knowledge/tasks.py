@@ -23,3 +23,11 @@ def kb_reembed_task() -> str:
     from knowledge.services import kb_reembed
 
     return kb_reembed().name
+
+
+@shared_task(name="knowledge.tasks.miss_record", autoretry_for=(EmbeddingError,), max_retries=3, retry_backoff=5)
+def miss_record_task(question: str, answer: str, best_entry_id: int | None, best_score: float | None) -> int:
+    """Record a question the KB missed and a model answered, for the curators' miss list."""
+    from knowledge.services import miss_record
+
+    return miss_record(question=question, answer=answer, best_entry_id=best_entry_id, best_score=best_score).pk

@@ -22,6 +22,17 @@ def pytest_unconfigure(config):
     embedded.release()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_serving_model():
+    """Each test's database starts empty: the process must not trust an embedding-model row
+    cached by an earlier test."""
+    from knowledge.selectors import serving_model_forget
+
+    serving_model_forget()
+    yield
+    serving_model_forget()
+
+
 def url_with_database(url: str, name: str) -> str:
     return urlsplit(url)._replace(path="/" + name).geturl()
 

@@ -1,15 +1,6 @@
 import pytest
 
-from knowledge.selectors import serving_model_forget
 from knowledge.services import entry_create
-
-
-@pytest.fixture(autouse=True)
-def _fresh_serving_model():
-    # Each test's database starts empty; the process must not trust a model row of an earlier test.
-    serving_model_forget()
-    yield
-    serving_model_forget()
 
 
 FAQ = [

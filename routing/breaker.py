@@ -1,0 +1,110 @@
+"""Per-endpoint circuit breaker, shared by every gateway process through Redis.
+
+closed    -> requests flow; consecutive retryable failures are counted.
+open      -> after N failures in a row: requests skip the endpoint at once, no timeout paid.
+half-open -> after the cool-down, exactly one request (whoever sets the probe key first)
+             tries the endpoint; success closes the breaker, failure opens it again.
+
+If Redis itself is unreachable the breaker lets requests through: it is an
+optimisation of failure handling, never a reason to refuse service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+PREFIX = "gw:breaker:"
+_TTL = 24 * 3600
+
+
+@dataclass
+class BreakerState:
+    state: str  # closed | open | half_open
+    failures: int
+    opened_at: float | None
+    retry_in: float | None  # seconds until a probe may go (open only)
+
+
+_clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
+
+
+def _redis() -> aioredis.Redis:
+    loop = asyncio.get_running_loop()
+    entry = _clients.get(id(loop))
+    if entry is None or entry[0] is not loop:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=settings.REDIS_TIMEOUT,
+                                         socket_connect_timeout=settings.REDIS_TIMEOUT)
+        entry = (loop, client)
+        _clients[id(loop)] = entry
+    return entry[1]
+
+
+def _keys(endpoint: str) -> tuple[str, str]:
+    return f"{PREFIX}{endpoint}", f"{PREFIX}{endpoint}:probe"
+
+
+async def state(endpoint: str) -> BreakerState:
+    key, probe = _keys(endpoint)
+    try:
+        data = await _redis().hgetall(key)
+        probing = await _redis().exists(probe)
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker state unavailable", exc_info=True)
+        return BreakerState("closed", 0, None, None)
+    failures = int(data.get(b"failures", 0))
+    if data.get(b"state") != b"open":
+        return BreakerState("closed", failures, None, None)
+    opened_at = float(data[b"opened_at"])
+    retry_in = opened_at + settings.ROUTING_BREAKER_COOLDOWN - time.time()
+    if retry_in <= 0 and probing:
+        return BreakerState("half_open", failures, opened_at, None)
+    return BreakerState("open" if retry_in > 0 else "half_open", failures, opened_at, max(retry_in, 0.0))
+
+
+async def allow(endpoint: str) -> bool:
+    """May a request go to `endpoint` now? Open: no. Past the cool-down: one probe."""
+    key, probe = _keys(endpoint)
+    try:
+        data = await _redis().hgetall(key)
+        if data.get(b"state") != b"open":
+            return True
+        if time.time() - float(data[b"opened_at"]) < settings.ROUTING_BREAKER_COOLDOWN:
+            return False
+        # Half-open: the first process to set the probe key sends the probe; the others wait.
+        return bool(await _redis().set(probe, "1", nx=True, ex=max(1, int(settings.ROUTING_BREAKER_COOLDOWN))))
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker unavailable; letting the request through", exc_info=True)
+        return True
+
+
+async def success(endpoint: str) -> None:
+    try:
+        await _redis().delete(*_keys(endpoint))
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker unavailable", exc_info=True)
+
+
+async def failure(endpoint: str) -> None:
+    key, probe = _keys(endpoint)
+    try:
+        client = _redis()
+        failures = await client.hincrby(key, "failures", 1)
+        current = await client.hget(key, "state")
+        if failures >= settings.ROUTING_BREAKER_FAILURES or current == b"open":
+            # A failed probe re-opens for a fresh cool-down.
+            await client.hset(key, mapping={"state": "open", "opened_at": repr(time.time())})
+            await client.delete(probe)
+        await client.expire(key, _TTL)
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker unavailable", exc_info=True)
+
+
+async def reset(endpoint: str) -> None:
+    await success(endpoint)

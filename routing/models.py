@@ -1,0 +1,71 @@
+"""Routing rules: which road a question takes, curated in the admin.
+
+A rule matches when every condition it sets holds (unset conditions are ignored).
+Rules are tried by priority; the default rule catches the rest. A *generate*
+rule names an ordered chain of targets; targets at the same position split the
+traffic by weight (canary), later positions are fallbacks.
+"""
+
+from django.contrib.auth.models import Group
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from inference_ops.models import ModelEndpoint
+
+
+class RoutingRule(models.Model):
+    class Action(models.TextChoices):
+        KB_ONLY = "kb_only", "KB only (answer from the KB or say it is not known)"
+        GENERATE = "generate", "Generate with the target chain"
+
+    name = models.CharField(max_length=100, unique=True)
+    priority = models.IntegerField(default=100, help_text="Lower runs first.")
+    active = models.BooleanField(default=True)
+    is_default = models.BooleanField(default=False, help_text="Catches every question no other rule takes.")
+
+    keywords = ArrayField(models.CharField(max_length=100), default=list, blank=True,
+                          help_text="Matches when the question contains any of them (case and width folded).")
+    regex = models.CharField(max_length=500, blank=True, help_text="Python regular expression, searched.")
+    intent_examples = ArrayField(models.TextField(), default=list, blank=True,
+                                 help_text="Example questions; matches when one is similar enough.")
+    intent_threshold = models.FloatField(default=0.6, validators=[MinValueValidator(0), MaxValueValidator(1)])
+    min_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
+    max_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
+    groups = models.ManyToManyField(Group, blank=True, help_text="Only for users in one of these groups.")
+    clients = ArrayField(models.CharField(max_length=100), default=list, blank=True,
+                         help_text='Only for these clients: "web", or "key:NAME" for an API key.')
+    requested_models = ArrayField(models.CharField(max_length=200), default=list, blank=True,
+                                  help_text="Only when the API request names one of these models.")
+
+    action = models.CharField(max_length=16, choices=Action.choices, default=Action.GENERATE)
+    system_prompt = models.TextField(blank=True)
+    use_kb_context = models.BooleanField(default=True)
+    context_k = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(20)])
+    max_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the gateway's default.")
+    temperature = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True, active=True),
+                                    name="one_active_default_rule"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class RouteTarget(models.Model):
+    rule = models.ForeignKey(RoutingRule, on_delete=models.CASCADE, related_name="targets")
+    position = models.PositiveIntegerField(default=1, help_text="1 first; higher positions are fallbacks.")
+    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="+")
+    lora_adapter = models.CharField(max_length=200, blank=True, help_text="Overrides the endpoint's adapter.")
+    weight = models.PositiveIntegerField(default=100, help_text="Share among the targets at the same position.")
+
+    class Meta:
+        ordering = ["position", "-weight", "pk"]
+
+    def __str__(self):
+        return f"{self.position}. {self.endpoint.name}{' + ' + self.lora_adapter if self.lora_adapter else ''}"

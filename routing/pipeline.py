@@ -1,0 +1,281 @@
+"""The one answer pipeline. Every interface calls `answer()` and translates its events.
+
+Events, in order: `route`, `token`…, then `done` or `error`. The KB road yields
+the stored answer as one token. Generation streams from the first available
+target of the matched rule's chain: a failure before the first token moves on to
+the next target; after the first token the pipeline never switches and ends with
+an `error` event (partial=True) so the caller can keep the partial answer.
+
+It runs as an async generator inside the ASGI process: no lock, no Celery hop.
+Closing the generator (client gone, Stop) closes the upstream stream at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+
+from django.conf import settings
+
+from inference_ops.client import Finish, stream_chat
+from inference_ops.exceptions import EngineError
+from knowledge.normalize import normalize
+from knowledge.selectors import acontext_passages, adirect_answer
+from routing import breaker
+from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
+from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, query_vector
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RouteRequest:
+    text: str
+    history: list[dict] = field(default_factory=list)
+    user_id: int | None = None
+    groups: frozenset[str] = frozenset()
+    client: str = "web"
+    model: str | None = None  # a model name from /v1/models forces that target; None or "auto" routes
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass(kw_only=True)
+class Event:
+    type: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class Route(Event):
+    road: str  # kb | local | external
+    rule: str | None
+    target: str | None
+    why: str
+    type: str = "route"
+
+
+@dataclass(kw_only=True)
+class Token(Event):
+    text: str
+    type: str = "token"
+
+
+@dataclass(kw_only=True)
+class Done(Event):
+    road: str
+    rule: str | None
+    target: str | None
+    ttft_ms: float | None
+    latency_ms: float
+    usage: dict | None
+    finish_reason: str
+    citations: list[dict]
+    kb_entry_id: int | None = None
+    type: str = "done"
+
+
+@dataclass(kw_only=True)
+class Error(Event):
+    code: str
+    message: str
+    retryable: bool = False
+    partial: bool = False  # tokens were already sent
+    road: str | None = None
+    rule: str | None = None
+    target: str | None = None
+    type: str = "error"
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
+    """The chain in the order to try: per position, a weighted draw first (the canary
+    split), then the position's other targets, then the next position."""
+    ordered: list[Target] = []
+    for group in rule.chain:
+        remaining = [t for t in group if t.weight > 0]
+        while remaining:
+            pick = rng.choices(remaining, weights=[t.weight for t in remaining])[0]
+            ordered.append(pick)
+            remaining.remove(pick)
+    return ordered
+
+
+async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> AsyncIterator[Event]:
+    """Answer one question by the cheapest good road; see the module docstring for the events."""
+    started = time.monotonic()
+    rng = rng or random.Random()
+    text = request.text.strip()
+    if not normalize(text):
+        yield Error(code="empty", message="The question is empty.")
+        return
+    if len(text) > settings.ROUTING_MAX_INPUT_CHARS:
+        yield Error(code="too_long", message=f"The question has {len(text)} characters; the limit is "
+                                              f"{settings.ROUTING_MAX_INPUT_CHARS}.")
+        return
+    snap = await asnapshot()
+
+    if request.model and request.model != "auto":
+        target = snap.targets_by_model.get(request.model)
+        if target is None:
+            yield Error(code="unknown_model", message=f"No model named {request.model!r}; see /v1/models.")
+            return
+        async for event in _generate(request, text, None, [target], started, why=f"model {request.model} "
+                                     "requested", rng=rng):
+            yield event
+        return
+
+    direct = await adirect_answer(text)
+    if direct.hit:
+        entry = direct.entry
+        yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}")
+        yield Token(text=entry.answer)
+        elapsed = _ms(time.monotonic() - started)
+        yield Done(road="kb", rule=None, target=f"KB#{entry.pk}", ttft_ms=elapsed, latency_ms=elapsed, usage=None,
+                   finish_reason="stop", citations=[{"entry_id": entry.pk, "label": entry.citation}],
+                   kb_entry_id=entry.pk)
+        return
+
+    rule, why = await _match(snap, request, text)
+    if rule is None:
+        yield Error(code="no_route", message="No routing rule matches and there is no default rule.")
+        return
+    if rule.action == "kb_only":
+        yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}")
+        _record_miss(text, "", (direct.entry.pk if direct.entry else None, direct.score))
+        yield Token(text=settings.ROUTING_KB_NO_ANSWER)
+        elapsed = _ms(time.monotonic() - started)
+        yield Done(road="kb", rule=rule.name, target=None, ttft_ms=elapsed, latency_ms=elapsed, usage=None,
+                   finish_reason="stop", citations=[])
+        return
+    targets = order_targets(rule, rng)
+    if not targets:
+        yield Error(code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name)
+        return
+    async for event in _generate(request, text, rule, targets, started, why=why, rng=rng,
+                                 kb_best=(direct.entry.pk if direct.entry else None, direct.score)):
+        yield event
+
+
+async def _match(snap: Snapshot, request: RouteRequest, text: str) -> tuple[CompiledRule | None, str]:
+    ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model)
+    if any(rule.needs_vector for rule in snap.rules):
+        ctx.vector = await query_vector(text)
+    for rule in snap.rules:
+        matched, reasons = rule.evaluate(ctx)
+        if matched:
+            return rule, f"rule {rule.name}: " + "; ".join(r.lstrip("✓ ") for r in reasons)
+    return None, ""
+
+
+async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None, targets: list[Target],
+                    started: float, *, why: str, rng: random.Random,
+                    kb_best: tuple[int | None, float | None] = (None, None)) -> AsyncIterator[Event]:
+    rule_name = rule.name if rule else None
+    max_tokens = request.max_tokens or (rule.max_tokens if rule else None) or settings.ROUTING_DEFAULT_MAX_TOKENS
+    temperature = request.temperature if request.temperature is not None else (rule.temperature if rule else None)
+    passages = []
+    if rule is not None and rule.use_kb_context:
+        passages = await acontext_passages(text, k=rule.context_k)
+    system = system_message((rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT, passages)
+    citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
+
+    attempts: list[str] = []
+    last_error: EngineError | None = None
+    too_long: Error | None = None
+    system_cost = message_tokens({"content": system})
+    for target in targets:
+        budget = target.context_window - max_tokens
+        if approx_tokens(text) + system_cost + 8 > budget:
+            attempts.append(f"{target.endpoint}: the question does not fit its {target.context_window}-token window")
+            too_long = too_long or Error(
+                code="too_long", rule=rule_name, target=target.endpoint, road=target.road,
+                message=(f"The question is about {approx_tokens(text)} tokens; {target.endpoint} accepts at most "
+                         f"{target.context_window} tokens, {max_tokens} of them kept for the answer."),
+            )
+            continue
+        if not await breaker.allow(target.endpoint):
+            attempts.append(f"{target.endpoint}: circuit open")
+            continue
+        messages, dropped = build_messages(system=system, history=request.history, question=text, budget=budget)
+        produced = False
+        answer_text: list[str] = []
+        try:
+            async with contextlib.aclosing(stream_chat(target.config, messages, max_tokens=max_tokens,
+                                                       temperature=temperature)) as stream:
+                async for event in stream:
+                    if isinstance(event, Finish):
+                        await breaker.success(target.endpoint)
+                        if not produced:
+                            yield _route(target, rule_name, why, attempts, dropped)
+                        _record_miss(text, "".join(answer_text), kb_best)
+                        yield Done(road=target.road, rule=rule_name, target=target.endpoint,
+                                   ttft_ms=None if event.ttft is None else _ms(event.ttft),
+                                   latency_ms=_ms(time.monotonic() - started), usage=_usage(event),
+                                   finish_reason=event.finish_reason, citations=citations)
+                        return
+                    if not produced:
+                        produced = True
+                        yield _route(target, rule_name, why, attempts, dropped)
+                    answer_text.append(event.text)
+                    yield Token(text=event.text)
+        except EngineError as exc:
+            if exc.retryable:
+                await breaker.failure(target.endpoint)
+            if produced or exc.produced_tokens:
+                # Tokens are out: never switch targets mid-answer.
+                yield Error(code=exc.kind, message=str(exc), retryable=exc.retryable, partial=True,
+                            road=target.road, rule=rule_name, target=target.endpoint)
+                return
+            attempts.append(f"{target.endpoint}: {exc.kind}")
+            last_error = exc
+            if not exc.retryable:
+                break
+    if last_error is None and too_long is not None:
+        yield too_long
+        return
+    yield Error(code=last_error.kind if last_error else "unavailable",
+                message="No target could answer: " + "; ".join(attempts),
+                retryable=last_error.retryable if last_error else True, rule=rule_name)
+
+
+def _usage(finish: Finish) -> dict | None:
+    if finish.usage is None:
+        return None
+    prompt, completion = finish.usage.prompt_tokens, finish.usage.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int) -> Route:
+    notes = [why]
+    if attempts:
+        notes.append("fell back after " + "; ".join(attempts))
+    if dropped:
+        notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
+    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes))
+
+
+def _record_miss(question: str, answer_text: str, kb_best: tuple[int | None, float | None]) -> None:
+    """Keep the question (and the generated answer) as a KB miss for curators: handed to
+    Celery from a worker thread, so the event loop never waits on the broker."""
+    entry_id, score = kb_best
+
+    def send():
+        from knowledge.tasks import miss_record_task
+
+        try:
+            miss_record_task.delay(question, answer_text, entry_id, score)
+        except Exception:  # noqa: BLE001 - analytics must never break an answer
+            logger.warning("could not record a KB miss", exc_info=True)
+
+    asyncio.get_running_loop().run_in_executor(None, send)

@@ -1,0 +1,305 @@
+"""The active rule set, compiled once per process and matched without a database query.
+
+`asnapshot()` returns the compiled rules. A change to rules, targets or endpoints
+bumps a version in Redis (after commit); each process compares versions at most
+once a second and rebuilds when they differ, so a request never queries the rule
+tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+from django.core.cache import cache
+
+from inference_ops.client import EndpointConfig
+from inference_ops.models import ModelEndpoint
+from knowledge.normalize import normalize
+from routing.exceptions import RuleInvalid
+from routing.models import RouteTarget, RoutingRule
+
+logger = logging.getLogger(__name__)
+
+VERSION_KEY = "routing:rules:version"
+_CHECK_EVERY = 1.0
+_REBUILD_EVERY = 300.0  # also catches what no signal reports, e.g. a KB embedding-model switch
+
+
+@dataclass(frozen=True)
+class Target:
+    endpoint_id: int
+    endpoint: str
+    road: str  # local | external
+    position: int
+    weight: int
+    config: EndpointConfig
+    context_window: int
+
+    @property
+    def label(self) -> str:
+        return self.config.name if self.config.model == self._base_model else f"{self.config.name}+{self.config.model}"
+
+    _base_model: str = ""
+
+
+@dataclass
+class Context:
+    """What the rules look at, for one request."""
+
+    text: str
+    groups: frozenset[str] = frozenset()
+    client: str = "web"
+    model: str | None = None
+    vector: tuple[float, ...] | None = None  # the question's embedding, when an intent rule needs it
+
+    @property
+    def normalized(self) -> str:
+        return normalize(self.text)
+
+
+@dataclass
+class CompiledRule:
+    id: int
+    name: str
+    priority: int
+    is_default: bool
+    action: str
+    keywords: tuple[str, ...]
+    regex: re.Pattern | None
+    intent_examples: tuple[str, ...]
+    intent_vectors: tuple[tuple[float, ...], ...]
+    intent_threshold: float
+    min_length: int | None
+    max_length: int | None
+    groups: frozenset[str]
+    clients: frozenset[str]
+    requested_models: frozenset[str]
+    system_prompt: str
+    use_kb_context: bool
+    context_k: int
+    max_tokens: int | None
+    temperature: float | None
+    chain: tuple[tuple[Target, ...], ...] = field(default_factory=tuple)  # by position
+
+    @property
+    def needs_vector(self) -> bool:
+        return bool(self.intent_vectors)
+
+    def evaluate(self, ctx: Context) -> tuple[bool, list[str]]:
+        """(matched, one line per condition saying why)."""
+        if self.is_default:
+            return True, ["default rule: catches everything"]
+        reasons, matched = [], True
+
+        def check(ok: bool, why: str):
+            nonlocal matched
+            matched = matched and ok
+            reasons.append(("✓ " if ok else "✗ ") + why)
+
+        if self.keywords:
+            hits = [k for k in self.keywords if k in ctx.normalized]
+            check(bool(hits), f"keywords: {', '.join(hits)}" if hits else "keywords: none present")
+        if self.regex is not None:
+            found = self.regex.search(ctx.text)
+            check(found is not None, f"regex /{self.regex.pattern}/ " + ("matches" if found else "does not match"))
+        if self.intent_vectors:
+            if ctx.vector is None:
+                check(False, "intent: no embedding model serving")
+            elif len(ctx.vector) != len(self.intent_vectors[0]):
+                check(False, "intent: the embedding model changed since the rules were compiled")
+            else:
+                scores = [sum(a * b for a, b in zip(ctx.vector, v)) for v in self.intent_vectors]
+                best = max(range(len(scores)), key=scores.__getitem__)
+                check(scores[best] >= self.intent_threshold,
+                      f"intent: {scores[best]:.3f} to {self.intent_examples[best]!r} "
+                      f"({'≥' if scores[best] >= self.intent_threshold else '<'} {self.intent_threshold:.2f})")
+        length = len(ctx.text)
+        if self.min_length is not None:
+            check(length >= self.min_length, f"length {length} {'≥' if length >= self.min_length else '<'} "
+                                             f"{self.min_length}")
+        if self.max_length is not None:
+            check(length <= self.max_length, f"length {length} {'≤' if length <= self.max_length else '>'} "
+                                             f"{self.max_length}")
+        if self.groups:
+            shared = self.groups & ctx.groups
+            check(bool(shared), f"group: {', '.join(sorted(shared))}" if shared else
+                  f"group: user is in none of {', '.join(sorted(self.groups))}")
+        if self.clients:
+            check(ctx.client in self.clients, f"client {ctx.client!r} " +
+                  ("listed" if ctx.client in self.clients else f"not in {', '.join(sorted(self.clients))}"))
+        if self.requested_models:
+            ok = ctx.model in self.requested_models
+            check(ok, f"requested model {ctx.model!r} " + ("listed" if ok else "not listed"))
+        if not reasons:
+            check(True, "no conditions: matches everything")
+        return matched, reasons
+
+
+@dataclass
+class Snapshot:
+    version: str | None
+    rules: tuple[CompiledRule, ...]
+    targets_by_model: dict[str, Target]  # `model` names a client may force, for /v1
+    built_at: float = field(default_factory=time.monotonic)
+
+    def match(self, ctx: Context) -> CompiledRule | None:
+        for rule in self.rules:
+            if rule.evaluate(ctx)[0]:
+                return rule
+        return None
+
+
+# --- building ---------------------------------------------------------------------------------------------
+
+
+def _target(t: RouteTarget) -> Target:
+    endpoint = t.endpoint
+    config = EndpointConfig.from_endpoint(endpoint)
+    if t.lora_adapter:
+        config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
+    return Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=t.position,
+                  weight=t.weight, config=config, context_window=endpoint.context_window,
+                  _base_model=endpoint.request_model)
+
+
+def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
+    if not examples:
+        return ()
+    from knowledge.embeddings import embed_texts
+    from knowledge.selectors import serving_model
+    from knowledge.services import spec_of
+
+    model = serving_model()
+    if model is None:
+        return ()
+    return tuple(tuple(v) for v in embed_texts(spec_of(model), examples))
+
+
+def snapshot_build(version: str | None = None) -> Snapshot:
+    rules = []
+    queryset = (RoutingRule.objects.filter(active=True).prefetch_related("groups", "targets__endpoint")
+                .order_by("is_default", "priority", "pk"))
+    for rule in queryset:
+        targets = [_target(t) for t in rule.targets.all() if t.endpoint.active]
+        positions = sorted({t.position for t in targets})
+        chain = tuple(tuple(t for t in targets if t.position == p) for p in positions)
+        rules.append(CompiledRule(
+            id=rule.pk, name=rule.name, priority=rule.priority, is_default=rule.is_default, action=rule.action,
+            keywords=tuple(k for k in (normalize(k) for k in rule.keywords) if k),
+            regex=re.compile(rule.regex) if rule.regex else None,
+            intent_examples=tuple(rule.intent_examples), intent_vectors=_intent_vectors(rule.intent_examples),
+            intent_threshold=rule.intent_threshold, min_length=rule.min_length, max_length=rule.max_length,
+            groups=frozenset(g.name for g in rule.groups.all()), clients=frozenset(rule.clients),
+            requested_models=frozenset(rule.requested_models), system_prompt=rule.system_prompt,
+            use_kb_context=rule.use_kb_context, context_k=rule.context_k, max_tokens=rule.max_tokens,
+            temperature=rule.temperature, chain=chain,
+        ))
+    targets_by_model = {}
+    for endpoint in ModelEndpoint.objects.filter(active=True).order_by("name"):
+        target = Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=1, weight=1,
+                        config=EndpointConfig.from_endpoint(endpoint), context_window=endpoint.context_window,
+                        _base_model=endpoint.request_model)
+        targets_by_model.setdefault(endpoint.name, target)
+    return Snapshot(version=version, rules=tuple(rules), targets_by_model=targets_by_model)
+
+
+_snapshot: Snapshot | None = None
+_checked_at = 0.0
+
+
+def _current_version() -> str | None:
+    try:
+        return cache.get(VERSION_KEY)
+    except Exception:  # noqa: BLE001 - Redis down: keep serving the rules we have
+        logger.warning("cannot read the routing rules version", exc_info=True)
+        return _snapshot.version if _snapshot else None
+
+
+def snapshot() -> Snapshot:
+    global _snapshot, _checked_at
+    now = time.monotonic()
+    if _snapshot is not None and now - _checked_at < _CHECK_EVERY:
+        return _snapshot
+    version = _current_version()
+    if _snapshot is None or version != _snapshot.version or now - _snapshot.built_at > _REBUILD_EVERY:
+        _snapshot = snapshot_build(version)
+    _checked_at = now
+    return _snapshot
+
+
+async def asnapshot() -> Snapshot:
+    if _snapshot is not None and time.monotonic() - _checked_at < _CHECK_EVERY:
+        return _snapshot  # the hot path: no thread hop, no I/O
+    return await sync_to_async(snapshot)()
+
+
+def rules_changed() -> None:
+    """Tell every process to rebuild its rule set (called after commit)."""
+    global _snapshot
+    _snapshot = None
+    try:
+        cache.set(VERSION_KEY, uuid.uuid4().hex, timeout=None)
+    except Exception:  # noqa: BLE001
+        logger.warning("cannot publish a routing rules change; other processes catch up on restart",
+                       exc_info=True)
+
+
+# --- validation ---------------------------------------------------------------------------------------------
+
+
+def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
+    """Refuse a rule that can never match and a chain that names inactive endpoints.
+
+    `fields` holds the rule's fields; `targets` (when given) dicts with endpoint, position, weight.
+    """
+    errors: dict[str, str] = {}
+    is_default = fields.get("is_default")
+    conditions = ("keywords", "regex", "intent_examples", "min_length", "max_length", "clients", "requested_models")
+    if is_default and any(fields.get(name) for name in conditions):
+        errors["is_default"] = "the default rule catches everything: remove its conditions"
+    if fields.get("regex"):
+        try:
+            re.compile(fields["regex"])
+        except re.error as exc:
+            errors["regex"] = f"is not a valid regular expression: {exc}"
+    if fields.get("keywords") is not None and any(not normalize(k) for k in fields.get("keywords") or []):
+        errors["keywords"] = "a keyword made only of spaces or punctuation can never match"
+    low, high = fields.get("min_length"), fields.get("max_length")
+    if low is not None and high is not None and low > high:
+        errors["max_length"] = f"is below min_length ({high} < {low}): the rule could never match"
+    if high == 0:
+        errors["max_length"] = "0 characters: the rule could never match (empty questions are refused)"
+    if targets is not None:
+        live = [t for t in targets if t.get("endpoint") is not None]
+        if fields.get("action") == RoutingRule.Action.GENERATE and not live:
+            errors["targets"] = "a generate rule needs at least one target"
+        inactive = sorted({t["endpoint"].name for t in live if not t["endpoint"].active})
+        if inactive:
+            errors["targets"] = f"inactive endpoint(s) in the chain: {', '.join(inactive)}"
+        if any(t.get("weight") == 0 for t in live):
+            by_position: dict[int, int] = {}
+            for t in live:
+                by_position[t.get("position", 1)] = by_position.get(t.get("position", 1), 0) + (t.get("weight") or 0)
+            if any(total == 0 for total in by_position.values()):
+                errors["targets"] = "every position needs a target with a weight above 0"
+    if errors:
+        raise RuleInvalid(errors)
+
+
+async def query_vector(text: str) -> tuple[float, ...] | None:
+    """The question's embedding with the KB's serving model (from the query cache when seen)."""
+    from knowledge.embeddings import embed_query
+    from knowledge.selectors import serving_model
+    from knowledge.services import spec_of
+
+    model = await sync_to_async(serving_model)()
+    if model is None:
+        return None
+    # The model runs in a worker thread, not in the DB thread nor on the event loop.
+    return await asyncio.to_thread(embed_query, spec_of(model), text)
