@@ -167,6 +167,11 @@ ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=
 ROUTING_KB_NO_ANSWER = env_str(
     "ROUTING_KB_NO_ANSWER", "Sorry, the knowledge base has no answer to that question yet."
 )
+# An external OpenAI-compatible model for make run's demo routing (any provider, or another vLLM).
+EXTERNAL_LLM_BASE_URL = env_url("EXTERNAL_LLM_BASE_URL", schemes=("http", "https"), default="")
+EXTERNAL_LLM_MODEL = env_str("EXTERNAL_LLM_MODEL", "")
+EXTERNAL_LLM_API_KEY_ENV = env_str("EXTERNAL_LLM_API_KEY_ENV", "")
+EXTERNAL_LLM_CONTEXT_WINDOW = env_int("EXTERNAL_LLM_CONTEXT_WINDOW", 128000, minimum=256)
 ROUTING_SYSTEM_PROMPT = env_str(
     "ROUTING_SYSTEM_PROMPT",
     "You are a helpful, precise assistant. Answer in the language of the question.",

@@ -1,0 +1,136 @@
+"""Routing rules and the route tester in the admin."""
+
+from asgiref.sync import async_to_sync
+from django import forms
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from routing.exceptions import RuleInvalid
+from routing.models import RouteTarget, RoutingRule
+from routing.rules import rule_validate
+from routing.selectors import route_explain
+
+
+class LinesField(forms.CharField):
+    widget = forms.Textarea(attrs={"rows": 3})
+
+    def prepare_value(self, value):
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value):
+        return [line.strip() for line in (value or "").splitlines() if line.strip()]
+
+
+class RuleForm(forms.ModelForm):
+    keywords = LinesField(required=False, help_text="One per line; any of them matches (Chinese or English).")
+    intent_examples = LinesField(required=False, help_text="Example questions, one per line.")
+    clients = LinesField(required=False, help_text='One per line: "web", or "key:NAME".')
+    requested_models = LinesField(required=False, help_text="Model names an API request may ask for.")
+
+    class Meta:
+        model = RoutingRule
+        fields = "__all__"
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            rule_validate(fields=cleaned)
+        except RuleInvalid as exc:
+            for field, message in exc.errors.items():
+                self.add_error(field if field in self.fields else None, message)
+        return cleaned
+
+
+class TargetFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        targets = [
+            {"endpoint": f.cleaned_data.get("endpoint"), "position": f.cleaned_data.get("position", 1),
+             "weight": f.cleaned_data.get("weight")}
+            for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")
+        ]
+        # The admin hands the formset the rule as posted (not saved yet): its action counts.
+        fields = {"action": self.instance.action, "is_default": self.instance.is_default}
+        try:
+            rule_validate(fields=fields, targets=targets)
+        except RuleInvalid as exc:
+            raise forms.ValidationError([f"{field}: {message}" for field, message in exc.errors.items()]) from None
+
+
+class RouteTargetInline(admin.TabularInline):
+    model = RouteTarget
+    formset = TargetFormSet
+    extra = 1
+    fields = ["position", "endpoint", "lora_adapter", "weight"]
+
+
+@admin.register(RoutingRule)
+class RoutingRuleAdmin(admin.ModelAdmin):
+    form = RuleForm
+    inlines = [RouteTargetInline]
+    list_display = ["name", "priority", "active", "is_default", "action", "conditions", "chain"]
+    list_editable = ["priority", "active"]
+    list_filter = ["active", "action", "is_default"]
+    search_fields = ["name", "keywords", "regex"]
+    filter_horizontal = ["groups"]
+    change_list_template = "admin/routing/routingrule/change_list.html"
+    fieldsets = [
+        (None, {"fields": ["name", "priority", "active", "is_default", "action"]}),
+        ("Conditions (all that are set must hold)", {"fields": [
+            "keywords", "regex", "intent_examples", "intent_threshold", "min_length", "max_length", "groups",
+            "clients", "requested_models"]}),
+        ("Generation", {"fields": ["system_prompt", "use_kb_context", "context_k", "max_tokens", "temperature"]}),
+    ]
+
+    @admin.display(description="conditions")
+    def conditions(self, obj):
+        parts = []
+        if obj.is_default:
+            return "everything else"
+        if obj.keywords:
+            parts.append("keywords: " + ", ".join(obj.keywords[:5]))
+        if obj.regex:
+            parts.append(f"regex /{obj.regex}/")
+        if obj.intent_examples:
+            parts.append(f"intent ({len(obj.intent_examples)} examples ≥ {obj.intent_threshold})")
+        if obj.min_length or obj.max_length:
+            parts.append(f"length {obj.min_length or 0}–{obj.max_length or '∞'}")
+        if obj.clients:
+            parts.append("clients: " + ", ".join(obj.clients))
+        if obj.requested_models:
+            parts.append("models: " + ", ".join(obj.requested_models))
+        return "; ".join(parts) or "—"
+
+    @admin.display(description="chain")
+    def chain(self, obj):
+        return " → ".join(f"{t.endpoint.name}({t.weight})" for t in obj.targets.select_related("endpoint"))
+
+    def get_urls(self):
+        return [path("tester/", self.admin_site.admin_view(self.tester_view), name="routing_tester")] + \
+            super().get_urls()
+
+    def tester_view(self, request):
+        form = TesterForm(request.GET or None)
+        result = None
+        if request.GET and form.is_valid():
+            data = form.cleaned_data
+            groups = frozenset()
+            if data.get("user"):
+                groups = frozenset(data["user"].groups.values_list("name", flat=True))
+            result = async_to_sync(route_explain)(text=data["text"], groups=groups, client=data["client"] or "web",
+                                                  model=data["model"] or None)
+        context = {**self.admin_site.each_context(request), "title": "Route tester", "opts": self.model._meta,
+                   "form": form, "result": result}
+        return TemplateResponse(request, "admin/routing/tester.html", context)
+
+
+class TesterForm(forms.Form):
+    text = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 80}))
+    user = forms.ModelChoiceField(queryset=get_user_model().objects.order_by("username"), required=False,
+                                  to_field_name="username")
+    client = forms.CharField(required=False, initial="web")
+    model = forms.CharField(required=False, help_text="A model name from /v1/models forces that target.")
