@@ -1,14 +1,26 @@
 """WebSocket consumers. Each rejects before accept when the user may not connect,
 so an unauthorised browser never gets an open socket."""
 
+import asyncio
+import contextlib
 import json
+import logging
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from chat.exceptions import ChatError
+from chat.turns import SessionEvent, run_turn
 from config.events import OPS_GROUP
 
+logger = logging.getLogger(__name__)
 
-class OpsConsumer(AsyncWebsocketConsumer):
+
+class JsonFramesConsumer(AsyncWebsocketConsumer):
+    async def _send(self, frame: dict):
+        await self.send(text_data=json.dumps(frame, ensure_ascii=False))
+
+
+class OpsConsumer(JsonFramesConsumer):
     """Live operations feed for staff: engine state changes, bulk-job progress.
 
     Client frames: {"type": "ping"}. Server frames: {"type": "hello"},
@@ -45,5 +57,85 @@ class OpsConsumer(AsyncWebsocketConsumer):
     async def _error(self, code: str, message: str):
         await self._send({"type": "error", "code": code, "message": message})
 
-    async def _send(self, frame: dict):
-        await self.send(text_data=json.dumps(frame, ensure_ascii=False))
+
+class ChatConsumer(JsonFramesConsumer):
+    """The browser chat. Protocol (JSON frames):
+
+    client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
+    server: {"type": "session", "id", "title", "message_id"}, {"type": "route", "road", "rule", "target",
+            "message_id"}, {"type": "token", "text"}, {"type": "done", "message_id", "ttft_ms", "latency_ms",
+            "usage", "citations", "road", "target", "status"}, {"type": "error", "code", "message",
+            "message_id", "status"}
+
+    One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
+    """
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.user = user
+        self.task: asyncio.Task | None = None
+        await self.accept()
+
+    async def disconnect(self, code):
+        task = getattr(self, "task", None)
+        if task is not None and not task.done():
+            # The browser is gone: stop generating upstream; the turn is kept as cancelled.
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def receive(self, text_data=None, bytes_data=None):
+        try:
+            frame = json.loads(text_data or "")
+        except ValueError:
+            await self._send({"type": "error", "code": "bad_json", "message": "Frames must be JSON text."})
+            return
+        kind = frame.get("type") if isinstance(frame, dict) else None
+        if kind == "stop":
+            if self.task is not None and not self.task.done():
+                self.task.cancel()
+            return
+        if kind != "message":
+            await self._send({"type": "error", "code": "unknown_type",
+                              "message": 'Client frames are {"type": "message", …} and {"type": "stop"}.'})
+            return
+        if self.task is not None and not self.task.done():
+            await self._send({"type": "error", "code": "busy",
+                              "message": "An answer is still streaming; stop it or wait for it to finish."})
+            return
+        session = frame.get("session")
+        if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
+            await self._send({"type": "error", "code": "bad_request", "message": "session must be an id or null."})
+            return
+        self.task = asyncio.create_task(self._answer(session, frame.get("content")))
+
+    async def _answer(self, session_id, content):
+        message_id = None
+        try:
+            async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web"):
+                frame = event.as_dict()
+                if isinstance(event, SessionEvent):
+                    message_id = event.message_id
+                elif event.type in ("route", "done", "error"):
+                    frame["message_id"] = message_id
+                    if event.type == "done":
+                        frame["status"] = "complete"
+                    elif event.type == "error":
+                        frame["status"] = "partial" if event.partial else "failed"
+                await self._send(frame)
+        except ChatError as exc:
+            await self._send({"type": "error", "code": exc.code, "message": str(exc), "message_id": None,
+                              "status": None, **({"retry_after": exc.retry_after} if hasattr(exc, "retry_after")
+                                                 else {})})
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._send({"type": "error", "code": "cancelled", "message": "Stopped.",
+                                  "message_id": message_id, "status": "cancelled"})
+            raise
+        except Exception:  # noqa: BLE001 - one failed answer must not kill the socket
+            logger.exception("chat answer failed")
+            await self._send({"type": "error", "code": "internal", "message": "The answer failed unexpectedly.",
+                              "message_id": message_id, "status": "failed"})

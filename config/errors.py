@@ -6,9 +6,6 @@ code; DRF's exception handler below turns them into
 translates errors by hand and no domain error surfaces as a 500.
 """
 
-from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
-
 
 class DomainError(Exception):
     status = 400
@@ -20,7 +17,16 @@ class DomainError(Exception):
 
 
 def api_exception_handler(exc, context):
+    # Imported here: DRF's settings import the apps' authentication classes, which import this module.
+    from django.core.exceptions import RequestDataTooBig
+    from rest_framework.response import Response
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"error": {"code": "request_too_large", "message": "The request body is too large.",
+                                   "fields": {}}}, status=413)
     if isinstance(exc, DomainError):
+        headers = {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
         body = {"error": {"code": exc.code, "message": str(exc), "fields": exc.fields}}
-        return Response(body, status=exc.status)
+        return Response(body, status=exc.status, headers=headers)
     return drf_exception_handler(exc, context)

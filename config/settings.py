@@ -201,6 +201,15 @@ if LOCAL_VLLM_URL and not LOCAL_VLLM_MODEL:
         "Environment variable LOCAL_VLLM_MODEL must name the served model when LOCAL_VLLM_URL is set."
     )
 
+# --- Chat ---------------------------------------------------------------------------------------------
+
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16000, minimum=100)  # longer: 413
+CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per user per window
+CHAT_RATE_WINDOW = env_int("CHAT_RATE_WINDOW", 60, minimum=1)  # seconds
+CHAT_HISTORY_TURNS = env_int("CHAT_HISTORY_TURNS", 20, minimum=0)  # earlier messages sent as context
+CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=60)  # seconds
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024)  # request bodies
+
 # --- Engine supervision -----------------------------------------------------------------------
 
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
@@ -255,6 +264,7 @@ CELERY_BEAT_SCHEDULE = {
         # A check older than its interval is useless: drop it rather than pile them up.
         "options": {"expires": ENGINE_CHECK_INTERVAL},
     },
+    "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
     "clear-expired-sessions": {
         "task": "chat.tasks.sessions_clear_expired",
         "schedule": crontab(hour=3, minute=17),
@@ -304,7 +314,10 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # --- DRF ---------------------------------------------------------------------------------------
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "chat.auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),

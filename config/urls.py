@@ -3,6 +3,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from django.views.generic import TemplateView
 
+from chat import api as chat_api
+from chat import openai_api
 from config import health
 
 urlpatterns = [
@@ -12,5 +14,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/kb/", include("knowledge.urls")),
     path("api/routing/", include("routing.urls")),
+    path("api/chat/", include("chat.urls")),
+    path("api/keys/", chat_api.ApiKeyListView.as_view(), name="api-keys"),
+    path("api/keys/<int:pk>/", chat_api.ApiKeyDetailView.as_view(), name="api-key"),
+    path("v1/models", openai_api.models, name="v1-models"),
+    path("v1/chat/completions", openai_api.chat_completions, name="v1-chat-completions"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
 ]

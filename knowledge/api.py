@@ -16,7 +16,13 @@ MAX_QUERY_CHARS = 2000
 
 
 class KBPermission(IsAdminUser):
-    """Staff only for now; API keys with the `kb` scope join when keys exist."""
+    """Staff users: by browser session, or by an API key that carries the `kb` scope."""
+
+    def has_permission(self, request, view):
+        if not super().has_permission(request, view):
+            return False
+        scopes = getattr(request.auth, "scopes", None)  # an API key (the chat app's), duck-typed
+        return scopes is None or "kb" in scopes
 
 
 class EntrySerializer(serializers.ModelSerializer):

@@ -43,6 +43,7 @@ class RouteRequest:
     model: str | None = None  # a model name from /v1/models forces that target; None or "auto" routes
     max_tokens: int | None = None
     temperature: float | None = None
+    system: str = ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
 
 
 @dataclass(kw_only=True)
@@ -187,7 +188,10 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     passages = []
     if rule is not None and rule.use_kb_context:
         passages = await acontext_passages(text, k=rule.context_k)
-    system = system_message((rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT, passages)
+    prompt = (rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT
+    if request.system:
+        prompt = f"{prompt}\n\n{request.system}"
+    system = system_message(prompt, passages)
     citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
 
     attempts: list[str] = []

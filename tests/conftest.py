@@ -95,3 +95,76 @@ def celery_worker(child_env, tmp_path_factory):
             pytest.fail(f"Celery worker did not start:\n{log_path.read_text()}")
     yield process
     stop_process_group(process)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def asgi_server(child_env, tmp_path_factory):
+    """The real ASGI application under daphne on a free port, on the test database.
+    Tests that write rows for it must use django_db(transaction=True)."""
+    import urllib.request
+
+    port = free_port()
+    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost",
+           "LOG_LEVEL": "WARNING"}
+    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_process_group(process)
+                pytest.fail(f"daphne did not start:\n{log_path.read_text()}")
+            time.sleep(0.2)
+    yield url
+    stop_process_group(process)
+
+
+@pytest.fixture(scope="session")
+def local_sim():
+    """A vLLM simulator in echo mode: the 'local' engine of routing and chat tests."""
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/local", "--max-num-seqs", "8", "--time-to-first-token", "5",
+                          "--inter-token-latency", "5", "--mode", "echo")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="session")
+def external_sim():
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/external", "--time-to-first-token", "5", "--inter-token-latency", "2")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_routing_state():
+    """Closed breakers and a rebuilt rule snapshot for every test."""
+    import redis as redis_client
+
+    from routing.rules import rules_changed
+
+    client = redis_client.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+    for key in client.scan_iter("gw:breaker:*"):
+        client.delete(key)
+    rules_changed()
+    yield
+    rules_changed()

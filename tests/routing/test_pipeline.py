@@ -13,7 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from knowledge.services import entry_create
 from routing import breaker, pipeline
-from tests.routing.conftest import answer_text, ask, endpoint, kinds, rule
+from tests.factories import endpoint, rule
+from tests.routing.conftest import answer_text, ask, kinds
 
 pytestmark = pytest.mark.django_db
 

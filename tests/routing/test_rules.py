@@ -13,7 +13,8 @@ from routing import breaker
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
 from routing.rules import Context, query_vector, rule_validate, snapshot
-from tests.routing.conftest import ask, endpoint, rule
+from tests.factories import endpoint, rule
+from tests.routing.conftest import ask
 
 pytestmark = pytest.mark.django_db
 

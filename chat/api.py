@@ -1,0 +1,209 @@
+"""DRF API for integrations (browser session or API key with the `chat` scope):
+sessions, their messages, sending a message (JSON or SSE), and the user's API keys."""
+
+from __future__ import annotations
+
+import json
+
+from asgiref.sync import async_to_sync
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from chat import services
+from chat.auth import ChatScope, SessionOnly
+from chat.exceptions import ChatError
+from chat.models import ApiKey, ChatSession, Message
+from chat.turns import SessionEvent, run_turn
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    title = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+    class Meta:
+        model = ChatSession
+        fields = ["id", "title", "source", "created_at", "updated_at"]
+        read_only_fields = ["id", "source", "created_at", "updated_at"]
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    kb_entry_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Message
+        fields = ["id", "role", "content", "status", "road", "rule", "target", "kb_entry_id", "ttft_ms",
+                  "latency_ms", "prompt_tokens", "completion_tokens", "citations", "error", "created_at"]
+
+
+class SendSerializer(serializers.Serializer):
+    content = serializers.CharField(trim_whitespace=False, allow_blank=True)
+    max_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False)
+    temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+
+def _client(request) -> str:
+    return request.auth.client if isinstance(request.auth, ApiKey) else "web"
+
+
+class SessionListView(APIView):
+    permission_classes = [ChatScope]
+
+    @extend_schema(responses=SessionSerializer(many=True))
+    def get(self, request):
+        sessions = ChatSession.objects.filter(user=request.user).order_by("-updated_at", "-pk")
+        paginator = Pagination()
+        page = paginator.paginate_queryset(sessions, request, view=self)
+        return paginator.get_paginated_response(SessionSerializer(page, many=True).data)
+
+    @extend_schema(request=SessionSerializer, responses={201: SessionSerializer})
+    def post(self, request):
+        data = SessionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        session = services.session_create(user=request.user, title=data.validated_data.get("title", ""))
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+class SessionDetailView(APIView):
+    permission_classes = [ChatScope]
+
+    @extend_schema(responses=SessionSerializer)
+    def get(self, request, pk):
+        return Response(SessionSerializer(services.session_get(user=request.user, session_id=pk)).data)
+
+    @extend_schema(request=SessionSerializer, responses=SessionSerializer)
+    def patch(self, request, pk):
+        session = services.session_get(user=request.user, session_id=pk)
+        data = SessionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        session = services.session_rename(session=session, title=data.validated_data.get("title", ""))
+        return Response(SessionSerializer(session).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        services.session_delete(session=services.session_get(user=request.user, session_id=pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TurnSerializer(serializers.Serializer):
+    session = SessionSerializer()
+    user_message = MessageSerializer()
+    assistant_message = MessageSerializer()
+
+
+class MessageListView(APIView):
+    """GET the conversation (oldest first); POST a message and get the finished answer."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(responses=MessageSerializer(many=True))
+    def get(self, request, pk):
+        session = services.session_get(user=request.user, session_id=pk)
+        messages = session.messages.order_by("created_at", "pk")[:1000]
+        return Response({"results": MessageSerializer(messages, many=True).data})
+
+    @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
+    def post(self, request, pk):
+        services.session_get(user=request.user, session_id=pk)
+        data = SendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        message_id = async_to_sync(_run_to_end)(request, pk, data.validated_data)
+        assistant = Message.objects.get(pk=message_id)
+        user_message = assistant.session.messages.filter(role="user", pk__lt=assistant.pk).last()
+        body = {"session": SessionSerializer(assistant.session).data,
+                "user_message": MessageSerializer(user_message).data,
+                "assistant_message": MessageSerializer(assistant).data}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+async def _run_to_end(request, session_id, data) -> int:
+    message_id = None
+    async for event in run_turn(user=request.user, content=data["content"], session_id=session_id,
+                                client=_client(request), max_tokens=data.get("max_tokens"),
+                                temperature=data.get("temperature")):
+        if isinstance(event, SessionEvent):
+            message_id = event.message_id
+    return message_id
+
+
+class MessageStreamView(APIView):
+    """POST a message; the answer streams back as server-sent events (`event: route|token|done|error`)."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=SendSerializer, responses={(200, "text/event-stream"): OpenApiResponse(
+        description="`event: session`, `route`, `token`…, then `done` or `error`; each `data:` is JSON.")})
+    def post(self, request, pk):
+        services.session_get(user=request.user, session_id=pk)
+        data = SendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        # Validate and count before the stream starts, so bad input is a plain 4xx, not an event.
+        services.message_validate(data.validated_data["content"])
+        services.rate_limit_hit(user_id=request.user.pk)
+        turn = run_turn(user=request.user, content=data.validated_data["content"], session_id=pk,
+                        client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
+                        temperature=data.validated_data.get("temperature"), rate_limited=True)
+        response = StreamingHttpResponse(_sse(turn), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+
+
+async def _sse(turn):
+    try:
+        async for event in turn:
+            yield f"event: {event.type}\ndata: {json.dumps(event.as_dict(), ensure_ascii=False)}\n\n"
+    except ChatError as exc:
+        yield f"event: error\ndata: {json.dumps({'code': exc.code, 'message': str(exc)})}\n\n"
+    finally:
+        await turn.aclose()
+
+
+# --- API keys ------------------------------------------------------------------------------------------------
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+
+
+class ApiKeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=ApiKey.Scope.values), default=["chat"])
+
+
+class ApiKeyListView(APIView):
+    permission_classes = [SessionOnly]
+
+    @extend_schema(responses=ApiKeySerializer(many=True))
+    def get(self, request):
+        keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
+        return Response({"results": ApiKeySerializer(keys, many=True).data})
+
+    @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeySerializer})
+    def post(self, request):
+        data = ApiKeyCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key, raw = services.apikey_create(user=request.user, **data.validated_data)
+        return Response({**ApiKeySerializer(key).data, "key": raw}, status=status.HTTP_201_CREATED)
+
+
+class ApiKeyDetailView(APIView):
+    permission_classes = [SessionOnly]
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        key = ApiKey.objects.filter(pk=pk, user=request.user).first()
+        if key is None:
+            return Response({"error": {"code": "not_found", "message": f"No API key {pk}."}}, status=404)
+        services.apikey_revoke(key=key)
+        return Response(status=status.HTTP_204_NO_CONTENT)

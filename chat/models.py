@@ -1,0 +1,102 @@
+"""Conversations and API keys."""
+
+import hashlib
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+
+class ChatSession(models.Model):
+    class Source(models.TextChoices):
+        WEB = "web", "browser"
+        API = "api", "API"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    title = models.CharField(max_length=200, blank=True)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.WEB)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-pk"]
+        indexes = [models.Index(fields=["user", "-updated_at"])]
+
+    def __str__(self):
+        return self.title or f"Session {self.pk}"
+
+
+class Message(models.Model):
+    """One turn. Written when it starts and when it ends, never per token."""
+
+    class Role(models.TextChoices):
+        USER = "user", "user"
+        ASSISTANT = "assistant", "assistant"
+
+    class Status(models.TextChoices):
+        STREAMING = "streaming", "streaming"
+        COMPLETE = "complete", "complete"
+        PARTIAL = "partial", "partial (cut off after some tokens)"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    road = models.CharField(max_length=16, blank=True)
+    rule = models.CharField(max_length=100, blank=True)
+    target = models.CharField(max_length=100, blank=True)
+    kb_entry = models.ForeignKey("knowledge.Entry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    ttft_ms = models.FloatField(null=True, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    citations = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        indexes = [
+            models.Index(fields=["session", "created_at"]),
+            # The sweeper looks for turns left streaming by a crashed process.
+            models.Index(fields=["created_at"], condition=models.Q(status="streaming"), name="message_streaming"),
+        ]
+
+
+class ApiKey(models.Model):
+    """A per-user key for integrations. Only a SHA-256 of the key is stored: keys are long
+    random strings, so a slow password hash would add latency without adding safety."""
+
+    class Scope(models.TextChoices):
+        CHAT = "chat", "chat (/v1 and the chat API)"
+        KB = "kb", "knowledge base API"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], condition=models.Q(revoked_at__isnull=True),
+                                    name="apikey_unique_live_name"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @property
+    def client(self) -> str:
+        """How routing rules name this key's traffic."""
+        return f"key:{self.name}"

@@ -1,0 +1,247 @@
+"""An OpenAI-compatible API: `GET /v1/models` and `POST /v1/chat/completions`.
+
+The official `openai` SDK works unchanged with `base_url=…/v1` and an API key with the
+`chat` scope. `model: "auto"` routes by the rules (KB answers included); a model name
+from /v1/models forces that target. Every response carries X-Route, X-Route-Rule and
+X-Route-Target. Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from chat import services
+from chat.exceptions import ChatError, MessageTooLarge, RateLimited
+from chat.models import ApiKey, ChatSession
+from chat.turns import SessionEvent, run_turn
+from routing import pipeline
+from routing.rules import asnapshot
+
+_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                 502: "api_error", 503: "api_error"}
+# Pipeline error codes → HTTP status for a request that failed before any token.
+_PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "no_route": 503, "no_target": 503,
+                    "client_error": 502, "rate_limited": 503}
+
+
+def _error(status: int, message: str, *, code: str | None = None, param: str | None = None,
+           headers: dict | None = None) -> JsonResponse:
+    body = {"error": {"message": message, "type": _STATUS_TYPES.get(status, "api_error"), "param": param,
+                      "code": code}}
+    response = JsonResponse(body, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+async def _authenticate(request) -> ApiKey | JsonResponse:
+    header = request.headers.get("Authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        return _error(401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key")
+    key = await sync_to_async(services.apikey_authenticate)(raw.strip())
+    if key is None:
+        return _error(401, "Incorrect or revoked API key.", code="invalid_api_key")
+    if ApiKey.Scope.CHAT not in key.scopes:
+        return _error(403, "This API key lacks the `chat` scope.", code="insufficient_scope")
+    return key
+
+
+@csrf_exempt
+async def models(request):
+    if request.method != "GET":
+        return _error(405, "Use GET.", code="method_not_allowed")
+    key = await _authenticate(request)
+    if isinstance(key, JsonResponse):
+        return key
+    snap = await asnapshot()
+    created = int(time.time())
+    data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
+    data += [{"id": name, "object": "model", "created": created, "owned_by": target.road}
+             for name, target in sorted(snap.targets_by_model.items())]
+    return JsonResponse({"object": "list", "data": data})
+
+
+def _text(content) -> str | None:
+    """OpenAI message content: a string, or a list of parts of which we take the text ones."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        texts = [p.get("text") for p in content if p.get("type") == "text"]
+        if all(isinstance(t, str) for t in texts) and texts:
+            return "\n".join(texts)
+    return None
+
+
+def _parse(body: dict) -> dict | JsonResponse:
+    if not isinstance(body, dict):
+        return _error(400, "The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return _error(400, "`model` is required: \"auto\" or a name from /v1/models.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error(400, "`messages` must be a non-empty list.", param="messages")
+    history, system = [], []
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        text = _text(message.get("content")) if isinstance(message, dict) else None
+        if role not in ("system", "developer", "user", "assistant") or text is None:
+            return _error(400, f"messages[{index}] needs a role (system, user, assistant) and text content.",
+                          param=f"messages[{index}]")
+        if role in ("system", "developer"):
+            system.append(text)
+        else:
+            history.append({"role": role, "content": text})
+    if not history or history[-1]["role"] != "user":
+        return _error(400, "The last message must come from the user.", param="messages")
+    options = {}
+    for name, low, high, kind in (("max_tokens", 1, 32768, int), ("max_completion_tokens", 1, 32768, int),
+                                  ("temperature", 0, 2, (int, float))):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            return _error(400, f"`{name}` must be a number from {low} to {high}.", param=name)
+        options["max_tokens" if name == "max_completion_tokens" else name] = value
+    if body.get("n") not in (None, 1):
+        return _error(400, "Only n=1 is supported.", param="n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        return _error(400, "`stream` must be a boolean.", param="stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        return _error(400, "`stream_options` must be an object.", param="stream_options")
+    return {"model": model, "question": history[-1]["content"], "history": history[:-1],
+            "system": "\n\n".join(system), "stream": stream,
+            "include_usage": bool(stream_options.get("include_usage")), **options}
+
+
+def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = None) -> dict:
+    source = route or error
+    return {"X-Route": (source.road if source else "") or "",
+            "X-Route-Rule": (source.rule if source else "") or "",
+            "X-Route-Target": (source.target if source else "") or ""}
+
+
+def _pipeline_error(event: pipeline.Error) -> JsonResponse:
+    status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
+    code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(event.code, event.code)
+    param = {"too_long": "messages", "unknown_model": "model", "empty": "messages"}.get(event.code)
+    return _error(status, event.message, code=code, param=param, headers=_route_headers(None, event))
+
+
+@csrf_exempt
+async def chat_completions(request):
+    if request.method != "POST":
+        return _error(405, "Use POST.", code="method_not_allowed")
+    key = await _authenticate(request)
+    if isinstance(key, JsonResponse):
+        return key
+    try:
+        body = json.loads(request.body or b"")
+    except RequestDataTooBig:
+        return _error(413, "The request body is too large.", code="request_too_large")
+    except ValueError as exc:
+        return _error(400, f"The body is not valid JSON: {exc}.")
+    parsed = _parse(body)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    user = key.user
+    if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
+        return _error(404, f"The model `{parsed['model']}` does not exist; see /v1/models.", code="model_not_found",
+                      param="model")
+    try:
+        services.message_validate(parsed["question"])
+        await sync_to_async(services.rate_limit_hit)(user_id=user.pk)
+    except RateLimited as exc:
+        return _error(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)})
+    except MessageTooLarge as exc:
+        return _error(413, str(exc), code="message_too_large", param="messages")
+    except ChatError as exc:
+        return _error(exc.status, str(exc), code=exc.code, param="messages")
+
+    turn = run_turn(user=user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
+                    model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
+                    history=parsed["history"], system=parsed["system"], rate_limited=True)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    # Read up to the route (or an error) first: the route headers go out before the body.
+    route = None
+    async for event in turn:
+        if isinstance(event, SessionEvent):
+            continue
+        if isinstance(event, pipeline.Error):
+            await turn.aclose()
+            return _pipeline_error(event)
+        route = event
+        break
+    model_name = parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
+    if parsed["stream"]:
+        response = StreamingHttpResponse(
+            _stream(turn, completion_id, created, model_name, parsed["include_usage"]),
+            content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+    else:
+        response = await _complete(turn, completion_id, created, model_name)
+    for name, value in _route_headers(route).items():
+        response[name] = value
+    return response
+
+
+def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, choices=True) -> str:
+    body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if choices else []}
+    if usage is not None or not choices:
+        body["usage"] = usage
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def _stream(turn, completion_id, created, model, include_usage):
+    try:
+        yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
+        async for event in turn:
+            if isinstance(event, pipeline.Token):
+                yield _chunk(completion_id, created, model, delta={"content": event.text})
+            elif isinstance(event, pipeline.Done):
+                yield _chunk(completion_id, created, model, finish=event.finish_reason)
+                if include_usage:
+                    yield _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
+                yield "data: [DONE]\n\n"
+            elif isinstance(event, pipeline.Error):
+                error = {"message": event.message, "type": "api_error", "param": None, "code": event.code}
+                yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\n"
+                yield "data: [DONE]\n\n"
+    finally:
+        await turn.aclose()
+
+
+def _zero_usage() -> dict:
+    return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+async def _complete(turn, completion_id, created, model):
+    parts, done, error = [], None, None
+    async for event in turn:
+        if isinstance(event, pipeline.Token):
+            parts.append(event.text)
+        elif isinstance(event, pipeline.Done):
+            done = event
+        elif isinstance(event, pipeline.Error):
+            error = event
+    if error is not None:
+        return _pipeline_error(error)
+    return JsonResponse({
+        "id": completion_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
+                     "finish_reason": done.finish_reason, "logprobs": None}],
+        "usage": done.usage or _zero_usage(),
+    })

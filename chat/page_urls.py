@@ -1,0 +1,20 @@
+"""Browser pages, included at the site root."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from chat import views
+
+urlpatterns = [
+    path("", views.chat_page, name="chat"),
+    path("keys/", views.keys_page, name="keys"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(
+            template_name="registration/login.html", redirect_authenticated_user=True, next_page="chat"
+        ),
+        name="login",
+    ),
+    # Django's LogoutView takes POST only: a link or an image tag cannot sign a user out.
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
+]

@@ -1,0 +1,79 @@
+"""One chat turn across every interface: persist at the start, stream the pipeline, persist at the end.
+
+`run_turn` yields the pipeline's events (plus a leading `session` event) and
+guarantees the assistant message ends as complete, partial, failed or cancelled,
+also when the consumer stops iterating or its task is cancelled (Stop pressed,
+socket gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+
+from chat import services
+from chat.models import ChatSession, Message
+from routing import pipeline
+
+
+@dataclass(kw_only=True)
+class SessionEvent(pipeline.Event):
+    id: int
+    title: str
+    message_id: int
+    type: str = "session"
+
+
+def _status(final: pipeline.Event | None, cancelled: bool, produced: bool) -> str:
+    if isinstance(final, pipeline.Done):
+        return Message.Status.COMPLETE
+    if cancelled:
+        return Message.Status.CANCELLED
+    if isinstance(final, pipeline.Error) and final.partial:
+        return Message.Status.PARTIAL
+    return Message.Status.PARTIAL if produced else Message.Status.FAILED
+
+
+async def run_turn(*, user, content, session_id: int | None = None, client: str = "web",
+                   source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
+                   temperature: float | None = None, history: list[dict] | None = None,
+                   system: str = "", rate_limited: bool = False) -> AsyncIterator[pipeline.Event]:
+    """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
+    `rate_limited=True`: the caller already counted this question against the user's limit."""
+    content = services.message_validate(content)
+    if not rate_limited:
+        await sync_to_async(services.rate_limit_hit)(user_id=user.pk)
+    session, _, assistant, history = await sync_to_async(services.turn_start)(
+        user=user, session_id=session_id, content=content, source=source, history=history)
+    groups = await sync_to_async(lambda: frozenset(user.groups.values_list("name", flat=True)))()
+    yield SessionEvent(id=session.pk, title=session.title, message_id=assistant.pk)
+
+    parts: list[str] = []
+    route = final = None
+    cancelled = False
+    try:
+        request = pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
+                                        model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+        async for event in pipeline.answer(request):
+            if isinstance(event, pipeline.Route):
+                route = event
+            elif isinstance(event, pipeline.Token):
+                parts.append(event.text)
+            elif isinstance(event, (pipeline.Done, pipeline.Error)):
+                final = event
+            yield event
+    except (asyncio.CancelledError, GeneratorExit):
+        cancelled = True
+        raise
+    finally:
+        status = _status(final, cancelled and final is None, bool(parts))
+        error = final if isinstance(final, pipeline.Error) else None
+        if cancelled and final is None:
+            error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
+        # Shielded: the row must be written even while this task is being cancelled.
+        await asyncio.shield(sync_to_async(services.turn_finish)(
+            message_id=assistant.pk, status=status, content="".join(parts), route=route,
+            done=final if isinstance(final, pipeline.Done) else None, error=error))

@@ -1,0 +1,132 @@
+"""The OpenAI-compatible API through the official SDK, sync and async, against daphne over a real socket."""
+
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from chat.models import ChatSession, Message
+from chat.services import apikey_create, apikey_revoke
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ASK = [{"role": "user", "content": "Tell me a long story about the sea and its lighthouses"}]
+
+
+def sdk(asgi_server, key, **kwargs):
+    return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30, **kwargs)
+
+
+def raw_post(url, body: bytes, key=None, content_type="application/json"):
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_models_lists_auto_and_the_routable_targets(asgi_server, alice_key, product):
+    ids = [m.id for m in sdk(asgi_server, alice_key).models.list()]
+    assert ids == ["auto", "external", "local"]
+
+
+def test_a_kb_answer_comes_back_as_a_normal_completion(asgi_server, alice_key, product):
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Use **Forgot password**."
+    assert completion.choices[0].finish_reason == "stop"
+    assert raw.headers["X-Route"] == "kb" and raw.headers["X-Route-Target"] == f"KB#{product['entry'].pk}"
+
+
+def test_a_generated_answer_without_streaming(asgi_server, alice_key, product):
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=5)
+    completion = raw.parse()
+    assert (raw.headers["X-Route"], raw.headers["X-Route-Rule"], raw.headers["X-Route-Target"]) == (
+        "local", "default", "local")
+    assert completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
+    assert completion.choices[0].message.content.strip()
+
+
+async def test_the_async_sdk_streams_with_usage(asgi_server, alice_key, product):
+    client = openai.AsyncOpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=30)
+    stream = await client.chat.completions.create(model="auto", messages=ASK, max_tokens=6, stream=True,
+                                                  stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    await client.close()
+
+
+def test_a_named_model_forces_that_target_and_skips_the_kb(asgi_server, alice_key, product):
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="external", messages=[{"role": "user", "content": "how do I reset my password?"}], max_tokens=3)
+    assert raw.headers["X-Route"] == "external" and raw.headers["X-Route-Target"] == "external"
+
+
+def test_turns_through_the_api_are_stored_for_their_user(asgi_server, alice_key, alice, product):
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+    session = ChatSession.objects.get(user=alice)
+    assert session.source == "api"
+    assistant = Message.objects.get(session=session, role="assistant")
+    assert assistant.status == "complete" and assistant.completion_tokens == 3 and assistant.road == "local"
+
+
+def test_keys_are_required_valid_and_not_revoked(asgi_server, alice, product):
+    with pytest.raises(openai.AuthenticationError):
+        sdk(asgi_server, "gw_nope_nope").models.list()
+    key, raw = apikey_create(user=alice, name="old", scopes=["chat"])
+    assert sdk(asgi_server, raw).models.list()
+    apikey_revoke(key=key)
+    with pytest.raises(openai.AuthenticationError):
+        sdk(asgi_server, raw).models.list()
+    status, body = raw_post(f"{asgi_server}/v1/chat/completions", b"{}")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+
+
+def test_a_key_without_the_chat_scope_is_refused(asgi_server, django_user_model, product):
+    staff = django_user_model.objects.create_user("curator", password="pw-123456789", is_staff=True)
+    raw = apikey_create(user=staff, name="kb-only", scopes=["kb"])[1]
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk(asgi_server, raw).models.list()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (json.dumps({"model": "auto"}).encode(), 400, "messages"),
+        (json.dumps({"messages": ASK}).encode(), 400, "model"),
+        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": 42}]}).encode(), 400, "messages[0]"),
+        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": "   "}]}).encode(), 400, "messages"),
+        (json.dumps({"model": "auto", "messages": ASK, "max_tokens": -1}).encode(), 400, "max_tokens"),
+        (json.dumps({"model": "auto", "messages": ASK, "temperature": "hot"}).encode(), 400, "temperature"),
+        (json.dumps({"model": "nope", "messages": ASK}).encode(), 404, "model"),
+        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode(),
+         413, None),
+    ],
+)
+def test_bad_input_gets_an_openai_shaped_4xx(asgi_server, alice_key, product, body, status, param):
+    code, payload = raw_post(f"{asgi_server}/v1/chat/completions", body, key=alice_key)
+    assert code == status, payload
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["message"]
+    if param:
+        assert payload["error"]["param"] == param
+    assert not Message.objects.exists()  # nothing half-written
+
+
+def test_the_sdk_raises_its_own_errors_for_4xx(asgi_server, alice_key, product):
+    client = sdk(asgi_server, alice_key)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=ASK)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="auto", messages=[])
