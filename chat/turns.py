@@ -52,8 +52,20 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     yield SessionEvent(id=session.pk, title=session.title, message_id=assistant.pk)
 
     parts: list[str] = []
-    route = final = None
-    cancelled = False
+    route = None
+    saved = False
+
+    async def save(final: pipeline.Event | None, cancelled: bool) -> None:
+        nonlocal saved
+        saved = True
+        error = final if isinstance(final, pipeline.Error) else None
+        if cancelled:
+            error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
+        # Shielded: the row must be written even while this task is being cancelled.
+        await asyncio.shield(sync_to_async(services.turn_finish)(
+            message_id=assistant.pk, status=_status(final, cancelled, bool(parts)), content="".join(parts),
+            route=route, done=final if isinstance(final, pipeline.Done) else None, error=error))
+
     try:
         request = pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
                                         model=model, max_tokens=max_tokens, temperature=temperature, system=system)
@@ -63,17 +75,10 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             elif isinstance(event, pipeline.Token):
                 parts.append(event.text)
             elif isinstance(event, (pipeline.Done, pipeline.Error)):
-                final = event
+                # Stored before the client hears the end: a page that reloads now finds the answer.
+                await save(event, cancelled=False)
             yield event
-    except (asyncio.CancelledError, GeneratorExit):
-        cancelled = True
-        raise
     finally:
-        status = _status(final, cancelled and final is None, bool(parts))
-        error = final if isinstance(final, pipeline.Error) else None
-        if cancelled and final is None:
-            error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
-        # Shielded: the row must be written even while this task is being cancelled.
-        await asyncio.shield(sync_to_async(services.turn_finish)(
-            message_id=assistant.pk, status=status, content="".join(parts), route=route,
-            done=final if isinstance(final, pipeline.Done) else None, error=error))
+        if not saved:
+            # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).
+            await save(None, cancelled=True)

@@ -154,7 +154,18 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "gw:asgi", "capacity": 1000, "expiry": 60},
+        "CONFIG": {
+            "hosts": [{
+                "address": REDIS_URL,
+                # Longer than the layer's 5 s blocking pop: redis-py 8 defaults to a 5 s read
+                # timeout, which would race it and kill idle consumers.
+                "socket_timeout": 5 + REDIS_TIMEOUT + 5,
+                "socket_connect_timeout": REDIS_TIMEOUT,
+            }],
+            "prefix": "gw:asgi",
+            "capacity": 1000,
+            "expiry": 60,
+        },
     }
 }
 

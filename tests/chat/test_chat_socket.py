@@ -1,0 +1,194 @@
+"""The browser chat's WebSocket protocol through the real ASGI application and the Redis channel layer."""
+
+import asyncio
+
+import aiohttp
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+from django.test import Client
+
+from chat.models import ChatSession, Message
+from config.asgi import application
+from tests.factories import endpoint, rule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def slow_sim():
+    """Echoes slowly (50 ms a token), so there is time to press Stop."""
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/local", "--mode", "echo", "--inter-token-latency", "50")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(autouse=True)
+async def close_executor_connections():
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+async def socket_for(user=None, origin="http://testserver") -> WebsocketCommunicator:
+    headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
+    if user is not None:
+        client = Client()
+        await client.aforce_login(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+
+
+async def frames_until_end(socket, timeout=20):
+    frames = []
+    while True:
+        frame = await socket.receive_json_from(timeout=timeout)
+        frames.append(frame)
+        if frame["type"] in ("done", "error"):
+            return frames
+
+
+async def running(sim) -> float:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with session.get(f"{sim.url}/metrics") as response:
+            text = await response.text()
+    return float(next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(" ", 1)[1])
+
+
+async def test_a_kb_question_gets_session_route_token_done_and_is_stored(alice, product):
+    socket = await socket_for(alice)
+    assert (await socket.connect())[0]
+    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    frames = await frames_until_end(socket)
+    assert [f["type"] for f in frames] == ["session", "route", "token", "done"]
+    session, route, token, done = frames
+    assert route["road"] == "kb" and token["text"] == "Use **Forgot password**."
+    assert done["status"] == "complete" and done["message_id"] == session["message_id"]
+    message = await Message.objects.aget(pk=done["message_id"])
+    assert (message.status, message.road, message.content) == ("complete", "kb", "Use **Forgot password**.")
+    assert await ChatSession.objects.filter(pk=session["id"], user=alice).aexists()
+    await socket.disconnect()
+
+
+async def test_a_generated_answer_streams_and_continues_the_same_session(alice, product):
+    socket = await socket_for(alice)
+    await socket.connect()
+    await socket.send_json_to({"type": "message", "session": None,
+                               "content": "Tell me a long story about the sea and its lighthouses"})
+    frames = await frames_until_end(socket)
+    tokens = [f for f in frames if f["type"] == "token"]
+    assert frames[1]["road"] == "local" and len(tokens) > 3 and frames[-1]["type"] == "done"
+    assert frames[-1]["ttft_ms"] > 0 and frames[-1]["usage"]["completion_tokens"] == len(tokens)
+    session_id = frames[0]["id"]
+    await socket.send_json_to({"type": "message", "session": session_id, "content": "And then what happened?"})
+    again = await frames_until_end(socket)
+    assert again[0]["id"] == session_id
+    assert await Message.objects.filter(session_id=session_id).acount() == 4
+    await socket.disconnect()
+
+
+async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow_sim):
+    local_sim = slow_sim
+    slow = await sync_to_async(endpoint)("slow", local_sim)
+    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    socket = await socket_for(alice)
+    await socket.connect()
+    await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
+    frames = [await socket.receive_json_from(timeout=10) for _ in range(4)]  # session, route, 2 tokens
+    assert frames[2]["type"] == "token"
+    assert await running(local_sim) >= 1
+    await socket.send_json_to({"type": "stop"})
+    frames = await frames_until_end(socket)
+    assert frames[-1]["type"] == "error" and frames[-1]["code"] == "cancelled"
+    assert frames[-1]["status"] == "cancelled"
+    for _ in range(50):
+        if await running(local_sim) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert await running(local_sim) == 0
+    message = await Message.objects.aget(pk=frames[-1]["message_id"])
+    assert message.status == "cancelled" and message.content  # the partial text is kept
+    await socket.disconnect()
+
+
+async def test_a_dropped_socket_stops_generation_and_the_turn_is_not_lost(alice, slow_sim):
+    local_sim = slow_sim
+    slow = await sync_to_async(endpoint)("slow", local_sim)
+    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    socket = await socket_for(alice)
+    await socket.connect()
+    await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
+    session = await socket.receive_json_from(timeout=10)
+    await socket.receive_json_from(timeout=10)
+    await socket.receive_json_from(timeout=10)
+    await socket.disconnect()
+    message = await Message.objects.aget(pk=session["message_id"])
+    assert message.status == "cancelled"
+    for _ in range(50):
+        if await running(local_sim) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert await running(local_sim) == 0
+
+
+async def test_one_answer_at_a_time_per_socket(alice, slow_sim):
+    slow = await sync_to_async(endpoint)("slow", slow_sim)
+    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    socket = await socket_for(alice)
+    await socket.connect()
+    await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
+    await socket.receive_json_from(timeout=10)
+    await socket.send_json_to({"type": "message", "session": None, "content": "another"})
+    while True:
+        frame = await socket.receive_json_from(timeout=10)
+        if frame["type"] == "error":
+            break
+    assert frame["code"] == "busy"
+    await socket.send_json_to({"type": "stop"})
+    await socket.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("{nope", "bad_json"),
+        ({"type": "dance"}, "unknown_type"),
+        ({"type": "message", "session": "abc", "content": "hi"}, "bad_request"),
+        ({"type": "message", "session": None, "content": "   "}, "invalid_message"),
+        ({"type": "message", "session": None, "content": 42}, "invalid_message"),
+        ({"type": "message", "session": None, "content": "x" * 20000}, "message_too_large"),
+    ],
+)
+async def test_bad_frames_get_an_error_frame_and_the_socket_stays_open(alice, product, frame, code):
+    socket = await socket_for(alice)
+    await socket.connect()
+    if isinstance(frame, str):
+        await socket.send_to(text_data=frame)
+    else:
+        await socket.send_json_to(frame)
+    reply = await socket.receive_json_from(timeout=10)
+    assert reply["type"] == "error" and reply["code"] == code and reply["message"]
+    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    assert (await frames_until_end(socket))[-1]["type"] == "done"
+    assert not await Message.objects.filter(content__in=["   ", "x" * 20000]).aexists()
+    await socket.disconnect()
+
+
+async def test_a_user_cannot_write_into_another_users_session(alice, bob, product):
+    session = await ChatSession.objects.acreate(user=alice, title="private")
+    socket = await socket_for(bob)
+    await socket.connect()
+    await socket.send_json_to({"type": "message", "session": session.pk, "content": "hello"})
+    reply = await socket.receive_json_from(timeout=10)
+    assert reply["type"] == "error" and reply["code"] == "not_found"
+    assert not await Message.objects.filter(session=session).aexists()
+    await socket.disconnect()
+
+
+async def test_anonymous_and_foreign_origin_sockets_are_rejected(alice):
+    connected, code = await (await socket_for()).connect()
+    assert connected is False and code == 4401
+    connected, _ = await (await socket_for(alice, origin="http://evil.example")).connect()
+    assert connected is False
