@@ -38,8 +38,17 @@ class MessageSerializer(serializers.ModelSerializer):
                   "latency_ms", "prompt_tokens", "completion_tokens", "citations", "error", "created_at"]
 
 
+class TextField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class SendSerializer(serializers.Serializer):
-    content = serializers.CharField(trim_whitespace=False, allow_blank=True)
+    content = TextField(trim_whitespace=False, allow_blank=True)
     max_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False)
     temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
 

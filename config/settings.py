@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally: no CDN
     "channels",
     "inference_ops",
     "knowledge",
@@ -340,6 +341,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Knowledge base, chat sessions and routing. The OpenAI-compatible API lives under /v1.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Knowledge base ------------------------------------------------------------------------------

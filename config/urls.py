@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from django.views.generic import TemplateView
 
 from chat import api as chat_api
@@ -20,4 +20,5 @@ urlpatterns = [
     path("v1/models", openai_api.models, name="v1-models"),
     path("v1/chat/completions", openai_api.chat_completions, name="v1-chat-completions"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -157,14 +157,16 @@ def external_sim():
 
 @pytest.fixture(autouse=True)
 def _fresh_routing_state():
-    """Closed breakers and a rebuilt rule snapshot for every test."""
+    """Closed breakers, fresh rate limits and a rebuilt rule snapshot for every test."""
     import redis as redis_client
 
     from routing.rules import rules_changed
 
     client = redis_client.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-    for key in client.scan_iter("gw:breaker:*"):
-        client.delete(key)
+    # Breakers and rate-limit windows live in Redis and outlive a test's database.
+    for pattern in ("gw:breaker:*", "gw:*:chat:rate:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
     rules_changed()
     yield
     rules_changed()

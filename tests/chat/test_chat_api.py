@@ -1,0 +1,182 @@
+"""The DRF chat API and API keys: CRUD, sending (JSON and SSE), scopes, isolation, limits."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from rest_framework.test import APIClient
+
+from chat.models import ApiKey, ChatSession, Message
+from chat.services import apikey_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(alice):
+    client = APIClient()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_api(bob):
+    client = APIClient()
+    client.force_login(bob)
+    return client
+
+
+def test_sessions_crud(api):
+    created = api.post("/api/chat/sessions/", {"title": "Trip planning"}, format="json")
+    assert created.status_code == 201
+    sid = created.json()["id"]
+    assert api.get("/api/chat/sessions/").json()["results"][0]["title"] == "Trip planning"
+    assert api.patch(f"/api/chat/sessions/{sid}/", {"title": "Holidays"}, format="json").json()["title"] == "Holidays"
+    assert api.patch(f"/api/chat/sessions/{sid}/", {"title": "  "}, format="json").status_code == 400
+    assert api.delete(f"/api/chat/sessions/{sid}/").status_code == 204
+    assert api.get(f"/api/chat/sessions/{sid}/").status_code == 404
+
+
+def test_sending_a_message_returns_the_finished_turn(api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
+                        format="json")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["user_message"]["content"] == "How do I reset my password?"
+    assert body["assistant_message"]["status"] == "complete" and body["assistant_message"]["road"] == "kb"
+    messages = api.get(f"/api/chat/sessions/{sid}/messages/").json()["results"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_streaming_variant_sends_server_sent_events(asgi_server, alice, alice_key, product):
+    import urllib.request
+
+    session = ChatSession.objects.create(user=alice)
+    request = urllib.request.Request(
+        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/stream", method="POST",
+        data=json.dumps({"content": "Tell me a long story about the sea", "max_tokens": 4}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        text = response.read().decode()
+    events = [block.split("\n")[0].removeprefix("event: ") for block in text.strip().split("\n\n")]
+    assert events[0] == "session" and events[1] == "route" and events[-1] == "done"
+    assert events.count("token") == 4
+    assert Message.objects.get(session=session, role="assistant").status == "complete"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [
+        ({"content": ""}, 400),
+        ({"content": "   "}, 400),
+        ({}, 400),
+        ({"content": 42}, 400),
+        ({"content": "hi", "max_tokens": -5}, 400),
+        ({"content": "x" * 20000}, 413),
+    ],
+)
+def test_bad_messages_are_refused_and_nothing_is_stored(api, product, payload, status):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    response = api.post(f"/api/chat/sessions/{sid}/messages/", payload, format="json")
+    assert response.status_code == status, response.json()
+    assert not Message.objects.exists()
+
+
+def test_malformed_json_is_a_400(api):
+    response = api.generic("POST", "/api/chat/sessions/", "{nope", content_type="application/json")
+    assert response.status_code == 400
+
+
+def test_a_body_over_the_upload_limit_is_a_413(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "x" * 5000}, format="json")
+    assert response.status_code == 413
+
+
+def test_the_rate_limit_answers_429_with_retry_after(api, product, settings):
+    settings.CHAT_RATE_LIMIT = 2
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    for _ in range(2):
+        assert api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
+                        format="json").status_code == 201
+    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
+                        format="json")
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) >= 1 and "Too many questions" in response.json()["error"]["message"]
+
+
+def test_a_user_sees_nothing_of_another_users_sessions(api, bob_api, product):
+    sid = api.post("/api/chat/sessions/", {"title": "mine"}, format="json").json()["id"]
+    api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"}, format="json")
+    assert bob_api.get("/api/chat/sessions/").json()["count"] == 0
+    assert bob_api.get(f"/api/chat/sessions/{sid}/").status_code == 404
+    assert bob_api.get(f"/api/chat/sessions/{sid}/messages/").status_code == 404
+    assert bob_api.patch(f"/api/chat/sessions/{sid}/", {"title": "x"}, format="json").status_code == 404
+    assert bob_api.delete(f"/api/chat/sessions/{sid}/").status_code == 404
+    assert bob_api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "hi"}, format="json").status_code == 404
+    assert ChatSession.objects.get(pk=sid).title == "mine"
+
+
+def test_anonymous_requests_are_refused(client):
+    assert client.get("/api/chat/sessions/").status_code == 401
+    assert client.get("/api/keys/").status_code in (401, 403)
+
+
+# --- API keys ----------------------------------------------------------------------------------------------
+
+
+def test_users_create_list_and_revoke_their_keys_and_see_the_key_once(api, bob_api):
+    created = api.post("/api/keys/", {"name": "laptop", "scopes": ["chat"]}, format="json")
+    assert created.status_code == 201
+    raw = created.json()["key"]
+    assert raw.startswith("gw_")
+    listing = api.get("/api/keys/").json()["results"]
+    assert listing[0]["name"] == "laptop" and "key" not in listing[0]
+    assert ApiKey.objects.get().key_hash != raw and raw not in ApiKey.objects.get().key_hash
+
+    bearer = APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert bearer.get("/api/chat/sessions/").status_code == 200
+    assert ApiKey.objects.get().last_used_at is not None
+    assert bearer.post("/api/keys/", {"name": "minted"}, format="json").status_code == 403  # keys cannot mint keys
+
+    assert bob_api.delete(f"/api/keys/{listing[0]['id']}/").status_code == 404
+    assert api.delete(f"/api/keys/{listing[0]['id']}/").status_code == 204
+    assert bearer.get("/api/chat/sessions/").status_code == 401
+
+
+def test_key_validation(api, alice):
+    assert api.post("/api/keys/", {"name": "", "scopes": ["chat"]}, format="json").status_code == 400
+    assert api.post("/api/keys/", {"name": "x", "scopes": ["root"]}, format="json").status_code == 400
+    response = api.post("/api/keys/", {"name": "x", "scopes": ["kb"]}, format="json")
+    assert response.status_code == 400 and "staff" in json.dumps(response.json())
+    api.post("/api/keys/", {"name": "dup", "scopes": ["chat"]}, format="json")
+    assert api.post("/api/keys/", {"name": "dup", "scopes": ["chat"]}, format="json").status_code == 400
+
+
+def test_scopes_gate_the_apis(alice, django_user_model, kb_staff_key=None):
+    chat_only = apikey_create(user=alice, name="chat", scopes=["chat"])[1]
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {chat_only}").get("/api/kb/entries/").status_code == 403
+    curator = django_user_model.objects.create_user("curator", password="pw-123456789", is_staff=True)
+    kb_key = apikey_create(user=curator, name="kb", scopes=["kb"])[1]
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/kb/entries/").status_code == 200
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/chat/sessions/").status_code == 403
+
+
+def test_createapikey_prints_only_the_key_on_its_last_line(alice, capsys):
+    call_command("createapikey", "--user", "alice", "--scope", "chat")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[-1].startswith("gw_")
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {out[-1]}").get("/api/chat/sessions/").status_code == 200
+    with pytest.raises(CommandError, match="no user named 'nobody'"):
+        call_command("createapikey", "--user", "nobody")
+
+
+def test_the_api_schema_and_docs_are_served(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    assert {"/api/chat/sessions/", "/api/chat/sessions/{id}/messages/", "/api/keys/"} <= set(schema["paths"])
+    assert client.get("/api/docs/").status_code == 200
