@@ -21,7 +21,11 @@ $(STAMP): requirements.txt
 run: $(STAMP)
 	exec $(PY) -m config.devserver
 
+# The browser test drives Debian's Chromium; install it once if the machine lacks it.
 test: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser test (once)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Stop the embedded PostgreSQL and Redis (make run and make test stop them on exit).
