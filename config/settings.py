@@ -203,7 +203,7 @@ CPU_ENGINE_CHAT_TEMPLATE = env_str("CPU_ENGINE_CHAT_TEMPLATE", "")
 CPU_ENGINE_PORT = env_int("CPU_ENGINE_PORT", 8081, minimum=1, maximum=65535)
 CPU_ENGINE_PARALLEL = env_int("CPU_ENGINE_PARALLEL", 2, minimum=1, maximum=64)  # requests decoded together
 CPU_ENGINE_CTX_PER_SLOT = env_int("CPU_ENGINE_CTX_PER_SLOT", 2048, minimum=256)  # tokens per request
-CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: every core this process may use
+CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: one core fewer than there are
 # Your own vLLM server as the local road instead of the CPU engine.
 LOCAL_VLLM_URL = env_url("LOCAL_VLLM_URL", schemes=("http", "https"))
 LOCAL_VLLM_MODEL = env_str("LOCAL_VLLM_MODEL", "")

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.events import ops_event_broadcast
+from inference_ops import cpu_engine
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 
@@ -74,6 +75,13 @@ def command_line(engine: EngineProcess) -> list[str]:
         return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.SIMULATOR:
         return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]
+    if engine.kind == EngineProcess.Kind.CPU:
+        # Built by `make run` or `manage.py cpu_engine_build`, never here: a start must not
+        # turn into a five-minute compile. A missing file is the reason the start fails.
+        missing = cpu_engine.missing_files(engine.model)
+        if missing:
+            raise SupervisorError(missing)
+        return [str(cpu_engine.server_path()), *cpu_engine.server_arguments(engine)]
     raise SupervisorError(f"engine kind {engine.kind!r} cannot be launched yet")
 
 
