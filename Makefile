@@ -26,6 +26,7 @@ test: $(STAMP)
 	@command -v chromium >/dev/null 2>&1 || { \
 		echo "installing Debian's chromium for the browser test (once)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py cpu_engine_build
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Stop the embedded PostgreSQL and Redis (make run and make test stop them on exit).

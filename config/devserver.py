@@ -126,6 +126,7 @@ def main() -> int:
         threading.Thread(
             target=_announce, args=(host, port, started_at, stop), daemon=True
         ).start()
+        threading.Thread(target=_local_engine, args=(stop,), daemon=True).start()
         while not stop.wait(0.2):
             for name, process in children.items():
                 if process.poll() is not None:
@@ -135,6 +136,7 @@ def main() -> int:
                     break
     finally:
         _terminate(children)
+        _local_engine_stop()
         if uses_embedded:
             embedded.release()
     log("run", "stopped")
@@ -150,6 +152,48 @@ def _announce(host: str, port: int, started_at: float, stop: threading.Event) ->
         log("run", f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/, login printed above)")
     else:
         log("run", f"not ready after 90s: {json.dumps(body)}")
+
+
+_engine_started: list[int] = []
+
+
+def _local_engine(stop: threading.Event) -> None:
+    """Build llama-server once if needed (minutes, with progress), then start the demo's local
+    engine. The web, worker and beat are up meanwhile: KB answers work from the first second."""
+    from django.db import connection
+
+    from inference_ops import cpu_engine, supervisor
+    from inference_ops.exceptions import SupervisorError
+    from inference_ops.models import EngineProcess
+
+    try:
+        engine = EngineProcess.objects.filter(name="local-cpu", endpoint__name="local").first()
+        if engine is None:
+            return  # LOCAL_VLLM_URL: the local road is someone else's vLLM server
+        if cpu_engine.missing_files(engine.model):
+            log("build", "building llama.cpp's server once (about 6 minutes on 2 cores); KB answers work meanwhile")
+            cpu_engine.ensure_llama_server(progress=lambda line: log("build", line))
+            cpu_engine.ensure_model(engine.model, progress=lambda line: log("build", line))
+        if stop.is_set():
+            return
+        engine = supervisor.engine_start(engine_id=engine.pk, reason="started by make run")
+        _engine_started.append(engine.pk)
+        log("run", f"local engine {engine.name} ready on {engine.base_url} ({engine.model})")
+    except (SupervisorError, OSError, RuntimeError) as exc:
+        log("run", f"local engine not started: {exc}")
+    finally:
+        connection.close()
+
+
+def _local_engine_stop() -> None:
+    from django.db import connection
+
+    from inference_ops import supervisor
+
+    for engine_id in _engine_started:
+        supervisor.engine_stop(engine_id=engine_id, reason="make run stopped")
+        log("run", "local engine stopped")
+    connection.close()
 
 
 def _terminate(children: dict[str, subprocess.Popen], grace: float = 15.0) -> None:

@@ -32,7 +32,9 @@ def _get(url: str) -> tuple[int, bytes]:
 
 def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):
     port = _free_port()
-    env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO"}
+    engine_port = _free_port()
+    env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO",
+           "CPU_ENGINE_PORT": str(engine_port)}
     runner = subprocess.Popen(
         [sys.executable, "-m", "config.devserver"], cwd=BASE_DIR, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -49,6 +51,14 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     threading.Thread(target=read, daemon=True).start()
     try:
         assert ready.wait(120), "".join(lines)
+        # The demo's local road: the CPU engine (built by `make test` before the suite) starts too.
+        deadline = time.monotonic() + 120
+        while not any("local engine local-cpu ready" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any("local engine local-cpu ready" in line for line in lines), "".join(lines)
+        engine_pid = next(p.pid for p in psutil.process_iter(["cmdline"])
+                          if "llama-server" in " ".join(p.info["cmdline"] or []) and str(engine_port) in
+                          (p.info["cmdline"] or []))
         descendants = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "daphne" in names and "worker" in names and "beat" in names
@@ -67,4 +77,6 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     assert runner.returncode == 0, "".join(lines)
     time.sleep(0.2)
     assert [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not psutil.pid_exists(engine_pid) or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
+    assert "local engine stopped" in "".join(lines)
     assert "stopped" in lines[-1]

@@ -2,7 +2,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from chat.demo import demo_admin_ensure
+from inference_ops import cpu_engine
+from inference_ops.models import EngineProcess, ModelEndpoint
 from knowledge.demo import demo_kb_load
+from routing.demo import demo_rules_ensure, external_endpoint_ensure
 
 
 class Command(BaseCommand):
@@ -17,3 +20,10 @@ class Command(BaseCommand):
         report = demo_kb_load()
         if report is not None:
             self.stdout.write(f"demo knowledge base: {report.summary()}")
+        engine = cpu_engine.demo_engine_ensure()
+        if engine is not None and cpu_engine.missing_files(engine.model):
+            # Not built yet: `make run` builds it in the background and starts it then.
+            EngineProcess.objects.filter(pk=engine.pk).update(desired_state=EngineProcess.Desired.STOPPED)
+        created = demo_rules_ensure(local=ModelEndpoint.objects.get(name="local"), external=external_endpoint_ensure())
+        if created:
+            self.stdout.write(f"demo routing rules: {', '.join(created)}")
