@@ -1,4 +1,5 @@
-"""Browser pages, included at the site root."""
+"""Browser pages, included at the site root. Where login and logout lead is in settings
+(LOGIN_URL, LOGIN_REDIRECT_URL, LOGOUT_REDIRECT_URL)."""
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
@@ -10,11 +11,9 @@ urlpatterns = [
     path("keys/", views.keys_page, name="keys"),
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(
-            template_name="registration/login.html", redirect_authenticated_user=True, next_page="chat"
-        ),
+        auth_views.LoginView.as_view(template_name="registration/login.html", redirect_authenticated_user=True),
         name="login",
     ),
     # Django's LogoutView takes POST only: a link or an image tag cannot sign a user out.
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -8,23 +8,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from config.forms import LinesField
 from knowledge import services
 from knowledge.exceptions import EntryInvalid
 from knowledge.importing import detect_format, kb_import
 from knowledge.models import EmbeddingModel, Entry, Miss, PassageVector, Phrasing
 from knowledge.selectors import context_passages, direct_answer, serving_model
-
-
-class LinesField(forms.CharField):
-    """A list edited as one item per line."""
-
-    widget = forms.Textarea(attrs={"rows": 3})
-
-    def prepare_value(self, value):
-        return "\n".join(value) if isinstance(value, list) else value
-
-    def to_python(self, value):
-        return [line.strip() for line in (value or "").splitlines() if line.strip()]
 
 
 class CommaField(forms.CharField):

@@ -7,20 +7,11 @@ from django.contrib.auth import get_user_model
 from django.template.response import TemplateResponse
 from django.urls import path
 
+from config.forms import LinesField
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
 from routing.rules import rule_validate
 from routing.selectors import route_explain
-
-
-class LinesField(forms.CharField):
-    widget = forms.Textarea(attrs={"rows": 3})
-
-    def prepare_value(self, value):
-        return "\n".join(value) if isinstance(value, list) else value
-
-    def to_python(self, value):
-        return [line.strip() for line in (value or "").splitlines() if line.strip()]
 
 
 class RuleForm(forms.ModelForm):

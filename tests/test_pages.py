@@ -21,11 +21,10 @@ def test_static_files_are_served_by_whitenoise(client):
     assert response["Content-Type"].startswith("text/css")
 
 
-def test_the_home_page_names_the_three_roads(client):
+def test_the_chat_page_asks_anonymous_visitors_to_log_in(client):
     response = client.get("/")
-    assert response.status_code == 200
-    for road in (b"Knowledge base", b"Local model", b"External model"):
-        assert road in response.content
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    assert client.get("/accounts/login/").status_code == 200
 
 
 def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp_path):

@@ -1,0 +1,218 @@
+/* The user's own API keys: list, create (the raw key is shown once), revoke.
+ * Server text reaches the page through textContent only. */
+(function () {
+  "use strict";
+
+  var root = document.getElementById("keys-app");
+  if (!root) return;
+
+  function byId(id) { return document.getElementById(id); }
+
+  var ui = {
+    error: byId("keys-error"),
+    form: byId("key-form"),
+    name: byId("key-name"),
+    create: byId("key-create"),
+    newKey: byId("new-key"),
+    newKeyValue: byId("new-key-value"),
+    copy: byId("new-key-copy"),
+    copied: byId("new-key-copied"),
+    empty: byId("keys-empty"),
+    table: byId("keys-table"),
+    rows: byId("keys"),
+  };
+  var keysUrl = root.dataset.keysUrl;
+
+  function csrfToken() {
+    var match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
+    return match ? decodeURIComponent(match[1]) : root.dataset.csrfToken;
+  }
+
+  function errorMessage(data, response) {
+    if (data && typeof data === "object") {
+      if (data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
+      if (data.detail) return String(data.detail);
+      var parts = [];
+      Object.keys(data).forEach(function (field) {
+        var value = data[field];
+        var text = Array.isArray(value) ? value.join(" ") : String(value);
+        parts.push(field === "non_field_errors" ? text : field + ": " + text);
+      });
+      if (parts.length) return parts.join(" ");
+    }
+    return "The server answered " + response.status + ".";
+  }
+
+  async function api(method, url, body) {
+    var headers = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
+    var response;
+    try {
+      response = await fetch(url, {
+        method: method, headers: headers, credentials: "same-origin",
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (err) {
+      throw new Error("The server cannot be reached. Check the connection and try again.");
+    }
+    if (response.status === 204) return null;
+    var data = null;
+    try {
+      data = await response.json();
+    } catch (err) {
+      data = null;
+    }
+    if (!response.ok) throw new Error(errorMessage(data, response));
+    return data;
+  }
+
+  function showError(text) {
+    ui.error.textContent = text;
+    ui.error.hidden = false;
+  }
+
+  function hideError() {
+    ui.error.hidden = true;
+    ui.error.textContent = "";
+  }
+
+  function cell(text, className) {
+    var td = document.createElement("td");
+    if (className) td.className = className;
+    if (text !== undefined) td.textContent = text;
+    return td;
+  }
+
+  function when(value) {
+    if (!value) return "never";
+    var date = new Date(value);
+    return isNaN(date) ? String(value) : date.toLocaleString();
+  }
+
+  function row(key) {
+    var tr = document.createElement("tr");
+    tr.dataset.keyId = key.id;
+    tr.dataset.revoked = key.revoked_at ? "true" : "false";
+    tr.appendChild(cell(key.name, "key-name"));
+    var prefix = cell(undefined, "key-prefix");
+    var code = document.createElement("code");
+    code.textContent = key.prefix + "…";
+    prefix.appendChild(code);
+    tr.appendChild(prefix);
+    tr.appendChild(cell((key.scopes || []).join(", "), "key-scopes"));
+    tr.appendChild(cell(when(key.created_at)));
+    tr.appendChild(cell(key.last_used_at ? when(key.last_used_at) : "never"));
+    var status = cell(undefined);
+    var badge = document.createElement("span");
+    badge.className = "state " + (key.revoked_at ? "revoked" : "active");
+    badge.textContent = key.revoked_at ? "revoked " + when(key.revoked_at) : "active";
+    status.appendChild(badge);
+    tr.appendChild(status);
+    var actions = cell(undefined);
+    if (!key.revoked_at) {
+      var revoke = document.createElement("button");
+      revoke.type = "button";
+      revoke.className = "small-button";
+      revoke.dataset.action = "revoke";
+      revoke.textContent = "Revoke";
+      revoke.setAttribute("aria-label", "Revoke key " + key.name);
+      actions.appendChild(revoke);
+    }
+    tr.appendChild(actions);
+    return tr;
+  }
+
+  function render(keys) {
+    ui.rows.textContent = "";
+    keys.forEach(function (key) { ui.rows.appendChild(row(key)); });
+    ui.table.hidden = keys.length === 0;
+    ui.empty.hidden = keys.length > 0;
+  }
+
+  async function load() {
+    try {
+      var data = await api("GET", keysUrl);
+      render(data.results || []);
+    } catch (err) {
+      showError("Your keys could not be loaded: " + err.message);
+    }
+  }
+
+  ui.form.addEventListener("submit", async function (event) {
+    event.preventDefault();
+    hideError();
+    var name = ui.name.value.trim();
+    if (!name) {
+      showError("Give the key a name.");
+      ui.name.setAttribute("aria-invalid", "true");
+      ui.name.focus();
+      return;
+    }
+    ui.name.removeAttribute("aria-invalid");
+    var scopes = Array.prototype.map.call(ui.form.querySelectorAll('input[name="scopes"]:checked'),
+      function (box) { return box.value; });
+    if (!scopes.length) {
+      showError("Choose at least one scope.");
+      return;
+    }
+    ui.create.disabled = true;
+    try {
+      var created = await api("POST", keysUrl, { name: name, scopes: scopes });
+      ui.newKeyValue.value = created.key;
+      ui.newKey.hidden = false;
+      ui.copied.hidden = true;
+      ui.newKeyValue.focus();
+      ui.newKeyValue.select();
+      ui.form.reset();
+      await load();
+    } catch (err) {
+      showError("The key was not created: " + err.message);
+    } finally {
+      ui.create.disabled = false;
+    }
+  });
+
+  ui.copy.addEventListener("click", async function () {
+    ui.newKeyValue.select();
+    try {
+      await navigator.clipboard.writeText(ui.newKeyValue.value);
+    } catch (err) {
+      // No clipboard API (plain HTTP): the key is selected for Ctrl+C instead.
+      if (!document.execCommand || !document.execCommand("copy")) {
+        ui.copied.textContent = "Selected: press Ctrl+C (⌘C) to copy.";
+        ui.copied.hidden = false;
+        return;
+      }
+    }
+    ui.copied.textContent = "Copied.";
+    ui.copied.hidden = false;
+  });
+
+  ui.rows.addEventListener("click", async function (event) {
+    var button = event.target.closest('button[data-action="revoke"]');
+    if (!button) return;
+    // Two clicks, no dialog: the first arms the button for a few seconds.
+    if (!button.classList.contains("armed")) {
+      button.classList.add("armed");
+      button.textContent = "Revoke now?";
+      button._disarm = setTimeout(function () {
+        button.classList.remove("armed");
+        button.textContent = "Revoke";
+      }, 4000);
+      return;
+    }
+    clearTimeout(button._disarm);
+    button.disabled = true;
+    hideError();
+    try {
+      await api("DELETE", keysUrl + encodeURIComponent(button.closest("tr").dataset.keyId) + "/");
+      await load();
+    } catch (err) {
+      button.disabled = false;
+      showError("The key was not revoked: " + err.message);
+    }
+  });
+
+  load();
+})();

@@ -1,0 +1,544 @@
+"""The browser chat in a real browser: Debian's Chromium driven by Playwright against
+daphne serving the real ASGI application (HTTP and WebSocket) on the test database.
+
+The server is a separate process, so every test writes its rows with
+django_db(transaction=True): committed rows are what daphne sees.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from playwright.sync_api import expect, sync_playwright
+
+from chat.models import ApiKey, ChatSession, Message
+from knowledge.services import entry_create
+from tests.conftest import BASE_DIR, free_port, stop_process_group
+from tests.factories import endpoint, rule
+from tests.inference_ops.simulator_process import start_simulator
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PASSWORD = "pw-browser-123456"
+KB_QUESTION = "How do I reset my password?"
+XSS_QUESTION = "What does the markup canary say?"
+XSS_ANSWER = ('Careful: <script>alert(1)</script> and <img src=x onerror="alert(2)"> '
+              "and [a link](javascript:alert(3)) stay text; **this is bold**.")
+# A first answer may wait for daphne to load the embedding model.
+ANSWER_TIMEOUT = 60_000
+
+expect.set_options(timeout=15_000)
+
+
+@pytest.fixture(scope="module")
+def server(child_env, tmp_path_factory):
+    """daphne with production settings (DEBUG off, WhiteNoise serving collected static files),
+    over plain HTTP on 127.0.0.1."""
+    static_root = tmp_path_factory.mktemp("static")
+    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
+           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": str(static_root),
+           "LOG_LEVEL": "WARNING"}
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
+                   check=True, timeout=120)
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_process_group(process)
+                pytest.fail(f"daphne did not start:\n{log_path.read_text()}")
+            time.sleep(0.2)
+    yield url
+    stop_process_group(process)
+
+
+@pytest.fixture(scope="module")
+def slow_sim():
+    """A simulated local engine writing random words at 50 ms a token: slow enough to watch and to stop."""
+    sim = start_simulator("serve", "acme/local", "--max-num-seqs", "8", "--time-to-first-token", "5",
+                          "--inter-token-latency", "50", "--mode", "random", "--seed", "7")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    # Playwright's sync API keeps its event loop registered as this thread's running loop,
+    # so Django would take every ORM call in these tests for one made from async code.
+    # Lifted for this module only; the browser itself runs in its own process.
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install -y chromium)")
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+class Watched:
+    """A page with every dialog (an alert() from injected markup would be one) and script error recorded."""
+
+    def __init__(self, page):
+        self.page = page
+        self.dialogs = []
+        self.errors = []
+        page.on("dialog", self._dialog)
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    def _dialog(self, dialog):
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+
+@pytest.fixture
+def open_page(browser, server):
+    contexts = []
+    watched = []
+
+    def open_page(**options):
+        context = browser.new_context(base_url=server, **options)
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        page = Watched(context.new_page())
+        watched.append(page)
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+    for page in watched:
+        assert page.errors == [], "the page threw"
+
+
+def user(name):
+    # The test settings hash with MD5, which the server's settings do not accept: store a
+    # PBKDF2 hash (few iterations, for speed; the server re-hashes it at the first login).
+    password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
+    return get_user_model().objects.create(username=name, password=password)
+
+
+def log_in(page, username):
+    page.goto("/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/$"))
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/$"))
+    expect(page.locator("#connection")).to_have_attribute("data-state", "open")
+
+
+def ask(page, text):
+    """Type a question and press Enter; returns the locator of its answer."""
+    answers = page.locator(".message.assistant")
+    before = answers.count()
+    page.locator("#composer").fill(text)
+    page.locator("#composer").press("Enter")
+    answer = answers.nth(before)
+    expect(answer).to_be_attached()
+    return answer
+
+
+def finished(answer, timeout=ANSWER_TIMEOUT):
+    expect(answer).not_to_have_attribute("data-status", "streaming", timeout=timeout)
+    return answer
+
+
+def watch_text_grow(page, answer):
+    """Lengths of the answer's text, sampled in the page every 30 ms until it stops streaming."""
+    return answer.evaluate("""async (el) => {
+        const seen = [];
+        const until = Date.now() + 60000;
+        while (el.dataset.status === "streaming" && Date.now() < until) {
+            seen.push(el.querySelector(".bubble").textContent.length);
+            await new Promise((resolve) => setTimeout(resolve, 30));
+        }
+        return seen;
+    }""")
+
+
+def requests_running(sim) -> float:
+    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    line = next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.fixture
+def kb_and_slow_engine(slow_sim):
+    """Two KB entries, the slow local engine, a default rule with short answers and an
+    `essay` rule with long ones."""
+    entry = entry_create(question=KB_QUESTION, answer="Use **Forgot password** on the login page.", embed="sync")
+    canary = entry_create(question=XSS_QUESTION, answer=XSS_ANSWER, embed="sync")
+    local = endpoint("local", slow_sim)
+    rule("default", local, is_default=True, use_kb_context=False, max_tokens=40)
+    rule("long answers", local, keywords=["essay"], priority=10, use_kb_context=False, max_tokens=2000)
+    return {"entry": entry, "canary": canary}
+
+
+def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_reload(
+    open_page, kb_and_slow_engine, slow_sim
+):
+    user("alice")
+    watched = open_page()
+    page = watched.page
+    log_in(page, "alice")
+
+    # The KB answers at once, rendered as Markdown, with its road, target, timings and source.
+    kb = finished(ask(page, KB_QUESTION))
+    assert kb.get_attribute("data-status") == "complete"
+    expect(kb.locator(".badge")).to_have_attribute("data-road", "kb")
+    expect(kb.locator(".badge")).to_have_text("KB")
+    expect(kb.locator(".target")).to_have_text(f"KB#{kb_and_slow_engine['entry'].pk}")
+    expect(kb.locator(".bubble strong")).to_have_text("Forgot password")
+    assert "**" not in kb.locator(".bubble").inner_text()
+    expect(kb.locator(".timings")).to_contain_text("total")
+    expect(kb.locator(".citations")).to_contain_text(f"KB#{kb_and_slow_engine['entry'].pk}")
+    expect(page).to_have_url(re.compile(r"\?session=\d+$"))
+    session_id = int(page.url.rsplit("=", 1)[1])
+    expect(page.locator(f'#sessions .session[data-session-id="{session_id}"]')).to_have_attribute(
+        "aria-current", "true")
+
+    # A generated answer arrives token by token over the socket.
+    generated = ask(page, "Tell me something about the sea")
+    lengths = watch_text_grow(page, generated)
+    assert len({n for n in lengths if n > 0}) >= 3, lengths
+    assert finished(generated).get_attribute("data-status") == "complete"
+    expect(generated.locator(".badge")).to_have_attribute("data-road", "local")
+    expect(generated.locator(".target")).to_have_text("local")
+    expect(generated.locator(".timings")).to_contain_text("first token")
+
+    # Stop cancels the generation upstream: the engine is no longer decoding it.
+    long = ask(page, "Write a long essay about rivers")
+    expect(page.locator("#stop")).to_be_visible()
+    expect(long.locator(".bubble")).not_to_be_empty(timeout=ANSWER_TIMEOUT)
+    assert requests_running(slow_sim) == 1
+    page.locator("#stop").click()
+    finished(long)
+    assert long.get_attribute("data-status") == "cancelled"
+    expect(long.locator(".status-note")).to_have_text("Stopped.")
+    expect(page.locator("#send")).to_be_visible()
+    deadline = time.monotonic() + 10
+    while requests_running(slow_sim) != 0:
+        assert time.monotonic() < deadline, "the engine still decodes the stopped answer"
+        time.sleep(0.1)
+
+    # Markup in KB text (or model output) is shown as text and never runs.
+    canary = finished(ask(page, XSS_QUESTION))
+    expect(canary.locator(".bubble")).to_contain_text('<script>alert(1)</script> and <img src=x onerror="alert(2)">')
+    expect(canary.locator(".bubble strong")).to_have_text("this is bold")
+    assert page.locator("#messages script, #messages img, #messages [onerror]").count() == 0
+    assert page.locator('#messages a[href^="javascript"]').count() == 0
+    assert watched.dialogs == []
+
+    stored = list(Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")
+                  .values_list("status", "road"))
+    assert stored == [("complete", "kb"), ("complete", "local"), ("cancelled", "local"), ("complete", "kb")]
+
+    # After a reload the whole conversation comes back from the database.
+    page.reload()
+    expect(page.locator(".message.user")).to_have_count(4)
+    answers = page.locator(".message.assistant")
+    expect(answers).to_have_count(4)
+    assert [answers.nth(i).get_attribute("data-status") for i in range(4)] == [
+        "complete", "complete", "cancelled", "complete"]
+    assert [answers.nth(i).locator(".badge").get_attribute("data-road") for i in range(4)] == [
+        "kb", "local", "local", "kb"]
+    expect(answers.nth(0).locator(".bubble strong")).to_have_text("Forgot password")
+    expect(answers.nth(1).locator(".bubble")).to_have_text(
+        Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")[1].content)
+    expect(answers.nth(2).locator(".status-note")).to_contain_text("Stopped")
+    expect(answers.nth(3).locator(".bubble")).to_contain_text("<script>alert(1)</script>")
+    expect(page.locator(".message.user").nth(1)).to_have_text("Tell me something about the sea")
+    assert page.locator("#messages script, #messages img").count() == 0
+    assert watched.dialogs == []
+
+    # New chat starts an empty conversation; its first answer makes a second session, listed first.
+    page.locator("#new-chat").click()
+    expect(page.locator(".message")).to_have_count(0)
+    expect(page).to_have_url(re.compile(r"/$"))
+    finished(ask(page, KB_QUESTION))
+    sessions = page.locator("#sessions .session")
+    expect(sessions).to_have_count(2)
+    expect(sessions.first).to_have_attribute("aria-current", "true")
+    assert int(sessions.nth(1).get_attribute("data-session-id")) == session_id
+    assert ChatSession.objects.filter(user__username="alice").count() == 2
+
+
+MARKDOWN_CASES = [
+    ("Use **Forgot password** now.", "<p>Use <strong>Forgot password</strong> now.</p>"),
+    ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
+    ('<img src=x onerror="alert(1)">', "<p>&lt;img src=x onerror=&quot;alert(1)&quot;&gt;</p>"),
+    ("[x](javascript:alert(1))", "<p>[x](javascript:alert(1))</p>"),
+    ("[docs](https://example.com/a?b=1&c=2)",
+     '<p><a href="https://example.com/a?b=1&amp;c=2" rel="noopener noreferrer" target="_blank">docs</a></p>'),
+    ('see https://example.com/x"onmouseover="alert(1)',
+     '<p>see <a href="https://example.com/x" rel="noopener noreferrer" target="_blank">https://example.com/x</a>'
+     "&quot;onmouseover=&quot;alert(1)</p>"),
+    ("# Title\nline one\nline two", "<h3>Title</h3><p>line one<br>line two</p>"),
+    ("- *a*\n- `<b>`", "<ul><li><em>a</em></li><li><code>&lt;b&gt;</code></li></ul>"),
+    ("3. three\n4. four", '<ol start="3"><li>three</li><li>four</li></ol>'),
+    ("```html\n<b onclick=x>**no**</b>\n```",
+     '<pre><code data-lang="html">&lt;b onclick=x&gt;**no**&lt;/b&gt;</code></pre>'),
+    ("snake_case_name and 2*3*4", "<p>snake_case_name and 2*3*4</p>"),
+    ("a\n\nb", "<p>a</p><p>b</p>"),
+]
+
+NASTY = [
+    "<svg/onload=alert(1)>", "<a href='javascript:alert(1)'>x</a>", "[a](https://x.y/\"><img src=x onerror=alert(1)>)",
+    "**<iframe src=javascript:alert(1)>**", "`</code><script>alert(1)</script>`", "```\n</pre><script>x</script>",
+    "> <style>*{}</style>", "1. <b>x</b>\n- <i>y</i>", "[![x](https://a.b/c.png)](https://a.b)", "\u0000<0>\u0000",
+    "https://a.b/<script>", "[x](https://a.b/ onmouseover=alert(1))", "&lt;script&gt; &amp; &#60;b&#62;",
+]
+
+
+def test_the_markdown_renderer_escapes_first_and_renders_a_safe_subset(browser):
+    page = browser.new_page()
+    try:
+        page.add_script_tag(path=str(BASE_DIR / "chat/static/chat/markdown.js"))
+        for source, html in MARKDOWN_CASES:
+            assert page.evaluate("(source) => GatewayMarkdown.render(source)", source) == html, source
+        # Whatever the input, the DOM it makes holds only the subset's tags and attributes.
+        found = page.evaluate("""(sources) => {
+            const tags = new Set(), attributes = new Set();
+            for (const source of sources) {
+                const box = document.createElement("div");
+                box.innerHTML = GatewayMarkdown.render(source);
+                for (const node of box.querySelectorAll("*")) {
+                    tags.add(node.tagName.toLowerCase());
+                    for (const attribute of node.attributes) attributes.add(attribute.name + "=" +
+                        (attribute.name === "href" ? attribute.value.split(":")[0] : "*"));
+                }
+            }
+            return {tags: [...tags], attributes: [...attributes]};
+        }""", NASTY + [source for source, _ in MARKDOWN_CASES])
+        assert set(found["tags"]) <= {"p", "br", "h3", "h4", "h5", "h6", "strong", "em", "code", "pre", "ul", "ol",
+                                      "li", "blockquote", "a"}
+        assert set(found["attributes"]) <= {"href=https", "href=http", "rel=*", "target=*", "start=*", "data-lang=*"}
+    finally:
+        page.close()
+
+
+def test_the_enter_that_confirms_an_ime_composition_does_not_send(open_page, kb_and_slow_engine):
+    user("mei")
+    page = open_page().page
+    log_in(page, "mei")
+    composer = page.locator("#composer")
+    composer.fill("如何重置密码")
+
+    # Chromium marks the Enter that picks an IME candidate with isComposing (keyCode 229).
+    composer.evaluate("""(el) => el.dispatchEvent(new KeyboardEvent("keydown",
+        {key: "Enter", code: "Enter", isComposing: true, bubbles: true, cancelable: true}))""")
+    composer.evaluate("""(el) => el.dispatchEvent(new KeyboardEvent("keydown",
+        {key: "Enter", code: "Enter", keyCode: 229, bubbles: true, cancelable: true}))""")
+    # Between compositionstart and compositionend no Enter sends either.
+    composer.evaluate("(el) => el.dispatchEvent(new CompositionEvent('compositionstart', {data: ''}))")
+    composer.press("Enter")
+    page.wait_for_timeout(300)
+    expect(page.locator(".message")).to_have_count(0)
+    assert Message.objects.count() == 0
+    composer.evaluate("(el) => el.dispatchEvent(new CompositionEvent('compositionend', {data: '密码'}))")
+
+    # Shift+Enter adds a line; a plain Enter then sends.
+    composer.press("End")
+    composer.press("Shift+Enter")
+    expect(composer).to_have_value(re.compile("如何重置密码\n"))
+    expect(page.locator(".message")).to_have_count(0)
+    composer.fill(KB_QUESTION)
+    composer.press("Enter")
+    expect(page.locator(".message.user")).to_have_text(KB_QUESTION)
+    expect(composer).to_have_value("")
+    assert finished(page.locator(".message.assistant")).get_attribute("data-status") == "complete"
+
+
+def test_an_error_frame_is_shown_on_the_answer(open_page):
+    user("erin")  # no routing rule at all: a generated answer has no road
+    page = open_page().page
+    log_in(page, "erin")
+    answer = finished(ask(page, "Is there anybody out there?"))
+    assert answer.get_attribute("data-status") == "failed"
+    expect(answer.locator(".status-note")).to_contain_text("No routing rule matches")
+    expect(page.locator("#send")).to_be_visible()
+
+
+def test_at_phone_width_the_composer_shows_and_the_sessions_sit_behind_a_button(open_page):
+    alice = user("alice")
+    ChatSession.objects.create(user=alice, title="Earlier chat")
+    page = open_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).page
+    log_in(page, "alice")
+    expect(page.locator("#composer")).to_be_visible()
+    expect(page.locator("#send")).to_be_visible()
+    expect(page.locator("#sessions-toggle")).to_be_visible()
+    expect(page.locator("#sessions")).to_be_hidden()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+    page.locator("#sessions-toggle").click()
+    expect(page.locator("#sessions-toggle")).to_have_attribute("aria-expanded", "true")
+    expect(page.get_by_role("button", name="Earlier chat", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Earlier chat", exact=True).click()  # opening a chat folds the list away
+    expect(page.locator("#sessions")).to_be_hidden()
+    expect(page.locator("#conversation-title")).to_have_text("Earlier chat")
+
+
+def test_a_user_renames_and_deletes_sessions_and_a_second_user_sees_none_of_them(open_page):
+    alice = user("alice")
+    user("bob")
+    first = ChatSession.objects.create(user=alice, title="First chat")
+    second = ChatSession.objects.create(user=alice, title="Second chat")
+    Message.objects.create(session=first, role="user", content="hello there")
+    Message.objects.create(session=first, role="assistant", content="*Hi*", status="complete", road="kb",
+                           target="KB#1", ttft_ms=3.0, latency_ms=3.0)
+    page = open_page().page
+    log_in(page, "alice")
+    items = page.locator("#sessions .session")
+    expect(items).to_have_count(2)
+
+    page.get_by_role("button", name="First chat", exact=True).click()
+    expect(page.locator(".message")).to_have_count(2)
+    expect(page.locator(".message.assistant .bubble em")).to_have_text("Hi")
+
+    page.get_by_role("button", name="Rename chat: First chat").click()
+    page.get_by_label("New title").fill("Renamed chat")
+    page.get_by_label("New title").press("Enter")
+    expect(page.get_by_role("button", name="Renamed chat", exact=True)).to_be_visible()
+    expect(page.locator("#conversation-title")).to_have_text("Renamed chat")
+    first.refresh_from_db()
+    assert first.title == "Renamed chat"
+
+    delete = page.get_by_role("button", name="Delete chat: Second chat")
+    delete.click()  # arms
+    expect(items).to_have_count(2)
+    page.locator(f'.session[data-session-id="{second.pk}"] [data-action="delete"]').click()
+    expect(items).to_have_count(1)
+    assert not ChatSession.objects.filter(pk=second.pk).exists()
+
+    # Deleting the open chat leaves a new, empty one.
+    page.locator(f'.session[data-session-id="{first.pk}"] [data-action="delete"]').click()
+    page.locator(f'.session[data-session-id="{first.pk}"] [data-action="delete"]').click()
+    expect(items).to_have_count(0)
+    expect(page.locator("#conversation-title")).to_have_text("New chat")
+    expect(page.locator(".message")).to_have_count(0)
+
+    # Bob sees no chat of Alice's, not even by its address.
+    kept = ChatSession.objects.create(user=alice, title="Alice only")
+    other = open_page().page
+    log_in(other, "bob")
+    expect(other.locator("#sessions-empty")).to_be_visible()
+    other.goto(f"/?session={kept.pk}")
+    expect(other.locator("#banner")).to_contain_text("does not exist")
+    expect(other.locator(".message")).to_have_count(0)
+    expect(other.locator("#sessions .session")).to_have_count(0)
+
+
+def test_a_dropped_connection_reconnects_and_shows_the_answer_from_the_database(open_page, kb_and_slow_engine):
+    user("alice")
+    page = open_page().page
+    routes = []
+
+    def relay(route):
+        server_side = route.connect_to_server()  # frames pass through untouched
+        routes.append((route, server_side))
+
+    page.route_web_socket(re.compile(r"/ws/chat/$"), relay)
+    log_in(page, "alice")
+    answer = ask(page, "Tell me something about mountains")
+    expect(answer.locator(".bubble")).not_to_be_empty(timeout=ANSWER_TIMEOUT)
+    page_side, server_side = routes[-1]
+    server_side.close()
+    page_side.close(code=4000, reason="network went away")
+
+    expect(page.locator("#connection")).not_to_have_attribute("data-state", "open", timeout=5_000)
+    expect(page.locator("#connection")).to_have_attribute("data-state", "open", timeout=20_000)
+    assert len(routes) == 2
+    stored = Message.objects.get(role="assistant")
+    answer = page.locator(".message.assistant")
+    expect(answer).to_have_count(1)
+    expect(answer).not_to_have_attribute("data-status", "streaming", timeout=20_000)
+    stored.refresh_from_db()
+    assert stored.status != "streaming"
+    expect(answer).to_have_attribute("data-status", stored.status)
+    expect(answer.locator(".bubble")).to_have_text(stored.content)
+    expect(page.locator(".message.user")).to_have_text("Tell me something about mountains")
+
+
+def test_a_user_creates_copies_and_revokes_an_api_key(open_page):
+    alice = user("alice")
+    page = open_page().page
+    log_in(page, "alice")
+    page.get_by_role("link", name="API keys").click()
+    expect(page).to_have_url(re.compile(r"/keys/$"))
+    expect(page.locator("#keys-empty")).to_be_visible()
+
+    expect(page.locator('input[name="scopes"]')).to_have_count(1)  # the kb scope is for staff
+    page.get_by_label("Name").fill("support-bot")
+    page.get_by_role("button", name="Create key").click()
+    raw = page.locator("#new-key-value")
+    expect(raw).to_have_value(re.compile(r"^gw_"))
+    key = ApiKey.objects.get(user=alice)
+    assert ApiKey.hash(raw.input_value()) == key.key_hash
+    row = page.locator(f'#keys tr[data-key-id="{key.pk}"]')
+    expect(row.locator(".key-name")).to_have_text("support-bot")
+    expect(row.locator(".key-scopes")).to_have_text("chat")
+    expect(row.locator(".key-prefix")).to_contain_text(key.prefix)
+
+    # Shown once: a reload lists the key by its prefix only.
+    page.reload()
+    expect(row).to_be_visible()
+    expect(page.locator("#new-key")).to_be_hidden()
+    assert raw.input_value() == ""
+
+    # A name already in use is refused with the server's message.
+    page.get_by_label("Name").fill("support-bot")
+    page.get_by_role("button", name="Create key").click()
+    expect(page.locator("#keys-error")).to_be_visible()
+    expect(page.locator("#keys-error")).to_contain_text("not created")
+
+    row.get_by_role("button", name="Revoke key support-bot").click()
+    row.locator('[data-action="revoke"]').click()
+    expect(row).to_have_attribute("data-revoked", "true")
+    expect(row.locator(".state")).to_contain_text("revoked")
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_the_chat_needs_a_login_and_logging_out_ends_it(open_page):
+    user("alice")
+    page = open_page().page
+    page.goto("/keys/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/keys/$"))
+    page.get_by_label("Username").fill("alice")
+    page.get_by_label("Password").fill("wrong password")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#login-error")).to_be_visible()
+
+    log_in(page, "alice")
+    page.get_by_role("button", name="Log out").click()
+    expect(page).to_have_url(re.compile(r"/accounts/login/$"))
+    page.goto("/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/$"))
