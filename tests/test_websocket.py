@@ -70,18 +70,24 @@ async def test_a_malformed_frame_gets_an_error_not_a_dropped_socket():
 
 
 async def test_anonymous_sockets_are_rejected_before_accept():
-    connected, code = await _socket().connect()
+    socket = _socket()
+    connected, code = await socket.connect()
     assert connected is False
     assert code == 4403
+    await socket.disconnect()
 
 
 async def test_non_staff_users_are_rejected_before_accept():
-    connected, code = await _socket(await _cookie_for(username="user")).connect()
+    socket = _socket(await _cookie_for(username="user"))
+    connected, code = await socket.connect()
     assert connected is False
     assert code == 4403
+    await socket.disconnect()
 
 
 async def test_foreign_origins_are_rejected():
     cookie = await _cookie_for(username="ops", is_staff=True)
-    connected, _ = await _socket(cookie, origin="http://evil.example").connect()
+    socket = _socket(cookie, origin="http://evil.example")
+    connected, _ = await socket.connect()
     assert connected is False
+    await socket.disconnect()

@@ -188,7 +188,11 @@ async def test_a_user_cannot_write_into_another_users_session(alice, bob, produc
 
 
 async def test_anonymous_and_foreign_origin_sockets_are_rejected(alice):
-    connected, code = await (await socket_for()).connect()
+    anonymous = await socket_for()
+    connected, code = await anonymous.connect()
     assert connected is False and code == 4401
-    connected, _ = await (await socket_for(alice, origin="http://evil.example")).connect()
+    await anonymous.disconnect()  # lets the rejected application instance finish before the loop closes
+    foreign = await socket_for(alice, origin="http://evil.example")
+    connected, _ = await foreign.connect()
     assert connected is False
+    await foreign.disconnect()
