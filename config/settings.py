@@ -142,12 +142,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix")) or embedded.redis_url()
 REDIS_TIMEOUT = env_float("REDIS_TIMEOUT", 5.0, minimum=0.1)
+# Every key this project writes starts with it: one Redis can serve several deployments (or test runs).
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "gw")
 
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "gw",
+        "KEY_PREFIX": REDIS_KEY_PREFIX,
         "OPTIONS": {"socket_connect_timeout": REDIS_TIMEOUT, "socket_timeout": REDIS_TIMEOUT},
     }
 }
@@ -163,7 +165,7 @@ CHANNEL_LAYERS = {
                 "socket_timeout": 5 + REDIS_TIMEOUT + 5,
                 "socket_connect_timeout": REDIS_TIMEOUT,
             }],
-            "prefix": "gw:asgi",
+            "prefix": f"{REDIS_KEY_PREFIX}:asgi",
             "capacity": 1000,
             "expiry": 60,
         },
@@ -265,7 +267,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": max(3600, CELERY_TASK_TIME_LIMIT * 2),
     "socket_timeout": REDIS_TIMEOUT,
     "socket_connect_timeout": REDIS_TIMEOUT,
+    "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
 }
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:"}
 CELERY_REDIS_SOCKET_TIMEOUT = REDIS_TIMEOUT
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_TIMEOUT
 CELERY_WORKER_SEND_TASK_EVENTS = False
@@ -368,6 +372,7 @@ KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
+KB_RECORD_MISSES = env_bool("KB_RECORD_MISSES", True)  # keep generated answers as KB misses for curators
 KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.75, minimum=0.0)
 
 # --- Health --------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
-PREFIX = "gw:breaker:"
 _TTL = 24 * 3600
 
 
@@ -47,7 +46,8 @@ def _redis() -> aioredis.Redis:
 
 
 def _keys(endpoint: str) -> tuple[str, str]:
-    return f"{PREFIX}{endpoint}", f"{PREFIX}{endpoint}:probe"
+    key = f"{settings.REDIS_KEY_PREFIX}:breaker:{endpoint}"
+    return key, f"{key}:probe"
 
 
 async def state(endpoint: str) -> BreakerState:

@@ -272,6 +272,8 @@ def _route(target: Target, rule: str | None, why: str, attempts: list[str], drop
 def _record_miss(question: str, answer_text: str, kb_best: tuple[int | None, float | None]) -> None:
     """Keep the question (and the generated answer) as a KB miss for curators: handed to
     Celery from a worker thread, so the event loop never waits on the broker."""
+    if not settings.KB_RECORD_MISSES:
+        return
     entry_id, score = kb_best
 
     def send():

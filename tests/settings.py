@@ -13,11 +13,17 @@ os.environ.setdefault("DEBUG", "false")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
 os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+# Our own key space: two test runs on one machine (or one next to `make run`) never share
+# Celery queues, breakers or rate limits.
+os.environ.setdefault("REDIS_KEY_PREFIX", f"gwtest{os.getpid()}")
 # Engine supervision at test speed: quick checks, short backoff.
 os.environ.setdefault("ENGINE_CHECK_TIMEOUT", "0.5")
 os.environ.setdefault("ENGINE_UNHEALTHY_AFTER", "2")
 os.environ.setdefault("ENGINE_RESTART_UNHEALTHY_AFTER", "4")
 os.environ.setdefault("ENGINE_BACKOFF_BASE", "0.2")
+# Generated answers would each queue a KB-miss task for the one test worker; the test of that
+# feature turns it on for itself.
+os.environ.setdefault("KB_RECORD_MISSES", "false")
 if not os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = embedded.redis_url().rsplit("/", 1)[0] + "/15"
 if not os.environ.get("DATABASE_URL"):

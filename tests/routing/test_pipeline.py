@@ -250,3 +250,22 @@ def test_a_warm_pipeline_runs_no_rule_query(roads):
         events = ask("Tell me about ships", max_tokens=2)
     assert events[-1].type == "done"
     assert not [q["sql"] for q in queries if "routing_" in q["sql"] or "inference_ops_" in q["sql"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_generated_answer_is_recorded_as_a_kb_miss_by_the_worker(local_sim, celery_worker, settings):
+    import time
+
+    from knowledge.models import Miss
+
+    settings.KB_RECORD_MISSES = True
+    local = endpoint("local", local_sim)
+    rule("default", local, is_default=True, use_kb_context=False)
+    events = ask("Do you sell gift cards for birthdays?", max_tokens=4)
+    assert events[-1].type == "done"
+    deadline = time.monotonic() + 60
+    while not Miss.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    miss = Miss.objects.get()
+    assert miss.question == "Do you sell gift cards for birthdays?"
+    assert miss.answer == answer_text(events)
