@@ -107,13 +107,19 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def asgi_server(child_env, tmp_path_factory):
-    """The real ASGI application under daphne on a free port, on the test database.
-    Tests that write rows for it must use django_db(transaction=True)."""
+    """The real ASGI application under daphne on a free port, on the test database, with
+    production settings (DEBUG off, WhiteNoise serving collected static files) over plain
+    HTTP, so a browser can use it too. Tests that write rows for it must use
+    django_db(transaction=True)."""
     import urllib.request
 
-    port = free_port()
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost",
+    static_root = tmp_path_factory.mktemp("static")
+    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
+           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": str(static_root),
            "LOG_LEVEL": "WARNING"}
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
+                   check=True, timeout=120)
+    port = free_port()
     log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -7,8 +7,6 @@ django_db(transaction=True): committed rows are what daphne sees.
 
 import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,7 +18,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from chat.models import ApiKey, ChatSession, Message
 from knowledge.services import entry_create
-from tests.conftest import BASE_DIR, free_port, stop_process_group
+from tests.conftest import BASE_DIR
 from tests.factories import endpoint, rule
 from tests.inference_ops.simulator_process import start_simulator
 
@@ -41,35 +39,8 @@ expect.set_options(timeout=15_000)
 
 
 @pytest.fixture(scope="module")
-def server(child_env, tmp_path_factory):
-    """daphne with production settings (DEBUG off, WhiteNoise serving collected static files),
-    over plain HTTP on 127.0.0.1."""
-    static_root = tmp_path_factory.mktemp("static")
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
-           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": str(static_root),
-           "LOG_LEVEL": "WARNING"}
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
-                   check=True, timeout=120)
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                stop_process_group(process)
-                pytest.fail(f"daphne did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
-    yield url
-    stop_process_group(process)
+def server(asgi_server):
+    return asgi_server
 
 
 @pytest.fixture(scope="module")
