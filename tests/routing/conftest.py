@@ -1,7 +1,6 @@
 from asgiref.sync import async_to_sync
 
 from routing import pipeline
-from tests.factories import endpoint, rule  # noqa: F401 - re-exported for the routing tests
 
 
 async def _collect(request, rng=None):
