@@ -41,12 +41,6 @@ class Target:
     config: EndpointConfig
     context_window: int
 
-    @property
-    def label(self) -> str:
-        return self.config.name if self.config.model == self._base_model else f"{self.config.name}+{self.config.model}"
-
-    _base_model: str = ""
-
 
 @dataclass
 class Context:
@@ -164,8 +158,7 @@ def _target(t: RouteTarget) -> Target:
     if t.lora_adapter:
         config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
     return Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=t.position,
-                  weight=t.weight, config=config, context_window=endpoint.context_window,
-                  _base_model=endpoint.request_model)
+                  weight=t.weight, config=config, context_window=endpoint.context_window)
 
 
 def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
@@ -203,8 +196,7 @@ def snapshot_build(version: str | None = None) -> Snapshot:
     targets_by_model = {}
     for endpoint in ModelEndpoint.objects.filter(active=True).order_by("name"):
         target = Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=1, weight=1,
-                        config=EndpointConfig.from_endpoint(endpoint), context_window=endpoint.context_window,
-                        _base_model=endpoint.request_model)
+                        config=EndpointConfig.from_endpoint(endpoint), context_window=endpoint.context_window)
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(version=version, rules=tuple(rules), targets_by_model=targets_by_model)
 
