@@ -10,7 +10,7 @@
   "use strict";
 
   var app = document.getElementById("app");
-  if (!app || !window.GatewayMarkdown) return;
+  if (!app || !window.GatewayMarkdown || !window.GatewayApi) return;
   var markdown = window.GatewayMarkdown;
 
   function byId(id) { return document.getElementById(id); }
@@ -65,34 +65,6 @@
 
   // --- REST ---------------------------------------------------------------------------
 
-  function csrfToken() {
-    var match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
-    return match ? decodeURIComponent(match[1]) : config.csrfToken;
-  }
-
-  function apiError(status, message) {
-    var error = new Error(message);
-    error.status = status;
-    return error;
-  }
-
-  // The server's errors come as {"error": {"message"}}, DRF's {"detail"} or {field: [messages]}.
-  function errorMessage(data, response) {
-    if (data && typeof data === "object") {
-      if (data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
-      if (typeof data.error === "string") return data.error;
-      if (data.detail) return String(data.detail);
-      var parts = [];
-      Object.keys(data).forEach(function (field) {
-        var value = data[field];
-        var text = Array.isArray(value) ? value.join(" ") : String(value);
-        parts.push(field === "non_field_errors" ? text : field + ": " + text);
-      });
-      if (parts.length) return parts.join(" ");
-    }
-    return "The server answered " + response.status + " " + (response.statusText || "") + ".";
-  }
-
   function isSignedOutResponse(status, data) {
     if (status === 401) return true;
     if (status !== 403 || !data) return false;
@@ -101,33 +73,13 @@
     return code === "not_authenticated" || /credentials were not provided|not authenticated/i.test(detail);
   }
 
-  async function api(method, url, body) {
-    var headers = { Accept: "application/json" };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-    if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
-    var response;
-    try {
-      response = await fetch(url, {
-        method: method,
-        headers: headers,
-        credentials: "same-origin",
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-    } catch (err) {
-      throw apiError(0, "The server cannot be reached. Check the connection and try again.");
-    }
-    if (response.status === 204) return null;
-    var data = null;
-    try {
-      data = await response.json();
-    } catch (err) {
-      data = null;
-    }
-    if (!response.ok) {
-      if (isSignedOutResponse(response.status, data)) showSignedOut();
-      throw apiError(response.status, errorMessage(data, response));
-    }
-    return data;
+  function api(method, url, body) {
+    return window.GatewayApi.request(method, url, body, {
+      csrfToken: config.csrfToken,
+      onFailure: function (status, data) {
+        if (isSignedOutResponse(status, data)) showSignedOut();
+      },
+    });
   }
 
   function sessionUrl(id) { return config.sessionsUrl + encodeURIComponent(id) + "/"; }

@@ -4,7 +4,7 @@
   "use strict";
 
   var root = document.getElementById("keys-app");
-  if (!root) return;
+  if (!root || !window.GatewayApi) return;
 
   function byId(id) { return document.getElementById(id); }
 
@@ -23,48 +23,8 @@
   };
   var keysUrl = root.dataset.keysUrl;
 
-  function csrfToken() {
-    var match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
-    return match ? decodeURIComponent(match[1]) : root.dataset.csrfToken;
-  }
-
-  function errorMessage(data, response) {
-    if (data && typeof data === "object") {
-      if (data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
-      if (data.detail) return String(data.detail);
-      var parts = [];
-      Object.keys(data).forEach(function (field) {
-        var value = data[field];
-        var text = Array.isArray(value) ? value.join(" ") : String(value);
-        parts.push(field === "non_field_errors" ? text : field + ": " + text);
-      });
-      if (parts.length) return parts.join(" ");
-    }
-    return "The server answered " + response.status + ".";
-  }
-
-  async function api(method, url, body) {
-    var headers = { Accept: "application/json" };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-    if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
-    var response;
-    try {
-      response = await fetch(url, {
-        method: method, headers: headers, credentials: "same-origin",
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-    } catch (err) {
-      throw new Error("The server cannot be reached. Check the connection and try again.");
-    }
-    if (response.status === 204) return null;
-    var data = null;
-    try {
-      data = await response.json();
-    } catch (err) {
-      data = null;
-    }
-    if (!response.ok) throw new Error(errorMessage(data, response));
-    return data;
+  function api(method, url, body) {
+    return window.GatewayApi.request(method, url, body, { csrfToken: root.dataset.csrfToken });
   }
 
   function showError(text) {

@@ -1,0 +1,68 @@
+/* JSON calls to the gateway's REST API from the browser pages (chat and keys).
+ * Sends the CSRF token on unsafe methods and turns any error body the server
+ * uses into one readable message. */
+window.GatewayApi = (function () {
+  "use strict";
+
+  function csrfToken(fallback) {
+    var match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
+    return match ? decodeURIComponent(match[1]) : fallback;
+  }
+
+  // The server's errors come as {"error": {"message"}}, DRF's {"detail"} or {field: [messages]}.
+  function errorMessage(data, response) {
+    if (data && typeof data === "object") {
+      if (data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
+      if (typeof data.error === "string") return data.error;
+      if (data.detail) return String(data.detail);
+      var parts = [];
+      Object.keys(data).forEach(function (field) {
+        var value = data[field];
+        var text = Array.isArray(value) ? value.join(" ") : String(value);
+        parts.push(field === "non_field_errors" ? text : field + ": " + text);
+      });
+      if (parts.length) return parts.join(" ");
+    }
+    return "The server answered " + response.status + " " + (response.statusText || "") + ".";
+  }
+
+  function failure(status, message) {
+    var error = new Error(message);
+    error.status = status;
+    return error;
+  }
+
+  /* options.csrfToken: the token to use when the cookie is absent;
+   * options.onFailure(status, data): called before an HTTP error is thrown. */
+  async function request(method, url, body, options) {
+    options = options || {};
+    var headers = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method !== "GET") headers["X-CSRFToken"] = csrfToken(options.csrfToken);
+    var response;
+    try {
+      response = await fetch(url, {
+        method: method,
+        headers: headers,
+        credentials: "same-origin",
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (err) {
+      throw failure(0, "The server cannot be reached. Check the connection and try again.");
+    }
+    if (response.status === 204) return null;
+    var data = null;
+    try {
+      data = await response.json();
+    } catch (err) {
+      data = null;
+    }
+    if (!response.ok) {
+      if (options.onFailure) options.onFailure(response.status, data);
+      throw failure(response.status, errorMessage(data, response));
+    }
+    return data;
+  }
+
+  return { request: request, errorMessage: errorMessage };
+})();
