@@ -30,6 +30,14 @@ def serving_model() -> EmbeddingModel | None:
     return model
 
 
+async def aserving_model() -> EmbeddingModel | None:
+    """serving_model for async callers: no thread hop while the cached answer is fresh."""
+    checked_at, model = _serving
+    if model is not None and time.monotonic() - checked_at <= _SERVING_TTL:
+        return model
+    return await sync_to_async(serving_model)()
+
+
 def serving_model_forget() -> None:
     global _serving
     _serving = (0.0, None)
@@ -41,6 +49,7 @@ class Match:
     score: float
     phrasing: str = ""
     lexical: float | None = None
+    texts: tuple[str, ...] = ()  # every phrasing of the entry, for the lexical check
 
 
 @dataclass
@@ -89,24 +98,55 @@ def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) 
         return cursor.fetchall()
 
 
+# The vector road in one statement: the HNSW index's 40 nearest phrasings, the best phrasing of
+# each active FAQ entry among them, the entry's columns, and every phrasing of the entry for the
+# lexical check. One round trip instead of three; the ORM would add a query per relation.
+_ENTRY_COLUMNS = [f.column for f in Entry._meta.concrete_fields]
+_FAQ_MATCHES_SQL = """
+WITH nearest AS (
+    SELECT phrasing_id, (embedding::vector({dims})) <=> %(vector)s::vector({dims}) AS distance
+    FROM knowledge_phrasingvector WHERE model_id = {model_id}
+    ORDER BY distance LIMIT {candidates}
+), best AS (
+    SELECT DISTINCT ON (p.entry_id) p.entry_id, p.text, n.distance
+    FROM nearest n JOIN knowledge_phrasing p ON p.id = n.phrasing_id
+    ORDER BY p.entry_id, n.distance
+)
+SELECT {entry_columns}, best.text, 1 - best.distance,
+       ARRAY(SELECT q.text FROM knowledge_phrasing q WHERE q.entry_id = e.id ORDER BY q.id)
+FROM best JOIN knowledge_entry e ON e.id = best.entry_id
+WHERE e.active AND e.kind = 'faq'
+ORDER BY best.distance, e.id
+LIMIT %(limit)s
+"""
+_CANDIDATES = 40
+
+
 def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = None,
                 vector: tuple[float, ...] | None = None) -> list[Match]:
-    """The nearest active FAQ entries by vector, best phrasing per entry, best first."""
+    """The nearest active FAQ entries by vector, best phrasing per entry, best first.
+
+    Each match carries all phrasings of its entry, so the verdict's lexical check needs no query.
+    """
     model = model or serving_model()
     if model is None:
         return []
     if vector is None:
         vector = embed_query(spec_of(model), text)
-    nearest = _nearest("knowledge_phrasingvector", "phrasing", model, vector, 40)
-    phrasings = Phrasing.objects.select_related("entry").in_bulk([pid for pid, _ in nearest])
-    best: dict[int, Match] = {}
-    for phrasing_id, score in nearest:
-        phrasing = phrasings.get(phrasing_id)
-        if phrasing is None or not phrasing.entry.active or phrasing.entry.kind != Entry.Kind.FAQ:
-            continue
-        if phrasing.entry_id not in best:
-            best[phrasing.entry_id] = Match(entry=phrasing.entry, score=float(score), phrasing=phrasing.text)
-    return sorted(best.values(), key=lambda match: -match.score)[:limit]
+    # The model id and dimensions are integers from our own rows; inlining them lets the
+    # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
+    sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
+                                  entry_columns=", ".join(f"e.{column}" for column in _ENTRY_COLUMNS))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit})
+        rows = cursor.fetchall()
+    width = len(_ENTRY_COLUMNS)
+    field_names = [f.attname for f in Entry._meta.concrete_fields]
+    return [
+        Match(entry=Entry.from_db(connection.alias, field_names, row[:width]), score=float(row[width + 1]),
+              phrasing=row[width], texts=tuple(row[width + 2]))
+        for row in rows
+    ]
 
 
 def _exact(key: str) -> DirectAnswer | None:
@@ -176,9 +216,8 @@ def _vector_verdict(text: str, matches: list[Match]) -> DirectAnswer:
 
 def _lexical_fill(text: str, matches: list[Match]) -> None:
     """Best lexical similarity of `text` to any phrasing of each match's entry."""
-    rows = Phrasing.objects.filter(entry_id__in=[m.entry.pk for m in matches]).values_list("entry_id", "text")
     for match in matches:
-        match.lexical = max((lexical_similarity(text, t) for eid, t in rows if eid == match.entry.pk), default=0.0)
+        match.lexical = max((lexical_similarity(text, t) for t in match.texts), default=0.0)
 
 
 def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
@@ -209,7 +248,7 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
 
 async def adirect_answer(text: str) -> DirectAnswer:
     """direct_answer for async callers. Database work runs in Django's DB thread; the query
-    embedding (CPU, ~10 ms) runs in a worker thread, so concurrent questions do not queue
+    embedding (CPU, a few ms) runs in a worker thread, so concurrent questions do not queue
     behind each other's model calls."""
     key = normalize(text)
     if not key:
@@ -217,16 +256,16 @@ async def adirect_answer(text: str) -> DirectAnswer:
     exact = await sync_to_async(_exact)(key)
     if exact is not None:
         return exact
-    model = await sync_to_async(serving_model)()
+    model = await aserving_model()
     if model is None:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
     vector = await asyncio.to_thread(embed_query, spec_of(model), text)
     matches = await sync_to_async(faq_matches)(text, model=model, vector=vector)
-    return await sync_to_async(_vector_verdict)(text, matches)
+    return _vector_verdict(text, matches)  # no I/O: the matches carry what the verdict reads
 
 
 async def acontext_passages(text: str, *, k: int | None = None) -> list[ContextPassage]:
-    model = await sync_to_async(serving_model)()
+    model = await aserving_model()
     vector = None if model is None or not normalize(text) else await asyncio.to_thread(
         embed_query, spec_of(model), text)
     return await sync_to_async(context_passages)(text, k=k, vector=vector)
