@@ -2,7 +2,7 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+from config.handlers import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 

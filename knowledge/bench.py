@@ -32,7 +32,7 @@ from django.db import connection, connections, transaction
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import EmbeddingModel, Entry, Passage, Phrasing
 from knowledge.normalize import normalize
-from knowledge.selectors import _nearest, direct_answer
+from knowledge.selectors import _nearest, direct_answer, faq_matches
 from knowledge.services import entry_validate, split_passages
 
 # --- the synthetic KB ---------------------------------------------------------------------------
@@ -857,57 +857,48 @@ def call_breakdown(spec, texts: list[str]) -> Breakdown:
 # --- the embedding model ----------------------------------------------------------------------
 
 
-def torch_threads(count: int | None = None) -> int | None:
-    """Set (if `count`) and return torch's intra-op threads; None without torch."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if count:
-        torch.set_num_threads(count)
-    return torch.get_num_threads()
+def embedding_threads(count: int | None = None) -> int:
+    """Threads per embedding call in this process: `count`, else KB_EMBEDDING_THREADS (0: the runtime's)."""
+    return settings.KB_EMBEDDING_THREADS if count is None else count
 
 
 def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], float]]:
     """(setting, latencies, worst cosine to the served vector) of one-query embeddings, local model.
 
-    Reaches into the embedder's model to try settings the product does not use
-    (one thread, bfloat16): a benchmark may, to show what a change would buy.
-    Settings take turns query by query, so a burst of load elsewhere hits them all alike.
+    Builds one embedder per runtime and thread count, the served one among them, to show what
+    each choice costs. Settings take turns query by query, so a burst of load elsewhere hits
+    them all alike. PyTorch's threads are process-wide: set before each of its calls.
     """
     import numpy as np
     import torch
 
-    from knowledge.embeddings import embedder_for
+    from knowledge.embeddings import LocalEmbedder, embedder_for
 
-    model = embedder_for(spec)._load()
-
-    def encode(text):
-        return model.encode([text], batch_size=64, normalize_embeddings=True, show_progress_bar=False)[0]
-
-    served = torch.get_num_threads()
-    options = [(f"fp32, {served} thread(s) (as served)", served, False)]
-    if served != 1:
-        options.append(("fp32, 1 thread", 1, False))
-    if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
-        options.append((f"bf16 autocast, {served} thread(s)", served, True))
-        if served != 1:
-            options.append(("bf16 autocast, 1 thread", 1, True))
-    reference = [encode(text) for text in texts]
+    served = embedder_for(spec)
+    served.embed(texts[:1])
+    options = [(f"{served.runtime}, {settings.KB_EMBEDDING_THREADS or 'default'} thread(s) (as served)", served,
+                settings.KB_EMBEDDING_THREADS)]
+    for runtime in ("onnx", "torch"):
+        for threads in (1, 2):
+            if (runtime, threads) != (served.runtime, settings.KB_EMBEDDING_THREADS):
+                options.append((f"{runtime}, {threads} thread(s)", LocalEmbedder(spec, runtime=runtime,
+                                                                               threads=threads), threads))
+    torch_default = torch.get_num_threads()
+    reference = [np.asarray(vector) for vector in served.embed(texts)]
     latencies = {label: [] for label, _, _ in options}
     worst = {label: 1.0 for label, _, _ in options}
     try:
+        for label, embedder, threads in options:
+            embedder.embed(texts[:1])  # load outside the timing
         for text, expected in zip(texts, reference):
-            for label, threads, bf16 in options:
-                torch.set_num_threads(threads)
-                context = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            for label, embedder, threads in options:
+                torch.set_num_threads(threads or torch_default)
                 began = time.perf_counter()
-                with context:
-                    vector = encode(text)
+                (vector,) = embedder.embed([text])
                 latencies[label].append(time.perf_counter() - began)
                 worst[label] = min(worst[label], float(np.dot(vector, expected)))
     finally:
-        torch.set_num_threads(served)
+        torch.set_num_threads(torch_default)
     return [(label, latencies[label], worst[label]) for label, _, _ in options]
 
 
@@ -947,6 +938,14 @@ def nearest_timings(model: EmbeddingModel, vectors) -> Nearest:
             found[label].append([pid for pid, _ in rows])
         run.wall = sum(run.latencies)
         runs.append(run)
+    # The statement the vector road sends: the same index scan, joined to phrasings and entries.
+    run = Run("faq match statement", "postgres", 1)
+    for vector in vectors:
+        began = time.perf_counter()
+        faq_matches("", model=model, vector=vector)
+        run.latencies.append(time.perf_counter() - began)
+    run.wall = sum(run.latencies)
+    runs.insert(1, run)
     exact = found["pgvector top-40, no index"]
     recall = {}
     for label, ids in found.items():

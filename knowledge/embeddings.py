@@ -11,6 +11,7 @@ Vectors are L2-normalised, so cosine distance and dot product agree.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 from knowledge.exceptions import EmbeddingError
 
 MINILM = "all-MiniLM-L6-v2"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,26 +36,61 @@ class EmbeddingSpec:
 
 
 class LocalEmbedder:
-    def __init__(self, spec: EmbeddingSpec):
+    """sentence-transformers in process. The model loads once; with KB_EMBEDDING_RUNTIME=onnx
+    (the default) its exported graph runs under ONNX Runtime, else PyTorch runs it."""
+
+    def __init__(self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None):
         self.spec = spec
-        self._model = None
+        self._runtime, self._threads = runtime, threads  # None: from settings
+        self.runtime = ""  # onnx | torch, once loaded
+        self.model = None  # the SentenceTransformer, once loaded
+        self._encode = None
         self._lock = threading.Lock()
 
     def _load(self):
         with self._lock:
-            if self._model is None:
-                # The model ships inside a package; nothing may be fetched from a hub.
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-                from sentence_transformers import SentenceTransformer
+            if self._encode is None:
+                self._encode = self._build()
+        return self._encode
 
-                self._model = SentenceTransformer(str(_local_model_path(self.spec.name)), device="cpu")
-        return self._model
+    def _build(self):
+        from django.conf import settings
+
+        # The model ships inside a package; nothing may be fetched from a hub.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
+        if threads:
+            torch.set_num_threads(threads)
+        path = _local_model_path(self.spec.name)
+        model = self.model = SentenceTransformer(str(path), device="cpu")
+        if (self._runtime or settings.KB_EMBEDDING_RUNTIME) == "onnx":
+            from knowledge.onnx_encoder import onnx_encoder
+
+            try:
+                encoder = onnx_encoder(model, path, cache_dir=Path(settings.KB_EMBEDDING_CACHE_DIR), threads=threads)
+            except Exception as exc:  # noqa: BLE001 - any failure leaves the slower, always-right PyTorch
+                log.warning("embedding model %s: ONNX Runtime unavailable (%s); running it on PyTorch",
+                            self.spec.name, exc)
+            else:
+                self.runtime = "onnx"
+                return encoder.encode
+        self.runtime = "torch"
+        return lambda texts: model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
-        model = self._load()
-        vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
-        return [vector.tolist() for vector in vectors]
+        encode = self._load()
+        out: list[list[float]] = []
+        for start in range(0, len(texts), _BATCH):
+            out.extend(vector.tolist() for vector in encode(texts[start : start + _BATCH]))
+        return out
+
+
+# Texts per model call: padding to the longest text of a batch costs less than many small calls.
+_BATCH = 64
 
 
 def _local_model_path(name: str) -> Path:

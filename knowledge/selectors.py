@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection
 
 from knowledge.embeddings import embed_query
-from knowledge.models import EmbeddingModel, Entry, Phrasing
+from knowledge.models import EmbeddingModel, Entry
 from knowledge.normalize import lexical_similarity, normalize
 from knowledge.services import spec_of
 
@@ -101,7 +101,6 @@ def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) 
 # The vector road in one statement: the HNSW index's 40 nearest phrasings, the best phrasing of
 # each active FAQ entry among them, the entry's columns, and every phrasing of the entry for the
 # lexical check. One round trip instead of three; the ORM would add a query per relation.
-_ENTRY_COLUMNS = [f.column for f in Entry._meta.concrete_fields]
 _FAQ_MATCHES_SQL = """
 WITH nearest AS (
     SELECT phrasing_id, (embedding::vector({dims})) <=> %(vector)s::vector({dims}) AS distance
@@ -136,30 +135,42 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
     # The model id and dimensions are integers from our own rows; inlining them lets the
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
     sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
-                                  entry_columns=", ".join(f"e.{column}" for column in _ENTRY_COLUMNS))
+                                  entry_columns=_entry_columns())
     with connection.cursor() as cursor:
         cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit})
         rows = cursor.fetchall()
-    width = len(_ENTRY_COLUMNS)
-    field_names = [f.attname for f in Entry._meta.concrete_fields]
-    return [
-        Match(entry=Entry.from_db(connection.alias, field_names, row[:width]), score=float(row[width + 1]),
-              phrasing=row[width], texts=tuple(row[width + 2]))
-        for row in rows
-    ]
+    width = len(Entry._meta.concrete_fields)
+    return [Match(entry=_entry_from(row), score=float(row[width + 1]), phrasing=row[width], texts=tuple(row[width + 2]))
+            for row in rows]
+
+
+def _entry_columns() -> str:
+    return ", ".join(f'e."{field.column}"' for field in Entry._meta.concrete_fields)
+
+
+def _entry_from(row) -> Entry:
+    """An Entry from the first columns of a row selected with `_entry_columns()`, as the ORM builds it."""
+    fields = Entry._meta.concrete_fields
+    return Entry.from_db(connection.alias, [field.attname for field in fields], row[: len(fields)])
+
+
+_EXACT_SQL = """
+SELECT {entry_columns}, p."primary"
+FROM knowledge_phrasing p JOIN knowledge_entry e ON e.id = p.entry_id
+WHERE p.normalized = %s AND e.active AND e.kind = 'faq'
+ORDER BY e.id LIMIT 1
+"""
 
 
 def _exact(key: str) -> DirectAnswer | None:
-    phrasing = (
-        Phrasing.objects.filter(normalized=key, entry__active=True, entry__kind=Entry.Kind.FAQ)
-        .select_related("entry")
-        .order_by("entry_id")
-        .first()
-    )
-    if phrasing is None:
+    sql = _EXACT_SQL.format(entry_columns=_entry_columns())
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [key])
+        row = cursor.fetchone()
+    if row is None:
         return None
-    return DirectAnswer(hit=True, method="exact", entry=phrasing.entry, score=1.0,
-                        reason=f"exact match on {'the question' if phrasing.primary else 'an alias'} (normalized)")
+    return DirectAnswer(hit=True, method="exact", entry=_entry_from(row), score=1.0,
+                        reason=f"exact match on {'the question' if row[-1] else 'an alias'} (normalized)")
 
 
 def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:

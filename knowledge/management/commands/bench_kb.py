@@ -1,7 +1,7 @@
 """Benchmark the KB's direct-answer road on a synthetic KB in its own database.
 
     python manage.py bench_kb [--entries 10000] [--queries 300] [--concurrency 16] [--no-http]
-                              [--rebuild] [--no-keep] [--torch-threads N]
+                              [--rebuild] [--no-keep] [--embedding-threads N]
 
 Works in `bench_<database>` on the configured server, never in the developer's data;
 a second run with the same --entries reuses the KB. Prints the build time, latency per
@@ -61,11 +61,11 @@ class Command(BaseCommand):
                             help="keep the bench database for the next run (default on); --no-keep drops it")
         parser.add_argument("--rebuild", action="store_true", help="rebuild the KB even if it matches")
         parser.add_argument("--seed", type=int, default=7, help="seed of the query sets (default 7)")
-        parser.add_argument("--torch-threads", type=int, default=None,
-                            help="intra-op threads of the local embedding model, here and in daphne "
-                                 "(OMP_NUM_THREADS); default: torch's own choice, as served")
+        parser.add_argument("--embedding-threads", type=int, default=None,
+                            help="threads per call of the local embedding model, here and in daphne "
+                                 "(KB_EMBEDDING_THREADS); default: the setting, as served")
 
-    def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, torch_threads, **options):
+    def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, embedding_threads, **options):
         if not 1 <= entries <= bench.faq_capacity():
             raise CommandError(f"--entries must be between 1 and {bench.faq_capacity()}")
         if queries < 10 or concurrency < 1:
@@ -86,7 +86,7 @@ class Command(BaseCommand):
             self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
                      "machine shows up in every figure)")
             self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
-                       rebuild=rebuild, seed=seed, torch_threads=torch_threads)
+                       rebuild=rebuild, seed=seed, embedding_threads=embedding_threads)
         except KeyboardInterrupt:
             raise CommandError("interrupted; daphne, if started, was stopped", returncode=130) from None
         finally:
@@ -105,15 +105,18 @@ class Command(BaseCommand):
 
     # --- the run -------------------------------------------------------------------------------
 
-    def bench(self, *, name, entries, queries, concurrency, http, rebuild, seed, torch_threads):
+    def bench(self, *, name, entries, queries, concurrency, http, rebuild, seed, embedding_threads):
+        if embedding_threads is not None:
+            settings.KB_EMBEDDING_THREADS = embedding_threads  # before the model loads in this process
         model = embedding_model_ensure()
         serving_model_forget()
         spec = spec_of(model)
         self.build(entries=entries, rebuild=rebuild, model=model)
         local = spec.backend == "local"
         if local:
-            self.out(f"embedding model {spec.name}: torch intra-op threads "
-                     f"{bench.torch_threads(torch_threads)}" + ("" if torch_threads else " (torch's default)"))
+            threads = bench.embedding_threads(embedding_threads)
+            self.out(f"embedding model {spec.name}: runtime {settings.KB_EMBEDDING_RUNTIME}, "
+                     f"{threads or 'the runtime’s default'} thread(s) per call")
 
         rng = random.Random(seed)
         specs = bench.faq_specs(entries)
@@ -145,7 +148,7 @@ class Command(BaseCommand):
         if http:
             self.out(f"\nHTTP: GET /api/kb/answer through daphne on the bench database "
                      f"(DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')})")
-            runs += self.over_http(name, sets, warmup, concurrency, torch_threads)
+            runs += self.over_http(name, sets, warmup, concurrency, embedding_threads)
 
         self.report(runs, sets, breakdown, options, plan_report)
 
@@ -230,11 +233,11 @@ class Command(BaseCommand):
                        *("  " + line for line in bench.elide_vectors(plan.forced).splitlines())]
         return nearest.runs, report
 
-    def over_http(self, name, sets, warmup, concurrency, torch_threads) -> list[bench.Run]:
+    def over_http(self, name, sets, warmup, concurrency, embedding_threads) -> list[bench.Run]:
         cookie = bench.staff_session_cookie()
         env = bench.server_env(name)
-        if torch_threads:
-            env["OMP_NUM_THREADS"] = str(torch_threads)
+        if embedding_threads is not None:
+            env["KB_EMBEDDING_THREADS"] = str(embedding_threads)
         runs = []
         with tempfile.TemporaryDirectory(prefix="bench_kb_") as tmp:
             log = Path(tmp) / "daphne.log"
