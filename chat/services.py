@@ -6,12 +6,14 @@ import secrets
 import time
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession, Message
+from config import rawsql
 
 # --- sessions -----------------------------------------------------------------------------------------
 
@@ -165,12 +167,29 @@ def apikey_revoke(*, key: ApiKey) -> ApiKey:
     return key
 
 
+def _live_key(prefix: str) -> ApiKey | None:
+    """The unrevoked key with `prefix`, its user attached: one statement on every API call."""
+    user_model = get_user_model()
+    sql = (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')} "
+           f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
+           f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
+           "WHERE k.prefix = %s AND k.revoked_at IS NULL")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    key = rawsql.instance(ApiKey, row)
+    key.user = rawsql.instance(user_model, row, rawsql.width(ApiKey))
+    return key
+
+
 def apikey_authenticate(raw: str) -> ApiKey | None:
     """The live key for `raw`, or None. Looked up by prefix, compared by hash in constant time."""
     parts = (raw or "").split("_", 2)  # the secret part may itself contain "_"
     if len(parts) != 3 or parts[0] != "gw":
         return None
-    key = ApiKey.objects.select_related("user").filter(prefix=parts[1], revoked_at__isnull=True).first()
+    key = _live_key(parts[1])
     if key is None or not key.user.is_active or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw)):
         return None
     now = timezone.now()

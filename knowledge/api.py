@@ -171,7 +171,8 @@ class AnswerView(APIView):
         q = params.validated_data["q"]
         result = direct_answer(q)
         entry = result.entry if result.hit else None
-        body = {"query": q, "hit": result.hit, "method": result.method, "reason": result.reason,
-                "entry_id": entry.pk if entry else None, "answer": entry.answer if entry else None,
-                "score": result.score}
-        return Response(AnswerSerializer(body).data)
+        # Built as AnswerSerializer documents it, without running it: this is the KB's hot path,
+        # and the serializer would only copy these plain values.
+        return Response({"query": q, "hit": result.hit, "method": result.method, "reason": result.reason,
+                         "entry_id": entry.pk if entry else None, "answer": entry.answer if entry else None,
+                         "score": result.score})

@@ -741,8 +741,8 @@ def http_get(port: int, path: str, *, cookie: str = "", timeout: float = 10.0) -
 class AnswerClient:
     """One keep-alive connection to /api/kb/answer, reconnecting once if the server closed it."""
 
-    def __init__(self, port: int, cookie: str, timeout: float = 10.0):
-        self.port, self.cookie, self.timeout = port, cookie, timeout
+    def __init__(self, port: int, auth: dict[str, str], timeout: float = 10.0):
+        self.port, self.auth, self.timeout = port, auth, timeout
         self.conn: http.client.HTTPConnection | None = None
         self.reconnects = 0
 
@@ -752,7 +752,7 @@ class AnswerClient:
             if self.conn is None:
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
             try:
-                self.conn.request("GET", path, headers={"Cookie": self.cookie, "Accept": "application/json"})
+                self.conn.request("GET", path, headers={**self.auth, "Accept": "application/json"})
                 response = self.conn.getresponse()
                 body = response.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
@@ -775,23 +775,41 @@ class AnswerClient:
             self.conn = None
 
 
-def staff_session_cookie() -> str:
-    """A session cookie of a staff user in the current (bench) database, as a login would set it."""
-    from importlib import import_module
-
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+def _bench_staff():
+    from django.contrib.auth import get_user_model
 
     user, _ = get_user_model().objects.get_or_create(username="bench-staff", defaults={"is_staff": True})
     if not user.is_staff or user.has_usable_password():
         user.is_staff = True
         user.set_unusable_password()
         user.save()
+    return user
+
+
+def staff_auth(kind: str) -> dict[str, str]:
+    """Request headers that authenticate a staff user of the bench database, as a client would.
+
+    `key`: an API key with the `kb` scope (an integration's call); `session`: the session
+    cookie a browser login would set.
+    """
+    user = _bench_staff()
+    if kind == "key":
+        from chat.models import ApiKey
+        from chat.services import apikey_create
+
+        ApiKey.objects.filter(user=user, name="bench_kb").delete()
+        _, raw = apikey_create(user=user, name="bench_kb", scopes=[ApiKey.Scope.KB])
+        return {"Authorization": f"Bearer {raw}"}
+    from importlib import import_module
+
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+
     session = import_module(settings.SESSION_ENGINE).SessionStore()
     session[SESSION_KEY] = str(user.pk)
     session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.save()
-    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+    return {"Cookie": f"{settings.SESSION_COOKIE_NAME}={session.session_key}"}
 
 
 def server_env(database: str) -> dict[str, str]:

@@ -10,6 +10,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from config import rawsql
+
 from knowledge.embeddings import embed_query
 from knowledge.models import EmbeddingModel, Entry
 from knowledge.normalize import lexical_similarity, normalize
@@ -135,23 +137,15 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
     # The model id and dimensions are integers from our own rows; inlining them lets the
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
     sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
-                                  entry_columns=_entry_columns())
+                                  entry_columns=rawsql.columns(Entry, "e"))
     with connection.cursor() as cursor:
         cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit})
         rows = cursor.fetchall()
-    width = len(Entry._meta.concrete_fields)
-    return [Match(entry=_entry_from(row), score=float(row[width + 1]), phrasing=row[width], texts=tuple(row[width + 2]))
+    width = rawsql.width(Entry)
+    return [Match(entry=rawsql.instance(Entry, row), score=float(row[width + 1]), phrasing=row[width], texts=tuple(row[width + 2]))
             for row in rows]
 
 
-def _entry_columns() -> str:
-    return ", ".join(f'e."{field.column}"' for field in Entry._meta.concrete_fields)
-
-
-def _entry_from(row) -> Entry:
-    """An Entry from the first columns of a row selected with `_entry_columns()`, as the ORM builds it."""
-    fields = Entry._meta.concrete_fields
-    return Entry.from_db(connection.alias, [field.attname for field in fields], row[: len(fields)])
 
 
 _EXACT_SQL = """
@@ -163,13 +157,13 @@ ORDER BY e.id LIMIT 1
 
 
 def _exact(key: str) -> DirectAnswer | None:
-    sql = _EXACT_SQL.format(entry_columns=_entry_columns())
+    sql = _EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e"))
     with connection.cursor() as cursor:
         cursor.execute(sql, [key])
         row = cursor.fetchone()
     if row is None:
         return None
-    return DirectAnswer(hit=True, method="exact", entry=_entry_from(row), score=1.0,
+    return DirectAnswer(hit=True, method="exact", entry=rawsql.instance(Entry, row), score=1.0,
                         reason=f"exact match on {'the question' if row[-1] else 'an alias'} (normalized)")
 
 

@@ -57,6 +57,9 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=16, help="threads of the concurrent runs (default 16)")
         parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=True,
                             help="also measure GET /api/kb/answer through a real daphne (default on)")
+        parser.add_argument("--http-auth", choices=("key", "session"), default="key",
+                            help="how the HTTP client authenticates: an API key with the kb scope, as an "
+                                 "integration does (default), or a staff session cookie, as a browser does")
         parser.add_argument("--keep", action=argparse.BooleanOptionalAction, default=True,
                             help="keep the bench database for the next run (default on); --no-keep drops it")
         parser.add_argument("--rebuild", action="store_true", help="rebuild the KB even if it matches")
@@ -65,7 +68,8 @@ class Command(BaseCommand):
                             help="threads per call of the local embedding model, here and in daphne "
                                  "(KB_EMBEDDING_THREADS); default: the setting, as served")
 
-    def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, embedding_threads, **options):
+    def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, embedding_threads, http_auth,
+               **options):
         if not 1 <= entries <= bench.faq_capacity():
             raise CommandError(f"--entries must be between 1 and {bench.faq_capacity()}")
         if queries < 10 or concurrency < 1:
@@ -86,7 +90,7 @@ class Command(BaseCommand):
             self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
                      "machine shows up in every figure)")
             self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
-                       rebuild=rebuild, seed=seed, embedding_threads=embedding_threads)
+                       rebuild=rebuild, seed=seed, embedding_threads=embedding_threads, http_auth=http_auth)
         except KeyboardInterrupt:
             raise CommandError("interrupted; daphne, if started, was stopped", returncode=130) from None
         finally:
@@ -105,7 +109,7 @@ class Command(BaseCommand):
 
     # --- the run -------------------------------------------------------------------------------
 
-    def bench(self, *, name, entries, queries, concurrency, http, rebuild, seed, embedding_threads):
+    def bench(self, *, name, entries, queries, concurrency, http, rebuild, seed, embedding_threads, http_auth):
         if embedding_threads is not None:
             settings.KB_EMBEDDING_THREADS = embedding_threads  # before the model loads in this process
         model = embedding_model_ensure()
@@ -146,9 +150,10 @@ class Command(BaseCommand):
         runs += nearest_runs
 
         if http:
-            self.out(f"\nHTTP: GET /api/kb/answer through daphne on the bench database "
+            self.out(f"\nHTTP: GET /api/kb/answer through daphne on the bench database, authenticated by "
+                     f"{'an API key' if http_auth == 'key' else 'a session cookie'} "
                      f"(DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')})")
-            runs += self.over_http(name, sets, warmup, concurrency, embedding_threads)
+            runs += self.over_http(name, sets, warmup, concurrency, embedding_threads, http_auth)
 
         self.report(runs, sets, breakdown, options, plan_report)
 
@@ -233,8 +238,8 @@ class Command(BaseCommand):
                        *("  " + line for line in bench.elide_vectors(plan.forced).splitlines())]
         return nearest.runs, report
 
-    def over_http(self, name, sets, warmup, concurrency, embedding_threads) -> list[bench.Run]:
-        cookie = bench.staff_session_cookie()
+    def over_http(self, name, sets, warmup, concurrency, embedding_threads, http_auth) -> list[bench.Run]:
+        auth = bench.staff_auth(http_auth)
         env = bench.server_env(name)
         if embedding_threads is not None:
             env["KB_EMBEDDING_THREADS"] = str(embedding_threads)
@@ -245,28 +250,28 @@ class Command(BaseCommand):
                 with bench.daphne_server(env=env, log_path=log) as port:
                     began = time.perf_counter()
                     # The first request loads the embedding model in the server: a minute at most.
-                    first = bench.AnswerClient(port, cookie, timeout=120)
+                    first = bench.AnswerClient(port, auth, timeout=120)
                     first.ask(warmup[0])
                     first.close()
                     self.out(f"  daphne on 127.0.0.1:{port}; first request (model load) "
                              f"{time.perf_counter() - began:.1f} s")
-                    client = bench.AnswerClient(port, cookie)
+                    client = bench.AnswerClient(port, auth)
                     for question in bench.spelled(warmup, 1):
                         client.ask(question)
                     client.close()
                     for label, (texts, _) in sets.items():
                         for conc, variant in ((1, 2), (concurrency, 3)):
-                            runs.append(self.http_run(port, cookie, label, texts, conc, variant))
+                            runs.append(self.http_run(port, auth, label, texts, conc, variant))
             except (RuntimeError, OSError, ValueError) as exc:
                 raise CommandError(f"HTTP benchmark failed: {exc}\ndaphne log (tail):\n{bench._tail(log)}") from None
         return runs
 
-    def http_run(self, port, cookie, label, texts, concurrency, variant) -> bench.Run:
+    def http_run(self, port, auth, label, texts, concurrency, variant) -> bench.Run:
         run = bench.Run(label, "HTTP", concurrency)
         clients = []
 
         def open_client():
-            client = bench.AnswerClient(port, cookie)
+            client = bench.AnswerClient(port, auth)
             clients.append(client)
             return client
 
