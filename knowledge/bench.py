@@ -928,7 +928,7 @@ PHRASINGS = ("knowledge_phrasingvector", "phrasing")
 
 @dataclass
 class Nearest:
-    runs: list[Run]  # as the product calls it, with a wider HNSW search, with no index at all
+    runs: list[Run]  # as the product calls it, its whole statement, a wider HNSW search, no index at all
     recall: dict[str, tuple[float, float]]  # run label -> (recall@1, recall@10) against the exact scan
 
 
@@ -936,7 +936,8 @@ WIDER_EF_SEARCH = 100
 
 
 def nearest_timings(model: EmbeddingModel, vectors) -> Nearest:
-    """`_nearest` as served, with hnsw.ef_search raised, and with index scans off (the exact answer)."""
+    """`_nearest` as served, the whole vector-match statement around it, the scan with
+    hnsw.ef_search raised, and with index scans off (the exact answer)."""
     settings_of = {
         "pgvector top-40": (),
         f"pgvector top-40, ef_search={WIDER_EF_SEARCH}": (f"SET LOCAL hnsw.ef_search = {WIDER_EF_SEARCH}",),

@@ -142,10 +142,9 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
         cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit})
         rows = cursor.fetchall()
     width = rawsql.width(Entry)
-    return [Match(entry=rawsql.instance(Entry, row), score=float(row[width + 1]), phrasing=row[width], texts=tuple(row[width + 2]))
+    return [Match(entry=rawsql.instance(Entry, row), phrasing=row[width], score=float(row[width + 1]),
+                  texts=tuple(row[width + 2]))
             for row in rows]
-
-
 
 
 _EXACT_SQL = """
