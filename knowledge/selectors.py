@@ -11,7 +11,6 @@ from django.conf import settings
 from django.db import connection
 
 from config import rawsql
-
 from knowledge.embeddings import embed_query
 from knowledge.models import EmbeddingModel, Entry
 from knowledge.normalize import lexical_similarity, normalize
