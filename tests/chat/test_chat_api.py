@@ -180,3 +180,38 @@ def test_the_api_schema_and_docs_are_served(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
     assert {"/api/chat/sessions/", "/api/chat/sessions/{id}/messages/", "/api/keys/"} <= set(schema["paths"])
     assert client.get("/api/docs/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_got(asgi_server, alice, alice_key,
+                                                                                     product):
+    import http.client
+    import time
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    session = ChatSession.objects.create(user=alice)
+    url = urlsplit(asgi_server)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("POST", f"/api/chat/sessions/{session.pk}/messages/stream",
+                       body=json.dumps({"content": "Tell me a long story about the sea", "max_tokens": 2000}),
+                       headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"})
+    response = connection.getresponse()
+    assert response.status == 200
+    received = b""
+    while received.count(b"event: token") < 3:
+        received += response.read1(4096)
+    connection.sock.shutdown(2)  # the browser tab closes: no more reading, no goodbye
+    connection.close()
+
+    deadline = time.monotonic() + 15
+    while (message := Message.objects.get(session=session, role="assistant")).status == "streaming":
+        assert time.monotonic() < deadline, "the turn was never closed"
+        time.sleep(0.1)
+    assert message.status == "cancelled"
+    assert message.content  # what was generated before the hang-up is kept
+    # The server goes on serving on the same pool of request threads.
+    request = urllib.request.Request(f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
+                                     headers={"Authorization": f"Bearer {alice_key}"})
+    with urllib.request.urlopen(request, timeout=30) as history:
+        assert [m["status"] for m in json.loads(history.read())["results"]] == ["complete", "cancelled"]
