@@ -43,7 +43,6 @@ class LocalEmbedder:
         self.spec = spec
         self._runtime, self._threads = runtime, threads  # None: from settings
         self.runtime = ""  # onnx | torch, once loaded
-        self.model = None  # the SentenceTransformer, once loaded
         self._encode = None
         self._lock = threading.Lock()
 
@@ -66,7 +65,7 @@ class LocalEmbedder:
         if threads:
             torch.set_num_threads(threads)
         path = _local_model_path(self.spec.name)
-        model = self.model = SentenceTransformer(str(path), device="cpu")
+        model = SentenceTransformer(str(path), device="cpu")
         if (self._runtime or settings.KB_EMBEDDING_RUNTIME) == "onnx":
             from knowledge.onnx_encoder import onnx_encoder
 
