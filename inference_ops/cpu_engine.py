@@ -18,7 +18,6 @@ call `ensure_llama_server()` and `ensure_model()`; the supervisor only builds th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -27,12 +26,13 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 from django.conf import settings
 
+from config.filelock import exclusive
 from inference_ops.exceptions import SupervisorError
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -116,21 +116,10 @@ def missing_files(model: str) -> str | None:
 # --- building llama-server ----------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked(path: Path, progress: Progress, what: str) -> Iterator[None]:
-    """An exclusive lock on a file next to what we build: a second `make run` or test run waits
-    for the first one's build instead of building the same thing into the same place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"waiting for another process that is preparing {what} ({path})")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _locked(path: Path, progress: Progress, what: str):
+    """A second `make run` or test run waits for the first one's build instead of building
+    the same thing into the same place."""
+    return exclusive(path, on_wait=lambda: progress(f"waiting for another process that is preparing {what} ({path})"))
 
 
 def ensure_llama_server(progress: Progress = print, *, force: bool = False) -> Path:

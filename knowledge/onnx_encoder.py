@@ -11,15 +11,14 @@ is refused, and the caller keeps PyTorch.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from config.filelock import exclusive
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,8 @@ def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> On
     path = _export(model, model_dir, cache_dir)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # One thread per query by default: a short question gains nothing from a second core, and
-    # concurrent questions (each in its own thread) then use the cores side by side.
+    # KB_EMBEDDING_THREADS: two halve one question's latency; one gives the most questions per
+    # second when concurrent questions (each in its own thread) already fill the cores.
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -70,7 +69,8 @@ def _export(model, model_dir: Path, cache_dir: Path) -> Path:
     if path.exists():
         return path
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_suffix(".lock")):
+    # Processes starting together (daphne, workers, tests) export once; the others wait.
+    with exclusive(path.with_suffix(".lock")):
         if path.exists():  # another process exported it while we waited
             return path
         partial = path.with_suffix(f".{os.getpid()}.partial")
@@ -117,14 +117,3 @@ def _key(model_dir: Path) -> str:
         stat = file.stat()
         digest.update(f"{file.relative_to(model_dir)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
     return f"{model_dir.name}-{digest.hexdigest()[:16]}"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Processes starting together (daphne, workers, tests) export once; the others wait."""
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
