@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "knowledge",
     "routing",
     "chat",
+    "benchmarks",  # manage.py bench and bench_kb; no models, nothing at run time imports it
 ]
 
 MIDDLEWARE = [
