@@ -1,0 +1,175 @@
+"""The processes a benchmark starts: the vLLM simulator and the gateway under daphne.
+
+Each runs in its own process group on a loopback port and is stopped with everything it
+started when the `with` block ends, whatever happens inside it. No Django here: the
+engine benchmark runs without settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+# The simulator prints this once its port is open; with --port 0 it is the only way to learn the port.
+READY = re.compile(r"simulator ready on [\w.\-:]+:(\d+) ")
+
+
+def free_port() -> int:
+    """A loopback port free right now. Another process may take it before ours binds it; for a
+    benchmark on a development machine that race is rare enough, and the start then fails loudly."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_group(process: subprocess.Popen, *, timeout: float = 10.0) -> None:
+    """SIGTERM to the process's group, then SIGKILL to whatever of the group is left after `timeout`.
+
+    The group, not the process: daphne and the simulator may have children, and a child that
+    outlives the benchmark keeps its port and its CPU.
+    """
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    # Even after a clean exit of the leader, a child that ignored SIGTERM may still be there.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=timeout)
+
+
+def log_tail(path: Path, *, lines: int = 30) -> str:
+    """The last lines of a log file, for an error message; empty if it cannot be read."""
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+@contextlib.contextmanager
+def simulator(*, model: str = "bench/model", args: Sequence[str] = (), env: dict[str, str] | None = None,
+              log_path: Path | None = None, start_timeout: float = 30.0) -> Iterator[str]:
+    """The vLLM simulator serving `model` on a free loopback port; yields its base URL (no /v1).
+
+    `args` are further simulator flags (`--max-num-seqs`, `--time-to-first-token`, ...).
+    Its output goes to `log_path` when given, else nowhere; either way it is read to the
+    end, so a full pipe never blocks the simulator's logging of access lines.
+    """
+    process = subprocess.Popen(
+        [sys.executable, "-m", "inference_ops.simulator", "serve", model, "--host", "127.0.0.1", "--port", "0",
+         *args],
+        cwd=REPO, env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own group: stop_group takes it whole
+    )
+    ports: queue.Queue[int] = queue.Queue()
+    early: list[str] = []  # the first lines, for the error message if it never gets ready
+
+    def read() -> None:
+        log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 - closed below
+        try:
+            for line in process.stdout:
+                if log:
+                    log.write(line)
+                if len(early) < 50:
+                    early.append(line)
+                if match := READY.search(line):
+                    ports.put(int(match.group(1)))
+        finally:
+            if log:
+                log.close()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        try:
+            port = ports.get(timeout=start_timeout)
+        except queue.Empty:
+            raise RuntimeError(f"the simulator did not print its ready line within {start_timeout:.0f} s:\n"
+                               + "".join(early)) from None
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_group(process)
+        reader.join(timeout=5)
+
+
+def gateway_env(*, database_url: str, redis_url: str, secret_key: str, log_level: str = "WARNING",
+                base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a gateway started by a benchmark: production settings over plain HTTP.
+
+    DEBUG off, as served; no TLS redirect and no secure-only cookies, because the benchmark
+    talks plain HTTP on loopback. `secret_key` must be the benchmark's own when it signs
+    session cookies for the gateway to accept. `extra` adds or overrides variables
+    (LOCAL_VLLM_URL, KB_EMBEDDING_THREADS, ...).
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DEBUG="false",
+        SECRET_KEY=secret_key,
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        SECURE_SSL_REDIRECT="false",
+        SESSION_COOKIE_SECURE="false",
+        CSRF_COOKIE_SECURE="false",
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        LOG_LEVEL=log_level,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class Gateway(NamedTuple):
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen  # its pid is the daphne process, for CPU accounting
+    log_path: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0) -> Iterator[Gateway]:
+    """The gateway (`config.asgi:application`) under daphne on a free loopback port, with `env`
+    (see `gateway_env`), its output in `log_path`. Yields once /healthz answers 200."""
+    port = free_port()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: stop_group takes any child with it
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"daphne exited with {process.returncode}:\n{log_tail(log_path)}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"daphne did not answer /healthz within {start_timeout:.0f} s:\n"
+                                   f"{log_tail(log_path)}")
+            time.sleep(0.2)
+        yield Gateway(url=url, process=process, log_path=log_path)
+    finally:
+        stop_group(process)
