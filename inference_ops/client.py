@@ -55,8 +55,9 @@ class Usage:
 
 @dataclass
 class Token:
-    text: str
+    text: str  # the content of every chunk that arrived in one network read, joined
     elapsed: float  # seconds since the request started
+    chunks: int = 1  # how many content chunks the engine sent for it
 
 
 @dataclass
@@ -132,80 +133,132 @@ async def stream_chat(
     extra_body: dict | None = None,
     extra_headers: dict[str, str] | None = None,
 ) -> AsyncIterator[Token | Finish]:
-    """Yield Token events, then one Finish; raise EngineError on any failure."""
+    """Yield Token events, then one Finish; raise EngineError on any failure.
+
+    The SDK sends the request; the response's server-sent events are read raw, a network read
+    at a time, and the content of every chunk in one read leaves as one Token. Per-chunk work is
+    one `json.loads`: the SDK would build a pydantic model per chunk, and under load a read holds
+    many chunks, which then cost the layers above one event instead of many.
+    """
     pool = _pool_for(config)
-    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     first_deadline = started + config.first_token_timeout
     total_deadline = started + config.total_timeout
     produced = False
-    stream = None
+    response = None
     acquired = False
     try:
         try:
-            await asyncio.wait_for(pool.slots.acquire(), timeout=config.first_token_timeout)
-            acquired = True
-        except TimeoutError:
-            raise EngineError("timeout_first_token", f"all {config.max_concurrency} slots stayed busy",
-                              endpoint=config.name) from None
-        options = {"stream_options": {"include_usage": True}}
-        if max_tokens is not None:
-            options["max_tokens"] = max_tokens
-        if temperature is not None:
-            options["temperature"] = temperature
-        if stop:
-            options["stop"] = stop
-        try:
-            stream = await asyncio.wait_for(
-                pool.client.chat.completions.create(
+            async with asyncio.timeout_at(min(first_deadline, total_deadline)):
+                await pool.slots.acquire()
+                acquired = True
+                response = await pool.client.chat.completions.with_streaming_response.create(
                     model=config.model, messages=messages, stream=True, extra_body=extra_body,
-                    extra_headers=extra_headers, **options,
-                ),
-                timeout=max(0.001, min(first_deadline, total_deadline) - time.monotonic()),
-            )
+                    extra_headers=extra_headers, **_options(max_tokens, temperature, stop),
+                ).__aenter__()
         except TimeoutError:
-            raise EngineError("timeout_first_token", "no response headers in time", endpoint=config.name) from None
+            what = "no response headers in time" if acquired else f"all {config.max_concurrency} slots stayed busy"
+            raise EngineError("timeout_first_token", what, endpoint=config.name) from None
         except _SDK_ERRORS as exc:
             raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
 
-        chunks = stream.__aiter__()
-        finish_reason, usage, ttft, count = None, None, None, 0
+        reads = response.http_response.aiter_bytes()
+        events = _SSE()
+        finish_reason, usage, ttft, count, done = None, None, None, 0, False
         while True:
-            now = time.monotonic()
-            wait = min(total_deadline, first_deadline if not produced else now + config.idle_timeout) - now
+            deadline = min(total_deadline, loop.time() + config.idle_timeout if produced else first_deadline)
             try:
-                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.001, wait))
+                async with asyncio.timeout_at(deadline):
+                    data = await reads.__anext__()
             except StopAsyncIteration:
                 break
-            except TimeoutError:
-                if time.monotonic() >= total_deadline:
+            except (TimeoutError, httpx2.TimeoutException):
+                if loop.time() >= total_deadline:
                     kind, what = "timeout_total", f"the request took longer than {config.total_timeout:g}s"
                 elif produced:
                     kind, what = "timeout_idle", f"no token for {config.idle_timeout:g}s"
                 else:
                     kind, what = "timeout_first_token", f"no first token in {config.first_token_timeout:g}s"
                 raise EngineError(kind, what, produced_tokens=produced, endpoint=config.name) from None
-            except _SDK_ERRORS as exc:
-                raise _from_sdk(exc, produced=produced, during_request=False, endpoint=config.name) from exc
-            if chunk.usage is not None:
-                usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-            for choice in chunk.choices or ():
-                text = choice.delta.content if choice.delta else None
-                if text:
-                    elapsed = time.monotonic() - started
-                    if not produced:
-                        produced, ttft = True, elapsed
-                    count += 1
-                    yield Token(text=text, elapsed=elapsed)
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
+            except httpx2.TransportError as exc:
+                raise EngineError("stream_truncated", f"the connection broke: {exc}", produced_tokens=produced,
+                                  endpoint=config.name) from exc
+            if done:
+                continue  # read the body to its end, so the connection goes back to the pool
+            texts: list[str] = []
+            failed: EngineError | None = None
+            for payload in events.feed(data):
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        failed = EngineError("stream_error", f"error in the stream: {message}",
+                                             produced_tokens=produced or bool(texts), endpoint=config.name)
+                        break
+                    if chunk.get("usage"):
+                        usage = Usage(chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+                    for choice in chunk.get("choices") or ():
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            texts.append(text)
+                        if choice.get("finish_reason"):
+                            finish_reason = choice["finish_reason"]
+                except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                    failed = EngineError("malformed", f"unreadable chunk: {exc}",
+                                         produced_tokens=produced or bool(texts), endpoint=config.name)
+                    break
+            if texts:
+                # What arrived before a failure in the same read still reaches the caller.
+                elapsed = loop.time() - started
+                if not produced:
+                    produced, ttft = True, elapsed
+                count += len(texts)
+                yield Token(text="".join(texts), elapsed=elapsed, chunks=len(texts))
+            if failed is not None:
+                raise failed
         if finish_reason is None:
             raise EngineError("stream_truncated", "the stream ended without a finish reason",
                               produced_tokens=produced, endpoint=config.name)
-        yield Finish(finish_reason=finish_reason, usage=usage, ttft=ttft, total=time.monotonic() - started,
-                     tokens=count)
+        yield Finish(finish_reason=finish_reason, usage=usage, ttft=ttft, total=loop.time() - started, tokens=count)
     finally:
-        if stream is not None:
+        if response is not None:
             # Closing the response tells the engine the client is gone: vLLM aborts the request.
-            await stream.close()
+            await response.close()
         if acquired:
             pool.slots.release()
+
+
+def _options(max_tokens: int | None, temperature: float | None, stop: list[str] | None) -> dict:
+    options: dict = {"stream_options": {"include_usage": True}}
+    if max_tokens is not None:
+        options["max_tokens"] = max_tokens
+    if temperature is not None:
+        options["temperature"] = temperature
+    if stop:
+        options["stop"] = stop
+    return options
+
+
+class _SSE:
+    """Server-sent events from arbitrary byte reads: `feed` returns the data of each event that
+    the bytes so far complete, keeping a partial event for the next read."""
+
+    def __init__(self):
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._rest + data
+        if b"\r" in buffer:  # CRLF line ends; a CR split from its LF is completed by the next read
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *events, self._rest = buffer.split(b"\n\n")
+        payloads = []
+        for event in events:
+            lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+            if lines:
+                payloads.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
+        return payloads

@@ -180,3 +180,35 @@ async def test_a_stream_without_a_finish_reason_is_truncated(stub):
     state["mode"] = "no-finish"
     error, _ = await failure(config_for(url))
     assert error.kind == "stream_truncated" and error.produced_tokens
+
+
+# -- a stream known to the byte ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine():
+    from tests.stub_engine import StubEngine
+
+    server = StubEngine().start()
+    yield server
+    server.stop()
+
+
+async def test_chunks_read_together_leave_together_with_nothing_lost_reordered_or_doubled(engine):
+    from tests.stub_engine import PROMPT_TOKENS, TOKENS, expected_text
+
+    events = await collect(config_for(engine.url, model="burst"))
+    tokens, finish = events[:-1], events[-1]
+    assert "".join(t.text for t in tokens) == expected_text()
+    assert sum(t.chunks for t in tokens) == finish.tokens == TOKENS
+    assert len(tokens) < TOKENS  # bursts arrived as fewer, larger events
+    assert (finish.finish_reason, finish.usage.prompt_tokens, finish.usage.completion_tokens) == (
+        "length", PROMPT_TOKENS, TOKENS)
+
+
+async def test_an_error_event_mid_stream_keeps_what_came_before_it(engine):
+    from tests.stub_engine import BROKEN_AFTER, expected_text
+
+    error, events = await failure(config_for(engine.url, model="broken"))
+    assert (error.kind, error.retryable, error.produced_tokens) == ("stream_error", True, True)
+    assert "the engine fell over" in str(error)
+    assert "".join(t.text for t in events) == expected_text(BROKEN_AFTER)

@@ -1,0 +1,110 @@
+"""An OpenAI-compatible engine whose stream is known to the byte, for relay tests.
+
+It runs in a thread of its own (with its own event loop), so a daphne process started by
+the tests and the tests themselves, sync or async, can all reach it. The model name picks
+the behaviour:
+
+- `burst`: `TOKENS` numbered tokens ("w0 ", "w1 ", …) written in irregular bursts: several
+  events in one write, events cut in two across writes, some with CRLF line ends; then the
+  finish chunk, the usage chunk and `[DONE]`. What a relay must pass on exactly, in order.
+- `broken`: `BROKEN_AFTER` tokens, then an error event in the stream, then the end.
+- `slow`: `SLOW_TOKENS` tokens, one every `SLOW_GAP` seconds: a stream that lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+
+from aiohttp import web
+
+TOKENS = 300
+BROKEN_AFTER = 40
+SLOW_TOKENS = 20
+SLOW_GAP = 0.1
+PROMPT_TOKENS = 7
+
+
+def expected_text(count: int = TOKENS) -> str:
+    return "".join(f"w{i} " for i in range(count))
+
+
+def _event(payload: dict, crlf: bool = False) -> bytes:
+    end = b"\r\n\r\n" if crlf else b"\n\n"
+    return b"data: " + json.dumps(payload).encode() + end
+
+
+def _chunk(model: str, content: str | None = None, finish: str | None = None) -> dict:
+    delta = {"content": content} if content is not None else {}
+    return {"id": "stub", "object": "chat.completion.chunk", "created": 1, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    model = body["model"]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    rng = random.Random(11)
+    if model == "slow":
+        for i in range(SLOW_TOKENS):
+            await asyncio.sleep(SLOW_GAP)
+            await response.write(_event(_chunk(model, f"w{i} ")))
+        count = SLOW_TOKENS
+    else:
+        count = BROKEN_AFTER if model == "broken" else TOKENS
+        stream = b"".join(_event(_chunk(model, f"w{i} "), crlf=rng.random() < 0.2) for i in range(count))
+        if model == "broken":  # the error shares its write with the last tokens
+            stream += _event({"error": {"message": "the engine fell over", "type": "server_error"}})
+        position = 0
+        while position < len(stream):
+            # Irregular writes: from a fragment of one event to a burst of many.
+            size = rng.choice([7, 40, 150, 600, 2500]) if position else 2500
+            await response.write(stream[position:position + size])
+            position += size
+            await asyncio.sleep(0.001)
+        if model == "broken":
+            return response
+    await response.write(_event(_chunk(model, finish="length")))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": count, "total_tokens": PROMPT_TOKENS + count}
+        await response.write(_event({"id": "stub", "object": "chat.completion.chunk", "created": 1, "model": model,
+                                     "choices": [], "usage": usage}))
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+class StubEngine:
+    def __init__(self):
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="stub-engine")
+
+    def start(self) -> StubEngine:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the stub engine did not start")
+        return self
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", _chat)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        self._loop.run_forever()
+
+    def stop(self) -> None:
+        async def cleanup():
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
