@@ -24,8 +24,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from benchmarks import database, kb, kb_data, servers
 from config import embedded
-from knowledge import bench
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
@@ -52,7 +52,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--entries", type=int, default=10_000,
-                            help=f"FAQ entries in the synthetic KB (1 to {bench.faq_capacity()}; default 10000)")
+                            help=f"FAQ entries in the synthetic KB (1 to {kb_data.faq_capacity()}; default 10000)")
         parser.add_argument("--queries", type=int, default=300, help="queries per class (default 300)")
         parser.add_argument("--concurrency", type=int, default=16, help="threads of the concurrent runs (default 16)")
         parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=True,
@@ -70,8 +70,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, embedding_threads, http_auth,
                **options):
-        if not 1 <= entries <= bench.faq_capacity():
-            raise CommandError(f"--entries must be between 1 and {bench.faq_capacity()}")
+        if not 1 <= entries <= kb_data.faq_capacity():
+            raise CommandError(f"--entries must be between 1 and {kb_data.faq_capacity()}")
         if queries < 10 or concurrency < 1:
             raise CommandError("--queries must be at least 10 and --concurrency at least 1")
         name = f"bench_{settings.DATABASES['default']['NAME']}"
@@ -83,10 +83,10 @@ class Command(BaseCommand):
             embedded.hold()
             embedded.postgres_url()
         try:
-            created = bench.database_use(name, pool_size=concurrency + 2)
+            created = database.database_use(name, pool_size=concurrency + 2)
             call_command("migrate", verbosity=0, interactive=False)
             self.out(f"database {name} ({'created' if created else 'existing'}) on "
-                     f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {bench.server_versions()}")
+                     f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}")
             self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
                      "machine shows up in every figure)")
             self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
@@ -96,7 +96,7 @@ class Command(BaseCommand):
         finally:
             try:
                 if not keep:
-                    bench.database_drop(name)
+                    database.database_drop(name)
                     self.out(f"dropped {name}")
             finally:
                 if holder:
@@ -118,23 +118,23 @@ class Command(BaseCommand):
         self.build(entries=entries, rebuild=rebuild, model=model)
         local = spec.backend == "local"
         if local:
-            threads = bench.embedding_threads(embedding_threads)
+            threads = kb.embedding_threads(embedding_threads)
             self.out(f"embedding model {spec.name}: runtime {settings.KB_EMBEDDING_RUNTIME}, "
                      f"{threads or 'the runtime’s default'} thread(s) per call")
 
         rng = random.Random(seed)
-        specs = bench.faq_specs(entries)
+        specs = kb_data.faq_specs(entries)
         pk_of = dict(Entry.objects.filter(kind=Entry.Kind.FAQ).values_list("question", "pk"))
-        off_domain = bench.off_domain_queries(rng)
+        off_domain = kb_data.off_domain_queries(rng)
         warmup, off_domain = off_domain[:WARMUP], off_domain[WARMUP:]
         for question in warmup:  # loads the embedding model and warms the caches
             direct_answer(question)
 
-        exact = [typed for typed, _ in bench.exact_queries(specs, queries, rng)]
+        exact = [typed for typed, _ in kb_data.exact_queries(specs, queries, rng)]
         vector, miss = self.query_sets(specs, pk_of, off_domain, queries, rng)
         sets = {"exact hit": (exact, "exact"), "vector hit": (vector, "vector"), "miss": (miss, "miss")}
 
-        runs: list[bench.Run] = []
+        runs: list[kb.Run] = []
         self.out("\nin-process: knowledge.selectors.direct_answer(q)")
         for label, (texts, expected) in sets.items():
             query_cache().clear()
@@ -144,8 +144,8 @@ class Command(BaseCommand):
                 runs.append(self.in_process("vector hit (cached repeat)", texts, 1, variant=0))
             query_cache().clear()
             runs.append(self.in_process(label, texts, concurrency, variant=1))
-        breakdown = {label: bench.call_breakdown(spec, texts) for label, (texts, _) in sets.items()}
-        options = bench.embedding_options(spec, bench.spelled(vector, 2)[:100]) if local else []
+        breakdown = {label: kb.call_breakdown(spec, texts) for label, (texts, _) in sets.items()}
+        options = kb.embedding_options(spec, kb_data.spelled(vector, 2)[:100]) if local else []
         nearest_runs, plan_report = self.pgvector(model, spec, (vector + miss)[:queries])
         runs += nearest_runs
 
@@ -158,12 +158,12 @@ class Command(BaseCommand):
         self.report(runs, sets, breakdown, options, plan_report)
 
     def build(self, *, entries: int, rebuild: bool, model) -> None:
-        specs = bench.faq_specs(entries)
-        extra = bench.context_specs(bench.context_count(entries))
-        if rebuild or not bench.kb_matches(specs, len(extra)):
+        specs = kb_data.faq_specs(entries)
+        extra = kb_data.context_specs(kb_data.context_count(entries))
+        if rebuild or not kb_data.kb_matches(specs, len(extra)):
             self.out(f"building the KB: {entries} FAQ entries, {len(extra)} rule/document entries ...")
             began = time.perf_counter()
-            bench.kb_build(specs, extra)
+            kb_data.kb_build(specs, extra)
             rows = time.perf_counter() - began
             self.out(f"  rows written in {rows:.1f} s")
         else:
@@ -182,16 +182,16 @@ class Command(BaseCommand):
             self.out(f"\n  embedded {total} texts in {time.perf_counter() - began:.1f} s")
         began = time.perf_counter()
         embedding_model_index_ensure(model=model)  # idempotent; the build relies on it
-        bench.analyze()
+        kb_data.analyze()
         self.out(f"  index check and ANALYZE in {time.perf_counter() - began:.1f} s")
         self.out(f"KB: {Entry.objects.count()} entries, {Phrasing.objects.count()} phrasings "
                  f"({PhrasingVector.objects.filter(model=model).count()} vectors), {Passage.objects.count()} "
                  f"passages ({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
-                 f"HNSW: {', '.join(f'{n} {size}' for n, size in bench.hnsw_indexes(model)) or 'NONE'}")
+                 f"HNSW: {', '.join(f'{n} {size}' for n, size in kb.hnsw_indexes(model)) or 'NONE'}")
 
     def query_sets(self, specs, pk_of, off_domain, queries, rng) -> tuple[list[str], list[str]]:
         """Vector hits are whatever paraphrases the vector road actually answers; the rest are misses."""
-        found = bench.paraphrases_classify(bench.paraphrase_attempts(specs, rng)[: queries * 10], pk_of, queries)
+        found = kb_data.paraphrases_classify(kb_data.paraphrase_attempts(specs, rng)[: queries * 10], pk_of, queries)
         self.out(f"\nparaphrases: {found.tried} tried, {len(found.hits)} vector hits "
                  f"({100 * len(found.hits) / found.tried:.0f}%; {found.right} of them the intended entry), "
                  f"{found.exact} exact, {len(found.misses)} misses")
@@ -206,27 +206,27 @@ class Command(BaseCommand):
         half = min(len(off_domain), queries // 2)
         return found.hits[:queries], off_domain[:half] + found.misses[: queries - half]
 
-    def in_process(self, label, texts, concurrency, *, variant) -> bench.Run:
-        run = bench.Run(label, "in-process", concurrency)
-        bench.run_threads(run, bench.spelled(texts, variant),
-                          lambda state, q: bench.outcome_of(direct_answer(q)))
+    def in_process(self, label, texts, concurrency, *, variant) -> kb.Run:
+        run = kb.Run(label, "in-process", concurrency)
+        kb.run_threads(run, kb_data.spelled(texts, variant),
+                          lambda state, q: kb.outcome_of(direct_answer(q)))
         self.progress(run)
         return run
 
-    def progress(self, run: bench.Run) -> None:
+    def progress(self, run: kb.Run) -> None:
         self.out(f"  {run.label:<30} c={run.concurrency:<3} n={run.n:<4} p50 {run.ms(0.5):7.2f} ms  "
                  f"p99 {run.ms(0.99):7.2f} ms" + (f"  ERRORS {sum(run.errors.values())}" if run.errors else ""))
 
-    def pgvector(self, model, spec, texts) -> tuple[list[bench.Run], list[str]]:
+    def pgvector(self, model, spec, texts) -> tuple[list[kb.Run], list[str]]:
         vectors = embed_texts(spec, texts)
-        nearest = bench.nearest_timings(model, vectors)
+        nearest = kb.nearest_timings(model, vectors)
         for run in nearest.runs:
             self.progress(run)
-        plan = bench.nearest_plan(model, vectors)
-        ms = lambda p: 1000 * bench.percentile(plan.executions, p)  # noqa: E731
+        plan = kb.nearest_plan(model, vectors)
+        ms = lambda p: 1000 * kb.percentile(plan.executions, p)  # noqa: E731
         report = [
             "EXPLAIN (ANALYZE, BUFFERS) of the phrasing query of knowledge.selectors._nearest:",
-            *("  " + line for line in bench.elide_vectors(plan.text).splitlines()),
+            *("  " + line for line in kb.elide_vectors(plan.text).splitlines()),
             f"HNSW index used: {'yes' if plan.index_used else 'NO'}; hnsw.ef_search = {plan.ef_search}; "
             f"server-side execution p50 {ms(0.5):.2f} ms, p99 {ms(0.99):.2f} ms over {len(plan.executions)} queries",
             *(f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} over {len(vectors)} queries"
@@ -235,43 +235,45 @@ class Command(BaseCommand):
         ]
         if plan.forced:
             report += ["The planner chose an exact scan. The HNSW path, forced (enable_seqscan, enable_sort off):",
-                       *("  " + line for line in bench.elide_vectors(plan.forced).splitlines())]
+                       *("  " + line for line in kb.elide_vectors(plan.forced).splitlines())]
         return nearest.runs, report
 
-    def over_http(self, name, sets, warmup, concurrency, embedding_threads, http_auth) -> list[bench.Run]:
-        auth = bench.staff_auth(http_auth)
-        env = bench.server_env(name)
+    def over_http(self, name, sets, warmup, concurrency, embedding_threads, http_auth) -> list[kb.Run]:
+        auth = kb.staff_auth(http_auth)
+        env = kb.server_env(name)
         if embedding_threads is not None:
             env["KB_EMBEDDING_THREADS"] = str(embedding_threads)
         runs = []
         with tempfile.TemporaryDirectory(prefix="bench_kb_") as tmp:
             log = Path(tmp) / "daphne.log"
             try:
-                with bench.daphne_server(env=env, log_path=log) as port:
+                with servers.gateway(env=env, log_path=log) as server:
+                    port = server.port
                     began = time.perf_counter()
                     # The first request loads the embedding model in the server: a minute at most.
-                    first = bench.AnswerClient(port, auth, timeout=120)
+                    first = kb.AnswerClient(port, auth, timeout=120)
                     first.ask(warmup[0])
                     first.close()
                     self.out(f"  daphne on 127.0.0.1:{port}; first request (model load) "
                              f"{time.perf_counter() - began:.1f} s")
-                    client = bench.AnswerClient(port, auth)
-                    for question in bench.spelled(warmup, 1):
+                    client = kb.AnswerClient(port, auth)
+                    for question in kb_data.spelled(warmup, 1):
                         client.ask(question)
                     client.close()
                     for label, (texts, _) in sets.items():
                         for conc, variant in ((1, 2), (concurrency, 3)):
                             runs.append(self.http_run(port, auth, label, texts, conc, variant))
             except (RuntimeError, OSError, ValueError) as exc:
-                raise CommandError(f"HTTP benchmark failed: {exc}\ndaphne log (tail):\n{bench._tail(log)}") from None
+                raise CommandError(f"HTTP benchmark failed: {exc}\n"
+                                   f"daphne log (tail):\n{servers.log_tail(log)}") from None
         return runs
 
-    def http_run(self, port, auth, label, texts, concurrency, variant) -> bench.Run:
-        run = bench.Run(label, "HTTP", concurrency)
+    def http_run(self, port, auth, label, texts, concurrency, variant) -> kb.Run:
+        run = kb.Run(label, "HTTP", concurrency)
         clients = []
 
         def open_client():
-            client = bench.AnswerClient(port, auth)
+            client = kb.AnswerClient(port, auth)
             clients.append(client)
             return client
 
@@ -280,7 +282,7 @@ class Command(BaseCommand):
             return body["method"] if body["hit"] else "miss"
 
         # Fresh spellings per run: the server's query-vector LRU has seen the others.
-        bench.run_threads(run, bench.spelled(texts, variant), ask, open_state=open_client,
+        kb.run_threads(run, kb_data.spelled(texts, variant), ask, open_state=open_client,
                           close_state=lambda client: client.close())
         reconnects = sum(client.reconnects for client in clients)
         if reconnects:
@@ -309,16 +311,16 @@ class Command(BaseCommand):
 
         self.out("\nwhere one in-process call's time goes (p50 of each part, concurrency 1):")
         for label, parts in breakdown.items():
-            total, sql, embedding = (1000 * bench.percentile(values, 0.5) if values else 0.0
+            total, sql, embedding = (1000 * kb.percentile(values, 0.5) if values else 0.0
                                      for values in (parts.total, parts.sql, parts.embedding))
-            statements = bench.percentile(parts.statements, 0.5)
+            statements = kb.percentile(parts.statements, 0.5)
             self.out(f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} + SQL {sql:5.2f} "
                      f"({statements:.0f} statements) + Python/ORM ~{total - sql - embedding:5.2f}")
         if options:
             self.out("\none-query embedding, other settings of the same model (turn by turn, same queries):")
             for label, latencies, worst in options:
-                self.out(f"  {label:<32} p50 {1000 * bench.percentile(latencies, 0.5):6.2f} ms  "
-                         f"p99 {1000 * bench.percentile(latencies, 0.99):6.2f} ms  "
+                self.out(f"  {label:<32} p50 {1000 * kb.percentile(latencies, 0.5):6.2f} ms  "
+                         f"p99 {1000 * kb.percentile(latencies, 0.99):6.2f} ms  "
                          f"worst cosine to the served vector {worst:.5f}")
         self.out("")
         for line in plan_report:
