@@ -19,6 +19,7 @@ from django.db import connection, connections, transaction
 
 from benchmarks.database import database_url
 from benchmarks.servers import gateway_env
+from benchmarks.stats import percentile
 from benchmarks.users import bench_user, session_cookie
 from chat.models import ApiKey
 from chat.services import apikey_create
@@ -27,17 +28,6 @@ from knowledge.models import EmbeddingModel
 from knowledge.selectors import _nearest, direct_answer, faq_matches
 
 # --- timing -------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks, like numpy's default."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = (len(ordered) - 1) * p
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass

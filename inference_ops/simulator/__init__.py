@@ -15,7 +15,7 @@ Tokens are paced by a continuous-batching scheduler (engine.py): every step of
 
 Faults for a single request come from the `X-Sim-Fail` header
 (connect-close, before-first-token, mid-stream, 500, 429, hang), or at random
-with --failure-injection-rate. `python -m inference_ops.simulator.bench`
+with --failure-injection-rate. `python -m benchmarks.engine`
 measures the pacing under load. See `--help` for every flag.
 
 A standalone process: no Django here, only asyncio and aiohttp.

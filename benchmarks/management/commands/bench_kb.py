@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import database, kb, kb_data, servers
+from benchmarks import database, kb, kb_data, servers, stats
 from config import embedded
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
@@ -223,7 +223,7 @@ class Command(BaseCommand):
         for run in nearest.runs:
             self.progress(run)
         plan = kb.nearest_plan(model, vectors)
-        ms = lambda p: 1000 * kb.percentile(plan.executions, p)  # noqa: E731
+        ms = lambda p: 1000 * stats.percentile(plan.executions, p)  # noqa: E731
         report = [
             "EXPLAIN (ANALYZE, BUFFERS) of the phrasing query of knowledge.selectors._nearest:",
             *("  " + line for line in kb.elide_vectors(plan.text).splitlines()),
@@ -311,16 +311,16 @@ class Command(BaseCommand):
 
         self.out("\nwhere one in-process call's time goes (p50 of each part, concurrency 1):")
         for label, parts in breakdown.items():
-            total, sql, embedding = (1000 * kb.percentile(values, 0.5) if values else 0.0
+            total, sql, embedding = (1000 * stats.percentile(values, 0.5) if values else 0.0
                                      for values in (parts.total, parts.sql, parts.embedding))
-            statements = kb.percentile(parts.statements, 0.5)
+            statements = stats.percentile(parts.statements, 0.5)
             self.out(f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} + SQL {sql:5.2f} "
                      f"({statements:.0f} statements) + Python/ORM ~{total - sql - embedding:5.2f}")
         if options:
             self.out("\none-query embedding, other settings of the same model (turn by turn, same queries):")
             for label, latencies, worst in options:
-                self.out(f"  {label:<32} p50 {1000 * kb.percentile(latencies, 0.5):6.2f} ms  "
-                         f"p99 {1000 * kb.percentile(latencies, 0.99):6.2f} ms  "
+                self.out(f"  {label:<32} p50 {1000 * stats.percentile(latencies, 0.5):6.2f} ms  "
+                         f"p99 {1000 * stats.percentile(latencies, 0.99):6.2f} ms  "
                          f"worst cosine to the served vector {worst:.5f}")
         self.out("")
         for line in plan_report:

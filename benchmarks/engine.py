@@ -1,6 +1,6 @@
 """Benchmark: does the simulator pace like a continuous-batching engine under load?
 
-    python -m inference_ops.simulator.bench [--concurrency 1,2,8,32,128,256]
+    python -m benchmarks.engine [--concurrency 1,2,8,32,128,256]
         [--max-tokens 64] [--ttft 50] [--itl 20]
 
 Starts a simulator subprocess on a free loopback port, then for each
@@ -8,25 +8,25 @@ concurrency level sends that many streaming chat requests at once and reports
 the makespan (against the single-request makespan: close to 1x is continuous
 batching working), and client-observed TTFT and inter-chunk latency against
 the configured values. All traffic stays on 127.0.0.1; every run is bounded.
+
+The streaming client here is also the chat benchmark's baseline: the same load
+straight to the engine, without the gateway.
 """
+
+from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import math
-import os
-import queue
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
 import aiohttp
 
-READY = re.compile(r"simulator ready on [\w.\-:]+:(\d+) ")
+from benchmarks import servers
+from benchmarks.stats import percentile
+
 MESSAGES = [{"role": "user", "content": "Write a short paragraph about lighthouses."}]
 
 
@@ -36,14 +36,17 @@ class Result:
     gaps: list[float]
     tokens: int
     chunks: int
+    end: float  # seconds from the request's start to the end of its stream
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, max_tokens: int) -> Result:
+async def one_request(session: aiohttp.ClientSession, url: str, *, max_tokens: int, model: str | None = None) -> Result:
+    """One streamed chat completion from the engine at `url` (its base, without /v1)."""
     body = {
         "messages": MESSAGES,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **({"model": model} if model else {}),
     }
     start = time.perf_counter()
     arrivals: list[float] = []
@@ -59,20 +62,28 @@ async def one_request(session: aiohttp.ClientSession, url: str, max_tokens: int)
                 tokens = json.loads(line[6:])["usage"]["completion_tokens"]
             elif b'"content":"' in line and b'"content":""' not in line:
                 arrivals.append(time.perf_counter())
+    end = time.perf_counter()
     if tokens != max_tokens:
         raise RuntimeError(f"expected {max_tokens} tokens, got {tokens}")
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return Result(ttft=arrivals[0] - start, gaps=gaps, tokens=tokens, chunks=len(arrivals))
+    return Result(ttft=arrivals[0] - start, gaps=gaps, tokens=tokens, chunks=len(arrivals), end=end - start)
 
 
-async def run_level(url: str, concurrency: int, max_tokens: int, timeout: float) -> tuple[float, list[Result]]:
-    # limit=0: no client-side connection cap, every request gets its own connection.
+async def run_level(*, url: str, concurrency: int, max_tokens: int, timeout: float, answers: int = 1,
+                    model: str | None = None) -> tuple[float, list[Result]]:
+    """`concurrency` streams at once, each asking `answers` times one after another; the makespan
+    and every result. `timeout` bounds each request."""
+    # limit=0: no client-side connection cap, every stream gets its own connection.
     connector = aiohttp.TCPConnector(limit=0)
     client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
+
+        async def stream() -> list[Result]:
+            return [await one_request(session, url, max_tokens=max_tokens, model=model) for _ in range(answers)]
+
         start = time.perf_counter()
-        results = await asyncio.gather(*[one_request(session, url, max_tokens) for _ in range(concurrency)])
-        return time.perf_counter() - start, list(results)
+        per_stream = await asyncio.gather(*[stream() for _ in range(concurrency)])
+        return time.perf_counter() - start, [result for results in per_stream for result in results]
 
 
 async def server_histograms(url: str) -> dict[str, float]:
@@ -95,51 +106,10 @@ def server_mean_ms(before: dict, after: dict, name: str) -> float:
     return 1000 * (after[name + "_sum"] - before[name + "_sum"]) / count if count else float("nan")
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1))]
-
-
-def start_simulator(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
-    max_seqs = max(args.concurrency)
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "inference_ops.simulator", "serve", "bench/model",
-            "--host", "127.0.0.1", "--port", "0",
-            "--max-num-seqs", str(max_seqs),
-            "--time-to-first-token", str(args.ttft),
-            "--inter-token-latency", str(args.itl),
-            "--seed", "0",
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    ports: queue.Queue[int] = queue.Queue()
-
-    def read() -> None:
-        # Drain everything (access lines included) so the simulator never blocks on its pipe.
-        for line in process.stdout:
-            if match := READY.search(line):
-                ports.put(int(match.group(1)))
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        return process, ports.get(timeout=30)
-    except queue.Empty:
-        stop(process)
-        raise SystemExit("the simulator did not start") from None
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+def simulator_args(*, max_num_seqs: int, ttft: float, itl: float) -> list[str]:
+    """The simulator's flags for a paced run: the engine's batch size and configured latencies."""
+    return ["--max-num-seqs", str(max_num_seqs), "--time-to-first-token", str(ttft),
+            "--inter-token-latency", str(itl), "--seed", "0"]
 
 
 async def bench(args: argparse.Namespace, url: str) -> None:
@@ -159,7 +129,8 @@ async def bench(args: argparse.Namespace, url: str) -> None:
     timeout = 30 + 5 * (args.ttft + args.itl * args.max_tokens) / 1000
     for concurrency in args.concurrency:
         before = await server_histograms(url)
-        makespan, results = await run_level(url, concurrency, args.max_tokens, timeout)
+        makespan, results = await run_level(url=url, concurrency=concurrency, max_tokens=args.max_tokens,
+                                            timeout=timeout)
         after = await server_histograms(url)
         server_ttft = server_mean_ms(before, after, "vllm:time_to_first_token_seconds")
         server_itl = server_mean_ms(before, after, "vllm:inter_token_latency_seconds")
@@ -179,17 +150,18 @@ async def bench(args: argparse.Namespace, url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference_ops.simulator.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", default="1,2,8,32,128,256", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ttft", type=float, default=50.0, help="configured time to first token, ms")
     parser.add_argument("--itl", type=float, default=20.0, help="configured inter-token latency, ms")
     args = parser.parse_args(argv)
-    process, port = start_simulator(args)
+    sim_args = simulator_args(max_num_seqs=max(args.concurrency), ttft=args.ttft, itl=args.itl)
     try:
-        asyncio.run(bench(args, f"http://127.0.0.1:{port}"))
-    finally:
-        stop(process)
+        with servers.simulator(model="bench/model", args=sim_args) as url:
+            asyncio.run(bench(args, url))
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     return 0
 
 
