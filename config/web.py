@@ -1,0 +1,177 @@
+"""The production web command: WEB_CONCURRENCY daphne processes sharing one listening socket.
+
+    HOST=0.0.0.0 PORT=8000 python -m config.web [daphne options, e.g. --proxy-headers]
+
+One daphne process runs one event loop, and its Python work (Django views, embeddings, JSON)
+uses one core at a time. This launcher binds HOST:PORT once and hands the socket to each daphne
+(`daphne --fd`): the kernel queues new connections on that one socket and whichever process
+is free accepts the next one. No port per process, no balancer in front, and a process that is
+still warming up (config.warmup runs before daphne listens) simply accepts nothing yet.
+
+`make run` (config/devserver.py) runs this same command as its `web` process.
+"""
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_int, env_str
+
+# Twisted listens with a backlog of 50 when it binds a port itself; a burst of connections (a
+# load balancer filling its pool, every browser reconnecting after a deploy) overflows that while
+# the processes are busy, and the overflow waits for SYN retransmits. The kernel caps the value
+# at net.core.somaxconn.
+BACKLOG = 2048
+# A child that has not exited this long after SIGTERM is killed. Shorter than the grace that
+# supervisors give before their own SIGKILL (`docker stop`'s default is the shortest common one),
+# so the launcher, not the supervisor, is the one that reports it.
+STOP_GRACE = 8.0
+# The socket is the launcher's to choose; daphne would bind these itself, once per process.
+_BINDING_OPTIONS = ("-b", "--bind", "-p", "--port", "-u", "--unix-socket", "--fd", "-e", "--endpoint")
+
+
+def log(message: str) -> None:
+    print(f"web: {message}", file=sys.stderr, flush=True)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, so nothing keeps serving (or
+    holding the port) after a SIGKILL of the process that started it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def stop_groups(processes: Mapping[str, subprocess.Popen], *, grace: float,
+                say: Callable[[str], None] = log) -> None:
+    """SIGTERM the process group of each process (each leads its own), wait up to `grace` in
+    all, then SIGKILL what is left of every group: a prefork Celery worker's children must not
+    outlive it."""
+    for process in processes.values():
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for name, process in processes.items():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"{name} did not stop in {grace:.0f}s; killing it")
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    # IPv4 only: daphne adopts an inherited descriptor as an IPv4 socket (its `fd:` endpoint
+    # has no way to say otherwise), so an IPv6 socket would be served with garbled addresses.
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+    except socket.gaierror:
+        raise ImproperlyConfigured(
+            f"Environment variable HOST must be an IPv4 address or a name with one; got {host!r}."
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    # A restart must not wait for the previous run's connections in TIME_WAIT to expire.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(BACKLOG)
+    return sock
+
+
+def daphne_command(fd: int, *, access_log: bool, options: list[str]) -> list[str]:
+    # Daphne writes its access log (one line per request) at its default verbosity; -v 0 turns
+    # it off. The application's own logging is Django's LOGGING either way.
+    logging = ["--access-log", "-"] if access_log else ["-v", "0"]
+    return [sys.executable, "-m", "daphne", "--fd", str(fd), *logging, *options, "config.asgi:application"]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        host = env_str("HOST", "127.0.0.1")
+        port = env_int("PORT", 8000, minimum=1, maximum=65535)
+        count = env_int("WEB_CONCURRENCY", os.cpu_count() or 1, minimum=1)
+        access_log = env_bool("WEB_ACCESS_LOG", False)
+        if any(arg.split("=", 1)[0] in _BINDING_OPTIONS for arg in argv):
+            raise ImproperlyConfigured("HOST and PORT choose the socket; do not pass daphne's binding options.")
+        listener = listen(host, port)
+    except ImproperlyConfigured as exc:
+        print(f"Configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        log(f"cannot listen on {host}:{port}: {exc}")
+        return 1
+
+    stop_signal: list[int] = []
+
+    def on_signal(signum, frame):
+        if signum != signal.SIGCHLD:
+            stop_signal.append(signum)
+
+    # Every signal also writes a byte to this pipe, so the wait below wakes for a stop request
+    # and for a child's exit alike, with no polling and no race with a signal arriving just
+    # before it.
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(signum, on_signal)
+
+    children: dict[str, subprocess.Popen] = {}
+    command = daphne_command(listener.fileno(), access_log=access_log, options=argv)
+    for _ in range(count):
+        if stop_signal:
+            break
+        # Each child leads its own process group, so a Ctrl-C in a terminal reaches only this
+        # launcher, which forwards one SIGTERM: Twisted logs an error for a second stop request.
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),),
+                                   process_group=0, preexec_fn=die_with_parent)
+        children[f"daphne {process.pid}"] = process
+    # The children hold the socket now. Not keeping it here means that once they are gone,
+    # clients are refused at once instead of waiting in a backlog nobody accepts from.
+    listener.close()
+    pids = ", ".join(str(process.pid) for process in children.values())
+    log(f"{len(children)} daphne process(es) on http://{host}:{port}: pids {pids}")
+
+    # A dead child stops the launcher, with an error, instead of being restarted here: the
+    # supervisor above (systemd, Kubernetes, make run) already restarts with backoff and shows
+    # it, while restarts in here would hide a crash loop (a bad setting kills every child at
+    # import) and leave the port served by fewer processes than configured without anyone seeing.
+    exit_code = 0
+    while not stop_signal:
+        dead = [(name, process) for name, process in children.items() if process.poll() is not None]
+        if dead:
+            for name, process in dead:
+                log(f"{name} exited with code {process.returncode}; stopping the others")
+            exit_code = 1
+            break
+        select.select([wake_read], [], [])
+        while True:
+            try:
+                if not os.read(wake_read, 512):
+                    break
+            except BlockingIOError:
+                break
+    if stop_signal:
+        log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es)")
+    stop_groups(children, grace=STOP_GRACE)
+    log("stopped")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
