@@ -6,11 +6,13 @@ import contextlib
 import json
 import logging
 
+from asgiref.sync import ThreadSensitiveContext
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chat.exceptions import ChatError
 from chat.turns import SessionEvent, run_turn
 from config.events import OPS_GROUP
+from routing.pipeline import Token
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +115,19 @@ class ChatConsumer(JsonFramesConsumer):
         self.task = asyncio.create_task(self._answer(session, frame.get("content")))
 
     async def _answer(self, session_id, content):
+        # The turn's database work in a thread of its own: outside an HTTP request, every socket
+        # of the process would otherwise share one thread for it.
+        async with ThreadSensitiveContext():
+            await self._run(session_id, content)
+
+    async def _run(self, session_id, content):
         message_id = None
         try:
             async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web"):
+                if type(event) is Token:
+                    await self.send(text_data='{"type": "token", "text": ' + json.dumps(event.text, ensure_ascii=False)
+                                    + "}")
+                    continue
                 frame = event.as_dict()
                 if isinstance(event, SessionEvent):
                     message_id = event.message_id

@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -21,6 +20,7 @@ from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
+from core import db
 from routing import pipeline
 from routing.rules import asnapshot
 
@@ -47,7 +47,7 @@ async def _authenticate(request) -> ApiKey | JsonResponse:
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         return _error(401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key")
-    key = await sync_to_async(services.apikey_authenticate)(raw.strip())
+    key = await db.run(services.apikey_authenticate, raw.strip())
     if key is None:
         return _error(401, "Incorrect or revoked API key.", code="invalid_api_key")
     if ApiKey.Scope.CHAT not in key.scopes:
@@ -159,31 +159,29 @@ async def chat_completions(request):
     if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
         return _error(404, f"The model `{parsed['model']}` does not exist; see /v1/models.", code="model_not_found",
                       param="model")
+    turn = run_turn(user=user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
+                    model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
+                    history=parsed["history"], system=parsed["system"])
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    # Read up to the route (or an error) first: the route headers go out before the body. The
+    # turn validates and counts the question before it stores anything.
+    route = None
     try:
-        services.message_validate(parsed["question"])
-        await sync_to_async(services.rate_limit_hit)(user_id=user.pk)
+        async for event in turn:
+            if isinstance(event, SessionEvent):
+                continue
+            if isinstance(event, pipeline.Error):
+                await turn.aclose()
+                return _pipeline_error(event)
+            route = event
+            break
     except RateLimited as exc:
         return _error(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)})
     except MessageTooLarge as exc:
         return _error(413, str(exc), code="message_too_large", param="messages")
     except ChatError as exc:
         return _error(exc.status, str(exc), code=exc.code, param="messages")
-
-    turn = run_turn(user=user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
-                    model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
-                    history=parsed["history"], system=parsed["system"], rate_limited=True)
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    # Read up to the route (or an error) first: the route headers go out before the body.
-    route = None
-    async for event in turn:
-        if isinstance(event, SessionEvent):
-            continue
-        if isinstance(event, pipeline.Error):
-            await turn.aclose()
-            return _pipeline_error(event)
-        route = event
-        break
     model_name = parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
     if parsed["stream"]:
         response = StreamingHttpResponse(
@@ -206,20 +204,21 @@ def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, c
 
 
 async def _stream(turn, completion_id, created, model, include_usage):
+    # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
+    head, tail = _chunk(completion_id, created, model, delta={"content": "\x00"}).split(json.dumps("\x00"))
     try:
         yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
         async for event in turn:
             if isinstance(event, pipeline.Token):
-                yield _chunk(completion_id, created, model, delta={"content": event.text})
+                yield head + json.dumps(event.text, ensure_ascii=False) + tail
             elif isinstance(event, pipeline.Done):
-                yield _chunk(completion_id, created, model, finish=event.finish_reason)
+                end = _chunk(completion_id, created, model, finish=event.finish_reason)
                 if include_usage:
-                    yield _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
-                yield "data: [DONE]\n\n"
+                    end += _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
+                yield end + "data: [DONE]\n\n"
             elif isinstance(event, pipeline.Error):
                 error = {"message": event.message, "type": "api_error", "param": None, "code": event.code}
-                yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\n"
-                yield "data: [DONE]\n\n"
+                yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
     finally:
         await turn.aclose()
 

@@ -102,10 +102,12 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
                 .order_by("-created_at", "-pk")[: settings.CHAT_HISTORY_TURNS]
             )
             history = [{"role": m.role, "content": m.content} for m in reversed(earlier)]
-        user_message = Message.objects.create(session=session, role=Message.Role.USER, content=content)
-        assistant = Message.objects.create(session=session, role=Message.Role.ASSISTANT,
-                                           status=Message.Status.STREAMING)
-        session.save(update_fields=["updated_at"])
+        user_message, assistant = Message.objects.bulk_create([
+            Message(session=session, role=Message.Role.USER, content=content),
+            Message(session=session, role=Message.Role.ASSISTANT, status=Message.Status.STREAMING),
+        ])
+        if session_id is not None:  # a new session's updated_at is already now
+            session.save(update_fields=["updated_at"])
     return session, user_message, assistant, history
 
 

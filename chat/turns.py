@@ -12,10 +12,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
-
 from chat import services
 from chat.models import ChatSession, Message
+from core import db
 from routing import pipeline
 
 
@@ -44,11 +43,17 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
     `rate_limited=True`: the caller already counted this question against the user's limit."""
     content = services.message_validate(content)
-    if not rate_limited:
-        await sync_to_async(services.rate_limit_hit)(user_id=user.pk)
-    session, _, assistant, history = await sync_to_async(services.turn_start)(
-        user=user, session_id=session_id, content=content, source=source, history=history)
-    groups = await sync_to_async(lambda: frozenset(user.groups.values_list("name", flat=True)))()
+
+    def begin():
+        # The turn's start in one thread hop and one pooled connection, given back before the
+        # answer streams: the rate limit, the rows, the user's groups for the rules.
+        if not rate_limited:
+            services.rate_limit_hit(user_id=user.pk)
+        session, _, assistant, prompt_history = services.turn_start(
+            user=user, session_id=session_id, content=content, source=source, history=history)
+        return session, assistant, prompt_history, frozenset(user.groups.values_list("name", flat=True))
+
+    session, assistant, history, groups = await db.run(begin)
     yield SessionEvent(id=session.pk, title=session.title, message_id=assistant.pk)
 
     parts: list[str] = []
@@ -62,8 +67,8 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         if cancelled:
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
         # Shielded: the row must be written even while this task is being cancelled.
-        await asyncio.shield(sync_to_async(services.turn_finish)(
-            message_id=assistant.pk, status=_status(final, cancelled, bool(parts)), content="".join(parts),
+        await asyncio.shield(db.run(
+            services.turn_finish, message_id=assistant.pk, status=_status(final, cancelled, bool(parts)), content="".join(parts),
             route=route, done=final if isinstance(final, pipeline.Done) else None, error=error))
 
     try:

@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
+from core.db import release_connections
+
 # Idle request threads kept for reuse; beyond this, a thread that finishes a request ends.
 KEEP_IDLE_THREADS = 64
 
@@ -50,7 +52,15 @@ class SyncStackASGIHandler(ASGIHandler):
             self._checkin(executor)
 
     async def get_response_async(self, request):
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        return await sync_to_async(self._get_response, thread_sensitive=True)(request)
+
+    def _get_response(self, request):
+        response = self.get_response(request)
+        if response.streaming:
+            # A streamed answer lasts as long as its tokens, and Django would keep this thread's
+            # database connection until the end: give it back now, the body needs none.
+            release_connections()
+        return response
 
     def _checkout(self) -> ThreadPoolExecutor:
         with self._lock:

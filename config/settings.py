@@ -122,7 +122,8 @@ def _database(url: str) -> dict:
     if pool_size:
         # A psycopg pool per process: under ASGI each request would otherwise pay a
         # fresh connection (and TLS handshake against a managed database).
-        options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
+        options["pool"] = {"min_size": 1, "max_size": pool_size,
+                           "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1)}
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
@@ -282,6 +283,8 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": ENGINE_CHECK_INTERVAL},
     },
     "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
+    # Requests only append misses; this places them in groups for the curators' list.
+    "group-kb-misses": {"task": "knowledge.tasks.misses_group", "schedule": 60.0, "options": {"expires": 60.0}},
     "clear-expired-sessions": {
         "task": "chat.tasks.sessions_clear_expired",
         "schedule": crontab(hour=3, minute=17),
@@ -380,12 +383,29 @@ KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
+# Questions embedded together: the first of a batch waits this long for others (milliseconds), and
+# questions arriving while a batch runs join the next one, up to this many per model call.
+KB_EMBEDDING_BATCH_WAIT_MS = env_float("KB_EMBEDDING_BATCH_WAIT_MS", 1.0, minimum=0.0)
+KB_EMBEDDING_BATCH_MAX = env_int("KB_EMBEDDING_BATCH_MAX", 64, minimum=1)
 KB_RECORD_MISSES = env_bool("KB_RECORD_MISSES", True)  # keep generated answers as KB misses for curators
 KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.75, minimum=0.0)
+# Misses wait in each process's memory and go to the database in one INSERT per batch: every
+# KB_MISS_FLUSH_SECONDS, or sooner when KB_MISS_FLUSH_ROWS wait. KB_MISS_BUFFER_ROWS bounds the
+# memory while the database is away; past it the oldest misses are dropped (and counted).
+KB_MISS_FLUSH_SECONDS = env_float("KB_MISS_FLUSH_SECONDS", 2.0, minimum=0.1)
+KB_MISS_FLUSH_ROWS = env_int("KB_MISS_FLUSH_ROWS", 100, minimum=1)
+KB_MISS_BUFFER_ROWS = env_int("KB_MISS_BUFFER_ROWS", 2000, minimum=1)
+if KB_MISS_BUFFER_ROWS < KB_MISS_FLUSH_ROWS:
+    raise ImproperlyConfigured(
+        "Environment variable KB_MISS_BUFFER_ROWS must be at least KB_MISS_FLUSH_ROWS."
+    )
 
 # --- Health --------------------------------------------------------------------------------------
 
 READYZ_TIMEOUT = env_float("READYZ_TIMEOUT", 1.0, minimum=0.05)
+# Each web process loads the embedding model, the routing rules and its connections before it
+# listens (config.warmup), instead of inside its first request.
+WEB_WARMUP = env_bool("WEB_WARMUP", True)
 
 # --- Logging -------------------------------------------------------------------------------------
 

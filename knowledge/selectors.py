@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
 from config import rawsql
-from knowledge.embeddings import embed_query
+from core import db
+from knowledge.embeddings import aembed_query, embed_query
 from knowledge.models import EmbeddingModel, Entry
 from knowledge.normalize import lexical_similarity, normalize
 from knowledge.services import spec_of
@@ -36,7 +35,7 @@ async def aserving_model() -> EmbeddingModel | None:
     checked_at, model = _serving
     if model is not None and time.monotonic() - checked_at <= _SERVING_TTL:
         return model
-    return await sync_to_async(serving_model)()
+    return await db.run(serving_model)
 
 
 def serving_model_forget() -> None:
@@ -64,6 +63,10 @@ class DirectAnswer:
     matches: list[Match] = field(default_factory=list)
     threshold: float | None = None
     margin: float | None = None
+    # The question's embedding and its model, when the vector road ran: reused by the rules,
+    # the context retrieval and the miss record instead of embedding the question again.
+    vector: tuple[float, ...] | None = None
+    model: EmbeddingModel | None = None
 
 
 @dataclass
@@ -224,11 +227,13 @@ def _lexical_fill(text: str, matches: list[Match]) -> None:
 
 
 def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
-                     vector: tuple[float, ...] | None = None) -> list[ContextPassage]:
-    """Top-k passages of active entries of any kind, for the prompt, each with a citation label."""
+                     vector: tuple[float, ...] | None = None,
+                     model: EmbeddingModel | None = None) -> list[ContextPassage]:
+    """Top-k passages of active entries of any kind, for the prompt, each with a citation label.
+    `vector`, when given, is the question's embedding by `model` (default: the serving model)."""
     k = k or settings.KB_CONTEXT_K
     min_score = settings.KB_CONTEXT_MIN_SCORE if min_score is None else min_score
-    model = serving_model()
+    model = model or serving_model()
     if model is None or not normalize(text):
         return []
     if vector is None:
@@ -250,25 +255,37 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
 
 
 async def adirect_answer(text: str) -> DirectAnswer:
-    """direct_answer for async callers. Database work runs in Django's DB thread; the query
-    embedding (CPU, a few ms) runs in a worker thread, so concurrent questions do not queue
-    behind each other's model calls."""
+    """direct_answer for async callers. The query embedding runs micro-batched in a worker
+    thread, the statements in a database thread that holds its connection only while they run."""
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = await sync_to_async(_exact)(key)
+    exact = await db.run(_exact, key)
     if exact is not None:
         return exact
     model = await aserving_model()
     if model is None:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
-    vector = await asyncio.to_thread(embed_query, spec_of(model), text)
-    matches = await sync_to_async(faq_matches)(text, model=model, vector=vector)
-    return _vector_verdict(text, matches)  # no I/O: the matches carry what the verdict reads
+    vector = await aembed_query(spec_of(model), text)
+    matches = await db.run(faq_matches, text, model=model, vector=vector)
+    verdict = _vector_verdict(text, matches)  # no I/O: the matches carry what the verdict reads
+    verdict.vector, verdict.model = vector, model
+    return verdict
 
 
-async def acontext_passages(text: str, *, k: int | None = None) -> list[ContextPassage]:
+async def aquery_vector(text: str) -> tuple[EmbeddingModel, tuple[float, ...]] | None:
+    """The serving model and the question's vector by it, or None when no model serves."""
     model = await aserving_model()
-    vector = None if model is None or not normalize(text) else await asyncio.to_thread(
-        embed_query, spec_of(model), text)
-    return await sync_to_async(context_passages)(text, k=k, vector=vector)
+    if model is None or not normalize(text):
+        return None
+    return model, await aembed_query(spec_of(model), text)
+
+
+async def acontext_passages(text: str, *, k: int | None = None,
+                            query: tuple[EmbeddingModel, tuple[float, ...]] | None = None) -> list[ContextPassage]:
+    """context_passages for async callers; `query` is the (model, vector) the request already has."""
+    query = query or await aquery_vector(text)
+    if query is None:
+        return []
+    model, vector = query
+    return await db.run(context_passages, text, k=k, vector=vector, model=model)

@@ -12,20 +12,20 @@ Closing the generator (client gone, Stop) closes the upstream stream at once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
+from knowledge.misses import miss_note
 from knowledge.normalize import normalize
-from knowledge.selectors import acontext_passages, adirect_answer
+from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
 from routing import breaker
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
 from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, query_vector
@@ -51,7 +51,8 @@ class Event:
     type: str
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
+        return dict(self.__dict__)
 
 
 @dataclass(kw_only=True)
@@ -147,13 +148,13 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
                    kb_entry_id=entry.pk)
         return
 
-    rule, why = await _match(snap, request, text)
+    rule, why = await _match(snap, request, text, direct)
     if rule is None:
         yield Error(code="no_route", message="No routing rule matches and there is no default rule.")
         return
     if rule.action == "kb_only":
         yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}")
-        _record_miss(text, "", (direct.entry.pk if direct.entry else None, direct.score))
+        _record_miss(text, "", direct)
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
         elapsed = _ms(time.monotonic() - started)
         yield Done(road="kb", rule=rule.name, target=None, ttft_ms=elapsed, latency_ms=elapsed, usage=None,
@@ -163,15 +164,15 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
     if not targets:
         yield Error(code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name)
         return
-    async for event in _generate(request, text, rule, targets, started, why=why, rng=rng,
-                                 kb_best=(direct.entry.pk if direct.entry else None, direct.score)):
+    async for event in _generate(request, text, rule, targets, started, why=why, rng=rng, direct=direct):
         yield event
 
 
-async def _match(snap: Snapshot, request: RouteRequest, text: str) -> tuple[CompiledRule | None, str]:
+async def _match(snap: Snapshot, request: RouteRequest, text: str,
+                 direct: DirectAnswer) -> tuple[CompiledRule | None, str]:
     ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model)
     if any(rule.needs_vector for rule in snap.rules):
-        ctx.vector = await query_vector(text)
+        ctx.vector = direct.vector if direct.vector is not None else await query_vector(text)
     for rule in snap.rules:
         matched, reasons = rule.evaluate(ctx)
         if matched:
@@ -181,13 +182,14 @@ async def _match(snap: Snapshot, request: RouteRequest, text: str) -> tuple[Comp
 
 async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None, targets: list[Target],
                     started: float, *, why: str, rng: random.Random,
-                    kb_best: tuple[int | None, float | None] = (None, None)) -> AsyncIterator[Event]:
+                    direct: DirectAnswer | None = None) -> AsyncIterator[Event]:
     rule_name = rule.name if rule else None
     max_tokens = request.max_tokens or (rule.max_tokens if rule else None) or settings.ROUTING_DEFAULT_MAX_TOKENS
     temperature = request.temperature if request.temperature is not None else (rule.temperature if rule else None)
     passages = []
     if rule is not None and rule.use_kb_context:
-        passages = await acontext_passages(text, k=rule.context_k)
+        query = (direct.model, direct.vector) if direct is not None and direct.vector is not None else None
+        passages = await acontext_passages(text, k=rule.context_k, query=query)
     prompt = (rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT
     if request.system:
         prompt = f"{prompt}\n\n{request.system}"
@@ -222,7 +224,8 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                         await breaker.success(target.endpoint)
                         if not produced:
                             yield _route(target, rule_name, why, attempts, dropped)
-                        _record_miss(text, "".join(answer_text), kb_best)
+                        if direct is not None:
+                            _record_miss(text, "".join(answer_text), direct)
                         yield Done(road=target.road, rule=rule_name, target=target.endpoint,
                                    ttft_ms=None if event.ttft is None else _ms(event.ttft),
                                    latency_ms=_ms(time.monotonic() - started), usage=_usage(event),
@@ -269,19 +272,8 @@ def _route(target: Target, rule: str | None, why: str, attempts: list[str], drop
     return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes))
 
 
-def _record_miss(question: str, answer_text: str, kb_best: tuple[int | None, float | None]) -> None:
-    """Keep the question (and the generated answer) as a KB miss for curators: handed to
-    Celery from a worker thread, so the event loop never waits on the broker."""
-    if not settings.KB_RECORD_MISSES:
-        return
-    entry_id, score = kb_best
-
-    def send():
-        from knowledge.tasks import miss_record_task
-
-        try:
-            miss_record_task.delay(question, answer_text, entry_id, score)
-        except Exception:  # noqa: BLE001 - analytics must never break an answer
-            logger.warning("could not record a KB miss", exc_info=True)
-
-    asyncio.get_running_loop().run_in_executor(None, send)
+def _record_miss(question: str, answer_text: str, direct: DirectAnswer) -> None:
+    """Keep the question (and the generated answer) as a KB miss for curators, with the vector
+    this request already computed: buffered in memory, written in batches, never awaited."""
+    miss_note(question=question, answer=answer_text, best_entry_id=direct.entry.pk if direct.entry else None,
+              best_score=direct.score, model_id=direct.model.pk if direct.model else None, vector=direct.vector)

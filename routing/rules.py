@@ -8,7 +8,6 @@ tables.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -286,12 +285,7 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
 
 async def query_vector(text: str) -> tuple[float, ...] | None:
     """The question's embedding with the KB's serving model (from the query cache when seen)."""
-    from knowledge.embeddings import embed_query
-    from knowledge.selectors import serving_model
-    from knowledge.services import spec_of
+    from knowledge.selectors import aquery_vector
 
-    model = await sync_to_async(serving_model)()
-    if model is None:
-        return None
-    # The model runs in a worker thread, not in the DB thread nor on the event loop.
-    return await asyncio.to_thread(embed_query, spec_of(model), text)
+    found = await aquery_vector(text)
+    return found[1] if found else None
