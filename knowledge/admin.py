@@ -193,19 +193,26 @@ class ImportForm(forms.Form):
 
 @admin.register(Miss)
 class MissAdmin(admin.ModelAdmin):
-    """Most-asked missing questions first: one row per group of similar misses."""
+    """Most-asked missing questions first: one row per group of similar misses.
+
+    Requests only write misses; the list groups what waits before it shows the groups."""
 
     list_display = ["question", "count", "best_entry_link", "best_score", "created_at", "resolved_by"]
     list_filter = [("resolved_by", admin.EmptyFieldListFilter)]
     search_fields = ["question", "answer"]
     readonly_fields = ["question", "normalized", "answer", "best_entry", "best_score", "group", "count", "model",
-                       "resolved_by", "created_at"]
+                       "resolved_by", "created_at", "grouped_at"]
     exclude = ["embedding"]
     ordering = ["-count", "-created_at"]
     actions = ["make_entry"]
 
+    def changelist_view(self, request, extra_context=None):
+        services.misses_group()
+        return super().changelist_view(request, extra_context)
+
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(group__isnull=True).select_related("best_entry", "resolved_by")
+        heads = super().get_queryset(request).filter(group__isnull=True, grouped_at__isnull=False)
+        return heads.select_related("best_entry", "resolved_by")
 
     def has_add_permission(self, request):
         return False

@@ -127,7 +127,10 @@ class Miss(models.Model):
     """A question the KB did not answer directly and a model answered instead.
 
     Misses are grouped by similarity (`group` points at the first miss of its
-    group) so curators see the most-asked missing questions first.
+    group) so curators see the most-asked missing questions first. Requests only
+    append rows (`knowledge.misses`); grouping runs later over many rows at once
+    (`knowledge.services.misses_group`), so a row waits with `grouped_at` empty.
+    A head is a grouped row without a group.
     """
 
     question = models.TextField()
@@ -141,10 +144,17 @@ class Miss(models.Model):
     model = models.ForeignKey(EmbeddingModel, null=True, blank=True, on_delete=models.SET_NULL)
     resolved_by = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    grouped_at = models.DateTimeField(null=True, blank=True, help_text="Empty until the miss is placed in a group.")
 
     class Meta:
         verbose_name = "KB miss"
-        indexes = [models.Index(fields=["-count"], condition=models.Q(group__isnull=True), name="miss_group_heads")]
+        verbose_name_plural = "KB misses"
+        indexes = [
+            models.Index(fields=["-count"], condition=models.Q(group__isnull=True, grouped_at__isnull=False),
+                         name="miss_group_heads"),
+            # The grouping pass reads the waiting rows in order; they are few next to the grouped ones.
+            models.Index(fields=["id"], condition=models.Q(grouped_at__isnull=True), name="miss_ungrouped"),
+        ]
 
     def __str__(self):
         return self.question[:80]

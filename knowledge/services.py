@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from knowledge.embeddings import EmbeddingSpec, embed_texts
@@ -353,46 +353,117 @@ def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
 # --- misses -----------------------------------------------------------------------------------
 
 
-def miss_record(*, question: str, answer: str = "", best_entry_id: int | None = None,
-                best_score: float | None = None) -> Miss:
-    """Record a question the KB missed and a model answered, grouped with similar misses."""
-    from knowledge.selectors import serving_model
+# Heads a miss may join: grouped rows without a group whose question has no entry yet.
+_HEAD = "h.group_id IS NULL AND h.grouped_at IS NOT NULL AND h.resolved_by_id IS NULL"
 
-    key = normalize(question)
-    model = serving_model()
-    vector = None
-    if model is not None:
-        from knowledge.embeddings import embed_query
+# The waiting misses, oldest first, each with what it could join among the existing heads:
+# the first head with the same normalized question, and the nearest head of the same embedding
+# model. One statement for the whole pass instead of two queries per miss.
+_MISSES_WAITING_SQL = f"""
+SELECT m.id, m.normalized, m.model_id, m.embedding::real[],
+       (SELECT h.id FROM knowledge_miss h WHERE {_HEAD} AND h.normalized = m.normalized
+        ORDER BY h.id LIMIT 1),
+       near.id, near.score
+FROM knowledge_miss m
+LEFT JOIN LATERAL (
+    SELECT h.id, 1 - (h.embedding <=> m.embedding) AS score
+    FROM knowledge_miss h
+    WHERE {_HEAD} AND h.model_id = m.model_id AND h.embedding IS NOT NULL
+    ORDER BY h.embedding <=> m.embedding LIMIT 1
+) near ON m.embedding IS NOT NULL
+WHERE m.grouped_at IS NULL
+ORDER BY m.id
+LIMIT %s
+"""
 
-        vector = list(embed_query(spec_of(model), question))
-    with transaction.atomic():
-        head = _miss_group_head(key, model, vector)
-        miss = Miss.objects.create(
-            question=question.strip(), normalized=key, answer=answer, best_entry_id=best_entry_id,
-            best_score=best_score, group=head, embedding=vector, model=model,
-        )
-        if head is None:
-            return miss
-        Miss.objects.filter(pk=head.pk).update(count=F("count") + 1)
-    return miss
+_MISS_MEMBERS_SQL = """
+UPDATE knowledge_miss m SET group_id = v.head, grouped_at = now()
+FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, head)
+WHERE m.id = v.id
+"""
+
+_MISS_HEADS_SQL = """
+UPDATE knowledge_miss m SET count = m.count + v.added, grouped_at = COALESCE(m.grouped_at, now())
+FROM unnest(%s::bigint[], %s::integer[]) AS v(id, added)
+WHERE m.id = v.id
+"""
 
 
-def _miss_group_head(key: str, model, vector) -> Miss | None:
-    heads = Miss.objects.filter(group__isnull=True, resolved_by__isnull=True)
-    same = heads.filter(normalized=key).first()
-    if same is not None or vector is None:
-        return same
-    from pgvector.django import CosineDistance
+def misses_group(*, limit: int = 1000) -> int:
+    """Place up to `limit` waiting misses, oldest first, in groups; the number placed.
 
-    nearest = (
-        heads.filter(model=model)
-        .annotate(distance=CosineDistance("embedding", vector))
-        .order_by("distance")
-        .first()
-    )
-    if nearest is not None and 1 - nearest.distance >= settings.KB_MISS_GROUP_SCORE:
-        return nearest
-    return None
+    The rules of a single miss: it joins the first head with the same normalized question,
+    else the nearest head of the same embedding model when their similarity reaches
+    `KB_MISS_GROUP_SCORE`, else it heads a group of its own. Heads made earlier in the same
+    pass count too, so misses that arrive together group together. Runs in one transaction;
+    concurrent passes take turns on an advisory lock, so a second one finds the rows placed.
+    """
+    threshold = settings.KB_MISS_GROUP_SCORE
+    with transaction.atomic(), connection.cursor() as cursor:
+        # A lock on the rows would not do: two passes could each make a head for the same question.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('knowledge.misses_group'))")
+        cursor.execute(_MISSES_WAITING_SQL, [limit])
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        pass_heads = _PassHeads(rows)
+        members: dict[int, int] = {}
+        added: dict[int, int] = {}
+        for miss_id, key, model_id, vector, same_id, near_id, near_score in rows:
+            head = same_id or pass_heads.by_key.get(key)
+            if head is None and vector is not None:
+                candidates = [(near_score, near_id)] if near_id is not None else []
+                candidates.append(pass_heads.nearest(model_id, vector))
+                score, nearest = max(candidates, key=lambda c: c[0])
+                if nearest is not None and score >= threshold:
+                    head = nearest
+            if head is None:
+                pass_heads.add(miss_id, key, model_id, vector)
+                added.setdefault(miss_id, 0)
+            else:
+                members[miss_id] = head
+                added[head] = added.get(head, 0) + 1
+        cursor.execute(_MISS_MEMBERS_SQL, [list(members), list(members.values())])
+        cursor.execute(_MISS_HEADS_SQL, [list(added), list(added.values())])
+    return len(rows)
+
+
+class _PassHeads:
+    """The heads made so far in one grouping pass, by normalized question and by vector."""
+
+    def __init__(self, rows):
+        self.by_key: dict[str, int] = {}
+        # One preallocated matrix of unit vectors per model, filled as heads appear.
+        sizes: dict[int, tuple[int, int]] = {}
+        for _, _, model_id, vector, *_ in rows:
+            if vector is not None:
+                count, _dims = sizes.get(model_id, (0, len(vector)))
+                sizes[model_id] = (count + 1, len(vector))
+        self._vectors = {model_id: np.empty((count, dims), dtype=np.float32)
+                         for model_id, (count, dims) in sizes.items()}
+        self._ids: dict[int, list[int]] = {model_id: [] for model_id in sizes}
+
+    def add(self, miss_id: int, key: str, model_id: int | None, vector) -> None:
+        self.by_key.setdefault(key, miss_id)
+        if vector is None:
+            return
+        ids = self._ids[model_id]
+        self._vectors[model_id][len(ids)] = _unit(vector)
+        ids.append(miss_id)
+
+    def nearest(self, model_id: int | None, vector) -> tuple[float, int | None]:
+        ids = self._ids.get(model_id)
+        if not ids:
+            return -1.0, None
+        scores = self._vectors[model_id][: len(ids)] @ _unit(vector)
+        best = int(np.argmax(scores))
+        return float(scores[best]), ids[best]
+
+
+def _unit(vector) -> np.ndarray:
+    array = np.asarray(vector, dtype=np.float32)
+    norm = np.linalg.norm(array)
+    return array / norm if norm else array
 
 
 def miss_to_entry(*, miss: Miss, question: str | None = None, answer: str | None = None, author=None) -> Entry:

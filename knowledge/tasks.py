@@ -1,3 +1,5 @@
+import time
+
 from celery import shared_task
 
 from knowledge.exceptions import EmbeddingError
@@ -25,9 +27,18 @@ def kb_reembed_task() -> str:
     return kb_reembed().name
 
 
-@shared_task(name="knowledge.tasks.miss_record", autoretry_for=(EmbeddingError,), max_retries=3, retry_backoff=5)
-def miss_record_task(question: str, answer: str, best_entry_id: int | None, best_score: float | None) -> int:
-    """Record a question the KB missed and a model answered, for the curators' miss list."""
-    from knowledge.services import miss_record
+# Below the beat interval, so a slow pass ends before the next one is due. Each pass commits
+# on its own: a pass cut short by the limit is rolled back whole and the next run redoes it.
+@shared_task(name="knowledge.tasks.misses_group", soft_time_limit=45, time_limit=55)
+def misses_group_task(limit: int = 1000, budget: float = 30.0) -> int:
+    """Group the KB misses written since the last run (beat); safe to run twice at once."""
+    from knowledge.services import misses_group
 
-    return miss_record(question=question, answer=answer, best_entry_id=best_entry_id, best_score=best_score).pk
+    deadline = time.monotonic() + budget
+    grouped = 0
+    while True:
+        placed = misses_group(limit=limit)
+        grouped += placed
+        # A full pass means more may wait: keep going while the budget lasts.
+        if placed < limit or time.monotonic() > deadline:
+            return grouped
