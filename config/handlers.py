@@ -52,9 +52,9 @@ class SyncStackASGIHandler(ASGIHandler):
             self._checkin(executor)
 
     async def get_response_async(self, request):
-        return await sync_to_async(self._get_response, thread_sensitive=True)(request)
+        return await sync_to_async(self._respond, thread_sensitive=True)(request)
 
-    def _get_response(self, request):
+    def _respond(self, request):
         response = self.get_response(request)
         if response.streaming:
             # A streamed answer lasts as long as its tokens, and Django would keep this thread's
