@@ -1,4 +1,8 @@
-"""HTTP goes to Django; WebSockets to the Channels router, authenticated by the session cookie."""
+"""HTTP goes to Django; WebSockets to the Channels router, authenticated by the session cookie.
+
+Importing this module also warms the process (config.warmup): daphne imports the application
+before it listens, so a process takes no connection before it has loaded what a request needs.
+"""
 
 import os
 
@@ -13,6 +17,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from config import warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -21,3 +26,5 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+warmup.run()

@@ -1,13 +1,12 @@
 """`make run`: the whole product in the foreground, for development and demos.
 
 Starts (or reuses) PostgreSQL and Redis, migrates, loads the demo data, then runs
-daphne, a Celery worker and Celery beat with their logs interleaved. Ctrl-C, or
-SIGTERM to this process or to the `make` above it, stops every process it
-started. Production runs the same three commands under its own supervisor (see
-the README).
+the web processes (config.web: WEB_CONCURRENCY daphne processes on one port), a
+Celery worker and Celery beat with their logs interleaved. Ctrl-C, or SIGTERM to
+this process or to the `make` above it, stops every process it started.
+Production runs the same three commands under its own supervisor (see the README).
 """
 
-import ctypes
 import json
 import os
 import signal
@@ -19,33 +18,55 @@ import urllib.error
 import urllib.request
 
 from config.env import env_int, env_str
+from config.web import die_with_parent, stop_groups
 
 COLOURS = {"run": "1", "web": "36", "worker": "33", "beat": "35"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_print_lock = threading.Lock()
+# A pump reads what a child wrote in this time in one go: at most this much delay on a line, for
+# one read and one write per batch of lines instead of per line while a child logs a lot.
+PUMP_LINGER = 0.02
+PUMP_CHUNK = 1 << 16
+_output_lock = threading.Lock()
+
+
+def _label(name: str) -> bytes:
+    label = f"{name:<6}|"
+    if sys.stdout.isatty():
+        label = f"\033[{COLOURS.get(name, '0')}m{label}\033[0m"
+    return f"{label} ".encode()
+
+
+def _write(data: bytes) -> None:
+    # One lock for the pumps and log(): a batch of lines never interleaves with another.
+    with _output_lock:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
 
 
 def log(name: str, line: str) -> None:
-    colour = COLOURS.get(name, "0") if sys.stdout.isatty() else None
-    label = f"{name:<6}|"
-    if colour:
-        label = f"\033[{colour}m{label}\033[0m"
-    with _print_lock:
-        print(f"{label} {line}", flush=True)
+    _write(_label(name) + line.encode() + b"\n")
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us when `make` dies, so `kill <make>` still cleans up."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _pump(name: str, stream) -> None:
-    for raw in iter(stream.readline, b""):
-        log(name, raw.decode("utf-8", "replace").rstrip())
+def _pump(name: str, stream, write=_write) -> None:
+    """Copy a child's output to ours, each line after the child's label, bytes as they came."""
+    label = _label(name)
+    separator = b"\n" + label
+    fd = stream.fileno()
+    rest = b""
+    while chunk := os.read(fd, PUMP_CHUNK):
+        data = rest + chunk
+        end = data.rfind(b"\n") + 1
+        if end:
+            write(label + data[: end - 1].replace(b"\n", separator) + b"\n")
+            rest = data[end:]
+        elif len(data) >= PUMP_CHUNK:  # a very long line without its end yet: pass it on anyway
+            write(label + data + b"\n")
+            rest = b""
+        else:
+            rest = data
+        time.sleep(PUMP_LINGER)
+    if rest:
+        write(label + rest + b"\n")
 
 
 def _wait_ready(url: str, deadline: float, stop: threading.Event) -> dict | None:
@@ -82,10 +103,10 @@ def prepare() -> dict[str, str]:
     return env
 
 
-def commands(*, host: str, port: int, var_dir: str) -> dict[str, list[str]]:
+def commands(*, var_dir: str) -> dict[str, list[str]]:
     python = sys.executable
     return {
-        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
+        "web": [python, "-m", "config.web"],
         "worker": [
             python, "-m", "celery", "-A", "config", "worker",
             "-Q", "default,ops,embeddings", "-c", "2", "-l", "INFO", "-n", f"dev-{os.getpid()}@%h",
@@ -98,7 +119,7 @@ def commands(*, host: str, port: int, var_dir: str) -> dict[str, list[str]]:
 
 
 def main() -> int:
-    _die_with_parent()
+    die_with_parent()  # `kill <make>` still cleans up
     os.environ.setdefault("DEBUG", "true")
     host = env_str("HOST", "127.0.0.1")
     port = env_int("PORT", 8000, minimum=1, maximum=65535)
@@ -113,16 +134,18 @@ def main() -> int:
     if uses_embedded:
         embedded.hold()
     children: dict[str, subprocess.Popen] = {}
+    pumps: list[threading.Thread] = []
     exit_code = 0
     try:
-        env = prepare()
-        for name, command in commands(host=host, port=port, var_dir=str(embedded.var_dir())).items():
+        env = {**prepare(), "HOST": host, "PORT": str(port)}
+        for name, command in commands(var_dir=str(embedded.var_dir())).items():
             process = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
             children[name] = process
-            threading.Thread(target=_pump, args=(name, process.stdout), daemon=True).start()
+            pumps.append(threading.Thread(target=_pump, args=(name, process.stdout), daemon=True))
+            pumps[-1].start()
         threading.Thread(
             target=_announce, args=(host, port, started_at, stop), daemon=True
         ).start()
@@ -135,7 +158,9 @@ def main() -> int:
                     stop.set()
                     break
     finally:
-        _terminate(children)
+        stop_groups(children, grace=15.0, say=lambda line: log("run", line))
+        for pump in pumps:  # the children's last lines before ours
+            pump.join(timeout=1)
         _local_engine_stop()
         if uses_embedded:
             embedded.release()
@@ -194,24 +219,6 @@ def _local_engine_stop() -> None:
         supervisor.engine_stop(engine_id=engine_id, reason="make run stopped")
         log("run", "local engine stopped")
     connection.close()
-
-
-def _terminate(children: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
-    for process in children.values():
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for name, process in children.items():
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log("run", f"{name} did not stop in {grace:.0f}s; killing it")
-        # The whole group: a prefork worker's children must not outlive it.
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
 
 
 if __name__ == "__main__":

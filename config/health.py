@@ -2,7 +2,8 @@
 
 /healthz answers from the process alone, so a load balancer never restarts a
 healthy web process because a dependency is down. /readyz checks what a request
-needs (database with pgvector, Redis, a live Celery worker) and names each one.
+needs (database with pgvector, Redis, a live Celery worker) and names each one,
+and reports what the process warmed at start-up (config.warmup).
 """
 
 import time
@@ -14,6 +15,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from config import warmup
 from config.celery import app as celery_app
 
 
@@ -52,7 +54,22 @@ def _check_celery() -> str:
     return ", ".join(name for reply in replies for name in reply)
 
 
-CHECKS = (("database", _check_database), ("redis", _check_redis), ("celery", _check_celery))
+def _check_warm() -> str:
+    # Never a failure. Under daphne the warm-up ends before the process listens, so a process
+    # that can answer this has warmed; a step that failed is named here and loads on first use,
+    # and the dependency behind it (database, Redis) has its own check above.
+    report = warmup.report()
+    if report is not None:
+        return report.summary()
+    return "off (WEB_WARMUP)" if not settings.WEB_WARMUP else "not run in this process (it runs in config.asgi)"
+
+
+CHECKS = (
+    ("database", _check_database),
+    ("redis", _check_redis),
+    ("celery", _check_celery),
+    ("warm", _check_warm),
+)
 
 
 @never_cache

@@ -1,5 +1,6 @@
 """`make run`'s runner, end to end: real daphne, a real worker and beat, then a clean stop."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import urllib.request
 import psutil
 import pytest
 
+from config import devserver
 from config.settings import BASE_DIR
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,7 +63,10 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
                           (p.info["cmdline"] or []))
         descendants = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
-        assert "daphne" in names and "worker" in names and "beat" in names
+        assert "config.web" in names and "worker" in names and "beat" in names
+        # WEB_CONCURRENCY's default: a daphne process per core, on the one port.
+        daphnes = [p for p in descendants if "daphne" in " ".join(p.cmdline())]
+        assert len(daphnes) == os.cpu_count()
 
         assert "admin login: admin / " in "".join(lines)
         base = f"http://127.0.0.1:{port}"
@@ -80,3 +85,17 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     assert not psutil.pid_exists(engine_pid) or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
     assert "local engine stopped" in "".join(lines)
     assert "stopped" in lines[-1]
+
+
+def test_the_log_pump_labels_every_line_and_passes_the_bytes_through():
+    # A real child and a real pipe: two lines in one write (one not UTF-8, one with CRLF), then a
+    # last line without its newline, written after a pause.
+    script = ("import os, time; os.write(1, b'one\\ntwo \\xff\\r\\n'); time.sleep(0.1); "
+              "os.write(1, b'thr'); os.write(1, b'ee\\nno end')")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    written: list[bytes] = []
+    devserver._pump("web", child.stdout, write=written.append)
+    child.wait(10)
+    assert b"".join(written) == b"web   | one\nweb   | two \xff\r\nweb   | three\nweb   | no end\n"
+    # Each write carries whole lines: another pump's output never lands inside one.
+    assert all(chunk.endswith(b"\n") for chunk in written)

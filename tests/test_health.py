@@ -20,10 +20,22 @@ def test_readyz_is_ready_with_database_redis_and_a_live_worker(client, celery_wo
     assert response.status_code == 200, body
     assert body["status"] == "ok"
     assert body["failing"] == []
-    assert set(body["checks"]) == {"database", "redis", "celery"}
+    assert set(body["checks"]) == {"database", "redis", "celery", "warm"}
     assert body["checks"]["database"]["detail"].startswith("pgvector ")
     assert body["checks"]["redis"]["detail"] == "PONG"
     assert "test-" in body["checks"]["celery"]["detail"]
+
+
+def test_readyz_says_when_this_process_has_not_warmed(client, settings, celery_worker):
+    # The test client does not import config.asgi: nothing warmed here, and that is no failure.
+    # What a daphne process warms is tested over HTTP in tests/test_web.py.
+    body = client.get("/readyz").json()
+    assert body["checks"]["warm"] == {"ok": True, "detail": "not run in this process (it runs in config.asgi)",
+                                      "ms": body["checks"]["warm"]["ms"]}
+    settings.WEB_WARMUP = False
+    body = client.get("/readyz").json()
+    assert body["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"
+    assert "warm" not in body["failing"]
 
 
 def test_readyz_names_redis_when_redis_is_down(client, settings, celery_worker):
