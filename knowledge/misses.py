@@ -232,7 +232,11 @@ def _flusher_start() -> None:
         if _flusher is not None:
             return
         _flusher = threading.Thread(target=_run, name="kb-miss-flusher", daemon=True)
-    _flusher.start()
+    try:
+        _flusher.start()
+    except RuntimeError:  # no thread to be had: the next note tries again, the request goes on
+        logger.warning("could not start the KB-miss writer", exc_info=True)
+        _flusher = None
 
 
 def _flush_at_exit() -> None:
