@@ -14,6 +14,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from django.core.cache import caches  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
@@ -26,5 +27,11 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Django keeps cache objects in a context-local, and every request's context is a copy of this
+# one: made here, one cache object and its Redis connection pool serve every request. Made first
+# inside a request, it would be that request's alone, and each question (its rate-limit count)
+# would open a new Redis connection.
+caches["default"]  # noqa: B018 - creating it is the point; it connects on first use
 
 warmup.run()

@@ -13,6 +13,7 @@ that needs it loads it then, as it would without a warm-up.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ def _database() -> str:
 def _cache() -> str:
     from django.core.cache import cache
 
-    # In this thread, at import: request tasks start from this context and reuse the client.
+    # The cache object config.asgi made for every request: its pool's first connection.
     cache.get("warmup")
     return "cache"
 
@@ -163,10 +164,11 @@ def run() -> Report | None:
         except Exception as exc:  # noqa: BLE001 - a step that fails is loaded on first use instead
             still_loading = still_loading or isinstance(exc, StillLoading)
             result.failed.append(f"{name}: {type(exc).__name__}: {exc}")
-            log.warning("warm-up: %s failed (%s: %s); it loads on first use", name, type(exc).__name__, exc)
+            log.warning("warm-up of pid %d: %s failed (%s: %s); it loads on first use", os.getpid(), name,
+                        type(exc).__name__, exc)
             continue
         result.warmed.append(f"{done} {time.perf_counter() - step_started:.2f}s")
     result.seconds = time.perf_counter() - started
     _report = result
-    log.info("warm-up: %s", result.summary())
+    log.info("warm-up of pid %d: %s", os.getpid(), result.summary())
     return result

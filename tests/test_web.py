@@ -143,6 +143,7 @@ def test_two_processes_serve_one_socket_and_sigterm_to_the_launcher_stops_them(c
         assert server.launcher.wait(30) == 0, server.log()
     assert all(_gone(child) for child in children)
     assert "SIGTERM: stopping 2 daphne process(es)" in server.log()
+    assert '"GET /healthz"' not in server.log()  # no access log unless asked
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
 
@@ -166,6 +167,7 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
         server.wait_for_port(time.monotonic() + 60)
         status, body = _get(f"{server.url}/readyz", timeout=120)
         log = server.log()
+        server_children = server.children()
         assert status == 200, body
         warm = json.loads(body)["checks"]["warm"]
     assert warm["ok"] is True
@@ -174,8 +176,9 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
         assert step in warm["detail"]
     assert "not warmed" not in warm["detail"]
     # Logged once, before daphne listened: the answer came from a warm process.
-    assert log.count("warm-up: ") == 1
-    assert log.index("warm-up: database") < log.index("Listening on TCP address")
+    (child,) = server_children
+    assert log.count("warm-up of pid") == 1
+    assert log.index(f"warm-up of pid {child.pid}: database") < log.index("Listening on TCP address")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -185,7 +188,8 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
     with web(child_env, tmp_path, WEB_CONCURRENCY="1") as server:
         status, body = _get(f"{server.url}/readyz")
         log = server.log()
-    assert "WARNING config.warmup: warm-up: embedder failed (EmbeddingError: local embedding model" in log
+    assert "WARNING config.warmup: warm-up of pid " in log
+    assert ": embedder failed (EmbeddingError: local embedding model" in log
     assert status == 200, body
     warm = json.loads(body)["checks"]["warm"]
     assert warm["ok"] is True
@@ -196,12 +200,25 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
 @pytest.mark.django_db(transaction=True)
 def test_warm_up_off_leaves_loading_to_the_first_request(child_env, tmp_path, celery_worker):
     embedding_model_ensure()
-    with web(child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false") as server:
+    with web(child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true") as server:
         status, body = _get(f"{server.url}/readyz")
         log = server.log()
     assert status == 200, body
     assert json.loads(body)["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"
-    assert "warm-up: " not in log
+    assert "warm-up" not in log
+    assert '"GET /readyz" 200' in log  # the access log, asked for
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_launcher_killed_outright_leaves_no_process_serving(child_env, tmp_path):
+    with web(child_env, tmp_path, WEB_CONCURRENCY="2", WEB_WARMUP="false") as server:
+        children = server.children()
+        server.launcher.kill()
+        server.launcher.wait(10)
+        deadline = time.monotonic() + 30
+        while not all(_gone(child) for child in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert all(_gone(child) for child in children)
 
 
 @pytest.mark.parametrize(("env", "args", "message"), [
