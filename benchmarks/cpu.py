@@ -132,8 +132,7 @@ def probe_for(*, base_url: str, pids: list[int] | None = None, match: str | None
     Explicit pids and an explicit pattern are taken as given. Without either, and only for a
     loopback URL, the default pattern is narrowed to the process tree that serves the URL's
     port (so another checkout's `make run` on the same machine is not measured): the topmost
-    matching ancestor of the process listening there. If the listener cannot be seen (another
-    network namespace), every match is measured, and the note says so.
+    matching ancestor of the process listening there.
     """
     own = _own_lineage()
     if pids or match:
@@ -151,9 +150,7 @@ def probe_for(*, base_url: str, pids: list[int] | None = None, match: str | None
     port = urlsplit(base_url).port or (443 if urlsplit(base_url).scheme == "https" else 80)
     inodes = _listening_inodes(port)
     if not inodes:
-        return CpuProbe(roots=tuple(sorted(matches)),
-                        note=f"no listener on port {port} visible here: measuring every process matching "
-                             f"{DEFAULT_MATCH!r}") if matches else None
+        return None  # loopback is per network namespace: no listener here, no server here
     family = _descendants(table, matches)
     listener = next((p for p in sorted(family) if _owns_socket(p, inodes)), None)
     if listener is None:
