@@ -305,8 +305,8 @@ async def level_run(*, target: Target, level: Level, conversations: list[list[di
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            bar.close()
         duration = time.perf_counter() - level_start
-    bar.close()
     results.sort(key=lambda r: r.index)
     run = {
         "target": target.name, "base_url": target.base_url, "model": target.model, "round": round_number,

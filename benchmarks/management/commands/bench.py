@@ -107,7 +107,9 @@ class Command(BaseCommand):
         compare.add_argument("--rounds", type=int, default=None,
                              help="times each level runs per target (default 3 with --compare, else 1)")
         cpu = parser.add_argument_group("server CPU (processes on this machine)")
-        cpu.add_argument("--cpu-pids", type=_ints, default=None, help="measure these processes and their children")
+        cpu.add_argument("--cpu-pids", type=_ints, default=None,
+                         help="measure these processes and their children (for --base-url; a --compare URL "
+                              "gets the default)")
         cpu.add_argument("--cpu-match", default=None, metavar="REGEX",
                          help="measure processes whose command line matches (default for a loopback URL: "
                               f"the process tree matching {DEFAULT_MATCH!r} that serves its port)")
