@@ -11,6 +11,7 @@ still warming up (config.warmup runs before daphne listens) simply accepts nothi
 `make run` (config/devserver.py) runs this same command as its `web` process.
 """
 
+import contextlib
 import ctypes
 import os
 import select
@@ -97,8 +98,8 @@ def listen(host: str, port: int) -> socket.socket:
 def daphne_command(fd: int, *, access_log: bool, options: list[str]) -> list[str]:
     # Daphne writes its access log (one line per request) at its default verbosity; -v 0 turns
     # it off. The application's own logging is Django's LOGGING either way.
-    logging = ["--access-log", "-"] if access_log else ["-v", "0"]
-    return [sys.executable, "-m", "daphne", "--fd", str(fd), *logging, *options, "config.asgi:application"]
+    verbosity = ["--access-log", "-"] if access_log else ["-v", "0"]
+    return [sys.executable, "-m", "daphne", "--fd", str(fd), *verbosity, *options, "config.asgi:application"]
 
 
 def main(argv: list[str]) -> int:
@@ -132,45 +133,50 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, on_signal)
 
     children: dict[str, subprocess.Popen] = {}
-    command = daphne_command(listener.fileno(), access_log=access_log, options=argv)
-    for _ in range(count):
+    exit_code = 1  # unless the loop below ends on a stop request
+    try:
+        command = daphne_command(listener.fileno(), access_log=access_log, options=argv)
+        for _ in range(count):
+            if stop_signal:
+                break
+            # Each child leads its own process group, so a Ctrl-C in a terminal reaches only this
+            # launcher, which forwards one SIGTERM: Twisted logs an error for a second stop request.
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),),
+                                       process_group=0, preexec_fn=die_with_parent)
+            children[f"daphne {process.pid}"] = process
+        # The children hold the socket now. Not keeping it here means that once they are gone,
+        # clients are refused at once instead of waiting in a backlog nobody accepts from.
+        listener.close()
+        pids = ", ".join(str(process.pid) for process in children.values())
+        log(f"{len(children)} daphne process(es) on http://{host}:{port}: pids {pids}")
+        exit_code = _watch(children, wake_read, stop_signal)
+    finally:
         if stop_signal:
-            break
-        # Each child leads its own process group, so a Ctrl-C in a terminal reaches only this
-        # launcher, which forwards one SIGTERM: Twisted logs an error for a second stop request.
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),),
-                                   process_group=0, preexec_fn=die_with_parent)
-        children[f"daphne {process.pid}"] = process
-    # The children hold the socket now. Not keeping it here means that once they are gone,
-    # clients are refused at once instead of waiting in a backlog nobody accepts from.
-    listener.close()
-    pids = ", ".join(str(process.pid) for process in children.values())
-    log(f"{len(children)} daphne process(es) on http://{host}:{port}: pids {pids}")
+            log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es)")
+        stop_groups(children, grace=STOP_GRACE)
+        log("stopped")
+    return exit_code
 
-    # A dead child stops the launcher, with an error, instead of being restarted here: the
-    # supervisor above (systemd, Kubernetes, make run) already restarts with backoff and shows
-    # it, while restarts in here would hide a crash loop (a bad setting kills every child at
-    # import) and leave the port served by fewer processes than configured without anyone seeing.
-    exit_code = 0
+
+def _watch(children: dict[str, subprocess.Popen], wake_read: int, stop_signal: list[int]) -> int:
+    """Until a stop request (0) or a child's exit (1).
+
+    A dead child stops the launcher, with an error, instead of being restarted here: the
+    supervisor above (systemd, Kubernetes, make run) already restarts with backoff and shows
+    it, while restarts in here would hide a crash loop (a bad setting kills every child at
+    import) and leave the port served by fewer processes than configured without anyone seeing.
+    """
     while not stop_signal:
         dead = [(name, process) for name, process in children.items() if process.poll() is not None]
         if dead:
             for name, process in dead:
                 log(f"{name} exited with code {process.returncode}; stopping the others")
-            exit_code = 1
-            break
+            return 1
         select.select([wake_read], [], [])
-        while True:
-            try:
-                if not os.read(wake_read, 512):
-                    break
-            except BlockingIOError:
-                break
-    if stop_signal:
-        log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es)")
-    stop_groups(children, grace=STOP_GRACE)
-    log("stopped")
-    return exit_code
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_read, 512):
+                pass
+    return 0
 
 
 if __name__ == "__main__":
