@@ -146,14 +146,23 @@ class Gateway(NamedTuple):
 
 
 @contextlib.contextmanager
-def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0) -> Iterator[Gateway]:
+def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0,
+            web_concurrency: int | None = None) -> Iterator[Gateway]:
     """The gateway (`config.asgi:application`) under daphne on a free loopback port, with `env`
-    (see `gateway_env`), its output in `log_path`. Yields once /healthz answers 200."""
+    (see `gateway_env`), its output in `log_path`. Yields once /healthz answers 200.
+
+    With `web_concurrency`, the production launcher instead (`python -m config.web`, that many
+    daphne processes on one socket); the yielded process is the launcher, the root of their tree.
+    """
     port = free_port()
+    if web_concurrency is None:
+        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    else:
+        command = [sys.executable, "-m", "config.web"]
+        env = {**env, "HOST": "127.0.0.1", "PORT": str(port), "WEB_CONCURRENCY": str(web_concurrency)}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: stop_group takes any child with it
         )
     url = f"http://127.0.0.1:{port}"

@@ -24,26 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import tempfile
 from collections import Counter
-from pathlib import Path
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from benchmarks import chat_ws, database, engine, servers, stats
+from benchmarks import chat_ws, engine, servers, stats
+from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.users import bench_user, session_cookie
-from config import embedded
-
-MODEL = "bench/model"
-
-
-def _interrupt(signum, frame):
-    # SIGTERM takes the same road as Ctrl-C, so the `with` blocks stop daphne and the simulator.
-    raise KeyboardInterrupt
 
 
 def _levels(text: str) -> list[int]:
@@ -90,35 +79,22 @@ class Command(BaseCommand):
             raise CommandError("--questions and --max-tokens must be at least 1, --timeout positive")
         if engine_model and not engine_url:
             raise CommandError("--engine-model names the model of --engine-url")
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        holder = not os.environ.get("DATABASE_URL")
-        if holder:
-            # As a holder of the embedded servers, a test run that ends meanwhile does not stop
-            # PostgreSQL under us. Then (re)start it in case one just did.
-            embedded.hold()
-            embedded.postgres_url()
-        name = None
+        own = not url
+        name = f"bench_chat_{settings.DATABASES['default']['NAME']}" if own else None
         try:
-            if url:
-                self.out(f"gateway {url} (not started here); max tokens: the gateway's setting")
-                self.run(url=url, engine_url=engine_url.rstrip("/").removesuffix("/v1") if engine_url else None,
-                         engine_model=engine_model, sockets=sockets, questions=questions, max_tokens=max_tokens,
-                         timeout=timeout)
-            else:
-                name = f"bench_chat_{settings.DATABASES['default']['NAME']}"
-                self.own_stack(name=name, sockets=sockets, questions=questions, max_tokens=max_tokens,
-                               timeout=timeout, ttft=ttft, itl=itl, engine_url=engine_url, engine_model=engine_model)
+            with stack_session(drop=name if own and not keep else None, say=self.out):
+                if url:
+                    self.out(f"gateway {url} (not started here); max tokens: the gateway's setting")
+                    self.run(url=url,
+                             engine_url=engine_url.rstrip("/").removesuffix("/v1") if engine_url else None,
+                             engine_model=engine_model, sockets=sockets, questions=questions,
+                             max_tokens=max_tokens, timeout=timeout)
+                else:
+                    self.own_stack(name=name, sockets=sockets, questions=questions, max_tokens=max_tokens,
+                                   timeout=timeout, ttft=ttft, itl=itl, engine_url=engine_url,
+                                   engine_model=engine_model)
         except KeyboardInterrupt:
             raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
-        finally:
-            try:
-                if name and not keep:
-                    database.database_drop(name)
-                    self.out(f"dropped {name}")
-            finally:
-                if holder:
-                    embedded.release()
-                signal.signal(signal.SIGTERM, previous)
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -127,50 +103,27 @@ class Command(BaseCommand):
     # --- the stack ------------------------------------------------------------------------------
 
     def own_stack(self, *, name, sockets, questions, max_tokens, timeout, ttft, itl, engine_url, engine_model):
-        created = database.database_use(name, pool_size=4)
-        call_command("migrate", verbosity=0, interactive=False)
-        self.out(f"database {name} ({'created' if created else 'existing'}); {os.cpu_count()} CPUs, "
-                 f"load average {os.getloadavg()[0]:.2f} (other work on this machine shows up in every figure)")
         sim_args = engine.simulator_args(max_num_seqs=max(sockets), ttft=ttft, itl=itl)
-        with tempfile.TemporaryDirectory(prefix="bench_chat_") as tmp, \
-                servers.simulator(model=MODEL, args=sim_args, log_path=Path(tmp) / "simulator.log") as sim:
-            self.demo_setup(sim_url=sim)
-            env = servers.gateway_env(
-                database_url=database.database_url(name), redis_url=settings.REDIS_URL,
-                secret_key=settings.SECRET_KEY,
-                ROUTING_DEFAULT_MAX_TOKENS=str(max_tokens),
-                # Our own Redis keys: breakers, rate limits and the channel layer of the developer's
-                # gateway, whose user and endpoint ids overlap ours, stay apart.
-                REDIS_KEY_PREFIX=f"gwbench{os.getpid()}",
-            )
-            log = Path(tmp) / "daphne.log"
-            try:
-                with servers.gateway(env=env, log_path=log) as gateway:
-                    self.out(f"simulator {sim} (TTFT {ttft:g} ms, ITL {itl:g} ms, max-num-seqs {max(sockets)}); "
-                             f"gateway {gateway.url} (pid {gateway.process.pid}), {max_tokens} tokens per answer")
-                    self.run(url=gateway.url, engine_url=engine_url or sim,
-                             engine_model=engine_model or (None if engine_url else MODEL), sockets=sockets,
+        try:
+            with stack_run(name=name, sim_args=sim_args,
+                           gateway_extra={"ROUTING_DEFAULT_MAX_TOKENS": str(max_tokens)}) as stack:
+                self.out(f"database {name} ({'created' if stack.created else 'existing'}); {os.cpu_count()} CPUs, "
+                         f"load average {os.getloadavg()[0]:.2f} (other work on this machine shows up in every "
+                         "figure)")
+                if stack.demo_kb:
+                    self.out(f"demo knowledge base: {stack.demo_kb}")
+                self.out(f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, max-num-seqs "
+                         f"{max(sockets)}); gateway {stack.gateway.url} (pid {stack.gateway_pid}), {max_tokens} "
+                         "tokens per answer")
+                try:
+                    self.run(url=stack.gateway.url, engine_url=engine_url or stack.simulator_url,
+                             engine_model=engine_model or (None if engine_url else stack.model), sockets=sockets,
                              questions=questions, max_tokens=max_tokens, timeout=timeout)
-            except RuntimeError as exc:
-                raise CommandError(f"{exc}\ndaphne log (tail):\n{servers.log_tail(log)}") from None
-
-    def demo_setup(self, *, sim_url: str) -> None:
-        """`make run`'s demo KB and routing on the bench database, its `local` endpoint on the simulator."""
-        from inference_ops import cpu_engine
-        from inference_ops.models import ModelEndpoint
-        from knowledge.demo import demo_kb_load
-        from knowledge.services import embedding_model_ensure
-        from routing.demo import demo_rules_ensure
-
-        # What LOCAL_VLLM_URL and LOCAL_VLLM_MODEL do for seed_demo, for this run's simulator.
-        settings.LOCAL_VLLM_URL, settings.LOCAL_VLLM_MODEL = f"{sim_url}/v1", MODEL
-        embedding_model_ensure()
-        report = demo_kb_load()
-        if report is not None:
-            self.out(f"demo knowledge base: {report.summary()}")
-        cpu_engine.demo_engine_ensure()
-        # No external endpoint: every answer comes from the simulator, none leaves the machine.
-        demo_rules_ensure(local=ModelEndpoint.objects.get(name="local"), external=None)
+                except RuntimeError as exc:
+                    raise CommandError(f"{exc}\ndaphne log (tail):\n{servers.log_tail(stack.gateway.log_path)}"
+                                       ) from None
+        except StackError as exc:
+            raise CommandError(str(exc)) from None
 
     # --- the run --------------------------------------------------------------------------------
 
