@@ -1,0 +1,214 @@
+"""Measure the gateway's claims on a stack of its own: what it adds over the engine, KB hits, batching.
+
+    python manage.py bench_gateway [--concurrency 1,16,64,256] [--max-tokens 64] [--rounds 3]
+        [--num-requests N] [--ttft 100] [--itl 13] [--max-num-seqs 512] [--web-concurrency N]
+        [--kb-requests 50] [--long-requests 5] [--long-tokens 512] [--json FILE] [--quick] [--no-keep]
+
+It starts the vLLM simulator with vLLM-like latencies, and the gateway with production
+settings on `bench_gateway_<database>` (benchmarks.stack: the demo KB and routing, `local` on the
+simulator), one web process unless --web-concurrency, its rate limit and the endpoint's own
+cap out of the way. Then, through /v1 with an API key: the first question after the start,
+KB hits against generated long answers, two concurrent long answers against one, and the
+concurrency sweep of the gateway (model `local`, then `auto`) against the engine directly,
+interleaved by round. It prints the figures and the issue's targets, each met or MISSED.
+A figure, not a test: the command fails only when it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from benchmarks import engine, servers
+from benchmarks.gateway import (PARAPHRASES, Gateway, Plan, case_variants, gateway_bench, json_text, plan_quick,
+                                run_line, summary_text)
+from benchmarks.loadgen import BenchError
+from benchmarks.stack import StackError, stack_run, stack_session
+
+# Far above anything a run sends: the per-user limit is the product's defence against one
+# client, and the bench is one client sending thousands of questions.
+RATE_LIMIT = "1000000000"
+WEB_LAUNCHER = importlib.util.find_spec("config.web") is not None
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
+    return levels
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+    return parse
+
+
+class Command(BaseCommand):
+    help = "Reproduce the gateway's concurrency and KB figures on a stack of its own, with each target met or MISSED."
+    # Checks may connect to the database; nothing may connect before we point at the bench database.
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        plan = Plan()
+        sweep = parser.add_argument_group("concurrency sweep")
+        sweep.add_argument("--concurrency", type=_levels, default=list(plan.levels),
+                           help="levels of requests in flight (default 1,16,64,256)")
+        sweep.add_argument("--max-tokens", type=_positive(int), default=plan.max_tokens,
+                           help=f"tokens per answer (default {plan.max_tokens})")
+        sweep.add_argument("--rounds", type=_positive(int), default=plan.rounds,
+                           help=f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})")
+        sweep.add_argument("--num-requests", type=_positive(int), default=None,
+                           help="requests per level and target (default max(4 x concurrency, 32))")
+        kb = parser.add_argument_group("KB hits and long answers (concurrency 1)")
+        kb.add_argument("--kb-requests", type=_positive(int), default=plan.kb_requests,
+                        help=f"KB questions of each kind, exact and paraphrased (default {plan.kb_requests})")
+        kb.add_argument("--long-requests", type=_positive(int), default=plan.long_requests,
+                        help=f"generated long answers (default {plan.long_requests})")
+        kb.add_argument("--long-tokens", type=_positive(int), default=plan.long_tokens,
+                        help=f"tokens of a long answer, sent with ignore_eos (default {plan.long_tokens})")
+        stack = parser.add_argument_group("the stack")
+        stack.add_argument("--ttft", type=_positive(float), default=100.0,
+                           help="the simulator's time to first token, ms (default 100)")
+        stack.add_argument("--itl", type=_positive(float), default=13.0,
+                           help="the simulator's inter-token latency, ms (default 13)")
+        stack.add_argument("--max-num-seqs", type=_positive(int), default=512,
+                           help="sequences the simulator decodes together (default 512)")
+        if WEB_LAUNCHER:
+            stack.add_argument("--web-concurrency", type=_positive(int), default=None,
+                               help="start the gateway through config.web with N daphne processes (default: one "
+                                    "daphne, the per-process figure); CPU is then summed over them")
+        stack.add_argument("--keep", action=argparse.BooleanOptionalAction, default=True,
+                           help="keep the bench database for the next run (default on); --no-keep drops it")
+        stack.add_argument("--log-dir", type=Path, default=None,
+                           help="keep the simulator's and the gateway's logs here (default: removed)")
+        run = parser.add_argument_group("run")
+        run.add_argument("--timeout", type=_positive(float), default=120.0,
+                         help="per request, whole stream, s (default 120)")
+        run.add_argument("--max-duration", type=_positive(float), default=300.0,
+                         help="per level and run, s: requests still in flight then count as failed (default 300)")
+        run.add_argument("--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)")
+        run.add_argument("--seed", type=int, default=0, help="order of the prompts (default 0)")
+        run.add_argument("--quick", action="store_true",
+                         help="a short run of every part, for a test: levels 1,4, 8 requests of 8 tokens, 1 round, "
+                              "5 KB questions, one 32-token long answer (overrides the sizes above)")
+        run.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
+        run.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+    def handle(self, *args, **o):
+        if o["cooldown"] < 0:
+            raise CommandError("--cooldown cannot be negative")
+        plan = Plan(levels=tuple(o["concurrency"]), max_tokens=o["max_tokens"], rounds=o["rounds"],
+                    num_requests=o["num_requests"], kb_requests=o["kb_requests"], long_requests=o["long_requests"],
+                    long_tokens=o["long_tokens"], timeout=o["timeout"], max_duration=o["max_duration"],
+                    cooldown=o["cooldown"], seed=o["seed"], progress=not o["no_progress"])
+        if o["quick"]:
+            plan = plan_quick(plan)
+        if max(plan.levels) > o["max_num_seqs"]:
+            self.out(f"note: the simulator decodes {o['max_num_seqs']} sequences at once; levels above it queue "
+                     "in the engine, on both roads alike")
+        web_concurrency = o.get("web_concurrency")
+        name = f"bench_gateway_{settings.DATABASES['default']['NAME']}"
+        try:
+            with stack_session(drop=None if o["keep"] else name, say=self.out):
+                self.own_stack(name=name, plan=plan, ttft=o["ttft"], itl=o["itl"], max_num_seqs=o["max_num_seqs"],
+                               web_concurrency=web_concurrency, log_dir=o["log_dir"], json_path=o["json"])
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
+
+    def out(self, text: str = "") -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def own_stack(self, *, name: str, plan: Plan, ttft: float, itl: float, max_num_seqs: int,
+                  web_concurrency: int | None, log_dir: Path | None, json_path: Path | None) -> None:
+        load = os.getloadavg()
+        self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
+                 "(the machine is shared: other work shows up in every figure)")
+        sim_args = engine.simulator_args(max_num_seqs=max_num_seqs, ttft=ttft, itl=itl)
+        try:
+            with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT},
+                           local_max_concurrency=max(max(plan.levels), 2), web_concurrency=web_concurrency,
+                           log_dir=log_dir) as stack:
+                processes = (f"config.web with {web_concurrency} daphne process(es)" if web_concurrency
+                             else "one daphne process")
+                self.out(f"database {name} ({'created' if stack.created else 'existing'}); simulator "
+                         f"{stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, max-num-seqs {max_num_seqs}); "
+                         f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; endpoint local "
+                         f"max_concurrency {stack.local_max_concurrency}")
+                if stack.demo_kb:
+                    self.out(f"demo knowledge base: {stack.demo_kb}")
+                try:
+                    report = self.measure(stack=stack, plan=plan)
+                except BenchError as exc:
+                    raise CommandError(f"{exc}\ngateway log (tail):\n{servers.log_tail(stack.gateway.log_path)}"
+                                       ) from None
+        except StackError as exc:
+            raise CommandError(str(exc)) from None
+        report["stack"] = {"database": name, "ttft_ms": ttft, "itl_ms": itl, "max_num_seqs": max_num_seqs,
+                           "web_concurrency": web_concurrency, "local_max_concurrency": stack.local_max_concurrency,
+                           "chat_rate_limit": int(RATE_LIMIT)}
+        self.out(summary_text(report=report))
+        if json_path:
+            json_path.write_text(json_text(report=report), encoding="utf-8")
+            self.out(f"wrote {json_path}")
+
+    def measure(self, *, stack, plan: Plan) -> dict:
+        exact = self.exact_questions()
+        if not exact:
+            raise CommandError("no question of the demo KB is answered by exact match in the bench database")
+        key = self.api_key()
+        gateway = Gateway(url=stack.gateway.url, api_key=key, pid=stack.gateway_pid, engine_url=stack.simulator_url,
+                          engine_model=stack.model)
+
+        def classify(paraphrases: list[str]) -> list[str]:
+            hits = self.vector_hits(paraphrases)
+            if not hits:
+                self.out("! no paraphrase is answered by the vector road: that part is not run")
+                return []
+            return case_variants(hits, count=plan.kb_requests)
+
+        return asyncio.run(gateway_bench(gateway=gateway, plan=plan, first=exact[0], exact=exact,
+                                         paraphrases=PARAPHRASES, classify=classify, say=self.out,
+                                         on_run=lambda run: self.out(run_line(run))))
+
+    def api_key(self) -> str:
+        from benchmarks.users import bench_user
+        from chat.models import ApiKey
+        from chat.services import apikey_create
+
+        user = bench_user(username="bench-gateway")
+        ApiKey.objects.filter(user=user, name="bench_gateway").delete()
+        _, raw = apikey_create(user=user, name="bench_gateway", scopes=[ApiKey.Scope.CHAT])
+        return raw
+
+    def exact_questions(self) -> list[str]:
+        """The demo FAQ's questions and aliases that the bench KB answers by exact match."""
+        from knowledge.demo import DEMO_FILE
+        from knowledge.selectors import direct_answer
+
+        texts = []
+        for line in DEMO_FILE.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line) if line.strip() else None
+            if record and record.get("kind") == "faq":
+                texts += [record["question"], *record.get("aliases", [])]
+        # An exact match needs no embedding, so this asks the database only.
+        return [text for text in texts if (answer := direct_answer(text)).hit and answer.method == "exact"]
+
+    def vector_hits(self, texts: list[str]) -> list[str]:
+        from knowledge.selectors import direct_answer
+
+        return [text for text in texts if (answer := direct_answer(text)).hit and answer.method == "vector"]
