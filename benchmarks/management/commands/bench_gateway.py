@@ -30,7 +30,7 @@ from benchmarks import engine, servers
 from benchmarks.gateway import (PARAPHRASES, Gateway, Plan, case_variants, gateway_bench, json_text, plan_quick,
                                 run_line, summary_text)
 from benchmarks.loadgen import BenchError
-from benchmarks.stack import StackError, stack_run, stack_session
+from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
 # Far above anything a run sends: the per-user limit is the product's defence against one
 # client, and the bench is one client sending thousands of questions.
@@ -166,7 +166,7 @@ class Command(BaseCommand):
             json_path.write_text(json_text(report=report), encoding="utf-8")
             self.out(f"wrote {json_path}")
 
-    def measure(self, *, stack, plan: Plan) -> dict:
+    def measure(self, *, stack: Stack, plan: Plan) -> dict:
         exact = self.exact_questions()
         if not exact:
             raise CommandError("no question of the demo KB is answered by exact match in the bench database")
