@@ -21,8 +21,12 @@ os.environ.setdefault("ENGINE_CHECK_TIMEOUT", "0.5")
 os.environ.setdefault("ENGINE_UNHEALTHY_AFTER", "2")
 os.environ.setdefault("ENGINE_RESTART_UNHEALTHY_AFTER", "4")
 os.environ.setdefault("ENGINE_BACKOFF_BASE", "0.2")
-# Generated answers would each queue a KB-miss task for the one test worker; the test of that
-# feature turns it on for itself.
+# Every request checks the rules version and the breakers, so the gateway processes the tests
+# start see each test's rules and breaker states at once instead of within a second.
+os.environ.setdefault("ROUTING_RULES_CHECK_SECONDS", "0")
+os.environ.setdefault("ROUTING_BREAKER_CHECK_SECONDS", "0")
+# Generated answers would each leave a KB-miss row in the tests' tables; the tests of that
+# feature turn it on for themselves.
 os.environ.setdefault("KB_RECORD_MISSES", "false")
 if not os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = embedded.redis_url().rsplit("/", 1)[0] + "/15"
@@ -36,3 +40,8 @@ STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.s
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when it is missing
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed only; never in production
+# The test process imports config.asgi (in-process WebSocket tests) while pytest collects, before
+# pytest-django switches to the test database: a warm-up there would open the connection pool on
+# the real database, and the tests would then run against it. The servers the tests start read
+# WEB_WARMUP from the environment and warm up as in production.
+WEB_WARMUP = False
