@@ -6,12 +6,12 @@ import contextlib
 import json
 import logging
 
-from asgiref.sync import ThreadSensitiveContext
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chat.exceptions import ChatError
 from chat.turns import SessionEvent, run_turn
 from config.events import OPS_GROUP
+from core.threads import own_thread
 from routing.pipeline import Token
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class ChatConsumer(JsonFramesConsumer):
     async def _answer(self, session_id, content):
         # The turn's database work in a thread of its own: outside an HTTP request, every socket
         # of the process would otherwise share one thread for it.
-        async with ThreadSensitiveContext():
+        async with own_thread():
             await self._run(session_id, content)
 
     async def _run(self, session_id, content):

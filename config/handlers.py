@@ -1,16 +1,10 @@
 """Django's ASGI handler, with less thread switching per request."""
 
-import collections
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 from core.db import release_connections
-
-# Idle request threads kept for reuse; beyond this, a thread that finishes a request ends.
-KEEP_IDLE_THREADS = 64
+from core.threads import own_thread
 
 
 class SyncStackASGIHandler(ASGIHandler):
@@ -23,8 +17,7 @@ class SyncStackASGIHandler(ASGIHandler):
        it: about a dozen switches. Measured on the 2-core development machine: an exact KB
        answer over HTTP took 12.2 ms that way and 7.3 ms this way.
     2. Each request's thread comes from a pool instead of being started for the request and
-       joined after it (asgiref's ThreadSensitiveContext with an executor of our own): about
-       0.45 ms a request here.
+       joined after it (core.threads.own_thread): about 0.45 ms a request here.
 
     Nothing else changes. A request still has one thread of its own for its sync work (a
     thread serves one request at a time), sync views run in it, and async views (the streaming
@@ -33,23 +26,14 @@ class SyncStackASGIHandler(ASGIHandler):
     streaming body is sent from the loop.
     """
 
-    def __init__(self):
-        super().__init__()
-        self._idle: collections.deque[ThreadPoolExecutor] = collections.deque()
-        self._lock = threading.Lock()
-
     def load_middleware(self, is_async=False):
         super().load_middleware(is_async=False)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        executor = self._checkout()
-        try:
-            async with ThreadSensitiveContext(executor=executor):
-                await self.handle(scope, receive, send)
-        finally:
-            self._checkin(executor)
+        async with own_thread():
+            await self.handle(scope, receive, send)
 
     async def get_response_async(self, request):
         return await sync_to_async(self._respond, thread_sensitive=True)(request)
@@ -61,19 +45,6 @@ class SyncStackASGIHandler(ASGIHandler):
             # database connection until the end: give it back now, the body needs none.
             release_connections()
         return response
-
-    def _checkout(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()  # the most recently used thread: its caches are warm
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
-
-    def _checkin(self, executor: ThreadPoolExecutor) -> None:
-        with self._lock:
-            if len(self._idle) < KEEP_IDLE_THREADS:
-                self._idle.append(executor)
-                return
-        executor.shutdown(wait=False)
 
 
 def get_asgi_application() -> SyncStackASGIHandler:
