@@ -4,25 +4,40 @@ The official `openai` SDK works unchanged with `base_url=…/v1` and an API key 
 `chat` scope. `model: "auto"` routes by the rules (KB answers included); a model name
 from /v1/models forces that target. Every response carries X-Route, X-Route-Rule and
 X-Route-Target. Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+It is a bare ASGI application (config.asgi sends `/v1/` here), not a Django view: every
+request of this API is async end to end on the event loop. Django's handler would add a
+request thread for its middleware, signals sent under a lock, and a streaming response that
+writes chunk by chunk through several layers; for a relay whose cost multiplies by the number
+of concurrent streams, that was most of the gateway's time per request. What the middleware
+gave this API is done here: the Host check, the body size limit (refused before it is read),
+and the security headers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
-from django.core.exceptions import RequestDataTooBig
-from django.http import JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
+from core.threads import own_thread
 from core import db
 from routing import pipeline
 from routing.rules import asnapshot
+
+logger = logging.getLogger(__name__)
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -32,22 +47,26 @@ _PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "no_rou
                     "client_error": 502, "rate_limited": 503}
 
 
+@dataclass
+class Reply:
+    status: int
+    body: dict | None = None  # JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[str] | None = None  # server-sent events, instead of a body
+
+
 def _error(status: int, message: str, *, code: str | None = None, param: str | None = None,
-           headers: dict | None = None) -> JsonResponse:
+           headers: dict | None = None) -> Reply:
     body = {"error": {"message": message, "type": _STATUS_TYPES.get(status, "api_error"), "param": param,
                       "code": code}}
-    response = JsonResponse(body, status=status)
-    for name, value in (headers or {}).items():
-        response[name] = value
-    return response
+    return Reply(status, body, dict(headers or {}))
 
 
-async def _authenticate(request) -> ApiKey | JsonResponse:
-    header = request.headers.get("Authorization", "")
-    scheme, _, raw = header.partition(" ")
+async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
+    scheme, _, raw = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         return _error(401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key")
-    key = await db.run(services.apikey_authenticate, raw.strip())
+    key = await services.aapikey_authenticate(raw.strip())
     if key is None:
         return _error(401, "Incorrect or revoked API key.", code="invalid_api_key")
     if ApiKey.Scope.CHAT not in key.scopes:
@@ -55,19 +74,16 @@ async def _authenticate(request) -> ApiKey | JsonResponse:
     return key
 
 
-@csrf_exempt
-async def models(request):
-    if request.method != "GET":
-        return _error(405, "Use GET.", code="method_not_allowed")
-    key = await _authenticate(request)
-    if isinstance(key, JsonResponse):
+async def models(headers: dict[str, str]) -> Reply:
+    key = await _authenticate(headers)
+    if isinstance(key, Reply):
         return key
     snap = await asnapshot()
     created = int(time.time())
     data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
     data += [{"id": name, "object": "model", "created": created, "owned_by": target.road}
              for name, target in sorted(snap.targets_by_model.items())]
-    return JsonResponse({"object": "list", "data": data})
+    return Reply(200, {"object": "list", "data": data})
 
 
 def _text(content) -> str | None:
@@ -81,7 +97,7 @@ def _text(content) -> str | None:
     return None
 
 
-def _parse(body: dict) -> dict | JsonResponse:
+def _parse(body: dict) -> dict | Reply:
     if not isinstance(body, dict):
         return _error(400, "The request body must be a JSON object.")
     model = body.get("model")
@@ -132,34 +148,28 @@ def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = 
             "X-Route-Target": (source.target if source else "") or ""}
 
 
-def _pipeline_error(event: pipeline.Error) -> JsonResponse:
+def _pipeline_error(event: pipeline.Error) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
     code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(event.code, event.code)
     param = {"too_long": "messages", "unknown_model": "model", "empty": "messages"}.get(event.code)
     return _error(status, event.message, code=code, param=param, headers=_route_headers(None, event))
 
 
-@csrf_exempt
-async def chat_completions(request):
-    if request.method != "POST":
-        return _error(405, "Use POST.", code="method_not_allowed")
-    key = await _authenticate(request)
-    if isinstance(key, JsonResponse):
+async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
+    key = await _authenticate(headers)
+    if isinstance(key, Reply):
         return key
     try:
-        body = json.loads(request.body or b"")
-    except RequestDataTooBig:
-        return _error(413, "The request body is too large.", code="request_too_large")
+        body = json.loads(raw_body or b"")
     except ValueError as exc:
         return _error(400, f"The body is not valid JSON: {exc}.")
     parsed = _parse(body)
-    if isinstance(parsed, JsonResponse):
+    if isinstance(parsed, Reply):
         return parsed
-    user = key.user
     if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
         return _error(404, f"The model `{parsed['model']}` does not exist; see /v1/models.", code="model_not_found",
                       param="model")
-    turn = run_turn(user=user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
+    turn = run_turn(user=key.user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
                     model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
                     history=parsed["history"], system=parsed["system"])
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -184,15 +194,13 @@ async def chat_completions(request):
         return _error(exc.status, str(exc), code=exc.code, param="messages")
     model_name = parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
     if parsed["stream"]:
-        response = StreamingHttpResponse(
-            _stream(turn, completion_id, created, model_name, parsed["include_usage"]),
-            content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
+        reply = Reply(200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                    "X-Accel-Buffering": "no"},
+                      stream=_stream(turn, completion_id, created, model_name, parsed["include_usage"]))
     else:
-        response = await _complete(turn, completion_id, created, model_name)
-    for name, value in _route_headers(route).items():
-        response[name] = value
-    return response
+        reply = await _complete(turn, completion_id, created, model_name)
+    reply.headers.update(_route_headers(route))
+    return reply
 
 
 def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, choices=True) -> str:
@@ -238,9 +246,130 @@ async def _complete(turn, completion_id, created, model):
             error = event
     if error is not None:
         return _pipeline_error(error)
-    return JsonResponse({
+    return Reply(200, {
         "id": completion_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
                      "finish_reason": done.finish_reason, "logprobs": None}],
         "usage": done.usage or _zero_usage(),
     })
+
+
+# --- ASGI ----------------------------------------------------------------------------------------------
+
+_ROUTES = {"/v1/models": ("GET", models), "/v1/chat/completions": ("POST", chat_completions)}
+
+
+async def application(scope, receive, send) -> None:
+    """The /v1 API as an ASGI application; each request's database work in a thread of its own."""
+    async with own_thread():
+        await _serve(scope, receive, send)
+
+
+async def _serve(scope, receive, send) -> None:
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+    try:
+        reply = _refuse(scope, headers) or await _dispatch(scope, receive, headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - the client gets this API's error shape, the log the traceback
+        logger.exception("%s %s failed", scope["method"], scope["path"])
+        reply = _error(500, "The server failed to answer this request.", code="internal_error")
+    if reply.stream is None:
+        await _send_json(send, reply)
+    else:
+        await _send_stream(send, receive, reply)
+
+
+async def _dispatch(scope, receive, headers: dict[str, str]) -> Reply:
+    method, view = _ROUTES[scope["path"]]
+    if scope["method"] != method:
+        return _error(405, f"Use {method}.", code="method_not_allowed")
+    if method == "GET":
+        return await view(headers)
+    body = await _read_body(receive, headers)
+    return body if isinstance(body, Reply) else await view(headers, body)
+
+
+def _refuse(scope, headers: dict[str, str]) -> Reply | None:
+    """What Django's middleware would refuse before a view runs, in this API's error shape."""
+    if scope["path"] not in _ROUTES:
+        return _error(404, f"No route {scope['path']}; this API serves {', '.join(_ROUTES)}.", code="not_found")
+    domain, _ = split_domain_port(headers.get("host", ""))
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return _error(400, "The Host header names a host this server does not serve.", code="bad_host")
+    if settings.SECURE_SSL_REDIRECT and not _secure(scope, headers):
+        # An API client does not follow a redirect with its body; say what to do instead.
+        return _error(403, "This API is served over HTTPS only.", code="https_required")
+    return None
+
+
+def _secure(scope, headers: dict[str, str]) -> bool:
+    if scope.get("scheme") == "https":
+        return True
+    proxy = settings.SECURE_PROXY_SSL_HEADER
+    if proxy:
+        name, value = proxy
+        return headers.get(name.removeprefix("HTTP_").replace("_", "-").lower(), "").split(",")[0].strip() == value
+    return False
+
+
+async def _read_body(receive, headers: dict[str, str]) -> bytes | Reply:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    too_large = _error(413, f"The request body is too large: at most {limit} bytes.", code="request_too_large")
+    try:
+        if int(headers.get("content-length") or 0) > limit:
+            return too_large  # refused before a byte of it is read
+    except ValueError:
+        return _error(400, "The Content-Length header is not a number.")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError  # the client is gone: nothing to answer
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return too_large
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _head(reply: Reply, content_type: str) -> dict:
+    headers = {"Content-Type": content_type, "X-Content-Type-Options": "nosniff", **reply.headers}
+    if settings.SECURE_REFERRER_POLICY:
+        headers["Referrer-Policy"] = settings.SECURE_REFERRER_POLICY
+    return {"type": "http.response.start", "status": reply.status,
+            "headers": [(name.encode("latin-1"), str(value).encode("latin-1")) for name, value in headers.items()]}
+
+
+async def _send_json(send, reply: Reply) -> None:
+    body = json.dumps(reply.body, ensure_ascii=False).encode()
+    await send(_head(reply, "application/json"))
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_stream(send, receive, reply: Reply) -> None:
+    """Stream the events; a client that hangs up cancels the answer (and the engine's request)."""
+    streaming = asyncio.current_task()
+    gone = False
+
+    async def watch():
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        streaming.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await send(_head(reply, reply.headers.pop("Content-Type")))
+        async with contextlib.aclosing(reply.stream) as events:
+            async for text in events:
+                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # the server is stopping, not the client
+        streaming.uncancel()
+    finally:
+        watcher.cancel()

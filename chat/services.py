@@ -14,6 +14,7 @@ from django.utils import timezone
 from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession, Message
 from config import rawsql
+from core import db
 
 # --- sessions -----------------------------------------------------------------------------------------
 
@@ -163,6 +164,9 @@ def apikey_create(*, user, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
 
 
 def apikey_revoke(*, key: ApiKey) -> ApiKey:
+    """Revoke now in this process; other processes refuse it within API_KEY_CACHE_SECONDS."""
+    for digest in [d for d, (_, cached) in _recent_keys.items() if cached.pk == key.pk]:
+        _recent_keys.pop(digest, None)
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
@@ -183,6 +187,28 @@ def _live_key(prefix: str) -> ApiKey | None:
         return None
     key = rawsql.instance(ApiKey, row)
     key.user = rawsql.instance(user_model, row, rawsql.width(ApiKey))
+    return key
+
+
+# raw key's hash -> (monotonic expiry, key): the API's hot path skips the lookup for a few seconds.
+_recent_keys: dict[str, tuple[float, ApiKey]] = {}
+
+
+async def aapikey_authenticate(raw: str) -> ApiKey | None:
+    """apikey_authenticate for async callers, trusting a key it found within the last
+    API_KEY_CACHE_SECONDS: a revoked key (or deactivated user) is refused within that time."""
+    digest = ApiKey.hash(raw)
+    now = time.monotonic()
+    hit = _recent_keys.get(digest)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    key = await db.run(apikey_authenticate, raw)
+    if key is not None and settings.API_KEY_CACHE_SECONDS:
+        if len(_recent_keys) > 10_000:
+            _recent_keys.clear()  # bounded: a cache, not a registry of every key ever used
+        _recent_keys[digest] = (now + settings.API_KEY_CACHE_SECONDS, key)
+    else:
+        _recent_keys.pop(digest, None)
     return key
 
 

@@ -18,12 +18,21 @@ from django.core.cache import caches  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from chat import openai_api  # noqa: E402
 from config import warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
+
+async def http(scope, receive, send):
+    # The OpenAI-compatible API is an ASGI application of its own (see chat.openai_api).
+    if scope["path"].startswith("/v1/"):
+        return await openai_api.application(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

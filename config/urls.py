@@ -3,7 +3,6 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from chat import api as chat_api
-from chat import openai_api
 from config import health
 
 urlpatterns = [
@@ -16,8 +15,6 @@ urlpatterns = [
     path("api/chat/", include("chat.urls")),
     path("api/keys/", chat_api.ApiKeyListView.as_view(), name="api-keys"),
     path("api/keys/<int:pk>/", chat_api.ApiKeyDetailView.as_view(), name="api-key"),
-    path("v1/models", openai_api.models, name="v1-models"),
-    path("v1/chat/completions", openai_api.chat_completions, name="v1-chat-completions"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
