@@ -7,6 +7,10 @@ half-open -> after the cool-down, exactly one request (whoever sets the probe ke
 
 If Redis itself is unreachable the breaker lets requests through: it is an
 optimisation of failure handling, never a reason to refuse service.
+
+A healthy endpoint costs no Redis round trip per request: a process that found the breaker
+closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success on a
+clean breaker writes nothing. A failure always goes to Redis at once.
 """
 
 from __future__ import annotations
@@ -32,14 +36,20 @@ class BreakerState:
 
 
 _clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
+# endpoint -> monotonic time until which this process trusts "closed, no failures".
+_clean_until: dict[str, float] = {}
 
 
 def _redis() -> aioredis.Redis:
     loop = asyncio.get_running_loop()
     entry = _clients.get(id(loop))
     if entry is None or entry[0] is not loop:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=settings.REDIS_TIMEOUT,
-                                         socket_connect_timeout=settings.REDIS_TIMEOUT)
+        # A blocking pool: under a burst, a request waits for a connection (up to the timeout)
+        # instead of failing with "too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=64, timeout=settings.REDIS_TIMEOUT,
+            socket_timeout=settings.REDIS_TIMEOUT, socket_connect_timeout=settings.REDIS_TIMEOUT)
+        client = aioredis.Redis(connection_pool=pool)
         entry = (loop, client)
         _clients[id(loop)] = entry
     return entry[1]
@@ -70,10 +80,14 @@ async def state(endpoint: str) -> BreakerState:
 
 async def allow(endpoint: str) -> bool:
     """May a request go to `endpoint` now? Open: no. Past the cool-down: one probe."""
+    if _clean_until.get(endpoint, 0.0) > time.monotonic():
+        return True
     key, probe = _keys(endpoint)
     try:
         data = await _redis().hgetall(key)
         if data.get(b"state") != b"open":
+            if not data:
+                _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
             return True
         if time.time() - float(data[b"opened_at"]) < settings.ROUTING_BREAKER_COOLDOWN:
             return False
@@ -85,6 +99,8 @@ async def allow(endpoint: str) -> bool:
 
 
 async def success(endpoint: str) -> None:
+    if _clean_until.get(endpoint, 0.0) > time.monotonic():
+        return  # nothing to clear
     try:
         await _redis().delete(*_keys(endpoint))
     except Exception:  # noqa: BLE001
@@ -92,6 +108,7 @@ async def success(endpoint: str) -> None:
 
 
 async def failure(endpoint: str) -> None:
+    _clean_until.pop(endpoint, None)
     key, probe = _keys(endpoint)
     try:
         client = _redis()
@@ -107,4 +124,5 @@ async def failure(endpoint: str) -> None:
 
 
 async def reset(endpoint: str) -> None:
+    _clean_until.pop(endpoint, None)
     await success(endpoint)

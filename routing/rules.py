@@ -14,9 +14,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.cache import cache
 
+from core import db
 from inference_ops.client import EndpointConfig
 from inference_ops.models import ModelEndpoint
 from knowledge.normalize import normalize
@@ -26,7 +27,6 @@ from routing.models import RouteTarget, RoutingRule
 logger = logging.getLogger(__name__)
 
 VERSION_KEY = "routing:rules:version"
-_CHECK_EVERY = 1.0
 _REBUILD_EVERY = 300.0  # also catches what no signal reports, e.g. a KB embedding-model switch
 
 
@@ -215,7 +215,7 @@ def _current_version() -> str | None:
 def snapshot() -> Snapshot:
     global _snapshot, _checked_at
     now = time.monotonic()
-    if _snapshot is not None and now - _checked_at < _CHECK_EVERY:
+    if _snapshot is not None and now - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
         return _snapshot
     version = _current_version()
     if _snapshot is None or version != _snapshot.version or now - _snapshot.built_at > _REBUILD_EVERY:
@@ -225,9 +225,9 @@ def snapshot() -> Snapshot:
 
 
 async def asnapshot() -> Snapshot:
-    if _snapshot is not None and time.monotonic() - _checked_at < _CHECK_EVERY:
+    if _snapshot is not None and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
         return _snapshot  # the hot path: no thread hop, no I/O
-    return await sync_to_async(snapshot)()
+    return await db.run(snapshot)
 
 
 def rules_changed() -> None:
