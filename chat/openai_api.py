@@ -33,7 +33,6 @@ from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
 from core.threads import own_thread
-from core import db
 from routing import pipeline
 from routing.rules import asnapshot
 

@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import tempfile
 import time
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import database, kb, kb_data, servers, stats
-from config import embedded
+from benchmarks import kb, kb_data, servers, stack, stats
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
@@ -38,11 +35,6 @@ TARGETS = (
     ("pgvector top-40", "postgres", 1, 2.0),
 )
 WARMUP = 20
-
-
-def _interrupt(signum, frame):
-    # SIGTERM takes the same road as Ctrl-C, so the `finally` blocks stop daphne and release the servers.
-    raise KeyboardInterrupt
 
 
 class Command(BaseCommand):
@@ -75,33 +67,17 @@ class Command(BaseCommand):
         if queries < 10 or concurrency < 1:
             raise CommandError("--queries must be at least 10 and --concurrency at least 1")
         name = f"bench_{settings.DATABASES['default']['NAME']}"
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        holder = not os.environ.get("DATABASE_URL")
-        if holder:
-            # Minutes long: as a holder of the embedded servers, a test run that ends meanwhile
-            # does not stop PostgreSQL under us. Then (re)start it in case one just did.
-            embedded.hold()
-            embedded.postgres_url()
         try:
-            created = database.database_use(name, pool_size=concurrency + 2)
-            call_command("migrate", verbosity=0, interactive=False)
-            self.out(f"database {name} ({'created' if created else 'existing'}) on "
-                     f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}")
-            self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
-                     "machine shows up in every figure)")
-            self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
-                       rebuild=rebuild, seed=seed, embedding_threads=embedding_threads, http_auth=http_auth)
+            with stack.stack_session(drop=None if keep else name, say=self.out):
+                created = stack.database_prepare(name=name, pool_size=concurrency + 2)
+                self.out(f"database {name} ({'created' if created else 'existing'}) on "
+                         f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}")
+                self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
+                         "machine shows up in every figure)")
+                self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
+                           rebuild=rebuild, seed=seed, embedding_threads=embedding_threads, http_auth=http_auth)
         except KeyboardInterrupt:
             raise CommandError("interrupted; daphne, if started, was stopped", returncode=130) from None
-        finally:
-            try:
-                if not keep:
-                    database.database_drop(name)
-                    self.out(f"dropped {name}")
-            finally:
-                if holder:
-                    embedded.release()
-                signal.signal(signal.SIGTERM, previous)
 
     def out(self, text: str = "", ending: str = "\n") -> None:
         self.stdout.write(text, ending=ending)
