@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import orjson
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
@@ -51,7 +52,7 @@ class Reply:
     status: int
     body: dict | None = None  # JSON
     headers: dict[str, str] = field(default_factory=dict)
-    stream: AsyncIterator[str] | None = None  # server-sent events, instead of a body
+    stream: AsyncIterator[str | bytes] | None = None  # server-sent events, instead of a body
 
 
 def _error(status: int, message: str, *, code: str | None = None, param: str | None = None,
@@ -212,12 +213,13 @@ def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, c
 
 async def _stream(turn, completion_id, created, model, include_usage):
     # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
-    head, tail = _chunk(completion_id, created, model, delta={"content": "\x00"}).split(json.dumps("\x00"))
+    head, tail = (part.encode() for part in
+                  _chunk(completion_id, created, model, delta={"content": "\x00"}).split(json.dumps("\x00")))
     try:
         yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
         async for event in turn:
             if isinstance(event, pipeline.Token):
-                yield head + json.dumps(event.text, ensure_ascii=False) + tail
+                yield head + orjson.dumps(event.text) + tail
             elif isinstance(event, pipeline.Done):
                 end = _chunk(completion_id, created, model, finish=event.finish_reason)
                 if include_usage:
@@ -364,7 +366,8 @@ async def _send_stream(send, receive, reply: Reply) -> None:
         await send(_head(reply, reply.headers.pop("Content-Type")))
         async with contextlib.aclosing(reply.stream) as events:
             async for text in events:
-                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+                body = text if isinstance(text, bytes) else text.encode()
+                await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
         if not gone:

@@ -153,7 +153,12 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": REDIS_KEY_PREFIX,
-        "OPTIONS": {"socket_connect_timeout": REDIS_TIMEOUT, "socket_timeout": REDIS_TIMEOUT},
+        "OPTIONS": {
+            "socket_connect_timeout": REDIS_TIMEOUT, "socket_timeout": REDIS_TIMEOUT,
+            # Request threads share one pool; in a burst a thread waits for a free connection
+            # (up to REDIS_TIMEOUT) instead of failing with "too many connections".
+            "pool_class": "redis.BlockingConnectionPool", "max_connections": 64, "timeout": REDIS_TIMEOUT,
+        },
     }
 }
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx2
 import openai
+import orjson
 
 from inference_ops.exceptions import EngineError
 
@@ -145,7 +146,7 @@ async def stream_chat(
 
     The SDK sends the request; the response's server-sent events are read raw, a network read
     at a time, and the content of every chunk in one read leaves as one Token. Per-chunk work is
-    one `json.loads`: the SDK would build a pydantic model per chunk, and under load a read holds
+    one `orjson.loads`: the SDK would build a pydantic model per chunk, and under load a read holds
     many chunks, which then cost the layers above one event instead of many.
     """
     pool = _pool_for(config)
@@ -201,7 +202,7 @@ async def stream_chat(
                     done = True
                     break
                 try:
-                    chunk = json.loads(payload)
+                    chunk = orjson.loads(payload)
                     if "error" in chunk:
                         error = chunk["error"]
                         message = error.get("message") if isinstance(error, dict) else error
@@ -216,7 +217,7 @@ async def stream_chat(
                             texts.append(text)
                         if choice.get("finish_reason"):
                             finish_reason = choice["finish_reason"]
-                except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
                     failed = EngineError("malformed", f"unreadable chunk: {exc}",
                                          produced_tokens=produced or bool(texts), endpoint=config.name)
                     break

@@ -9,8 +9,8 @@ If Redis itself is unreachable the breaker lets requests through: it is an
 optimisation of failure handling, never a reason to refuse service.
 
 A healthy endpoint costs no Redis round trip per request: a process that found the breaker
-closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success on a
-clean breaker writes nothing. A failure always goes to Redis at once.
+closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success writes
+only when this process last saw something to clear. A failure always goes to Redis at once.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class BreakerState:
 _clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
 # endpoint -> monotonic time until which this process trusts "closed, no failures".
 _clean_until: dict[str, float] = {}
+# endpoints whose breaker this process last saw with something to clear (failures, open)
+_dirty: set[str] = set()
 
 
 def _redis() -> aioredis.Redis:
@@ -85,6 +87,10 @@ async def allow(endpoint: str) -> bool:
     key, probe = _keys(endpoint)
     try:
         data = await _redis().hgetall(key)
+        if data:
+            _dirty.add(endpoint)
+        else:
+            _dirty.discard(endpoint)
         if data.get(b"state") != b"open":
             if not data:
                 _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
@@ -99,8 +105,8 @@ async def allow(endpoint: str) -> bool:
 
 
 async def success(endpoint: str) -> None:
-    if _clean_until.get(endpoint, 0.0) > time.monotonic():
-        return  # nothing to clear
+    if endpoint not in _dirty:
+        return  # clean when this request began, and no failure since: nothing to clear
     try:
         await _redis().delete(*_keys(endpoint))
     except Exception:  # noqa: BLE001
@@ -109,6 +115,7 @@ async def success(endpoint: str) -> None:
 
 async def failure(endpoint: str) -> None:
     _clean_until.pop(endpoint, None)
+    _dirty.add(endpoint)
     key, probe = _keys(endpoint)
     try:
         client = _redis()
@@ -125,4 +132,5 @@ async def failure(endpoint: str) -> None:
 
 async def reset(endpoint: str) -> None:
     _clean_until.pop(endpoint, None)
+    _dirty.add(endpoint)
     await success(endpoint)
