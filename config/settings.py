@@ -380,6 +380,9 @@ KB_EMBEDDING_API_KEY_ENV = env_str("KB_EMBEDDING_API_KEY_ENV", "")
 # and one gives the most questions per second on a saturated machine (README, Figures).
 KB_EMBEDDING_RUNTIME = env_choice("KB_EMBEDDING_RUNTIME", "onnx", ("onnx", "torch"))
 KB_EMBEDDING_THREADS = env_int("KB_EMBEDDING_THREADS", min(2, os.cpu_count() or 1), minimum=0, maximum=256)
+# ONNX Runtime's threads spin between calls: a lone question is embedded sooner, but under
+# concurrent load the spinning takes the CPU the event loop and the engine need (README, Figures).
+KB_EMBEDDING_SPIN = env_bool("KB_EMBEDDING_SPIN", False)
 KB_EMBEDDING_CACHE_DIR = env_str("KB_EMBEDDING_CACHE_DIR") or str(_CACHE_ROOT / "embeddings")
 if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING_BASE_URL):
     raise ImproperlyConfigured(

@@ -55,6 +55,12 @@ def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> On
     # second when concurrent questions (each in its own thread) already fill the cores.
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    from django.conf import settings
+
+    if not settings.KB_EMBEDDING_SPIN:
+        # Threads that spin after a call answer the next call sooner, but the spinning takes CPU
+        # from the event loop and the engine under concurrent load.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     encoder = OnnxEncoder(model, session)
     expected = model.encode(list(_PROBES), normalize_embeddings=True, show_progress_bar=False)
