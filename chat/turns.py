@@ -68,8 +68,9 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
         # Shielded: the row must be written even while this task is being cancelled.
         await asyncio.shield(db.run(
-            services.turn_finish, message_id=assistant.pk, status=_status(final, cancelled, bool(parts)), content="".join(parts),
-            route=route, done=final if isinstance(final, pipeline.Done) else None, error=error))
+            services.turn_finish, message_id=assistant.pk, status=_status(final, cancelled, bool(parts)),
+            content="".join(parts), route=route, done=final if isinstance(final, pipeline.Done) else None,
+            error=error))
 
     try:
         request = pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,

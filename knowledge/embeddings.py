@@ -212,13 +212,15 @@ class _Batcher:
         self.calls = 0  # model calls made, for tests and benchmarks
         self._waiting: dict[str, list[asyncio.Future]] = {}
         self._running = False
+        self._task: asyncio.Task | None = None
 
     async def embed(self, text: str) -> tuple[float, ...]:
         future = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(text, []).append(future)  # the same text twice: embedded once
         if not self._running:
             self._running = True
-            asyncio.get_running_loop().create_task(self._drain())
+            # Kept: the loop holds only a weak reference to a task.
+            self._task = asyncio.get_running_loop().create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
