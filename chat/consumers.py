@@ -11,6 +11,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from chat.exceptions import ChatError
 from chat.turns import SessionEvent, run_turn
 from config.events import OPS_GROUP
+from core import db
 from core.threads import own_thread
 from routing.pipeline import Token
 
@@ -115,10 +116,12 @@ class ChatConsumer(JsonFramesConsumer):
         self.task = asyncio.create_task(self._answer(session, frame.get("content")))
 
     async def _answer(self, session_id, content):
-        # The turn's database work in a thread of its own: outside an HTTP request, every socket
-        # of the process would otherwise share one thread for it.
+        # The turn's database work in the process's database threads; anything else that runs
+        # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
+        # process would otherwise share one thread for it.
         async with own_thread():
-            await self._run(session_id, content)
+            with db.any_thread():
+                await self._run(session_id, content)
 
     async def _run(self, session_id, content):
         message_id = None

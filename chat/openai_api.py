@@ -33,7 +33,7 @@ from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
-from core.threads import own_thread
+from core import db
 from routing import pipeline
 from routing.rules import asnapshot
 
@@ -261,8 +261,8 @@ _ROUTES = {"/v1/models": ("GET", models), "/v1/chat/completions": ("POST", chat_
 
 
 async def application(scope, receive, send) -> None:
-    """The /v1 API as an ASGI application; each request's database work in a thread of its own."""
-    async with own_thread():
+    """The /v1 API as an ASGI application; its database work goes to the process's database threads."""
+    with db.any_thread():
         await _serve(scope, receive, send)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession, Message
@@ -65,16 +67,30 @@ def message_validate(content) -> str:
     return content.strip()
 
 
+_redis_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _redis_client
+    if _redis_client is None:
+        # Thread-safe; in a burst a thread waits for a free connection (up to REDIS_TIMEOUT).
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=64, timeout=settings.REDIS_TIMEOUT,
+            socket_timeout=settings.REDIS_TIMEOUT, socket_connect_timeout=settings.REDIS_TIMEOUT)
+        _redis_client = redis.Redis(connection_pool=pool)
+    return _redis_client
+
+
 def rate_limit_hit(*, user_id: int) -> None:
-    """A fixed window per user in Redis, shared by every process. Raises RateLimited when over."""
+    """A fixed window per user in Redis, shared by every process. Raises RateLimited when over.
+    One round trip: the window's counter is created with its expiry if missing, then counted."""
     window = settings.CHAT_RATE_WINDOW
     now = int(time.time())
-    key = f"chat:rate:{user_id}:{now // window}"
-    try:
-        count = cache.incr(key)
-    except ValueError:
-        cache.add(key, 0, timeout=window + 5)
-        count = cache.incr(key)
+    key = f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}"
+    pipe = _redis().pipeline(transaction=False)
+    pipe.set(key, 0, ex=window + 5, nx=True)
+    pipe.incr(key)
+    count = pipe.execute()[1]
     if count > settings.CHAT_RATE_LIMIT:
         retry_after = window - now % window
         raise RateLimited(
@@ -83,42 +99,80 @@ def rate_limit_hit(*, user_id: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class TurnStart:
+    session_id: int
+    title: str
+    user_message_id: int
+    assistant_id: int
+    history: list[dict]  # earlier turns for the prompt, oldest first
+    groups: frozenset[str]  # the user's group names, for the routing rules
+
+
 def turn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
-               history: list[dict] | None = None) -> tuple[ChatSession, Message, Message, list[dict]]:
+               history: list[dict] | None = None) -> TurnStart:
     """Persist the user's message and an assistant message in `streaming` state.
 
-    Returns (session, user message, assistant message, history for the prompt). With
-    `history` given (the /v1 API sends its own), the stored conversation is not read.
+    One statement, so one round trip and no explicit transaction: the session (created, or the
+    user's own touched), the two messages, the earlier turns and the user's groups. With
+    `history` given (the /v1 API sends its own), the stored conversation is not read. A
+    statement sees the rows as they were before it, so the history never holds the new turn.
     """
-    with transaction.atomic():
-        if session_id is None:
-            session = session_create(user=user, title=content, source=source)
-        else:
-            session = ChatSession.objects.select_for_update().filter(pk=session_id, user=user).first()
-            if session is None:
-                raise SessionNotFound(f"No chat session {session_id}.")
-        if history is None:
-            earlier = list(
-                session.messages.exclude(status=Message.Status.STREAMING).exclude(content="")
-                .order_by("-created_at", "-pk")[: settings.CHAT_HISTORY_TURNS]
-            )
-            history = [{"role": m.role, "content": m.content} for m in reversed(earlier)]
-        user_message, assistant = Message.objects.bulk_create([
-            Message(session=session, role=Message.Role.USER, content=content),
-            Message(session=session, role=Message.Role.ASSISTANT, status=Message.Status.STREAMING),
-        ])
-        if session_id is not None:  # a new session's updated_at is already now
-            session.save(update_fields=["updated_at"])
-    return session, user_message, assistant, history
+    session, message = ChatSession._meta.db_table, Message._meta.db_table
+    now = timezone.now()
+    params = {"user": user.pk, "now": now, "content": content, "sid": session_id, "source": source,
+              "title": _title(content), "turns": settings.CHAT_HISTORY_TURNS,
+              "user_role": Message.Role.USER, "assistant_role": Message.Role.ASSISTANT,
+              "complete": Message.Status.COMPLETE, "streaming": Message.Status.STREAMING}
+    if session_id is None:
+        the_session = (f"INSERT INTO {session} (user_id, title, source, created_at, updated_at) "
+                       "VALUES (%(user)s, %(title)s, %(source)s, %(now)s, %(now)s) RETURNING id, title")
+    else:
+        # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE did.
+        the_session = (f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
+                       "RETURNING id, title")
+    read_history = session_id is not None and history is None
+    earlier = (f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
+               "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
+               if read_history else "SELECT NULL::text AS role, NULL::text AS content, NULL::timestamptz AS created_at, "
+               "NULL::bigint AS id WHERE false")
+    sql = f"""
+        WITH s AS ({the_session}),
+        h AS ({earlier}),
+        m AS (
+            INSERT INTO {message} (session_id, role, content, status, road, rule, target, citations, error, created_at)
+            SELECT s.id, v.role, v.content, v.status, '', '', '', '[]'::jsonb, '', %(now)s
+            FROM s CROSS JOIN (VALUES (1, %(user_role)s, %(content)s, %(complete)s),
+                                      (2, %(assistant_role)s, '', %(streaming)s)) AS v (n, role, content, status)
+            ORDER BY v.n
+            RETURNING id, role
+        )
+        SELECT s.id, s.title,
+            (SELECT id FROM m WHERE role = %(user_role)s), (SELECT id FROM m WHERE role = %(assistant_role)s),
+            ARRAY(SELECT g.name FROM auth_user_groups ug JOIN auth_group g ON g.id = ug.group_id
+                  WHERE ug.user_id = %(user)s),
+            ARRAY(SELECT role FROM h ORDER BY created_at, id), ARRAY(SELECT content FROM h ORDER BY created_at, id)
+        FROM s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise SessionNotFound(f"No chat session {session_id}.")
+    sid, title, user_message_id, assistant_id, groups, roles, contents = row
+    if read_history:
+        history = [{"role": role, "content": text} for role, text in zip(roles, contents, strict=True)]
+    return TurnStart(session_id=sid, title=title, user_message_id=user_message_id, assistant_id=assistant_id,
+                     history=list(history or []), groups=frozenset(groups))
 
 
 def turn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
-    """Persist the end of an assistant turn: its text, status, route, timings and usage."""
+    """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
     fields = {"status": status, "content": content, "finished_at": timezone.now()}
     if route is not None:
         fields.update(road=route.road or "", rule=route.rule or "", target=route.target or "")
     if done is not None:
-        fields.update(ttft_ms=done.ttft_ms, latency_ms=done.latency_ms, citations=done.citations,
+        fields.update(ttft_ms=done.ttft_ms, latency_ms=done.latency_ms, citations=Jsonb(done.citations),
                       kb_entry_id=done.kb_entry_id)
         if done.usage:
             fields.update(prompt_tokens=done.usage["prompt_tokens"],
@@ -127,7 +181,11 @@ def turn_finish(*, message_id: int, status: str, content: str, route=None, done=
         fields["error"] = f"{error.code}: {error.message}"
         if route is None and error.road:
             fields.update(road=error.road or "", rule=error.rule or "", target=error.target or "")
-    Message.objects.filter(pk=message_id).update(**fields)
+    # The column names are this function's own (Message's fields), never input.
+    assignments = ", ".join(f'"{name}" = %({name})s' for name in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
+                       {**fields, "message_id": message_id})
 
 
 def messages_fail_stale() -> int:

@@ -44,17 +44,16 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     `rate_limited=True`: the caller already counted this question against the user's limit."""
     content = services.message_validate(content)
 
-    def begin():
-        # The turn's start in one thread hop and one pooled connection, given back before the
-        # answer streams: the rate limit, the rows, the user's groups for the rules.
+    def begin() -> services.TurnStart:
+        # The turn's start in one thread hop, one Redis round trip (the rate limit) and one
+        # statement on a pooled connection given back before the answer streams.
         if not rate_limited:
             services.rate_limit_hit(user_id=user.pk)
-        session, _, assistant, prompt_history = services.turn_start(
-            user=user, session_id=session_id, content=content, source=source, history=history)
-        return session, assistant, prompt_history, frozenset(user.groups.values_list("name", flat=True))
+        return services.turn_start(user=user, session_id=session_id, content=content, source=source,
+                                   history=history)
 
-    session, assistant, history, groups = await db.run(begin)
-    yield SessionEvent(id=session.pk, title=session.title, message_id=assistant.pk)
+    start = await db.run(begin)
+    yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
 
     parts: list[str] = []
     route = None
@@ -68,13 +67,13 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
         # Shielded: the row must be written even while this task is being cancelled.
         await asyncio.shield(db.run(
-            services.turn_finish, message_id=assistant.pk, status=_status(final, cancelled, bool(parts)),
+            services.turn_finish, message_id=start.assistant_id, status=_status(final, cancelled, bool(parts)),
             content="".join(parts), route=route, done=final if isinstance(final, pipeline.Done) else None,
             error=error))
 
     try:
-        request = pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
-                                        model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+        request = pipeline.RouteRequest(text=content, history=start.history, user_id=user.pk, groups=start.groups,
+                                        client=client, model=model, max_tokens=max_tokens, temperature=temperature, system=system)
         async for event in pipeline.answer(request):
             if isinstance(event, pipeline.Route):
                 route = event

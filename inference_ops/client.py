@@ -144,10 +144,13 @@ async def stream_chat(
 ) -> AsyncIterator[Token | Finish]:
     """Yield Token events, then one Finish; raise EngineError on any failure.
 
-    The SDK sends the request; the response's server-sent events are read raw, a network read
-    at a time, and the content of every chunk in one read leaves as one Token. Per-chunk work is
-    one `orjson.loads`: the SDK would build a pydantic model per chunk, and under load a read holds
-    many chunks, which then cost the layers above one event instead of many.
+    The SDK sends the request (`client.post`, the SDK's documented way to a raw response: its
+    typed `create` walks every message through its TypedDict annotations, which under load
+    cost more than the rest of the request); the response's server-sent events are read raw,
+    a network read at a time, and the content of every chunk in one read leaves as one Token.
+    Per-chunk work is one `orjson.loads`: the SDK would build a pydantic model per chunk, and
+    under load a read holds many chunks, which then cost the layers above one event instead of
+    many. The timeouts are one timer per stream (`_Deadline`), not one per read.
     """
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
@@ -156,29 +159,32 @@ async def stream_chat(
     total_deadline = started + config.total_timeout
     produced = False
     response = None
+    deadline = None
     acquired = False
+    body = {"model": config.model, "messages": messages, "stream": True,
+            **_options(max_tokens, temperature, stop), **(extra_body or {})}
     try:
         try:
             async with asyncio.timeout_at(min(first_deadline, total_deadline)):
                 await pool.slots.acquire()
                 acquired = True
-                response = await pool.client.chat.completions.with_streaming_response.create(
-                    model=config.model, messages=messages, stream=True, extra_body=extra_body,
-                    extra_headers=extra_headers, **_options(max_tokens, temperature, stop),
-                ).__aenter__()
+                response = await pool.client.post(
+                    "/chat/completions", cast_to=httpx2.Response, body=body, stream=True, stream_cls=None,
+                    options={"headers": extra_headers} if extra_headers else {})
         except TimeoutError:
             what = "no response headers in time" if acquired else f"all {config.max_concurrency} slots stayed busy"
             raise EngineError("timeout_first_token", what, endpoint=config.name) from None
         except _SDK_ERRORS as exc:
             raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
 
-        reads = response.http_response.aiter_bytes()
+        reads = response.aiter_bytes()
         events = _SSE()
         finish_reason, usage, ttft, count, done = None, None, None, 0, False
+        deadline = _Deadline(loop, first=min(first_deadline, total_deadline), total=total_deadline,
+                             idle=config.idle_timeout)
         while True:
-            deadline = min(total_deadline, loop.time() + config.idle_timeout if produced else first_deadline)
             try:
-                async with asyncio.timeout_at(deadline):
+                with deadline:
                     data = await reads.__anext__()
             except StopAsyncIteration:
                 break
@@ -226,6 +232,7 @@ async def stream_chat(
                 elapsed = loop.time() - started
                 if not produced:
                     produced, ttft = True, elapsed
+                    deadline.first_token()
                 count += len(texts)
                 yield Token(text="".join(texts), elapsed=elapsed, chunks=len(texts))
             if failed is not None:
@@ -235,9 +242,11 @@ async def stream_chat(
                               produced_tokens=produced, endpoint=config.name)
         yield Finish(finish_reason=finish_reason, usage=usage, ttft=ttft, total=loop.time() - started, tokens=count)
     finally:
+        if deadline is not None:
+            deadline.close()
         if response is not None:
             # Closing the response tells the engine the client is gone: vLLM aborts the request.
-            await response.close()
+            await response.aclose()
         if acquired:
             pool.slots.release()
 
@@ -251,6 +260,65 @@ def _options(max_tokens: int | None, temperature: float | None, stop: list[str] 
     if stop:
         options["stop"] = stop
     return options
+
+
+class _Deadline:
+    """The read timeouts of one stream with one timer: until the first token, the `first`
+    deadline; after it, `idle` seconds from the start of each read; never past `total`.
+    Wrap each read in `with deadline:`; a read that outlives its deadline raises TimeoutError
+    (the task is cancelled and uncancelled, as in asyncio.timeout).
+
+    `asyncio.timeout_at` around each read would schedule and cancel a timer per network read;
+    here a read only notes the time, and the one timer, when it fires early, moves itself to
+    the deadline the reads since have earned."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, first: float, total: float, idle: float):
+        self._loop, self._first, self._total, self._idle = loop, first, total, idle
+        self._read_started: float | None = None  # None until the first token
+        self._task: asyncio.Task | None = None
+        self._cancelling = 0
+        self._fired = False
+        self._timer: asyncio.TimerHandle | None = loop.call_at(first, self._fire)
+
+    def first_token(self) -> None:
+        self._read_started = self._loop.time()
+
+    def _due(self) -> float:
+        if self._read_started is None:
+            return self._first
+        return min(self._total, self._read_started + self._idle)
+
+    def __enter__(self) -> None:
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling()
+        if self._read_started is not None:
+            self._read_started = self._loop.time()
+        if self._timer is None:  # it fired while the consumer had the last token
+            self._timer = self._loop.call_at(self._due(), self._fire)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        task, self._task = self._task, None
+        if self._fired:
+            self._fired = False
+            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from None
+        return False
+
+    def _fire(self) -> None:
+        due = self._due()
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._fire)
+        elif self._task is not None:
+            self._timer = None
+            self._fired = True
+            self._task.cancel()
+        else:
+            self._timer = None  # re-armed by the next read, from its own start
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class _SSE:

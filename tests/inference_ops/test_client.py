@@ -175,6 +175,28 @@ async def test_a_stall_between_tokens_is_an_idle_timeout(stub):
     assert error.kind == "timeout_idle" and error.produced_tokens and len(events) == 1
 
 
+async def test_a_slow_consumer_is_not_an_engine_stall(sim):
+    # The idle budget counts from the start of each read: time the caller spends with a token
+    # (a slow client downstream) is not the engine's silence.
+    events = []
+    async with contextlib.aclosing(stream_chat(config_for(sim.url, idle_timeout=0.15), ASK, max_tokens=4)) as stream:
+        async for event in stream:
+            events.append(event)
+            await asyncio.sleep(0.3)
+    assert isinstance(events[-1], Finish) and events[-1].finish_reason == "length"
+    assert "".join(e.text for e in events[:-1])
+
+
+async def test_a_cancel_during_a_read_stays_a_cancel_and_not_a_timeout(stub):
+    state, url = stub
+    state["mode"] = "stall"
+    task = asyncio.create_task(collect(config_for(url, idle_timeout=3)))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_a_stream_without_a_finish_reason_is_truncated(stub):
     state, url = stub
     state["mode"] = "no-finish"
