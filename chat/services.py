@@ -17,6 +17,7 @@ from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, Rate
 from chat.models import ApiKey, ChatSession, Message
 from config import rawsql
 from core import db
+from core.flight import SingleFlight
 
 # --- sessions -----------------------------------------------------------------------------------------
 
@@ -250,6 +251,7 @@ def _live_key(prefix: str) -> ApiKey | None:
 
 # raw key's hash -> (monotonic expiry, key): the API's hot path skips the lookup for a few seconds.
 _recent_keys: dict[str, tuple[float, ApiKey]] = {}
+_lookups = SingleFlight()
 
 
 async def aapikey_authenticate(raw: str) -> ApiKey | None:
@@ -260,7 +262,8 @@ async def aapikey_authenticate(raw: str) -> ApiKey | None:
     hit = _recent_keys.get(digest)
     if hit is not None and hit[0] > now:
         return hit[1]
-    key = await db.run(apikey_authenticate, raw)
+    # When a busy key's trust runs out, its concurrent requests share one lookup.
+    key = await _lookups.do(digest, lambda: db.run(apikey_authenticate, raw))
     if key is not None and settings.API_KEY_CACHE_SECONDS:
         if len(_recent_keys) > 10_000:
             _recent_keys.clear()  # bounded: a cache, not a registry of every key ever used

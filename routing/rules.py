@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from core import db
+from core.flight import SingleFlight
 from inference_ops.client import EndpointConfig
 from inference_ops.models import ModelEndpoint
 from knowledge.normalize import normalize
@@ -224,10 +225,14 @@ def snapshot() -> Snapshot:
     return _snapshot
 
 
+_refreshes = SingleFlight()
+
+
 async def asnapshot() -> Snapshot:
     if _snapshot is not None and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
         return _snapshot  # the hot path: no thread hop, no I/O
-    return await db.run(snapshot)
+    # The check falls due for every request at once: one of them looks, the others wait for it.
+    return await _refreshes.do("snapshot", lambda: db.run(snapshot))
 
 
 def rules_changed() -> None:
