@@ -19,7 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from chat import openai_api  # noqa: E402
-from config import warmup  # noqa: E402
+from config import twisted_tuning, warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -39,24 +39,9 @@ application = ProtocolTypeRouter(
 
 # Django keeps cache objects in a context-local, and every request's context is a copy of this
 # one: made here, one cache object and its Redis connection pool serve every request. Made first
-# inside a request, it would be that request's alone, and each question (its rate-limit count)
-# would open a new Redis connection.
+# inside a request, it would be that request's alone, and each use (the rule snapshot's version
+# check, the health check) would open a new Redis connection.
 caches["default"]  # noqa: B018 - creating it is the point; it connects on first use
 
-
-def _twisted_tune() -> None:
-    """Twisted parses a POST's Content-Type with the email package, to decode HTML forms into
-    `request.args`, which daphne never reads (it hands the raw body to the application). On
-    the 2-core machine that parse was a tenth of the gateway's CPU at 64 streams (py-spy).
-    The function is pure, bytes to bytes: remember its few distinct answers."""
-    import functools
-
-    from twisted.web import http as twisted_http
-
-    parse = twisted_http._parseContentType
-    if not hasattr(parse, "cache_info"):
-        twisted_http._parseContentType = functools.lru_cache(maxsize=64)(parse)
-
-
-_twisted_tune()
+twisted_tuning.tune()
 warmup.run()
