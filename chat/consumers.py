@@ -120,7 +120,7 @@ class ChatConsumer(JsonFramesConsumer):
         # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
         # process would otherwise share one thread for it.
         async with own_thread():
-            with db.any_thread():
+            with db.unbound():
                 await self._run(session_id, content)
 
     async def _run(self, session_id, content):

@@ -262,7 +262,7 @@ _ROUTES = {"/v1/models": ("GET", models), "/v1/chat/completions": ("POST", chat_
 
 async def application(scope, receive, send) -> None:
     """The /v1 API as an ASGI application; its database work goes to the process's database threads."""
-    with db.any_thread():
+    with db.unbound():
         await _serve(scope, receive, send)
 
 

@@ -6,7 +6,6 @@ import secrets
 import time
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -17,6 +16,7 @@ from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, Rate
 from chat.models import ApiKey, ChatSession, Message
 from config import rawsql
 from core import db
+from core import redis as core_redis
 from core.flight import SingleFlight
 
 # --- sessions -----------------------------------------------------------------------------------------
@@ -68,36 +68,38 @@ def message_validate(content) -> str:
     return content.strip()
 
 
-_redis_client: redis.Redis | None = None
+def _rate_window(user_id: int) -> tuple[str, int, int]:
+    window = settings.CHAT_RATE_WINDOW
+    now = int(time.time())
+    return f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}", window, window - now % window
 
 
-def _redis() -> redis.Redis:
-    global _redis_client
-    if _redis_client is None:
-        # Thread-safe; in a burst a thread waits for a free connection (up to REDIS_TIMEOUT).
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL, max_connections=64, timeout=settings.REDIS_TIMEOUT,
-            socket_timeout=settings.REDIS_TIMEOUT, socket_connect_timeout=settings.REDIS_TIMEOUT)
-        _redis_client = redis.Redis(connection_pool=pool)
-    return _redis_client
+def _rate_check(count: int, retry_after: int) -> None:
+    if count > settings.CHAT_RATE_LIMIT:
+        raise RateLimited(
+            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} per {settings.CHAT_RATE_WINDOW} s. "
+            f"Try again in {retry_after} s.",
+            retry_after=retry_after,
+        )
 
 
 def rate_limit_hit(*, user_id: int) -> None:
     """A fixed window per user in Redis, shared by every process. Raises RateLimited when over.
     One round trip: the window's counter is created with its expiry if missing, then counted."""
-    window = settings.CHAT_RATE_WINDOW
-    now = int(time.time())
-    key = f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}"
-    pipe = _redis().pipeline(transaction=False)
+    key, window, retry_after = _rate_window(user_id)
+    pipe = core_redis.client().pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
     pipe.incr(key)
-    count = pipe.execute()[1]
-    if count > settings.CHAT_RATE_LIMIT:
-        retry_after = window - now % window
-        raise RateLimited(
-            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} per {window} s. Try again in {retry_after} s.",
-            retry_after=retry_after,
-        )
+    _rate_check(pipe.execute()[1], retry_after)
+
+
+async def arate_limit_hit(*, user_id: int) -> None:
+    """rate_limit_hit on the event loop."""
+    key, window, retry_after = _rate_window(user_id)
+    pipe = core_redis.aclient().pipeline(transaction=False)
+    pipe.set(key, 0, ex=window + 5, nx=True)
+    pipe.incr(key)
+    _rate_check((await pipe.execute())[1], retry_after)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,24 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
     `history` given (the /v1 API sends its own), the stored conversation is not read. A
     statement sees the rows as they were before it, so the history never holds the new turn.
     """
+    sql, params = _turn_start_statement(user=user, session_id=session_id, content=content, source=source,
+                                        read_history=session_id is not None and history is None)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return _turn_started(row, session_id=session_id, history=history)
+
+
+async def aturn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
+                      history: list[dict] | None = None) -> TurnStart:
+    """turn_start on the event loop (inside core.db.unbound)."""
+    sql, params = _turn_start_statement(user=user, session_id=session_id, content=content, source=source,
+                                        read_history=session_id is not None and history is None)
+    return _turn_started(await db.fetchone(sql, params), session_id=session_id, history=history)
+
+
+def _turn_start_statement(*, user, session_id: int | None, content: str, source: str,
+                          read_history: bool) -> tuple[str, dict]:
     session, message = ChatSession._meta.db_table, Message._meta.db_table
     now = timezone.now()
     params = {"user": user.pk, "now": now, "content": content, "sid": session_id, "source": source,
@@ -132,7 +152,6 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
         # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE did.
         the_session = (f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
                        "RETURNING id, title")
-    read_history = session_id is not None and history is None
     earlier = (f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
                "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
                if read_history else "SELECT NULL::text AS role, NULL::text AS content, NULL::timestamptz AS created_at, "
@@ -155,13 +174,14 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
             ARRAY(SELECT role FROM h ORDER BY created_at, id), ARRAY(SELECT content FROM h ORDER BY created_at, id)
         FROM s
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    return sql, params
+
+
+def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
     sid, title, user_message_id, assistant_id, groups, roles, contents = row
-    if read_history:
+    if history is None:
         history = [{"role": role, "content": text} for role, text in zip(roles, contents, strict=True)]
     return TurnStart(session_id=sid, title=title, user_message_id=user_message_id, assistant_id=assistant_id,
                      history=list(history or []), groups=frozenset(groups))
@@ -169,6 +189,19 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
 
 def turn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
     """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
+    sql, params = _turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
+                                         done=done, error=error)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+async def aturn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
+    """turn_finish on the event loop (inside core.db.unbound)."""
+    await db.fetchone(*_turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
+                                              done=done, error=error))
+
+
+def _turn_finish_statement(*, message_id: int, status: str, content: str, route, done, error) -> tuple[str, dict]:
     fields = {"status": status, "content": content, "finished_at": timezone.now()}
     if route is not None:
         fields.update(road=route.road or "", rule=route.rule or "", target=route.target or "")
@@ -184,9 +217,8 @@ def turn_finish(*, message_id: int, status: str, content: str, route=None, done=
             fields.update(road=error.road or "", rule=error.rule or "", target=error.target or "")
     # The column names are this function's own (Message's fields), never input.
     assignments = ", ".join(f'"{name}" = %({name})s' for name in fields)
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
-                       {**fields, "message_id": message_id})
+    return (f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
+            {**fields, "message_id": message_id})
 
 
 def messages_fail_stale() -> int:

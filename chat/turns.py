@@ -52,7 +52,14 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         return services.turn_start(user=user, session_id=session_id, content=content, source=source,
                                    history=history)
 
-    start = await db.run(begin)
+    if db.is_unbound():
+        # The same round trips on the event loop: no thread hop at all (see core.db).
+        if not rate_limited:
+            await services.arate_limit_hit(user_id=user.pk)
+        start = await services.aturn_start(user=user, session_id=session_id, content=content, source=source,
+                                           history=history)
+    else:
+        start = await db.run(begin)
     yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
 
     parts: list[str] = []
@@ -65,11 +72,12 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         error = final if isinstance(final, pipeline.Error) else None
         if cancelled:
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
+        fields = {"message_id": start.assistant_id, "status": _status(final, cancelled, bool(parts)),
+                  "content": "".join(parts), "route": route,
+                  "done": final if isinstance(final, pipeline.Done) else None, "error": error}
+        finish = services.aturn_finish(**fields) if db.is_unbound() else db.run(services.turn_finish, **fields)
         # Shielded: the row must be written even while this task is being cancelled.
-        await asyncio.shield(db.run(
-            services.turn_finish, message_id=start.assistant_id, status=_status(final, cancelled, bool(parts)),
-            content="".join(parts), route=route, done=final if isinstance(final, pipeline.Done) else None,
-            error=error))
+        await asyncio.shield(finish)
 
     try:
         request = pipeline.RouteRequest(text=content, history=start.history, user_id=user.pk, groups=start.groups,

@@ -1,4 +1,12 @@
-"""Database work for async code that holds no connection between its round trips."""
+"""Database work for async code that holds no connection between its round trips.
+
+Two roads. `run(fn)` runs blocking Django code (the ORM, raw cursors) in a thread and gives its
+connection back when `fn` returns. `fetchone(sql, params)` runs one statement on the event loop
+itself, through a psycopg async pool of the loop's own: for the few hot statements of a
+streamed turn (its start and its end), where a thread hop cost more than the statement.
+`fetchone` is only for code inside `unbound()`, where nothing of the request lives in a
+thread or a transaction; elsewhere the caller takes `run`.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +18,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
+from psycopg_pool import AsyncConnectionPool
+
+from core.flight import SingleFlight
 
 T = TypeVar("T")
 
-# Set inside a request whose database work may run in any thread (see `any_thread`).
-_any_thread: contextvars.ContextVar[bool] = contextvars.ContextVar("db_any_thread", default=False)
+# Set inside a request whose database work is bound to no thread (see `unbound`).
+_unbound: contextvars.ContextVar[bool] = contextvars.ContextVar("db_unbound", default=False)
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
@@ -51,17 +63,21 @@ def _threads() -> ThreadPoolExecutor:
 
 
 @contextlib.contextmanager
-def any_thread() -> Iterator[None]:
-    """Inside, `run` sends its work to the process's database threads instead of the caller's
-    thread-sensitive one. For requests that are async end to end (the /v1 API, a WebSocket
-    turn): nothing of theirs lives in a thread between two calls, and each call gives its
-    connection back, so any thread will do. It skips asgiref's per-call context bookkeeping,
-    which under load cost the gateway more CPU than the queries' own Python."""
-    token = _any_thread.set(True)
+def unbound() -> Iterator[None]:
+    """For requests that are async end to end (the /v1 API, a WebSocket turn): nothing of theirs
+    lives in a thread or a transaction between two calls. Inside, `run` sends its work to the
+    process's database threads instead of the caller's thread-sensitive one (skipping asgiref's
+    per-call context bookkeeping, which under load cost more CPU than the queries' own
+    Python), and `is_unbound()` tells code it may use `fetchone` on the loop."""
+    token = _unbound.set(True)
     try:
         yield
     finally:
-        _any_thread.reset(token)
+        _unbound.reset(token)
+
+
+def is_unbound() -> bool:
+    return _unbound.get()
 
 
 async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
@@ -71,11 +87,59 @@ async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
     Django keeps a thread's connection until the request ends, so a streamed answer that used
     `sync_to_async` at its start held a connection for all of its tokens: with a pool of 10,
     the eleventh concurrent stream waited for one. Work given to `run` holds one only while it
-    runs. Outside `any_thread` it runs where `sync_to_async` would (the request's own thread),
+    runs. Outside `unbound` it runs where `sync_to_async` would (the request's own thread),
     so a caller inside a transaction still sees its rows. Group a turn's statements into one
     call: one thread hop, one checkout.
     """
-    if _any_thread.get():
+    if _unbound.get():
         context = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(_threads(), context.run, _call, fn, args, kwargs)
     return await sync_to_async(_call, thread_sensitive=True)(fn, args, kwargs)
+
+
+# --- statements on the event loop -------------------------------------------------------------------
+
+_loop_pools: dict[int, tuple[asyncio.AbstractEventLoop, AsyncConnectionPool]] = {}
+_pool_opening = SingleFlight()
+
+
+def _conninfo() -> str:
+    """The default database's connection string, as Django's backend would connect (settings
+    read at first use: a test run's database has its test name by then)."""
+    params = connections["default"].get_connection_params()
+    keep = {key: value for key, value in params.items()
+            if isinstance(value, (str, int)) and key not in ("cursor_factory", "context", "prepare_threshold")}
+    return psycopg.conninfo.make_conninfo(**keep)
+
+
+async def _open_pool(loop: asyncio.AbstractEventLoop) -> AsyncConnectionPool:
+    options = settings.DATABASES["default"].get("OPTIONS", {})
+    pool_options = options.get("pool") or {}
+    for key in [k for k, (other, _) in _loop_pools.items() if other.is_closed()]:
+        # A closed loop's pool (tests run a loop per test): its connections close with it.
+        _, stale = _loop_pools.pop(key)
+        for connection in list(getattr(stale, "_pool", ())):
+            connection.pgconn.finish()
+    pool = AsyncConnectionPool(
+        _conninfo(), min_size=1, max_size=pool_options.get("max_size") or 10,
+        timeout=pool_options.get("timeout") or 10.0, open=False, name="loop",
+        kwargs={"autocommit": True, "prepare_threshold": options.get("prepare_threshold")})
+    await pool.open()
+    _loop_pools[id(loop)] = (loop, pool)
+    return pool
+
+
+async def _pool() -> AsyncConnectionPool:
+    loop = asyncio.get_running_loop()
+    entry = _loop_pools.get(id(loop))
+    if entry is not None and entry[0] is loop:
+        return entry[1]
+    return await _pool_opening.do("pool", lambda: _open_pool(loop))
+
+
+async def fetchone(sql: str, params: dict | list | tuple = ()) -> tuple | None:
+    """Run one statement (in autocommit: its own transaction) on the event loop; its first row,
+    or None when it returns none."""
+    async with (await _pool()).connection() as connection:
+        cursor = await connection.execute(sql, params)
+        return await cursor.fetchone() if cursor.description else None

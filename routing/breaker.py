@@ -15,13 +15,14 @@ only when this process last saw something to clear. A failure always goes to Red
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from django.conf import settings
+
+from core import redis as core_redis
 
 logger = logging.getLogger(__name__)
 _TTL = 24 * 3600
@@ -35,7 +36,6 @@ class BreakerState:
     retry_in: float | None  # seconds until a probe may go (open only)
 
 
-_clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
 # endpoint -> monotonic time until which this process trusts "closed, no failures".
 _clean_until: dict[str, float] = {}
 # endpoints whose breaker this process last saw with something to clear (failures, open)
@@ -43,18 +43,7 @@ _dirty: set[str] = set()
 
 
 def _redis() -> aioredis.Redis:
-    loop = asyncio.get_running_loop()
-    entry = _clients.get(id(loop))
-    if entry is None or entry[0] is not loop:
-        # A blocking pool: under a burst, a request waits for a connection (up to the timeout)
-        # instead of failing with "too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL, max_connections=64, timeout=settings.REDIS_TIMEOUT,
-            socket_timeout=settings.REDIS_TIMEOUT, socket_connect_timeout=settings.REDIS_TIMEOUT)
-        client = aioredis.Redis(connection_pool=pool)
-        entry = (loop, client)
-        _clients[id(loop)] = entry
-    return entry[1]
+    return core_redis.aclient()
 
 
 def _keys(endpoint: str) -> tuple[str, str]:
