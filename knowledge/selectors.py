@@ -11,7 +11,7 @@ from django.db import connection
 from config import rawsql
 from core import db
 from knowledge.embeddings import aembed_query, embed_query
-from knowledge.models import EmbeddingModel, Entry
+from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize
 from knowledge.services import spec_of
 
@@ -238,20 +238,24 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
         return []
     if vector is None:
         vector = embed_query(spec_of(model), text)
-    nearest = _nearest("knowledge_passagevector", "passage", model, vector, max(k * 4, 20))
-    from knowledge.models import Passage
-
-    passages = Passage.objects.select_related("entry").in_bulk([pid for pid, _ in nearest])
-    out = []
-    for passage_id, score in nearest:
-        passage = passages.get(passage_id)
-        if passage is None or not passage.entry.active or score < min_score:
-            continue
-        out.append(ContextPassage(entry_id=passage.entry_id, title=passage.entry.question,
-                                  kind=passage.entry.kind, text=passage.text, score=float(score)))
-        if len(out) == k:
-            break
-    return out
+    # One statement: the nearest passages through the HNSW index, joined to their text and
+    # entry, the inactive and the weak left out, the best k in order.
+    dims, limit = int(model.dimensions), max(k * 4, 20)
+    sql = (
+        "WITH nearest AS ("
+        f" SELECT passage_id, 1 - ((embedding::vector({dims})) <=> %(vector)s::vector({dims})) AS score"
+        f" FROM {PassageVector._meta.db_table} WHERE model_id = {int(model.pk)}"
+        f" ORDER BY (embedding::vector({dims})) <=> %(vector)s::vector({dims}) LIMIT %(limit)s)"
+        " SELECT p.entry_id, e.question, e.kind, p.text, n.score"
+        f" FROM nearest n JOIN {Passage._meta.db_table} p ON p.id = n.passage_id"
+        f" JOIN {Entry._meta.db_table} e ON e.id = p.entry_id"
+        " WHERE e.active AND n.score >= %(min_score)s ORDER BY n.score DESC, p.id LIMIT %(k)s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit, "min_score": min_score, "k": k})
+        rows = cursor.fetchall()
+    return [ContextPassage(entry_id=entry_id, title=title, kind=kind, text=text, score=float(score))
+            for entry_id, title, kind, text, score in rows]
 
 
 async def adirect_answer(text: str) -> DirectAnswer:

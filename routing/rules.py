@@ -8,12 +8,14 @@ tables.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
+import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 
@@ -52,9 +54,9 @@ class Context:
     model: str | None = None
     vector: tuple[float, ...] | None = None  # the question's embedding, when an intent rule needs it
 
-    @property
+    @functools.cached_property
     def normalized(self) -> str:
-        return normalize(self.text)
+        return normalize(self.text)  # once per request, not once per keyword of every rule
 
 
 @dataclass
@@ -80,6 +82,11 @@ class CompiledRule:
     max_tokens: int | None
     temperature: float | None
     chain: tuple[tuple[Target, ...], ...] = field(default_factory=tuple)  # by position
+
+    @functools.cached_property
+    def intent_matrix(self) -> np.ndarray:
+        """The intent examples' vectors as one matrix: a question's scores are one product."""
+        return np.asarray(self.intent_vectors, dtype=np.float64)
 
     @property
     def needs_vector(self) -> bool:
@@ -108,11 +115,12 @@ class CompiledRule:
             elif len(ctx.vector) != len(self.intent_vectors[0]):
                 check(False, "intent: the embedding model changed since the rules were compiled")
             else:
-                scores = [sum(a * b for a, b in zip(ctx.vector, v)) for v in self.intent_vectors]
-                best = max(range(len(scores)), key=scores.__getitem__)
-                check(scores[best] >= self.intent_threshold,
-                      f"intent: {scores[best]:.3f} to {self.intent_examples[best]!r} "
-                      f"({'≥' if scores[best] >= self.intent_threshold else '<'} {self.intent_threshold:.2f})")
+                scores = self.intent_matrix @ np.asarray(ctx.vector, dtype=np.float64)
+                best = int(scores.argmax())
+                score = float(scores[best])
+                check(score >= self.intent_threshold,
+                      f"intent: {score:.3f} to {self.intent_examples[best]!r} "
+                      f"({'≥' if score >= self.intent_threshold else '<'} {self.intent_threshold:.2f})")
         length = len(ctx.text)
         if self.min_length is not None:
             check(length >= self.min_length, f"length {length} {'≥' if length >= self.min_length else '<'} "
