@@ -112,8 +112,8 @@ class TurnStart:
     groups: frozenset[str]  # the user's group names, for the routing rules
 
 
-def turn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
-               history: list[dict] | None = None) -> TurnStart:
+async def aturn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
+                      history: list[dict] | None = None) -> TurnStart:
     """Persist the user's message and an assistant message in `streaming` state.
 
     One statement, so one round trip and no explicit transaction: the session (created, or the
@@ -123,18 +123,7 @@ def turn_start(*, user, session_id: int | None, content: str, source: str = Chat
     """
     sql, params = _turn_start_statement(user=user, session_id=session_id, content=content, source=source,
                                         read_history=session_id is not None and history is None)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return _turn_started(row, session_id=session_id, history=history)
-
-
-async def aturn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
-                      history: list[dict] | None = None) -> TurnStart:
-    """turn_start on the event loop (inside core.db.unbound)."""
-    sql, params = _turn_start_statement(user=user, session_id=session_id, content=content, source=source,
-                                        read_history=session_id is not None and history is None)
-    return _turn_started(await db.fetchone(sql, params), session_id=session_id, history=history)
+    return _turn_started(await db.query_one(sql, params), session_id=session_id, history=history)
 
 
 def _turn_start_statement(*, user, session_id: int | None, content: str, source: str,
@@ -154,8 +143,8 @@ def _turn_start_statement(*, user, session_id: int | None, content: str, source:
                        "RETURNING id, title")
     earlier = (f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
                "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
-               if read_history else "SELECT NULL::text AS role, NULL::text AS content, NULL::timestamptz AS created_at, "
-               "NULL::bigint AS id WHERE false")
+               if read_history else "SELECT NULL::text AS role, NULL::text AS content, "
+               "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false")
     sql = f"""
         WITH s AS ({the_session}),
         h AS ({earlier}),
@@ -187,17 +176,9 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
                      history=list(history or []), groups=frozenset(groups))
 
 
-def turn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
-    """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
-    sql, params = _turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
-                                         done=done, error=error)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
 async def aturn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
-    """turn_finish on the event loop (inside core.db.unbound)."""
-    await db.fetchone(*_turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
+    """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
+    await db.query_one(*_turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
                                               done=done, error=error))
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from chat import services
 from chat.models import ChatSession, Message
-from core import db
 from routing import pipeline
 
 
@@ -44,22 +43,12 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     `rate_limited=True`: the caller already counted this question against the user's limit."""
     content = services.message_validate(content)
 
-    def begin() -> services.TurnStart:
-        # The turn's start in one thread hop, one Redis round trip (the rate limit) and one
-        # statement on a pooled connection given back before the answer streams.
-        if not rate_limited:
-            services.rate_limit_hit(user_id=user.pk)
-        return services.turn_start(user=user, session_id=session_id, content=content, source=source,
-                                   history=history)
-
-    if db.is_unbound():
-        # The same round trips on the event loop: no thread hop at all (see core.db).
-        if not rate_limited:
-            await services.arate_limit_hit(user_id=user.pk)
-        start = await services.aturn_start(user=user, session_id=session_id, content=content, source=source,
-                                           history=history)
-    else:
-        start = await db.run(begin)
+    # The turn's start: the rate limit (one Redis round trip, on the loop) and one statement (on
+    # the loop inside core.db.unbound, as /v1 and the socket run; in the request's thread elsewhere).
+    if not rate_limited:
+        await services.arate_limit_hit(user_id=user.pk)
+    start = await services.aturn_start(user=user, session_id=session_id, content=content, source=source,
+                                       history=history)
     yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
 
     parts: list[str] = []
@@ -75,13 +64,13 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         fields = {"message_id": start.assistant_id, "status": _status(final, cancelled, bool(parts)),
                   "content": "".join(parts), "route": route,
                   "done": final if isinstance(final, pipeline.Done) else None, "error": error}
-        finish = services.aturn_finish(**fields) if db.is_unbound() else db.run(services.turn_finish, **fields)
         # Shielded: the row must be written even while this task is being cancelled.
-        await asyncio.shield(finish)
+        await asyncio.shield(services.aturn_finish(**fields))
 
     try:
         request = pipeline.RouteRequest(text=content, history=start.history, user_id=user.pk, groups=start.groups,
-                                        client=client, model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+                                        client=client, model=model, max_tokens=max_tokens, temperature=temperature,
+                                        system=system)
         async for event in pipeline.answer(request):
             if isinstance(event, pipeline.Route):
                 route = event

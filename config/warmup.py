@@ -125,6 +125,30 @@ def _rules() -> str:
     return f"rules ({len(rules)})"
 
 
+def _event_loop() -> str:
+    """What the first request would open on the server's event loop: the loop's database pool
+    (core.db) and Redis client (core.redis). Only under daphne, whose loop exists (not yet
+    running) while it imports the application; the work runs on that loop before it serves."""
+    import asyncio
+    import sys
+
+    server = sys.modules.get("daphne.server")
+    loop = getattr(server, "twisted_loop", None)
+    if loop is None or loop.is_running() or loop.is_closed():
+        return "event loop (not under daphne: opened on first use)"
+
+    async def open_all() -> None:
+        from core import db
+        from core import redis as core_redis
+
+        with db.unbound():
+            await asyncio.wait_for(db.query_one("SELECT 1"), timeout=10)
+        await asyncio.wait_for(core_redis.aclient().ping(), timeout=10)
+
+    loop.run_until_complete(open_all())
+    return "event loop (database pool, Redis)"
+
+
 def _urls() -> str:
     from django.urls import reverse
 
@@ -139,6 +163,7 @@ STEPS: tuple[tuple[str, Callable[[], str]], ...] = (
     ("cache", _cache),
     ("embedder", _embedder),
     ("rules", _rules),
+    ("event loop", _event_loop),
     ("urls", _urls),
 )
 

@@ -1,11 +1,11 @@
 """Database work for async code that holds no connection between its round trips.
 
 Two roads. `run(fn)` runs blocking Django code (the ORM, raw cursors) in a thread and gives its
-connection back when `fn` returns. `fetchone(sql, params)` runs one statement on the event loop
-itself, through a psycopg async pool of the loop's own: for the few hot statements of a
-streamed turn (its start and its end), where a thread hop cost more than the statement.
-`fetchone` is only for code inside `unbound()`, where nothing of the request lives in a
-thread or a transaction; elsewhere the caller takes `run`.
+connection back when `fn` returns. `query_one` / `query_all` run one hand-written statement:
+inside `unbound()` on the event loop itself, through a psycopg async pool of the loop's own
+(for the hot statements of a turn: its start and end, the KB match, the context; a thread hop
+cost more than the statement), elsewhere in a thread as `run` does, so that a caller inside a
+transaction (a test's, an `atomic` block) sees its own rows.
 """
 
 from __future__ import annotations
@@ -68,16 +68,13 @@ def unbound() -> Iterator[None]:
     lives in a thread or a transaction between two calls. Inside, `run` sends its work to the
     process's database threads instead of the caller's thread-sensitive one (skipping asgiref's
     per-call context bookkeeping, which under load cost more CPU than the queries' own
-    Python), and `is_unbound()` tells code it may use `fetchone` on the loop."""
+    Python), and `query_one` / `query_all` run their statement on the loop."""
     token = _unbound.set(True)
     try:
         yield
     finally:
         _unbound.reset(token)
 
-
-def is_unbound() -> bool:
-    return _unbound.get()
 
 
 async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
@@ -137,9 +134,31 @@ async def _pool() -> AsyncConnectionPool:
     return await _pool_opening.do("pool", lambda: _open_pool(loop))
 
 
-async def fetchone(sql: str, params: dict | list | tuple = ()) -> tuple | None:
-    """Run one statement (in autocommit: its own transaction) on the event loop; its first row,
-    or None when it returns none."""
-    async with (await _pool()).connection() as connection:
-        cursor = await connection.execute(sql, params)
-        return await cursor.fetchone() if cursor.description else None
+async def query_one(sql: str, params: dict | list | tuple = ()) -> tuple | None:
+    """The first row of one statement (None when it returns none); see the module docstring."""
+    if _unbound.get():
+        async with (await _pool()).connection() as connection:
+            cursor = await connection.execute(sql, params)
+            return await cursor.fetchone() if cursor.description else None
+    return await run(_cursor_one, sql, params)
+
+
+async def query_all(sql: str, params: dict | list | tuple = ()) -> list[tuple]:
+    """Every row of one statement; see the module docstring."""
+    if _unbound.get():
+        async with (await _pool()).connection() as connection:
+            cursor = await connection.execute(sql, params)
+            return await cursor.fetchall()
+    return await run(_cursor_all, sql, params)
+
+
+def _cursor_one(sql: str, params) -> tuple | None:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() if cursor.description else None
+
+
+def _cursor_all(sql: str, params) -> list[tuple]:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

@@ -136,13 +136,21 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
         return []
     if vector is None:
         vector = embed_query(spec_of(model), text)
+    sql, params = _faq_statement(model, vector, limit)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _matches(cursor.fetchall())
+
+
+def _faq_statement(model: EmbeddingModel, vector, limit: int) -> tuple[str, dict]:
     # The model id and dimensions are integers from our own rows; inlining them lets the
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
     sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
                                   entry_columns=rawsql.columns(Entry, "e"))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit})
-        rows = cursor.fetchall()
+    return sql, {"vector": _vector_literal(vector), "limit": limit}
+
+
+def _matches(rows) -> list[Match]:
     width = rawsql.width(Entry)
     return [Match(entry=rawsql.instance(Entry, row), phrasing=row[width], score=float(row[width + 1]),
                   texts=tuple(row[width + 2]))
@@ -158,10 +166,12 @@ ORDER BY e.id LIMIT 1
 
 
 def _exact(key: str) -> DirectAnswer | None:
-    sql = _EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e"))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [key])
-        row = cursor.fetchone()
+        cursor.execute(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
+        return _exact_answer(cursor.fetchone())
+
+
+def _exact_answer(row) -> DirectAnswer | None:
     if row is None:
         return None
     return DirectAnswer(hit=True, method="exact", entry=rawsql.instance(Entry, row), score=1.0,
@@ -238,9 +248,16 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
         return []
     if vector is None:
         vector = embed_query(spec_of(model), text)
-    # One statement: the nearest passages through the HNSW index, joined to their text and
-    # entry, the inactive and the weak left out, the best k in order.
-    dims, limit = int(model.dimensions), max(k * 4, 20)
+    sql, params = _context_statement(model, vector, k=k, min_score=min_score)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _passages(cursor.fetchall())
+
+
+def _context_statement(model: EmbeddingModel, vector, *, k: int, min_score: float) -> tuple[str, dict]:
+    """One statement: the nearest passages through the HNSW index, joined to their text and
+    entry, the inactive and the weak left out, the best k in order."""
+    dims = int(model.dimensions)
     sql = (
         "WITH nearest AS ("
         f" SELECT passage_id, 1 - ((embedding::vector({dims})) <=> %(vector)s::vector({dims})) AS score"
@@ -251,27 +268,28 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
         f" JOIN {Entry._meta.db_table} e ON e.id = p.entry_id"
         " WHERE e.active AND n.score >= %(min_score)s ORDER BY n.score DESC, p.id LIMIT %(k)s"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"vector": _vector_literal(vector), "limit": limit, "min_score": min_score, "k": k})
-        rows = cursor.fetchall()
+    return sql, {"vector": _vector_literal(vector), "limit": max(k * 4, 20), "min_score": min_score, "k": k}
+
+
+def _passages(rows) -> list[ContextPassage]:
     return [ContextPassage(entry_id=entry_id, title=title, kind=kind, text=text, score=float(score))
             for entry_id, title, kind, text, score in rows]
 
 
 async def adirect_answer(text: str) -> DirectAnswer:
     """direct_answer for async callers. The query embedding runs micro-batched in a worker
-    thread, the statements in a database thread that holds its connection only while they run."""
+    thread; the two statements (exact, then vector) go through core.db.query_one / query_all."""
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = await db.run(_exact, key)
+    exact = _exact_answer(await db.query_one(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key]))
     if exact is not None:
         return exact
     model = await aserving_model()
     if model is None:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
     vector = await aembed_query(spec_of(model), text)
-    matches = await db.run(faq_matches, text, model=model, vector=vector)
+    matches = _matches(await db.query_all(*_faq_statement(model, vector, 5)))
     verdict = _vector_verdict(text, matches)  # no I/O: the matches carry what the verdict reads
     verdict.vector, verdict.model = vector, model
     return verdict
@@ -292,4 +310,7 @@ async def acontext_passages(text: str, *, k: int | None = None,
     if query is None:
         return []
     model, vector = query
-    return await db.run(context_passages, text, k=k, vector=vector, model=model)
+    if not normalize(text):
+        return []
+    statement = _context_statement(model, vector, k=k or settings.KB_CONTEXT_K, min_score=settings.KB_CONTEXT_MIN_SCORE)
+    return _passages(await db.query_all(*statement))
