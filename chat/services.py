@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ from config import rawsql
 from core import db
 from core import redis as core_redis
 from core.flight import SingleFlight
+
+logger = logging.getLogger(__name__)
 
 # --- sessions -----------------------------------------------------------------------------------------
 
@@ -166,6 +170,22 @@ def _turn_start_statement(*, user, session_id: int | None, content: str, source:
     return sql, params
 
 
+def warm_statements(*, user_id: int = 0) -> list[tuple[str, dict]]:
+    """A turn's statements in a form that changes nothing (the start explained, the end updating
+    no row), for the warm-up: a fresh database connection loads the tables' and indexes'
+    metadata on first use, a few ms that would otherwise land in the first user's question."""
+    start, params = _turn_start_statement(user=_Nobody(user_id), session_id=None, content="warm-up",
+                                          source=ChatSession.Source.API, read_history=False)
+    return [(f"EXPLAIN {start}", params),
+            _turn_finish_statement(message_id=-1, status=Message.Status.COMPLETE, content="", route=None,
+                                   done=None, error=None)]
+
+
+@dataclass(frozen=True)
+class _Nobody:
+    pk: int
+
+
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
@@ -245,21 +265,38 @@ def apikey_revoke(*, key: ApiKey) -> ApiKey:
     return key
 
 
+def _live_key_sql() -> str:
+    user_model = get_user_model()
+    return (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')} "
+            f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
+            f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
+            "WHERE k.prefix = %s AND k.revoked_at IS NULL")
+
+
 def _live_key(prefix: str) -> ApiKey | None:
     """The unrevoked key with `prefix`, its user attached: one statement on every API call."""
-    user_model = get_user_model()
-    sql = (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')} "
-           f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
-           f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
-           "WHERE k.prefix = %s AND k.revoked_at IS NULL")
     with connection.cursor() as cursor:
-        cursor.execute(sql, [prefix])
-        row = cursor.fetchone()
+        cursor.execute(_live_key_sql(), [prefix])
+        return _key_from(cursor.fetchone())
+
+
+def _key_from(row) -> ApiKey | None:
     if row is None:
         return None
     key = rawsql.instance(ApiKey, row)
-    key.user = rawsql.instance(user_model, row, rawsql.width(ApiKey))
+    key.user = rawsql.instance(get_user_model(), row, rawsql.width(ApiKey))
     return key
+
+
+def _key_checked(key: ApiKey | None, raw: str) -> ApiKey | None:
+    if key is None or not key.user.is_active or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw)):
+        return None
+    return key
+
+
+def _key_stale(key: ApiKey, now) -> bool:
+    # One write a minute at most: last-used is for humans, not an audit log.
+    return key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60
 
 
 # raw key's hash -> (monotonic expiry, key): the API's hot path skips the lookup for a few seconds.
@@ -276,7 +313,7 @@ async def aapikey_authenticate(raw: str) -> ApiKey | None:
     if hit is not None and hit[0] > now:
         return hit[1]
     # When a busy key's trust runs out, its concurrent requests share one lookup.
-    key = await _lookups.do(digest, lambda: db.run(apikey_authenticate, raw))
+    key = await _lookups.do(digest, lambda: _alookup(raw))
     if key is not None and settings.API_KEY_CACHE_SECONDS:
         if len(_recent_keys) > 10_000:
             _recent_keys.clear()  # bounded: a cache, not a registry of every key ever used
@@ -286,17 +323,44 @@ async def aapikey_authenticate(raw: str) -> ApiKey | None:
     return key
 
 
+def _prefix_of(raw: str) -> str | None:
+    parts = (raw or "").split("_", 2)  # the secret part may itself contain "_"
+    return parts[1] if len(parts) == 3 and parts[0] == "gw" else None
+
+
+async def _alookup(raw: str) -> ApiKey | None:
+    prefix = _prefix_of(raw)
+    if prefix is None:
+        return None
+    key = _key_checked(_key_from(await db.query_one(_live_key_sql(), [prefix])), raw)
+    now = timezone.now()
+    if key is not None and _key_stale(key, now):
+        # Written behind the answer: the request does not wait for the commit.
+        task = asyncio.get_running_loop().create_task(_atouch(key.pk, now))
+        _touches.add(task)
+        task.add_done_callback(_touches.discard)
+        key.last_used_at = now
+    return key
+
+
+_touches: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+
+
+async def _atouch(key_id: int, now) -> None:
+    try:
+        await db.query_one(f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s", [now, key_id])
+    except Exception:  # noqa: BLE001 - a lost last-used time is not worth a failed request
+        logger.warning("could not record the last use of API key %s", key_id, exc_info=True)
+
+
 def apikey_authenticate(raw: str) -> ApiKey | None:
     """The live key for `raw`, or None. Looked up by prefix, compared by hash in constant time."""
-    parts = (raw or "").split("_", 2)  # the secret part may itself contain "_"
-    if len(parts) != 3 or parts[0] != "gw":
+    prefix = _prefix_of(raw)
+    if prefix is None:
         return None
-    key = _live_key(parts[1])
-    if key is None or not key.user.is_active or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw)):
-        return None
+    key = _key_checked(_live_key(prefix), raw)
     now = timezone.now()
-    # One write a minute at most: last-used is for humans, not an audit log.
-    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:
+    if key is not None and _key_stale(key, now):
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
     return key

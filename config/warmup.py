@@ -137,16 +137,29 @@ def _event_loop() -> str:
     if loop is None or loop.is_running() or loop.is_closed():
         return "event loop (not under daphne: opened on first use)"
 
+    from chat.services import warm_statements as turn_statements
+    from knowledge.selectors import warm_statements as kb_statements
+
+    # Each statement with inputs that change and match nothing: the connection learns the tables.
+    statements = turn_statements() + kb_statements()
+
     async def open_all() -> None:
         from core import db
         from core import redis as core_redis
 
         with db.unbound():
-            await asyncio.wait_for(db.query_one("SELECT 1"), timeout=10)
+            for sql, params in statements:
+                await asyncio.wait_for(db.query_all(sql, params) if sql.startswith("EXPLAIN")
+                                       else db.query_one(sql, params), timeout=10)
         await asyncio.wait_for(core_redis.aclient().ping(), timeout=10)
 
-    loop.run_until_complete(open_all())
-    return "event loop (database pool, Redis)"
+    try:
+        loop.run_until_complete(open_all())
+    finally:
+        from django.db import connection
+
+        connection.close()  # serving_model's lookup above, back to the pool
+    return f"event loop (database pool, {len(statements)} statements, Redis)"
 
 
 def _urls() -> str:

@@ -276,6 +276,18 @@ def _passages(rows) -> list[ContextPassage]:
             for entry_id, title, kind, text, score in rows]
 
 
+def warm_statements() -> list[tuple[str, list | dict]]:
+    """The KB's hot statements with inputs that match nothing, for the warm-up (see
+    chat.services.warm_statements): the exact match, and with a serving model the vector match
+    and the context retrieval."""
+    statements: list[tuple[str, list | dict]] = [(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""])]
+    model = serving_model()
+    if model is not None:
+        zero = (0.0,) * int(model.dimensions)
+        statements += [_faq_statement(model, zero, 1), _context_statement(model, zero, k=1, min_score=2.0)]
+    return statements
+
+
 async def adirect_answer(text: str) -> DirectAnswer:
     """direct_answer for async callers. The query embedding runs micro-batched in a worker
     thread; the two statements (exact, then vector) go through core.db.query_one / query_all."""

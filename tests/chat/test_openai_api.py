@@ -82,6 +82,18 @@ def test_turns_through_the_api_are_stored_for_their_user(asgi_server, alice_key,
     assert assistant.status == "complete" and assistant.completion_tokens == 3 and assistant.road == "local"
 
 
+def test_a_keys_last_use_is_recorded_behind_the_answer(asgi_server, alice_key, alice, product):
+    from chat.models import ApiKey
+
+    assert ApiKey.objects.get(user=alice).last_used_at is None
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+    for _ in range(50):  # written after the lookup, without holding the request up
+        if ApiKey.objects.get(user=alice).last_used_at is not None:
+            break
+        time.sleep(0.05)
+    assert ApiKey.objects.get(user=alice).last_used_at is not None
+
+
 def test_keys_are_required_valid_and_not_revoked(asgi_server, alice, product):
     with pytest.raises(openai.AuthenticationError):
         sdk(asgi_server, "gw_nope_nope").models.list()
