@@ -71,9 +71,10 @@ class Finish:
 
 class _Pool:
     def __init__(self, config: EndpointConfig):
-        timeout = httpx2.Timeout(
-            connect=config.connect_timeout, read=config.idle_timeout, write=10.0, pool=config.first_token_timeout
-        )
+        # No read timeout for the transport: stream_chat bounds the response headers and every
+        # read itself (one timer per stream). Given one, aiohttp re-arms a timer on each chunk it
+        # receives, a timer heap operation per token and stream.
+        timeout = httpx2.Timeout(connect=config.connect_timeout, read=None, write=10.0, pool=config.first_token_timeout)
         # The SDK's aiohttp transport: a streamed request costs the gateway less than half the
         # CPU of the default httpx one (README, Figures), and the gateway pays it per request.
         # Connections: as many as the endpoint may have in flight, all kept alive between requests.
@@ -177,7 +178,9 @@ async def stream_chat(
         except _SDK_ERRORS as exc:
             raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
 
-        reads = response.aiter_bytes()
+        # Raw reads unless the engine compressed the stream: one generator layer less per read.
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        reads = response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
         events = _SSE()
         finish_reason, usage, ttft, count, done = None, None, None, 0, False
         deadline = _Deadline(loop, first=min(first_deadline, total_deadline), total=total_deadline,

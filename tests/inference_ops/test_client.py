@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import gzip
 
 import aiohttp
 import pytest
@@ -151,8 +152,16 @@ async def stub():
             await response.write(b"data: [DONE]\n\n")
         return response
 
+    async def gzipped(request):
+        # An engine behind a proxy that compresses its stream.
+        finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        body = b'data: {"choices":[{"index":0,"delta":{"content":"squeezed"},"finish_reason":null}]}\n\n' + finish
+        return web.Response(body=gzip.compress(body), headers={"Content-Type": "text/event-stream",
+                                                               "Content-Encoding": "gzip"})
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/gzip/v1/chat/completions", gzipped)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -195,6 +204,12 @@ async def test_a_cancel_during_a_read_stays_a_cancel_and_not_a_timeout(stub):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_compressed_stream_is_decoded(stub):
+    _, url = stub
+    events = await collect(config_for(f"{url}/gzip"))
+    assert [e.text for e in events[:-1]] == ["squeezed"] and events[-1].finish_reason == "stop"
 
 
 async def test_a_stream_without_a_finish_reason_is_truncated(stub):
