@@ -171,7 +171,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
                       param="model")
     turn = run_turn(user=key.user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
                     model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
-                    history=parsed["history"], system=parsed["system"])
+                    history=parsed["history"], groups=key.group_names, system=parsed["system"])
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     # Read up to the route (or an error) first: the route headers go out before the body. The

@@ -162,8 +162,7 @@ def _turn_start_statement(*, user, session_id: int | None, content: str, source:
         )
         SELECT s.id, s.title,
             (SELECT id FROM m WHERE role = %(user_role)s), (SELECT id FROM m WHERE role = %(assistant_role)s),
-            ARRAY(SELECT g.name FROM auth_user_groups ug JOIN auth_group g ON g.id = ug.group_id
-                  WHERE ug.user_id = %(user)s),
+            ARRAY({_groups_sql("%(user)s")}),
             ARRAY(SELECT role FROM h ORDER BY created_at, id), ARRAY(SELECT content FROM h ORDER BY created_at, id)
         FROM s
     """
@@ -265,9 +264,21 @@ def apikey_revoke(*, key: ApiKey) -> ApiKey:
     return key
 
 
+def _groups_sql(user: str) -> str:
+    """The names of the groups of the user whose id is the SQL expression `user`."""
+    user_model = get_user_model()
+    groups = user_model._meta.get_field("groups")
+    through = groups.remote_field.through._meta
+    return (f"SELECT g.name FROM {through.db_table} ug JOIN {groups.related_model._meta.db_table} g "
+            f"ON g.id = ug.{through.get_field('group').column} WHERE ug.{through.get_field('user').column} = {user}")
+
+
 def _live_key_sql() -> str:
     user_model = get_user_model()
-    return (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')} "
+    # The user's group names come along: routing rules read them, and /v1 starts an answer
+    # before the turn's rows (whose statement also reads them) are written.
+    return (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "
+            f"ARRAY({_groups_sql(f'u.{user_model._meta.pk.column}')}) "
             f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
             f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
             "WHERE k.prefix = %s AND k.revoked_at IS NULL")
@@ -285,6 +296,7 @@ def _key_from(row) -> ApiKey | None:
         return None
     key = rawsql.instance(ApiKey, row)
     key.user = rawsql.instance(get_user_model(), row, rawsql.width(ApiKey))
+    key.group_names = frozenset(row[-1])
     return key
 
 

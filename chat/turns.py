@@ -38,17 +38,40 @@ def _status(final: pipeline.Event | None, cancelled: bool, produced: bool) -> st
 async def run_turn(*, user, content, session_id: int | None = None, client: str = "web",
                    source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
                    temperature: float | None = None, history: list[dict] | None = None,
-                   system: str = "", rate_limited: bool = False) -> AsyncIterator[pipeline.Event]:
+                   groups: frozenset[str] | None = None, system: str = "",
+                   rate_limited: bool = False) -> AsyncIterator[pipeline.Event]:
     """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
-    `rate_limited=True`: the caller already counted this question against the user's limit."""
+    `rate_limited=True`: the caller already counted this question against the user's limit.
+
+    With `history` and `groups` given (the /v1 API: the client sends the conversation, the key
+    lookup brought the user's groups), the answer needs nothing from the turn's rows, so it
+    starts while they are written: the KB check or the engine's first token does not wait for
+    the statement, which under load waits its turn on a busy event loop."""
     content = services.message_validate(content)
 
     # The turn's start: the rate limit (one Redis round trip, on the loop) and one statement (on
     # the loop inside core.db.unbound, as /v1 and the socket run; in the request's thread elsewhere).
     if not rate_limited:
         await services.arate_limit_hit(user_id=user.pk)
-    start = await services.aturn_start(user=user, session_id=session_id, content=content, source=source,
-                                       history=history)
+    starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
+                                    history=history)
+
+    def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
+        return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
+                                     model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+
+    first: asyncio.Future | None = None
+    if history is not None and groups is not None:
+        answer = pipeline.answer(request_for(history, groups))
+        first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
+        try:
+            start = await starting
+        except BaseException:
+            await _abandon(first, answer)
+            raise
+    else:
+        start = await starting
+        answer = pipeline.answer(request_for(start.history, start.groups))
     yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
 
     parts: list[str] = []
@@ -68,10 +91,13 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         await asyncio.shield(services.aturn_finish(**fields))
 
     try:
-        request = pipeline.RouteRequest(text=content, history=start.history, user_id=user.pk, groups=start.groups,
-                                        client=client, model=model, max_tokens=max_tokens, temperature=temperature,
-                                        system=system)
-        async for event in pipeline.answer(request):
+        pending = first  # the first event, when the pipeline started before the rows were in
+        while True:
+            try:
+                event = await (pending if pending is not None else answer.__anext__())
+            except StopAsyncIteration:
+                break
+            pending = None
             if isinstance(event, pipeline.Route):
                 route = event
             elif isinstance(event, pipeline.Token):
@@ -81,6 +107,18 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                 await save(event, cancelled=False)
             yield event
     finally:
+        await _abandon(first, answer)
         if not saved:
             # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).
             await save(None, cancelled=True)
+
+
+async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[pipeline.Event]) -> None:
+    """Stop the pipeline (and so the engine's stream) whatever it is doing: running its first
+    step in a task of its own, or suspended between events."""
+    if first is not None and not first.done():
+        first.cancel()
+        await asyncio.wait({first})
+    if first is not None and first.done() and not first.cancelled():
+        first.exception()  # retrieved: a failure here belongs to a turn that is already over
+    await answer.aclose()

@@ -94,6 +94,32 @@ def test_a_keys_last_use_is_recorded_behind_the_answer(asgi_server, alice_key, a
     assert ApiKey.objects.get(user=alice).last_used_at is not None
 
 
+def test_a_rule_for_a_group_routes_its_members_api_calls(asgi_server, alice_key, alice, django_user_model,
+                                                         product):
+    from django.contrib.auth.models import Group
+
+    from tests.factories import rule
+
+    staff = Group.objects.create(name="staff")
+    rule("staff-external", product["external"], priority=10, use_kb_context=False).groups.add(staff)
+    bob = django_user_model.objects.create_user("bob", password="pw")
+    bob.groups.add(staff)
+    _, bob_key = apikey_create(user=bob, name="bob", scopes=["chat"])
+
+    def road(key) -> str:
+        for _ in range(30):  # the gateway rereads the rules within a second
+            raw = sdk(asgi_server, key).chat.completions.with_raw_response.create(model="auto", messages=ASK,
+                                                                                 max_tokens=2)
+            if raw.headers["X-Route-Rule"] == "staff-external" or key == alice_key:
+                return raw.headers["X-Route-Target"]
+            time.sleep(0.1)
+        return raw.headers["X-Route-Target"]
+
+    assert road(bob_key) == "external"  # the group came with the key; the answer did not wait for the rows
+    assert road(alice_key) == "local"
+    assert Message.objects.filter(session__user=bob, role="assistant", target="external", status="complete").exists()
+
+
 def test_keys_are_required_valid_and_not_revoked(asgi_server, alice, product):
     with pytest.raises(openai.AuthenticationError):
         sdk(asgi_server, "gw_nope_nope").models.list()
