@@ -116,7 +116,7 @@ class ChatConsumer(JsonFramesConsumer):
         self.task = asyncio.create_task(self._answer(session, frame.get("content")))
 
     async def _answer(self, session_id, content):
-        # The turn's database work in the process's database threads; anything else that runs
+        # The turn's statements on the event loop (core.db.unbound); anything that still runs
         # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
         # process would otherwise share one thread for it.
         async with own_thread():

@@ -87,22 +87,25 @@ def _rate_check(count: int, retry_after: int) -> None:
         )
 
 
-def rate_limit_hit(*, user_id: int) -> None:
-    """A fixed window per user in Redis, shared by every process. Raises RateLimited when over.
-    One round trip: the window's counter is created with its expiry if missing, then counted."""
+def _rate_count(client, user_id: int):
+    """The window's counter created with its expiry if missing, then counted: one round trip.
+    Returns the pipeline to execute (blocking or async, as `client` is) and the retry delay."""
     key, window, retry_after = _rate_window(user_id)
-    pipe = core_redis.client().pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
     pipe.incr(key)
+    return pipe, retry_after
+
+
+def rate_limit_hit(*, user_id: int) -> None:
+    """A fixed window per user in Redis, shared by every process. Raises RateLimited when over."""
+    pipe, retry_after = _rate_count(core_redis.client(), user_id)
     _rate_check(pipe.execute()[1], retry_after)
 
 
 async def arate_limit_hit(*, user_id: int) -> None:
     """rate_limit_hit on the event loop."""
-    key, window, retry_after = _rate_window(user_id)
-    pipe = core_redis.aclient().pipeline(transaction=False)
-    pipe.set(key, 0, ex=window + 5, nx=True)
-    pipe.incr(key)
+    pipe, retry_after = _rate_count(core_redis.aclient(), user_id)
     _rate_check((await pipe.execute())[1], retry_after)
 
 
@@ -110,7 +113,6 @@ async def arate_limit_hit(*, user_id: int) -> None:
 class TurnStart:
     session_id: int
     title: str
-    user_message_id: int
     assistant_id: int
     history: list[dict]  # earlier turns for the prompt, oldest first
     groups: frozenset[str]  # the user's group names, for the routing rules
@@ -125,16 +127,16 @@ async def aturn_start(*, user, session_id: int | None, content: str, source: str
     `history` given (the /v1 API sends its own), the stored conversation is not read. A
     statement sees the rows as they were before it, so the history never holds the new turn.
     """
-    sql, params = _turn_start_statement(user=user, session_id=session_id, content=content, source=source,
+    sql, params = _turn_start_statement(user_id=user.pk, session_id=session_id, content=content, source=source,
                                         read_history=session_id is not None and history is None)
     return _turn_started(await db.query_one(sql, params), session_id=session_id, history=history)
 
 
-def _turn_start_statement(*, user, session_id: int | None, content: str, source: str,
+def _turn_start_statement(*, user_id: int, session_id: int | None, content: str, source: str,
                           read_history: bool) -> tuple[str, dict]:
     session, message = ChatSession._meta.db_table, Message._meta.db_table
     now = timezone.now()
-    params = {"user": user.pk, "now": now, "content": content, "sid": session_id, "source": source,
+    params = {"user": user_id, "now": now, "content": content, "sid": session_id, "source": source,
               "title": _title(content), "turns": settings.CHAT_HISTORY_TURNS,
               "user_role": Message.Role.USER, "assistant_role": Message.Role.ASSISTANT,
               "complete": Message.Status.COMPLETE, "streaming": Message.Status.STREAMING}
@@ -160,8 +162,7 @@ def _turn_start_statement(*, user, session_id: int | None, content: str, source:
             ORDER BY v.n
             RETURNING id, role
         )
-        SELECT s.id, s.title,
-            (SELECT id FROM m WHERE role = %(user_role)s), (SELECT id FROM m WHERE role = %(assistant_role)s),
+        SELECT s.id, s.title, (SELECT id FROM m WHERE role = %(assistant_role)s),
             ARRAY({_groups_sql("%(user)s")}),
             ARRAY(SELECT role FROM h ORDER BY created_at, id), ARRAY(SELECT content FROM h ORDER BY created_at, id)
         FROM s
@@ -169,30 +170,25 @@ def _turn_start_statement(*, user, session_id: int | None, content: str, source:
     return sql, params
 
 
-def warm_statements(*, user_id: int = 0) -> list[tuple[str, dict]]:
+def warm_statements() -> list[tuple[str, dict]]:
     """A turn's statements in a form that changes nothing (the start explained, the end updating
     no row), for the warm-up: a fresh database connection loads the tables' and indexes'
     metadata on first use, a few ms that would otherwise land in the first user's question."""
-    start, params = _turn_start_statement(user=_Nobody(user_id), session_id=None, content="warm-up",
+    start, params = _turn_start_statement(user_id=0, session_id=None, content="warm-up",
                                           source=ChatSession.Source.API, read_history=False)
     return [(f"EXPLAIN {start}", params),
             _turn_finish_statement(message_id=-1, status=Message.Status.COMPLETE, content="", route=None,
                                    done=None, error=None)]
 
 
-@dataclass(frozen=True)
-class _Nobody:
-    pk: int
-
-
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
-    sid, title, user_message_id, assistant_id, groups, roles, contents = row
+    sid, title, assistant_id, groups, roles, contents = row
     if history is None:
         history = [{"role": role, "content": text} for role, text in zip(roles, contents, strict=True)]
-    return TurnStart(session_id=sid, title=title, user_message_id=user_message_id, assistant_id=assistant_id,
-                     history=list(history or []), groups=frozenset(groups))
+    return TurnStart(session_id=sid, title=title, assistant_id=assistant_id, history=list(history),
+                     groups=frozenset(groups))
 
 
 async def aturn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:

@@ -116,9 +116,10 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
 async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[pipeline.Event]) -> None:
     """Stop the pipeline (and so the engine's stream) whatever it is doing: running its first
     step in a task of its own, or suspended between events."""
-    if first is not None and not first.done():
-        first.cancel()
-        await asyncio.wait({first})
-    if first is not None and first.done() and not first.cancelled():
-        first.exception()  # retrieved: a failure here belongs to a turn that is already over
+    if first is not None:
+        if not first.done():
+            first.cancel()
+            await asyncio.wait({first})
+        if not first.cancelled():
+            first.exception()  # retrieved: a failure here belongs to a turn that is already over
     await answer.aclose()

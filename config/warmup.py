@@ -149,8 +149,7 @@ def _event_loop() -> str:
 
         with db.unbound():
             for sql, params in statements:
-                await asyncio.wait_for(db.query_all(sql, params) if sql.startswith("EXPLAIN")
-                                       else db.query_one(sql, params), timeout=10)
+                await asyncio.wait_for(db.query_one(sql, params), timeout=10)
         await asyncio.wait_for(core_redis.aclient().ping(), timeout=10)
 
     try:

@@ -76,7 +76,6 @@ def unbound() -> Iterator[None]:
         _unbound.reset(token)
 
 
-
 async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
     """Run blocking database work from async code, with its connection back in the pool the
     moment it returns.
@@ -136,29 +135,34 @@ async def _pool() -> AsyncConnectionPool:
 
 async def query_one(sql: str, params: dict | list | tuple = ()) -> tuple | None:
     """The first row of one statement (None when it returns none); see the module docstring."""
-    if _unbound.get():
-        async with (await _pool()).connection() as connection:
-            cursor = await connection.execute(sql, params)
-            return await cursor.fetchone() if cursor.description else None
-    return await run(_cursor_one, sql, params)
+    rows = await _query(sql, params, one=True)
+    return rows[0] if rows else None
 
 
 async def query_all(sql: str, params: dict | list | tuple = ()) -> list[tuple]:
     """Every row of one statement; see the module docstring."""
-    if _unbound.get():
-        async with (await _pool()).connection() as connection:
-            cursor = await connection.execute(sql, params)
+    return await _query(sql, params, one=False)
+
+
+async def _query(sql: str, params, *, one: bool) -> list[tuple]:
+    if not _unbound.get():
+        return await run(_cursor_query, sql, params, one)
+    async with (await _pool()).connection() as connection:
+        cursor = await connection.execute(sql, params)
+        if cursor.description is None:
+            return []
+        if not one:
             return await cursor.fetchall()
-    return await run(_cursor_all, sql, params)
+        row = await cursor.fetchone()
+        return [] if row is None else [row]
 
 
-def _cursor_one(sql: str, params) -> tuple | None:
+def _cursor_query(sql: str, params, one: bool) -> list[tuple]:
     with connections["default"].cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone() if cursor.description else None
-
-
-def _cursor_all(sql: str, params) -> list[tuple]:
-    with connections["default"].cursor() as cursor:
-        cursor.execute(sql, params)
+        if cursor.description is None:
+            return []
+        if one:
+            row = cursor.fetchone()
+            return [] if row is None else [row]
         return cursor.fetchall()
