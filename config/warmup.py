@@ -169,7 +169,23 @@ def _urls() -> str:
     return "urls"
 
 
-# The embedder before the rules: compiling a rule with intent examples embeds them.
+def _heap() -> str:
+    """Move everything loaded so far out of the cyclic garbage collector's sight (gc.freeze).
+
+    A web process holds some 600,000 objects once Django, the embedding runtime and the rules
+    are loaded, nearly all of them for its lifetime. Left in the oldest generation, every full
+    collection walks them all: measured under 64 streams, one pause of 338 ms, during which no
+    token of any stream moved (the p99 of the added TTFT). Frozen, a full collection walks only
+    what the requests since have made."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return f"heap ({gc.get_freeze_count()} objects frozen)"
+
+
+# The embedder before the rules: compiling a rule with intent examples embeds them. The heap
+# last: it freezes what the steps before it loaded.
 STEPS: tuple[tuple[str, Callable[[], str]], ...] = (
     ("database", _database),
     ("cache", _cache),
@@ -177,6 +193,7 @@ STEPS: tuple[tuple[str, Callable[[], str]], ...] = (
     ("rules", _rules),
     ("event loop", _event_loop),
     ("urls", _urls),
+    ("heap", _heap),
 )
 
 

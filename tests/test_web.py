@@ -4,6 +4,7 @@ real daphne processes on a real socket, real HTTP, real signals."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +176,9 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
     for step in ("database", "cache", "rules (0)", "event loop (database pool, ", "urls"):
         assert step in warm["detail"]
     assert "not warmed" not in warm["detail"]
+    # What start-up loaded is out of the garbage collector's sight: no full collection walks it.
+    frozen = int(re.search(r"heap \((\d+) objects frozen\)", warm["detail"]).group(1))
+    assert frozen > 100_000
     # Logged once, before daphne listened: the answer came from a warm process.
     (child,) = server_children
     assert log.count("warm-up of pid") == 1
