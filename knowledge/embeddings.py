@@ -39,7 +39,9 @@ class EmbeddingSpec:
 
 class LocalEmbedder:
     """sentence-transformers in process. The model loads once; with KB_EMBEDDING_RUNTIME=onnx
-    (the default) its exported graph runs under ONNX Runtime, else PyTorch runs it."""
+    (the default) its exported graph runs under ONNX Runtime, else PyTorch runs it. Once one
+    process has exported and checked the graph, the others load neither PyTorch nor the
+    library (knowledge.onnx_encoder.cached_encoder)."""
 
     def __init__(self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None):
         self.spec = spec
@@ -60,19 +62,34 @@ class LocalEmbedder:
         # The model ships inside a package; nothing may be fetched from a hub.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
+        path = _local_model_path(self.spec.name)
+        onnx = (self._runtime or settings.KB_EMBEDDING_RUNTIME) == "onnx"
+        cache_dir = Path(settings.KB_EMBEDDING_CACHE_DIR)
+        if onnx:
+            from knowledge.onnx_encoder import cached_encoder
+
+            try:
+                encoder = cached_encoder(path, cache_dir=cache_dir, threads=threads)
+            except Exception as exc:  # noqa: BLE001 - the library below exports and checks it again
+                log.warning("embedding model %s: the cached ONNX export is unusable (%s: %s); loading the library",
+                            self.spec.name, type(exc).__name__, exc)
+                encoder = None
+            if encoder is not None:  # an earlier export, checked: no PyTorch in this process
+                self.runtime = "onnx"
+                return encoder.encode
+
         import torch
         from sentence_transformers import SentenceTransformer
 
-        threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
         if threads:
             torch.set_num_threads(threads)
-        path = _local_model_path(self.spec.name)
         model = SentenceTransformer(str(path), device="cpu")
-        if (self._runtime or settings.KB_EMBEDDING_RUNTIME) == "onnx":
+        if onnx:
             from knowledge.onnx_encoder import onnx_encoder
 
             try:
-                encoder = onnx_encoder(model, path, cache_dir=Path(settings.KB_EMBEDDING_CACHE_DIR), threads=threads)
+                encoder = onnx_encoder(model, path, cache_dir=cache_dir, threads=threads)
             except Exception as exc:  # noqa: BLE001 - any failure leaves the slower, always-right PyTorch
                 log.warning("embedding model %s: ONNX Runtime unavailable (%s); running it on PyTorch",
                             self.spec.name, exc)

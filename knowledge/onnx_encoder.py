@@ -7,13 +7,27 @@ loaded sentence-transformers model (transformer, pooling, normalization: whateve
 modules are), cached on disk under a key of the model's files and the library versions,
 and checked against PyTorch before it is used: a graph whose vector differs from PyTorch's
 is refused, and the caller keeps PyTorch.
+
+Two ways in:
+
+- `onnx_encoder(model, ...)`, from a loaded SentenceTransformer: exports the graph (once),
+  checks it against PyTorch, and writes beside it the model's tokenizer and a manifest: its
+  truncation length, and PyTorch's own vectors for a few probe texts.
+- `cached_encoder(model_dir, ...)`, in every process after that: the graph, the tokenizer (the
+  Rust `tokenizers` library the model's tokenizer runs on) and ONNX Runtime, checked against
+  the manifest's vectors. No PyTorch, transformers or sentence-transformers is imported: in a
+  web process they were some 2 s of start-up, hundreds of MB, and most of the 600,000 objects
+  a full garbage collection walks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -25,68 +39,163 @@ log = logging.getLogger(__name__)
 OPSET = 17
 # Vectors from the graph and from PyTorch must agree this well (cosine); measured: > 0.999999.
 AGREEMENT = 0.9999
-_PROBES = ("How do I cancel my order?", "如何取消订阅？", "a")
+# Probes for both checks: English, Chinese, one character, and one past the truncation length.
+_PROBES = ("How do I cancel my order?", "如何取消订阅？", "a", "  Refund policy for a dishwasher " * 120)
+
+Features = Callable[[list[str]], dict[str, np.ndarray]]
 
 
 class OnnxEncoder:
     """encode(texts) -> unit vectors, as SentenceTransformer.encode(normalize_embeddings=True)."""
 
-    def __init__(self, model, session):
-        self._model = model  # for its preprocessing (tokenizer, truncation), which stays the library's
+    def __init__(self, session, features: Features):
         self._session = session
+        self._features = features  # texts -> the graph's inputs (token ids, masks) as arrays
         self._inputs = [item.name for item in session.get_inputs()]
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        features = self._model.preprocess(texts)
-        feed = {name: features[name].numpy() for name in self._inputs}
-        (vectors,) = self._session.run(None, feed)
+        features = self._features(texts)
+        (vectors,) = self._session.run(None, {name: features[name] for name in self._inputs})
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
 
 
-def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEncoder:
-    """An ONNX Runtime encoder for a loaded SentenceTransformer; raises RuntimeError if none is safe."""
-    import onnxruntime
+class _Tokenizer:
+    """What sentence-transformers' Transformer module does to texts before the model, on the
+    `tokenizers` library directly: strip, lower-case if the model says so, the tokenizer with
+    its special tokens, truncation to the model's length, padding to the batch's longest."""
 
-    path = _export(model, model_dir, cache_dir)
+    def __init__(self, path: Path, *, max_length: int, lower: bool, pad_id: int, pad_token: str):
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+        self._lower = lower
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        texts = [text.strip().lower() if self._lower else text.strip() for text in texts]
+        encodings = self._tokenizer.encode_batch(texts)
+        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime
+    from django.conf import settings
+
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     # KB_EMBEDDING_THREADS: two halve one question's latency; one gives the most questions per
     # second when concurrent questions (each in its own thread) already fill the cores.
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    from django.conf import settings
-
     if not settings.KB_EMBEDDING_SPIN:
         # Threads that spin after a call answer the next call sooner, but the spinning takes CPU
         # from the event loop and the engine under concurrent load.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    encoder = OnnxEncoder(model, session)
-    expected = model.encode(list(_PROBES), normalize_embeddings=True, show_progress_bar=False)
-    agreement = float(np.min(np.sum(expected * encoder.encode(list(_PROBES)), axis=1)))
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _agreement(expected: np.ndarray, encoder: OnnxEncoder) -> float:
+    return float(np.min(np.sum(expected * encoder.encode(list(_PROBES)), axis=1)))
+
+
+def cached_encoder(model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEncoder | None:
+    """The encoder of an earlier export of this model, without loading the library; None when
+    there is none yet. Raises RuntimeError (or ONNX Runtime's error) for an export that is
+    there but unusable: the caller then loads the library, which exports and checks again."""
+    graph, _, manifest_path = _files(model_dir, cache_dir)
+    if not manifest_path.exists():
+        return None
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    tokenizer = _Tokenizer(cache_dir / manifest["tokenizer"], max_length=manifest["max_seq_length"],
+                           lower=manifest["do_lower_case"], pad_id=manifest["pad_id"], pad_token=manifest["pad_token"])
+    encoder = OnnxEncoder(_session(graph, threads), tokenizer)
+    expected = np.array([manifest["probes"][text] for text in _PROBES], dtype=np.float32)
+    agreement = _agreement(expected, encoder)
     if agreement < AGREEMENT:
-        raise RuntimeError(f"the ONNX graph {path} disagrees with PyTorch (cosine {agreement:.6f})")
+        raise RuntimeError(f"the cached graph {graph} disagrees with PyTorch's vectors (cosine {agreement:.6f})")
     return encoder
 
 
-def _export(model, model_dir: Path, cache_dir: Path) -> Path:
-    path = cache_dir / f"{_key(model_dir)}.onnx"
+def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEncoder:
+    """An ONNX Runtime encoder for a loaded SentenceTransformer; raises RuntimeError if none is safe.
+
+    Also writes what `cached_encoder` needs, once its tokenizer is checked too."""
+    path, tokenizer_path, manifest_path = _files(model_dir, cache_dir)
+    _export(model, path)
+    session = _session(path, threads)
+    names = [item.name for item in session.get_inputs()]
+    encoder = OnnxEncoder(session, lambda texts: {name: value.numpy() for name, value in model.preprocess(texts).items()
+                                                  if name in names})
+    expected = model.encode(list(_PROBES), normalize_embeddings=True, show_progress_bar=False)
+    agreement = _agreement(expected, encoder)
+    if agreement < AGREEMENT:
+        raise RuntimeError(f"the ONNX graph {path} disagrees with PyTorch (cosine {agreement:.6f})")
+    try:
+        _write_manifest(model, session, expected, tokenizer_path, manifest_path)
+    except Exception as exc:  # noqa: BLE001 - the library's tokenizer serves this process either way
+        log.warning("embedding model %s: every process will load PyTorch to tokenize (%s: %s)", model_dir,
+                    type(exc).__name__, exc)
+    return encoder
+
+
+def _files(model_dir: Path, cache_dir: Path) -> tuple[Path, Path, Path]:
+    """The export's graph, tokenizer and manifest."""
+    key = _key(model_dir)
+    return cache_dir / f"{key}.onnx", cache_dir / f"{key}.tokenizer.json", cache_dir / f"{key}.json"
+
+
+def _write_manifest(model, session, expected: np.ndarray, tokenizer_path: Path, manifest_path: Path) -> None:
+    """The tokenizer and the manifest beside the graph, when the lean tokenizer gives PyTorch's
+    vectors on the probes; written atomically, the manifest last (its presence means: usable)."""
+    if manifest_path.exists():
+        return
+    transformer = model[0]
+    manifest = {"tokenizer": tokenizer_path.name, "max_seq_length": int(model.max_seq_length),
+                "do_lower_case": bool(getattr(transformer, "do_lower_case", False)),
+                "pad_id": int(model.tokenizer.pad_token_id), "pad_token": str(model.tokenizer.pad_token),
+                "probes": {text: vector.tolist() for text, vector in zip(_PROBES, expected)}}
+    _atomic_write(tokenizer_path, model.tokenizer.backend_tokenizer.to_str())
+    lean = OnnxEncoder(session, _Tokenizer(tokenizer_path, max_length=manifest["max_seq_length"],
+                                           lower=manifest["do_lower_case"], pad_id=manifest["pad_id"],
+                                           pad_token=manifest["pad_token"]))
+    agreement = _agreement(expected, lean)
+    if agreement < AGREEMENT:
+        raise RuntimeError(f"its tokenizer on `tokenizers` alone disagrees with the library (cosine {agreement:.6f})")
+    _atomic_write(manifest_path, json.dumps(manifest))
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f"{path.name}.{os.getpid()}.partial")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    partial = _partial(path)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)  # atomic: a reader sees no file or a whole one
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _export(model, path: Path) -> None:
     if path.exists():
-        return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
     # Processes starting together (daphne, workers, tests) export once; the others wait.
-    with exclusive(path.with_suffix(".lock")):
+    with exclusive(path.with_name(f"{path.name}.lock")):
         if path.exists():  # another process exported it while we waited
-            return path
-        partial = path.with_suffix(f".{os.getpid()}.partial")
+            return
+        partial = _partial(path)
         try:
             _write_graph(model, partial)
-            partial.replace(path)  # atomic: a reader sees no graph or a whole one
+            partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)
-    log.info("exported the embedding model %s to ONNX: %s", model_dir, path)
-    return path
+    log.info("exported the embedding model to ONNX: %s", path)
 
 
 def _write_graph(model, path: Path) -> None:
@@ -112,13 +221,11 @@ def _write_graph(model, path: Path) -> None:
 
 
 def _key(model_dir: Path) -> str:
-    """Changes when the model's files or the exporting libraries change."""
-    import onnx
-    import sentence_transformers
-    import torch
-
-    digest = hashlib.sha256(f"{torch.__version__} {onnx.__version__} {sentence_transformers.__version__} "
-                            f"opset {OPSET}".encode())
+    """Changes when the model's files or the libraries that export and tokenize change. The
+    versions come from the installed packages' metadata: reading them imports nothing."""
+    versions = " ".join(f"{name} {metadata.version(name)}"
+                        for name in ("torch", "onnx", "sentence-transformers", "transformers", "tokenizers"))
+    digest = hashlib.sha256(f"{versions} opset {OPSET}".encode())
     for file in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         stat = file.stat()
         digest.update(f"{file.relative_to(model_dir)} {stat.st_size} {stat.st_mtime_ns}\n".encode())

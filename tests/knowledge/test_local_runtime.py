@@ -1,15 +1,21 @@
 """The local embedding model on its two runtimes: ONNX Runtime (the default) and PyTorch."""
 
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from django.conf import settings as django_settings
 
 from knowledge.embeddings import MINILM, EmbeddingSpec, LocalEmbedder
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
 TEXTS = ["How do I cancel my order?", "cancel my subscription plan", "如何取消订阅？", "a",
-         "a much longer question about the return policy of a dishwasher that I bought last year " * 3]
+         "a much longer question about the return policy of a dishwasher that I bought last year " * 3,
+         "  past the model's 256 tokens, where truncation decides the vector " * 40]
 
 
 @pytest.fixture
@@ -29,6 +35,51 @@ def test_onnx_runtime_gives_the_vectors_pytorch_gives(cache_dir):
     # One text alone and the same text in a padded batch agree too (the graph pools with the mask).
     alone = np.array(onnx.embed([TEXTS[3]])[0])
     assert float(alone @ fast[3]) > 0.9999
+    # The next embedder finds the export and tokenizes without the library: the same vectors.
+    cached = LocalEmbedder(SPEC, runtime="onnx")
+    assert np.min(np.sum(np.array(cached.embed(TEXTS)) * reference, axis=1)) > 0.9999
+
+
+_CHILD = """
+import json, sys
+import django
+django.setup()
+from knowledge.embeddings import MINILM, EmbeddingSpec, LocalEmbedder
+embedder = LocalEmbedder(EmbeddingSpec(name=MINILM, backend="local", dimensions=384), runtime="onnx")
+vectors = embedder.embed(json.loads(sys.argv[1]))
+libraries = [name for name in ("torch", "transformers", "sentence_transformers") if name in sys.modules]
+print(json.dumps({"runtime": embedder.runtime, "vectors": vectors, "libraries": libraries}))
+"""
+
+
+def _embed_in_a_new_process(cache_dir, texts: list[str]) -> dict:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "KB_EMBEDDING_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(texts)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=django_settings.BASE_DIR, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_process_after_the_export_embeds_without_loading_pytorch(cache_dir):
+    reference = np.array(LocalEmbedder(SPEC, runtime="torch").embed(TEXTS))
+    LocalEmbedder(SPEC, runtime="onnx").embed(["export it"])
+    child = _embed_in_a_new_process(cache_dir, TEXTS)
+    assert child["runtime"] == "onnx"
+    assert child["libraries"] == []
+    assert np.min(np.sum(np.array(child["vectors"]) * reference, axis=1)) > 0.9999
+
+
+def test_an_export_whose_check_vectors_disagree_is_not_trusted(cache_dir, caplog):
+    LocalEmbedder(SPEC, runtime="onnx").embed(["export it"])
+    (manifest_path,) = [p for p in cache_dir.glob("*.json") if not p.name.endswith(".tokenizer.json")]
+    manifest = json.loads(manifest_path.read_text())
+    for text, vector in manifest["probes"].items():
+        manifest["probes"][text] = [-x for x in vector]  # as if the graph had drifted from PyTorch
+    manifest_path.write_text(json.dumps(manifest))
+    embedder = LocalEmbedder(SPEC, runtime="onnx")
+    with caplog.at_level(logging.WARNING, logger="knowledge.embeddings"):
+        embedder.embed(["How do I cancel my order?"])
+    assert "the cached ONNX export is unusable (RuntimeError: the cached graph" in caplog.text
+    assert embedder.runtime == "onnx"  # the library checked the graph itself, against PyTorch
 
 
 def test_the_graph_is_exported_once_and_reused_by_the_next_process(cache_dir):
