@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
+from knowledge.embeddings import vector_literal
 from knowledge.normalize import normalize
 
 logger = logging.getLogger(__name__)
@@ -144,10 +145,6 @@ def _text(value: str) -> str:
     return value.replace("\x00", "")
 
 
-def _vector_literal(vector) -> str:
-    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
-
-
 def _write(batch: list[_Note]) -> int:
     """Insert one batch. A lost database puts the batch back to be tried again; a batch the
     database refuses is dropped and counted, so one bad row cannot block the buffer forever."""
@@ -158,7 +155,7 @@ def _write(batch: list[_Note]) -> int:
         [_text(n.answer) for n in batch],
         [n.best_entry_id for n in batch],
         [n.best_score for n in batch],
-        [None if n.vector is None else _vector_literal(n.vector) for n in batch],
+        [None if n.vector is None else vector_literal(n.vector) for n in batch],
         [None if n.vector is None else n.model_id for n in batch],
         [n.noted_at for n in batch],
     )

@@ -10,7 +10,7 @@ from django.db import connection
 
 from config import rawsql
 from core import db
-from knowledge.embeddings import aembed_query, embed_query
+from knowledge.embeddings import aembed_query, embed_query, vector_literal
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize
 from knowledge.services import spec_of
@@ -82,10 +82,6 @@ class ContextPassage:
         return f"KB#{self.entry_id}: {self.title[:80]}"
 
 
-def _vector_literal(vector) -> str:
-    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
-
-
 def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) -> list[tuple[int, float]]:
     """(owner id, cosine similarity) of the nearest vectors of `model`, through its HNSW index."""
     dims = int(model.dimensions)
@@ -96,7 +92,7 @@ def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) 
         f"FROM {table} WHERE model_id = {int(model.pk)} "
         f"ORDER BY (embedding::vector({dims})) <=> %s::vector({dims}) LIMIT %s"
     )
-    literal = _vector_literal(vector)
+    literal = vector_literal(vector)
     with connection.cursor() as cursor:
         cursor.execute(sql, [literal, literal, limit])
         return cursor.fetchall()
@@ -147,7 +143,7 @@ def _faq_statement(model: EmbeddingModel, vector, limit: int) -> tuple[str, dict
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
     sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
                                   entry_columns=rawsql.columns(Entry, "e"))
-    return sql, {"vector": _vector_literal(vector), "limit": limit}
+    return sql, {"vector": vector_literal(vector), "limit": limit}
 
 
 def _matches(rows) -> list[Match]:
@@ -268,7 +264,7 @@ def _context_statement(model: EmbeddingModel, vector, *, k: int, min_score: floa
         f" JOIN {Entry._meta.db_table} e ON e.id = p.entry_id"
         " WHERE e.active AND n.score >= %(min_score)s ORDER BY n.score DESC, p.id LIMIT %(k)s"
     )
-    return sql, {"vector": _vector_literal(vector), "limit": max(k * 4, 20), "min_score": min_score, "k": k}
+    return sql, {"vector": vector_literal(vector), "limit": max(k * 4, 20), "min_score": min_score, "k": k}
 
 
 def _passages(rows) -> list[ContextPassage]:

@@ -3,7 +3,11 @@
 import asyncio
 import math
 
-from knowledge.embeddings import MINILM, EmbeddingSpec, batcher_for, embed_texts, query_cache
+import numpy as np
+import pytest
+from django.db import connection
+
+from knowledge.embeddings import MINILM, EmbeddingSpec, batcher_for, embed_texts, query_cache, vector_literal
 from knowledge.embeddings import aembed_query
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
@@ -60,3 +64,12 @@ def test_a_failing_model_call_reaches_every_waiter():
 
     results = asyncio.run(ask())
     assert len(results) == 3 and all(isinstance(r, Exception) and "neither" in str(r) for r in results)
+
+
+@pytest.mark.django_db
+def test_a_vector_reaches_postgresql_as_the_float32_values_the_column_keeps():
+    vector = tuple(np.random.default_rng(7).uniform(-1, 1, 384))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::vector(384)::real[]", [vector_literal(vector)])
+        (stored,) = cursor.fetchone()
+    assert np.array_equal(np.array(stored, dtype=np.float32), np.array(vector, dtype=np.float32))
