@@ -170,13 +170,14 @@ def _turn_start_statement(*, user_id: int, session_id: int | None, content: str,
     return sql, params
 
 
-def warm_statements() -> list[tuple[str, dict]]:
-    """A turn's statements in a form that changes nothing (the start explained, the end updating
-    no row), for the warm-up: a fresh database connection loads the tables' and indexes'
+def warm_statements() -> list[tuple[str, list | dict]]:
+    """The API key lookup and a turn's statements in a form that changes nothing (a prefix no key
+    has, the start explained, the end updating no row), for the warm-up: a fresh database connection loads the tables' and indexes'
     metadata on first use, a few ms that would otherwise land in the first user's question."""
     start, params = _turn_start_statement(user_id=0, session_id=None, content="warm-up",
                                           source=ChatSession.Source.API, read_history=False)
-    return [(f"EXPLAIN {start}", params),
+    # The API key lookup first: every /v1 request makes it, a new key's first one on the loop.
+    return [(_live_key_sql(), [""]), (f"EXPLAIN {start}", params),
             _turn_finish_statement(message_id=-1, status=Message.Status.COMPLETE, content="", route=None,
                                    done=None, error=None)]
 
