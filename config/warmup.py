@@ -143,22 +143,22 @@ def _event_loop() -> str:
     # Each statement with inputs that change and match nothing: the connection learns the tables.
     statements = turn_statements() + kb_statements()
 
-    async def open_all() -> None:
+    async def open_all() -> int:
         from core import db
         from core import redis as core_redis
 
-        with db.unbound():
-            for sql, params in statements:
-                await asyncio.wait_for(db.query_one(sql, params), timeout=10)
+        # Every connection of the pool, each having run the statements: none is cold.
+        connections = await asyncio.wait_for(db.pool_prepare(statements), timeout=30)
         await asyncio.wait_for(core_redis.aclient().ping(), timeout=10)
+        return connections
 
     try:
-        loop.run_until_complete(open_all())
+        connections = loop.run_until_complete(open_all())
     finally:
         from django.db import connection
 
         connection.close()  # serving_model's lookup above, back to the pool
-    return f"event loop (database pool, {len(statements)} statements, Redis)"
+    return f"event loop (database pool of {connections}, {len(statements)} statements each, Redis)"
 
 
 def _urls() -> str:

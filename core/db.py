@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from core.flight import SingleFlight
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Set inside a request whose database work is bound to no thread (see `unbound`).
 _unbound: contextvars.ContextVar[bool] = contextvars.ContextVar("db_unbound", default=False)
@@ -108,7 +110,8 @@ def _conninfo() -> str:
     return psycopg.conninfo.make_conninfo(**keep)
 
 
-async def _open_pool(loop: asyncio.AbstractEventLoop) -> AsyncConnectionPool:
+async def _open_pool(loop: asyncio.AbstractEventLoop, *, full: bool = False,
+                     warm: tuple[tuple[str, list | dict], ...] = ()) -> AsyncConnectionPool:
     options = settings.DATABASES["default"].get("OPTIONS", {})
     pool_options = options.get("pool") or {}
     for key in [k for k, (other, _) in _loop_pools.items() if other.is_closed()]:
@@ -116,11 +119,20 @@ async def _open_pool(loop: asyncio.AbstractEventLoop) -> AsyncConnectionPool:
         _, stale = _loop_pools.pop(key)
         for connection in list(getattr(stale, "_pool", ())):
             connection.pgconn.finish()
+
+    async def configure(connection: psycopg.AsyncConnection) -> None:
+        for sql, params in warm:
+            try:
+                await connection.execute(sql, params)
+            except psycopg.Error as exc:  # the connection serves all the same, its first use a little slower
+                log.warning("warming a database connection: %s: %s", type(exc).__name__, exc)
+
+    size = pool_options.get("max_size") or 10
     pool = AsyncConnectionPool(
-        _conninfo(), min_size=1, max_size=pool_options.get("max_size") or 10,
-        timeout=pool_options.get("timeout") or 10.0, open=False, name="loop",
+        _conninfo(), min_size=size if full else 1, max_size=size,
+        timeout=pool_options.get("timeout") or 10.0, open=False, name="loop", configure=configure if warm else None,
         kwargs={"autocommit": True, "prepare_threshold": options.get("prepare_threshold")})
-    await pool.open()
+    await pool.open(wait=full, timeout=pool_options.get("timeout") or 10.0)
     _loop_pools[id(loop)] = (loop, pool)
     return pool
 
@@ -131,6 +143,22 @@ async def _pool() -> AsyncConnectionPool:
     if entry is not None and entry[0] is loop:
         return entry[1]
     return await _pool_opening.do("pool", lambda: _open_pool(loop))
+
+
+async def pool_prepare(warm: list[tuple[str, list | dict]]) -> int:
+    """Open this loop's pool with all its connections at once, each running the statements `warm`
+    (inputs that change nothing) before its first use; returns the number of connections.
+
+    For a web process's start-up (config.warmup). A pool opened on first use starts with one
+    connection and grows while requests wait, one new connection after another, each of them
+    cold: a PostgreSQL backend reads the catalog for every table and index on its first
+    statement about it. A burst of questions right after start-up, or the first after a quiet
+    spell, would wait for both."""
+    loop = asyncio.get_running_loop()
+    if id(loop) in _loop_pools and _loop_pools[id(loop)][0] is loop:
+        raise RuntimeError("this event loop's pool is already open")
+    pool = await _open_pool(loop, full=True, warm=tuple(warm))
+    return pool.get_stats()["pool_size"]
 
 
 async def query_one(sql: str, params: dict | list | tuple = ()) -> tuple | None:

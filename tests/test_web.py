@@ -173,7 +173,7 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
         warm = json.loads(body)["checks"]["warm"]
     assert warm["ok"] is True
     assert f"embedder {model.name} (" in warm["detail"]  # and its runtime
-    for step in ("database", "cache", "rules (0)", "event loop (database pool, ", "urls"):
+    for step in ("database", "cache", "rules (0)", "event loop (database pool of ", "urls"):
         assert step in warm["detail"]
     assert "not warmed" not in warm["detail"]
     # What start-up loaded is out of the garbage collector's sight: no full collection walks it.
