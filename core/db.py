@@ -131,7 +131,7 @@ async def _open_pool(loop: asyncio.AbstractEventLoop, *, full: bool = False,
     pool = AsyncConnectionPool(
         _conninfo(), min_size=size if full else 1, max_size=size,
         timeout=pool_options.get("timeout") or 10.0, open=False, name="loop", configure=configure if warm else None,
-        kwargs={"autocommit": True, "prepare_threshold": options.get("prepare_threshold")})
+        kwargs={"autocommit": True, "prepare_threshold": 1 if settings.DATABASE_PREPARED_STATEMENTS else None})
     await pool.open(wait=full, timeout=pool_options.get("timeout") or 10.0)
     _loop_pools[id(loop)] = (loop, pool)
     return pool
