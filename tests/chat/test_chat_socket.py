@@ -89,6 +89,35 @@ async def test_a_generated_answer_streams_and_continues_the_same_session(alice, 
     await socket.disconnect()
 
 
+async def test_a_group_rule_routes_a_members_new_and_continued_conversations(alice, bob, product):
+    from django.contrib.auth.models import Group
+
+    staff = await Group.objects.acreate(name="staff")
+    staff_rule = await sync_to_async(rule)("staff-external", product["external"], priority=10, use_kb_context=False)
+    await staff_rule.groups.aadd(staff)
+    await bob.groups.aadd(staff)
+    await asyncio.sleep(1.1)  # the process rereads the rules within a second
+
+    async def targets(user) -> list[str]:
+        socket = await socket_for(user)
+        assert (await socket.connect())[0]
+        seen, session_id = [], None
+        # Both turns: the groups come with the turn's own statement, a new session's and a continued one's.
+        for question in ("Tell me about lighthouses", "And then what happened?"):
+            await socket.send_json_to({"type": "message", "session": session_id, "content": question})
+            frames = await frames_until_end(socket)
+            assert frames[-1]["type"] == "done", frames[-1]
+            session_id = frames[0]["id"]
+            seen.append(next(f for f in frames if f["type"] == "route")["target"])
+        await socket.disconnect()
+        return seen
+
+    assert await targets(bob) == ["external", "external"]
+    assert await targets(alice) == ["local", "local"]
+    assert await Message.objects.filter(session__user=bob, role="assistant", target="external",
+                                        status="complete").acount() == 2
+
+
 async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow_sim):
     local_sim = slow_sim
     slow = await sync_to_async(endpoint)("slow", local_sim)
