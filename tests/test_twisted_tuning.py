@@ -30,3 +30,16 @@ def test_the_content_type_parse_is_remembered_and_answers_as_before():
         assert http._parseContentType(b"application/json; charset=utf-8") == b"application/json"
         assert http._parseContentType(b"multipart/form-data; boundary=x") == b"multipart/form-data"
     assert http._parseContentType.cache_info().hits >= before + 4
+
+
+def test_daphne_writes_body_chunks_through_twisted_web_http_itself_not_its_deprecation_proxy():
+    import types
+
+    from daphne import http_protocol
+    from twisted.web import http
+
+    from config import twisted_tuning
+
+    twisted_tuning.tune()
+    assert type(http_protocol.http) is types.ModuleType
+    assert http_protocol.http.Request is http.Request and http_protocol.http.__name__ == "twisted.web.http"
