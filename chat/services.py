@@ -172,8 +172,9 @@ def _turn_start_statement(*, user_id: int, session_id: int | None, content: str,
 
 def warm_statements() -> list[tuple[str, list | dict]]:
     """The API key lookup and a turn's statements in a form that changes nothing (a prefix no key
-    has, the start explained, the end updating no row), for the warm-up: a fresh database connection loads the tables' and indexes'
-    metadata on first use, a few ms that would otherwise land in the first user's question."""
+    has, the start explained, the end updating no row), for the warm-up: a fresh database
+    connection loads the tables' and indexes' metadata on first use, a few ms that would
+    otherwise land in the first user's question."""
     start, params = _turn_start_statement(user_id=0, session_id=None, content="warm-up",
                                           source=ChatSession.Source.API, read_history=False)
     # The API key lookup first: every /v1 request makes it, a new key's first one on the loop.

@@ -26,6 +26,7 @@ from django.db import connections
 from psycopg_pool import AsyncConnectionPool
 
 from core.flight import SingleFlight
+from core.loops import PerLoop
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -97,7 +98,13 @@ async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
 
 # --- statements on the event loop -------------------------------------------------------------------
 
-_loop_pools: dict[int, tuple[asyncio.AbstractEventLoop, AsyncConnectionPool]] = {}
+def _close_stale(pool: AsyncConnectionPool) -> None:
+    # A closed loop's pool (tests run a loop per test): its connections close with it.
+    for connection in list(getattr(pool, "_pool", ())):
+        connection.pgconn.finish()
+
+
+_loop_pools: PerLoop[AsyncConnectionPool] = PerLoop(on_stale=_close_stale)
 _pool_opening = SingleFlight()
 
 
@@ -110,15 +117,8 @@ def _conninfo() -> str:
     return psycopg.conninfo.make_conninfo(**keep)
 
 
-async def _open_pool(loop: asyncio.AbstractEventLoop, *, full: bool = False,
-                     warm: tuple[tuple[str, list | dict], ...] = ()) -> AsyncConnectionPool:
-    options = settings.DATABASES["default"].get("OPTIONS", {})
-    pool_options = options.get("pool") or {}
-    for key in [k for k, (other, _) in _loop_pools.items() if other.is_closed()]:
-        # A closed loop's pool (tests run a loop per test): its connections close with it.
-        _, stale = _loop_pools.pop(key)
-        for connection in list(getattr(stale, "_pool", ())):
-            connection.pgconn.finish()
+async def _open_pool(*, full: bool = False, warm: tuple[tuple[str, list | dict], ...] = ()) -> AsyncConnectionPool:
+    pool_options = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
 
     # Twice when statements are prepared: the second run prepares it (prepare_threshold=1), so
     # no request pays for the preparing either.
@@ -132,22 +132,18 @@ async def _open_pool(loop: asyncio.AbstractEventLoop, *, full: bool = False,
             except psycopg.Error as exc:  # the connection serves all the same, its first use a little slower
                 log.warning("warming a database connection: %s: %s", type(exc).__name__, exc)
 
-    size = pool_options.get("max_size") or 10
+    size, timeout = pool_options.get("max_size") or 10, pool_options.get("timeout") or 10.0
     pool = AsyncConnectionPool(
-        _conninfo(), min_size=size if full else 1, max_size=size,
-        timeout=pool_options.get("timeout") or 10.0, open=False, name="loop", configure=configure if warm else None,
+        _conninfo(), min_size=size if full else 1, max_size=size, timeout=timeout, open=False, name="loop",
+        configure=configure if warm else None,
         kwargs={"autocommit": True, "prepare_threshold": 1 if settings.DATABASE_PREPARED_STATEMENTS else None})
-    await pool.open(wait=full, timeout=pool_options.get("timeout") or 10.0)
-    _loop_pools[id(loop)] = (loop, pool)
-    return pool
+    await pool.open(wait=full, timeout=timeout)
+    return _loop_pools.put(pool)
 
 
 async def _pool() -> AsyncConnectionPool:
-    loop = asyncio.get_running_loop()
-    entry = _loop_pools.get(id(loop))
-    if entry is not None and entry[0] is loop:
-        return entry[1]
-    return await _pool_opening.do("pool", lambda: _open_pool(loop))
+    pool = _loop_pools.peek()
+    return pool if pool is not None else await _pool_opening.do("pool", _open_pool)
 
 
 async def pool_prepare(warm: list[tuple[str, list | dict]]) -> int:
@@ -159,10 +155,9 @@ async def pool_prepare(warm: list[tuple[str, list | dict]]) -> int:
     cold: a PostgreSQL backend reads the catalog for every table and index on its first
     statement about it. A burst of questions right after start-up, or the first after a quiet
     spell, would wait for both."""
-    loop = asyncio.get_running_loop()
-    if id(loop) in _loop_pools and _loop_pools[id(loop)][0] is loop:
+    if _loop_pools.peek() is not None:
         raise RuntimeError("this event loop's pool is already open")
-    pool = await _open_pool(loop, full=True, warm=tuple(warm))
+    pool = await _open_pool(full=True, warm=tuple(warm))
     return pool.get_stats()["pool_size"]
 
 

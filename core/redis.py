@@ -7,18 +7,19 @@ as its socket timeout.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from core.loops import PerLoop
+
 MAX_CONNECTIONS = 64
 
 _client: redis.Redis | None = None
 _client_lock = threading.Lock()
-_aclients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
+_aclients: PerLoop[aioredis.Redis] = PerLoop()
 
 
 def _pool_options() -> dict:
@@ -39,12 +40,5 @@ def client() -> redis.Redis:
 
 def aclient() -> aioredis.Redis:
     """For async code: the running loop's client (connections belong to the loop that opened them)."""
-    loop = asyncio.get_running_loop()
-    entry = _aclients.get(id(loop))
-    if entry is None or entry[0] is not loop:
-        for stale in [key for key, (other, _) in _aclients.items() if other.is_closed()]:
-            del _aclients[stale]
-        pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, **_pool_options())
-        entry = (loop, aioredis.Redis(connection_pool=pool))
-        _aclients[id(loop)] = entry
-    return entry[1]
+    return _aclients.get(lambda: aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+        settings.REDIS_URL, **_pool_options())))

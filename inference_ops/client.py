@@ -18,6 +18,7 @@ import httpx2
 import openai
 import orjson
 
+from core.loops import PerLoop
 from inference_ops.exceptions import EngineError
 
 
@@ -89,20 +90,12 @@ class _Pool:
         self.slots = asyncio.Semaphore(config.max_concurrency)
 
 
-_pools: dict[tuple[EndpointConfig, int], tuple[asyncio.AbstractEventLoop, _Pool]] = {}
+# HTTP connections belong to the event loop that opened them: one pool per (endpoint, loop).
+_pools: PerLoop[_Pool] = PerLoop()
 
 
 def _pool_for(config: EndpointConfig) -> _Pool:
-    # HTTP connections belong to the event loop that opened them: one pool per (endpoint, loop).
-    loop = asyncio.get_running_loop()
-    key = (config, id(loop))
-    entry = _pools.get(key)
-    if entry is None or entry[0] is not loop:
-        for stale in [k for k, (l, _) in _pools.items() if l.is_closed()]:
-            del _pools[stale]
-        entry = (loop, _Pool(config))
-        _pools[key] = entry
-    return entry[1]
+    return _pools.get(lambda: _Pool(config), config)
 
 
 def _from_sdk(exc: Exception, *, produced: bool, during_request: bool, endpoint: str) -> EngineError:

@@ -73,6 +73,12 @@ class _Tokenizer:
         self._tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         self._lower = lower
 
+    @classmethod
+    def of(cls, manifest: dict, cache_dir: Path) -> _Tokenizer:
+        """The tokenizer an export's manifest describes."""
+        return cls(cache_dir / manifest["tokenizer"], max_length=manifest["max_seq_length"],
+                   lower=manifest["do_lower_case"], pad_id=manifest["pad_id"], pad_token=manifest["pad_token"])
+
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         texts = [text.strip().lower() if self._lower else text.strip() for text in texts]
         encodings = self._tokenizer.encode_batch(texts)
@@ -110,9 +116,7 @@ def cached_encoder(model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEnc
     if not manifest_path.exists():
         return None
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    tokenizer = _Tokenizer(cache_dir / manifest["tokenizer"], max_length=manifest["max_seq_length"],
-                           lower=manifest["do_lower_case"], pad_id=manifest["pad_id"], pad_token=manifest["pad_token"])
-    encoder = OnnxEncoder(_session(graph, threads), tokenizer)
+    encoder = OnnxEncoder(_session(graph, threads), _Tokenizer.of(manifest, cache_dir))
     expected = np.array([manifest["probes"][text] for text in _PROBES], dtype=np.float32)
     agreement = _agreement(expected, encoder)
     if agreement < AGREEMENT:
@@ -159,9 +163,7 @@ def _write_manifest(model, session, expected: np.ndarray, tokenizer_path: Path, 
                 "pad_id": int(model.tokenizer.pad_token_id), "pad_token": str(model.tokenizer.pad_token),
                 "probes": {text: vector.tolist() for text, vector in zip(_PROBES, expected)}}
     _atomic_write(tokenizer_path, model.tokenizer.backend_tokenizer.to_str())
-    lean = OnnxEncoder(session, _Tokenizer(tokenizer_path, max_length=manifest["max_seq_length"],
-                                           lower=manifest["do_lower_case"], pad_id=manifest["pad_id"],
-                                           pad_token=manifest["pad_token"]))
+    lean = OnnxEncoder(session, _Tokenizer.of(manifest, tokenizer_path.parent))
     agreement = _agreement(expected, lean)
     if agreement < AGREEMENT:
         raise RuntimeError(f"its tokenizer on `tokenizers` alone disagrees with the library (cosine {agreement:.6f})")
