@@ -1,7 +1,8 @@
 """Default routing for `make run`: KB first (the pipeline always asks it), long-form writing,
 translation and compare/analyse requests to the external model when one is configured (else the
-local one), everything else to the local engine with the external one as fallback.
-Only missing rows are created, so a curator's edits survive the next start."""
+local one), everything else to the local engine with the external one as fallback. An API
+client that names the local model gets it without KB context (naming a model skips the KB, not
+the rules: see `routing.rules.named_refusal`). Only missing rows are created, so a curator's edits survive the next start."""
 
 from django.conf import settings
 from django.db import transaction
@@ -40,6 +41,8 @@ def demo_rules_ensure(*, local: ModelEndpoint, external: ModelEndpoint | None) -
     created = []
     heavy = external or local
     specs = [
+        # A client that names the local model gets it as it is: no KB context, no escalation.
+        ("local model by name", 5, {"requested_models": [local.name], "use_kb_context": False}, [local]),
         ("translation and analysis", 10, {"keywords": HEAVY_KEYWORDS}, [heavy] + ([local] if external else [])),
         ("long-form writing", 20, {"intent_examples": LONG_FORM_EXAMPLES, "intent_threshold": 0.55},
          [heavy] + ([local] if external else [])),

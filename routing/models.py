@@ -26,7 +26,9 @@ class RoutingRule(models.Model):
 
     keywords = ArrayField(models.CharField(max_length=100), default=list, blank=True,
                           help_text="Matches when the question contains any of them (case and width folded).")
-    regex = models.CharField(max_length=500, blank=True, help_text="Python regular expression, searched.")
+    regex = models.CharField(max_length=500, blank=True, help_text=(
+        "RE2 regular expression, searched (linear time; no lookaround or backreferences; "
+        "\\w and \\d are ASCII, \\p{Han} and \\p{L} match other scripts)."))
     intent_examples = ArrayField(models.TextField(), default=list, blank=True,
                                  help_text="Example questions; matches when one is similar enough.")
     intent_threshold = models.FloatField(default=0.6, validators=[MinValueValidator(0), MaxValueValidator(1)])

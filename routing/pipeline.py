@@ -28,7 +28,7 @@ from knowledge.normalize import normalize
 from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
 from routing import breaker
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
-from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, query_vector
+from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, named_refusal, query_vector
 
 logger = logging.getLogger(__name__)
 
@@ -132,12 +132,18 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
     snap = await asnapshot()
 
     if request.model and request.model != "auto":
-        target = snap.targets_by_model.get(request.model)
-        if target is None:
+        # A named model skips the KB, not the rules: the rule that takes this question must
+        # list the endpoint, and its prompt, context and limits apply.
+        if request.model not in snap.targets_by_model:
             yield Error(code="unknown_model", message=f"No model named {request.model!r}; see /v1/models.")
             return
-        async for event in _generate(request, text, None, [target], started, why=f"model {request.model} "
-                                     "requested", rng=rng):
+        rule, why = await _match(snap, request, text, None)
+        refusal = named_refusal(rule, request.model)
+        if refusal:
+            yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
+            return
+        async for event in _generate(request, text, rule, [rule.target_named(request.model)], started,
+                                     why=f"model {request.model} requested; {why}", rng=rng):
             yield event
         return
 
@@ -173,15 +179,10 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
 
 
 async def _match(snap: Snapshot, request: RouteRequest, text: str,
-                 direct: DirectAnswer) -> tuple[CompiledRule | None, str]:
-    ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model)
-    if any(rule.needs_vector for rule in snap.rules):
-        ctx.vector = direct.vector if direct.vector is not None else await query_vector(text)
-    for rule in snap.rules:
-        matched, reasons = rule.evaluate(ctx)
-        if matched:
-            return rule, f"rule {rule.name}: " + "; ".join(r.lstrip("✓ ") for r in reasons)
-    return None, ""
+                 direct: DirectAnswer | None) -> tuple[CompiledRule | None, str]:
+    ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model,
+                  vector=direct.vector if direct is not None else None)
+    return await snap.choose(ctx, lambda: query_vector(text))
 
 
 async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None, targets: list[Target],

@@ -7,7 +7,7 @@ from asgiref.sync import sync_to_async
 from inference_ops.models import ModelEndpoint
 from knowledge.selectors import direct_answer
 from routing import breaker
-from routing.rules import Context, asnapshot, query_vector
+from routing.rules import Context, asnapshot, named_refusal, query_vector
 
 
 async def route_explain(*, text: str, groups: frozenset[str] = frozenset(), client: str = "web",
@@ -29,9 +29,11 @@ async def route_explain(*, text: str, groups: frozenset[str] = frozenset(), clie
             chosen = rule
 
     if model and model != "auto":
-        target = snap.targets_by_model.get(model)
-        decision = ({"road": target.road, "reason": f"model {model} requested", "rule": None}
-                    if target else {"road": None, "reason": f"no model named {model!r}", "rule": None})
+        refusal = f"no model named {model!r}" if model not in snap.targets_by_model else named_refusal(chosen, model)
+        target = None if refusal else chosen.target_named(model)
+        decision = ({"road": target.road, "reason": f"model {model} requested, allowed by rule {chosen.name}",
+                     "rule": chosen.name} if target else {"road": None, "reason": refusal,
+                                                            "rule": chosen.name if chosen else None})
         chain_targets = [[target]] if target else []
     elif kb.hit:
         decision = {"road": "kb", "reason": kb.reason, "rule": None, "entry_id": kb.entry.pk}

@@ -39,7 +39,7 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
     out = capsys.readouterr().out
     assert "admin login: admin / " in out
     assert "demo knowledge base: 10 created" in out
-    assert "demo routing rules: translation and analysis, long-form writing, default" in out
+    assert "demo routing rules: local model by name, translation and analysis, long-form writing, default" in out
     assert direct_answer("I want to cancel my order").hit
     Entry.objects.filter(question="What is LoRA?").update(answer="edited by a curator")
     call_command("seed_demo")

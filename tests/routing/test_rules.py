@@ -25,11 +25,8 @@ def local(local_sim):
 
 
 def chosen(text, **ctx):
-    snap = snapshot()
-    context = Context(text=text, **ctx)
-    if any(r.needs_vector for r in snap.rules):
-        context.vector = async_to_sync(query_vector)(text)
-    matched = snap.match(context)
+    """The rule production chooses (`Snapshot.choose`, as the pipeline calls it)."""
+    matched, _ = async_to_sync(snapshot().choose)(Context(text=text, **ctx), lambda: query_vector(text))
     return matched.name if matched else None
 
 
