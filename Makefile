@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test stop install check-deploy clean
+.PHONY: run test stop install check-deploy clean audit
 
 install: $(STAMP)
 
@@ -35,3 +35,12 @@ stop: $(STAMP)
 
 clean: stop
 	rm -rf var
+
+# Known vulnerabilities in the pinned requirements (pip-audit, in its own venv so it pins nothing
+# of ours). It asks PyPI's and OSV's vulnerability services, which these development machines
+# cannot reach: run it in CI where they are; it is not part of `make test`.
+AUDIT_VENV := var/audit-venv
+audit:
+	@test -x $(AUDIT_VENV)/bin/pip-audit || { $(PYTHON) -m venv $(AUDIT_VENV) && \
+		$(AUDIT_VENV)/bin/pip install --disable-pip-version-check -q pip-audit==2.10.1; }
+	$(AUDIT_VENV)/bin/pip-audit --requirement requirements.txt --no-deps --disable-pip --strict --progress-spinner off
