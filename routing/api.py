@@ -2,10 +2,10 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledge.api import KBPermission
 from routing.selectors import route_explain
 
 
@@ -25,7 +25,9 @@ class ExplainRequestSerializer(serializers.Serializer):
 class ExplainView(APIView):
     """Why would this question take the road it takes? Nothing is generated."""
 
-    permission_classes = [IsAdminUser]
+    # Curation tooling: a staff session, or a staff user's key with the `kb` scope (not any key of
+    # a staff user: a chat key reaches chat only).
+    permission_classes = [KBPermission]
 
     @extend_schema(request=ExplainRequestSerializer,
                    responses=inline_serializer("Explanation", {
