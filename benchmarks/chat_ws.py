@@ -12,6 +12,7 @@ calls `run_level`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections import Counter
@@ -35,6 +36,13 @@ class Answer:
     tokens: int | None = None  # completion tokens, from `done`'s usage
     road: str | None = None
     error: str | None = None  # "error:rate_limited", "timeout", "closed", ...
+    asked: str = ""  # the question's text
+    parts: list[str] = field(default_factory=list)  # the `token` frames' texts, in order
+    session: int | None = None  # the chat session the answer went into
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +74,7 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_i
     """Send one question and read its frames to the end; returns the chat session's id."""
     began = time.perf_counter()
     deadline = began + timeout
+    answer.asked = content
     await ws.send_str(json.dumps({"type": "message", "session": session_id, "content": content}))
     while True:
         remaining = deadline - time.perf_counter()
@@ -85,11 +94,13 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_i
         kind = frame.get("type")
         if kind == "token":
             answer.frames += 1
+            answer.parts.append(frame["text"])
             if answer.ttft is None:
                 answer.ttft = time.perf_counter() - began
         elif kind == "session":
-            session_id = frame["id"]
+            session_id = answer.session = frame["id"]
         elif kind == "done":
+            answer.session = session_id
             answer.end = time.perf_counter() - began
             answer.road = frame.get("road")
             answer.tokens = (frame.get("usage") or {}).get("completion_tokens")
@@ -101,7 +112,9 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_i
 
 async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: str, cookie: str, answers: int,
                   question: Callable[[int, int], str], timeout: float, opened: asyncio.Barrier,
-                  level: Level) -> None:
+                  level: Level, until: Callable[[], float] | None = None) -> None:
+    """Ask `answers` questions in turn, or, with `until`, ask until the time it returns has passed
+    (read before each question: the clock starts when every socket is open)."""
     ws = None
     try:
         try:
@@ -117,7 +130,9 @@ async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: 
         if ws is None:
             return
         session_id = None
-        for number in range(answers):
+        for number in range(answers) if until is None else itertools.count():
+            if until is not None and time.perf_counter() >= until():
+                return
             answer = Answer(socket=index, index=number)
             level.answers.append(answer)
             session_id = await _ask(ws, answer, session_id=session_id, content=question(index, number),
@@ -131,14 +146,17 @@ async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: 
 
 
 async def run_level(*, base_url: str, cookies: list[str], answers: int, question: Callable[[int, int], str],
-                    timeout: float) -> Level:
-    """One socket per cookie, each asking `answers` questions one after another.
+                    timeout: float, seconds: float | None = None) -> Level:
+    """One socket per cookie, each asking `answers` questions one after another; with `seconds`,
+    each asking until that many seconds have passed since all were open (the soak).
 
     `question(socket, number)` gives each question's text; `timeout` bounds each answer, so
-    the level is bounded by `answers * timeout` plus the connections'.
+    the level is bounded by `answers * timeout` (or `seconds + timeout`) plus the connections'.
     """
     level = Level(sockets=len(cookies), makespan=0.0)
     opened = asyncio.Barrier(len(cookies) + 1)
+    start: list[float] = []
+    until = (lambda: start[0] + seconds) if seconds is not None else None
     # No client-side connection cap: every socket its own TCP connection, as browsers are.
     connector = aiohttp.TCPConnector(limit=0)
     client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
@@ -146,13 +164,15 @@ async def run_level(*, base_url: str, cookies: list[str], answers: int, question
         origin = base_url.rstrip("/")
         tasks = [asyncio.create_task(_socket(i, http=http, url=ws_url(base_url), origin=origin, cookie=cookie,
                                              answers=answers, question=question, timeout=timeout, opened=opened,
-                                             level=level))
+                                             level=level, until=until))
                  for i, cookie in enumerate(cookies)]
         try:
+            start.append(time.perf_counter())
             await asyncio.wait_for(opened.wait(), CONNECT_TIMEOUT + 5)
-            began = time.perf_counter()
+            began = start[0] = time.perf_counter()
             # Each answer is bounded already; this only guards against a bug in the bounds.
-            await asyncio.wait_for(asyncio.gather(*tasks), answers * timeout + 10)
+            bound = answers * timeout if seconds is None else seconds + timeout
+            await asyncio.wait_for(asyncio.gather(*tasks), bound + 10)
             level.makespan = time.perf_counter() - began
         finally:
             for task in tasks:

@@ -79,6 +79,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -132,7 +133,9 @@ def _database(url: str) -> dict:
         "HOST": host,
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
-        "CONN_HEALTH_CHECKS": not pool_size,
+        # With the pool: each checkout first checks its connection (an empty query), so after a
+        # database restart no request is handed a connection the restart broke (a 503 each).
+        "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": env_str("DATABASE_TEST_NAME")},
     }
 
@@ -204,6 +207,15 @@ EXTERNAL_LLM_BASE_URL = env_url("EXTERNAL_LLM_BASE_URL", schemes=("http", "https
 EXTERNAL_LLM_MODEL = env_str("EXTERNAL_LLM_MODEL", "")
 EXTERNAL_LLM_API_KEY_ENV = env_str("EXTERNAL_LLM_API_KEY_ENV", "")
 EXTERNAL_LLM_CONTEXT_WINDOW = env_int("EXTERNAL_LLM_CONTEXT_WINDOW", 128000, minimum=256)
+# An endpoint row's `api_key_env` may only name a variable with this prefix, one listed here, or
+# EXTERNAL_LLM_API_KEY_ENV: its value leaves as a Bearer token for the row's URL (inference_ops/policy.py).
+ENDPOINT_KEY_ENV_PREFIX = env_str("ENDPOINT_KEY_ENV_PREFIX", "GW_KEY_")
+if len(ENDPOINT_KEY_ENV_PREFIX) < 3 or not ENDPOINT_KEY_ENV_PREFIX.endswith("_"):
+    raise ImproperlyConfigured(
+        "Environment variable ENDPOINT_KEY_ENV_PREFIX must be at least 3 characters ending in '_'; "
+        f"got {ENDPOINT_KEY_ENV_PREFIX!r}."
+    )
+ENDPOINT_KEY_ENV_NAMES = env_list("ENDPOINT_KEY_ENV_NAMES")
 ROUTING_SYSTEM_PROMPT = env_str(
     "ROUTING_SYSTEM_PROMPT",
     "You are a helpful, precise assistant. Answer in the language of the question.",
@@ -242,6 +254,9 @@ CHAT_HISTORY_TURNS = env_int("CHAT_HISTORY_TURNS", 20, minimum=0)  # earlier mes
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=60)  # seconds
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024)  # request bodies
+# multipart/form-data bodies (file uploads: the admin's KB import) may be this large; both limits are
+# enforced by daphne as the body arrives, before anything reads it (config.body_limit).
+WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1024)
 
 # --- Engine supervision -----------------------------------------------------------------------
 
@@ -254,6 +269,13 @@ ENGINE_RESTART_BUDGET = env_int("ENGINE_RESTART_BUDGET", 5, minimum=0)  # automa
 ENGINE_RESTART_WINDOW = env_int("ENGINE_RESTART_WINDOW", 600, minimum=1)  # seconds
 ENGINE_BACKOFF_BASE = env_float("ENGINE_BACKOFF_BASE", 2.0, minimum=0.0)  # seconds, doubled per restart
 ENGINE_BACKOFF_MAX = env_float("ENGINE_BACKOFF_MAX", 300.0, minimum=0.0)
+# Engines start from a clean environment and take only allow-listed arguments (inference_ops/policy.py).
+# These add names (or PREFIX_* patterns) to the lists there.
+ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH")  # taken from the supervisor's own environment
+ENGINE_ENV_ALLOWED = env_list("ENGINE_ENV_ALLOWED")  # more variables a row's `environment` may set
+ENGINE_EXTRA_ARGS_ALLOWED = env_list("ENGINE_EXTRA_ARGS_ALLOWED")  # more flags a row's `extra_args` may use
+# An engine still `starting` this long after its startup_timeout lost its start task: the check takes over.
+ENGINE_START_GRACE = env_int("ENGINE_START_GRACE", 60, minimum=1)  # seconds
 
 # --- Celery (read by config/celery.py with the CELERY_ namespace) ----------------------
 
@@ -282,8 +304,9 @@ CELERY_TASK_ROUTES = {
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_TIMEOUT
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    # Longer than the hard time limit, or Redis would hand a running task to a second worker.
-    "visibility_timeout": max(3600, CELERY_TASK_TIME_LIMIT * 2),
+    # Longer than the longest hard time limit of any task (an engine start, the KB re-embed), or
+    # Redis would hand a running task to a second worker; the worker refuses to start otherwise.
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", max(7200, CELERY_TASK_TIME_LIMIT * 2), minimum=60),
     "socket_timeout": REDIS_TIMEOUT,
     "socket_connect_timeout": REDIS_TIMEOUT,
     "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
@@ -333,6 +356,23 @@ SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 14 * 24 * 3600, minimum=60)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Sent on every response by config.csp (the shape of Django 6.0's own setting). The pages run
+# only the site's script files: no inline script or handler, no inline style, nothing from
+# another origin. img-src allows data: for the empty favicon and Swagger UI's icons.
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],  # config.csp adds the page's own ws:// and wss:// host
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "frame-ancestors": ["'none'"],
+    "form-action": ["'self'"],
+}
+_csp_report_uri = env_url("CSP_REPORT_URI", schemes=("http", "https"), default="")
+if _csp_report_uri:
+    SECURE_CSP["report-uri"] = [_csp_report_uri]
 
 # --- Internationalization, static files ---------------------------------------------------
 

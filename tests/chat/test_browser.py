@@ -5,6 +5,7 @@ The server is a separate process, so every test writes its rows with
 django_db(transaction=True): committed rows are what daphne sees.
 """
 
+import json
 import os
 import re
 import time
@@ -18,6 +19,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from chat.models import ApiKey, ChatSession, Message
 from knowledge.services import entry_create
+from tests.chat.hostile_markdown import ALLOWED, EXPLOIT, HOSTILE, random_sources
 from tests.conftest import BASE_DIR
 from tests.factories import endpoint, rule
 from tests.inference_ops.simulator_process import start_simulator
@@ -73,15 +75,39 @@ def browser():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
+# Runs before any script of the page (Playwright's init scripts are not subject to the page's CSP).
+RECORD_VIOLATIONS = """
+    window.__violations = [];
+    document.addEventListener("securitypolicyviolation", (event) => window.__violations.push(
+        event.effectiveDirective + " " + (event.blockedURI || "inline") + " " + (event.sourceFile || "")));
+"""
+
+
 class Watched:
-    """A page with every dialog (an alert() from injected markup would be one) and script error recorded."""
+    """A page with every dialog (an alert() from injected markup would be one), script error and
+    Content-Security-Policy violation recorded."""
 
     def __init__(self, page):
         self.page = page
         self.dialogs = []
         self.errors = []
+        self.console_violations = []
+        page.add_init_script(RECORD_VIOLATIONS)
         page.on("dialog", self._dialog)
         page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("console", self._console)
+
+    def _console(self, message):
+        if "Content Security Policy" in message.text:
+            self.console_violations.append(message.text)
+
+    def violations(self):
+        """The policy's refusals on the page now open, plus every one the console reported."""
+        try:
+            seen = self.page.evaluate("window.__violations || []")
+        except Exception:  # the page is closed or navigating: the console still has them  # noqa: BLE001
+            seen = []
+        return seen + self.console_violations
 
     def _dialog(self, dialog):
         self.dialogs.append(dialog.message)
@@ -106,6 +132,7 @@ def open_page(browser, server):
         context.close()
     for page in watched:
         assert page.errors == [], "the page threw"
+        assert page.console_violations == [], "the page broke its Content-Security-Policy"
 
 
 def user(name):
@@ -262,58 +289,169 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     assert ChatSession.objects.filter(user__username="alice").count() == 2
 
 
-MARKDOWN_CASES = [
-    ("Use **Forgot password** now.", "<p>Use <strong>Forgot password</strong> now.</p>"),
-    ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
-    ('<img src=x onerror="alert(1)">', "<p>&lt;img src=x onerror=&quot;alert(1)&quot;&gt;</p>"),
-    ("[x](javascript:alert(1))", "<p>[x](javascript:alert(1))</p>"),
-    ("[docs](https://example.com/a?b=1&c=2)",
-     '<p><a href="https://example.com/a?b=1&amp;c=2" rel="noopener noreferrer" target="_blank">docs</a></p>'),
-    ('see https://example.com/x"onmouseover="alert(1)',
-     '<p>see <a href="https://example.com/x" rel="noopener noreferrer" target="_blank">https://example.com/x</a>'
-     "&quot;onmouseover=&quot;alert(1)</p>"),
-    ("# Title\nline one\nline two", "<h3>Title</h3><p>line one<br>line two</p>"),
-    ("- *a*\n- `<b>`", "<ul><li><em>a</em></li><li><code>&lt;b&gt;</code></li></ul>"),
-    ("3. three\n4. four", '<ol start="3"><li>three</li><li>four</li></ol>'),
-    ("```html\n<b onclick=x>**no**</b>\n```",
-     '<pre><code data-lang="html">&lt;b onclick=x&gt;**no**&lt;/b&gt;</code></pre>'),
-    ("snake_case_name and 2*3*4", "<p>snake_case_name and 2*3*4</p>"),
-    ("a\n\nb", "<p>a</p><p>b</p>"),
-]
+MARKDOWN_SCRIPTS = ["vendor/markdown-it.min.js", "vendor/purify.min.js", "markdown.js"]
 
-NASTY = [
-    "<svg/onload=alert(1)>", "<a href='javascript:alert(1)'>x</a>", "[a](https://x.y/\"><img src=x onerror=alert(1)>)",
-    "**<iframe src=javascript:alert(1)>**", "`</code><script>alert(1)</script>`", "```\n</pre><script>x</script>",
-    "> <style>*{}</style>", "1. <b>x</b>\n- <i>y</i>", "[![x](https://a.b/c.png)](https://a.b)", "\u0000<0>\u0000",
-    "https://a.b/<script>", "[x](https://a.b/ onmouseover=alert(1))", "&lt;script&gt; &amp; &#60;b&#62;",
-]
+# In an inert <template>, so markup from a broken renderer cannot fire an onerror here either.
+CHECK_RENDERED = """(sources) => {
+    const allowed = %s;
+    const inert = (html) => { const t = document.createElement("template"); t.innerHTML = html; return t.content; };
+    const problems = [];
+    for (const source of sources) {
+        const shown = inert(GatewayMarkdown.render(source));
+        for (const node of shown.querySelectorAll("*")) {
+            const tag = node.tagName.toLowerCase();
+            if (!(tag in allowed)) problems.push([source, "tag " + tag]);
+            for (const attribute of node.attributes) {
+                if (!(allowed[tag] || []).includes(attribute.name)) problems.push([source, tag + " " + attribute.name]);
+                if (attribute.name === "href" && !/^https?:\\/\\//i.test(attribute.value))
+                    problems.push([source, "href " + attribute.value]);
+            }
+        }
+        // The sanitizer had nothing to take away: the renderer alone wrote only allowed markup.
+        if (!shown.isEqualNode(inert(GatewayMarkdown.toHtml(source)))) problems.push([source, "sanitizer changed it"]);
+    }
+    return problems;
+}""" % json.dumps({tag: sorted(attributes) for tag, attributes in ALLOWED.items()})
 
 
-def test_the_markdown_renderer_escapes_first_and_renders_a_safe_subset(browser):
+def test_the_renderer_and_its_sanitizer_show_only_allowed_markup_in_chromium(browser):
     page = browser.new_page()
     try:
+        for script in MARKDOWN_SCRIPTS:
+            page.add_script_tag(path=str(BASE_DIR / "chat/static/chat" / script))
+        assert page.evaluate("(source) => GatewayMarkdown.render(source)", "Use **this**.") == (
+            "<p>Use <strong>this</strong>.</p>\n")
+        sources = HOSTILE + [EXPLOIT[:i] for i in range(len(EXPLOIT))] + random_sources(1500, seed=7)
+        assert page.evaluate(CHECK_RENDERED, sources) == []
+        # Without the sanitizer (a vendored file failed to load) the text is shown escaped, never raw.
+        page.evaluate("delete window.GatewayMarkdown; window.DOMPurify = undefined")
         page.add_script_tag(path=str(BASE_DIR / "chat/static/chat/markdown.js"))
-        for source, html in MARKDOWN_CASES:
-            assert page.evaluate("(source) => GatewayMarkdown.render(source)", source) == html, source
-        # Whatever the input, the DOM it makes holds only the subset's tags and attributes.
-        found = page.evaluate("""(sources) => {
-            const tags = new Set(), attributes = new Set();
-            for (const source of sources) {
-                const box = document.createElement("div");
-                box.innerHTML = GatewayMarkdown.render(source);
-                for (const node of box.querySelectorAll("*")) {
-                    tags.add(node.tagName.toLowerCase());
-                    for (const attribute of node.attributes) attributes.add(attribute.name + "=" +
-                        (attribute.name === "href" ? attribute.value.split(":")[0] : "*"));
-                }
-            }
-            return {tags: [...tags], attributes: [...attributes]};
-        }""", NASTY + [source for source, _ in MARKDOWN_CASES])
-        assert set(found["tags"]) <= {"p", "br", "h3", "h4", "h5", "h6", "strong", "em", "code", "pre", "ul", "ol",
-                                      "li", "blockquote", "a"}
-        assert set(found["attributes"]) <= {"href=https", "href=http", "rel=*", "target=*", "start=*", "data-lang=*"}
+        assert page.evaluate("(source) => GatewayMarkdown.render(source)", "<b>x</b> **y**") == (
+            "<p>&lt;b&gt;x&lt;/b&gt; **y**</p>")
     finally:
         page.close()
+
+
+PWNING = [
+    "- https://a/x/onmouseover=window.pwned=1//\n  https://e.com/$`",
+    '<img src=x onerror="window.pwned=2">',
+    "[click](javascript:window.pwned=3)",
+    '[a](https://x.y/"onmouseover="window.pwned=4)',
+    "| <script>window.pwned=5</script> | x |\n|---|---|\n| <svg onload=window.pwned=6> | y |",
+    '```"><img src=x onerror=window.pwned=7>\ncode\n```',
+    "# <iframe srcdoc='<script>parent.pwned=8</script>'>",
+    "- a\n  - <b onclick=window.pwned=9>b</b>\n    - $& $' $`",
+]
+HOSTILE_QUESTION = "What does the hostile canary say?"
+
+
+def assert_nothing_ran(watched):
+    page = watched.page
+    messages = page.locator("#messages")
+    for link in messages.locator("a").all():
+        link.hover()  # an onmouseover smuggled into a link would fire now
+    page.wait_for_timeout(200)
+    assert page.evaluate("window.pwned") is None
+    assert watched.dialogs == []
+    assert messages.evaluate("""(root) => [...root.querySelectorAll("*")].flatMap((node) =>
+        [...node.attributes].filter((a) => a.name.startsWith("on")).map((a) => node.tagName + " " + a.name))""") == []
+    assert messages.locator("script, img, svg, iframe, style, object, embed").count() == 0
+    hrefs = messages.evaluate("(root) => [...root.querySelectorAll('a')].map((a) => a.getAttribute('href'))")
+    assert hrefs and all(re.match(r"https?://", href) for href in hrefs), hrefs
+
+
+def test_a_hostile_answer_from_the_kb_or_a_model_is_shown_and_runs_nothing(open_page, local_sim):
+    hostile = "\n\n".join(PWNING)
+    entry_create(question=HOSTILE_QUESTION, answer=hostile, embed="sync")
+    rule("default", endpoint("local", local_sim), is_default=True, use_kb_context=False, max_tokens=2000)
+    user("mallory")
+    watched = open_page()
+    page = watched.page
+    log_in(page, "mallory")
+
+    kb = finished(ask(page, HOSTILE_QUESTION))
+    assert kb.get_attribute("data-status") == "complete"
+    expect(kb.locator(".bubble table")).to_have_count(1)
+    expect(kb.locator(".bubble ul ul ul")).to_have_count(1)  # the list nested three deep
+    expect(kb.locator(".bubble")).to_contain_text('<img src=x onerror="window.pwned=2">')
+    assert_nothing_ran(watched)
+
+    # The echoing engine streams the same text back token by token: every partial render is safe too.
+    generated = finished(ask(page, hostile))
+    assert generated.get_attribute("data-status") == "complete"
+    expect(generated.locator(".badge")).to_have_attribute("data-road", "local")
+    expect(generated.locator(".bubble table")).to_have_count(1)
+    assert_nothing_ran(watched)
+    page.reload()
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    assert_nothing_ran(watched)
+    assert watched.violations() == []
+
+
+def test_the_chat_page_enforces_its_content_security_policy(open_page):
+    user("alice")
+    watched = open_page()
+    page = watched.page
+    log_in(page, "alice")
+    response = page.goto("/")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "object-src 'none'" in policy and "unsafe-inline" not in policy
+    expect(page.locator("#connection")).to_have_attribute("data-state", "open")  # its WebSocket is allowed
+    assert watched.violations() == []
+
+    # Markup put into the page by any other way than the renderer still runs nothing: the policy refuses it.
+    page.evaluate("""() => {
+        const box = document.createElement("div");
+        box.innerHTML = '<img src="data:," onerror="window.pwned = 1"><a href="#" onclick="window.pwned = 2">x</a>';
+        document.body.append(box);
+        box.querySelector("a").click();
+        const script = document.createElement("script");
+        script.textContent = "window.pwned = 3";
+        document.body.append(script);
+    }""")
+    page.wait_for_timeout(200)
+    assert page.evaluate("window.pwned") is None
+    refused = page.evaluate("window.__violations")
+    assert len(refused) == 3 and all(v.startswith("script-src") for v in refused), refused
+    watched.console_violations.clear()  # these refusals were the point
+
+
+def test_the_admin_and_the_api_docs_work_under_the_policy(open_page, server):
+    admin = user("root")
+    admin.is_staff = admin.is_superuser = True
+    admin.save()
+    entry = entry_create(question=KB_QUESTION, answer="Use **Forgot password**.", embed="none")
+    watched = open_page()
+    page = watched.page
+    page.goto("/admin/")
+    page.get_by_label("Username").fill("root")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.locator("#site-name")).to_be_visible()
+    for url in ["/admin/", "/admin/knowledge/entry/", "/admin/knowledge/entry/add/",
+                f"/admin/knowledge/entry/{entry.pk}/change/", "/admin/knowledge/entry/try/?q=password",
+                "/admin/routing/routingrule/tester/", "/admin/auth/user/"]:
+        response = page.goto(url)
+        assert response.status == 200, url
+        assert "script-src 'self'" in response.headers["content-security-policy"], url
+        assert watched.violations() == [], url
+    # The admin's own scripts run: the inline formset adds a row, the changelist selects all.
+    page.goto("/admin/routing/routingrule/add/")
+    rows = page.locator(".dynamic-targets, tr.form-row:not(.empty-form)")
+    before = rows.count()
+    page.locator(".add-row a").first.click()
+    expect(rows).to_have_count(before + 1)
+    page.goto("/admin/knowledge/entry/")
+    page.locator("#action-toggle").check()
+    expect(page.locator(".action-counter")).to_contain_text("1 of 1 selected")
+    assert watched.violations() == []
+
+    # Swagger UI renders the schema from the page's own script files.
+    response = page.goto("/api/docs/")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Answering gateway API", timeout=30_000)
+    expect(page.locator(".swagger-ui .opblock").first).to_be_visible()
+    assert watched.violations() == []
 
 
 def test_the_enter_that_confirms_an_ime_composition_does_not_send(open_page, kb_and_slow_engine):

@@ -4,7 +4,7 @@
  * reconnects with backoff and reloads the open session from the database, so a
  * finished (or stopped) answer is shown as the server stored it.
  * Text from the server only ever reaches the page through textContent or
- * GatewayMarkdown.render, which escapes before it formats.
+ * GatewayMarkdown.render, whose HTML is sanitized to an allow-list (markdown.js).
  */
 (function () {
   "use strict";
@@ -211,7 +211,7 @@
 
   function setContent(li, text) {
     li._text = text;
-    // The renderer escapes every character of the text before it adds its own tags.
+    // Raw HTML in the text is escaped, and the result sanitized to an allow-list (markdown.js).
     part(li, ".bubble").innerHTML = markdown.render(text);
   }
 
@@ -618,18 +618,35 @@
     if (!generation) return;
     generation.frame = 0;
     var stick = nearBottom();
+    var started = performance.now();
     setContent(generation.el, generation.text);
+    generation.renderedAt = performance.now();
+    generation.renderCost = generation.renderedAt - started;
     if (stick) scrollToBottom();
   }
 
   function scheduleRender() {
     var generation = state.generation;
-    if (generation && !generation.frame) generation.frame = requestAnimationFrame(renderGeneration);
+    if (!generation || generation.frame || generation.timer) return;
+    // Each render parses and sanitizes the whole answer again, so it costs more as the answer
+    // grows: the next one waits four times the last one's cost, which keeps rendering to about
+    // a fifth of the main thread however fast tokens come.
+    var wait = (generation.renderedAt || 0) + 4 * (generation.renderCost || 0) - performance.now();
+    if (wait > 0) {
+      generation.timer = setTimeout(function () {
+        generation.timer = 0;
+        scheduleRender();
+      }, wait);
+      return;
+    }
+    generation.frame = requestAnimationFrame(renderGeneration);
   }
 
   function flushGeneration() {
     var generation = state.generation;
     if (generation.frame) cancelAnimationFrame(generation.frame);
+    if (generation.timer) clearTimeout(generation.timer);
+    generation.timer = 0;
     renderGeneration();
   }
 

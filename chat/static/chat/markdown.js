@@ -1,16 +1,40 @@
-/* A small, safe Markdown renderer for model output and KB text.
+/* Markdown for model output and KB text: markdown-it renders, DOMPurify keeps only what it wrote.
  *
- * Safety comes from the order of work: the whole source is HTML-escaped first
- * (& < > " '), so no character of it can open a tag or leave an attribute; only
- * then are the few constructs below turned into tags this file writes itself.
- * Links are made only for http(s) URLs. Anything else stays visible as text.
+ * Both libraries are vendored in vendor/ (see its README: versions, licenses, no CDN) and load
+ * before this file. Three layers stand between an answer's text and a running script:
  *
- * Subset: paragraphs, line breaks, headings, **bold**, *italic*, `code`, fenced
- * code blocks, bullet and numbered lists, > quotes, [text](https://…) and bare
- * https:// links.
+ * 1. markdown-it, configured below: raw HTML off (every character it does not turn into its own
+ *    tags is escaped), links only for http(s) URLs, no images, table alignment as a class
+ *    rather than an inline style. Its parser is CommonMark's: no string splicing of earlier
+ *    output (the hand-written renderer this replaces pasted markup into an attribute through a
+ *    `$'` in the text), and linear on pathological input.
+ * 2. DOMPurify parses that HTML in an inert document and drops every element, attribute or
+ *    value outside ALLOWED: a bug in layer 1 still yields no script, handler or javascript: URL.
+ * 3. The page's Content-Security-Policy (script-src 'self', no inline handlers).
+ *
+ * Streaming: the whole answer is rendered again as tokens arrive; an unclosed code fence runs
+ * to the end of the text, so a half-written code block shows as code.
  */
 (function (root) {
   "use strict";
+
+  // The tags the chat shows, each with the attributes (and the values) it may keep.
+  var LANG = /^[A-Za-z0-9_+#.-]{1,32}$/;
+  var ALIGN = { left: "align-left", center: "align-center", right: "align-right" };
+  var ALIGN_CLASS = /^align-(left|center|right)$/;
+  var HTTP = /^https?:\/\//i;
+  var ALLOWED = {
+    p: {}, br: {}, strong: {}, em: {}, s: {}, pre: {}, blockquote: {}, hr: {},
+    h3: {}, h4: {}, h5: {}, h6: {}, ul: {}, li: {},
+    table: {}, thead: {}, tbody: {}, tr: {},
+    code: { "data-lang": LANG },
+    ol: { start: /^\d{1,9}$/ },
+    th: { "class": ALIGN_CLASS },
+    td: { "class": ALIGN_CLASS },
+    a: { href: HTTP, title: /[^]*/, rel: /^noopener noreferrer$/, target: /^_blank$/ },
+  };
+  // Inside a chat bubble, # is the largest heading an answer may have.
+  var HEADING_SHIFT = 2;
 
   var ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
@@ -18,139 +42,80 @@
     return String(text).replace(/[&<>"']/g, function (ch) { return ESCAPES[ch]; });
   }
 
-  // Placeholders keep finished pieces (code spans, links) away from later rules.
-  // NUL cannot come from the source: it is removed before anything else.
-  var HOLE = "\u0000";
+  function makeRenderer(markdownit) {
+    var md = markdownit("default", { html: false, linkify: true, breaks: true, typographer: false });
+    md.disable(["image"]);
+    // Only scheme-prefixed URLs become links: with fuzzy matching `manage.py` would be one.
+    md.linkify.set({ fuzzyLink: false, fuzzyEmail: false, fuzzyIP: false });
+    // Called with the normalized (percent-encoded) URL of every link, autolink and linkified URL.
+    md.validateLink = function (url) { return HTTP.test(url); };
 
-  function renderInline(escaped) {
-    var held = [];
-    function hold(html) {
-      held.push(html);
-      return HOLE + (held.length - 1) + HOLE;
-    }
-
-    var text = escaped.replace(/`([^`\n]+)`/g, function (_, code) {
-      return hold("<code>" + code + "</code>");
-    });
-    text = text.replace(/\[([^\]\n]+)\]\((https?:\/\/[^\s()\u0000]+)\)/g, function (_, label, url) {
-      return hold(anchor(url, emphasis(label)));
-    });
-    // Bare URLs. The source's quotes and brackets are entities by now, so stop there.
-    text = text.replace(/\bhttps?:\/\/(?:(?!&quot;|&#39;|&lt;|&gt;)[^\s\u0000])+/g, function (url) {
-      var trail = /(?:[.,;:!?)\]]|&amp;)+$/.exec(url);
-      var tail = trail ? trail[0] : "";
-      var bare = tail ? url.slice(0, -tail.length) : url;
-      return hold(anchor(bare, bare)) + tail;
-    });
-    text = emphasis(text);
-    // Labels may hold code spans, so restore until no hole is left.
-    for (var guard = 0; text.indexOf(HOLE) !== -1 && guard < 5; guard++) {
-      text = text.replace(/\u0000(\d+)\u0000/g, function (_, n) { return held[Number(n)]; });
-    }
-    return text;
-  }
-
-  function anchor(url, labelHtml) {
-    return '<a href="' + url + '" rel="noopener noreferrer" target="_blank">' + labelHtml + "</a>";
-  }
-
-  function emphasis(text) {
-    return text
-      .replace(/\*\*(?=\S)([^\n]*?\S)\*\*/g, "<strong>$1</strong>")
-      .replace(/(^|[^\w])__(?=\S)([^\n]*?\S)__(?!\w)/g, "$1<strong>$2</strong>")
-      .replace(/(^|[^*\w])\*(?=[^\s*])([^*\n]*?[^\s*])\*(?!\*)/g, "$1<em>$2</em>")
-      .replace(/(^|[^\w])_(?=[^\s_])([^_\n]*?[^\s_])_(?!\w)/g, "$1<em>$2</em>");
-  }
-
-  var FENCE = /^\s{0,3}(`{3,}|~{3,})\s*([\w+-]*)/;
-  var HEADING = /^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
-  var BULLET = /^\s*[-*+]\s+(.*)$/;
-  var NUMBERED = /^\s*(\d{1,9})[.)]\s+(.*)$/;
-  var QUOTE = /^\s{0,3}&gt;\s?(.*)$/;
-
-  function renderMarkdown(source) {
-    var lines = escapeHtml(String(source == null ? "" : source).replace(/\u0000/g, "").replace(/\r\n?/g, "\n"))
-      .split("\n");
-    var out = [];
-    var paragraph = [];
-
-    function flushParagraph() {
-      if (paragraph.length) {
-        out.push("<p>" + paragraph.map(renderInline).join("<br>") + "</p>");
-        paragraph = [];
-      }
-    }
-
-    var i = 0;
-    while (i < lines.length) {
-      var line = lines[i];
-      var match;
-
-      if ((match = FENCE.exec(line))) {
-        flushParagraph();
-        var marker = match[1];
-        var code = [];
-        i++;
-        // An unclosed fence (an answer still streaming) runs to the end.
-        while (i < lines.length && lines[i].trim().indexOf(marker) !== 0) {
-          code.push(lines[i]);
-          i++;
+    md.core.ruler.push("gateway_markup", function (state) {
+      state.tokens.forEach(function (token) {
+        if (token.type === "heading_open" || token.type === "heading_close") {
+          token.tag = "h" + Math.min(6, Number(token.tag.slice(1)) + HEADING_SHIFT);
+        } else if (token.type === "th_open" || token.type === "td_open") {
+          // The page's CSP allows no inline style: alignment becomes a class of chat.css.
+          var align = /text-align:\s*(left|center|right)/.exec(token.attrGet("style") || "");
+          token.attrs = align ? [["class", ALIGN[align[1]]]] : null;
         }
-        i++;
-        var lang = match[2] ? ' data-lang="' + match[2] + '"' : "";
-        out.push("<pre><code" + lang + ">" + code.join("\n") + "</code></pre>");
-        continue;
-      }
-      if ((match = HEADING.exec(line))) {
-        flushParagraph();
-        // Inside a chat bubble: # is the largest heading the page lets an answer have.
-        var level = Math.min(6, match[1].length + 2);
-        out.push("<h" + level + ">" + renderInline(match[2]) + "</h" + level + ">");
-        i++;
-        continue;
-      }
-      if (BULLET.test(line) || NUMBERED.test(line)) {
-        flushParagraph();
-        var ordered = !BULLET.test(line);
-        var pattern = ordered ? NUMBERED : BULLET;
-        var items = [];
-        var start = ordered ? Number(NUMBERED.exec(line)[1]) : 1;
-        while (i < lines.length && (match = pattern.exec(lines[i]))) {
-          items.push("<li>" + renderInline(ordered ? match[2] : match[1]) + "</li>");
-          i++;
-          // A wrapped continuation line belongs to the item before it.
-          while (i < lines.length && /^\s{2,}\S/.test(lines[i]) && !BULLET.test(lines[i]) &&
-                 !NUMBERED.test(lines[i])) {
-            items[items.length - 1] = items[items.length - 1].replace(/<\/li>$/, "<br>" +
-              renderInline(lines[i].trim()) + "</li>");
-            i++;
-          }
-        }
-        var open = ordered ? (start !== 1 ? '<ol start="' + start + '">' : "<ol>") : "<ul>";
-        out.push(open + items.join("") + (ordered ? "</ol>" : "</ul>"));
-        continue;
-      }
-      if (QUOTE.test(line)) {
-        flushParagraph();
-        var quoted = [];
-        while (i < lines.length && (match = QUOTE.exec(lines[i]))) {
-          quoted.push(renderInline(match[1]));
-          i++;
-        }
-        out.push("<blockquote><p>" + quoted.join("<br>") + "</p></blockquote>");
-        continue;
-      }
-      if (!line.trim()) {
-        flushParagraph();
-        i++;
-        continue;
-      }
-      paragraph.push(line);
-      i++;
-    }
-    flushParagraph();
-    return out.join("");
+      });
+    });
+
+    md.renderer.rules.link_open = function (tokens, idx, options, env, self) {
+      tokens[idx].attrSet("rel", "noopener noreferrer");
+      tokens[idx].attrSet("target", "_blank");
+      return self.renderToken(tokens, idx, options);
+    };
+    md.renderer.rules.fence = function (tokens, idx) {
+      var token = tokens[idx];
+      var lang = token.info.trim().split(/\s+/)[0];
+      // Only a plain name: the attribute then holds nothing an escaper would have to handle.
+      var attribute = LANG.test(lang) ? ' data-lang="' + lang + '"' : "";
+      return "<pre><code" + attribute + ">" + md.utils.escapeHtml(token.content) + "</code></pre>\n";
+    };
+    return md;
   }
 
-  root.GatewayMarkdown = { escapeHtml: escapeHtml, render: renderMarkdown };
+  function makeSanitizer(createDOMPurify) {
+    // An instance of our own, so its hooks touch no other user of DOMPurify on the page.
+    var purify = createDOMPurify(root);
+    if (!purify.isSupported) return null;
+    var attributes = {};
+    Object.keys(ALLOWED).forEach(function (tag) {
+      Object.keys(ALLOWED[tag]).forEach(function (name) { attributes[name] = true; });
+    });
+    purify.addHook("uponSanitizeAttribute", function (node, data) {
+      var rule = (ALLOWED[node.nodeName.toLowerCase()] || {})[data.attrName];
+      if (!rule || !rule.test(data.attrValue)) data.keepAttr = false;
+    });
+    var config = {
+      ALLOWED_TAGS: Object.keys(ALLOWED),
+      ALLOWED_ATTR: Object.keys(attributes),
+      ALLOWED_URI_REGEXP: HTTP,
+      // DOMPurify tests every other attribute's value against that URI pattern too; the hook
+      // above already holds each of these to its own pattern.
+      ADD_URI_SAFE_ATTR: ["rel", "target", "start", "data-lang"],
+      ALLOW_DATA_ATTR: false,
+      ALLOW_ARIA_ATTR: false,
+    };
+    return function (html) { return purify.sanitize(html, config); };
+  }
+
+  var md = root.markdownit ? makeRenderer(root.markdownit) : null;
+  var sanitize = root.DOMPurify ? makeSanitizer(root.DOMPurify) : null;
+
+  /* The renderer's HTML before the sanitizer: for the tests in node, which have no DOM. */
+  function toHtml(source) {
+    return md.render(String(source == null ? "" : source));
+  }
+
+  /* What the page puts in innerHTML. Without both libraries (a file failed to load) the text
+   * is shown escaped, unformatted: never unsanitized. */
+  function render(source) {
+    if (!md || !sanitize) return "<p>" + escapeHtml(source == null ? "" : source) + "</p>";
+    return sanitize(toHtml(source));
+  }
+
+  root.GatewayMarkdown = { escapeHtml: escapeHtml, render: render, toHtml: toHtml };
 })(window);
