@@ -21,11 +21,15 @@ $(STAMP): requirements.txt
 run: $(STAMP)
 	exec $(PY) -m config.devserver
 
-# The browser test drives Debian's Chromium; install it once if the machine lacks it.
+# The browser test drives Debian's Chromium, the Markdown renderer's tests run in Node; install
+# them once if the machine lacks them.
 test: $(STAMP)
 	@command -v chromium >/dev/null 2>&1 || { \
 		echo "installing Debian's chromium for the browser test (once)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v node >/dev/null 2>&1 || { \
+		echo "installing Debian's nodejs for the Markdown renderer's tests (once)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
 	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py cpu_engine_build
 	$(PY) -m pytest $(PYTEST_ARGS)
 
