@@ -9,8 +9,30 @@ from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 
 
+class SuperuserEdits:
+    """These rows reach the host: a command line and an environment on the GPU host, a key sent
+    to a URL. Only superusers add, change or delete them; staff with the view permission look."""
+
+    def has_add_permission(self, request, *args):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+
+class Operations:
+    """Start, stop, load: operating the rows, not editing them; staff with the change permission may."""
+
+    def has_operate_permission(self, request):
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+
 @admin.register(ModelEndpoint)
-class ModelEndpointAdmin(admin.ModelAdmin):
+class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
     list_display = ["name", "kind", "model", "lora_adapter", "active", "status", "requests_running",
                     "requests_waiting", "kv_cache_usage", "checked_at"]
     list_filter = ["kind", "active", "status"]
@@ -27,7 +49,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     ]
 
 
-class LoraAdapterInline(admin.TabularInline):
+class LoraAdapterInline(SuperuserEdits, admin.TabularInline):
     model = LoraAdapter
     extra = 0
     fields = ["name", "path", "base_model", "static", "state", "error"]
@@ -48,7 +70,7 @@ class EngineEventInline(admin.TabularInline):
 
 
 @admin.register(EngineProcess)
-class EngineProcessAdmin(admin.ModelAdmin):
+class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
     list_display = ["name", "kind", "model", "port", "desired_state", "status_badge", "status_reason_short",
                     "last_check_at", "running", "waiting", "kv_cache"]
     list_filter = ["kind", "status", "desired_state"]
@@ -115,21 +137,21 @@ class EngineProcessAdmin(admin.ModelAdmin):
         self.message_user(request, f"{action.capitalize()} queued for {queryset.count()} engine(s); "
                                    "the status column follows.")
 
-    @admin.action(description="Start selected engines")
+    @admin.action(description="Start selected engines", permissions=["operate"])
     def start(self, request, queryset):
         self._enqueue(request, queryset, "start")
 
-    @admin.action(description="Stop selected engines")
+    @admin.action(description="Stop selected engines", permissions=["operate"])
     def stop(self, request, queryset):
         self._enqueue(request, queryset, "stop")
 
-    @admin.action(description="Restart selected engines")
+    @admin.action(description="Restart selected engines", permissions=["operate"])
     def restart(self, request, queryset):
         self._enqueue(request, queryset, "restart")
 
 
 @admin.register(LoraAdapter)
-class LoraAdapterAdmin(admin.ModelAdmin):
+class LoraAdapterAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
     list_display = ["name", "engine", "path", "static", "state", "error"]
     list_filter = ["state", "static", "engine"]
     readonly_fields = ["state", "error"]
@@ -144,10 +166,10 @@ class LoraAdapterAdmin(admin.ModelAdmin):
             else:
                 self.message_user(request, f"{adapter.name}: {verb}.")
 
-    @admin.action(description="Load selected adapters now (runtime)")
+    @admin.action(description="Load selected adapters now (runtime)", permissions=["operate"])
     def load(self, request, queryset):
         self._each(request, queryset, supervisor.adapter_load, "loaded")
 
-    @admin.action(description="Unload selected adapters now (runtime)")
+    @admin.action(description="Unload selected adapters now (runtime)", permissions=["operate"])
     def unload(self, request, queryset):
         self._each(request, queryset, supervisor.adapter_unload, "unloaded")

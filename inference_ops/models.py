@@ -1,9 +1,15 @@
 """Model endpoints: every OpenAI-compatible target the gateway can send a question to."""
 
+import logging
 import os
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+
+from inference_ops import policy
+
+logger = logging.getLogger(__name__)
 
 
 class ModelEndpoint(models.Model):
@@ -23,7 +29,8 @@ class ModelEndpoint(models.Model):
     base_url = models.URLField(help_text="The /v1 URL, e.g. http://127.0.0.1:8001/v1")
     api_key_env = models.CharField(
         max_length=100, blank=True,
-        help_text="Name of the environment variable that holds the API key. The key itself is never stored.",
+        help_text="Name of the environment variable that holds the API key (it must start with GW_KEY_, "
+                  "or be listed by the operator). The key itself is never stored.",
     )
     model = models.CharField(max_length=200, help_text="Served model name sent as `model`.")
     lora_adapter = models.CharField(
@@ -63,9 +70,19 @@ class ModelEndpoint(models.Model):
     def request_model(self) -> str:
         return self.lora_adapter or self.model
 
+    def clean(self):
+        if problem := policy.key_env_problem(self.api_key_env):
+            raise ValidationError({"api_key_env": problem})
+
     @property
     def api_key(self) -> str:
-        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        if not self.api_key_env:
+            return ""
+        # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
+        if problem := policy.key_env_problem(self.api_key_env):
+            logger.error("endpoint %s: %s Sending no key.", self.name, problem)
+            return ""
+        return os.environ.get(self.api_key_env, "")
 
 
 class EngineProcess(models.Model):
@@ -113,8 +130,15 @@ class EngineProcess(models.Model):
     runtime_lora_updating = models.BooleanField(
         default=False, help_text="Allow loading and unloading adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."
     )
-    extra_args = models.JSONField(default=list, blank=True, help_text='More arguments, e.g. ["--seed", "1"].')
-    environment = models.JSONField(default=dict, blank=True, help_text='Extra environment, e.g. {"HF_HOME": "/data"}.')
+    extra_args = models.JSONField(
+        default=list, blank=True,
+        help_text='More arguments, e.g. ["--seed", "1"]; only flags allowed for the kind (inference_ops/policy.py).',
+    )
+    environment = models.JSONField(
+        default=dict, blank=True,
+        help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, HF_*, VLLM_*, '
+                  'OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the gateway\'s own environment.',
+    )
     startup_timeout = models.PositiveIntegerField(default=900, help_text="Seconds to become ready (vLLM loads weights).")
     stop_timeout = models.PositiveIntegerField(default=30, help_text="Seconds between SIGTERM and SIGKILL.")
 
@@ -138,6 +162,10 @@ class EngineProcess(models.Model):
 
     def __str__(self):
         return self.name
+
+    def clean(self):
+        if problems := policy.engine_problems(self):
+            raise ValidationError(problems)
 
     @property
     def queue(self) -> str:
@@ -186,3 +214,7 @@ class LoraAdapter(models.Model):
 
     def __str__(self):
         return self.name
+
+    def clean(self):
+        if problems := policy.adapter_problems(self):
+            raise ValidationError(problems)

@@ -27,9 +27,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.events import ops_event_broadcast
-from inference_ops import cpu_engine
+from inference_ops import cpu_engine, policy
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
@@ -71,6 +72,9 @@ def vllm_arguments(engine: EngineProcess) -> list[str]:
 
 
 def command_line(engine: EngineProcess) -> list[str]:
+    """The engine's argv; refuses a row that fails the launch policy (one written past the admin)."""
+    if problems := policy.engine_problems(engine):
+        raise EngineStartRefused(f"{engine.name}: refused: {policy.problems_text(problems)}")
     if engine.kind == EngineProcess.Kind.VLLM:
         return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.SIMULATOR:
@@ -86,7 +90,11 @@ def command_line(engine: EngineProcess) -> list[str]:
 
 
 def environment(engine: EngineProcess) -> dict[str, str]:
-    env = {**os.environ, **{str(k): str(v) for k, v in engine.environment.items()}}
+    """A clean environment: the few host variables engines need, then the row's allow-listed ones.
+    Never the gateway's own (its secret key, database URL, endpoint keys)."""
+    if problems := policy.environment_problems(engine.environment):
+        raise EngineStartRefused(f"{engine.name}: refused: environment: {'; '.join(problems)}")
+    env = {**policy.engine_base_environment(), **{str(k): str(v) for k, v in engine.environment.items()}}
     if engine.runtime_lora_updating:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -161,9 +169,10 @@ def port_in_use(host: str, port: int) -> bool:
 
 def _launch(engine: EngineProcess) -> int:
     argv = command_line(engine)
+    # From the project folder: the clean environment has no PYTHONPATH to find the launcher by.
     result = subprocess.run(
         [sys.executable, "-m", "inference_ops.launch", str(log_path(engine)), "--", *argv],
-        env=environment(engine), capture_output=True, text=True, timeout=30,
+        env=environment(engine), cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=30,
     )
     if result.returncode != 0:
         raise SupervisorError(f"could not launch {argv[0]}: {result.stderr.strip()}")
@@ -241,6 +250,7 @@ _ENDPOINT_STATUS = {
 def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> EngineProcess:
     """Store a state change with its reason, mirror it on the endpoint, tell staff after commit."""
     changed = status != engine.status or reason != engine.status_reason
+    previous = engine.status
     now = timezone.now()
     fields.update(status=status, status_reason=reason[:1000])
     if changed:
@@ -250,6 +260,9 @@ def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> En
         for name, value in fields.items():
             setattr(engine, name, value)
         if changed:
+            if status == Status.READY and previous != Status.READY:
+                endpoint = ModelEndpoint.objects.filter(pk=engine.endpoint_id).values_list("name", flat=True).first()
+                transaction.on_commit(lambda: _ready(engine, endpoint))
             EngineEvent.objects.create(engine=engine, status=status, reason=reason[:1000])
             ModelEndpoint.objects.filter(pk=engine.endpoint_id).update(
                 status=_ENDPOINT_STATUS.get(status, ModelEndpoint.Status.DOWN), status_reason=reason[:500],
@@ -260,6 +273,17 @@ def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> En
     if changed:
         logger.info("engine %s: %s (%s)", engine.name, status, reason)
     return engine
+
+
+def _ready(engine: EngineProcess, endpoint: str | None) -> None:
+    # Answers failed while the engine was away, so its endpoint's circuit breaker is likely open;
+    # the engine is back now, and waiting out the breaker's cool-down would only refuse service.
+    if endpoint is None:
+        return
+    try:
+        engine_ready.send(sender=EngineProcess, engine=engine, endpoint=endpoint)
+    except Exception:  # noqa: BLE001 - a receiver's failure must never fail supervision
+        logger.warning("engine %s: a receiver of engine_ready failed", engine.name, exc_info=True)
 
 
 def _broadcast(payload: dict) -> None:
@@ -289,7 +313,16 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         if process_alive(engine.pid):
             # A leftover of a failed start or an unhealthy run: replace it, never run two.
             _terminate_session(engine.pid, engine.stop_timeout)
-        _transition(engine, Status.STARTING, reason, pid=None, started_at=timezone.now(), failed_checks=0)
+        problems = policy.engine_problems(engine)
+        refused = f"refused: {policy.problems_text(problems)}" if problems else ""
+        if refused:
+            # A row written past the admin's validation (the ORM, an old row): never launched.
+            _transition(engine, Status.STOPPED, refused, pid=None, desired_state=EngineProcess.Desired.STOPPED,
+                        next_restart_at=None)
+        else:
+            _transition(engine, Status.STARTING, reason, pid=None, started_at=timezone.now(), failed_checks=0)
+    if refused:
+        raise EngineStartRefused(f"{engine.name}: {refused}")
 
     if port_in_use(engine.bind_host, engine.port):
         _transition(engine, Status.STOPPED, f"port {engine.port} is already in use; not started",
@@ -361,27 +394,23 @@ def engine_restart(*, engine_id: int, reason: str = "restarted by an operator") 
 
 
 def engine_check(*, engine_id: int) -> str | None:
-    """One health check. Returns "restart" when the caller should start the engine now."""
+    """One health check. Returns "restart" when the caller should start the engine now, and
+    "scheduled" when it should start it at the row's `next_restart_at`."""
     engine = EngineProcess.objects.select_related("endpoint").filter(pk=engine_id).first()
     if engine is None or engine.desired_state != EngineProcess.Desired.RUNNING:
         return None
     now = timezone.now()
     if engine.status == Status.STARTING:
-        if not _start_in_progress(engine) and now - engine.status_changed_at > timedelta(
-            seconds=engine.startup_timeout
-        ):
-            _schedule_restart(engine, "start-up never finished")
-        return None
+        return _check_starting(engine, now)
     if engine.status == Status.RESTARTING:
         return "restart" if engine.next_restart_at and now >= engine.next_restart_at else None
     if engine.status in (Status.CRASHED, Status.STOPPED):
         if engine.next_restart_at is None and engine.status_reason.find("budget exhausted") < 0:
-            _schedule_restart(engine, engine.status_reason or "not running")
+            return _schedule_restart(engine, engine.status_reason or "not running")
         return None
 
     if not process_alive(engine.pid):
-        _schedule_restart(engine, "the process exited")
-        return None
+        return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     if healthy:
         _transition(engine, Status.READY, "ready" if engine.status == Status.READY else "recovered",
@@ -395,15 +424,34 @@ def engine_check(*, engine_id: int) -> str | None:
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:
         _terminate_session(engine.pid, engine.stop_timeout)
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
-        _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
-        return None
+        return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
     _transition(engine, status, f"{failed} failed check(s): {reason}" if status == Status.UNHEALTHY else
                 engine.status_reason, failed_checks=failed, last_check_at=now, last_check_ok=False)
     return None
 
 
-def _schedule_restart(engine: EngineProcess, reason: str) -> None:
+def _check_starting(engine: EngineProcess, now) -> str | None:
+    """A start task lost with its worker leaves the row `starting` with nobody waiting for it.
+    Past the start's own deadline and a grace no start task can still be at work, so the check
+    takes over: adopt the engine if it answers, else kill what is left and restart it."""
+    since = engine.status_changed_at or engine.started_at or now
+    if now - since <= timedelta(seconds=engine.startup_timeout + settings.ENGINE_START_GRACE):
+        return None
+    if not process_alive(engine.pid):
+        return _schedule_restart(engine, "start-up never finished (its start task was lost)")
+    healthy, reason, metrics = probe(engine)
+    if healthy:
+        adapters_reload(engine=engine)
+        _transition(engine, Status.READY, "ready (adopted by a health check: its start task was lost)",
+                    failed_checks=0, metrics=metrics, last_check_at=now, last_check_ok=True)
+        return None
+    _terminate_session(engine.pid, engine.stop_timeout)
+    return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
+
+
+def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
+    """Back off, then restart; returns "scheduled" (start at `next_restart_at`) or None (budget spent)."""
     now = timezone.now()
     window_start = engine.restart_window_started_at
     restarts = engine.restarts_in_window
@@ -416,13 +464,14 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> None:
             f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): restart it by hand",
             pid=None, next_restart_at=None,
         )
-        return
+        return None
     delay = min(settings.ENGINE_BACKOFF_BASE * (2**restarts), settings.ENGINE_BACKOFF_MAX)
     _transition(
         engine, Status.RESTARTING, f"{reason}; automatic restart {restarts + 1}/{budget} in {delay:g}s",
         pid=None, restarts_in_window=restarts + 1, restart_window_started_at=window_start,
         next_restart_at=now + timedelta(seconds=delay),
     )
+    return "scheduled"
 
 
 # --- LoRA adapters at run time -------------------------------------------------------------------------------

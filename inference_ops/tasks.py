@@ -47,9 +47,16 @@ def engine_restart_task(engine_id: int, reason: str = "restarted by an operator"
 @shared_task(name="inference_ops.tasks.engine_check", soft_time_limit=60, time_limit=90)
 def engine_check_task(engine_id: int) -> str | None:
     action = supervisor.engine_check(engine_id=engine_id)
+    engine = EngineProcess.objects.filter(pk=engine_id).first()
+    if engine is None:
+        return action
     if action == "restart":
-        engine = EngineProcess.objects.get(pk=engine_id)
         engine_start_task.apply_async((engine_id, "automatic restart"), queue=engine.queue)
+    elif action == "scheduled" and engine.next_restart_at:
+        # Started when its backoff ends rather than at the first check after it. Should this task
+        # be lost, that check still starts it; a start that finds one under way does nothing.
+        engine_start_task.apply_async((engine_id, "automatic restart"), queue=engine.queue,
+                                      eta=engine.next_restart_at)
     return action
 
 

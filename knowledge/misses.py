@@ -9,6 +9,10 @@ later, set-wise pass (`knowledge.services.misses_group`).
 
 These are analytics: when the database is away the buffer keeps the newest
 `KB_MISS_BUFFER_ROWS` misses and counts the ones it drops; nothing here ever raises into a request.
+
+A batch is written at least once and stored once: each note carries a key of its own, and the
+INSERT skips keys already stored. A batch whose INSERT committed but whose answer was lost with
+the connection goes back into the buffer, and its second write adds nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +46,7 @@ class _Note:
     model_id: int | None
     vector: tuple[float, ...] | None
     noted_at: datetime
+    key: uuid.UUID
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ def miss_note(*, question: str, answer: str, best_entry_id: int | None, best_sco
     global _oldest_at, _dropped
     if not settings.KB_RECORD_MISSES:
         return
-    note = _Note(question, answer, best_entry_id, best_score, model_id, vector, timezone.now())
+    note = _Note(question, answer, best_entry_id, best_score, model_id, vector, timezone.now(), uuid.uuid4())
     capacity = settings.KB_MISS_BUFFER_ROWS
     with _lock:
         if not _buffer:
@@ -128,15 +134,18 @@ def _due_in() -> float | None:
 # NULL, as the foreign key's SET_NULL would have made it.
 _INSERT_SQL = """
 INSERT INTO knowledge_miss (question, normalized, answer, best_entry_id, best_score, count, embedding,
-                            model_id, created_at, grouped_at, group_id, resolved_by_id)
+                            model_id, created_at, grouped_at, group_id, resolved_by_id, note_key)
 SELECT v.question, v.normalized, v.answer, e.id, v.best_score, 1,
-       CASE WHEN m.id IS NULL THEN NULL ELSE v.embedding::vector END, m.id, v.created_at, NULL, NULL, NULL
+       CASE WHEN m.id IS NULL THEN NULL ELSE v.embedding::vector END, m.id, v.created_at, NULL, NULL, NULL,
+       v.note_key
 FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[], %s::bigint[],
-            %s::timestamptz[]) WITH ORDINALITY
-     AS v(question, normalized, answer, best_entry_id, best_score, embedding, model_id, created_at, ordinal)
+            %s::timestamptz[], %s::uuid[]) WITH ORDINALITY
+     AS v(question, normalized, answer, best_entry_id, best_score, embedding, model_id, created_at, note_key,
+          ordinal)
 LEFT JOIN knowledge_entry e ON e.id = v.best_entry_id
 LEFT JOIN knowledge_embeddingmodel m ON m.id = v.model_id
 ORDER BY v.ordinal
+ON CONFLICT (note_key) DO NOTHING
 """
 
 
@@ -158,10 +167,12 @@ def _write(batch: list[_Note]) -> int:
         [None if n.vector is None else vector_literal(n.vector) for n in batch],
         [None if n.vector is None else n.model_id for n in batch],
         [n.noted_at for n in batch],
+        [n.key for n in batch],
     )
     try:
         with connection.cursor() as cursor:
             cursor.execute(_INSERT_SQL, columns)
+            stored = cursor.rowcount  # less than the batch when part of it was stored before
     except (OperationalError, InterfaceError):
         _requeue(batch)
         raise
@@ -170,8 +181,8 @@ def _write(batch: list[_Note]) -> int:
             _dropped += len(batch)
         raise
     with _lock:
-        _written += len(batch)
-    return len(batch)
+        _written += stored
+    return stored
 
 
 def _requeue(batch: list[_Note]) -> None:

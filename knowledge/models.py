@@ -145,6 +145,9 @@ class Miss(models.Model):
     resolved_by = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     grouped_at = models.DateTimeField(null=True, blank=True, help_text="Empty until the miss is placed in a group.")
+    # Given by the request that noted the miss: a batch written twice (its first INSERT committed,
+    # the answer lost with the connection) stores each miss once.
+    note_key = models.UUIDField(null=True, blank=True, unique=True, editable=False)
 
     class Meta:
         verbose_name = "KB miss"

@@ -5,6 +5,7 @@ class RoutingConfig(AppConfig):
     name = "routing"
 
     def ready(self):
-        from routing import signals
+        from routing import breaker, signals
 
         signals.connect()
+        breaker.connect()

@@ -8,6 +8,10 @@ half-open -> after the cool-down, exactly one request (whoever sets the probe ke
 If Redis itself is unreachable the breaker lets requests through: it is an
 optimisation of failure handling, never a reason to refuse service.
 
+The supervisor's health checks feed it: an engine that becomes ready (restarted, recovered)
+closes the breaker of the endpoint it serves at once, so a restarted engine serves again
+without waiting out the cool-down (`inference_ops.signals.engine_ready`, connected by the app).
+
 A healthy endpoint costs no Redis round trip per request: a process that found the breaker
 closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success writes
 only when this process last saw something to clear. A failure always goes to Redis at once.
@@ -23,6 +27,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from core import redis as core_redis
+from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
 _TTL = 24 * 3600
@@ -123,3 +128,20 @@ async def reset(endpoint: str) -> None:
     _clean_until.pop(endpoint, None)
     _dirty.add(endpoint)
     await success(endpoint)
+
+
+def close(endpoint: str) -> None:
+    """Close the breaker now, from blocking code: the endpoint's engine was seen ready. Processes
+    that saw it open ask Redis on their next request and find it closed."""
+    try:
+        core_redis.client().delete(*_keys(endpoint))
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker unavailable; %s stays as it was", endpoint, exc_info=True)
+
+
+def _engine_ready(sender, *, endpoint: str, **kwargs) -> None:
+    close(endpoint)
+
+
+def connect() -> None:
+    engine_ready.connect(_engine_ready, dispatch_uid="routing-breaker-engine-ready")

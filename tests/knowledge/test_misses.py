@@ -208,3 +208,22 @@ def test_the_beat_task_groups_misses_on_the_worker(celery_worker, settings, mode
     assert app.send_task(scheduled["task"]).get(timeout=60) == 2
     assert heads() == {"Do you have gift cards?": 2}
     assert app.send_task(scheduled["task"]).get(timeout=60) == 0
+
+
+def test_a_batch_written_again_after_a_lost_connection_stores_each_miss_once():
+    """The INSERT commits, then the connection drops before its answer: the writer puts the batch
+    back and writes it again. Each miss is stored once."""
+    from django.db import OperationalError
+
+    def committed_then_lost(execute, sql, params, many, context):
+        execute(sql, params, many, context)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    note("Do you ship to Mars?")
+    note("Do you ship to the Moon?")
+    with connection.execute_wrapper(committed_then_lost), pytest.raises(OperationalError):
+        miss_flush()
+    assert miss_buffer_stats().buffered == 2  # back in the buffer, as after any lost database
+    assert miss_flush() == 0
+    assert sorted(Miss.objects.values_list("question", flat=True)) == [
+        "Do you ship to Mars?", "Do you ship to the Moon?"]

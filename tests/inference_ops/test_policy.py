@@ -1,0 +1,214 @@
+"""What configuration rows may ask of the host: an endpoint's key variable, an engine's
+environment, arguments and model, and who may edit them."""
+
+import logging
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.exceptions import ValidationError
+
+from inference_ops import supervisor
+from inference_ops.client import EndpointConfig
+from inference_ops.exceptions import EngineStartRefused, SupervisorError
+from inference_ops.models import EngineEvent, LoraAdapter, ModelEndpoint
+from tests.inference_ops.test_supervisor import make_engine, processes_on, stop_engines_afterwards  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+
+def external(**fields) -> ModelEndpoint:
+    return ModelEndpoint(name="ext", kind="external", base_url="https://llm.example.com/v1", model="big",
+                         **fields)
+
+
+def field_errors(instance) -> dict[str, list[str]]:
+    with pytest.raises(ValidationError) as caught:
+        instance.full_clean()
+    return caught.value.message_dict
+
+
+# --- hole 4: the variable an endpoint's key comes from --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "REDIS_URL", "HOME"])
+def test_an_endpoint_may_not_name_the_gateways_own_variables_as_its_key(name):
+    errors = field_errors(external(api_key_env=name))
+    assert "GW_KEY_" in errors["api_key_env"][0]
+
+
+def test_a_key_variable_with_the_prefix_is_sent(monkeypatch):
+    monkeypatch.setenv("GW_KEY_ACME", "sk-acme")
+    endpoint = external(api_key_env="GW_KEY_ACME")
+    endpoint.full_clean()
+    assert EndpointConfig.from_endpoint(endpoint).api_key == "sk-acme"
+
+
+def test_the_key_variable_the_operator_configured_stays_allowed(settings, monkeypatch):
+    settings.EXTERNAL_LLM_API_KEY_ENV = "OPENAI_API_KEY"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    endpoint = external(api_key_env="OPENAI_API_KEY")
+    endpoint.full_clean()
+    assert endpoint.api_key == "sk-openai"
+    settings.ENDPOINT_KEY_ENV_NAMES = ["ANTHROPIC_API_KEY"]
+    external(api_key_env="ANTHROPIC_API_KEY").full_clean()
+
+
+def test_even_the_operator_cannot_allow_the_secret_key(settings):
+    settings.ENDPOINT_KEY_ENV_NAMES = ["SECRET_KEY"]
+    assert "api_key_env" in field_errors(external(api_key_env="SECRET_KEY"))
+
+
+def test_a_row_written_before_the_rule_sends_no_key_and_says_why(monkeypatch, caplog):
+    monkeypatch.setenv("DATABASE_URL", "postgres://gateway:hunter2@db/gateway")
+    endpoint = ModelEndpoint.objects.create(name="old", kind="external", base_url="https://evil.example/v1",
+                                            model="m", api_key_env="DATABASE_URL")
+    with caplog.at_level(logging.ERROR, logger="inference_ops.models"):
+        config = EndpointConfig.from_endpoint(endpoint)
+    assert config.api_key == ""
+    assert "hunter2" not in repr(config)
+    assert "endpoint old: DATABASE_URL may not hold an endpoint key" in caplog.text
+
+
+def test_the_admin_form_names_the_rule(superuser_client):
+    response = superuser_client.post("/admin/inference_ops/modelendpoint/add/", {
+        "name": "evil", "kind": "external", "active": "on", "base_url": "https://evil.example/v1",
+        "api_key_env": "SECRET_KEY", "model": "m", "context_window": 4096, "max_concurrency": 64,
+        "connect_timeout": 3, "first_token_timeout": 30, "idle_timeout": 15, "total_timeout": 300,
+    })
+    assert response.status_code == 200
+    assert "may not hold an endpoint key" in response.content.decode()
+    assert not ModelEndpoint.objects.filter(name="evil").exists()
+
+
+# --- hole 5: what an engine row may run -----------------------------------------------------------------------
+
+
+def test_an_engine_gets_a_clean_environment_without_the_gateways_secrets(monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "django-secret")
+    monkeypatch.setenv("DATABASE_URL", "postgres://gateway:hunter2@db/gateway")
+    monkeypatch.setenv("GW_KEY_ACME", "sk-acme")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    engine = make_engine(environment={"HF_HOME": "/data/hf"})
+    env = supervisor.environment(engine)
+    assert not {"SECRET_KEY", "DATABASE_URL", "GW_KEY_ACME"} & set(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["HF_HOME"] == "/data/hf" and env["PATH"]
+
+
+def test_a_running_engine_process_does_not_see_the_gateways_secrets(monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "django-secret")
+    monkeypatch.setenv("GW_KEY_ACME", "sk-acme")
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    environ = Path(f"/proc/{engine.pid}/environ").read_bytes().split(b"\0")
+    names = {item.split(b"=", 1)[0] for item in environ if item}
+    assert b"SECRET_KEY" not in names and b"GW_KEY_ACME" not in names and b"DATABASE_URL" not in names
+    assert b"PATH" in names
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "PYTHONSTARTUP",
+                                  "BASH_ENV", "SECRET_KEY", "HF_ENDPOINT", "no spaces allowed"])
+def test_an_engine_environment_refuses_what_would_run_other_code(name):
+    engine = make_engine(environment={name: "/tmp/x"})
+    errors = field_errors(engine)
+    assert name in errors["environment"][0]
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("vllm", ["--trust-remote-code"]),
+    ("vllm", ["--middleware", "evil.Middleware"]),
+    ("vllm", ["--tool-parser-plugin", "/tmp/evil.py"]),
+    ("vllm", ["--host", "0.0.0.0"]),
+    ("simulator", ["stray-positional"]),
+    ("cpu", ["--path", "/"]),
+    ("cpu", ["--slot-save-path", "/etc"]),
+    ("cpu", ["--log-file", "/etc/passwd"]),
+])
+def test_extra_arguments_outside_the_kinds_allow_list_are_refused(kind, args):
+    engine = make_engine(kind=kind, extra_args=args)
+    errors = field_errors(engine)
+    assert "extra_args" in errors and "not allowed" in errors["extra_args"][0]
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("simulator", ["--time-to-first-token", "5", "--inter-token-latency", "2", "--seed", "1"]),
+    ("simulator", ["--max-num-seqs", "0"]),
+    ("vllm", ["--seed", "1", "--enforce-eager", "--kv-cache-dtype=fp8", "--chat-template", "/t.jinja"]),
+    ("cpu", ["--threads", "1", "--seed", 7, "--chat-template-file", "/t.jinja", "--temp", "-1"]),
+])
+def test_the_arguments_in_use_today_are_allowed(kind, args):
+    make_engine(kind=kind, extra_args=args).full_clean()
+
+
+@pytest.mark.parametrize("field", ["model", "served_model_name", "quantization", "dtype", "bind_host"])
+def test_a_value_that_would_become_a_flag_is_refused(field):
+    engine = make_engine(**{field: "--trust-remote-code"})
+    assert "must not start with" in field_errors(engine)[field][0]
+
+
+def test_an_adapter_path_that_would_become_a_flag_is_refused():
+    engine = make_engine(enable_lora=True)
+    adapter = LoraAdapter(engine=engine, name="x", path="--trust-remote-code")
+    assert "path" in field_errors(adapter)
+
+
+def test_the_supervisor_refuses_to_start_a_bad_row_and_says_why():
+    engine = make_engine(environment={"LD_PRELOAD": "/tmp/evil.so"}, extra_args=["--trust-remote-code"])
+    with pytest.raises(EngineStartRefused, match="LD_PRELOAD"):
+        supervisor.engine_start(engine_id=engine.pk)
+    engine.refresh_from_db()
+    assert engine.status == "stopped" and engine.desired_state == "stopped" and engine.pid is None
+    assert "LD_PRELOAD" in engine.status_reason and "--trust-remote-code" in engine.status_reason
+    assert EngineEvent.objects.filter(engine=engine, reason__contains="refused").exists()
+    assert not processes_on(engine.port)
+    with pytest.raises(SupervisorError, match="LD_PRELOAD"):
+        supervisor.command_line(engine)
+
+
+# --- who may edit ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def superuser_client(client, admin_user):
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
+def staff_client(client, django_user_model):
+    """Staff with every permission of the app: they may look, not change."""
+    staff = django_user_model.objects.create_user("operator", password="x", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(content_type__app_label="inference_ops"))
+    client.force_login(staff)
+    return client
+
+
+def test_staff_can_view_engines_and_endpoints_but_not_change_them(staff_client):
+    engine = make_engine()
+    page = f"/admin/inference_ops/engineprocess/{engine.pk}/change/"
+    assert staff_client.get(page).status_code == 200
+    assert staff_client.get(f"/admin/inference_ops/modelendpoint/{engine.endpoint.pk}/change/").status_code == 200
+    assert staff_client.get("/admin/inference_ops/engineprocess/add/").status_code == 403
+    assert staff_client.get("/admin/inference_ops/modelendpoint/add/").status_code == 403
+    response = staff_client.post(page, {"name": engine.name, "model": "evil", "kind": "simulator",
+                                        "port": engine.port, "endpoint": engine.endpoint.pk})
+    assert response.status_code == 403
+    engine.refresh_from_db()
+    assert engine.model == "acme/base"
+    delete = f"/admin/inference_ops/modelendpoint/{engine.endpoint.pk}/delete/"
+    assert staff_client.post(delete, {"post": "yes"}).status_code == 403
+
+
+def test_the_superuser_sees_why_an_engine_row_is_refused(superuser_client):
+    engine = make_engine()
+    response = superuser_client.post(f"/admin/inference_ops/engineprocess/{engine.pk}/change/", {
+        "name": engine.name, "endpoint": engine.endpoint.pk, "kind": "simulator", "model": "acme/base",
+        "bind_host": "127.0.0.1", "port": engine.port, "desired_state": "stopped",
+        "extra_args": '["--trust-remote-code"]', "environment": '{"LD_PRELOAD": "/tmp/evil.so"}',
+        "startup_timeout": 30, "stop_timeout": 5,
+        "adapters-TOTAL_FORMS": 0, "adapters-INITIAL_FORMS": 0, "events-TOTAL_FORMS": 0, "events-INITIAL_FORMS": 0,
+    })
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "LD_PRELOAD" in html and "--trust-remote-code" in html and "not allowed" in html
+    engine.refresh_from_db()
+    assert engine.environment == {}
