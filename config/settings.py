@@ -262,6 +262,8 @@ WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1
 
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
 ENGINE_CHECK_INTERVAL = env_float("ENGINE_CHECK_INTERVAL", 5.0, minimum=0.5)
+# A request that loses its engine's connection asks for a check at once, at most this often per endpoint.
+ENGINE_SUSPECT_SECONDS = env_float("ENGINE_SUSPECT_SECONDS", 2.0, minimum=1.0)
 ENGINE_CHECK_TIMEOUT = env_float("ENGINE_CHECK_TIMEOUT", 2.0, minimum=0.1)
 ENGINE_UNHEALTHY_AFTER = env_int("ENGINE_UNHEALTHY_AFTER", 3, minimum=1)  # failed checks in a row
 ENGINE_RESTART_UNHEALTHY_AFTER = env_int("ENGINE_RESTART_UNHEALTHY_AFTER", 12, minimum=1)

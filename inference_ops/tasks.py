@@ -70,6 +70,30 @@ def engines_check_all() -> int:
     return len(engines)
 
 
+def engines_suspect(endpoint_id: int) -> int:
+    """A request just lost the connection to this endpoint: check its engines now, not at the
+    next beat tick, so a crashed engine is noticed (and restarted) at once. Called from the web
+    process; at most once per ENGINE_SUSPECT_SECONDS per endpoint across processes (a Redis key),
+    so a burst of failing requests sends one check. Returns the checks sent."""
+    from django.conf import settings
+
+    from core import redis as core_redis
+
+    key = f"{settings.REDIS_KEY_PREFIX}:engine:suspect:{endpoint_id}"
+    try:
+        if not core_redis.client().set(key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))):
+            return 0
+    except Exception:  # noqa: BLE001 - Redis down: the beat's checks still come
+        logger.warning("cannot debounce an engine check; not sending one", exc_info=True)
+        return 0
+    engines = EngineProcess.objects.filter(endpoint_id=endpoint_id, desired_state=EngineProcess.Desired.RUNNING)
+    sent = 0
+    for engine in engines:
+        engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
+        sent += 1
+    return sent
+
+
 def enqueue(action: str, engine: EngineProcess, reason: str | None = None) -> None:
     """Send start/stop/restart to the engine's host (used by the admin, after commit)."""
     task = {"start": engine_start_task, "stop": engine_stop_task, "restart": engine_restart_task}[action]

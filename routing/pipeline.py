@@ -17,12 +17,15 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db import connections
 
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
+from inference_ops.tasks import engines_suspect
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
 from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
@@ -244,6 +247,8 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
         except EngineError as exc:
             if exc.retryable:
                 await breaker.failure(target.endpoint)
+            if exc.kind in _ENGINE_GONE and target.road == "local":
+                _suspect_engine(target.endpoint_id)
             if produced or exc.produced_tokens:
                 # Tokens are out: never switch targets mid-answer.
                 yield Error(code=exc.kind, message=str(exc), retryable=exc.retryable, partial=True,
@@ -259,6 +264,32 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     yield Error(code=last_error.kind if last_error else "unavailable",
                 message="No target could answer: " + "; ".join(attempts),
                 retryable=last_error.retryable if last_error else True, rule=rule_name)
+
+
+# Failures that say the engine process itself may be gone (not busy): its supervisor should look now.
+_ENGINE_GONE = frozenset({"connect", "timeout_connect", "stream_truncated"})
+_suspected_at: dict[int, float] = {}
+_suspicions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-suspect")
+
+
+def _suspect_engine(endpoint_id: int) -> None:
+    """Ask the supervisor to check this endpoint's engines now, without waiting for it: a crashed
+    engine is restarted seconds sooner than the next beat tick would notice. At most once per
+    ENGINE_SUSPECT_SECONDS per endpoint and process (and across processes, by a Redis key)."""
+    now = time.monotonic()
+    if now - _suspected_at.get(endpoint_id, -1e9) < settings.ENGINE_SUSPECT_SECONDS:
+        return
+    _suspected_at[endpoint_id] = now
+    _suspicions.submit(_engines_suspect, endpoint_id)
+
+
+def _engines_suspect(endpoint_id: int) -> None:
+    try:
+        engines_suspect(endpoint_id)
+    except Exception:  # noqa: BLE001 - the beat's checks still come
+        logger.warning("cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True)
+    finally:
+        connections.close_all()
 
 
 def _usage(finish: Finish) -> dict | None:
