@@ -195,6 +195,8 @@ ROUTING_BREAKER_FAILURES = env_int("ROUTING_BREAKER_FAILURES", 5, minimum=1)  # 
 # A process trusts a breaker it found closed and clean this long without asking Redis again.
 ROUTING_BREAKER_CHECK_SECONDS = env_float("ROUTING_BREAKER_CHECK_SECONDS", 0.5, minimum=0.0)
 ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 30.0, minimum=0.1)  # seconds open
+# The longest an endpoint's Retry-After (429/503) keeps it skipped.
+ROUTING_MAX_RETRY_AFTER = env_float("ROUTING_MAX_RETRY_AFTER", 120.0, minimum=0.0)
 # How often a process asks Redis whether the rules changed: a change reaches every process within it.
 ROUTING_RULES_CHECK_SECONDS = env_float("ROUTING_RULES_CHECK_SECONDS", 1.0, minimum=0.0)
 ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)

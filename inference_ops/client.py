@@ -10,6 +10,8 @@ iterate with `contextlib.aclosing(stream_chat(...))` or consume to the end.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -116,11 +118,37 @@ def _from_sdk(exc: Exception, *, produced: bool, during_request: bool, endpoint:
         status = exc.status_code
         kind = "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
         return EngineError(kind, f"HTTP {status}: {exc.message}", produced_tokens=produced, status_code=status,
-                           endpoint=endpoint)
+                           endpoint=endpoint, retry_after=retry_after(exc.response.headers) if status in (429, 503)
+                           else None)
     if isinstance(exc, openai.APIError):
         return EngineError("stream_error", f"error in the stream: {exc.message}", produced_tokens=produced,
                            endpoint=endpoint)
     return EngineError("malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint)
+
+
+def retry_after(headers) -> float | None:
+    """Seconds from a response's `Retry-After` (seconds or an HTTP date) or OpenAI's
+    `retry-after-ms`; None when absent or unreadable."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 _SDK_ERRORS = (openai.APIError, json.JSONDecodeError, ValueError, TypeError, AttributeError)

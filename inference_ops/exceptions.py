@@ -32,7 +32,7 @@ class EngineError(InferenceError):
     }
 
     def __init__(self, kind: str, message: str, *, produced_tokens: bool = False, status_code: int | None = None,
-                 endpoint: str = ""):
+                 endpoint: str = "", retry_after: float | None = None):
         if kind not in self.KINDS:
             raise ValueError(f"unknown engine error kind {kind!r}")
         self.kind = kind
@@ -40,6 +40,7 @@ class EngineError(InferenceError):
         self.produced_tokens = produced_tokens
         self.status_code = status_code
         self.endpoint = endpoint
+        self.retry_after = retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
 
 

@@ -4,6 +4,8 @@ closed    -> requests flow; consecutive retryable failures are counted.
 open      -> after N failures in a row: requests skip the endpoint at once, no timeout paid.
 half-open -> after the cool-down, exactly one request (whoever sets the probe key first)
              tries the endpoint; success closes the breaker, failure opens it again.
+resting   -> the endpoint answered 429 or 503 with Retry-After: skipped for that long (capped),
+             whatever the failure count; the next request after it goes through.
 
 If Redis itself is unreachable the breaker lets requests through: it is an
 optimisation of failure handling, never a reason to refuse service.
@@ -35,10 +37,10 @@ _TTL = 24 * 3600
 
 @dataclass
 class BreakerState:
-    state: str  # closed | open | half_open
+    state: str  # closed | open | half_open | resting
     failures: int
     opened_at: float | None
-    retry_in: float | None  # seconds until a probe may go (open only)
+    retry_in: float | None  # seconds until a probe may go (open) or the rest ends (resting)
 
 
 # endpoint -> monotonic time until which this process trusts "closed, no failures".
@@ -66,6 +68,9 @@ async def state(endpoint: str) -> BreakerState:
         return BreakerState("closed", 0, None, None)
     failures = int(data.get(b"failures", 0))
     if data.get(b"state") != b"open":
+        resting = float(data.get(b"rest_until", 0)) - time.time()
+        if resting > 0:
+            return BreakerState("resting", failures, None, resting)
         return BreakerState("closed", failures, None, None)
     opened_at = float(data[b"opened_at"])
     retry_in = opened_at + settings.ROUTING_BREAKER_COOLDOWN - time.time()
@@ -88,7 +93,7 @@ async def allow(endpoint: str) -> bool:
         if data.get(b"state") != b"open":
             if not data:
                 _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
-            return True
+            return float(data.get(b"rest_until", 0)) <= time.time()
         if time.time() - float(data[b"opened_at"]) < settings.ROUTING_BREAKER_COOLDOWN:
             return False
         # Half-open: the first process to set the probe key sends the probe; the others wait.
@@ -122,6 +127,23 @@ async def failure(endpoint: str) -> None:
         await client.expire(key, _TTL)
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable", exc_info=True)
+
+
+async def rest(endpoint: str, seconds: float) -> float:
+    """The endpoint answered 429/503 with Retry-After: no process sends it a request for that long
+    (at most ROUTING_MAX_RETRY_AFTER seconds), the chain's next target answers meanwhile. Returns
+    the rest applied."""
+    seconds = min(max(seconds, 0.0), settings.ROUTING_MAX_RETRY_AFTER)
+    _clean_until.pop(endpoint, None)
+    _dirty.add(endpoint)
+    key, _ = _keys(endpoint)
+    try:
+        client = _redis()
+        await client.hset(key, "rest_until", repr(time.time() + seconds))
+        await client.expire(key, _TTL)
+    except Exception:  # noqa: BLE001
+        logger.warning("breaker unavailable", exc_info=True)
+    return seconds
 
 
 async def reset(endpoint: str) -> None:

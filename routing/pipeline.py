@@ -92,6 +92,7 @@ class Error(Event):
     code: str
     message: str
     retryable: bool = False
+    retry_after: float | None = None  # seconds until a target may answer again, when one said so
     partial: bool = False  # tokens were already sent
     road: str | None = None
     rule: str | None = None
@@ -205,6 +206,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
 
     attempts: list[str] = []
+    skipped: list[str] = []  # endpoints the breaker kept closed to this request
     last_error: EngineError | None = None
     too_long: Error | None = None
     system_cost = message_tokens({"content": system})
@@ -219,7 +221,8 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
             )
             continue
         if not await breaker.allow(target.endpoint):
-            attempts.append(f"{target.endpoint}: circuit open")
+            attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
+            skipped.append(target.endpoint)
             continue
         messages, dropped = build_messages(system=system, history=request.history, question=text, budget=budget)
         produced = False
@@ -245,7 +248,10 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                     answer_text.append(event.text)
                     yield Token(text=event.text)
         except EngineError as exc:
-            if exc.retryable:
+            if exc.retry_after is not None:
+                await breaker.rest(target.endpoint, exc.retry_after)
+                skipped.append(target.endpoint)
+            elif exc.retryable:
                 await breaker.failure(target.endpoint)
             if exc.kind in _ENGINE_GONE and target.road == "local":
                 _suspect_engine(target.endpoint_id)
@@ -263,7 +269,14 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
         return
     yield Error(code=last_error.kind if last_error else "unavailable",
                 message="No target could answer: " + "; ".join(attempts),
-                retryable=last_error.retryable if last_error else True, rule=rule_name)
+                retryable=last_error.retryable if last_error else True, rule=rule_name,
+                retry_after=await _soonest(skipped))
+
+
+async def _soonest(endpoints: list[str]) -> float | None:
+    """When the first of the skipped endpoints takes requests again (its rest or cool-down over)."""
+    waits = [state.retry_in for state in [await breaker.state(e) for e in endpoints] if state.retry_in is not None]
+    return round(min(waits), 1) if waits else None
 
 
 # Failures that say the engine process itself may be gone (not busy): its supervisor should look now.
