@@ -261,3 +261,71 @@ def test_an_engine_that_freezes_mid_answer_ends_it_at_the_idle_timeout(external_
     # Tokens were out, so no fallback: the answer ends with a partial error after the idle timeout.
     assert events[-1].type == "error" and events[-1].code == "timeout_idle" and events[-1].partial
     assert 1 <= waited < 1 + 2
+
+
+# --- the supervisor's own worker restarted -------------------------------------------------------------
+
+
+def _own_worker(child_env, log_path, queue: str) -> subprocess.Popen:
+    """A Celery worker of this test alone (its own queue), to kill and start again."""
+    from config.celery import app
+
+    hostname = f"restart-{os.getpid()}-{time.monotonic_ns()}@%h"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-c", "1", "-l", "INFO",
+             "-n", hostname], cwd=BASE_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    expected = hostname.replace("%h", os.uname().nodename)
+    deadline = time.monotonic() + 60
+    while not any(expected in reply for reply in app.control.ping(timeout=0.5)):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_process_group(process)
+            pytest.fail(f"the worker did not start:\n{log_path.read_text()}")
+    return process
+
+
+def _kill_worker(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)  # the worker and its pool children, no warm shutdown
+    process.wait(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that_died(child_env, tmp_path):
+    engine = make_engine(host="restart-test")
+    EngineProcess.objects.filter(pk=engine.pk).update(desired_state="running")
+    from inference_ops.tasks import engine_check_task
+
+    log = tmp_path / "worker.log"
+    worker = _own_worker(child_env, log, engine.queue)
+    try:
+        assert engine_start_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) == "ready"
+        engine.refresh_from_db()
+        first = engine.pid
+
+        # The worker dies; the engine, in its own session, serves on. A new worker's check finds
+        # the process it did not start and keeps it: no second process for the row.
+        _kill_worker(worker)
+        assert supervisor.process_alive(first)
+        worker = _own_worker(child_env, log, engine.queue)
+        assert engine_check_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) is None
+        engine.refresh_from_db()
+        assert (engine.status, engine.pid) == ("ready", first)
+        assert _listening_on(engine.port) == {first}
+
+        # The engine dies while no worker runs: the next worker's checks restart it, once.
+        _kill_worker(worker)
+        os.kill(first, signal.SIGKILL)
+        worker = _own_worker(child_env, log, engine.queue)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            engine_check_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60)
+            engine.refresh_from_db()
+            if engine.status == "ready" and engine.pid != first:
+                break
+            time.sleep(0.5)
+        assert engine.status == "ready" and engine.pid != first, log.read_text()[-3000:]
+        assert _listening_on(engine.port) == {engine.pid}
+        assert EngineEvent.objects.filter(engine=engine, status="starting").count() == 2  # one restart
+    finally:
+        _kill_worker(worker)
