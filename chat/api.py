@@ -4,6 +4,7 @@ sessions, their messages, sending a message (JSON or SSE), and the user's API ke
 from __future__ import annotations
 
 import json
+import logging
 
 from asgiref.sync import async_to_sync
 from django.http import StreamingHttpResponse
@@ -18,10 +19,14 @@ from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
 from chat.models import ApiKey, ChatSession, Message
 from chat.turns import SessionEvent, run_turn
+from config.errors import unavailable
+from core.fields import TextField
+
+logger = logging.getLogger(__name__)
 
 
 class SessionSerializer(serializers.ModelSerializer):
-    title = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    title = TextField(max_length=200, required=False, allow_blank=True)
 
     class Meta:
         model = ChatSession
@@ -36,15 +41,6 @@ class MessageSerializer(serializers.ModelSerializer):
         model = Message
         fields = ["id", "role", "content", "status", "road", "rule", "target", "kb_entry_id", "ttft_ms",
                   "latency_ms", "prompt_tokens", "completion_tokens", "citations", "error", "created_at"]
-
-
-class TextField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of turning them into text."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
 
 
 class SendSerializer(serializers.Serializer):
@@ -172,6 +168,13 @@ async def _sse(turn):
             yield f"event: {event.type}\ndata: {json.dumps(event.as_dict(), ensure_ascii=False)}\n\n"
     except ChatError as exc:
         yield f"event: error\ndata: {json.dumps({'code': exc.code, 'message': str(exc)})}\n\n"
+    except Exception as exc:
+        # The headers are out: an outage of the database or Redis is the stream's last event.
+        if (outage := unavailable(exc)) is None:
+            raise
+        logger.warning("chat stream failed: %s (%s: %s)", outage, type(exc).__name__, exc)
+        body = {"code": outage.code, "message": str(outage), "retry_after": outage.retry_after}
+        yield f"event: error\ndata: {json.dumps(body)}\n\n"
     finally:
         await turn.aclose()
 
@@ -186,7 +189,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
 
 class ApiKeyCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+    name = TextField(max_length=100)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=ApiKey.Scope.values), default=["chat"])
 
 

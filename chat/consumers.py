@@ -8,8 +8,10 @@ import logging
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from chat.auth import asocket_login_ended
 from chat.exceptions import ChatError
 from chat.turns import SessionEvent, run_turn
+from config.errors import unavailable
 from config.events import OPS_GROUP
 from core import db
 from core.threads import own_thread
@@ -71,7 +73,15 @@ class ChatConsumer(JsonFramesConsumer):
             "message_id", "status"}
 
     One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
+    Each question first checks that the login which opened the socket still holds (no logout,
+    expiry, password change or deactivation since): if not, an error frame says so and the
+    socket closes with 4401, as a socket opened without a login is refused.
+
+    No channel layer: nothing is sent to a chat socket from elsewhere, and without one a socket
+    does not depend on Redis to stay open (a Redis outage is an `unavailable` error frame).
     """
+
+    channel_layer_alias = None
 
     async def connect(self):
         user = self.scope.get("user")
@@ -79,6 +89,7 @@ class ChatConsumer(JsonFramesConsumer):
             await self.close(code=4401)
             return
         self.user = user
+        self.session_key = self.scope["session"].session_key
         self.task: asyncio.Task | None = None
         await self.accept()
 
@@ -126,6 +137,13 @@ class ChatConsumer(JsonFramesConsumer):
     async def _run(self, session_id, content):
         message_id = None
         try:
+            ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
+            if ended is not None:
+                code, message = ended
+                await self._send({"type": "error", "code": code, "message": message, "message_id": None,
+                                  "status": None})
+                await self.close(code=4401)
+                return
             async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web"):
                 if type(event) is Token:
                     await self.send(text_data='{"type": "token", "text": ' + json.dumps(event.text, ensure_ascii=False)
@@ -150,7 +168,14 @@ class ChatConsumer(JsonFramesConsumer):
                 await self._send({"type": "error", "code": "cancelled", "message": "Stopped.",
                                   "message_id": message_id, "status": "cancelled"})
             raise
-        except Exception:  # noqa: BLE001 - one failed answer must not kill the socket
-            logger.exception("chat answer failed")
-            await self._send({"type": "error", "code": "internal", "message": "The answer failed unexpectedly.",
-                              "message_id": message_id, "status": "failed"})
+        except Exception as exc:  # noqa: BLE001 - one failed answer must not kill the socket
+            outage = unavailable(exc)
+            if outage is None:
+                logger.exception("chat answer failed")
+                await self._send({"type": "error", "code": "internal", "message": "The answer failed unexpectedly.",
+                                  "message_id": message_id, "status": "failed"})
+                return
+            logger.warning("chat answer failed: %s (%s: %s)", outage, type(exc).__name__, exc)
+            await self._send({"type": "error", "code": outage.code, "message": str(outage), "message_id": message_id,
+                              "status": "failed" if message_id is not None else None,
+                              "retry_after": outage.retry_after})

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +34,9 @@ from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
+from config.errors import unavailable
 from core import db
+from core.text import text_problem
 from routing import pipeline
 from routing.rules import asnapshot
 
@@ -43,8 +46,8 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
                  502: "api_error", 503: "api_error"}
 # Pipeline error codes → HTTP status for a request that failed before any token.
-_PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "no_route": 503, "no_target": 503,
-                    "client_error": 502, "rate_limited": 503}
+_PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "model_not_allowed": 403, "no_route": 503,
+                    "no_target": 503, "client_error": 502, "rate_limited": 503}
 
 
 @dataclass
@@ -81,8 +84,9 @@ async def models(headers: dict[str, str]) -> Reply:
     snap = await asnapshot()
     created = int(time.time())
     data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
-    data += [{"id": name, "object": "model", "created": created, "owned_by": target.road}
-             for name, target in sorted(snap.targets_by_model.items())]
+    # Only what a rule lets this key name (the rule that takes a question still decides).
+    data += [{"id": name, "object": "model", "created": created, "owned_by": snap.targets_by_model[name].road}
+             for name in snap.nameable(groups=key.group_names, client=key.client)]
     return Reply(200, {"object": "list", "data": data})
 
 
@@ -113,6 +117,10 @@ def _parse(body: dict) -> dict | Reply:
         if role not in ("system", "developer", "user", "assistant") or text is None:
             return _error(400, f"messages[{index}] needs a role (system, user, assistant) and text content.",
                           param=f"messages[{index}]")
+        # Every message, not only the question: all of them go to the engine, and none may cost a
+        # rate-limit slot by failing later.
+        if (problem := text_problem(text)) is not None:
+            return _error(400, f"messages[{index}] {problem}.", code="invalid_text", param=f"messages[{index}]")
         if role in ("system", "developer"):
             system.append(text)
         else:
@@ -151,8 +159,12 @@ def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = 
 def _pipeline_error(event: pipeline.Error) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
     code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(event.code, event.code)
-    param = {"too_long": "messages", "unknown_model": "model", "empty": "messages"}.get(event.code)
-    return _error(status, event.message, code=code, param=param, headers=_route_headers(None, event))
+    param = {"too_long": "messages", "unknown_model": "model", "model_not_allowed": "model",
+             "empty": "messages"}.get(event.code)
+    headers = _route_headers(None, event)
+    if event.retry_after is not None:  # an engine asked to be left alone: say when to come back
+        headers["Retry-After"] = str(max(1, math.ceil(event.retry_after)))
+    return _error(status, event.message, code=code, param=param, headers=headers)
 
 
 async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
@@ -228,6 +240,9 @@ async def _stream(turn, completion_id, created, model, include_usage):
             elif isinstance(event, pipeline.Error):
                 error = {"message": event.message, "type": "api_error", "param": None, "code": event.code}
                 yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
+    except Exception as exc:  # noqa: BLE001 - the headers are out: the failure is the stream's last event
+        error = _failure({"method": "POST", "path": "/v1/chat/completions"}, exc).body["error"]
+        yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
     finally:
         await turn.aclose()
 
@@ -272,13 +287,21 @@ async def _serve(scope, receive, send) -> None:
         reply = _refuse(scope, headers) or await _dispatch(scope, receive, headers)
     except asyncio.CancelledError:
         raise
-    except Exception:  # noqa: BLE001 - the client gets this API's error shape, the log the traceback
-        logger.exception("%s %s failed", scope["method"], scope["path"])
-        reply = _error(500, "The server failed to answer this request.", code="internal_error")
+    except Exception as exc:  # noqa: BLE001 - the client gets this API's error shape, the log the traceback
+        reply = _failure(scope, exc)
     if reply.stream is None:
         await _send_json(send, reply)
     else:
         await _send_stream(send, receive, reply)
+
+
+def _failure(scope, exc: Exception) -> Reply:
+    outage = unavailable(exc)  # the database or Redis down: the client may retry, nothing is wrong with it
+    if outage is not None:
+        logger.warning("%s %s: %s (%s: %s)", scope["method"], scope["path"], outage, type(exc).__name__, exc)
+        return _error(503, str(outage), code=outage.code, headers={"Retry-After": str(outage.retry_after)})
+    logger.exception("%s %s failed", scope["method"], scope["path"])
+    return _error(500, "The server failed to answer this request.", code="internal_error")
 
 
 async def _dispatch(scope, receive, headers: dict[str, str]) -> Reply:

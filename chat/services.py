@@ -20,6 +20,7 @@ from config import rawsql
 from core import db
 from core import redis as core_redis
 from core.flight import SingleFlight
+from core.text import text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def message_validate(content) -> str:
         )
     if not content.strip():
         raise MessageInvalid("The message is empty.", fields={"content": "must not be empty"})
+    if (problem := text_problem(content)) is not None:
+        raise MessageInvalid(f"The message {problem}.", fields={"content": problem})
     return content.strip()
 
 

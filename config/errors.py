@@ -3,8 +3,20 @@
 Each app's exceptions subclass DomainError with an HTTP status and a stable
 code; DRF's exception handler below turns them into
 `{"error": {"code", "message", "fields"}}` with that status, so no view
-translates errors by hand and no domain error surfaces as a 500.
+translates errors by hand and no domain error surfaces as a 500. DRF's own
+errors (validation, parse, authentication, permission) get the same shape.
+
+An outage of PostgreSQL or Redis is no bug of the request either: `unavailable`
+names it as a ServiceUnavailable (503 with Retry-After), for this handler, the
+/v1 API and the chat socket alike. Nothing is cached about the outage: the next
+request tries again, so service comes back by itself when the dependency does.
 """
+
+from __future__ import annotations
+
+# Seconds a client is asked to wait after an outage of the database or Redis: about what a
+# restart or a failover takes, and short enough that nobody waits long after it.
+RETRY_AFTER = 5
 
 
 class DomainError(Exception):
@@ -16,17 +28,74 @@ class DomainError(Exception):
         super().__init__(message or "; ".join(f"{k}: {v}" for k, v in self.fields.items()))
 
 
+class ServiceUnavailable(DomainError):
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER):
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+def unavailable(exc: BaseException) -> ServiceUnavailable | None:
+    """The outage behind `exc` (the database or Redis cannot be reached, or dropped the
+    connection), or None when `exc` is something else. Django's wrapped database errors are
+    recognised by their cause."""
+    import psycopg
+    import redis
+    from django.db import utils as db_utils
+
+    if isinstance(exc, ServiceUnavailable):
+        return exc
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return ServiceUnavailable(f"Redis is unavailable right now. Try again in {RETRY_AFTER} s.")
+    if isinstance(exc, (psycopg.OperationalError, db_utils.OperationalError, db_utils.InterfaceError)):
+        return ServiceUnavailable(f"The database is unavailable right now. Try again in {RETRY_AFTER} s.")
+    return None
+
+
+def _flatten(detail, prefix: str = "") -> dict[str, str]:
+    """DRF's nested error detail as {"field" or "field.0.sub": "messages"}."""
+    if isinstance(detail, dict):
+        items = detail.items()
+    elif isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
+        items = ((str(i), d) for i, d in enumerate(detail))
+    else:
+        messages = detail if isinstance(detail, list) else [detail]
+        return {prefix or "non_field_errors": " ".join(str(m) for m in messages)}
+    fields = {}
+    for name, value in items:
+        fields.update(_flatten(value, f"{prefix}.{name}" if prefix else str(name)))
+    return fields
+
+
+def _drf_error(exc) -> dict:
+    from rest_framework.exceptions import ValidationError
+
+    if isinstance(exc, ValidationError):
+        fields = _flatten(exc.detail)
+        message = "; ".join(text if name == "non_field_errors" else f"{name}: {text}" for name, text in fields.items())
+        return {"code": "invalid", "message": message, "fields": fields}
+    code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+    return {"code": code, "message": str(exc.detail), "fields": {}}
+
+
 def api_exception_handler(exc, context):
     # Imported here: DRF's settings import the apps' authentication classes, which import this module.
     from django.core.exceptions import RequestDataTooBig
+    from rest_framework.exceptions import APIException
     from rest_framework.response import Response
     from rest_framework.views import exception_handler as drf_exception_handler
 
     if isinstance(exc, RequestDataTooBig):
         return Response({"error": {"code": "request_too_large", "message": "The request body is too large.",
                                    "fields": {}}}, status=413)
+    exc = unavailable(exc) or exc
     if isinstance(exc, DomainError):
         headers = {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
         body = {"error": {"code": exc.code, "message": str(exc), "fields": exc.fields}}
         return Response(body, status=exc.status, headers=headers)
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, APIException):
+        response.data = {"error": _drf_error(exc)}
+    return response

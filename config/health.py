@@ -4,8 +4,13 @@
 healthy web process because a dependency is down. /readyz checks what a request
 needs (database with pgvector, Redis, a live Celery worker) and names each one,
 and reports what the process warmed at start-up (config.warmup).
+
+A probe is anonymous, and an exception's text names hosts, ports, database users
+and versions: anyone sees which checks fail, staff (a logged-in staff session) see
+each check's detail, and every failure's detail goes to the log.
 """
 
+import logging
 import time
 
 import redis
@@ -17,6 +22,8 @@ from django.views.decorators.http import require_GET
 
 from config import warmup
 from config.celery import app as celery_app
+
+logger = logging.getLogger(__name__)
 
 
 @never_cache
@@ -86,7 +93,18 @@ def readyz(request):
             results[name] = {"ok": True, "detail": check()}
         except Exception as exc:  # noqa: BLE001 - a probe reports every failure, it never raises
             results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            logger.warning("readiness check %s failed: %s", name, results[name]["error"])
         results[name]["ms"] = round((time.perf_counter() - started) * 1000, 1)
     failing = [name for name, result in results.items() if not result["ok"]]
+    if not _is_staff(request):
+        results = {name: {"ok": result["ok"]} for name, result in results.items()}
     body = {"status": "fail" if failing else "ok", "failing": failing, "checks": results}
     return JsonResponse(body, status=503 if failing else 200)
+
+
+def _is_staff(request) -> bool:
+    # The session lives in the database: when that is what is down, nobody is staff.
+    try:
+        return bool(request.user.is_active and request.user.is_staff)
+    except Exception:  # noqa: BLE001 - a probe never raises
+        return False

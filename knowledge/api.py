@@ -8,6 +8,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.fields import TextField
 from knowledge import services
 from knowledge.models import Entry
 from knowledge.selectors import context_passages, direct_answer
@@ -26,8 +27,10 @@ class KBPermission(IsAdminUser):
 
 
 class EntrySerializer(serializers.ModelSerializer):
-    aliases = serializers.ListField(child=serializers.CharField(), required=False)
-    tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
+    question = TextField(help_text=Entry._meta.get_field("question").help_text)
+    answer = TextField(help_text=Entry._meta.get_field("answer").help_text)
+    aliases = serializers.ListField(child=TextField(), required=False)
+    tags = serializers.ListField(child=TextField(max_length=64), required=False)
 
     class Meta:
         model = Entry
@@ -99,7 +102,7 @@ class EntryDetailView(APIView):
 
 
 class SearchQuerySerializer(serializers.Serializer):
-    q = serializers.CharField(max_length=MAX_QUERY_CHARS, trim_whitespace=True)
+    q = TextField(max_length=MAX_QUERY_CHARS, trim_whitespace=True)
     k = serializers.IntegerField(min_value=1, max_value=20, default=5)
 
 

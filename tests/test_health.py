@@ -14,8 +14,8 @@ def test_healthz_answers_without_touching_dependencies(client, settings):
     assert response.json() == {"status": "ok"}
 
 
-def test_readyz_is_ready_with_database_redis_and_a_live_worker(client, celery_worker):
-    response = client.get("/readyz")
+def test_readyz_is_ready_with_database_redis_and_a_live_worker(admin_client, celery_worker):
+    response = admin_client.get("/readyz")  # staff see each check's detail
     body = response.json()
     assert response.status_code == 200, body
     assert body["status"] == "ok"
@@ -26,7 +26,8 @@ def test_readyz_is_ready_with_database_redis_and_a_live_worker(client, celery_wo
     assert "test-" in body["checks"]["celery"]["detail"]
 
 
-def test_readyz_says_when_this_process_has_not_warmed(client, settings, celery_worker):
+def test_readyz_says_when_this_process_has_not_warmed(admin_client, settings, celery_worker):
+    client = admin_client
     # The test client does not import config.asgi: nothing warmed here, and that is no failure.
     # What a daphne process warms is tested over HTTP in tests/test_web.py.
     settings.WEB_WARMUP = True  # as in production (tests/settings.py turns it off for this process)
@@ -39,11 +40,11 @@ def test_readyz_says_when_this_process_has_not_warmed(client, settings, celery_w
     assert "warm" not in body["failing"]
 
 
-def test_readyz_names_redis_when_redis_is_down(client, settings, celery_worker):
+def test_readyz_names_redis_when_redis_is_down(admin_client, settings, celery_worker):
     # A real connection to a port where nothing listens: connection refused.
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     settings.CELERY_BROKER_URL = settings.REDIS_URL
-    response = client.get("/readyz")
+    response = admin_client.get("/readyz")
     body = response.json()
     assert response.status_code == 503
     assert body["status"] == "fail"
@@ -52,10 +53,34 @@ def test_readyz_names_redis_when_redis_is_down(client, settings, celery_worker):
     assert body["checks"]["database"]["ok"] is True
 
 
-def test_readyz_names_celery_when_no_worker_listens(client, settings, celery_worker):
+def test_anonymous_callers_of_readyz_see_which_checks_fail_but_no_detail(client, settings, celery_worker, caplog):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CELERY_BROKER_URL = settings.REDIS_URL
+    with caplog.at_level("WARNING", logger="config.health"):
+        response = client.get("/readyz")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["failing"] == ["redis", "celery"]
+    assert body["checks"] == {name: {"ok": name not in ("redis", "celery")}
+                              for name in ("database", "redis", "celery", "warm")}
+    # No host, port, user, version or exception text for anyone who asks.
+    for secret in ("127.0.0.1", "Connection", "Error", "pgvector", "PONG", settings.DATABASES["default"]["USER"]):
+        assert secret not in response.content.decode()
+    # The operator finds the reason in the log.
+    assert any("redis" in r.getMessage() and "Connection" in r.getMessage() for r in caplog.records)
+
+
+def test_a_logged_in_non_staff_user_sees_no_detail_either(client, django_user_model, celery_worker):
+    client.force_login(django_user_model.objects.create_user("carol", password="pw-carol-123456"))
+    body = client.get("/readyz").json()
+    assert body["status"] == "ok"
+    assert body["checks"]["database"] == {"ok": True}
+
+
+def test_readyz_names_celery_when_no_worker_listens(admin_client, settings, celery_worker):
     # Redis is up, but no worker consumes this broker database.
     settings.CELERY_BROKER_URL = settings.REDIS_URL.rsplit("/", 1)[0] + "/14"
-    response = client.get("/readyz")
+    response = admin_client.get("/readyz")
     body = response.json()
     assert response.status_code == 503
     assert body["failing"] == ["celery"]
@@ -74,5 +99,7 @@ def test_readyz_names_the_database_when_postgres_refuses(child_env):
     body = json.loads(body)
     assert status == "503", result.stderr
     assert "database" in body["failing"]
-    assert body["checks"]["database"]["ok"] is False
+    assert body["checks"]["database"] == {"ok": False}  # named, with no host, port or user
     assert body["checks"]["redis"]["ok"] is True
+    assert "127.0.0.1" not in json.dumps(body) and "postgres" not in json.dumps(body)
+    assert "database" in result.stderr and "127.0.0.1" in result.stderr  # the detail is in the log

@@ -28,12 +28,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+def _get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+@pytest.fixture
+def staff_cookie(django_user_model) -> str:
+    """A staff session's cookie: /readyz shows each check's detail to staff only."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(django_user_model.objects.create_user("ops", password="pw-ops-123456", is_staff=True))
+    return f"sessionid={client.cookies['sessionid'].value}"
 
 
 class Web:
@@ -160,13 +171,13 @@ def test_a_process_that_dies_stops_the_others_and_the_launcher_fails(child_env, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_path, celery_worker):
+def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_path, celery_worker, staff_cookie):
     model = embedding_model_ensure()  # a serving model, as on any database with a KB
     with web(child_env, tmp_path, wait=False, WEB_CONCURRENCY="1") as server:
         # The launcher's socket takes connections from the start; the first request waits in it
         # until the process has warmed and listens.
         server.wait_for_port(time.monotonic() + 60)
-        status, body = _get(f"{server.url}/readyz", timeout=120)
+        status, body = _get(f"{server.url}/readyz", timeout=120, cookie=staff_cookie)
         log = server.log()
         server_children = server.children()
         assert status == 200, body
@@ -186,11 +197,12 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env, tmp_path, celery_worker):
+def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env, tmp_path, celery_worker,
+                                                                      staff_cookie):
     EmbeddingModel.objects.create(name=str(tmp_path / "no-such-model"), backend="local", dimensions=384,
                                   state=EmbeddingModel.State.SERVING)
     with web(child_env, tmp_path, WEB_CONCURRENCY="1") as server:
-        status, body = _get(f"{server.url}/readyz")
+        status, body = _get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
     assert "WARNING config.warmup: warm-up of pid " in log
     assert ": embedder failed (EmbeddingError: local embedding model" in log
@@ -202,10 +214,10 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
 
 
 @pytest.mark.django_db(transaction=True)
-def test_warm_up_off_leaves_loading_to_the_first_request(child_env, tmp_path, celery_worker):
+def test_warm_up_off_leaves_loading_to_the_first_request(child_env, tmp_path, celery_worker, staff_cookie):
     embedding_model_ensure()
     with web(child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true") as server:
-        status, body = _get(f"{server.url}/readyz")
+        status, body = _get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
     assert status == 200, body
     assert json.loads(body)["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"

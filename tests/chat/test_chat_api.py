@@ -215,3 +215,32 @@ def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_
                                      headers={"Authorization": f"Bearer {alice_key}"})
     with urllib.request.urlopen(request, timeout=30) as history:
         assert [m["status"] for m in json.loads(history.read())["results"]] == ["complete", "cancelled"]
+
+
+def _rate_count(user) -> int:
+    from django.conf import settings
+
+    from core import redis as core_redis
+
+    keys = list(core_redis.client().scan_iter(f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user.pk}:*"))
+    return sum(int(core_redis.client().get(key) or 0) for key in keys)
+
+
+@pytest.mark.parametrize("content", ["reset my\x00 password", "reset my \ud800 password", "ring \x1b[31m red"])
+@pytest.mark.parametrize("path", ["messages/", "messages/stream"])
+def test_text_that_cannot_be_stored_is_a_400_and_costs_no_rate_limit(api, alice, product, content, path):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    # Sent as ASCII JSON: the lone surrogate travels as the escape "\ud800", as a client sends it.
+    response = api.generic("POST", f"/api/chat/sessions/{sid}/{path}", json.dumps({"content": content}),
+                           content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["message"]
+    assert not Message.objects.exists()
+    assert _rate_count(alice) == 0
+
+
+def test_a_session_title_that_cannot_be_stored_is_a_400(api):
+    response = api.generic("POST", "/api/chat/sessions/", json.dumps({"title": "trip \ud800"}),
+                           content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert not ChatSession.objects.exists()

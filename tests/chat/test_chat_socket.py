@@ -7,7 +7,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connections
-from django.test import Client
+from django.test import AsyncClient, Client
 
 from chat.models import ChatSession, Message
 from config.asgi import application
@@ -188,6 +188,9 @@ async def test_one_answer_at_a_time_per_socket(alice, slow_sim):
         ({"type": "message", "session": None, "content": "   "}, "invalid_message"),
         ({"type": "message", "session": None, "content": 42}, "invalid_message"),
         ({"type": "message", "session": None, "content": "x" * 20000}, "message_too_large"),
+        ({"type": "message", "session": None, "content": "reset my\x00 password"}, "invalid_message"),
+        ({"type": "message", "session": None, "content": "reset my \ud800 password"}, "invalid_message"),
+        ({"type": "message", "session": None, "content": "ring \x07 the bell"}, "invalid_message"),
     ],
 )
 async def test_bad_frames_get_an_error_frame_and_the_socket_stays_open(alice, product, frame, code):
@@ -201,8 +204,19 @@ async def test_bad_frames_get_an_error_frame_and_the_socket_stays_open(alice, pr
     assert reply["type"] == "error" and reply["code"] == code and reply["message"]
     await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
     assert (await frames_until_end(socket))[-1]["type"] == "done"
-    assert not await Message.objects.filter(content__in=["   ", "x" * 20000]).aexists()
+    # Only the good question was stored, and only it counted against the rate limit.
+    assert [m.content async for m in Message.objects.filter(role="user")] == ["How do I reset my password?"]
+    assert await sync_to_async(_rate_count)(alice) == 1
     await socket.disconnect()
+
+
+def _rate_count(user) -> int:
+    from django.conf import settings
+
+    from core import redis as core_redis
+
+    keys = list(core_redis.client().scan_iter(f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user.pk}:*"))
+    return sum(int(core_redis.client().get(key) or 0) for key in keys)
 
 
 async def test_a_user_cannot_write_into_another_users_session(alice, bob, product):
@@ -225,3 +239,52 @@ async def test_anonymous_and_foreign_origin_sockets_are_rejected(alice):
     connected, _ = await foreign.connect()
     assert connected is False
     await foreign.disconnect()
+
+
+async def _logged_in_socket(user) -> tuple[WebsocketCommunicator, AsyncClient]:
+    """A socket and the browser (its session cookie) that opened it."""
+    client = AsyncClient()
+    await client.aforce_login(user)
+    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver"),
+               (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+    socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    connected, _ = await socket.connect()
+    assert connected
+    return socket, client
+
+
+async def _deactivate(user):
+    user.is_active = False
+    await user.asave(update_fields=["is_active"])
+
+
+async def _change_password(user):
+    user.set_password("a-new-password-123456")
+    await user.asave(update_fields=["password"])
+
+
+async def _log_out(client):
+    assert (await client.post("/accounts/logout/")).status_code == 302
+
+
+@pytest.mark.parametrize(
+    ("end_login", "code"),
+    [
+        (lambda user, client: _log_out(client), "logged_out"),  # in another tab of the same browser
+        (lambda user, client: _change_password(user), "logged_out"),  # every other session ends, as Django's
+        (lambda user, client: _deactivate(user), "account_inactive"),
+    ],
+)
+async def test_a_socket_whose_login_ended_says_so_answers_nothing_and_closes(alice, product, end_login, code):
+    socket, client = await _logged_in_socket(alice)
+    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    assert (await frames_until_end(socket))[-1]["type"] == "done"
+
+    await end_login(alice, client)
+    await socket.send_json_to({"type": "message", "session": None, "content": "What are your opening hours?"})
+    reply = await socket.receive_json_from(timeout=10)
+    assert reply["type"] == "error" and reply["code"] == code and "log in" in reply["message"]
+    closed = await socket.receive_output(timeout=10)
+    assert closed == {"type": "websocket.close", "code": 4401}
+    assert [m.content async for m in Message.objects.filter(role="user")] == ["How do I reset my password?"]
+    await socket.disconnect()

@@ -177,3 +177,39 @@ def test_the_sdk_raises_its_own_errors_for_4xx(asgi_server, alice_key, product):
         client.chat.completions.create(model="nope", messages=ASK)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="auto", messages=[])
+
+
+def rate_count(user) -> int:
+    """Questions counted against `user` in the current rate-limit window (in the shared Redis)."""
+    from core import redis as core_redis
+
+    keys = list(core_redis.client().scan_iter(f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user.pk}:*"))
+    return sum(int(core_redis.client().get(key) or 0) for key in keys)
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        ([{"role": "user", "content": "reset my\x00 password"}], "messages[0]", "NUL"),
+        ([{"role": "user", "content": "reset my \ud800 password"}], "messages[0]", "surrogate"),
+        ([{"role": "user", "content": "ring the \x07 bell"}], "messages[0]", "control character"),
+        ([{"role": "system", "content": "be\x00 brief"}, *ASK], "messages[0]", "NUL"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\udfff"}, *ASK], "messages[1]",
+         "surrogate"),
+        ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b\x00"}]}],
+         "messages[0]", "NUL"),
+    ],
+)
+def test_text_that_cannot_be_stored_is_a_400_that_stores_nothing_and_spends_no_rate_limit(
+        asgi_server, alice_key, alice, product, messages, param, words):
+    body = json.dumps({"model": "auto", "messages": messages}).encode()  # ASCII: "\ud800" travels as an escape
+    code, payload = raw_post(f"{asgi_server}/v1/chat/completions", body, key=alice_key)
+    assert code == 400, payload
+    assert payload["error"]["param"] == param and payload["error"]["code"] == "invalid_text"
+    assert words in payload["error"]["message"]
+    assert not Message.objects.exists() and not ChatSession.objects.exists()
+    assert rate_count(alice) == 0
+    # Tab, line feed and carriage return are text like any other.
+    ok = sdk(asgi_server, alice_key).chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "how do I\treset my\r\npassword?"}])
+    assert ok.choices[0].message.content

@@ -31,9 +31,11 @@ def engine():
 @pytest.fixture
 def roads(engine):
     """Endpoints named after the stub's behaviours. `model: auto` goes to the burst one when the
-    question says "burst", to the slow one otherwise."""
+    question says "burst", to the slow one otherwise; each may be named (its own rule lists it)."""
     made = {name: endpoint(name, url=f"{engine.url}/v1", model=name, idle_timeout=5) for name in
             ("burst", "broken", "slow")}
+    rule("by name", [(made[name], 100) for name in made], requested_models=list(made), priority=1,
+         use_kb_context=False)
     rule("bursts", made["burst"], keywords=["burst"], priority=10, use_kb_context=False)
     rule("default", made["slow"], is_default=True, use_kb_context=False)
     return made

@@ -1,0 +1,234 @@
+"""Redis or PostgreSQL gone: a clear 503 with Retry-After (an `unavailable` frame on the socket), and
+service back by itself when the dependency returns, without restarting the web process.
+
+Real processes: a gateway daphne of its own, on a Redis server of its own (started, stopped and
+started again here) and on the test database through a TCP proxy (killed to cut PostgreSQL off,
+started again to restore it), so the servers the other tests share are never touched.
+"""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.test import Client
+
+from chat.models import ChatSession, Message
+from tests.conftest import BASE_DIR, free_port, stop_process_group, url_with_database
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUESTION = "How do I reset my password?"  # the KB answers it: no rules or engines involved
+
+
+class Service:
+    """A process on a fixed port that a test stops and starts again."""
+
+    def __init__(self, name: str, command: list[str], port: int, log_dir: Path, env: dict | None = None):
+        self.name, self.command, self.port, self.log_dir, self.env = name, command, port, log_dir, env
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"{self.name}.{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
+        self.process = subprocess.Popen(self.command, cwd=BASE_DIR, env=self.env, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} did not start: {self.log()}") from None
+                time.sleep(0.05)
+
+    def ensure_running(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+
+    def kill(self) -> None:
+        """Gone at once, every connection cut, as a crashed server or a network partition."""
+        stop_process_group(self.process, timeout=0)
+
+    def log(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}.*.log")))
+
+
+@pytest.fixture(scope="module")
+def outage_gateway(child_env, test_database_url, tmp_path_factory):
+    """A daphne gateway whose Redis and PostgreSQL this module may take away."""
+    logs = tmp_path_factory.mktemp("outages")
+    redis_port, pg_port, web_port = free_port(), free_port(), free_port()
+    redis = Service("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(logs)], redis_port, logs)
+    database = settings.DATABASES["default"]
+    host, port = database["HOST"] or "127.0.0.1", database["PORT"] or "5432"
+    target = str(Path(host) / f".s.PGSQL.{port}") if host.startswith("/") else f"{host}:{port}"  # unix socket or TCP
+    postgres = Service("pgproxy", [sys.executable, "tests/tcp_proxy.py", str(pg_port), target], pg_port, logs)
+    redis.start()
+    postgres.start()
+    user = database["USER"] or "postgres"
+    password = f":{database['PASSWORD']}" if database["PASSWORD"] else ""
+    database_url = url_with_database(f"postgresql://{user}{password}@127.0.0.1:{pg_port}/x", database["NAME"])
+    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
+           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "WARNING",
+           "STATIC_ROOT": str(logs / "static"), "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+           "DATABASE_URL": database_url, "DATABASE_POOL_TIMEOUT": "2", "DATABASE_CONNECT_TIMEOUT": "2",
+           "REDIS_TIMEOUT": "2", "API_KEY_CACHE_SECONDS": "0"}
+    web = Service("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
+                             "config.asgi:application"], web_port, logs, env=env)
+    web.start()
+    url = f"http://127.0.0.1:{web_port}"
+    _wait(lambda: _get(f"{url}/healthz")[0] == 200, 60, web)
+    yield {"url": url, "redis": redis, "postgres": postgres, "web": web}
+    for service in (web, redis, postgres):
+        stop_process_group(service.process)
+
+
+def _wait(condition, seconds: float, service: Service) -> float:
+    """Seconds until `condition()` holds (polled), or a failure with the service's log."""
+    started = time.monotonic()
+    while True:
+        try:
+            if condition():
+                return time.monotonic() - started
+        except OSError:
+            pass
+        if time.monotonic() - started > seconds:
+            pytest.fail(f"not within {seconds} s; {service.name} log:\n{service.log()[-4000:]}")
+        time.sleep(0.2)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post(url: str, body: dict, key: str) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def _ask(gateway, key) -> tuple[int, dict, dict]:
+    return _post(f"{gateway['url']}/v1/chat/completions",
+                 {"model": "auto", "messages": [{"role": "user", "content": QUESTION}]}, key)
+
+
+def _assert_unavailable(status, headers, body, *, names: str, shape: set[str]):
+    assert status == 503, body
+    assert headers["Retry-After"] == "5"
+    assert set(body["error"]) == shape
+    assert body["error"]["code"] == "unavailable" and names in body["error"]["message"]
+
+
+OPENAI_SHAPE = {"message", "type", "param", "code"}
+GATEWAY_SHAPE = {"code", "message", "fields"}
+
+
+@pytest.fixture
+def kb(db):
+    from knowledge.services import entry_create
+
+    return entry_create(question=QUESTION, answer="Use **Forgot password**.", embed="sync")
+
+
+async def _socket(gateway, user):
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    ws = await session.ws_connect(f"{gateway['url']}/ws/chat/", headers={
+        "Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": gateway["url"]})
+    return session, ws
+
+
+async def _socket_ask(ws) -> list[dict]:
+    await ws.send_json({"type": "message", "session": None, "content": QUESTION})
+    frames = []
+    while True:
+        frame = await asyncio.wait_for(ws.receive_json(), 30)
+        frames.append(frame)
+        if frame["type"] in ("done", "error"):
+            return frames
+
+
+async def test_redis_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
+        outage_gateway, kb, alice, alice_key):
+    gateway, redis = outage_gateway, outage_gateway["redis"]
+    session = await ChatSession.objects.acreate(user=alice)
+    http, ws = await _socket(gateway, alice)
+    try:
+        assert (await sync_to_async(_ask)(gateway, alice_key))[0] == 200
+        assert (await _socket_ask(ws))[-1]["type"] == "done"
+        stored = await Message.objects.acount()
+
+        redis.kill()
+        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names="Redis", shape=OPENAI_SHAPE)
+        _assert_unavailable(*await sync_to_async(_post)(
+            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key),
+            names="Redis", shape=GATEWAY_SHAPE)
+        frame = (await _socket_ask(ws))[-1]
+        assert frame["type"] == "error" and frame["code"] == "unavailable" and "Redis" in frame["message"]
+        assert frame["retry_after"] == 5
+        assert await Message.objects.acount() == stored  # nothing stored half-way
+
+        redis.start()  # an empty Redis, as after a restart without persistence
+        # Back by itself, in the same process, once Redis answers again.
+        await sync_to_async(_wait)(lambda: _ask(gateway, alice_key)[0] == 200, 15, gateway["web"])
+        assert (await _socket_ask(ws))[-1]["type"] == "done"  # the same socket, still open
+        assert gateway["web"].starts == 1 and gateway["web"].process.poll() is None  # never restarted
+    finally:
+        await ws.close()
+        await http.close()
+        redis.ensure_running()  # for the next test, whatever happened in this one
+
+
+async def test_postgres_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
+        outage_gateway, kb, alice, alice_key):
+    gateway, postgres = outage_gateway, outage_gateway["postgres"]
+    session = await ChatSession.objects.acreate(user=alice)
+    http, ws = await _socket(gateway, alice)
+    try:
+        assert (await sync_to_async(_ask)(gateway, alice_key))[0] == 200
+        assert (await _socket_ask(ws))[-1]["type"] == "done"
+        stored = await Message.objects.acount()
+
+        postgres.kill()
+        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names="database", shape=OPENAI_SHAPE)
+        _assert_unavailable(*await sync_to_async(_post)(
+            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key),
+            names="database", shape=GATEWAY_SHAPE)
+        frame = (await _socket_ask(ws))[-1]
+        assert frame["type"] == "error" and frame["code"] == "unavailable" and "database" in frame["message"]
+        assert await Message.objects.acount() == stored
+
+        postgres.start()
+        # Back by itself, in the same process, once its pool's next connection attempt succeeds.
+        await sync_to_async(_wait)(lambda: _ask(gateway, alice_key)[0] == 200, 30, gateway["web"])
+        status, _, body = await sync_to_async(_post)(
+            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key)
+        assert status == 201, body
+        assert (await _socket_ask(ws))[-1]["type"] == "done"
+        assert gateway["web"].starts == 1 and gateway["web"].process.poll() is None
+    finally:
+        await ws.close()
+        await http.close()
+        postgres.ensure_running()

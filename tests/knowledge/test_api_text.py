@@ -1,0 +1,57 @@
+"""KB entries through the API refuse text that cannot be stored, with a 400 in the API's error shape."""
+
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from knowledge.models import Entry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff(admin_user):
+    client = APIClient()
+    client.force_authenticate(admin_user)
+    return client
+
+
+GOOD = {"question": "Do you ship to Chile?", "answer": "Yes.", "aliases": ["delivery to Chile"], "tags": ["shipping"]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("question", "Do you ship\x00 to Chile?"),
+        ("question", "Do you ship \ud83d to Chile?"),
+        ("answer", "Yes\x1b[2J."),
+        ("aliases", ["delivery\x00 to Chile"]),
+        ("aliases", ["delivery \udc00"]),
+        ("tags", ["ship\ud800"]),
+    ],
+)
+def test_an_entry_with_text_that_cannot_be_stored_is_a_400_and_nothing_is_written(staff, field, value):
+    # ASCII JSON, as a client sends a lone surrogate: the escape "\ud83d".
+    response = staff.generic("POST", "/api/kb/entries/", json.dumps({**GOOD, field: value}),
+                             content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and field in error["message"] and list(error["fields"])[0].startswith(field)
+    assert not Entry.objects.exists()
+
+
+def test_an_edit_with_text_that_cannot_be_stored_is_a_400_and_the_entry_is_unchanged(staff):
+    entry_id = staff.post("/api/kb/entries/", GOOD, format="json").json()["id"]
+    response = staff.generic("PATCH", f"/api/kb/entries/{entry_id}/", json.dumps({"answer": "Yes \ud800"}),
+                             content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert Entry.objects.get(pk=entry_id).answer == "Yes."
+
+
+@pytest.mark.parametrize("path", ["/api/kb/search", "/api/kb/answer"])
+@pytest.mark.parametrize("q", ["ship\x00", "ship \x1b[31m"])
+def test_a_search_for_text_that_cannot_be_searched_is_a_400(staff, path, q):
+    response = staff.get(path, {"q": q})
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["fields"]["q"]
