@@ -4,23 +4,10 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.utils.html import format_html
 
+from core.admin import SuperuserEdits
 from inference_ops import supervisor, tasks
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
-
-
-class SuperuserEdits:
-    """These rows reach the host: a command line and an environment on the GPU host, a key sent
-    to a URL. Only superusers add, change or delete them; staff with the view permission look."""
-
-    def has_add_permission(self, request, *args):
-        return request.user.is_active and request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None):
-        return request.user.is_active and request.user.is_superuser
 
 
 class Operations:

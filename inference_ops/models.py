@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from core.keys import key_env_problem
 from inference_ops import policy
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class ModelEndpoint(models.Model):
         return self.lora_adapter or self.model
 
     def clean(self):
-        if problem := policy.key_env_problem(self.api_key_env):
+        if problem := key_env_problem(self.api_key_env):
             raise ValidationError({"api_key_env": problem})
 
     @property
@@ -79,7 +80,7 @@ class ModelEndpoint(models.Model):
         if not self.api_key_env:
             return ""
         # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
-        if problem := policy.key_env_problem(self.api_key_env):
+        if problem := key_env_problem(self.api_key_env):
             logger.error("endpoint %s: %s Sending no key.", self.name, problem)
             return ""
         return os.environ.get(self.api_key_env, "")

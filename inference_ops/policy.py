@@ -24,38 +24,16 @@ import re
 
 from django.conf import settings
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from core.keys import ENV_NAME as _ENV_NAME
+from core.keys import GATEWAY_SECRETS
+
 _NUMBER = re.compile(r"^-\d+(\.\d+)?([eE][-+]?\d+)?$")
 
-# The gateway's own secrets and connection strings: never a key for a row's URL, never an engine's.
-GATEWAY_SECRETS = frozenset({"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"})
 
 
 def _matches(name: str, patterns) -> bool:
     """`patterns`: exact names, or prefixes written with a trailing `*` (`VLLM_*`)."""
     return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
-
-
-# --- endpoint keys --------------------------------------------------------------------------------------
-
-
-def key_env_problem(name: str) -> str | None:
-    """Why `name` may not hold an endpoint's API key, or None when it may."""
-    if not name:
-        return None
-    if not _ENV_NAME.match(name):
-        return f"{name!r} is not the name of an environment variable"
-    prefix = settings.ENDPOINT_KEY_ENV_PREFIX
-    allowed = {*settings.ENDPOINT_KEY_ENV_NAMES, settings.EXTERNAL_LLM_API_KEY_ENV} - {""}
-    if name not in GATEWAY_SECRETS and (name.startswith(prefix) or name in allowed):
-        return None
-    return (f"{name} may not hold an endpoint key: its value would be sent to this endpoint's URL. "
-            f"Put the key in a variable whose name starts with {prefix} (e.g. {prefix}{_suggest(name)}), "
-            "or have the operator list the name in ENDPOINT_KEY_ENV_NAMES.")
-
-
-def _suggest(name: str) -> str:
-    return re.sub(r"[^A-Z0-9_]", "_", name.upper()) or "PROVIDER"
 
 
 # --- engine environments ----------------------------------------------------------------------------------

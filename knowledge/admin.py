@@ -9,6 +9,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from config.forms import LinesField
+from core.admin import SuperuserEdits
 from knowledge import services
 from knowledge.exceptions import EntryInvalid
 from knowledge.importing import detect_format, kb_import
@@ -242,6 +243,8 @@ class MissAdmin(admin.ModelAdmin):
 
 
 @admin.register(EmbeddingModel)
-class EmbeddingModelAdmin(admin.ModelAdmin):
+class EmbeddingModelAdmin(SuperuserEdits, admin.ModelAdmin):
+    """Its URL receives every KB text and question, with the key its `api_key_env` names."""
+
     list_display = ["name", "backend", "dimensions", "state", "serving_since", "created_at"]
     readonly_fields = ["state", "serving_since", "created_at"]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from core.keys import key_env_problem
 from knowledge.exceptions import EmbeddingError
 
 MINILM = "all-MiniLM-L6-v2"
@@ -131,6 +132,10 @@ class OpenAIEmbedder:
 
         self.spec = spec
         api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+        if problem := key_env_problem(spec.api_key_env):
+            # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
+            log.error("embedding model %s: %s Sending no key.", spec.name, problem)
+            api_key = ""
         self._client = OpenAI(base_url=spec.base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
 
     def embed(self, texts: list[str]) -> list[list[float]]:

@@ -10,8 +10,11 @@ column is therefore untyped; each model gets a partial HNSW index on
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
+from django.core.exceptions import ValidationError
 from django.db import models
 from pgvector.django import VectorField
+
+from core.keys import key_env_problem
 
 
 class EmbeddingModel(models.Model):
@@ -43,6 +46,10 @@ class EmbeddingModel(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.get_state_display()})"
+
+    def clean(self):
+        if problem := key_env_problem(self.api_key_env):
+            raise ValidationError({"api_key_env": problem})
 
 
 class Entry(models.Model):

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core.text import text_problem
 from knowledge.embeddings import EmbeddingSpec, embed_texts
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
@@ -185,16 +186,22 @@ def entry_validate(fields: dict) -> dict:
             cleaned[name] = str(cleaned[name] or "").strip()
             if not cleaned[name]:
                 errors[name] = "must not be empty"
+            elif problem := text_problem(cleaned[name]):
+                errors[name] = problem
             elif not normalize(cleaned[name]) and name == "question":
                 errors[name] = "must contain letters or digits"
     if "kind" in cleaned and cleaned["kind"] not in Entry.Kind.values:
         errors["kind"] = f"must be one of {', '.join(Entry.Kind.values)}; got {cleaned['kind']!r}"
     if "aliases" in cleaned:
         cleaned["aliases"] = _clean_list(cleaned["aliases"])
+        if problem := next(filter(None, map(text_problem, cleaned["aliases"])), None):
+            errors["aliases"] = f"an alias {problem}"
     if "tags" in cleaned:
         cleaned["tags"] = [tag.lower() for tag in _clean_list(cleaned["tags"])]
         if any(len(tag) > 64 for tag in cleaned["tags"]):
             errors["tags"] = "each tag must be at most 64 characters"
+        elif problem := next(filter(None, map(text_problem, cleaned["tags"])), None):
+            errors["tags"] = f"a tag {problem}"
     if cleaned.get("threshold") is not None:
         try:
             cleaned["threshold"] = float(cleaned["threshold"])

@@ -47,6 +47,15 @@ MATRIX = {
     ("GET", "/admin/knowledge/entry/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
     ("GET", "/admin/auth/user/", None): row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
     ("GET", "/admin/routing/routingrule/add/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
+    # Rows that reach the host or send data to a URL: superusers edit, staff may look.
+    ("GET", "/admin/knowledge/embeddingmodel/add/", None):
+        row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
+    ("GET", "/admin/knowledge/embeddingmodel/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
+    ("GET", "/admin/inference_ops/engineprocess/add/", None):
+        row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
+    ("GET", "/admin/inference_ops/modelendpoint/add/", None):
+        row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
+    ("GET", "/admin/inference_ops/modelendpoint/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
     ("GET", "/api/kb/entries/", None): row(401, 403, 403, 200, 200, 403, 403, 200, 403, 401, 401),
     ("GET", "/api/kb/entries/{E}/", None): row(401, 403, 403, 200, 200, 403, 403, 200, 403, 401, 401),
     ("GET", "/api/kb/search?q=refund", None): row(401, 403, 403, 200, 200, 403, 403, 200, 403, 401, 401),
@@ -85,7 +94,9 @@ def world(django_user_model, local_sim):
         "superuser": django_user_model.objects.create_superuser("root", password="pw-root-123456"),
     }
     curator = users["staff"]
-    curator.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["knowledge", "routing"]))
+    # Every permission of the product's apps: what staff may still not do is the product's rule.
+    curator.user_permissions.set(Permission.objects.filter(
+        content_type__app_label__in=["knowledge", "routing", "inference_ops"]))
     entry = entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="sync")
     rule("default", endpoint("local", local_sim), is_default=True, use_kb_context=False)
     session = ChatSession.objects.create(user=users["user"], title="mine")

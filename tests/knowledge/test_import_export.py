@@ -114,3 +114,16 @@ def test_an_unreadable_or_unknown_file_is_a_clear_error(tmp_path):
         call_command("kb_import", str(tmp_path / "missing.jsonl"))
     with pytest.raises(CommandError, match="must end in .jsonl"):
         call_command("kb_import", str(tmp_path / "kb.xlsx"))
+
+
+def test_a_row_with_a_nul_or_control_character_is_rejected_by_line_and_the_rest_imports(tmp_path, capsys):
+    """A NUL used to fail the whole import at the database (PostgreSQL's text refuses it)."""
+    rows = [GOOD[0], {"question": "Broken\x00question?", "answer": "x"}, {"question": "Bell?", "answer": "ding\x07"},
+            {"question": "Tagged?", "answer": "x", "tags": ["ok", "b\x00d"]}, GOOD[1]]
+    with pytest.raises(CommandError, match="3 row\\(s\\) rejected"):
+        call_command("kb_import", _jsonl(tmp_path, rows))
+    err = capsys.readouterr().err
+    assert "kb.jsonl:2: question: contains a NUL character (U+0000) at character 6" in err
+    assert "kb.jsonl:3: answer: contains a control character (U+0007)" in err
+    assert "kb.jsonl:4: tags: a tag contains a NUL character (U+0000) at character 1" in err
+    assert sorted(Entry.objects.values_list("question", flat=True)) == ["Do you ship to Norway?", "Refund window"]
