@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from django.test import Client
 
@@ -232,3 +232,33 @@ async def test_postgres_gone_is_a_503_and_an_unavailable_frame_and_service_retur
         await ws.close()
         await http.close()
         postgres.ensure_running()
+
+
+async def _ops_hello(gateway, user) -> str:
+    """Open the staff operations feed (it joins a channel-layer group in Redis): its first frame's
+    type, or how it failed."""
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        try:
+            async with session.ws_connect(f"{gateway['url']}/ws/ops/", headers={
+                    "Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": gateway["url"]}) as ws:
+                message = await ws.receive(timeout=10)
+                return json.loads(message.data)["type"] if message.type == aiohttp.WSMsgType.TEXT else "closed"
+        except aiohttp.WSServerHandshakeError as exc:
+            return f"refused {exc.status}"
+
+
+async def test_the_operations_feed_comes_back_after_redis_restarts(outage_gateway, django_user_model):
+    gateway, redis = outage_gateway, outage_gateway["redis"]
+    staff = await sync_to_async(django_user_model.objects.create_user)("opsy", password="pw-opsy-123456",
+                                                                       is_staff=True)
+    try:
+        assert await _ops_hello(gateway, staff) == "hello"
+        redis.kill()
+        assert await _ops_hello(gateway, staff) != "hello"  # no group to join: no feed, and no crash
+        redis.start()
+        await sync_to_async(_wait)(lambda: async_to_sync(_ops_hello)(gateway, staff) == "hello", 15, gateway["web"])
+        assert gateway["web"].process.poll() is None  # the same process: no crash loop, no restart
+    finally:
+        redis.ensure_running()
