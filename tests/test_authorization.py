@@ -24,7 +24,7 @@ SESSIONS = ("anonymous", "user", "other user", "staff", "superuser")
 KEYS = ("chat key", "chat key of staff", "kb key of staff", "kb key of ex-staff", "key of inactive user", "revoked key")
 CALLERS = SESSIONS + KEYS
 
-A, U, O, S, R = range(5)  # columns of SESSIONS
+SAME = "the same as anonymous"  # a status that depends on the machine, not on the caller
 
 
 def row(anonymous, user, other, staff, superuser, chat_key, chat_staff, kb_staff, kb_ex_staff, inactive, revoked):
@@ -42,7 +42,8 @@ MATRIX = {
     ("GET", "/accounts/login/", None): row(200, 302, 302, 302, 302, 200, 200, 200, 200, 200, 200),
     ("GET", "/accounts/logout/", None): row(405, 405, 405, 405, 405, 405, 405, 405, 405, 405, 405),
     ("GET", "/healthz", None): row(200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200),
-    ("GET", "/readyz", None): row(503, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503),
+    # 200 or 503 by whether a Celery worker runs (another test may have started one): the same for all.
+    ("GET", "/readyz", None): row(*[SAME] * 11),
     ("GET", "/admin/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
     ("GET", "/admin/knowledge/entry/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
     ("GET", "/admin/auth/user/", None): row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
@@ -163,6 +164,9 @@ def test_every_caller_gets_what_its_role_allows_on_every_url(asgi_server, world)
                            else {"key": world["keys"][caller]})
             got[(method, template, caller)] = _request(asgi_server, method, path, body, **credentials)
             expected[(method, template, caller)] = status
+    for (method, template, caller), status in expected.items():
+        if status == SAME:
+            expected[(method, template, caller)] = got[(method, template, "anonymous")]
     wrong = {k: f"got {got[k]}, expected {expected[k]}" for k in expected if got[k] != expected[k]}
     assert wrong == {}, "\n".join(f"{k}: {v}" for k, v in sorted(wrong.items()))
 
