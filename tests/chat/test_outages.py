@@ -170,68 +170,40 @@ async def _socket_ask(ws) -> list[dict]:
             return frames
 
 
-async def test_redis_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
-        outage_gateway, kb, alice, alice_key):
-    gateway, redis = outage_gateway, outage_gateway["redis"]
+@pytest.mark.parametrize(("service", "names"), [("redis", "Redis"), ("postgres", "database")])
+async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
+        outage_gateway, kb, alice, alice_key, service, names):
+    """Redis stopped (and started again empty, as after a restart without persistence), or
+    PostgreSQL cut off at its proxy (and restored)."""
+    gateway, dependency = outage_gateway, outage_gateway[service]
     session = await ChatSession.objects.acreate(user=alice)
+    messages_url = f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/"
     http, ws = await _socket(gateway, alice)
     try:
         assert (await sync_to_async(_ask)(gateway, alice_key))[0] == 200
         assert (await _socket_ask(ws))[-1]["type"] == "done"
         stored = await Message.objects.acount()
 
-        redis.kill()
-        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names="Redis", shape=OPENAI_SHAPE)
-        _assert_unavailable(*await sync_to_async(_post)(
-            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key),
-            names="Redis", shape=GATEWAY_SHAPE)
+        dependency.kill()
+        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names=names, shape=OPENAI_SHAPE)
+        _assert_unavailable(*await sync_to_async(_post)(messages_url, {"content": QUESTION}, alice_key),
+                            names=names, shape=GATEWAY_SHAPE)
         frame = (await _socket_ask(ws))[-1]
-        assert frame["type"] == "error" and frame["code"] == "unavailable" and "Redis" in frame["message"]
+        assert frame["type"] == "error" and frame["code"] == "unavailable" and names in frame["message"]
         assert frame["retry_after"] == 5
         assert await Message.objects.acount() == stored  # nothing stored half-way
 
-        redis.start()  # an empty Redis, as after a restart without persistence
-        # Back by itself, in the same process, once Redis answers again.
-        await sync_to_async(_wait)(lambda: _ask(gateway, alice_key)[0] == 200, 15, gateway["web"])
+        dependency.start()
+        # Back by itself, in the same process, once the dependency answers again.
+        await sync_to_async(_wait)(lambda: _ask(gateway, alice_key)[0] == 200, 30, gateway["web"])
+        status, _, body = await sync_to_async(_post)(messages_url, {"content": QUESTION}, alice_key)
+        assert status == 201, body
         assert (await _socket_ask(ws))[-1]["type"] == "done"  # the same socket, still open
         assert gateway["web"].starts == 1 and gateway["web"].process.poll() is None  # never restarted
     finally:
         await ws.close()
         await http.close()
-        redis.ensure_running()  # for the next test, whatever happened in this one
-
-
-async def test_postgres_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
-        outage_gateway, kb, alice, alice_key):
-    gateway, postgres = outage_gateway, outage_gateway["postgres"]
-    session = await ChatSession.objects.acreate(user=alice)
-    http, ws = await _socket(gateway, alice)
-    try:
-        assert (await sync_to_async(_ask)(gateway, alice_key))[0] == 200
-        assert (await _socket_ask(ws))[-1]["type"] == "done"
-        stored = await Message.objects.acount()
-
-        postgres.kill()
-        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names="database", shape=OPENAI_SHAPE)
-        _assert_unavailable(*await sync_to_async(_post)(
-            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key),
-            names="database", shape=GATEWAY_SHAPE)
-        frame = (await _socket_ask(ws))[-1]
-        assert frame["type"] == "error" and frame["code"] == "unavailable" and "database" in frame["message"]
-        assert await Message.objects.acount() == stored
-
-        postgres.start()
-        # Back by itself, in the same process, once its pool's next connection attempt succeeds.
-        await sync_to_async(_wait)(lambda: _ask(gateway, alice_key)[0] == 200, 30, gateway["web"])
-        status, _, body = await sync_to_async(_post)(
-            f"{gateway['url']}/api/chat/sessions/{session.pk}/messages/", {"content": QUESTION}, alice_key)
-        assert status == 201, body
-        assert (await _socket_ask(ws))[-1]["type"] == "done"
-        assert gateway["web"].starts == 1 and gateway["web"].process.poll() is None
-    finally:
-        await ws.close()
-        await http.close()
-        postgres.ensure_running()
+        dependency.ensure_running()  # for the next test, whatever happened in this one
 
 
 async def _ops_hello(gateway, user) -> str:
