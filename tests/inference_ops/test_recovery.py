@@ -28,6 +28,7 @@ from tests.inference_ops.test_supervisor import (  # noqa: F401
     make_engine,
     processes_on,
     stop_engines_afterwards,
+    wait_until,
 )
 from tests.routing.conftest import ask
 
@@ -141,10 +142,18 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, cele
     assert served_at, list(EngineEvent.objects.filter(engine=engine).values_list("status", "reason"))
     assert fallbacks > 0
 
-    events = list(EngineEvent.objects.filter(engine=engine).order_by("pk"))
-    restarting = next(e for e in events if e.status == "restarting")
-    starting = next(e for e in events if e.status == "starting" and e.at > restarting.at)
-    ready = next(e for e in events if e.status == "ready" and e.at > starting.at)
+    def restarted():
+        """(restarting, starting, ready) events of the restart, once the last is written: the engine
+        may answer a request a moment before its supervisor records it ready."""
+        events = list(EngineEvent.objects.filter(engine=engine).order_by("pk"))
+        restarting = next(e for e in events if e.status == "restarting")
+        starting = next(e for e in events if e.status == "starting" and e.pk > restarting.pk)
+        ready = next((e for e in events if e.status == "ready" and e.pk > starting.pk), None)
+        return (restarting, starting, ready) if ready else None
+
+    found = wait_until(restarted, timeout=30)
+    assert found, list(EngineEvent.objects.filter(engine=engine).values_list("status", "reason"))
+    restarting, starting, ready = found
     start_up = (ready.at - starting.at).total_seconds()
     noticed = (restarting.at - killed_wall).total_seconds()
     down = served_at - killed_at
