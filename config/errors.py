@@ -99,3 +99,26 @@ def api_exception_handler(exc, context):
     if response is not None and isinstance(exc, APIException):
         response.data = {"error": _drf_error(exc)}
     return response
+
+
+def server_error(request):
+    """handler500. A page that failed because the database or Redis cannot be reached is an
+    outage, not a bug: a 503 page with Retry-After, as the APIs answer. Anything else gets
+    Django's own 500 page."""
+    import sys
+
+    from django.http import HttpResponse
+    from django.utils.html import escape
+    from django.views.defaults import server_error as django_server_error
+
+    failure = sys.exc_info()[1]  # handler500 runs while Django handles the exception
+    outage = unavailable(failure) if failure is not None else None
+    if outage is None:
+        return django_server_error(request)
+    response = HttpResponse(
+        "<!doctype html><html lang=\"en\"><meta charset=\"utf-8\"><title>Temporarily unavailable</title>"
+        f"<h1>Temporarily unavailable</h1><p>{escape(str(outage))}</p></html>",
+        status=503, content_type="text/html; charset=utf-8")
+    response["Retry-After"] = str(outage.retry_after)
+    return response
+

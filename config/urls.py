@@ -22,3 +22,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema", authentication_classes=[]),
          name="api-docs"),
 ]
+
+handler500 = "config.errors.server_error"

@@ -192,6 +192,10 @@ async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_r
         assert frame["type"] == "error" and frame["code"] == "unavailable" and names in frame["message"]
         assert frame["retry_after"] == 5
         assert await Message.objects.acount() == stored  # nothing stored half-way
+        if service == "postgres":  # a page reads the session from the database
+            status, headers, page = await sync_to_async(_page)(gateway, alice)
+            assert (status, headers.get("Retry-After")) == (503, "5")
+            assert "The database is unavailable right now" in page
 
         dependency.start()
         # Back by itself, in the same process, once the dependency answers again.
@@ -204,6 +208,19 @@ async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_r
         await ws.close()
         await http.close()
         dependency.ensure_running()  # for the next test, whatever happened in this one
+
+
+def _page(gateway, user) -> tuple[int, dict, str]:
+    """The chat page as a logged-in browser asks for it."""
+    client = Client()
+    client.force_login(user)
+    request = urllib.request.Request(f"{gateway['url']}/", headers={
+        "Cookie": f"sessionid={client.cookies['sessionid'].value}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 async def _ops_hello(gateway, user) -> str:
