@@ -17,9 +17,9 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	@touch $(STAMP)
 
-# exec: make's child is the runner itself, so SIGTERM to make reaches it (see config/devserver.py).
+# exec: make's child is the runner itself, so SIGTERM to make reaches it (see devtools/devserver.py).
 run: $(STAMP)
-	exec $(PY) -m config.devserver
+	exec $(PY) -m devtools.devserver
 
 # The browser test drives Debian's Chromium, the Markdown renderer's tests run in Node; install
 # them once if the machine lacks them.
@@ -35,7 +35,7 @@ test: $(STAMP)
 
 # Stop the embedded PostgreSQL and Redis (make run and make test stop them on exit).
 stop: $(STAMP)
-	$(PY) -c "from config import embedded; embedded.stop_all()"
+	$(PY) -c "from devtools import embedded; embedded.stop_all()"
 
 clean: stop
 	rm -rf var

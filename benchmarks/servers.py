@@ -11,8 +11,6 @@ import contextlib
 import os
 import queue
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,36 +20,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from core.processes import free_port, stop_group
+
 REPO = Path(__file__).resolve().parents[1]
 # The simulator prints this once its port is open; with --port 0 it is the only way to learn the port.
 READY = re.compile(r"simulator ready on [\w.\-:]+:(\d+) ")
-
-
-def free_port() -> int:
-    """A loopback port free right now. Another process may take it before ours binds it; for a
-    benchmark on a development machine that race is rare enough, and the start then fails loudly."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_group(process: subprocess.Popen, *, timeout: float = 10.0) -> None:
-    """SIGTERM to the process's group, then SIGKILL to whatever of the group is left after `timeout`.
-
-    The group, not the process: daphne and the simulator may have children, and a child that
-    outlives the benchmark keeps its port and its CPU.
-    """
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    # Even after a clean exit of the leader, a child that ignored SIGTERM may still be there.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=timeout)
 
 
 def log_tail(path: Path, *, lines: int = 30) -> str:

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from benchmarks import database, servers
-from config import embedded
+from devtools import embedded
 
 MODEL = "bench/model"
 

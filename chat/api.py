@@ -19,7 +19,7 @@ from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
 from chat.models import ApiKey, ChatSession, Message
 from chat.turns import SessionEvent, run_turn
-from config.errors import unavailable
+from core.errors import unavailable
 from core.fields import TextField
 
 logger = logging.getLogger(__name__)

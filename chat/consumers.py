@@ -11,9 +11,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from chat.auth import asocket_login_ended
 from chat.exceptions import ChatError
 from chat.turns import SessionEvent, run_turn
-from config.errors import unavailable
-from config.events import OPS_GROUP
 from core import db
+from core.errors import unavailable
+from core.events import OPS_GROUP
 from core.threads import own_thread
 from routing.pipeline import Token
 

@@ -34,8 +34,8 @@ from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
-from config.errors import unavailable
 from core import db
+from core.errors import unavailable
 from core.text import text_problem
 from routing import pipeline
 from routing.rules import asnapshot

@@ -16,8 +16,8 @@ from psycopg.types.json import Jsonb
 
 from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession, Message
-from config import rawsql
 from core import db
+from core import rawsql
 from core import redis as core_redis
 from core.flight import SingleFlight
 from core.text import text_problem

@@ -14,8 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from config import embedded
-from config.env import (
+from core.env import (
     check_url,
     env_bool,
     env_choice,
@@ -24,10 +23,11 @@ from config.env import (
     env_list,
     env_str,
     env_url,
+    var_dir,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = embedded.var_dir()
+VAR_DIR = var_dir()
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -140,7 +140,19 @@ def _database(url: str) -> dict:
     }
 
 
-DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or embedded.postgres_url()
+def _embedded(what: str) -> str:
+    """The development servers' URL when the variable is unset: with DEBUG on only, so a
+    production process never starts a database of its own under var/ by accident."""
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            f"Environment variable {what} must be set when DEBUG is off (the embedded server under var/ "
+            "is for development and tests).")
+    from devtools import embedded
+
+    return embedded.postgres_url() if what == "DATABASE_URL" else embedded.redis_url()
+
+
+DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or _embedded("DATABASE_URL")
 DATABASES = {"default": _database(DATABASE_URL)}
 # The event-loop pool's hot statements (core.db) as server-side prepared statements from their
 # second run on a connection: PostgreSQL then plans each once per connection, not per request
@@ -152,7 +164,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: Channels layer, Celery broker, cache ---------------------------------------
 
-REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix")) or embedded.redis_url()
+REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix")) or _embedded("REDIS_URL")
 REDIS_TIMEOUT = env_float("REDIS_TIMEOUT", 5.0, minimum=0.1)
 # Every key this project writes starts with it: one Redis can serve several deployments (or test runs).
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "gw")
@@ -404,7 +416,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
-    "EXCEPTION_HANDLER": "config.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "core.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {

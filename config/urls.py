@@ -23,4 +23,4 @@ urlpatterns = [
          name="api-docs"),
 ]
 
-handler500 = "config.errors.server_error"
+handler500 = "core.errors.server_error"

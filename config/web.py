@@ -8,23 +8,21 @@ uses one core at a time. This launcher binds HOST:PORT once and hands the socket
 is free accepts the next one. No port per process, no balancer in front, and a process that is
 still warming up (config.warmup runs before daphne listens) simply accepts nothing yet.
 
-`make run` (config/devserver.py) runs this same command as its `web` process.
+`make run` (devtools/devserver.py) runs this same command as its `web` process.
 """
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_str
+from core.env import env_bool, env_int, env_str
+from core.processes import die_with_parent, stop_groups
 
 # Twisted listens with a backlog of 50 when it binds a port itself; a burst of connections (a
 # load balancer filling its pool, every browser reconnecting after a deploy) overflows that while
@@ -41,40 +39,6 @@ _BINDING_OPTIONS = ("-b", "--bind", "-p", "--port", "-u", "--unix-socket", "--fd
 
 def log(message: str) -> None:
     print(f"web: {message}", file=sys.stderr, flush=True)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies, so nothing keeps serving (or
-    holding the port) after a SIGKILL of the process that started it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def stop_groups(processes: Mapping[str, subprocess.Popen], *, grace: float,
-                say: Callable[[str], None] = log) -> None:
-    """SIGTERM the process group of each process (each leads its own), wait up to `grace` in
-    all, then SIGKILL what is left of every group: a prefork Celery worker's children must not
-    outlive it."""
-    for process in processes.values():
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for name, process in processes.items():
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            say(f"{name} did not stop in {grace:.0f}s; killing it")
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -153,7 +117,7 @@ def main(argv: list[str]) -> int:
     finally:
         if stop_signal:
             log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es)")
-        stop_groups(children, grace=STOP_GRACE)
+        stop_groups(children, grace=STOP_GRACE, say=log)
         log("stopped")
     return exit_code
 

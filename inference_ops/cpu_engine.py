@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 from django.conf import settings
 
-from config.filelock import exclusive
+from core.filelock import exclusive
 from inference_ops.exceptions import SupervisorError
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config.events import ops_event_broadcast
+from core.events import ops_event_broadcast
 from inference_ops import cpu_engine, policy
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint

@@ -8,8 +8,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from config.forms import LinesField
 from core.admin import SuperuserEdits
+from core.forms import LinesField
 from knowledge import services
 from knowledge.exceptions import EntryInvalid
 from knowledge.importing import detect_format, kb_import

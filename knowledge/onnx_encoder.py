@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from config.filelock import exclusive
+from core.filelock import exclusive
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from config import rawsql
 from core import db
+from core import rawsql
 from knowledge.embeddings import aembed_query, embed_query, vector_literal
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from config.forms import LinesField
+from core.forms import LinesField
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
 from routing.rules import rule_validate

@@ -1,5 +1,4 @@
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -8,7 +7,9 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 
-from config import embedded
+from core.processes import free_port  # noqa: F401 - the tests' shared helpers
+from core.processes import stop_group as stop_process_group
+from devtools import embedded
 
 BASE_DIR = settings.BASE_DIR
 
@@ -56,20 +57,6 @@ def child_env(test_database_url) -> dict[str, str]:
     return env
 
 
-def stop_process_group(process: subprocess.Popen, timeout: float = 15) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
-
-
 @pytest.fixture(scope="session")
 def celery_worker(child_env, tmp_path_factory):
     """A real Celery worker process consuming every queue through the test Redis database."""
@@ -95,14 +82,6 @@ def celery_worker(child_env, tmp_path_factory):
             pytest.fail(f"Celery worker did not start:\n{log_path.read_text()}")
     yield process
     stop_process_group(process)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

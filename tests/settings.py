@@ -6,7 +6,7 @@ does. Redis defaults to database 15 so a test run never touches `make run`'s dat
 
 import os
 
-from config import embedded
+from devtools import embedded
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-" + "x" * 40)
 os.environ.setdefault("DEBUG", "false")

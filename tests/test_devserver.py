@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,16 +11,11 @@ import urllib.request
 import psutil
 import pytest
 
-from config import devserver
 from config.settings import BASE_DIR
+from core.processes import free_port
+from devtools import devserver
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -33,12 +27,12 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):
-    port = _free_port()
-    engine_port = _free_port()
+    port = free_port()
+    engine_port = free_port()
     env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO",
            "CPU_ENGINE_PORT": str(engine_port)}
     runner = subprocess.Popen(
-        [sys.executable, "-m", "config.devserver"], cwd=BASE_DIR, env=env,
+        [sys.executable, "-m", "devtools.devserver"], cwd=BASE_DIR, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []

@@ -1,20 +1,14 @@
 """The embedded Redis used where no Redis answers on 127.0.0.1:6379."""
 
-import socket
 
 import redis
 
-from config import embedded
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from core.processes import free_port
+from devtools import embedded
 
 
 def test_an_embedded_redis_starts_serves_and_stops(tmp_path):
-    port = _free_port()
+    port = free_port()
     assert not embedded.redis_answers("127.0.0.1", port)
 
     assert embedded.redis_start(port=port, data_dir=tmp_path) is True

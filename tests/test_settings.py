@@ -60,3 +60,14 @@ def test_a_password_in_a_bad_url_is_not_printed(production_env):
     result = _manage("check", env={**production_env, "DATABASE_URL": "mysql://user:hunter2@db/x"})
     assert result.returncode == 2
     assert "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "REDIS_URL"])
+def test_production_never_starts_an_embedded_server_of_its_own(production_env, variable, tmp_path):
+    """Without the variable and with DEBUG off, start-up stops; with DEBUG on, development gets
+    the embedded server under var/ (here a fresh one, which is not started)."""
+    env = {key: value for key, value in production_env.items() if key != variable}
+    result = _manage("check", env={**env, "VAR_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert f"{variable} must be set when DEBUG is off" in result.stderr
+    assert not (tmp_path / "pgdata").exists() and not (tmp_path / "redis").exists()

@@ -18,14 +18,9 @@ import psutil
 import pytest
 from django.conf import settings
 
+from core.processes import free_port
 from knowledge.models import EmbeddingModel
 from knowledge.services import embedding_model_ensure
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
@@ -81,7 +76,7 @@ class Web:
 
 @contextlib.contextmanager
 def web(child_env, tmp_path, *, args=(), wait=True, **env):
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "web.log"
     env = {**child_env, "HOST": "127.0.0.1", "PORT": str(port), "LOG_LEVEL": "INFO", **env}
     with open(log_path, "wb") as log:
@@ -245,7 +240,7 @@ def test_a_launcher_killed_outright_leaves_no_process_serving(child_env, tmp_pat
 ])
 def test_a_bad_setting_stops_the_launcher_before_it_starts_anything(env, args, message):
     result = subprocess.run([sys.executable, "-m", "config.web", *args], cwd=settings.BASE_DIR,
-                            env={"PATH": "/usr/bin:/bin", "PORT": str(_free_port()), **env},
+                            env={"PATH": "/usr/bin:/bin", "PORT": str(free_port()), **env},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert f"Configuration error: {message}" in result.stderr

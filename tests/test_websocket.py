@@ -8,7 +8,7 @@ from django.db import connections
 from django.test import Client
 
 from config.asgi import application
-from config.events import ops_event_abroadcast
+from core.events import ops_event_abroadcast
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

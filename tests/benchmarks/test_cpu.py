@@ -16,7 +16,7 @@ from benchmarks.cpu import cpu_delta, probe_for
 FAKE = textwrap.dedent("""
     import socket, subprocess, sys, time
     role = sys.argv[1]
-    if role == "config.devserver":
+    if role == "devtools.devserver":
         web = subprocess.Popen([sys.executable, __file__, "daphne"], stdout=subprocess.PIPE, text=True)
         subprocess.Popen([sys.executable, __file__, "celery", "worker"])
         print(web.stdout.readline().strip(), flush=True)
@@ -42,7 +42,7 @@ def fake_tree(tmp_path):
         return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True,
                                 start_new_session=True)
 
-    tree = start("config.devserver")
+    tree = start("devtools.devserver")
     stranger = start("daphne")  # another checkout's web process on the same machine
     try:
         yield tree, int(tree.stdout.readline()), stranger

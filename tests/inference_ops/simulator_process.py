@@ -3,12 +3,13 @@
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from core.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 READY = re.compile(r"simulator ready on ([\w.\-:]+):(\d+) ")
@@ -25,13 +26,7 @@ class RunningSimulator:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        stop_group(self.process)
 
 
 def launch_simulator(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:

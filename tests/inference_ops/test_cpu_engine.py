@@ -4,21 +4,15 @@ on 2 cores) into the cache, later runs find it there."""
 
 import asyncio
 import contextlib
-import socket
 import time
 
 import pytest
 
+from core.processes import free_port
 from inference_ops import cpu_engine, supervisor
 from inference_ops.client import EndpointConfig, Finish, Token, stream_chat
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_cpu_engine(name="cpu-test", *, port=None, **fields) -> EngineProcess:

@@ -3,7 +3,6 @@
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import aiohttp
 import openai
 import pytest
 
+from core.processes import free_port
 from inference_ops.simulator.cli import DEFAULT_MODEL, LoraModule, parse_args
 
 from .simulator_process import REPO, RunningSimulator, launch_simulator, start_simulator
@@ -456,12 +456,6 @@ async def test_a_client_that_disconnects_frees_its_slot_at_once(paced_simulator)
 
 
 # -- process lifecycle and command line ----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_health_does_not_answer_until_the_startup_duration_is_over():

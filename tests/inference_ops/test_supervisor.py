@@ -9,16 +9,11 @@ import time
 import psutil
 import pytest
 
+from core.processes import free_port
 from inference_ops import supervisor
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_engine(name="local-sim", **fields) -> EngineProcess:

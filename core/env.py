@@ -6,6 +6,7 @@ instead of a default silently taking its place.
 """
 
 import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -120,3 +121,11 @@ def _redact(url: str) -> str:
 
 
 redact_url = _redact
+
+
+def var_dir() -> Path:
+    """The folder for the gateway's own files (`VAR_DIR`, default `var/` in the checkout): the
+    development secret key, engine logs, the embedded servers' data. Created if missing."""
+    path = Path(os.environ.get("VAR_DIR") or Path(__file__).resolve().parent.parent / "var").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path

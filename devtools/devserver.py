@@ -17,8 +17,8 @@ import time
 import urllib.error
 import urllib.request
 
-from config.env import env_int, env_str
-from config.web import die_with_parent, stop_groups
+from core.env import env_int, env_str
+from core.processes import die_with_parent, stop_groups
 
 COLOURS = {"run": "1", "web": "36", "worker": "33", "beat": "35"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -128,7 +128,7 @@ def main() -> int:
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
 
-    from config import embedded
+    from devtools import embedded
 
     uses_embedded = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     if uses_embedded:

@@ -14,7 +14,6 @@ so a server they started keeps running until `make stop` or a holder's exit.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -26,27 +25,17 @@ import time
 import warnings
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from core.env import var_dir
+from core.filelock import exclusive
 
+logger = logging.getLogger(__name__)
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_REDIS = ("127.0.0.1", 6379)
 
 
-def var_dir() -> Path:
-    path = Path(os.environ.get("VAR_DIR") or BASE_DIR / "var").resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextlib.contextmanager
 def _locked(name: str):
     """A file lock in var/, so two processes starting at once start one server."""
-    with open(var_dir() / f".{name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive(var_dir() / f".{name}.lock")
 
 
 # --- PostgreSQL -------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""Child processes: a free port for one, and stopping one with everything it started.
+
+Every server the gateway, `make run`, the benchmarks and the tests start leads its own process
+group (`start_new_session=True` or `process_group=0`), so a stop signals the group, not the
+leader alone: daphne's, the simulator's or a prefork Celery worker's children must not outlive
+it, keeping a port and CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+
+
+def free_port() -> int:
+    """A loopback port free right now. Another process may take it before ours binds it; on a
+    development or test machine that race is rare, and the start then fails loudly."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_group(process: subprocess.Popen, *, timeout: float = 10.0) -> None:
+    """SIGTERM to the process's group, then SIGKILL to whatever of the group is left after `timeout`."""
+    stop_groups({"": process}, grace=timeout)
+
+
+def stop_groups(processes: Mapping[str, subprocess.Popen], *, grace: float,
+                say: Callable[[str], None] = lambda line: None) -> None:
+    """SIGTERM the group of each process, wait up to `grace` in all, then SIGKILL what is left of
+    every group (even after a clean exit of the leader, a child that ignored SIGTERM may be there)."""
+    for process in processes.values():
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for name, process in processes.items():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"{name} did not stop in {grace:.0f}s; killing it")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, so nothing keeps serving (or
+    holding the port) after a SIGKILL of the process that started it. For `preexec_fn`."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
