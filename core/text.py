@@ -14,6 +14,10 @@ import re
 
 from django.core.exceptions import ValidationError
 
+# Chinese, Japanese and Korean characters (CJK radicals to unified ideographs, Hangul syllables,
+# compatibility ideographs): written without spaces, each about one token.
+CJK_RANGES = r"\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff"
+
 # One pass in C over the text; a typical question costs well under a microsecond.
 _REFUSED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 

@@ -8,7 +8,9 @@ and disappears next to CJK characters, which are written without spaces.
 import re
 import unicodedata
 
-_CJK = r"\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff"
+from core.text import CJK_RANGES
+
+_CJK = CJK_RANGES
 _SPACE_NEAR_CJK = re.compile(rf"(?<=[{_CJK}]) | (?=[{_CJK}])")
 _SPACES = re.compile(r"\s+")
 

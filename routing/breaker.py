@@ -112,19 +112,25 @@ async def success(endpoint: str) -> None:
         logger.warning("breaker unavailable", exc_info=True)
 
 
+# One failure, atomically: two processes failing at once cannot both read "not open yet" and lose
+# a count, and one round trip instead of five. A failed probe re-opens for a fresh cool-down.
+_FAILURE = """
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+if failures >= tonumber(ARGV[1]) or redis.call('HGET', KEYS[1], 'state') == 'open' then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', ARGV[2])
+  redis.call('DEL', KEYS[2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return failures
+"""
+
+
 async def failure(endpoint: str) -> None:
     _clean_until.pop(endpoint, None)
     _dirty.add(endpoint)
     key, probe = _keys(endpoint)
     try:
-        client = _redis()
-        failures = await client.hincrby(key, "failures", 1)
-        current = await client.hget(key, "state")
-        if failures >= settings.ROUTING_BREAKER_FAILURES or current == b"open":
-            # A failed probe re-opens for a fresh cool-down.
-            await client.hset(key, mapping={"state": "open", "opened_at": repr(time.time())})
-            await client.delete(probe)
-        await client.expire(key, _TTL)
+        await _redis().eval(_FAILURE, 2, key, probe, settings.ROUTING_BREAKER_FAILURES, repr(time.time()), _TTL)
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable", exc_info=True)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import re
 
+from core.text import CJK_RANGES
 from knowledge.selectors import ContextPassage
 
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_CJK = re.compile(f"[{CJK_RANGES}]")
 _MESSAGE_OVERHEAD = 4  # role markers and separators of a chat template
 
 
