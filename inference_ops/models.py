@@ -153,6 +153,8 @@ class EngineProcess(models.Model):
     restarts_in_window = models.PositiveIntegerField(default=0)
     restart_window_started_at = models.DateTimeField(null=True, blank=True)
     next_restart_at = models.DateTimeField(null=True, blank=True)
+    # Set when the budget is spent: the engine stays down for an operator, whatever the window.
+    restart_budget_spent = models.BooleanField(default=False)
     failed_checks = models.PositiveIntegerField(default=0)
     last_check_at = models.DateTimeField(null=True, blank=True)
     last_check_ok = models.BooleanField(null=True, blank=True)

@@ -320,7 +320,8 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             _transition(engine, Status.STOPPED, refused, pid=None, desired_state=EngineProcess.Desired.STOPPED,
                         next_restart_at=None)
         else:
-            _transition(engine, Status.STARTING, reason, pid=None, started_at=timezone.now(), failed_checks=0)
+            _transition(engine, Status.STARTING, reason, pid=None, started_at=timezone.now(), failed_checks=0,
+                        restart_budget_spent=False)
     if refused:
         raise EngineStartRefused(f"{engine.name}: {refused}")
 
@@ -405,7 +406,7 @@ def engine_check(*, engine_id: int) -> str | None:
     if engine.status == Status.RESTARTING:
         return "restart" if engine.next_restart_at and now >= engine.next_restart_at else None
     if engine.status in (Status.CRASHED, Status.STOPPED):
-        if engine.next_restart_at is None and engine.status_reason.find("budget exhausted") < 0:
+        if engine.next_restart_at is None and not engine.restart_budget_spent:
             return _schedule_restart(engine, engine.status_reason or "not running")
         return None
 
@@ -462,7 +463,7 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         _transition(
             engine, Status.CRASHED,
             f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): restart it by hand",
-            pid=None, next_restart_at=None,
+            pid=None, next_restart_at=None, restart_budget_spent=True,
         )
         return None
     delay = min(settings.ENGINE_BACKOFF_BASE * (2**restarts), settings.ENGINE_BACKOFF_MAX)

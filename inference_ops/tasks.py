@@ -63,10 +63,9 @@ def engine_check_task(engine_id: int) -> str | None:
 @shared_task(name="inference_ops.tasks.engines_check_all", soft_time_limit=30, time_limit=60)
 def engines_check_all() -> int:
     """Beat, every few seconds: one check per engine that should run, on the engine's own queue."""
-    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).values_list("pk", "host")
-    for engine_id, host in engines:
-        engine_check_task.apply_async((engine_id,), queue=f"ops.{host}" if host else "ops",
-                                      expires=30)
+    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).only("pk", "host")
+    for engine in engines:
+        engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
     return len(engines)
 
 
