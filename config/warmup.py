@@ -82,7 +82,7 @@ def _embedder() -> str:
 
     from knowledge.embeddings import embed_texts, embedder_for
     from knowledge.selectors import serving_model
-    from knowledge.services import spec_of
+    from knowledge.embeddings import spec_of
 
     try:
         model = serving_model()

@@ -15,6 +15,7 @@ from knowledge.exceptions import EntryInvalid
 from knowledge.importing import detect_format, kb_import
 from knowledge.models import EmbeddingModel, Entry, Miss, PassageVector, Phrasing
 from knowledge.selectors import context_passages, direct_answer, serving_model
+from knowledge.tasks import entry_embed_task, kb_reembed_task
 
 
 class CommaField(forms.CharField):
@@ -126,16 +127,12 @@ class EntryAdmin(admin.ModelAdmin):
 
     @admin.action(description="Re-embed selected entries (in the background)")
     def reembed_selected(self, request, queryset):
-        from knowledge.tasks import entry_embed_task
-
         for entry_id, version in queryset.values_list("pk", "version"):
             entry_embed_task.delay(entry_id, version)
         self.message_user(request, f"{queryset.count()} entries queued for embedding.")
 
     @admin.action(description="Re-embed the whole KB with the configured model (in the background)")
     def reembed_everything(self, request, queryset):
-        from knowledge.tasks import kb_reembed_task
-
         kb_reembed_task.delay()
         self.message_user(
             request,

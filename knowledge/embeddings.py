@@ -41,6 +41,12 @@ class EmbeddingSpec:
     api_key_env: str = ""
 
 
+def spec_of(model) -> EmbeddingSpec:
+    """The spec of an `EmbeddingModel` row (read by attribute: this module imports no model)."""
+    return EmbeddingSpec(name=model.name, backend=model.backend, dimensions=model.dimensions,
+                         base_url=model.base_url, api_key_env=model.api_key_env)
+
+
 class LocalEmbedder:
     """sentence-transformers in process. The model loads once; with KB_EMBEDDING_RUNTIME=onnx
     (the default) its exported graph runs under ONNX Runtime, else PyTorch runs it. Once one

@@ -10,10 +10,9 @@ from django.db import connection
 
 from core import db
 from core import rawsql
-from knowledge.embeddings import aembed_query, embed_query, vector_literal
+from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize
-from knowledge.services import spec_of
 
 # How long a process trusts its idea of the serving model. A model switch reaches
 # every process within this time; until then the old vectors (still present) serve.

@@ -6,15 +6,19 @@ import re
 from collections.abc import Iterable
 
 import numpy as np
+from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from core.text import text_problem
-from knowledge.embeddings import EmbeddingSpec, embed_texts
+from knowledge.embeddings import EmbeddingSpec, embed_texts, spec_of
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.normalize import normalize
+
+# The task that embeds an entry after a write (knowledge.tasks defines it under this name).
+ENTRY_EMBED_TASK = "knowledge.tasks.entry_embed"
 
 TEXT_FIELDS = ("kind", "question", "aliases", "answer")
 EDITABLE_FIELDS = (*TEXT_FIELDS, "tags", "active", "threshold")
@@ -29,16 +33,6 @@ def configured_spec() -> EmbeddingSpec:
         dimensions=settings.KB_EMBEDDING_DIMENSIONS,
         base_url=settings.KB_EMBEDDING_BASE_URL or "",
         api_key_env=settings.KB_EMBEDDING_API_KEY_ENV or "",
-    )
-
-
-def spec_of(model: EmbeddingModel) -> EmbeddingSpec:
-    return EmbeddingSpec(
-        name=model.name,
-        backend=model.backend,
-        dimensions=model.dimensions,
-        base_url=model.base_url,
-        api_key_env=model.api_key_env,
     )
 
 
@@ -313,10 +307,9 @@ def _after_text_change(entry: Entry, embed: str) -> None:
     if embed == "sync":
         entry_embed(entry_id=entry.pk, version=entry.version)
     elif embed == "async":
-        from knowledge.tasks import entry_embed_task
-
+        # By name: knowledge.tasks calls these services, so they do not import it back.
         entry_id, version = entry.pk, entry.version
-        transaction.on_commit(lambda: entry_embed_task.delay(entry_id, version))
+        transaction.on_commit(lambda: current_app.send_task(ENTRY_EMBED_TASK, args=(entry_id, version)))
 
 
 def entry_embed(*, entry_id: int, version: int | None = None) -> bool:

@@ -3,10 +3,11 @@ import time
 from celery import shared_task
 
 from knowledge.exceptions import EmbeddingError
+from knowledge.services import ENTRY_EMBED_TASK, entry_embed, kb_reembed, misses_group
 
 
 @shared_task(
-    name="knowledge.tasks.entry_embed",
+    name=ENTRY_EMBED_TASK,
     autoretry_for=(EmbeddingError, ConnectionError),
     retry_backoff=5,
     retry_backoff_max=300,
@@ -14,16 +15,12 @@ from knowledge.exceptions import EmbeddingError
 )
 def entry_embed_task(entry_id: int, version: int) -> bool:
     """Embed one entry; a task for a deleted or since-edited entry does nothing."""
-    from knowledge.services import entry_embed
-
     return entry_embed(entry_id=entry_id, version=version)
 
 
 @shared_task(name="knowledge.tasks.kb_reembed", soft_time_limit=3600, time_limit=3700)
 def kb_reembed_task() -> str:
     """Re-embed the whole KB with the configured model, then switch serving to it."""
-    from knowledge.services import kb_reembed
-
     return kb_reembed().name
 
 
@@ -32,8 +29,6 @@ def kb_reembed_task() -> str:
 @shared_task(name="knowledge.tasks.misses_group", soft_time_limit=45, time_limit=55)
 def misses_group_task(limit: int = 1000, budget: float = 30.0) -> int:
     """Group the KB misses written since the last run (beat); safe to run twice at once."""
-    from knowledge.services import misses_group
-
     deadline = time.monotonic() + budget
     grouped = 0
     while True:

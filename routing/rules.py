@@ -24,7 +24,9 @@ from core import db
 from core.flight import SingleFlight
 from inference_ops.client import EndpointConfig
 from inference_ops.models import ModelEndpoint
+from knowledge.embeddings import embed_texts, spec_of
 from knowledge.normalize import normalize
+from knowledge.selectors import aquery_vector, serving_model
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
 
@@ -234,10 +236,6 @@ def _target(t: RouteTarget) -> Target:
 def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
     if not examples:
         return ()
-    from knowledge.embeddings import embed_texts
-    from knowledge.selectors import serving_model
-    from knowledge.services import spec_of
-
     model = serving_model()
     if model is None:
         return ()
@@ -384,7 +382,5 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
 
 async def query_vector(text: str) -> tuple[float, ...] | None:
     """The question's embedding with the KB's serving model (from the query cache when seen)."""
-    from knowledge.selectors import aquery_vector
-
     found = await aquery_vector(text)
     return found[1] if found else None

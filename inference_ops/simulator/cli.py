@@ -11,46 +11,9 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from .config import DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # vLLM's own default model
-FAULTS = ("connect-close", "before-first-token", "mid-stream", "500", "429", "hang")
-
-
-@dataclass(frozen=True)
-class LoraModule:
-    name: str
-    path: str
-    base_model_name: str | None = None
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    model: str = DEFAULT_MODEL
-    served_model_names: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    enable_lora: bool = False
-    max_loras: int = 1
-    lora_modules: tuple[LoraModule, ...] = ()
-    ttft: float = 0.05  # seconds
-    itl: float = 0.02  # seconds
-    startup_duration: float = 0.0  # seconds
-    failure_injection_rate: float = 0.0
-    mode: str = "random"
-    seed: int | None = None
-    embedding_dim: int = 0
-    allow_runtime_lora_updating: bool = False
-    ignored_args: tuple[str, ...] = field(default=())
-
-    @property
-    def primary_name(self) -> str:
-        return self.served_model_names[0] if self.served_model_names else self.model
-
 
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
     environ = os.environ if environ is None else environ

@@ -11,7 +11,7 @@ import uuid
 
 from aiohttp import web
 
-from .cli import FAULTS, LoraModule, SimConfig
+from .config import FAULTS, LoraModule, SimConfig
 from . import embeddings as sim_embeddings
 from .engine import Engine, Sequence
 from .generation import plan_output

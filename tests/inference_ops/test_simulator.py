@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from core.processes import free_port
-from inference_ops.simulator.cli import DEFAULT_MODEL, LoraModule, parse_args
+from inference_ops.simulator.cli import parse_args
+from inference_ops.simulator.config import DEFAULT_MODEL, LoraModule
 
 from .simulator_process import REPO, RunningSimulator, launch_simulator, start_simulator
 

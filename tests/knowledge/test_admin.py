@@ -4,7 +4,7 @@ from knowledge.embeddings import embed_query
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model
-from knowledge.services import spec_of
+from knowledge.embeddings import spec_of
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,8 @@ from benchmarks import kb, kb_data, servers, stack, stats
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.services import embedding_model_ensure, embedding_model_index_ensure, missing_vectors_embed, spec_of
+from knowledge.embeddings import spec_of
+from knowledge.services import embedding_model_ensure, embedding_model_index_ensure, missing_vectors_embed
 
 TARGETS = (
     # (class, where, concurrency, p50 limit in ms)
