@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-DEFAULT_MATCH = r"daphne|celery|config\.devserver"
+DEFAULT_MATCH = r"daphne|celery|devtools\.devserver"
 # Engines started by the gateway (make run's local engine, the supervisor's vLLM) are
 # descendants of its processes but not its own work: they get their own kind.
 KINDS = (
