@@ -1,5 +1,7 @@
 """Operations in the admin: endpoints, engines (status, health, metrics, log tail, start/stop/restart), adapters."""
 
+import functools
+
 from django.contrib import admin, messages
 from django.db import transaction
 from django.utils.html import format_html
@@ -144,19 +146,21 @@ class LoraAdapterAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
     readonly_fields = ["state", "error"]
     actions = ["load", "unload"]
 
-    def _each(self, request, queryset, operation, verb):
+    def _queue(self, request, queryset, action: str):
+        """The engine is called from its own host's queue, not from this request: a load can take
+        many seconds, and only that host is sure to reach the engine."""
         for adapter in queryset.select_related("engine"):
-            try:
-                operation(adapter=adapter)
-            except SupervisorError as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-            else:
-                self.message_user(request, f"{adapter.name}: {verb}.")
+            if action == "load" and (refusal := supervisor.adapter_load_refusal(adapter)):
+                self.message_user(request, refusal, messages.ERROR)
+                continue
+            transaction.on_commit(functools.partial(tasks.adapter_enqueue, action, adapter))
+            self.message_user(request, f"{adapter.name}: {action} queued on {adapter.engine.queue}; its state and "
+                                       "error show the engine's answer.")
 
-    @admin.action(description="Load selected adapters now (runtime)", permissions=["operate"])
+    @admin.action(description="Load selected adapters (runtime, on the engine's host)", permissions=["operate"])
     def load(self, request, queryset):
-        self._each(request, queryset, supervisor.adapter_load, "loaded")
+        self._queue(request, queryset, "load")
 
-    @admin.action(description="Unload selected adapters now (runtime)", permissions=["operate"])
+    @admin.action(description="Unload selected adapters (runtime, on the engine's host)", permissions=["operate"])
     def unload(self, request, queryset):
-        self._each(request, queryset, supervisor.adapter_unload, "unloaded")
+        self._queue(request, queryset, "unload")

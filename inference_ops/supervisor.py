@@ -498,11 +498,19 @@ def _error_text(status: int, body: str) -> str:
     return f"HTTP {status}: {message}"[:1000]
 
 
+def adapter_load_refusal(adapter: LoraAdapter) -> str | None:
+    """Why the row's engine cannot load adapters at run time, or None: checked before anything is sent."""
+    if not adapter.engine.runtime_lora_updating:
+        return f"{adapter.engine.name} does not allow runtime LoRA updates; enable it and restart"
+    return None
+
+
 def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
-    """POST /v1/load_lora_adapter; the adapter row keeps the engine's error message if it fails."""
+    """POST /v1/load_lora_adapter; the adapter row keeps the engine's error message if it fails.
+    On the engine's host (its queue's worker), where `engine.base_url` reaches it."""
     engine = adapter.engine
-    if not engine.runtime_lora_updating:
-        raise SupervisorError(f"{engine.name} does not allow runtime LoRA updates; enable it and restart")
+    if refusal := adapter_load_refusal(adapter):
+        raise SupervisorError(refusal)
     try:
         status, body = _post(f"{engine.base_url}/v1/load_lora_adapter",
                              {"lora_name": adapter.name, "lora_path": adapter.path})

@@ -7,7 +7,7 @@ from celery import shared_task
 
 from inference_ops import supervisor
 from inference_ops.exceptions import SupervisorError
-from inference_ops.models import EngineProcess
+from inference_ops.models import EngineProcess, LoraAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,36 @@ def engines_suspect(endpoint_id: int) -> int:
         engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
         sent += 1
     return sent
+
+
+@shared_task(name="inference_ops.tasks.adapter_load", soft_time_limit=60, time_limit=90)
+def adapter_load_task(adapter_id: int) -> str:
+    """Load a runtime adapter, on the engine's host; the row keeps the engine's answer."""
+    return _adapter(adapter_id, supervisor.adapter_load, "loaded")
+
+
+@shared_task(name="inference_ops.tasks.adapter_unload", soft_time_limit=60, time_limit=90)
+def adapter_unload_task(adapter_id: int) -> str:
+    return _adapter(adapter_id, supervisor.adapter_unload, "unloaded")
+
+
+def _adapter(adapter_id: int, operation, done: str) -> str:
+    adapter = LoraAdapter.objects.select_related("engine").filter(pk=adapter_id).first()
+    if adapter is None:
+        return "gone"
+    try:
+        operation(adapter=adapter)
+    except SupervisorError as exc:
+        logger.warning("%s", exc)
+        return f"failed: {exc}"
+    return done
+
+
+def adapter_enqueue(action: str, adapter: LoraAdapter) -> None:
+    """Send load/unload to the adapter's engine host (used by the admin, after commit): the call
+    to the engine is made where the engine runs, not in the web request."""
+    task = {"load": adapter_load_task, "unload": adapter_unload_task}[action]
+    task.apply_async((adapter.pk,), queue=adapter.engine.queue)
 
 
 def enqueue(action: str, engine: EngineProcess, reason: str | None = None) -> None:
