@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -222,20 +223,18 @@ _GAUGES = {
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The few gauges routing needs, summed over labels, from Prometheus text."""
+    """The few gauges routing needs, summed over labels, from Prometheus text (prometheus_client's
+    parser: labels with spaces, escapes and sample timestamps read right). What precedes a line the
+    parser cannot read is kept."""
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = _GAUGES.get(name)
-        if key is None:
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        found[key] = found.get(key, 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = _GAUGES.get(sample.name)
+                if key is not None:
+                    found[key] = found.get(key, 0.0) + sample.value
+    except ValueError as exc:
+        logger.warning("unreadable engine metrics (%s); keeping the gauges read before it", exc)
     return found
 
 

@@ -111,6 +111,14 @@ def test_metrics_of_vllm_and_llama_cpp_map_to_the_same_gauges():
     assert supervisor.parse_metrics(llama) == {"running": 2.0, "waiting": 0.0, "kv_cache_usage": 0.5}
 
 
+def test_metrics_with_timestamps_and_labels_holding_spaces_are_read_right():
+    """Hand-parsed, the timestamp was taken for the value and a label with a space cut the line."""
+    text = ('vllm:num_requests_running{model_name="a b"} 3 1764600000000\n'
+            'vllm:num_requests_waiting{model_name="a b",note="x } y"} 1.0\n')
+    assert supervisor.parse_metrics(text) == {"running": 3.0, "waiting": 1.0}
+    assert supervisor.parse_metrics(text + "this is not a metric {\n") == {"running": 3.0, "waiting": 1.0}
+
+
 # --- start and stop ------------------------------------------------------------------------------------------
 
 
