@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -216,6 +217,6 @@ class ApiKeyDetailView(APIView):
     def delete(self, request, pk):
         key = ApiKey.objects.filter(pk=pk, user=request.user).first()
         if key is None:
-            return Response({"error": {"code": "not_found", "message": f"No API key {pk}."}}, status=404)
+            raise NotFound(f"No API key {pk}.")  # the error shape comes from core.errors, as everywhere
         services.apikey_revoke(key=key)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -144,7 +144,10 @@ def test_users_create_list_and_revoke_their_keys_and_see_the_key_once(api, bob_a
     assert ApiKey.objects.get().last_used_at is not None
     assert bearer.post("/api/keys/", {"name": "minted"}, format="json").status_code == 403  # keys cannot mint keys
 
-    assert bob_api.delete(f"/api/keys/{listing[0]['id']}/").status_code == 404
+    foreign = bob_api.delete(f"/api/keys/{listing[0]['id']}/")
+    assert foreign.status_code == 404
+    assert foreign.json() == {"error": {"code": "not_found", "message": f"No API key {listing[0]['id']}.",
+                                        "fields": {}}}
     assert api.delete(f"/api/keys/{listing[0]['id']}/").status_code == 204
     assert bearer.get("/api/chat/sessions/").status_code == 401
 

@@ -9,20 +9,10 @@ window.GatewayApi = (function () {
     return match ? decodeURIComponent(match[1]) : fallback;
   }
 
-  // The server's errors come as {"error": {"message"}}, DRF's {"detail"} or {field: [messages]}.
+  // Every API error comes as {"error": {"code", "message", "fields"}} (core.errors), the message
+  // already naming the fields; anything else (a proxy's page, a crash) by its status.
   function errorMessage(data, response) {
-    if (data && typeof data === "object") {
-      if (data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
-      if (typeof data.error === "string") return data.error;
-      if (data.detail) return String(data.detail);
-      var parts = [];
-      Object.keys(data).forEach(function (field) {
-        var value = data[field];
-        var text = Array.isArray(value) ? value.join(" ") : String(value);
-        parts.push(field === "non_field_errors" ? text : field + ": " + text);
-      });
-      if (parts.length) return parts.join(" ");
-    }
+    if (data && data.error && typeof data.error === "object" && data.error.message) return String(data.error.message);
     return "The server answered " + response.status + " " + (response.statusText || "") + ".";
   }
 
