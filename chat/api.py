@@ -152,11 +152,11 @@ class MessageStreamView(APIView):
         data = SendSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         # Validate and count before the stream starts, so bad input is a plain 4xx, not an event.
-        services.message_validate(data.validated_data["content"])
+        content = services.message_validate(data.validated_data["content"])
         services.rate_limit_hit(user_id=request.user.pk)
-        turn = run_turn(user=request.user, content=data.validated_data["content"], session_id=pk,
+        turn = run_turn(user=request.user, content=content, session_id=pk,
                         client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
-                        temperature=data.validated_data.get("temperature"), rate_limited=True)
+                        temperature=data.validated_data.get("temperature"), admitted=True)
         response = StreamingHttpResponse(_sse(turn), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

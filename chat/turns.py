@@ -39,19 +39,21 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                    source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
                    temperature: float | None = None, history: list[dict] | None = None,
                    groups: frozenset[str] | None = None, system: str = "",
-                   rate_limited: bool = False) -> AsyncIterator[pipeline.Event]:
+                   admitted: bool = False) -> AsyncIterator[pipeline.Event]:
     """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
-    `rate_limited=True`: the caller already counted this question against the user's limit.
+    `admitted=True`: the caller already validated `content` (`services.message_validate`, whose
+    result it passes) and counted the question against the user's limit.
 
     With `history` and `groups` given (the /v1 API: the client sends the conversation, the key
     lookup brought the user's groups), the answer needs nothing from the turn's rows, so it
     starts while they are written: the KB check or the engine's first token does not wait for
     the statement, which under load waits its turn on a busy event loop."""
-    content = services.message_validate(content)
+    if not admitted:
+        content = services.message_validate(content)
 
     # The turn's start: the rate limit (one Redis round trip, on the loop) and one statement (on
     # the loop inside core.db.unbound, as /v1 and the socket run; in the request's thread elsewhere).
-    if not rate_limited:
+    if not admitted:
         await services.arate_limit_hit(user_id=user.pk)
     starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
                                     history=history)
