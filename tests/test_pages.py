@@ -45,3 +45,22 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
     call_command("seed_demo")
     assert "demo knowledge base" not in capsys.readouterr().out
     assert Entry.objects.get(question="What is LoRA?").answer == "edited by a curator"
+
+
+def test_collected_chat_modules_import_each_other_by_their_hashed_names(child_env, tmp_path):
+    """Django hashes the entry point the template names; each import inside it must name a hashed
+    file too, or a browser could pair a new boot.js with an old module cached from the last deploy."""
+    import re
+    import subprocess
+    import sys
+
+    from config.settings import BASE_DIR
+
+    env = {**child_env, "DEBUG": "false", "SECRET_KEY": "x" * 50, "STATIC_ROOT": str(tmp_path)}
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
+                   check=True, timeout=120)
+    modules = tmp_path / "chat" / "chat"
+    (boot,) = [p for p in modules.glob("boot.*.js") if not p.name.endswith((".gz", ".br"))]
+    imports = re.findall(r'from\s+"(\./[^"]+)"', boot.read_text())
+    assert imports and all(re.fullmatch(r"\./\w+\.[0-9a-f]{12}\.js", name) for name in imports), imports
+    assert all((modules / name[2:]).exists() for name in imports)

@@ -1,0 +1,116 @@
+/* What every part of the chat page shares: its DOM handles, config and state, the REST
+ * helper, the banner, the connection status and the Send/Stop buttons. */
+
+export var app = document.getElementById("app");
+export var markdown = window.GatewayMarkdown;
+
+function byId(id) { return document.getElementById(id); }
+
+export var ui = {
+  sidebar: byId("sidebar"),
+  toggle: byId("sessions-toggle"),
+  backdrop: byId("backdrop"),
+  newChat: byId("new-chat"),
+  sessions: byId("sessions"),
+  sessionsEmpty: byId("sessions-empty"),
+  sessionsMore: byId("sessions-more"),
+  connection: byId("connection"),
+  title: byId("conversation-title"),
+  banner: byId("banner"),
+  thread: byId("thread"),
+  welcome: byId("welcome"),
+  messages: byId("messages"),
+  form: byId("composer-form"),
+  composer: byId("composer"),
+  send: byId("send"),
+  stop: byId("stop"),
+};
+
+var dataset = app ? app.dataset : {};
+export var config = {
+  wsPath: dataset.wsPath,
+  sessionsUrl: dataset.sessionsUrl,
+  loginUrl: dataset.loginUrl,
+  csrfToken: dataset.csrfToken,
+};
+
+export var state = {
+  sessionId: null, // the session on screen; null for a new chat not yet sent
+  view: 0, // bumped whenever the screen switches sessions, to drop late responses
+  sessions: new Map(), // id -> {id, title, ...}
+  sessionsNext: null,
+  socket: null,
+  everOpened: false,
+  reconnectAttempt: 0,
+  reconnectTimer: null,
+  signedOut: false,
+  generation: null, // {el, text, view, sessionId, messageId, stopping, frame}
+  composing: false,
+  pollTimer: null,
+};
+
+// --- REST ---------------------------------------------------------------------------
+
+function isSignedOutResponse(status, data) {
+  if (status === 401) return true;
+  if (status !== 403 || !data) return false;
+  var code = (data.error && data.error.code) || data.code || "";
+  var detail = String(data.detail || (data.error && data.error.message) || "");
+  return code === "not_authenticated" || /credentials were not provided|not authenticated/i.test(detail);
+}
+
+export function api(method, url, body) {
+  return window.GatewayApi.request(method, url, body, {
+    csrfToken: config.csrfToken,
+    onFailure: function (status, data) {
+      if (isSignedOutResponse(status, data)) showSignedOut();
+    },
+  });
+}
+
+export function sessionUrl(id) { return config.sessionsUrl + encodeURIComponent(id) + "/"; }
+
+// --- Banner, connection status, controls ----------------------------------------------
+
+export function showBanner(text, kind) {
+  ui.banner.textContent = text;
+  ui.banner.dataset.kind = kind || "";
+  ui.banner.hidden = false;
+}
+
+export function hideBanner() {
+  ui.banner.hidden = true;
+  ui.banner.textContent = "";
+}
+
+export function showSignedOut() {
+  if (state.signedOut) return;
+  state.signedOut = true;
+  clearTimeout(state.reconnectTimer);
+  ui.banner.textContent = "You are signed out. ";
+  var link = document.createElement("a");
+  link.href = config.loginUrl + "?next=" + encodeURIComponent(location.pathname + location.search);
+  link.textContent = "Sign in again";
+  ui.banner.appendChild(link);
+  ui.banner.hidden = false;
+  setConnection("closed", "Signed out");
+  updateControls();
+}
+
+export function setConnection(kind, text) {
+  ui.connection.dataset.state = kind;
+  ui.connection.textContent = text;
+}
+
+export function socketOpen() {
+  return state.socket !== null && state.socket.readyState === WebSocket.OPEN;
+}
+
+export function updateControls() {
+  var generation = state.generation;
+  ui.send.hidden = !!generation;
+  ui.stop.hidden = !generation;
+  ui.stop.disabled = !!(generation && generation.stopping);
+  ui.stop.textContent = generation && generation.stopping ? "Stopping…" : "Stop";
+  ui.send.disabled = !socketOpen() || state.signedOut;
+}

@@ -1,0 +1,163 @@
+/* The one WebSocket: connecting, reconnecting with backoff, and the frames of an answer.
+ * The socket carries one generation at a time. When it drops, the page reconnects and
+ * reloads the open session from the database, so a finished (or stopped) answer is shown
+ * as the server stored it. */
+
+import {
+  api, config, hideBanner, setConnection, showBanner, showSignedOut, socketOpen, state, ui, updateControls,
+} from "./page.js";
+import { loadMessages, loadSessions, refreshCurrent, setUrl, upsertSession } from "./sessions.js";
+import { endGeneration, flushGeneration, scheduleRender, setCitations, setRoute, setStatus, setTimings } from "./thread.js";
+
+var RECONNECT_BASE_MS = 500;
+var RECONNECT_MAX_MS = 15000;
+
+function socketUrl() {
+  return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + config.wsPath;
+}
+
+export function connect() {
+  clearTimeout(state.reconnectTimer);
+  if (state.signedOut || state.socket) return;
+  setConnection("connecting", state.everOpened ? "Reconnecting…" : "Connecting…");
+  var socket = new WebSocket(socketUrl());
+  var opened = false;
+  state.socket = socket;
+  socket.addEventListener("open", function () {
+    if (socket !== state.socket) return;
+    opened = true;
+    state.reconnectAttempt = 0;
+    setConnection("open", "Connected");
+    if (ui.banner.dataset.kind === "connection") hideBanner();
+    var reconnected = state.everOpened;
+    state.everOpened = true;
+    updateControls();
+    if (reconnected) afterReconnect();
+  });
+  socket.addEventListener("message", function (event) {
+    if (socket !== state.socket) return;
+    var frame;
+    try {
+      frame = JSON.parse(event.data);
+    } catch (err) {
+      return;
+    }
+    if (frame && typeof frame === "object") handleFrame(frame);
+  });
+  socket.addEventListener("close", function (event) {
+    if (socket !== state.socket) return;
+    state.socket = null;
+    connectionLost(event.code, opened);
+  });
+}
+
+function connectionLost(code, opened) {
+  var generation = state.generation;
+  if (generation) {
+    flushGeneration();
+    setStatus(generation.el, "streaming", "Connection lost. The answer is shown once the page reconnects.");
+    endGeneration();
+  }
+  updateControls();
+  if (code === 4401) {
+    showSignedOut();
+    return;
+  }
+  if (!opened) {
+    // A refused handshake looks like any network failure to the page (code 1006):
+    // ask the API whether the session is still signed in before retrying.
+    api("GET", config.sessionsUrl + "?page_size=1").then(scheduleReconnect, function (err) {
+      if (!state.signedOut) scheduleReconnect();
+    });
+    return;
+  }
+  scheduleReconnect();
+}
+
+function scheduleReconnect() {
+  if (state.signedOut) return;
+  clearTimeout(state.reconnectTimer);
+  var delay = Math.min(RECONNECT_MAX_MS, RECONNECT_BASE_MS * Math.pow(2, state.reconnectAttempt));
+  delay = Math.round(delay * (0.75 + Math.random() * 0.5)); // jitter: tabs do not reconnect in step
+  state.reconnectAttempt++;
+  setConnection("closed", "Disconnected, retrying in " + Math.max(1, Math.round(delay / 1000)) + " s");
+  state.reconnectTimer = setTimeout(connect, delay);
+}
+
+function afterReconnect() {
+  // Whatever was streaming when the socket dropped has ended or goes on without
+  // this page: show what the database holds.
+  if (state.sessionId !== null) loadMessages(state.sessionId, state.view, 0);
+  loadSessions();
+}
+
+export function sendFrame(frame) {
+  if (!socketOpen()) return false;
+  state.socket.send(JSON.stringify(frame));
+  return true;
+}
+
+// --- Frames ---------------------------------------------------------------------------
+
+function handleFrame(frame) {
+  var generation = state.generation;
+  switch (frame.type) {
+    case "session":
+      upsertSession({ id: frame.id, title: frame.title }, true);
+      if (!generation) return;
+      generation.sessionId = frame.id;
+      if (frame.message_id !== undefined && frame.message_id !== null) {
+        generation.messageId = frame.message_id;
+        generation.el.dataset.messageId = frame.message_id;
+      }
+      if (generation.view === state.view && state.sessionId === null) {
+        state.sessionId = frame.id;
+        setUrl(frame.id, true);
+        refreshCurrent();
+      }
+      return;
+    case "route":
+      if (!generation) return;
+      if (frame.message_id !== undefined && frame.message_id !== null) {
+        generation.messageId = frame.message_id;
+        generation.el.dataset.messageId = frame.message_id;
+      }
+      setRoute(generation.el, frame.road, frame.target);
+      return;
+    case "token":
+      if (!generation) return;
+      generation.text += frame.text || "";
+      scheduleRender();
+      return;
+    case "done":
+      if (!generation) return;
+      setRoute(generation.el, frame.road, frame.target);
+      var usage = frame.usage || {};
+      setTimings(generation.el, frame.ttft_ms, frame.latency_ms, usage.completion_tokens);
+      setCitations(generation.el, frame.citations);
+      flushGeneration();
+      setStatus(generation.el, frame.status || "complete");
+      endGeneration();
+      return;
+    case "error":
+      handleError(frame);
+      return;
+    default:
+      return;
+  }
+}
+
+function handleError(frame) {
+  var generation = state.generation;
+  var message = frame.message || frame.code || "Something went wrong.";
+  if (frame.code === "busy" || !generation) {
+    // Not about the answer on screen (or no answer is running): say it above the thread.
+    showBanner(message);
+    return;
+  }
+  var status = frame.status || (generation.text ? "partial" : "failed");
+  if (frame.code === "cancelled") status = "cancelled";
+  flushGeneration();
+  setStatus(generation.el, status, message);
+  endGeneration();
+}

@@ -1,0 +1,194 @@
+/* The thread: message elements built from stored messages or live frames, and the
+ * throttled rendering of the answer being streamed (state.generation).
+ * Text from the server only ever reaches the page through textContent or
+ * GatewayMarkdown.render, whose HTML is sanitized to an allow-list (markdown.js). */
+
+import { markdown, state, ui, updateControls } from "./page.js";
+
+var ROADS = { kb: "KB", local: "local", external: "external" };
+
+// --- Messages -----------------------------------------------------------------------
+
+export function element(tag, className, text) {
+  var node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = text;
+  return node;
+}
+
+export function nearBottom() {
+  return ui.thread.scrollHeight - ui.thread.scrollTop - ui.thread.clientHeight < 80;
+}
+
+export function scrollToBottom() {
+  ui.thread.scrollTop = ui.thread.scrollHeight;
+}
+
+export function userElement(text, id) {
+  var li = element("li", "message user");
+  if (id) li.dataset.messageId = id;
+  li.appendChild(element("div", "bubble", text));
+  return li;
+}
+
+export function assistantElement() {
+  var li = element("li", "message assistant");
+  li.dataset.status = "streaming";
+  li.setAttribute("aria-busy", "true");
+  var meta = element("div", "meta");
+  var bubble = element("div", "bubble markdown");
+  var citations = element("div", "citations");
+  citations.hidden = true;
+  var note = element("p", "status-note");
+  note.hidden = true;
+  li.append(meta, bubble, citations, note);
+  return li;
+}
+
+function part(li, selector) { return li.querySelector(selector); }
+
+export function setRoute(li, road, target) {
+  var meta = part(li, ".meta");
+  var badge = part(meta, ".badge");
+  if (road) {
+    if (!badge) {
+      badge = element("span", "badge");
+      meta.prepend(badge);
+    }
+    badge.dataset.road = road;
+    badge.textContent = ROADS[road] || road;
+    badge.title = "Answered by the " + (road === "kb" ? "knowledge base" : road + " model");
+  }
+  if (target) {
+    var targetEl = part(meta, ".target") || meta.appendChild(element("span", "target"));
+    targetEl.textContent = target;
+  }
+}
+
+function milliseconds(value) {
+  if (value === null || value === undefined || isNaN(value)) return null;
+  return value < 1000 ? Math.round(value) + " ms" : (value / 1000).toFixed(value < 10000 ? 2 : 1) + " s";
+}
+
+export function setTimings(li, ttft, latency, tokens) {
+  var meta = part(li, ".meta");
+  var timings = part(meta, ".timings") || meta.appendChild(element("span", "timings"));
+  var pieces = [];
+  if (milliseconds(ttft)) pieces.push("first token " + milliseconds(ttft));
+  if (milliseconds(latency)) pieces.push("total " + milliseconds(latency));
+  if (tokens) pieces.push(tokens + " tokens");
+  timings.textContent = pieces.join(" · ");
+  if (ttft !== null && ttft !== undefined) timings.dataset.ttftMs = ttft;
+  if (latency !== null && latency !== undefined) timings.dataset.latencyMs = latency;
+}
+
+export function setCitations(li, citations) {
+  var box = part(li, ".citations");
+  box.textContent = "";
+  if (!citations || !citations.length) {
+    box.hidden = true;
+    return;
+  }
+  box.appendChild(element("span", "citations-label", "Sources: "));
+  var list = element("ul");
+  citations.forEach(function (citation) {
+    var item = element("li", null, citation.label || "KB#" + citation.entry_id);
+    if (citation.entry_id !== undefined) item.dataset.entryId = citation.entry_id;
+    list.appendChild(item);
+  });
+  box.appendChild(list);
+  box.hidden = false;
+}
+
+function setContent(li, text) {
+  li._text = text;
+  // Raw HTML in the text is escaped, and the result sanitized to an allow-list (markdown.js).
+  part(li, ".bubble").innerHTML = markdown.render(text);
+}
+
+var STATUS_NOTES = {
+  cancelled: "Stopped.",
+  partial: "The answer was cut off",
+  failed: "No answer",
+};
+
+export function setStatus(li, status, message) {
+  li.dataset.status = status;
+  if (status === "streaming") {
+    li.setAttribute("aria-busy", "true");
+  } else {
+    li.removeAttribute("aria-busy");
+  }
+  var note = part(li, ".status-note");
+  var text = "";
+  if (status === "streaming") {
+    text = message || "";
+  } else if (STATUS_NOTES[status]) {
+    text = STATUS_NOTES[status];
+    if (message && status !== "cancelled") text += ": " + message;
+    if (message && status === "cancelled" && message !== "Stopped.") text = "Stopped: " + message;
+  }
+  note.textContent = text;
+  note.hidden = !text;
+  // A failed or stopped turn with no text: the note says it all.
+  part(li, ".bubble").hidden = status !== "streaming" && !li._text;
+}
+
+export function messageElement(message) {
+  if (message.role === "user") return userElement(message.content, message.id);
+  var li = assistantElement();
+  li.dataset.messageId = message.id;
+  setRoute(li, message.road, message.target);
+  setContent(li, message.content || "");
+  if (message.status !== "streaming") {
+    setTimings(li, message.ttft_ms, message.latency_ms, message.completion_tokens);
+  }
+  setCitations(li, message.citations);
+  setStatus(li, message.status || "complete", message.status === "streaming"
+    ? "Still being written…" : message.error);
+  return li;
+}
+
+// --- The answer being streamed ------------------------------------------------------
+
+function renderGeneration() {
+  var generation = state.generation;
+  if (!generation) return;
+  generation.frame = 0;
+  var stick = nearBottom();
+  var started = performance.now();
+  setContent(generation.el, generation.text);
+  generation.renderedAt = performance.now();
+  generation.renderCost = generation.renderedAt - started;
+  if (stick) scrollToBottom();
+}
+
+export function scheduleRender() {
+  var generation = state.generation;
+  if (!generation || generation.frame || generation.timer) return;
+  // Each render parses and sanitizes the whole answer again, so it costs more as the answer
+  // grows: the next one waits four times the last one's cost, which keeps rendering to about
+  // a fifth of the main thread however fast tokens come.
+  var wait = (generation.renderedAt || 0) + 4 * (generation.renderCost || 0) - performance.now();
+  if (wait > 0) {
+    generation.timer = setTimeout(function () {
+      generation.timer = 0;
+      scheduleRender();
+    }, wait);
+    return;
+  }
+  generation.frame = requestAnimationFrame(renderGeneration);
+}
+
+export function flushGeneration() {
+  var generation = state.generation;
+  if (generation.frame) cancelAnimationFrame(generation.frame);
+  if (generation.timer) clearTimeout(generation.timer);
+  generation.timer = 0;
+  renderGeneration();
+}
+
+export function endGeneration() {
+  state.generation = null;
+  updateControls();
+}
