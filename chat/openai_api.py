@@ -2,7 +2,7 @@
 
 The official `openai` SDK works unchanged with `base_url=…/v1` and an API key with the
 `chat` scope. `model: "auto"` routes by the rules (KB answers included); a model name
-from /v1/models forces that target. Every response carries X-Route, X-Route-Rule and
+from /v1/models asks for that target, where the rule that takes the question lists it. Every response carries X-Route, X-Route-Rule and
 X-Route-Target. Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 It is a bare ASGI application (config.asgi sends `/v1/` here), not a Django view: every
@@ -25,10 +25,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import orjson
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from chat import services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited
@@ -90,63 +92,102 @@ async def models(headers: dict[str, str]) -> Reply:
     return Reply(200, {"object": "list", "data": data})
 
 
-def _text(content) -> str | None:
-    """OpenAI message content: a string, or a list of parts of which we take the text ones."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        texts = [p.get("text") for p in content if p.get("type") == "text"]
-        if all(isinstance(t, str) for t in texts) and texts:
-            return "\n".join(texts)
-    return None
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: StrictStr | None = None
 
 
-def _parse(body: dict) -> dict | Reply:
-    if not isinstance(body, dict):
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[_Part]
+
+    @property
+    def text(self) -> str | None:
+        """A string, or the text parts of a list joined; None when there is no text at all."""
+        if isinstance(self.content, str):
+            return self.content
+        texts = [part.text for part in self.content if part.type == "text"]
+        return "\n".join(texts) if texts and all(isinstance(t, str) for t in texts) else None
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool = False
+
+
+_Tokens = Annotated[StrictInt, Field(ge=1, le=32768)]
+
+
+class _Body(BaseModel):
+    """What this API reads of a chat completion request; the rest of OpenAI's fields are allowed
+    and ignored. Strict types: `"5"` is no number and `true` no token count."""
+
+    model_config = ConfigDict(extra="allow")
+    model: Annotated[StrictStr, Field(min_length=1)]
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    max_tokens: _Tokens | None = None
+    max_completion_tokens: _Tokens | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    n: Literal[1] | None = None
+    stream: StrictBool = False
+    stream_options: _StreamOptions | None = None
+
+
+# The 400's message for a field the schema refused, by field: one wording per field, whatever the
+# reason (type, range, missing), naming what is accepted.
+_REFUSED = {
+    "model": '`model` is required: "auto" or a name from /v1/models.',
+    "messages": "`messages` must be a non-empty list.",
+    "max_tokens": "`max_tokens` must be a number from 1 to 32768.",
+    "max_completion_tokens": "`max_completion_tokens` must be a number from 1 to 32768.",
+    "temperature": "`temperature` must be a number from 0 to 2.",
+    "n": "Only n=1 is supported.",
+    "stream": "`stream` must be a boolean.",
+    "stream_options": "`stream_options` must be an object.",
+}
+
+
+def _message_refused(index: int) -> Reply:
+    return _error(400, f"messages[{index}] needs a role (system, user, assistant) and text content.",
+                  param=f"messages[{index}]")
+
+
+def _schema_refused(exc: ValidationError) -> Reply:
+    loc = exc.errors(include_url=False)[0]["loc"]
+    if not loc:
         return _error(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return _error(400, "`model` is required: \"auto\" or a name from /v1/models.", param="model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return _error(400, "`messages` must be a non-empty list.", param="messages")
+    if loc[0] == "messages" and len(loc) > 1 and isinstance(loc[1], int):
+        return _message_refused(loc[1])
+    return _error(400, _REFUSED[loc[0]], param=str(loc[0]))
+
+
+def _parse(body) -> dict | Reply:
+    try:
+        request = _Body.model_validate(body)
+    except ValidationError as exc:
+        return _schema_refused(exc)
     history, system = [], []
-    for index, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        text = _text(message.get("content")) if isinstance(message, dict) else None
-        if role not in ("system", "developer", "user", "assistant") or text is None:
-            return _error(400, f"messages[{index}] needs a role (system, user, assistant) and text content.",
-                          param=f"messages[{index}]")
+    for index, message in enumerate(request.messages):
+        text = message.text
+        if text is None:
+            return _message_refused(index)
         # Every message, not only the question: all of them go to the engine, and none may cost a
         # rate-limit slot by failing later.
         if (problem := text_problem(text)) is not None:
             return _error(400, f"messages[{index}] {problem}.", code="invalid_text", param=f"messages[{index}]")
-        if role in ("system", "developer"):
+        if message.role in ("system", "developer"):
             system.append(text)
         else:
-            history.append({"role": role, "content": text})
+            history.append({"role": message.role, "content": text})
     if not history or history[-1]["role"] != "user":
         return _error(400, "The last message must come from the user.", param="messages")
-    options = {}
-    for name, low, high, kind in (("max_tokens", 1, 32768, int), ("max_completion_tokens", 1, 32768, int),
-                                  ("temperature", 0, 2, (int, float))):
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            return _error(400, f"`{name}` must be a number from {low} to {high}.", param=name)
-        options["max_tokens" if name == "max_completion_tokens" else name] = value
-    if body.get("n") not in (None, 1):
-        return _error(400, "Only n=1 is supported.", param="n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        return _error(400, "`stream` must be a boolean.", param="stream")
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        return _error(400, "`stream_options` must be an object.", param="stream_options")
-    return {"model": model, "question": history[-1]["content"], "history": history[:-1],
-            "system": "\n\n".join(system), "stream": stream,
-            "include_usage": bool(stream_options.get("include_usage")), **options}
+    options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "temperature": request.temperature}
+    return {"model": request.model, "question": history[-1]["content"], "history": history[:-1],
+            "system": "\n\n".join(system), "stream": request.stream,
+            "include_usage": bool(request.stream_options and request.stream_options.include_usage),
+            **{name: value for name, value in options.items() if value is not None}}
 
 
 def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = None) -> dict:
