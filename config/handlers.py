@@ -14,10 +14,9 @@ class SyncStackASGIHandler(ASGIHandler):
        async mode, and each of Django's middleware (all of them MiddlewareMixin) then hops to the
        request's thread and back for process_request and again for process_response; with
        WhiteNoise (sync only) in the stack, the chain also hops back to the event loop below
-       it: about a dozen switches. Measured on the 2-core development machine: an exact KB
-       answer over HTTP took 12.2 ms that way and 7.3 ms this way.
+       it: about a dozen switches a request (what that cost: README, Figures).
     2. Each request's thread comes from a pool instead of being started for the request and
-       joined after it (core.threads.own_thread): about 0.45 ms a request here.
+       joined after it (core.threads.own_thread).
 
     Nothing else changes. A request still has one thread of its own for its sync work (a
     thread serves one request at a time), sync views run in it, and async views (the streaming

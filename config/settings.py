@@ -156,7 +156,7 @@ DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or _e
 DATABASES = {"default": _database(DATABASE_URL)}
 # The event-loop pool's hot statements (core.db) as server-side prepared statements from their
 # second run on a connection: PostgreSQL then plans each once per connection, not per request
-# (measured: its CPU per KB-miss question 2.2 -> 1.2 ms). Off for a pgbouncer older than 1.21 in
+# (what it saves: README, Figures). Off for a pgbouncer older than 1.21 in
 # transaction mode, which cannot keep prepared statements. Django's own queries bind on the
 # client, as Django does by default, and are never prepared.
 DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
@@ -436,7 +436,7 @@ KB_EMBEDDING_MODEL = env_str("KB_EMBEDDING_MODEL", "all-MiniLM-L6-v2" if KB_EMBE
 KB_EMBEDDING_DIMENSIONS = env_int("KB_EMBEDDING_DIMENSIONS", 384, minimum=1, maximum=16000)
 KB_EMBEDDING_BASE_URL = env_url("KB_EMBEDDING_BASE_URL", schemes=("http", "https"), default="")
 KB_EMBEDDING_API_KEY_ENV = env_str("KB_EMBEDDING_API_KEY_ENV", "")
-# The local model's runtime: its graph exported once to ONNX Runtime (2-3x faster on a short
+# The local model's runtime: its graph exported once to ONNX Runtime (faster on a short
 # question than PyTorch's eager mode), or PyTorch itself. Threads per model call (0: the runtime's
 # choice): two halve a question's latency against one; more gain little on a 15-token question,
 # and one gives the most questions per second on a saturated machine (README, Figures).

@@ -172,10 +172,10 @@ def _urls() -> str:
 def _heap() -> str:
     """Move everything loaded so far out of the cyclic garbage collector's sight (gc.freeze).
 
-    A web process holds some 600,000 objects once Django, the embedding runtime and the rules
-    are loaded, nearly all of them for its lifetime. Left in the oldest generation, every full
-    collection walks them all: measured under 64 streams, one pause of 338 ms, during which no
-    token of any stream moved (the p99 of the added TTFT). Frozen, a full collection walks only
+    A web process holds hundreds of thousands of objects once Django, the embedding runtime and
+    the rules are loaded, nearly all of them for its lifetime. Left in the oldest generation,
+    every full collection walks them all, and no token of any stream moves meanwhile (the tail of
+    the added TTFT; the README's figures show the pauses). Frozen, a full collection walks only
     what the requests since have made."""
     import gc
 

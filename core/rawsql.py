@@ -1,6 +1,5 @@
 """Model instances from hand-written SQL, for the few hot paths where the ORM's query building
-costs more than the query (on the 2-core development machine a one-row ORM `get` spends ~0.5 ms
-in Python, the round trip ~0.2 ms)."""
+costs more than the query itself (a one-row ORM `get` spends longer in Python than its round trip)."""
 
 from django.db import connection
 from django.db.models import Model

@@ -94,8 +94,8 @@ def model_path(model: str) -> Path:
 def threads() -> int:
     """CPU_ENGINE_THREADS, else one core fewer than this process may use. llama.cpp's threads
     spin at a barrier after every step: with as many threads as cores, one thread preempted by
-    the web server or the worker stalls all of them (measured on 2 busy cores: 2 threads gave
-    4-10 tokens/s, 1 thread 30-40)."""
+    the web server or the worker stalls all of them (on 2 busy cores, one thread made several
+    times the tokens of two)."""
     return settings.CPU_ENGINE_THREADS or max(1, len(os.sched_getaffinity(0)) - 1)
 
 

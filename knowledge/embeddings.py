@@ -161,7 +161,7 @@ class OpenAIEmbedder:
 
 def vector_literal(vector) -> str:
     """A vector as pgvector's text input, `[0.1,-0.2,…]`, with float32's shortest digits (what
-    the column keeps). orjson writes it in about 9 µs; a Python loop over 384 floats took 117."""
+    the column keeps), written by orjson: a Python loop over the floats was many times slower."""
     return orjson.dumps(np.asarray(vector, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 

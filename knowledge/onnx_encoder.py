@@ -1,8 +1,8 @@
 """ONNX Runtime for the local embedding model: the same weights and pipeline, a fraction of the time.
 
 For a short question, PyTorch's eager mode spends most of its time in Python and operator
-dispatch around tiny matrices (MiniLM, a 14-token question, one core: about 8 ms). ONNX
-Runtime runs the same graph in about a third of that. The graph is exported once from the
+dispatch around tiny matrices; ONNX Runtime runs the same graph in a fraction of that (the
+README's figures). The graph is exported once from the
 loaded sentence-transformers model (transformer, pooling, normalization: whatever its
 modules are), cached on disk under a key of the model's files and the library versions,
 and checked against PyTorch before it is used: a graph whose vector differs from PyTorch's
@@ -16,8 +16,8 @@ Two ways in:
 - `cached_encoder(model_dir, ...)`, in every process after that: the graph, the tokenizer (the
   Rust `tokenizers` library the model's tokenizer runs on) and ONNX Runtime, checked against
   the manifest's vectors. No PyTorch, transformers or sentence-transformers is imported: in a
-  web process they were some 2 s of start-up, hundreds of MB, and most of the 600,000 objects
-  a full garbage collection walks.
+  web process they were seconds of start-up, hundreds of MB, and most of the objects a full
+  garbage collection walks (README, Figures).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from core.filelock import exclusive
 log = logging.getLogger(__name__)
 
 OPSET = 17
-# Vectors from the graph and from PyTorch must agree this well (cosine); measured: > 0.999999.
+# Vectors from the graph and from PyTorch must agree this well (cosine); the export agrees far closer.
 AGREEMENT = 0.9999
 # Probes for both checks: English, Chinese, one character, and one past the truncation length.
 _PROBES = ("How do I cancel my order?", "如何取消订阅？", "a", "  Refund policy for a dishwasher " * 120)
