@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -7,7 +8,6 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 
-from core.processes import free_port  # noqa: F401 - the tests' shared helpers
 from core.processes import stop_group as stop_process_group
 from devtools import embedded
 
@@ -90,34 +90,20 @@ def asgi_server(child_env, tmp_path_factory):
     production settings (DEBUG off, WhiteNoise serving collected static files) over plain
     HTTP, so a browser can use it too. Tests that write rows for it must use
     django_db(transaction=True)."""
-    import urllib.request
-
     static_root = tmp_path_factory.mktemp("static")
     env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
            "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": str(static_root),
            "LOG_LEVEL": "WARNING"}
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
                    check=True, timeout=120)
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
+    from benchmarks.servers import gateway  # the one place that starts a gateway and waits for it
+
+    with contextlib.ExitStack() as stack:
         try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                stop_process_group(process)
-                pytest.fail(f"daphne did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
-    yield url
-    stop_process_group(process)
+            running = stack.enter_context(gateway(env=env, log_path=tmp_path_factory.mktemp("daphne") / "daphne.log"))
+        except RuntimeError as exc:
+            pytest.fail(f"daphne did not start: {exc}")
+        yield running.url
 
 
 @pytest.fixture(scope="session")

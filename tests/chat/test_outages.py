@@ -23,7 +23,8 @@ from django.conf import settings
 from django.test import Client
 
 from chat.models import ChatSession, Message
-from tests.conftest import BASE_DIR, free_port, stop_process_group, url_with_database
+from core.processes import free_port
+from tests.conftest import BASE_DIR, stop_process_group, url_with_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
