@@ -37,16 +37,13 @@ from chat.exceptions import ChatError, MessageTooLarge, RateLimited
 from chat.models import ApiKey, ChatSession
 from chat.turns import SessionEvent, run_turn
 from core import db
-from core.errors import unavailable
+from core.errors import openai_error_body, unavailable
 from core.text import text_problem
 from routing import pipeline
 from routing.rules import asnapshot
 
 logger = logging.getLogger(__name__)
 
-_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                 502: "api_error", 503: "api_error"}
 # Pipeline error codes → HTTP status for a request that failed before any token.
 _PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "model_not_allowed": 403, "no_route": 503,
                     "no_target": 503, "client_error": 502, "rate_limited": 503}
@@ -62,9 +59,7 @@ class Reply:
 
 def _error(status: int, message: str, *, code: str | None = None, param: str | None = None,
            headers: dict | None = None) -> Reply:
-    body = {"error": {"message": message, "type": _STATUS_TYPES.get(status, "api_error"), "param": param,
-                      "code": code}}
-    return Reply(status, body, dict(headers or {}))
+    return Reply(status, openai_error_body(status, message, code=code, param=param), dict(headers or {}))
 
 
 async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:

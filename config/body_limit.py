@@ -28,6 +28,8 @@ import json
 
 from django.conf import settings
 
+from core.errors import error_body, openai_error_body
+
 # How long the rest of a refused body is read (and dropped) before the connection is cut.
 LINGER_SECONDS = 5.0
 
@@ -53,11 +55,9 @@ def _limit_for(request, limit: int, upload_limit: int) -> int:
 def error_response(path: bytes, limit: int) -> bytes:
     """The whole 413 response, status line to body, in the API's shape for `path`."""
     message = f"The request body is too large: at most {limit} bytes."
-    if path.startswith(b"/v1/"):
-        error = {"message": message, "type": "invalid_request_error", "param": None, "code": "request_too_large"}
-    else:
-        error = {"code": "request_too_large", "message": message, "fields": {}}
-    body = json.dumps({"error": error}).encode()
+    shaped = (openai_error_body(413, message, code="request_too_large") if path.startswith(b"/v1/")
+              else error_body("request_too_large", message))
+    body = json.dumps(shaped).encode()
     head = ("HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n")
     return head.encode("latin-1") + body

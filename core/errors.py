@@ -5,6 +5,8 @@ code; DRF's exception handler below turns them into
 `{"error": {"code", "message", "fields"}}` with that status, so no view
 translates errors by hand and no domain error surfaces as a 500. DRF's own
 errors (validation, parse, authentication, permission) get the same shape.
+Both JSON shapes are built here: `error_body` (the gateway's) and `openai_error_body` (/v1's),
+for the handlers, the /v1 application and the body limit at the server's edge alike.
 
 An outage of PostgreSQL or Redis is no bug of the request either: `unavailable`
 names it as a ServiceUnavailable (503 with Retry-After), for this handler, the
@@ -54,6 +56,22 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
     return None
 
 
+def error_body(code: str, message: str, fields: dict[str, str] | None = None) -> dict:
+    """The gateway's error shape, the one every API but /v1 answers with."""
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                 502: "api_error", 503: "api_error"}
+
+
+def openai_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error shape, the one /v1 answers with."""
+    return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "api_error"), "param": param,
+                      "code": code}}
+
+
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
     """DRF's nested error detail as {"field" or "field.0.sub": "messages"}."""
     if isinstance(detail, dict):
@@ -75,9 +93,9 @@ def _drf_error(exc) -> dict:
     if isinstance(exc, ValidationError):
         fields = _flatten(exc.detail)
         message = "; ".join(text if name == "non_field_errors" else f"{name}: {text}" for name, text in fields.items())
-        return {"code": "invalid", "message": message, "fields": fields}
+        return error_body("invalid", message, fields)
     code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
-    return {"code": code, "message": str(exc.detail), "fields": {}}
+    return error_body(code, str(exc.detail))
 
 
 def api_exception_handler(exc, context):
@@ -88,16 +106,15 @@ def api_exception_handler(exc, context):
     from rest_framework.views import exception_handler as drf_exception_handler
 
     if isinstance(exc, RequestDataTooBig):
-        return Response({"error": {"code": "request_too_large", "message": "The request body is too large.",
-                                   "fields": {}}}, status=413)
+        return Response(error_body("request_too_large", "The request body is too large."), status=413)
     exc = unavailable(exc) or exc
     if isinstance(exc, DomainError):
         headers = {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
-        body = {"error": {"code": exc.code, "message": str(exc), "fields": exc.fields}}
+        body = error_body(exc.code, str(exc), exc.fields)
         return Response(body, status=exc.status, headers=headers)
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(exc, APIException):
-        response.data = {"error": _drf_error(exc)}
+        response.data = _drf_error(exc)
     return response
 
 
