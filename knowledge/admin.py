@@ -92,7 +92,8 @@ class EntryAdmin(admin.ModelAdmin):
         # Aliases live in an array column; their phrasings are plain rows and searchable.
         if not search_term:
             return queryset, False
-        found = Q(question__icontains=search_term) | Q(answer__icontains=search_term)
+        found = (Q(question__icontains=search_term) | Q(answer__icontains=search_term)
+                 | Q(external_id=search_term))
         found |= Q(pk__in=Phrasing.objects.filter(text__icontains=search_term).values("entry_id"))
         return queryset.filter(found), False
 

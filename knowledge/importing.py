@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from core.text import text_problem
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Entry
 from knowledge.normalize import normalize
@@ -99,11 +100,17 @@ def _parse_row(row: dict, fmt: str) -> dict:
     fields["aliases"], fields["tags"] = aliases, tags
     cleaned = entry_validate(fields)
     raw_id = row.get("id")
-    if raw_id not in (None, ""):
-        try:
-            cleaned["id"] = int(raw_id)
-        except (TypeError, ValueError):
-            raise EntryInvalid({"id": f"must be a whole number; got {raw_id!r}"}) from None
+    text_id = raw_id.strip() if isinstance(raw_id, str) else None
+    if (isinstance(raw_id, int) and not isinstance(raw_id, bool)) or (text_id and text_id.isdigit()):
+        cleaned["id"] = int(raw_id)  # this instance's own id, as its export writes it
+    elif text_id:
+        # Another system's id (most KB exports carry one): kept as the entry's external key.
+        if len(text_id) > 200 or text_problem(text_id):
+            raise EntryInvalid({"id": f"an external id must be up to 200 characters of text; got {raw_id!r}"})
+        cleaned["external_id"] = text_id
+    elif raw_id not in (None, ""):
+        raise EntryInvalid({"id": f"must be this instance's whole-number id or another system's text id; "
+                                  f"got {raw_id!r}"})
     return cleaned
 
 
@@ -121,7 +128,8 @@ def kb_import(*, text: str, fmt: str, author=None, embed: str = "sync") -> Impor
         except EntryInvalid as exc:
             report.errors.append((number, str(exc)))
             continue
-        key = f"id:{fields['id']}" if "id" in fields else normalize(fields["question"])
+        key = (f"id:{fields['id']}" if "id" in fields else f"external:{fields['external_id']}"
+               if "external_id" in fields else normalize(fields["question"]))
         if key in seen:
             report.errors.append((number, f"duplicates line {seen[key]}"))
             continue
@@ -140,18 +148,28 @@ def kb_import(*, text: str, fmt: str, author=None, embed: str = "sync") -> Impor
     row_embed = "async" if embed == "async" else "none"
     with transaction.atomic():
         by_question = {normalize(e.question): e for e in Entry.objects.all().only("id", "question")}
+        externals = [fields["external_id"] for _, fields in good if "external_id" in fields]
+        by_external = {e.external_id: e for e in Entry.objects.filter(external_id__in=externals)}
         for _, fields in good:
             entry_id = fields.pop("id", None)
-            existing = by_id.get(entry_id) if entry_id else by_question.get(normalize(fields["question"]))
+            external_id = fields.pop("external_id", None)
+            if entry_id:
+                existing = by_id.get(entry_id)
+            elif external_id:
+                existing = by_external.get(external_id) or by_question.get(normalize(fields["question"]))
+            else:
+                existing = by_question.get(normalize(fields["question"]))
             if existing is None:
                 entry = entry_create(**fields, author=author, embed=row_embed)
                 report.created += 1
             else:
-                before = existing.version, _snapshot(existing)
+                before = existing.version, _snapshot(existing), existing.external_id
                 entry = entry_update(entry=existing, embed=row_embed, **fields)
-                changed = (entry.version, _snapshot(entry)) != before
+                changed = (entry.version, _snapshot(entry), external_id or existing.external_id) != before
                 report.updated += changed
                 report.unchanged += not changed
+            if external_id and entry.external_id != external_id:
+                Entry.objects.filter(pk=entry.pk).update(external_id=external_id)
             touched.append(entry.pk)
     if embed == "sync" and touched:
         # One batched pass over everything missing: far faster than one model call per entry.
@@ -168,7 +186,7 @@ def kb_export(*, fmt: str, entries=None) -> str:
     entries = entries if entries is not None else Entry.objects.order_by("pk")
     if fmt == "jsonl":
         return "".join(
-            json.dumps({"id": e.pk, "question": e.question, "answer": e.answer, "aliases": e.aliases,
+            json.dumps({"id": e.external_id or e.pk, "question": e.question, "answer": e.answer, "aliases": e.aliases,
                         "kind": e.kind, "tags": e.tags}, ensure_ascii=False) + "\n"
             for e in entries
         )
@@ -176,5 +194,5 @@ def kb_export(*, fmt: str, entries=None) -> str:
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
     for e in entries:
-        writer.writerow([e.pk, e.question, e.answer, "|".join(e.aliases), e.kind, ",".join(e.tags)])
+        writer.writerow([e.external_id or e.pk, e.question, e.answer, "|".join(e.aliases), e.kind, ",".join(e.tags)])
     return out.getvalue()

@@ -59,6 +59,10 @@ class Entry(models.Model):
         DOCUMENT = "document", "Document (context only, split into passages)"
 
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.FAQ)
+    external_id = models.CharField(
+        max_length=200, null=True, blank=True, unique=True,
+        help_text="The entry's id in the system it was imported from (a string `id` in an import file), "
+                  "so files round-trip between instances.")
     question = models.TextField(help_text="The question, or the title of a rule or document.")
     aliases = ArrayField(models.TextField(), default=list, blank=True, help_text="Other phrasings, one per line.")
     answer = models.TextField(help_text="Markdown. For a document, its full text.")

@@ -127,3 +127,34 @@ def test_a_row_with_a_nul_or_control_character_is_rejected_by_line_and_the_rest_
     assert "kb.jsonl:3: answer: contains a control character (U+0007)" in err
     assert "kb.jsonl:4: tags: a tag contains a NUL character (U+0000) at character 1" in err
     assert sorted(Entry.objects.values_list("question", flat=True)) == ["Do you ship to Norway?", "Refund window"]
+
+
+def test_another_systems_string_ids_are_kept_and_files_round_trip_between_instances(tmp_path, capsys):
+    """Most KB exports carry their own ids; such a row used to be rejected ("id: must be a whole number")."""
+    rows = [{**GOOD[0], "id": "faq-0001"}, {**GOOD[1], "id": "zendesk:360012"}]
+    call_command("kb_import", _jsonl(tmp_path, rows))
+    assert "2 created" in capsys.readouterr().out
+    assert Entry.objects.get(external_id="faq-0001").question == "Do you ship to Norway?"
+
+    # The same ids again, with an edited question: matched by id, not by question.
+    edited = [{**rows[0], "question": "Do you deliver to Norway?"}, rows[1]]
+    call_command("kb_import", _jsonl(tmp_path, edited, name="again.jsonl"))
+    assert "0 created, 1 updated, 1 unchanged" in capsys.readouterr().out
+    assert Entry.objects.get(external_id="faq-0001").question == "Do you deliver to Norway?"
+
+    # This instance's export writes those ids back: another instance imports the file as its own.
+    call_command("kb_export", "-")
+    exported = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(line["id"] for line in exported) == ["faq-0001", "zendesk:360012"]
+    Entry.objects.all().delete()
+    call_command("kb_import", _jsonl(tmp_path, exported, name="export.jsonl"))
+    assert sorted(Entry.objects.values_list("external_id", flat=True)) == ["faq-0001", "zendesk:360012"]
+
+
+def test_an_id_that_is_neither_a_number_nor_text_is_refused_by_line(tmp_path, capsys):
+    rows = [{**GOOD[0], "id": [1, 2]}, {**GOOD[1], "id": "x" * 201}]
+    with pytest.raises(CommandError, match="2 row\\(s\\) rejected"):
+        call_command("kb_import", _jsonl(tmp_path, rows))
+    err = capsys.readouterr().err
+    assert "kb.jsonl:1: id: must be this instance's whole-number id or another system's text id" in err
+    assert "kb.jsonl:2: id: an external id must be up to 200 characters of text" in err
