@@ -11,6 +11,7 @@ from django.db import connection
 from core import db
 from core import rawsql
 from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
+from knowledge.guards import follow_up_marker
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize
 
@@ -54,7 +55,7 @@ class Match:
 @dataclass
 class DirectAnswer:
     hit: bool
-    method: str  # exact | vector | none
+    method: str  # exact | vector | none | follow_up (a match held back: the question needs its conversation)
     reason: str
     entry: Entry | None = None
     score: float | None = None
@@ -283,9 +284,20 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     return statements
 
 
-async def adirect_answer(text: str) -> DirectAnswer:
+async def adirect_answer(text: str, *, in_conversation: bool = False) -> DirectAnswer:
     """direct_answer for async callers. The query embedding runs micro-batched in a worker
-    thread; the two statements (exact, then vector) go through core.db.query_one / query_all."""
+    thread; the two statements (exact, then vector) go through core.db.query_one / query_all.
+    `in_conversation`: the question follows earlier messages, so a follow-up (knowledge.guards)
+    is not answered directly, however well it matches; the verdict keeps its vector for the rest."""
+    verdict = await _adirect_answer(text)
+    if in_conversation and verdict.hit and (marker := follow_up_marker(text)):
+        verdict.hit, verdict.method = False, "follow_up"
+        verdict.reason = (f"a follow-up to the conversation ({marker!r}): KB#{verdict.entry.pk} is not answered "
+                          "on its own")
+    return verdict
+
+
+async def _adirect_answer(text: str) -> DirectAnswer:
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")

@@ -151,7 +151,7 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
             yield event
         return
 
-    direct = await adirect_answer(text)
+    direct = await adirect_answer(text, in_conversation=bool(request.history))
     if direct.hit:
         entry = direct.entry
         yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}")
@@ -323,6 +323,9 @@ def _route(target: Target, rule: str | None, why: str, attempts: list[str], drop
 
 def _record_miss(question: str, answer_text: str, direct: DirectAnswer) -> None:
     """Keep the question (and the generated answer) as a KB miss for curators, with the vector
-    this request already computed: buffered in memory, written in batches, never awaited."""
+    this request already computed: buffered in memory, written in batches, never awaited. A
+    follow-up is no miss: it needs its conversation, no entry could answer it on its own."""
+    if direct.method == "follow_up":
+        return
     miss_note(question=question, answer=answer_text, best_entry_id=direct.entry.pk if direct.entry else None,
               best_score=direct.score, model_id=direct.model.pk if direct.model else None, vector=direct.vector)

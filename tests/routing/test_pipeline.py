@@ -269,3 +269,20 @@ def test_a_generated_answer_is_recorded_as_a_kb_miss_by_the_worker(local_sim, ce
     miss = Miss.objects.get()
     assert miss.question == "Do you sell gift cards for birthdays?"
     assert miss.answer == answer_text(events)
+
+
+def test_a_follow_up_in_a_conversation_is_not_answered_from_the_kb(roads):
+    """Its words match a stand-alone entry, but "that" is whatever the conversation was about."""
+    entry_create(question="And how long does that take?", answer="About a week.", embed="sync")
+    alone = ask("And how long does that take?")
+    assert alone[0].road == "kb"  # asked on its own, the entry answers
+    history = [{"role": "user", "content": "Can I change the name on my invoice?"},
+               {"role": "assistant", "content": "Yes, from the billing page."}]
+    events = ask("And how long does that take?", history=history, max_tokens=3)
+    assert events[0].road == "local" and events[-1].type == "done"
+    chinese = entry_create(question="那要多久？", answer="大约一周。", embed="sync")
+    assert ask("那要多久？")[0].target == f"KB#{chinese.pk}"
+    assert ask("那要多久？", history=history, max_tokens=3)[0].road == "local"
+    # A question of its own in the same conversation still gets its direct answer.
+    entry_create(question="What is your refund window?", answer="30 days.", embed="sync")
+    assert ask("What is your refund window?", history=history)[0].road == "kb"
