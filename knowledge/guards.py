@@ -32,3 +32,44 @@ def follow_up_marker(text: str) -> str | None:
         if found := pattern.search(stripped):
             return found.group()
     return None
+
+
+# Opposite actions and relations: a question on one side must not take the other side's answer
+# ("turn on" vs "turn off": GPTCache #694, semantic-router #2691), however close their vectors.
+_OPPOSITES = [
+    ("on", "off"), ("enable", "disable"), ("activate", "deactivate"), ("start", "stop"), ("open", "close"),
+    ("add", "remove"), ("subscribe", "unsubscribe"), ("increase", "decrease"), ("upgrade", "downgrade"),
+    ("log in", "log out"), ("login", "logout"), ("sign in", "sign out"), ("lock", "unlock"),
+    ("before", "after"), ("import", "export"), ("upload", "download"), ("pause", "resume"),
+    ("开通", "取消"), ("开通", "关闭"), ("打开", "关闭"), ("开启", "关闭"), ("启用", "停用"), ("启用", "禁用"),
+    ("之前", "之后"), ("以前", "以后"), ("增加", "减少"), ("升级", "降级"), ("登录", "退出"), ("绑定", "解绑"),
+    ("订阅", "退订"), ("上调", "下调"), ("上传", "下载"), ("导入", "导出"), ("暂停", "恢复"), ("锁定", "解锁"),
+]
+_NEGATIONS_EN = re.compile(r"\b(?:not|no|never|without|don't|doesn't|didn't|can't|cannot|won't|isn't|aren't|"
+                           r"shouldn't|dont|doesnt|cant)\b", re.I)
+_NEGATIONS_ZH = re.compile(r"不|没|别|无法|未")
+_CJK_CHAR = re.compile(r"[\u2e80-\u9fff]")
+
+
+def _has(text: str, word: str) -> bool:
+    if _CJK_CHAR.search(word):
+        return word in text
+    return re.search(rf"\b{re.escape(word)}\b", text) is not None
+
+
+def _negated(text: str) -> bool:
+    return bool(_NEGATIONS_EN.search(text) or _NEGATIONS_ZH.search(text))
+
+
+def near_miss(question: str, phrasing: str) -> str | None:
+    """Why `question` must not take the answer of the entry phrased `phrasing` although their
+    vectors are close: one asks the opposite action or relation, or one is negated and the other
+    not. None when no such sign is found."""
+    asked, known = question.casefold(), phrasing.casefold()
+    for one, other in _OPPOSITES:
+        for this, that in ((one, other), (other, one)):
+            if _has(asked, this) and not _has(asked, that) and _has(known, that) and not _has(known, this):
+                return f"it asks {this!r} where the entry says {that!r}"
+    if _negated(asked) != _negated(known):
+        return "one of them is negated and the other is not"
+    return None

@@ -11,7 +11,7 @@ from django.db import connection
 from core import db
 from core import rawsql
 from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
-from knowledge.guards import follow_up_marker
+from knowledge.guards import follow_up_marker, near_miss
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import lexical_similarity, normalize
 
@@ -219,6 +219,8 @@ def _vector_verdict(text: str, matches: list[Match]) -> DirectAnswer:
                         f"{best.lexical:.2f}) than the embedding's choice"),
                 **common,
             )
+    if why := near_miss(text, best.phrasing or best.entry.question):
+        return DirectAnswer(hit=False, reason=f"a near miss of KB#{best.entry.pk}: {why}", **common)
     return DirectAnswer(
         hit=True,
         reason=f"score {best.score:.3f} ≥ threshold {threshold:.2f}, margin {margin:.3f} over the runner-up",

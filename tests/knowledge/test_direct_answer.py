@@ -152,3 +152,16 @@ def test_document_and_rule_entries_have_no_phrasings(kb):
     assert not kb["refund"].phrasings.exists()
     assert kb["refund"].passages.count() == 1
     assert kb["refund"].kind == Entry.Kind.RULE
+
+
+@pytest.mark.parametrize(("entry", "question"), [
+    ("How do I turn on notifications?", "How do I turn off notifications?"),
+    ("How do I enable two-factor login?", "How do I disable two-factor login?"),
+])
+def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(entry, question):
+    """Their vectors are close enough to answer (GPTCache #694: "turn on" answered "turn off")."""
+    entry_create(question=entry, answer="Settings → Notifications.", embed="sync")
+    verdict = direct_answer(question)
+    assert not verdict.hit
+    assert verdict.score >= verdict.threshold  # the vector alone would have answered
+    assert "a near miss of KB#" in verdict.reason
