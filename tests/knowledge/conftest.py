@@ -1,6 +1,15 @@
 import pytest
+from rest_framework.test import APIClient
 
 from knowledge.services import entry_create
+
+
+@pytest.fixture
+def staff(admin_user):
+    """An API client signed in as a staff superuser."""
+    client = APIClient()
+    client.force_authenticate(admin_user)
+    return client
 
 
 FAQ = [

@@ -7,13 +7,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def staff(admin_user):
-    client = APIClient()
-    client.force_authenticate(admin_user)
-    return client
-
-
-@pytest.fixture
 def user(django_user_model):
     client = APIClient()
     client.force_authenticate(django_user_model.objects.create_user("user", password="pw-123456789"))

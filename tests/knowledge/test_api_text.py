@@ -3,18 +3,10 @@
 import json
 
 import pytest
-from rest_framework.test import APIClient
 
 from knowledge.models import Entry
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff(admin_user):
-    client = APIClient()
-    client.force_authenticate(admin_user)
-    return client
 
 
 GOOD = {"question": "Do you ship to Chile?", "answer": "Yes.", "aliases": ["delivery to Chile"], "tags": ["shipping"]}
