@@ -1,5 +1,7 @@
 """API-key authentication (Bearer) and scope checks for the DRF API; the chat socket's login check."""
 
+import functools
+
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -53,6 +55,7 @@ class SessionOnly(permissions.BasePermission):
 # --- WebSocket: does the login that opened the socket still hold? -------------------------------------
 
 
+@functools.cache  # built once: the models' tables do not change while the process runs
 def _socket_login_sql() -> str:
     from django.contrib.sessions.models import Session
 

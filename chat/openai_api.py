@@ -2,8 +2,9 @@
 
 The official `openai` SDK works unchanged with `base_url=…/v1` and an API key with the
 `chat` scope. `model: "auto"` routes by the rules (KB answers included); a model name
-from /v1/models asks for that target, where the rule that takes the question lists it. Every response carries X-Route, X-Route-Rule and
-X-Route-Target. Errors have OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+from /v1/models asks for that target, where the rule that takes the question lists it.
+Every response carries X-Route, X-Route-Rule and X-Route-Target. Errors have OpenAI's shape:
+{"error": {"message", "type", "param", "code"}}.
 
 It is a bare ASGI application (config.asgi sends `/v1/` here), not a Django view: every
 request of this API is async end to end on the event loop. Django's handler would add a

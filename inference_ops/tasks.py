@@ -4,6 +4,9 @@ take ids, re-read the row, and are safe to run twice."""
 import logging
 
 from celery import shared_task
+from django.conf import settings
+
+from core import redis as core_redis
 
 from inference_ops import supervisor
 from inference_ops.exceptions import SupervisorError
@@ -74,10 +77,6 @@ def engines_suspect(endpoint_id: int) -> int:
     next beat tick, so a crashed engine is noticed (and restarted) at once. Called from the web
     process; at most once per ENGINE_SUSPECT_SECONDS per endpoint across processes (a Redis key),
     so a burst of failing requests sends one check. Returns the checks sent."""
-    from django.conf import settings
-
-    from core import redis as core_redis
-
     key = f"{settings.REDIS_KEY_PREFIX}:engine:suspect:{endpoint_id}"
     try:
         if not core_redis.client().set(key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))):

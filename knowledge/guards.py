@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from core.text import CJK_RANGES
+
 # A question that opens by continuing the last one.
 _OPENERS = re.compile(r"^(?:and|but|so|also|then|or|what about|how about|what if|same for|and if)\b", re.I)
 # Words that point back at something said before (not "there": "is there a fee?" stands alone).
@@ -45,31 +47,24 @@ _OPPOSITES = [
     ("之前", "之后"), ("以前", "以后"), ("增加", "减少"), ("升级", "降级"), ("登录", "退出"), ("绑定", "解绑"),
     ("订阅", "退订"), ("上调", "下调"), ("上传", "下载"), ("导入", "导出"), ("暂停", "恢复"), ("锁定", "解锁"),
 ]
-_NEGATIONS_EN = re.compile(r"\b(?:not|no|never|without|don't|doesn't|didn't|can't|cannot|won't|isn't|aren't|"
-                           r"shouldn't|dont|doesnt|cant)\b", re.I)
-_NEGATIONS_ZH = re.compile(r"不|没|别|无法|未")
-_CJK_CHAR = re.compile(r"[\u2e80-\u9fff]")
-
-
-def _has(text: str, word: str) -> bool:
-    if _CJK_CHAR.search(word):
-        return word in text
-    return re.search(rf"\b{re.escape(word)}\b", text) is not None
-
-
-def _negated(text: str) -> bool:
-    return bool(_NEGATIONS_EN.search(text) or _NEGATIONS_ZH.search(text))
+_NEGATIONS = re.compile(r"\b(?:not|no|never|without|don't|doesn't|didn't|can't|cannot|won't|isn't|aren't|"
+                        r"shouldn't|dont|doesnt|cant)\b|不|没|别|无法|未", re.I)
+# Every word of the pairs, found in one pass: whole words in Latin script, substrings in CJK.
+_WORDS = sorted({word for pair in _OPPOSITES for word in pair}, key=len, reverse=True)
+_OPPOSITE_WORDS = re.compile("|".join(
+    re.escape(word) if re.search(f"[{CJK_RANGES}]", word) else rf"\b{re.escape(word)}\b" for word in _WORDS))
 
 
 def near_miss(question: str, phrasing: str) -> str | None:
     """Why `question` must not take the answer of the entry phrased `phrasing` although their
     vectors are close: one asks the opposite action or relation, or one is negated and the other
     not. None when no such sign is found."""
-    asked, known = question.casefold(), phrasing.casefold()
+    asked = set(_OPPOSITE_WORDS.findall(question.casefold()))
+    known = set(_OPPOSITE_WORDS.findall(phrasing.casefold()))
     for one, other in _OPPOSITES:
         for this, that in ((one, other), (other, one)):
-            if _has(asked, this) and not _has(asked, that) and _has(known, that) and not _has(known, this):
+            if this in asked and that not in asked and that in known and this not in known:
                 return f"it asks {this!r} where the entry says {that!r}"
-    if _negated(asked) != _negated(known):
+    if bool(_NEGATIONS.search(question)) != bool(_NEGATIONS.search(phrasing)):
         return "one of them is negated and the other is not"
     return None

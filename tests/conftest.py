@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
@@ -32,6 +34,16 @@ def _fresh_serving_model():
     serving_model_forget()
     yield
     serving_model_forget()
+
+
+def http_get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET, an HTTP error status included, for tests of a server in a process."""
+    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def url_with_database(url: str, name: str) -> str:

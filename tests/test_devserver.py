@@ -6,7 +6,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import psutil
 import pytest
@@ -14,16 +13,9 @@ import pytest
 from config.settings import BASE_DIR
 from core.processes import free_port
 from devtools import devserver
+from tests.conftest import http_get
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):
@@ -64,11 +56,11 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
 
         assert "admin login: admin / " in "".join(lines)
         base = f"http://127.0.0.1:{port}"
-        status, body = _get(f"{base}/readyz")
+        status, body = http_get(f"{base}/readyz")
         assert status == 200, body
-        status, body = _get(f"{base}/admin/login/")
+        status, body = http_get(f"{base}/admin/login/")
         assert status == 200 and b'name="username"' in body
-        status, _ = _get(f"{base}/static/admin/css/base.css")
+        status, _ = http_get(f"{base}/static/admin/css/base.css")
         assert status == 200
     finally:
         runner.send_signal(signal.SIGTERM)

@@ -10,8 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -21,15 +19,7 @@ from django.conf import settings
 from core.processes import free_port
 from knowledge.models import EmbeddingModel
 from knowledge.services import embedding_model_ensure
-
-
-def _get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+from tests.conftest import http_get
 
 
 @pytest.fixture
@@ -65,7 +55,7 @@ class Web:
     def wait_until_served(self, deadline: float) -> None:
         while True:
             try:
-                if _get(f"{self.url}/healthz", timeout=2)[0] == 200:
+                if http_get(f"{self.url}/healthz", timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
@@ -142,7 +132,7 @@ def test_two_processes_serve_one_socket_and_sigterm_to_the_launcher_stops_them(c
             stopped.suspend()
             try:
                 for _ in range(3):
-                    assert _get(f"{server.url}/healthz")[0] == 200
+                    assert http_get(f"{server.url}/healthz")[0] == 200
             finally:
                 stopped.resume()
 
@@ -172,7 +162,7 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
         # The launcher's socket takes connections from the start; the first request waits in it
         # until the process has warmed and listens.
         server.wait_for_port(time.monotonic() + 60)
-        status, body = _get(f"{server.url}/readyz", timeout=120, cookie=staff_cookie)
+        status, body = http_get(f"{server.url}/readyz", timeout=120, cookie=staff_cookie)
         log = server.log()
         server_children = server.children()
         assert status == 200, body
@@ -197,7 +187,7 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
     EmbeddingModel.objects.create(name=str(tmp_path / "no-such-model"), backend="local", dimensions=384,
                                   state=EmbeddingModel.State.SERVING)
     with web(child_env, tmp_path, WEB_CONCURRENCY="1") as server:
-        status, body = _get(f"{server.url}/readyz", cookie=staff_cookie)
+        status, body = http_get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
     assert "WARNING config.warmup: warm-up of pid " in log
     assert ": embedder failed (EmbeddingError: local embedding model" in log
@@ -212,7 +202,7 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
 def test_warm_up_off_leaves_loading_to_the_first_request(child_env, tmp_path, celery_worker, staff_cookie):
     embedding_model_ensure()
     with web(child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true") as server:
-        status, body = _get(f"{server.url}/readyz", cookie=staff_cookie)
+        status, body = http_get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
     assert status == 200, body
     assert json.loads(body)["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"

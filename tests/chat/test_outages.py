@@ -24,7 +24,7 @@ from django.test import Client
 
 from chat.models import ChatSession, Message
 from core.processes import free_port
-from tests.conftest import BASE_DIR, stop_process_group, url_with_database
+from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,7 +91,7 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
                              "config.asgi:application"], web_port, logs, env=env)
     web.start()
     url = f"http://127.0.0.1:{web_port}"
-    _wait(lambda: _get(f"{url}/healthz")[0] == 200, 60, web)
+    _wait(lambda: http_get(f"{url}/healthz")[0] == 200, 60, web)
     yield {"url": url, "redis": redis, "postgres": postgres, "web": web}
     for service in (web, redis, postgres):
         stop_process_group(service.process)
@@ -109,14 +109,6 @@ def _wait(condition, seconds: float, service: Service) -> float:
         if time.monotonic() - started > seconds:
             pytest.fail(f"not within {seconds} s; {service.name} log:\n{service.log()[-4000:]}")
         time.sleep(0.2)
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _post(url: str, body: dict, key: str) -> tuple[int, dict, dict]:
