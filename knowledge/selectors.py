@@ -182,30 +182,36 @@ def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
     exact = _exact(key)
     if exact is not None and not with_matches:
         return exact
-    matches = faq_matches(text, limit=5)
+    model = serving_model()
+    matches = faq_matches(text, limit=5, model=model)
     if exact is not None:
         exact.matches = matches
         return exact
-    return _vector_verdict(text, matches)
+    if model is None:
+        return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
+    return vector_verdict(text, matches, threshold=model.threshold, margin=model.margin)
 
 
-def _vector_verdict(text: str, matches: list[Match]) -> DirectAnswer:
+def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin: float) -> DirectAnswer:
+    """The vector road's verdict on `matches` (best first) at an operating point: the best must
+    reach `threshold` (or its entry's own), lead the runner-up by `margin`, agree with the words,
+    and not be a near miss. No I/O: calibration replays it across operating points."""
     if not matches:
         return DirectAnswer(hit=False, method="none", reason="no FAQ entry has a current embedding")
     best = matches[0]
     runner_up = matches[1] if len(matches) > 1 else None
-    threshold = best.entry.threshold if best.entry.threshold is not None else settings.KB_DIRECT_THRESHOLD
-    margin = best.score - (runner_up.score if runner_up else 0.0)
+    threshold = best.entry.threshold if best.entry.threshold is not None else threshold
+    lead = best.score - (runner_up.score if runner_up else 0.0)
     common = dict(method="vector", entry=best.entry, score=best.score, runner_up=runner_up,
-                  matches=matches, threshold=threshold, margin=margin)
+                  matches=matches, threshold=threshold, margin=lead)
     if best.score < threshold:
-        return DirectAnswer(hit=False, reason=f"best score {best.score:.3f} is below the threshold {threshold:.2f}",
+        return DirectAnswer(hit=False, reason=f"best score {best.score:.3f} is below the threshold {threshold:.3f}",
                             **common)
-    if margin < settings.KB_DIRECT_MARGIN:
+    if lead < margin:
         return DirectAnswer(
             hit=False,
             reason=(f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "
-                    f"{best.score:.3f} (margin {margin:.3f} < {settings.KB_DIRECT_MARGIN:.2f})"),
+                    f"{best.score:.3f} (margin {lead:.3f} < {margin:.3f})"),
             **common,
         )
     if runner_up is not None:
@@ -223,15 +229,16 @@ def _vector_verdict(text: str, matches: list[Match]) -> DirectAnswer:
         return DirectAnswer(hit=False, reason=f"a near miss of KB#{best.entry.pk}: {why}", **common)
     return DirectAnswer(
         hit=True,
-        reason=f"score {best.score:.3f} ≥ threshold {threshold:.2f}, margin {margin:.3f} over the runner-up",
+        reason=f"score {best.score:.3f} ≥ threshold {threshold:.3f}, margin {lead:.3f} over the runner-up",
         **common,
     )
 
 
 def _lexical_fill(text: str, matches: list[Match]) -> None:
-    """Best lexical similarity of `text` to any phrasing of each match's entry."""
+    """Best lexical similarity of `text` to any phrasing of each match's entry (once per match)."""
     for match in matches:
-        match.lexical = max((lexical_similarity(text, t) for t in match.texts), default=0.0)
+        if match.lexical is None:
+            match.lexical = max((lexical_similarity(text, t) for t in match.texts), default=0.0)
 
 
 def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
@@ -311,7 +318,8 @@ async def _adirect_answer(text: str) -> DirectAnswer:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
     vector = await aembed_query(spec_of(model), text)
     matches = _matches(await db.query_all(*_faq_statement(model, vector, 5)))
-    verdict = _vector_verdict(text, matches)  # no I/O: the matches carry what the verdict reads
+    # No I/O: the matches carry what the verdict reads.
+    verdict = vector_verdict(text, matches, threshold=model.threshold, margin=model.margin)
     verdict.vector, verdict.model = vector, model
     return verdict
 

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core.text import text_problem
-from knowledge.embeddings import EmbeddingSpec, embed_texts, spec_of
+from knowledge.embeddings import PASSAGE, QUERY, EmbeddingSpec, embed_texts, spec_of
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.normalize import normalize
@@ -33,6 +33,8 @@ def configured_spec() -> EmbeddingSpec:
         dimensions=settings.KB_EMBEDDING_DIMENSIONS,
         base_url=settings.KB_EMBEDDING_BASE_URL or "",
         api_key_env=settings.KB_EMBEDDING_API_KEY_ENV or "",
+        query_prefix=settings.KB_EMBEDDING_QUERY_PREFIX,
+        passage_prefix=settings.KB_EMBEDDING_PASSAGE_PREFIX,
     )
 
 
@@ -47,6 +49,8 @@ def embedding_model_ensure() -> EmbeddingModel:
                 "dimensions": spec.dimensions,
                 "base_url": spec.base_url,
                 "api_key_env": spec.api_key_env,
+                "query_prefix": spec.query_prefix,
+                "passage_prefix": spec.passage_prefix,
             },
         )
         if model.state != EmbeddingModel.State.SERVING and not EmbeddingModel.objects.filter(
@@ -135,7 +139,7 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
             )
             if not rows:
                 break
-            vectors = embed_texts(spec, [_embedding_text(row) for row in rows])
+            vectors = embed_texts(spec, [_embedding_text(row) for row in rows], _role(owner))
             vector_model.objects.bulk_create(
                 [vector_model(**{field: row}, model=model, embedding=vector) for row, vector in zip(rows, vectors)],
                 ignore_conflicts=True,
@@ -144,6 +148,11 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
             if progress:
                 progress(done)
     return done
+
+
+def _role(owner: type) -> str:
+    """A phrasing is matched against questions (a symmetric pair); a passage is retrieved by one."""
+    return QUERY if owner is Phrasing else PASSAGE
 
 
 def _embedding_text(row: Phrasing | Passage) -> str:
@@ -330,8 +339,8 @@ def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
         computed.append(
             (
                 model,
-                embed_texts(spec, [_embedding_text(p) for p in phrasings]),
-                embed_texts(spec, [_embedding_text(p) for p in passages]),
+                embed_texts(spec, [_embedding_text(p) for p in phrasings], QUERY),
+                embed_texts(spec, [_embedding_text(p) for p in passages], PASSAGE),
             )
         )
     with transaction.atomic():

@@ -1,0 +1,249 @@
+"""Calibration of the direct answer: labelled questions through the live matcher, swept across
+operating points.
+
+Each labelled question is matched once, by the same statements and guards that serve `/v1`
+(`knowledge.selectors`): an exact match decides by itself; otherwise the vector road's best
+entry, its score, its lead over the runner-up and whether the guards (the words check, the near
+misses) let it through. What an operating point (threshold, margin) would answer then follows
+without another query, so the sweep over a grid of points costs nothing but arithmetic, and it
+agrees with the live verdict at every point (tests/knowledge/test_calibration.py).
+
+Precision counts the direct answers that are the expected entry; recall counts the answerable
+questions (those with an expected entry) answered with it. A wrong direct answer is worse than
+none, so the recommended point is the one with the best recall among those that reach the target
+precision, and among equals the strictest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from django.db import transaction
+
+from knowledge.exceptions import EntryInvalid
+from knowledge.models import Calibration, EmbeddingModel, Entry
+from knowledge.normalize import normalize
+from knowledge.selectors import _exact, faq_matches, serving_model, vector_verdict
+
+KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
+# The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
+# margins from none to a wide lead.
+THRESHOLDS = tuple(round(0.50 + 0.005 * i, 3) for i in range(100))
+MARGINS = tuple(round(0.005 * i, 3) for i in range(31))
+
+
+@dataclass(frozen=True)
+class Labelled:
+    line: int
+    question: str
+    expected: int | None  # entry id
+    kind: str = ""
+    lang: str = ""
+
+
+@dataclass
+class Evidence:
+    """What the matcher found for one question, independent of the operating point."""
+
+    item: Labelled
+    exact: int | None = None  # the entry an exact match answers with
+    best: int | None = None  # the vector road's best entry
+    score: float = 0.0
+    lead: float = 0.0
+    guarded: str = ""  # why the guards refuse the best entry at any point, or ""
+
+    def answer(self, threshold: float, margin: float) -> int | None:
+        if self.exact is not None:
+            return self.exact
+        if self.best is None or self.guarded or self.score < threshold or self.lead < margin:
+            return None
+        return self.best
+
+
+@dataclass(frozen=True)
+class Point:
+    threshold: float
+    margin: float
+    precision: float
+    recall: float
+    answered: int
+    correct: int
+
+
+@dataclass
+class Result:
+    model: EmbeddingModel
+    evidence: list[Evidence]
+    points: list[Point]
+    target: float
+    chosen: Point | None
+    answerable: int
+    wrong: list[dict] = field(default_factory=list)  # at the chosen point
+    missed: list[dict] = field(default_factory=list)  # answerable, not answered at the chosen point
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        """Per kind of question at the chosen point: asked, answerable, answered, correct, wrong."""
+        table: dict[str, Counter] = {}
+        for ev in self.evidence:
+            row = table.setdefault(ev.item.kind or "-", Counter())
+            row["asked"] += 1
+            row["answerable"] += ev.item.expected is not None
+            if self.chosen is not None:
+                got = ev.answer(self.chosen.threshold, self.chosen.margin)
+                row["answered"] += got is not None
+                row["correct"] += got is not None and got == ev.item.expected
+                row["wrong"] += got is not None and got != ev.item.expected
+        return {kind: dict(row) for kind, row in table.items()}
+
+
+def labelled_read(text: str) -> list[Labelled]:
+    """Parse a labelled JSONL file: {"question", "expected": entry external id, entry id or null,
+    "kind", "lang"} per line. Every bad line is reported with its number; none is skipped."""
+    items, errors, wanted = [], [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            errors.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not normalize(row["question"]):
+            errors.append(f"line {number}: needs a non-empty string `question`")
+            continue
+        expected = row.get("expected")
+        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, str | int)):
+            errors.append(f"line {number}: `expected` must be an entry id, an external id or null")
+            continue
+        wanted.append((number, expected))
+        items.append((number, row))
+    ids = _entry_ids({expected for _, expected in wanted if expected is not None})
+    for number, expected in wanted:
+        if expected is not None and expected not in ids:
+            errors.append(f"line {number}: no FAQ entry {expected!r}")
+    if errors:
+        raise EntryInvalid({"file": "\n".join(errors)})
+    if not items:
+        raise EntryInvalid({"file": "no labelled questions"})
+    return [Labelled(line=number, question=row["question"], expected=ids.get(row.get("expected")),
+                     kind=str(row.get("kind") or ""), lang=str(row.get("lang") or ""))
+            for number, row in items]
+
+
+def _entry_ids(keys: set) -> dict:
+    """Entry id by the key a labelled file uses: its external id (a string) or its id (a number)."""
+    faq = Entry.objects.filter(kind=Entry.Kind.FAQ, active=True)
+    found = dict(faq.filter(external_id__in=[k for k in keys if isinstance(k, str)]).values_list("external_id", "id"))
+    numbers = [k for k in keys if isinstance(k, int)]
+    found.update({pk: pk for pk in faq.filter(pk__in=numbers).values_list("id", flat=True)})
+    return found
+
+
+def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
+    ev = Evidence(item=item)
+    exact = _exact(normalize(item.question))
+    if exact is not None:
+        ev.exact = exact.entry.pk
+        return ev
+    matches = faq_matches(item.question, limit=5, model=model)
+    if not matches:
+        return ev
+    ev.best, ev.score = matches[0].entry.pk, matches[0].score
+    ev.lead = matches[0].score - (matches[1].score if len(matches) > 1 else 0.0)
+    # At the loosest point only the guards (and an entry's own threshold) can refuse.
+    verdict = vector_verdict(item.question, matches, threshold=0.0, margin=0.0)
+    if not verdict.hit:
+        ev.guarded = verdict.reason
+    return ev
+
+
+def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -> list[Point]:
+    """Precision and recall at every (threshold, margin) of the grid, in one vectorised pass."""
+    exact = np.array([ev.exact is not None for ev in evidence])
+    exact_right = np.array([ev.exact is not None and ev.exact == ev.item.expected for ev in evidence])
+    open_ = np.array([ev.exact is None and ev.best is not None and not ev.guarded for ev in evidence])
+    right = np.array([ev.best is not None and ev.best == ev.item.expected for ev in evidence])
+    score = np.array([ev.score for ev in evidence])
+    lead = np.array([ev.lead for ev in evidence])
+    answerable = sum(ev.item.expected is not None for ev in evidence)
+    points = []
+    for threshold in thresholds:
+        passes_t = open_ & (score >= threshold)
+        for margin in margins:
+            vector = passes_t & (lead >= margin)
+            answered = int(exact.sum() + vector.sum())
+            correct = int(exact_right.sum() + (vector & right).sum())
+            points.append(Point(threshold=threshold, margin=margin, answered=answered, correct=correct,
+                                precision=correct / answered if answered else 1.0,
+                                recall=correct / answerable if answerable else 0.0))
+    return points
+
+
+def recommend(points: list[Point], target: float) -> Point | None:
+    """The best recall at precision ≥ target; among equal recall the higher precision, then the
+    stricter point. None when no point reaches the target."""
+    good = [p for p in points if p.precision >= target]
+    if not good:
+        return None
+    return max(good, key=lambda p: (p.recall, p.precision, p.threshold, p.margin))
+
+
+def curve(points: list[Point]) -> list[Point]:
+    """One point per threshold: the margin with the best recall at that threshold's best
+    precision — the trade-off a curator reads on the chart."""
+    best: dict[float, Point] = {}
+    for p in points:
+        held = best.get(p.threshold)
+        if held is None or (p.precision, p.recall) > (held.precision, held.recall):
+            best[p.threshold] = p
+    return [best[t] for t in sorted(best)]
+
+
+def calibrate(items: list[Labelled], *, target: float = 0.98, model: EmbeddingModel | None = None) -> Result:
+    model = model or serving_model()
+    if model is None:
+        raise EntryInvalid({"model": "no embedding model serves yet"})
+    evidence = [evidence_of(item, model) for item in items]
+    points = sweep(evidence)
+    chosen = recommend(points, target)
+    result = Result(model=model, evidence=evidence, points=points, target=target, chosen=chosen,
+                    answerable=sum(item.expected is not None for item in items))
+    if chosen is not None:
+        titles = dict(Entry.objects.values_list("id", "question"))
+        for ev in evidence:
+            got = ev.answer(chosen.threshold, chosen.margin)
+            row = {"line": ev.item.line, "question": ev.item.question, "kind": ev.item.kind,
+                   "expected": ev.item.expected, "expected_question": titles.get(ev.item.expected, ""),
+                   "got": got, "got_question": titles.get(got, ""), "score": round(ev.score, 4),
+                   "lead": round(ev.lead, 4), "guard": ev.guarded}
+            if got is not None and got != ev.item.expected:
+                result.wrong.append(row)
+            elif got is None and ev.item.expected is not None:
+                result.missed.append(row)
+    return result
+
+
+def calibration_save(result: Result, *, source: str, apply: bool = False) -> Calibration:
+    """Keep the run for the admin's chart; with `apply`, the chosen point becomes the model's."""
+    with transaction.atomic():
+        run = Calibration.objects.create(
+            model=result.model, source=source[:200], target=result.target, questions=len(result.evidence),
+            answerable=result.answerable,
+            threshold=result.chosen.threshold if result.chosen else None,
+            margin=result.chosen.margin if result.chosen else None,
+            precision=result.chosen.precision if result.chosen else None,
+            recall=result.chosen.recall if result.chosen else None,
+            curve=[[p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)] for p in curve(result.points)],
+            wrong=result.wrong[:200], by_kind=result.by_kind(), applied=apply and result.chosen is not None,
+        )
+        if run.applied:
+            EmbeddingModel.objects.filter(pk=result.model.pk).update(
+                direct_threshold=result.chosen.threshold, direct_margin=result.chosen.margin)
+    if run.applied:
+        from knowledge.selectors import serving_model_forget
+
+        serving_model_forget()
+    return run
