@@ -464,8 +464,23 @@ if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING
 # (knowledge.embeddings.OPERATING_POINTS).
 KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", None, minimum=0.0)
 KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", None, minimum=0.0)
+# A second stage (knowledge.rerank), off while KB_RERANK_BASE_URL is empty: a cross-encoder served
+# like vLLM's (`vllm serve BAAI/bge-reranker-v2-m3`; /rerank is appended to the URL) reads the
+# question with the best phrasing of each of its top KB_RERANK_CANDIDATES matches (of the five the
+# vector road fetches) and decides instead of the threshold and margin above: its top must score
+# KB_RERANK_MIN_SCORE and lead the second by KB_RERANK_MARGIN. It is asked only when the best vector
+# score reaches KB_RERANK_FLOOR; past KB_RERANK_TIMEOUT seconds, no direct answer.
+KB_RERANK_BASE_URL = env_url("KB_RERANK_BASE_URL", schemes=("http", "https"), default="")
+KB_RERANK_MODEL = env_str("KB_RERANK_MODEL", "BAAI/bge-reranker-v2-m3")
+KB_RERANK_API_KEY_ENV = env_str("KB_RERANK_API_KEY_ENV", "")
+KB_RERANK_TIMEOUT = env_float("KB_RERANK_TIMEOUT", 1.0, minimum=0.01)
+KB_RERANK_CANDIDATES = env_int("KB_RERANK_CANDIDATES", 5, minimum=1, maximum=5)
+KB_RERANK_MIN_SCORE = env_float("KB_RERANK_MIN_SCORE", 0.5, minimum=0.0)
+KB_RERANK_MARGIN = env_float("KB_RERANK_MARGIN", 0.1, minimum=0.0)
+KB_RERANK_FLOOR = env_float("KB_RERANK_FLOOR", 0.5, minimum=0.0)
 KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
-KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", 0.30, minimum=0.0)
+# Unset: the serving model's own (knowledge.embeddings.OPERATING_POINTS), as for the two below.
+KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", None, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
 # Questions embedded together: the first of a batch waits this long for others (milliseconds), and
@@ -473,7 +488,7 @@ KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
 KB_EMBEDDING_BATCH_WAIT_MS = env_float("KB_EMBEDDING_BATCH_WAIT_MS", 1.0, minimum=0.0)
 KB_EMBEDDING_BATCH_MAX = env_int("KB_EMBEDDING_BATCH_MAX", 64, minimum=1)
 KB_RECORD_MISSES = env_bool("KB_RECORD_MISSES", True)  # keep generated answers as KB misses for curators
-KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", 0.75, minimum=0.0)
+KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", None, minimum=0.0)
 # Misses wait in each process's memory and go to the database in one INSERT per batch: every
 # KB_MISS_FLUSH_SECONDS, or sooner when KB_MISS_FLUSH_ROWS wait. KB_MISS_BUFFER_ROWS bounds the
 # memory while the database is away; past it the oldest misses are dropped (and counted).

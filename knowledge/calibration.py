@@ -26,7 +26,7 @@ from django.db import transaction
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration, EmbeddingModel, Entry
 from knowledge.normalize import normalize
-from knowledge.selectors import _exact, faq_matches, serving_model, vector_verdict
+from knowledge.selectors import _exact, faq_matches, serving_model, serving_model_forget, vector_verdict
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
@@ -191,15 +191,19 @@ def recommend(points: list[Point], target: float) -> Point | None:
     return max(good, key=lambda p: (p.recall, p.precision, p.threshold, p.margin))
 
 
-def curve(points: list[Point]) -> list[Point]:
-    """One point per threshold: the margin with the best recall at that threshold's best
-    precision — the trade-off a curator reads on the chart."""
+def curve(points: list[Point], target: float) -> list[Point]:
+    """One point per threshold, the trade-off a curator reads on the chart: the margin with the
+    best recall at precision ≥ target, or, where no margin reaches it, the most precise one."""
     best: dict[float, Point] = {}
     for p in points:
         held = best.get(p.threshold)
-        if held is None or (p.precision, p.recall) > (held.precision, held.recall):
+        if held is None or _curve_key(p, target) > _curve_key(held, target):
             best[p.threshold] = p
     return [best[t] for t in sorted(best)]
+
+
+def _curve_key(p: Point, target: float) -> tuple:
+    return (True, p.recall, p.precision) if p.precision >= target else (False, p.precision, p.recall)
 
 
 def calibrate(items: list[Labelled], *, target: float = 0.98, model: EmbeddingModel | None = None) -> Result:
@@ -228,22 +232,34 @@ def calibrate(items: list[Labelled], *, target: float = 0.98, model: EmbeddingMo
 
 def calibration_save(result: Result, *, source: str, apply: bool = False) -> Calibration:
     """Keep the run for the admin's chart; with `apply`, the chosen point becomes the model's."""
-    with transaction.atomic():
-        run = Calibration.objects.create(
-            model=result.model, source=source[:200], target=result.target, questions=len(result.evidence),
-            answerable=result.answerable,
-            threshold=result.chosen.threshold if result.chosen else None,
-            margin=result.chosen.margin if result.chosen else None,
-            precision=result.chosen.precision if result.chosen else None,
-            recall=result.chosen.recall if result.chosen else None,
-            curve=[[p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)] for p in curve(result.points)],
-            wrong=result.wrong[:200], by_kind=result.by_kind(), applied=apply and result.chosen is not None,
-        )
-        if run.applied:
-            EmbeddingModel.objects.filter(pk=result.model.pk).update(
-                direct_threshold=result.chosen.threshold, direct_margin=result.chosen.margin)
-    if run.applied:
-        from knowledge.selectors import serving_model_forget
+    run = Calibration.objects.create(
+        model=result.model, source=source[:200], target=result.target, questions=len(result.evidence),
+        answerable=result.answerable,
+        threshold=result.chosen.threshold if result.chosen else None,
+        margin=result.chosen.margin if result.chosen else None,
+        precision=result.chosen.precision if result.chosen else None,
+        recall=result.chosen.recall if result.chosen else None,
+        curve=[[p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)]
+               for p in curve(result.points, result.target)],
+        wrong=result.wrong[:200], by_kind=result.by_kind(),
+    )
+    if apply and result.chosen is not None:
+        run = calibration_apply(run_id=run.pk)
+    return run
 
-        serving_model_forget()
+
+def calibration_apply(*, run_id: int) -> Calibration:
+    """The run's recommended point becomes its model's own threshold and margin. Raises
+    EntryInvalid for a run that reached no point at its target precision."""
+    with transaction.atomic():
+        run = Calibration.objects.select_for_update().get(pk=run_id)
+        if run.threshold is None or run.margin is None:
+            raise EntryInvalid({"calibration": f"calibration #{run.pk} reached no operating point at precision "
+                                               f"{run.target:.2f}: there is nothing to apply"})
+        EmbeddingModel.objects.filter(pk=run.model_id).update(direct_threshold=run.threshold,
+                                                              direct_margin=run.margin)
+        run.applied = True
+        run.save(update_fields=["applied"])
+    # This process answers with the new point at once; the others when their cached row expires.
+    serving_model_forget()
     return run

@@ -56,15 +56,22 @@ class EmbeddingSpec:
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    threshold: float
-    margin: float
+    """Where a model's similarities mean something: each model has its own scale (E5's unrelated
+    questions score about 0.8, MiniLM's about 0.2)."""
+
+    threshold: float  # a direct answer
+    margin: float  # a direct answer's lead over the runner-up
+    context_min: float  # a passage worth putting in the prompt
+    group: float  # two KB misses that ask the same
+    intent: float  # a question like a routing rule's examples (the demo rules' setting)
 
 
-# Each model's default operating point, measured with `manage.py kb_calibrate` on the labelled set
-# in benchmarks/kb_labelled (README, Figures); a model not listed starts from MiniLM's.
+# Each model's defaults. Threshold and margin: `manage.py kb_calibrate` on the labelled set in
+# benchmarks/kb_labelled at precision 0.98 (README, Figures); the others measured on this
+# project's test and demo texts. A model not listed starts from MiniLM's.
 OPERATING_POINTS = {
-    MINILM: OperatingPoint(threshold=0.80, margin=0.05),
-    E5_SMALL: OperatingPoint(threshold=0.80, margin=0.05),  # placeholder until measured
+    MINILM: OperatingPoint(threshold=0.80, margin=0.05, context_min=0.30, group=0.75, intent=0.55),
+    E5_SMALL: OperatingPoint(threshold=0.975, margin=0.045, context_min=0.82, group=0.90, intent=0.86),
 }
 
 

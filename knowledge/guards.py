@@ -40,31 +40,84 @@ def follow_up_marker(text: str) -> str | None:
 # ("turn on" vs "turn off": GPTCache #694, semantic-router #2691), however close their vectors.
 _OPPOSITES = [
     ("on", "off"), ("enable", "disable"), ("activate", "deactivate"), ("start", "stop"), ("open", "close"),
-    ("add", "remove"), ("subscribe", "unsubscribe"), ("increase", "decrease"), ("upgrade", "downgrade"),
-    ("log in", "log out"), ("login", "logout"), ("sign in", "sign out"), ("lock", "unlock"),
-    ("before", "after"), ("import", "export"), ("upload", "download"), ("pause", "resume"),
+    ("add", "remove"), ("add", "delete"), ("create", "delete"), ("create", "revoke"), ("subscribe", "unsubscribe"),
+    ("increase", "decrease"), ("upgrade", "downgrade"), ("log in", "log out"), ("login", "logout"),
+    ("sign in", "sign out"), ("lock", "unlock"), ("before", "after"), ("import", "export"),
+    ("upload", "download"), ("pause", "resume"), ("receive", "send"), ("buy", "sell"), ("join", "leave"),
     ("开通", "取消"), ("开通", "关闭"), ("打开", "关闭"), ("开启", "关闭"), ("启用", "停用"), ("启用", "禁用"),
     ("之前", "之后"), ("以前", "以后"), ("增加", "减少"), ("升级", "降级"), ("登录", "退出"), ("绑定", "解绑"),
     ("订阅", "退订"), ("上调", "下调"), ("上传", "下载"), ("导入", "导出"), ("暂停", "恢复"), ("锁定", "解锁"),
+    ("添加", "删除"), ("新增", "删除"), ("创建", "删除"), ("创建", "停止"), ("创建", "撤销"), ("领取", "使用"),
+    ("收到", "寄出"), ("购买", "出售"), ("加入", "退出"),
 ]
-_NEGATIONS = re.compile(r"\b(?:not|no|never|without|don't|doesn't|didn't|can't|cannot|won't|isn't|aren't|"
-                        r"shouldn't|dont|doesnt|cant)\b|不|没|别|无法|未", re.I)
+# Words that undo or repeat an action: "un-cancel an order", "recover a deleted account", "重新订阅"
+# ask for the way back, which the entry for the action itself does not answer.
+_REVERSALS = re.compile(r"\b(?:undo|un-?cancel\w*|un-?delete\w*|restore\w*|recover\w*|reactivat\w*|restart\w*|"
+                        r"resubscrib\w*|re-?enabl\w*|reopen\w*|revert\w*|reinstat\w*|get \w+ back)\b|"
+                        r"恢复|撤销|撤回|重新|找回|还原", re.I)
+_NEGATION = re.compile(r"\b(?:not|no|never|without|don't|doesn't|didn't|can't|cannot|won't|isn't|aren't|"
+                       r"shouldn't|dont|doesnt|cant|wont)\b|不|没|别|无需|未", re.I)
+# Words a negation skips to reach what it negates ("don't want to cancel", "not a refund").
+_FILLER = frozenset("i you we it to a an the my your our be do have want need like just please any".split())
 # Every word of the pairs, found in one pass: whole words in Latin script, substrings in CJK.
 _WORDS = sorted({word for pair in _OPPOSITES for word in pair}, key=len, reverse=True)
 _OPPOSITE_WORDS = re.compile("|".join(
     re.escape(word) if re.search(f"[{CJK_RANGES}]", word) else rf"\b{re.escape(word)}\b" for word in _WORDS))
+_CJK = re.compile(f"[{CJK_RANGES}]")
+_WORD = re.compile(r"[^\W_]+(?:'[a-z]+)?", re.I)
+# A number with its unit ("7B", "70B", "16G", "v2"): a question about another number is another question.
+_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:\.\d+)?[a-z]*", re.I)
 
 
 def near_miss(question: str, phrasing: str) -> str | None:
     """Why `question` must not take the answer of the entry phrased `phrasing` although their
-    vectors are close: one asks the opposite action or relation, or one is negated and the other
-    not. None when no such sign is found."""
-    asked = set(_OPPOSITE_WORDS.findall(question.casefold()))
-    known = set(_OPPOSITE_WORDS.findall(phrasing.casefold()))
+    vectors are close: one asks the opposite action or relation, asks to undo the entry's action,
+    names another number, or negates what the other asks. None when no such sign is found."""
+    q, p = question.casefold(), phrasing.casefold()
+    asked = set(_OPPOSITE_WORDS.findall(q))
+    known = set(_OPPOSITE_WORDS.findall(p))
     for one, other in _OPPOSITES:
         for this, that in ((one, other), (other, one)):
             if this in asked and that not in asked and that in known and this not in known:
                 return f"it asks {this!r} where the entry says {that!r}"
-    if bool(_NEGATIONS.search(question)) != bool(_NEGATIONS.search(phrasing)):
-        return "one of them is negated and the other is not"
+    if (undo := _REVERSALS.search(q)) and not _REVERSALS.search(p):
+        return f"it asks to {undo.group()!r}, which the entry does not"
+    numbers_q, numbers_p = set(_NUMBER.findall(q)), set(_NUMBER.findall(p))
+    if numbers_p and numbers_q and not numbers_q & numbers_p:
+        return f"it names {sorted(numbers_q)[0]!r} where the entry says {sorted(numbers_p)[0]!r}"
+    for this, that in ((q, p), (p, q)):
+        if word := _negated_but_asked(this, that):
+            return f"one of them negates {word!r} and the other asks it"
     return None
+
+
+def _negated_but_asked(text: str, other: str) -> str | None:
+    """A term `text` negates ("don't want to cancel", "不想取消") that `other` asks without negating."""
+    negated = _negated_terms(text)
+    if not negated:
+        return None
+    plain = _terms(other) - _negated_terms(other)
+    found = negated & plain
+    return min(found) if found else None
+
+
+def _negated_terms(text: str) -> set[str]:
+    """What the negations of `text` reach: the next word that is not filler in Latin script, the
+    bigrams of the next four characters in CJK."""
+    terms: set[str] = set()
+    for match in _NEGATION.finditer(text):
+        rest = text[match.end():]
+        if _CJK.match(match.group()):
+            head = rest[:4]
+            terms.update(head[i : i + 2] for i in range(len(head) - 1) if _CJK.match(head[i]) and _CJK.match(head[i + 1]))
+            continue
+        words = [w for w in _WORD.findall(rest[:60]) if w not in _FILLER][:1]
+        terms.update(words)
+    return terms
+
+
+def _terms(text: str) -> set[str]:
+    terms = set(_WORD.findall(_CJK.sub(" ", text)))
+    for run in re.findall(f"[{CJK_RANGES}]+", text):
+        terms.update(run[i : i + 2] for i in range(len(run) - 1))
+    return terms

@@ -82,6 +82,18 @@ class EmbeddingModel(models.Model):
                 return value
         return operating_point(self.name).margin
 
+    @property
+    def context_min(self) -> float:
+        """The similarity a passage needs to be context: KB_CONTEXT_MIN_SCORE, else the model's."""
+        value = settings.KB_CONTEXT_MIN_SCORE
+        return operating_point(self.name).context_min if value is None else value
+
+    @property
+    def group_score(self) -> float:
+        """The similarity at which two KB misses group: KB_MISS_GROUP_SCORE, else the model's."""
+        value = settings.KB_MISS_GROUP_SCORE
+        return operating_point(self.name).group if value is None else value
+
     def clean(self):
         if problem := key_env_problem(self.api_key_env):
             raise ValidationError({"api_key_env": problem})

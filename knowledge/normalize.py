@@ -25,6 +25,10 @@ def normalize(text: str) -> str:
 _CJK_RUN = re.compile(rf"[{_CJK}]+")
 
 
+def has_cjk(text: str) -> bool:
+    return _CJK_RUN.search(text) is not None
+
+
 def lexical_terms(text: str) -> set[str]:
     """Words of Latin-script text and character bigrams of CJK text (which has no spaces)."""
     key = normalize(text)

@@ -13,7 +13,8 @@ from core import rawsql
 from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
 from knowledge.guards import follow_up_marker, near_miss
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
-from knowledge.normalize import lexical_similarity, normalize
+from knowledge.normalize import has_cjk, lexical_similarity, normalize
+from knowledge.rerank import arerank_verdict, rerank_verdict
 
 # How long a process trusts its idea of the serving model. A model switch reaches
 # every process within this time; until then the old vectors (still present) serve.
@@ -189,7 +190,7 @@ def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
         return exact
     if model is None:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
-    return vector_verdict(text, matches, threshold=model.threshold, margin=model.margin)
+    return rerank_verdict(text, matches, vector_verdict(text, matches, threshold=model.threshold, margin=model.margin))
 
 
 def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin: float) -> DirectAnswer:
@@ -216,7 +217,7 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
         )
     if runner_up is not None:
         _lexical_fill(text, [best, runner_up])
-        if runner_up.lexical > best.lexical:
+        if best.lexical is not None and runner_up.lexical is not None and runner_up.lexical > best.lexical + LEXICAL_EDGE:
             # The embedding prefers one entry, the words another: the near-miss case
             # ("cancel my subscription" vs "cancel my order", 订阅 vs 订单). Not sure means no.
             return DirectAnswer(
@@ -234,11 +235,20 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
     )
 
 
+# How much better the words must match the runner-up than the embedding's choice for the words to
+# overrule it: a hair's difference between two paraphrases is noise, not a near miss.
+LEXICAL_EDGE = 0.1
+
+
 def _lexical_fill(text: str, matches: list[Match]) -> None:
-    """Best lexical similarity of `text` to any phrasing of each match's entry (once per match)."""
+    """Best lexical similarity of `text` to any phrasing of each match's entry in the question's
+    script (once per match). Words cannot compare a Chinese question with an English-only entry:
+    such a match keeps None, and the words check leaves the verdict to the vectors."""
+    cjk = has_cjk(text)
     for match in matches:
         if match.lexical is None:
-            match.lexical = max((lexical_similarity(text, t) for t in match.texts), default=0.0)
+            scores = [lexical_similarity(text, t) for t in match.texts if has_cjk(t) == cjk]
+            match.lexical = max(scores) if scores else None
 
 
 def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
@@ -247,10 +257,10 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
     """Top-k passages of active entries of any kind, for the prompt, each with a citation label.
     `vector`, when given, is the question's embedding by `model` (default: the serving model)."""
     k = k or settings.KB_CONTEXT_K
-    min_score = settings.KB_CONTEXT_MIN_SCORE if min_score is None else min_score
     model = model or serving_model()
     if model is None or not normalize(text):
         return []
+    min_score = model.context_min if min_score is None else min_score
     if vector is None:
         vector = embed_query(spec_of(model), text)
     sql, params = _context_statement(model, vector, k=k, min_score=min_score)
@@ -321,7 +331,7 @@ async def _adirect_answer(text: str) -> DirectAnswer:
     # No I/O: the matches carry what the verdict reads.
     verdict = vector_verdict(text, matches, threshold=model.threshold, margin=model.margin)
     verdict.vector, verdict.model = vector, model
-    return verdict
+    return await arerank_verdict(text, matches, verdict)
 
 
 async def aquery_vector(text: str) -> tuple[EmbeddingModel, tuple[float, ...]] | None:
@@ -341,5 +351,5 @@ async def acontext_passages(text: str, *, k: int | None = None,
     model, vector = query
     if not normalize(text):
         return []
-    statement = _context_statement(model, vector, k=k or settings.KB_CONTEXT_K, min_score=settings.KB_CONTEXT_MIN_SCORE)
+    statement = _context_statement(model, vector, k=k or settings.KB_CONTEXT_K, min_score=model.context_min)
     return _passages(await db.query_all(*statement))

@@ -402,12 +402,12 @@ def misses_group(*, limit: int = 1000) -> int:
     """Place up to `limit` waiting misses, oldest first, in groups; the number placed.
 
     The rules of a single miss: it joins the first head with the same normalized question,
-    else the nearest head of the same embedding model when their similarity reaches
-    `KB_MISS_GROUP_SCORE`, else it heads a group of its own. Heads made earlier in the same
+    else the nearest head of the same embedding model when their similarity reaches that
+    model's group score (`EmbeddingModel.group_score`), else it heads a group of its own. Heads made earlier in the same
     pass count too, so misses that arrive together group together. Runs in one transaction;
     concurrent passes take turns on an advisory lock, so a second one finds the rows placed.
     """
-    threshold = settings.KB_MISS_GROUP_SCORE
+    thresholds = {model.pk: model.group_score for model in EmbeddingModel.objects.all()}
     with transaction.atomic(), connection.cursor() as cursor:
         # A lock on the rows would not do: two passes could each make a head for the same question.
         cursor.execute("SELECT pg_advisory_xact_lock(hashtext('knowledge.misses_group'))")
@@ -424,7 +424,7 @@ def misses_group(*, limit: int = 1000) -> int:
                 candidates = [(near_score, near_id)] if near_id is not None else []
                 candidates.append(pass_heads.nearest(model_id, vector))
                 score, nearest = max(candidates, key=lambda c: c[0])
-                if nearest is not None and score >= threshold:
+                if nearest is not None and score >= thresholds.get(model_id, 1.0):
                     head = nearest
             if head is None:
                 pass_heads.add(miss_id, key, model_id, vector)

@@ -36,6 +36,16 @@ def external_endpoint_ensure() -> ModelEndpoint | None:
 
 
 @transaction.atomic
+def _intent_threshold() -> float:
+    """An intent threshold is a similarity in the serving model's scale: the demo rule takes the
+    configured model's (knowledge.embeddings.OPERATING_POINTS)."""
+    from django.conf import settings
+
+    from knowledge.embeddings import operating_point
+
+    return operating_point(settings.KB_EMBEDDING_MODEL or "").intent
+
+
 def demo_rules_ensure(*, local: ModelEndpoint, external: ModelEndpoint | None) -> list[str]:
     """Create the default rules that do not exist yet; returns the names created."""
     created = []
@@ -44,7 +54,7 @@ def demo_rules_ensure(*, local: ModelEndpoint, external: ModelEndpoint | None) -
         # A client that names the local model gets it as it is: no KB context, no escalation.
         ("local model by name", 5, {"requested_models": [local.name], "use_kb_context": False}, [local]),
         ("translation and analysis", 10, {"keywords": HEAVY_KEYWORDS}, [heavy] + ([local] if external else [])),
-        ("long-form writing", 20, {"intent_examples": LONG_FORM_EXAMPLES, "intent_threshold": 0.55},
+        ("long-form writing", 20, {"intent_examples": LONG_FORM_EXAMPLES, "intent_threshold": _intent_threshold()},
          [heavy] + ([local] if external else [])),
         ("default", 1000, {"is_default": True}, [local] + ([external] if external else [])),
     ]

@@ -31,7 +31,10 @@ class RoutingRule(models.Model):
         "\\w and \\d are ASCII, \\p{Han} and \\p{L} match other scripts)."))
     intent_examples = ArrayField(models.TextField(), default=list, blank=True,
                                  help_text="Example questions; matches when one is similar enough.")
-    intent_threshold = models.FloatField(default=0.6, validators=[MinValueValidator(0), MaxValueValidator(1)])
+    intent_threshold = models.FloatField(
+        default=0.86, validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Similarity to an example, in the serving embedding model's scale: about 0.86 for "
+                  "multilingual-e5-small, 0.55 for all-MiniLM-L6-v2. Try questions in the rule tester.")
     min_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
     max_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
     groups = models.ManyToManyField(Group, blank=True, help_text="Only for users in one of these groups.")

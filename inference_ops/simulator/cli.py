@@ -61,6 +61,11 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--embedding-dim", type=int, default=0,
         help="simulate a pooling (embedding) model of this size: serves /v1/embeddings (0: a generative model)",
     )
+    parser.add_argument(
+        "--cross-encoder", action="store_true",
+        help="simulate a cross-encoder (reranker): serves /rerank and /score, not generation; on by itself "
+        "for a model whose name contains 'rerank'",
+    )
     args, unknown = parser.parse_known_args(argv)
 
     if args.max_num_seqs < 1:
@@ -76,8 +81,14 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     if args.lora_modules and not args.enable_lora:
         # vLLM fails at startup too: loading the static adapters needs LoRA enabled.
         parser.error("--lora-modules requires --enable-lora")
+    if args.cross_encoder and args.embedding_dim:
+        parser.error("--cross-encoder and --embedding-dim are two kinds of model; pick one")
 
     model = args.model or model_tag or DEFAULT_MODEL
+    # vLLM tells a cross-encoder by the architecture in its config.json (…ForSequenceClassification
+    # with one label); the simulator has no weights to read, so `serve BAAI/bge-reranker-v2-m3`, the
+    # command line vLLM is given, goes by the name.
+    cross_encoder = args.cross_encoder or ("rerank" in model.lower() and not args.embedding_dim)
     return SimConfig(
         model=model,
         served_model_names=tuple(args.served_model_name or ()),
@@ -95,6 +106,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         mode=args.mode,
         seed=args.seed,
         embedding_dim=args.embedding_dim,
+        cross_encoder=cross_encoder,
         # Read like vLLM's envs.py: only "1" or "true" switch the routes on.
         allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
         in ("1", "true"),

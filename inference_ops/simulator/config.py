@@ -31,6 +31,7 @@ class SimConfig:
     mode: str = "random"
     seed: int | None = None
     embedding_dim: int = 0
+    cross_encoder: bool = False
     allow_runtime_lora_updating: bool = False
     ignored_args: tuple[str, ...] = field(default=())
 

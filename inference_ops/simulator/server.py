@@ -13,6 +13,7 @@ from aiohttp import web
 
 from .config import FAULTS, LoraModule, SimConfig
 from . import embeddings as sim_embeddings
+from . import scoring
 from .engine import Engine, Sequence
 from .generation import plan_output
 from .metrics import Metrics
@@ -24,8 +25,14 @@ from .protocol import (
     dumps,
     error_body,
     full_response,
+    pair_length_error,
     parse_chat,
     parse_completion,
+    parse_rerank,
+    parse_score,
+    rerank_response,
+    score_pairs,
+    score_response,
     validation_error,
 )
 from .tokenizer import chat_prompt_tokens, token_ids, tokenize
@@ -69,6 +76,10 @@ class Simulator:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):  # vLLM serves the one handler at all three
+            app.router.add_post(path, self.rerank)
+        for path in ("/score", "/v1/score"):
+            app.router.add_post(path, self.score)
         app.router.add_get("/metrics", self.metrics_text)
         if self.config.allow_runtime_lora_updating:
             # Like vLLM, the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING set.
@@ -194,18 +205,13 @@ class Simulator:
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
         raw = await request.read()  # read first, so a dropped connection closes cleanly
         fault = self._pick_fault(request)
-        if fault == "connect-close":
-            await _drop_connection(request)
-        if fault == "hang":
-            await asyncio.sleep(HANG_SECONDS)
-            await _drop_connection(request)
-        if fault == "500":
-            raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
-        if fault == "429":
-            body = error_body("The server is overloaded, retry later.", err_type="RateLimitError", status=429)
-            return _json_response(body, status=429, headers={"Retry-After": "1"})
+        if (refused := await self._early_fault(request, fault)) is not None:
+            return refused
 
         params = parse(_json_body(request, raw))
+        if self.config.cross_encoder:
+            api = "Chat Completions" if params.endpoint == "chat" else "Completions"
+            raise APIError(f"The model does not support {api} API")
         model, seq = self._new_sequence(params)
         if fault == "before-first-token":
             # The engine dies during prefill: a stream has its 200 and headers, then nothing.
@@ -218,6 +224,21 @@ class Simulator:
         if params.stream:
             return await self._stream(request, params, model, seq, fail_after)
         return await self._complete(params, model, seq, fail_after)
+
+    async def _early_fault(self, request: web.Request, fault: str | None) -> web.Response | None:
+        """The faults that strike before the request is handled: the connection dropped, a hang,
+        a 500 (raised), or a 429 (returned, for the handler to send)."""
+        if fault == "connect-close":
+            await _drop_connection(request)
+        if fault == "hang":
+            await asyncio.sleep(HANG_SECONDS)
+            await _drop_connection(request)
+        if fault == "500":
+            raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
+        if fault == "429":
+            body = error_body("The server is overloaded, retry later.", err_type="RateLimitError", status=429)
+            return _json_response(body, status=429, headers={"Retry-After": "1"})
+        return None
 
     def _new_sequence(self, params) -> tuple[str, Sequence]:
         """Validate a parsed request against the served models and plan its output."""
@@ -335,6 +356,53 @@ class Simulator:
             "data": data, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
                                     "completion_tokens": 0},
         })
+
+    # -- rerank and score --------------------------------------------------------------
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        return await self._score(request, parse_rerank)
+
+    async def score(self, request: web.Request) -> web.Response:
+        return await self._score(request, parse_score)
+
+    async def _score(self, request: web.Request, parse) -> web.Response:
+        """/rerank and /score: every pair in one forward pass, which takes --time-to-first-token
+        (a pooling model only prefills). The faults of a request apply as to a generation that
+        is not streamed: a drop or a 500 during the pass."""
+        raw = await request.read()
+        fault = self._pick_fault(request)
+        if (refused := await self._early_fault(request, fault)) is not None:
+            return refused
+        params = parse(_json_body(request, raw))
+        if not (self.config.cross_encoder or self.config.embedding_dim):
+            api = "Rerank (Score)" if params.endpoint == "rerank" else "Score"
+            raise APIError(f"The model does not support {api} API")
+        model, _ = self._resolve_model(params.model)
+        pairs = score_pairs(params)
+        tokens = 0
+        for one, two in pairs:
+            count = len(tokenize(one)) + len(tokenize(two)) + scoring.PAIR_SPECIAL_TOKENS
+            error = pair_length_error(max_model_len=self.config.max_model_len, tokens=count, endpoint=params.endpoint)
+            if error is not None:
+                raise error
+            tokens += count
+        if fault == "before-first-token":
+            await asyncio.sleep(self.config.ttft / 2)
+            await _drop_connection(request)
+        await asyncio.sleep(self.config.ttft)
+        if fault == "mid-stream":
+            raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
+        if self.config.cross_encoder:
+            scores = [scoring.cross_encoder_score(one, two) for one, two in pairs]
+        else:
+            # An embedding model scores a pair by the cosine of its two vectors, as vLLM does.
+            scores = [scoring.embedding_score(one, two, self.config.embedding_dim) for one, two in pairs]
+        if params.endpoint == "rerank":
+            body = rerank_response(model=model, documents=params.texts_2, scores=scores, top_n=params.top_n,
+                                   tokens=tokens)
+        else:
+            body = score_response(model=model, scores=scores, tokens=tokens)
+        return _json_response(body)
 
     def _resolve_model(self, name: str | None) -> tuple[str, str | None]:
         """The model name to answer with, and the LoRA adapter to use."""

@@ -51,7 +51,7 @@ def test_invalid_entries_are_400_naming_the_field_and_nothing_is_written(staff, 
     assert not Entry.objects.exists()
 
 
-def test_search_returns_matches_scores_and_the_direct_answer_verdict(staff, kb):
+def test_search_returns_matches_scores_and_the_direct_answer_verdict(staff, kb, vector_point):
     body = staff.get("/api/kb/search", {"q": "how can I cancel an order I placed"}).json()
     assert body["direct"]["hit"] is True and body["direct"]["method"] == "vector"
     assert body["direct"]["entry"]["question"] == "How do I cancel my order?"

@@ -2,9 +2,10 @@
 
 import pytest
 
+from knowledge.embeddings import E5_SMALL, operating_point
 from knowledge.models import Entry, PhrasingVector
 from knowledge.normalize import normalize
-from knowledge.selectors import direct_answer
+from knowledge.selectors import Match, direct_answer, serving_model, vector_verdict
 from knowledge.services import entry_create, entry_update
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +57,7 @@ def test_exact_match_on_question_and_aliases_answers_directly(kb, question, expe
         ("怎么取消订单呢", "如何取消订单？"),
     ],
 )
-def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(kb, question, expected):
+def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(kb, vector_point, question, expected):
     result = direct_answer(question)
     assert result.hit, result.reason
     assert result.method == "vector"
@@ -73,6 +74,7 @@ def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(kb, questi
         # Near-miss wordings with another meaning must not be answered by the neighbour.
         ("What is QLoRA fine-tuning?", "What is LoRA?"),
         ("How do I cancel my membership?", "How do I cancel my order?"),
+        ("How do I cancel my membership?", "How do I cancel my subscription?"),  # too close to tell
         ("cancel my subscription plan", "How do I cancel my order?"),
         ("怎么取消订阅呢", "如何取消订单？"),
         ("取消订阅", "如何取消订单？"),
@@ -80,7 +82,7 @@ def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(kb, questi
         ("when are you open on sunday", None),
     ],
 )
-def test_near_misses_never_hit_the_wrong_entry(kb, question, wrong):
+def test_near_misses_never_hit_the_wrong_entry(kb, vector_point, question, wrong):
     result = direct_answer(question)
     if wrong is None:
         assert not result.hit, result.reason
@@ -88,19 +90,54 @@ def test_near_misses_never_hit_the_wrong_entry(kb, question, wrong):
         assert not (result.hit and result.entry == kb[wrong]), result.reason
 
 
-def test_chinese_near_miss_is_refused_because_the_words_disagree(kb):
-    # The English MiniLM model cannot tell 订阅 from 订单; the lexical check can.
-    result = direct_answer("怎么取消订阅呢")
-    assert not result.hit
-    assert "words match" in result.reason
-    assert result.matches[0].entry == kb["如何取消订单？"]
+def test_the_words_overrule_the_embedding_when_they_clearly_prefer_the_runner_up(kb):
+    # 订阅 and 订单 share a character; an embedding may rank them either way, the words cannot.
+    order, subscription = kb["如何取消订单？"], kb["如何取消订阅？"]
+    matches = [Match(entry=order, score=0.97, phrasing=order.question, texts=(order.question, "怎样取消订单")),
+               Match(entry=subscription, score=0.90, phrasing=subscription.question, texts=(subscription.question,))]
+    verdict = vector_verdict("怎么取消订阅", matches, threshold=0.9, margin=0.05)
+    assert not verdict.hit and "words match" in verdict.reason
+    # A hair's difference in the words is noise: the embedding's choice stands.
+    matches[1].texts, matches[0].lexical, matches[1].lexical = (subscription.question,), None, None
+    assert vector_verdict("如何取消订单呀", matches, threshold=0.9, margin=0.05).hit
 
 
-def test_a_score_below_the_threshold_is_a_miss_that_names_it(kb):
+def test_the_words_check_leaves_a_cross_lingual_match_to_the_vectors(kb):
+    # A Chinese question has no words in common with an English-only entry: no words verdict.
+    english, chinese = kb["How do I cancel my subscription?"], kb["如何取消订单？"]
+    matches = [Match(entry=english, score=0.97, phrasing=english.question, texts=(english.question,)),
+               Match(entry=chinese, score=0.90, phrasing=chinese.question, texts=(chinese.question,))]
+    verdict = vector_verdict("怎么取消订阅", matches, threshold=0.9, margin=0.05)
+    assert verdict.hit and verdict.entry == english, verdict.reason
+
+
+def test_a_score_below_the_threshold_is_a_miss_that_names_it(kb, vector_point):
     result = direct_answer("tell me about LoRA adapters")
     assert not result.hit
     assert result.entry == kb["What is LoRA?"]
-    assert "below the threshold 0.80" in result.reason
+    assert "below the threshold 0.950" in result.reason
+
+
+def test_the_default_operating_point_is_the_serving_models_calibrated_one(kb):
+    model = serving_model()
+    assert model.name == E5_SMALL and model.direct_threshold is None
+    assert (model.threshold, model.margin) == (operating_point(E5_SMALL).threshold, operating_point(E5_SMALL).margin)
+    # At the default, precision first: the exact and the very close answer, the near misses do not.
+    assert direct_answer("怎么取消订单呢").hit
+    for question in ("How do I cancel my membership?", "when are you open on sunday", "tell me about LoRA adapters"):
+        assert not direct_answer(question).hit, question
+
+
+def test_a_models_own_operating_point_beats_the_settings(kb, settings):
+    settings.KB_DIRECT_THRESHOLD = 0.5
+    model = serving_model()
+    model.direct_threshold = 0.999
+    model.save(update_fields=["direct_threshold"])
+    from knowledge.selectors import serving_model_forget
+
+    serving_model_forget()
+    result = direct_answer("cancel my subscription plan")
+    assert not result.hit and result.threshold == 0.999
 
 
 def test_the_global_threshold_and_margin_come_from_settings(kb, settings):
@@ -112,12 +149,12 @@ def test_the_global_threshold_and_margin_come_from_settings(kb, settings):
     assert not result.hit and "too close" in result.reason
 
 
-def test_a_per_entry_threshold_overrides_the_global_one(kb):
+def test_a_per_entry_threshold_overrides_the_global_one(kb, vector_point):
     entry = kb["How do I reset my password?"]
     assert direct_answer("I forgot my password").hit
-    entry_update(entry=entry, threshold=0.95)
+    entry_update(entry=entry, threshold=0.99)
     result = direct_answer("I forgot my password")
-    assert not result.hit and result.threshold == 0.95
+    assert not result.hit and result.threshold == 0.99
 
 
 def test_an_entry_without_a_current_embedding_is_never_a_vector_hit(kb):
@@ -158,10 +195,11 @@ def test_document_and_rule_entries_have_no_phrasings(kb):
     ("How do I turn on notifications?", "How do I turn off notifications?"),
     ("How do I enable two-factor login?", "How do I disable two-factor login?"),
 ])
-def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(entry, question):
+def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(vector_point, entry, question):
     """Their vectors are close enough to answer (GPTCache #694: "turn on" answered "turn off")."""
     entry_create(question=entry, answer="Settings → Notifications.", embed="sync")
     verdict = direct_answer(question)
     assert not verdict.hit
     assert verdict.score >= verdict.threshold  # the vector alone would have answered
     assert "a near miss of KB#" in verdict.reason
+

@@ -51,9 +51,10 @@ def _use_model(settings, server):
 
 
 @pytest.mark.django_db
-def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb, embedding_server, settings):
+def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb, embedding_server, settings,
+                                                                             vector_point):
     old = serving_model()
-    assert old.name == "all-MiniLM-L6-v2" and old.dimensions == 384
+    assert old.name == "multilingual-e5-small" and old.dimensions == 384
     _use_model(settings, embedding_server)
 
     seen_during_build = []
@@ -64,7 +65,7 @@ def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb
         seen_during_build.append((serving_model().name, result.hit))
 
     new = kb_reembed(batch_size=4, progress=progress)
-    assert seen_during_build and all(seen == ("all-MiniLM-L6-v2", True) for seen in seen_during_build)
+    assert seen_during_build and all(seen == ("multilingual-e5-small", True) for seen in seen_during_build)
 
     serving_model_forget()
     assert new.name == "sim/embed-256" and serving_model() == new
@@ -91,4 +92,4 @@ def test_the_reembed_command_reports_the_switch(kb, embedding_server, settings, 
     _use_model(settings, embedding_server)
     call_command("kb_reembed")
     out = capsys.readouterr().out
-    assert "serving now: all-MiniLM-L6-v2" in out and out.rstrip().endswith("serving: sim/embed-256")
+    assert "serving now: multilingual-e5-small" in out and out.rstrip().endswith("serving: sim/embed-256")

@@ -22,7 +22,7 @@ def _jsonl(tmp_path, rows, name="kb.jsonl"):
     return str(path)
 
 
-def test_import_embeds_synchronously_so_entries_answer_when_it_returns(tmp_path, capsys):
+def test_import_embeds_synchronously_so_entries_answer_when_it_returns(tmp_path, capsys, vector_point):
     call_command("kb_import", _jsonl(tmp_path, GOOD))
     assert "2 created, 0 updated, 0 unchanged, 0 rejected" in capsys.readouterr().out
     norway = Entry.objects.get(question="Do you ship to Norway?")

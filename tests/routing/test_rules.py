@@ -8,6 +8,7 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
+from knowledge.embeddings import E5_SMALL, operating_point
 from knowledge.services import entry_create
 from routing import breaker
 from routing.exceptions import RuleInvalid
@@ -71,7 +72,8 @@ def test_regex_length_group_client_and_model_conditions(local):
 def test_semantic_intent_matches_by_similarity_to_examples(local):
     entry_create(question="Seed the embedding model", answer="x", embed="sync")
     rule("writing", local, intent_examples=["Write a detailed essay about the history of printing",
-                                            "Draft a long report on quarterly sales"], intent_threshold=0.5,
+                                            "Draft a long report on quarterly sales"],
+         intent_threshold=operating_point(E5_SMALL).intent,
          priority=10)
     rule("default", local, is_default=True)
     assert chosen("Could you write an essay on the history of the printing press?") == "writing"

@@ -104,7 +104,7 @@ class Command(BaseCommand):
         for row in result.wrong[:show]:
             self.out(f"  wrong: {row['question'][:60]!r} -> {row['got_question'][:40]!r} "
                      f"(want {row['expected_question'][:40]!r})")
-        points = curve(result.points)
+        points = curve(result.points, result.target)
         self.out("  curve (threshold: precision/recall): " + ", ".join(
             f"{p.threshold:.2f}: {p.precision:.2f}/{p.recall:.2f}" for p in points[::10]))
 

@@ -35,7 +35,7 @@ class Command(BaseCommand):
             f"now serving at threshold {result.model.threshold:.3f}, margin {result.model.margin:.3f}")
         out("")
         out(f"{'threshold':>9} {'margin':>6} {'precision':>9} {'recall':>6} {'answered':>8}")
-        for p in curve(result.points)[::4]:
+        for p in curve(result.points, result.target)[::4]:
             out(f"{p.threshold:9.3f} {p.margin:6.3f} {p.precision:9.3f} {p.recall:6.3f} {p.answered:8d}")
         out("")
         chosen = result.chosen
