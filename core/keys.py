@@ -3,7 +3,8 @@
 An endpoint's or an embedding model's `api_key_env` is written in the admin, and the variable's
 value leaves as a Bearer token for the row's URL. So a row may name only a variable made for
 that: one whose name starts with ENDPOINT_KEY_ENV_PREFIX (`GW_KEY_`), one the operator listed
-in ENDPOINT_KEY_ENV_NAMES, or the one EXTERNAL_LLM_API_KEY_ENV or KB_EMBEDDING_API_KEY_ENV names;
+in ENDPOINT_KEY_ENV_NAMES, or the one EXTERNAL_LLM_API_KEY_ENV, KB_EMBEDDING_API_KEY_ENV or
+KB_RERANK_API_KEY_ENV names;
 never one of the gateway's own secrets, whatever the lists say.
 """
 
@@ -27,7 +28,7 @@ def key_env_problem(name: str) -> str | None:
         return f"{name!r} is not the name of an environment variable"
     prefix = settings.ENDPOINT_KEY_ENV_PREFIX
     allowed = {*settings.ENDPOINT_KEY_ENV_NAMES, settings.EXTERNAL_LLM_API_KEY_ENV,
-               settings.KB_EMBEDDING_API_KEY_ENV or ""} - {""}
+               settings.KB_EMBEDDING_API_KEY_ENV or "", settings.KB_RERANK_API_KEY_ENV or ""} - {""}
     if name not in GATEWAY_SECRETS and (name.startswith(prefix) or name in allowed):
         return None
     return (f"{name} may not hold an endpoint key: its value would be sent to this row's URL. "

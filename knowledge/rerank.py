@@ -197,9 +197,18 @@ _sync_lock = threading.Lock()
 
 
 def _async_client(config: RerankConfig) -> openai.AsyncOpenAI:
-    # The SDK's aiohttp transport, as inference_ops.client uses: less CPU per request than httpx.
+    # The SDK's aiohttp transport, as inference_ops.client uses: one HTTP stack for the async calls.
     return _async_clients.get(lambda: openai.AsyncOpenAI(
         **_client_options(config), http_client=openai.DefaultAioHttpClient(timeout=config.timeout)), config)
+
+
+async def arerank_close() -> None:
+    """Close the running loop's client of the configured reranker, for a command or test that
+    ends its loop (the gateway's lives as long as the process)."""
+    config = rerank_config()
+    client = _async_clients.peek(config) if config is not None else None
+    if client is not None:
+        await client.close()
 
 
 def _sync_client(config: RerankConfig) -> openai.OpenAI:

@@ -8,11 +8,11 @@ Start it like vLLM:
 It serves vLLM's routes and JSON shapes: /health, /ping, /version, /v1/models,
 /v1/chat/completions and /v1/completions (streamed or not), /tokenize,
 /metrics (vLLM's Prometheus names), and /v1/load_lora_adapter and
-/v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set. A pooling
-model (--embedding-dim) serves /v1/embeddings; a cross-encoder (--cross-encoder,
-or a model named like a reranker) serves /rerank, /v1/rerank, /v2/rerank,
-/score and /v1/score instead of generation (scoring.py); both take
---time-to-first-token per /rerank or /score request.
+/v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set. A cross-encoder
+(--cross-encoder, or a model named like a reranker) serves /rerank, /v1/rerank,
+/v2/rerank, /score and /v1/score instead of generation (scoring.py); a pooling
+model (--embedding-dim) serves /v1/embeddings, and those routes too by cosine.
+A /rerank or /score request takes --time-to-first-token (one forward pass).
 Tokens are paced by a continuous-batching scheduler (engine.py): every step of
 --inter-token-latency gives each running sequence one token, at most
 --max-num-seqs run at once, the rest wait.

@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from asgiref.sync import async_to_sync
 
-from knowledge.selectors import adirect_answer, direct_answer, serving_model, vector_verdict
+from knowledge.rerank import arerank_close, arerank_verdict
+from knowledge.selectors import Match, adirect_answer, direct_answer, serving_model, vector_verdict
 from knowledge.services import entry_create
 from tests.inference_ops.simulator_process import start_simulator
 
@@ -23,7 +24,17 @@ RERANKER = "BAAI/bge-reranker-v2-m3"
 
 def ask(text):
     """adirect_answer from a sync test: its statements share the test's transaction."""
-    return async_to_sync(adirect_answer)(text)
+    return async_to_sync(_closing(adirect_answer))(text)
+
+
+def _closing(call):
+    # Each async_to_sync call runs on a loop of its own: the reranker client it opened goes with it.
+    async def run(*args):
+        try:
+            return await call(*args)
+        finally:
+            await arerank_close()
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +188,8 @@ def test_a_reranker_that_is_not_one_or_serves_another_model_is_a_failure(kb, rer
     assert not verdict.hit and "does not support Rerank (Score) API" in verdict.reason
 
 
-# A real HTTP server answering /rerank with what a broken reranker might send; the model asked for
-# picks the body.
+# A real HTTP server answering /rerank with what a broken reranker might send, the model asked for
+# picking the body; or, for the model `prefer:WORDS`, a reranker sure of the documents with WORDS.
 ODD_BODIES = {
     "text": "all good",
     "no-results": {"data": []},
@@ -194,7 +205,13 @@ ODD_BODIES = {
 @pytest.fixture(scope="module")
 def odd_reranker():
     async def rerank(request: web.Request) -> web.Response:
-        body = ODD_BODIES[(await request.json())["model"]]
+        asked = await request.json()
+        if asked["model"].startswith("prefer:"):
+            words = asked["model"].removeprefix("prefer:")
+            return web.json_response({"results": [
+                {"index": i, "relevance_score": 0.99 if words in document else 0.01}
+                for i, document in enumerate(asked["documents"])]})
+        body = ODD_BODIES[asked["model"]]
         if isinstance(body, str):
             return web.Response(text=body)
         return web.json_response(body)  # json.dumps writes NaN as it is
@@ -221,6 +238,21 @@ def test_a_malformed_rerank_response_is_a_failure_not_a_crash(kb, rerank_on, odd
     verdict = ask("I forgot my password")
     assert not verdict.hit and verdict.method == "rerank"
     assert verdict.reason.startswith("the reranker failed (_Malformed: ")
+
+
+def test_the_near_miss_guard_overrules_a_reranker_that_picks_the_opposite_action(rerank_on, odd_reranker):
+    question = "How do I turn off notifications?"
+    entries = [entry_create(question=text, answer="…", embed="none") for text in
+               ("How can I mute alerts?", "What are your opening hours?", "How do I turn on notifications?")]
+    matches = [Match(entry=entry, score=score, phrasing=entry.question, texts=(entry.question,))
+               for entry, score in zip(entries, (0.95, 0.90, 0.88))]
+    verdict = vector_verdict(question, matches, threshold=0.8, margin=0.01)
+    assert verdict.hit and verdict.entry == entries[0]  # the premise: the guards let the best through
+
+    rerank_on.KB_RERANK_BASE_URL, rerank_on.KB_RERANK_MODEL = odd_reranker, "prefer:turn on"
+    reranked = async_to_sync(_closing(arerank_verdict))(question, matches, verdict)
+    assert not reranked.hit and reranked.entry == entries[2]
+    assert f"a near miss of KB#{entries[2].pk}: it asks 'off' where the entry says 'on'" in reranked.reason
 
 
 def test_a_key_variable_the_policy_refuses_is_never_sent(kb, rerank_on, caplog):
