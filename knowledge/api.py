@@ -45,21 +45,31 @@ class EntryPagination(PageNumberPagination):
     max_page_size = 500
 
 
+class EntryFilterSerializer(serializers.Serializer):
+    """The list's filters: a bad value is a 400 that names it, never a query PostgreSQL refuses."""
+
+    kind = serializers.ChoiceField(choices=Entry.Kind.choices, required=False)
+    active = serializers.BooleanField(required=False, allow_null=True, default=None)
+    tag = TextField(max_length=64, required=False)
+
+
 class EntryListView(APIView):
     permission_classes = [KBPermission]
 
     @extend_schema(
-        parameters=[OpenApiParameter("kind", str), OpenApiParameter("active", bool), OpenApiParameter("tag", str),
-                    OpenApiParameter("page", int)],
+        parameters=[EntryFilterSerializer, OpenApiParameter("page", int)],
         responses=EntrySerializer(many=True),
     )
     def get(self, request):
+        filters = EntryFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        params = filters.validated_data
         entries = Entry.objects.order_by("pk")
-        if kind := request.query_params.get("kind"):
+        if kind := params.get("kind"):
             entries = entries.filter(kind=kind)
-        if (active := request.query_params.get("active")) in ("true", "false"):
-            entries = entries.filter(active=active == "true")
-        if tag := request.query_params.get("tag"):
+        if params.get("active") is not None:
+            entries = entries.filter(active=params["active"])
+        if tag := params.get("tag"):
             entries = entries.filter(tags__contains=[tag.lower()])
         paginator = EntryPagination()
         page = paginator.paginate_queryset(entries, request, view=self)

@@ -47,3 +47,24 @@ def test_a_search_for_text_that_cannot_be_searched_is_a_400(staff, path, q):
     response = staff.get(path, {"q": q})
     assert response.status_code == 400, response.content
     assert response.json()["error"]["fields"]["q"]
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"kind": "F\x00x"}, "kind"),
+    ({"kind": "poem"}, "kind"),
+    ({"tag": "a\x00b"}, "tag"),
+    ({"tag": "x" * 65}, "tag"),
+    ({"active": "maybe"}, "active"),
+])
+def test_the_entry_list_refuses_a_bad_filter_with_a_400_that_names_it(staff, params, field):
+    response = staff.get("/api/kb/entries/", params)
+    assert response.status_code == 400
+    assert field in json.dumps(response.json())
+
+
+def test_the_entry_list_filters_by_kind_active_and_tag(staff):
+    staff.post("/api/kb/entries/", {**GOOD, "tags": ["shipping"]}, format="json")
+    assert [e["question"] for e in staff.get("/api/kb/entries/", {"kind": "faq", "active": "true",
+                                                                 "tag": "Shipping"}).json()["results"]] == [GOOD["question"]]
+    assert staff.get("/api/kb/entries/", {"active": "false"}).json()["results"] == []
+    assert staff.get("/api/kb/entries/", {"kind": "rule"}).json()["results"] == []
