@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core.text import text_problem
-from knowledge.embeddings import PASSAGE, QUERY, EmbeddingSpec, embed_texts, spec_of
+from knowledge.embeddings import PASSAGE, EmbeddingSpec, embed_texts, spec_of
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.normalize import normalize
@@ -139,7 +139,7 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
             )
             if not rows:
                 break
-            vectors = embed_texts(spec, [_embedding_text(row) for row in rows], _role(owner))
+            vectors = embed_texts(spec, [_embedding_text(row) for row in rows], PASSAGE)
             vector_model.objects.bulk_create(
                 [vector_model(**{field: row}, model=model, embedding=vector) for row, vector in zip(rows, vectors)],
                 ignore_conflicts=True,
@@ -148,11 +148,6 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
             if progress:
                 progress(done)
     return done
-
-
-def _role(owner: type) -> str:
-    """A phrasing is matched against questions (a symmetric pair); a passage is retrieved by one."""
-    return QUERY if owner is Phrasing else PASSAGE
 
 
 def _embedding_text(row: Phrasing | Passage) -> str:
@@ -339,7 +334,7 @@ def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
         computed.append(
             (
                 model,
-                embed_texts(spec, [_embedding_text(p) for p in phrasings], QUERY),
+                embed_texts(spec, [_embedding_text(p) for p in phrasings], PASSAGE),
                 embed_texts(spec, [_embedding_text(p) for p in passages], PASSAGE),
             )
         )

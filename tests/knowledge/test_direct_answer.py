@@ -115,7 +115,7 @@ def test_a_score_below_the_threshold_is_a_miss_that_names_it(kb, vector_point):
     result = direct_answer("tell me about LoRA adapters")
     assert not result.hit
     assert result.entry == kb["What is LoRA?"]
-    assert "below the threshold 0.950" in result.reason
+    assert "below the threshold 0.900" in result.reason
 
 
 def test_the_default_operating_point_is_the_serving_models_calibrated_one(kb):

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import stack, stats
-from knowledge.calibration import Result, calibrate, curve, labelled_read
+from knowledge.calibration import Result, calibrate, labelled_read
 from knowledge.embeddings import E5_SMALL, MINILM, embed_texts, operating_point, spec_of
 from knowledge.importing import kb_import
 from knowledge.models import EmbeddingModel, Entry
@@ -104,9 +104,11 @@ class Command(BaseCommand):
         for row in result.wrong[:show]:
             self.out(f"  wrong: {row['question'][:60]!r} -> {row['got_question'][:40]!r} "
                      f"(want {row['expected_question'][:40]!r})")
-        points = curve(result.points, result.target)
-        self.out("  curve (threshold: precision/recall): " + ", ".join(
-            f"{p.threshold:.2f}: {p.precision:.2f}/{p.recall:.2f}" for p in points[::10]))
+        grid = {(p.threshold, p.margin): p for p in result.points}
+        near = [round(chosen.threshold + step, 3) for step in (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02)]
+        self.out(f"  at margin {chosen.margin:.3f}, threshold: precision/recall: " + ", ".join(
+            f"{t:.3f}: {grid[(t, chosen.margin)].precision:.2f}/{grid[(t, chosen.margin)].recall:.2f}"
+            for t in near if (t, chosen.margin) in grid))
 
     def summary(self, results: list[Result]) -> None:
         self.out("\nmodel                    threshold margin precision recall")
