@@ -250,7 +250,8 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
                 options.append((f"{runtime}, {threads} thread(s)", LocalEmbedder(spec, runtime=runtime,
                                                                                threads=threads), threads))
     try:
-        return _timed_options(options, texts, set_threads=lambda threads: torch.set_num_threads(threads or torch_default))
+        return _timed_options(options, texts,
+                              set_threads=lambda threads: torch.set_num_threads(threads or torch_default))
     finally:
         torch.set_num_threads(torch_default)
 

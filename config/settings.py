@@ -483,6 +483,11 @@ KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", None, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
+# Characters of a question that are embedded (knowledge.embeddings.query_text), and the longest
+# question the vector road may answer directly: a long prompt is not an FAQ question, however
+# close its beginning comes to one (the exact road still answers a long FAQ question verbatim).
+KB_QUERY_EMBED_CHARS = env_int("KB_QUERY_EMBED_CHARS", 500, minimum=50)
+KB_DIRECT_MAX_CHARS = env_int("KB_DIRECT_MAX_CHARS", 300, minimum=1)
 # Questions embedded together: the first of a batch waits this long for others (milliseconds), and
 # questions arriving while a batch runs join the next one, up to this many per model call.
 KB_EMBEDDING_BATCH_WAIT_MS = env_float("KB_EMBEDDING_BATCH_WAIT_MS", 1.0, minimum=0.0)

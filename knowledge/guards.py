@@ -109,7 +109,8 @@ def _negated_terms(text: str) -> set[str]:
         rest = text[match.end():]
         if _CJK.match(match.group()):
             head = rest[:4]
-            terms.update(head[i : i + 2] for i in range(len(head) - 1) if _CJK.match(head[i]) and _CJK.match(head[i + 1]))
+            terms.update(head[i : i + 2] for i in range(len(head) - 1)
+                         if _CJK.match(head[i]) and _CJK.match(head[i + 1]))
             continue
         words = [w for w in _WORD.findall(rest[:60]) if w not in _FILLER][:1]
         terms.update(words)

@@ -43,7 +43,8 @@ class EmbeddingModel(models.Model):
     # Each model has its own similarity scale (E5's is compressed near 1): its operating point is
     # its own, set by `manage.py kb_calibrate --apply`; empty for the global KB_DIRECT_* settings.
     direct_threshold = models.FloatField(
-        null=True, blank=True, help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.")
+        null=True, blank=True,
+        help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.")
     direct_margin = models.FloatField(
         null=True, blank=True, help_text="Lead over the runner-up a direct answer needs; empty for KB_DIRECT_MARGIN.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.BUILDING)
@@ -231,7 +232,8 @@ class Calibration(models.Model):
     target = models.FloatField(help_text="The precision asked for.")
     questions = models.PositiveIntegerField()
     answerable = models.PositiveIntegerField(help_text="Questions with an expected entry.")
-    threshold = models.FloatField(null=True, blank=True, help_text="Recommended; empty when no point reaches the target.")
+    threshold = models.FloatField(null=True, blank=True,
+                                  help_text="Recommended; empty when no point reaches the target.")
     margin = models.FloatField(null=True, blank=True)
     precision = models.FloatField(null=True, blank=True)
     recall = models.FloatField(null=True, blank=True)

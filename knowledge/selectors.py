@@ -200,6 +200,10 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
     if not matches:
         return DirectAnswer(hit=False, method="none", reason="no FAQ entry has a current embedding")
     best = matches[0]
+    if len(text) > settings.KB_DIRECT_MAX_CHARS:
+        return DirectAnswer(hit=False, method="vector", entry=best.entry, score=best.score, matches=matches,
+                            reason=(f"the question is {len(text)} characters long (KB_DIRECT_MAX_CHARS is "
+                                    f"{settings.KB_DIRECT_MAX_CHARS}): a prompt, not a stand-alone FAQ question"))
     runner_up = matches[1] if len(matches) > 1 else None
     threshold = best.entry.threshold if best.entry.threshold is not None else threshold
     lead = best.score - (runner_up.score if runner_up else 0.0)
@@ -217,7 +221,8 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
         )
     if runner_up is not None:
         _lexical_fill(text, [best, runner_up])
-        if best.lexical is not None and runner_up.lexical is not None and runner_up.lexical > best.lexical + LEXICAL_EDGE:
+        words = (best.lexical, runner_up.lexical)
+        if None not in words and runner_up.lexical > best.lexical + LEXICAL_EDGE:
             # The embedding prefers one entry, the words another: the near-miss case
             # ("cancel my subscription" vs "cancel my order", 订阅 vs 订单). Not sure means no.
             return DirectAnswer(

@@ -203,3 +203,16 @@ def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(vector_point, en
     assert verdict.score >= verdict.threshold  # the vector alone would have answered
     assert "a near miss of KB#" in verdict.reason
 
+
+
+def test_a_long_prompt_is_embedded_by_its_beginning_and_never_answered_directly(kb, vector_point, settings):
+    from knowledge.embeddings import embed_query, query_text, spec_of
+
+    prompt = "How can I cancel an order I placed? " + "Here is the whole story of my week. " * 40
+    assert len(query_text(prompt)) <= settings.KB_QUERY_EMBED_CHARS and prompt.startswith(query_text(prompt))
+    assert query_text("short question") == "short question"
+    model = serving_model()
+    assert embed_query(spec_of(model), prompt) == embed_query(spec_of(model), query_text(prompt))
+    verdict = direct_answer(prompt)
+    assert not verdict.hit and "KB_DIRECT_MAX_CHARS" in verdict.reason
+    assert verdict.entry == kb["How do I cancel my order?"]  # the match is still there, for the context
