@@ -70,30 +70,28 @@ class EmbeddingModel(models.Model):
     @property
     def threshold(self) -> float:
         """The similarity a direct answer needs: this row's, else KB_DIRECT_THRESHOLD, else the
-        model's calibrated default."""
-        for value in (self.direct_threshold, settings.KB_DIRECT_THRESHOLD):
-            if value is not None:
-                return value
-        return operating_point(self.name).threshold
+        model's calibrated default (knowledge.embeddings.OPERATING_POINTS); likewise below."""
+        return self._point(self.direct_threshold, settings.KB_DIRECT_THRESHOLD, "threshold")
 
     @property
     def margin(self) -> float:
-        for value in (self.direct_margin, settings.KB_DIRECT_MARGIN):
-            if value is not None:
-                return value
-        return operating_point(self.name).margin
+        return self._point(self.direct_margin, settings.KB_DIRECT_MARGIN, "margin")
 
     @property
     def context_min(self) -> float:
-        """The similarity a passage needs to be context: KB_CONTEXT_MIN_SCORE, else the model's."""
-        value = settings.KB_CONTEXT_MIN_SCORE
-        return operating_point(self.name).context_min if value is None else value
+        """The similarity a passage needs to be context."""
+        return self._point(None, settings.KB_CONTEXT_MIN_SCORE, "context_min")
 
     @property
     def group_score(self) -> float:
-        """The similarity at which two KB misses group: KB_MISS_GROUP_SCORE, else the model's."""
-        value = settings.KB_MISS_GROUP_SCORE
-        return operating_point(self.name).group if value is None else value
+        """The similarity at which two KB misses group."""
+        return self._point(None, settings.KB_MISS_GROUP_SCORE, "group")
+
+    def _point(self, own: float | None, setting: float | None, field: str) -> float:
+        for value in (own, setting):
+            if value is not None:
+                return value
+        return getattr(operating_point(self.name), field)
 
     def clean(self):
         if problem := key_env_problem(self.api_key_env):
