@@ -26,7 +26,7 @@ from django.db import transaction
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration, EmbeddingModel, Entry
 from knowledge.normalize import normalize
-from knowledge.selectors import _exact, faq_matches, serving_model, serving_model_forget, vector_verdict
+from knowledge.selectors import _exact, faq_matches, guards_refusal, serving_model, serving_model_forget
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
@@ -153,10 +153,7 @@ def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
         return ev
     ev.best, ev.score = matches[0].entry.pk, matches[0].score
     ev.lead = matches[0].score - (matches[1].score if len(matches) > 1 else 0.0)
-    # At the loosest point only the guards (and an entry's own threshold) can refuse.
-    verdict = vector_verdict(item.question, matches, threshold=0.0, margin=0.0)
-    if not verdict.hit:
-        ev.guarded = verdict.reason
+    ev.guarded = guards_refusal(item.question, matches) or ""
     return ev
 
 

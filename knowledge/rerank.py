@@ -99,18 +99,13 @@ def _candidates(text: str, matches: list[Match], verdict: DirectAnswer, config: 
     a best score under the floor, or a refusal by the guards."""
     if verdict.method != "vector" or not matches or matches[0].score < config.floor:
         return None
-    if not verdict.hit and _guards_refuse(text, matches):
+    # A hit has passed the guards already; a refusal by them (or by the entry's own threshold, a
+    # curator's bar for that entry) stands whatever the reranker would say.
+    from knowledge.selectors import guards_refusal  # here: knowledge.selectors imports this module
+
+    if not verdict.hit and guards_refusal(text, matches):
         return None
     return matches[: config.candidates]
-
-
-def _guards_refuse(text: str, matches: list[Match]) -> bool:
-    """Whether the vector road's guards refuse `text` whatever the operating point: the words
-    check, a near miss, or the best entry's own threshold (a curator's bar for that entry, kept).
-    The verdict at threshold and margin 0 runs only them; a hit has passed them already."""
-    from knowledge.selectors import vector_verdict  # here: knowledge.selectors imports this module
-
-    return not vector_verdict(text, matches, threshold=0.0, margin=0.0).hit
 
 
 def _body(config: RerankConfig, text: str, candidates: list[Match]) -> dict:

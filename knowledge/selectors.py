@@ -240,6 +240,14 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
     )
 
 
+def guards_refusal(text: str, matches: list[Match]) -> str | None:
+    """Why the vector road refuses the best of `matches` at any operating point (the question's
+    length, an entry's own threshold, the words check, a near miss), or None: the verdict at
+    threshold and margin 0 runs only those. For calibration's replay and the second stage."""
+    verdict = vector_verdict(text, matches, threshold=0.0, margin=0.0)
+    return None if verdict.hit else verdict.reason
+
+
 # How much better the words must match the runner-up than the embedding's choice for the words to
 # overrule it: a hair's difference between two paraphrases is noise, not a near miss.
 LEXICAL_EDGE = 0.1
