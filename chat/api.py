@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from chat import services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
-from chat.models import ApiKey, ChatSession, Message
+from chat.models import ApiKey, ChatSession, Message, RequestLog
 from chat.turns import SessionEvent, run_turn
 from core.errors import unavailable
 from core.fields import TextField
@@ -58,6 +58,12 @@ class Pagination(PageNumberPagination):
 
 def _client(request) -> str:
     return request.auth.client if isinstance(request.auth, ApiKey) else "web"
+
+
+def _logged_as(request) -> dict:
+    """How the request log names this request's origin."""
+    return {"interface": RequestLog.Interface.API,
+            "api_key_id": request.auth.pk if isinstance(request.auth, ApiKey) else None}
 
 
 class SessionListView(APIView):
@@ -134,7 +140,7 @@ async def _run_to_end(request, session_id, data) -> int:
     message_id = None
     async for event in run_turn(user=request.user, content=data["content"], session_id=session_id,
                                 client=_client(request), max_tokens=data.get("max_tokens"),
-                                temperature=data.get("temperature")):
+                                temperature=data.get("temperature"), **_logged_as(request)):
         if isinstance(event, SessionEvent):
             message_id = event.message_id
     return message_id
@@ -156,7 +162,7 @@ class MessageStreamView(APIView):
         services.rate_limit_hit(user_id=request.user.pk)
         turn = run_turn(user=request.user, content=content, session_id=pk,
                         client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
-                        temperature=data.validated_data.get("temperature"), admitted=True)
+                        temperature=data.validated_data.get("temperature"), admitted=True, **_logged_as(request))
         response = StreamingHttpResponse(_sse(turn), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -69,7 +70,8 @@ class ChatConsumer(JsonFramesConsumer):
     client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
     server: {"type": "session", "id", "title", "message_id"}, {"type": "route", "road", "rule", "target",
             "message_id"}, {"type": "token", "text"}, {"type": "done", "message_id", "ttft_ms", "latency_ms",
-            "usage", "citations", "road", "target", "status"}, {"type": "error", "code", "message",
+            "usage", "citations", "road", "target", "status",
+            "overhead_ms"}, {"type": "error", "code", "message",
             "message_id", "status"}
 
     One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
@@ -124,17 +126,17 @@ class ChatConsumer(JsonFramesConsumer):
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
             await self._send({"type": "error", "code": "bad_request", "message": "session must be an id or null."})
             return
-        self.task = asyncio.create_task(self._answer(session, frame.get("content")))
+        self.task = asyncio.create_task(self._answer(session, frame.get("content"), time.monotonic()))
 
-    async def _answer(self, session_id, content):
+    async def _answer(self, session_id, content, arrived):
         # The turn's statements on the event loop (core.db.unbound); anything that still runs
         # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
         # process would otherwise share one thread for it.
         async with own_thread():
             with db.unbound():
-                await self._run(session_id, content)
+                await self._run(session_id, content, arrived)
 
-    async def _run(self, session_id, content):
+    async def _run(self, session_id, content, arrived):
         message_id = None
         try:
             ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
@@ -144,7 +146,8 @@ class ChatConsumer(JsonFramesConsumer):
                                   "status": None})
                 await self.close(code=4401)
                 return
-            async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web"):
+            async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web",
+                                       arrived=arrived):
                 if type(event) is Token:
                     await self.send(text_data='{"type": "token", "text": ' + json.dumps(event.text, ensure_ascii=False)
                                     + "}")

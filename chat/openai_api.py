@@ -33,10 +33,10 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from chat import services
-from chat.exceptions import ChatError, MessageTooLarge, RateLimited
-from chat.models import ApiKey, ChatSession
-from chat.turns import SessionEvent, run_turn
+from chat import metrics, services
+from chat.exceptions import ChatError, MessageTooLarge, RateLimited, SessionNotFound
+from chat.models import ApiKey, ChatSession, RequestLog
+from chat.turns import SessionEvent, overhead_ms, run_turn
 from core import db
 from core.errors import openai_error_body, unavailable
 from core.text import text_problem
@@ -204,7 +204,18 @@ def _pipeline_error(event: pipeline.Error) -> Reply:
     return _error(status, event.message, code=code, param=param, headers=headers)
 
 
-async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
+def _session_named(headers: dict[str, str]) -> int | None | Reply:
+    """The chat session a call asks to be stored in (`X-Session-Id`), if any."""
+    raw = headers.get("x-session-id", "").strip()
+    if not raw:
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return _error(400, "X-Session-Id must be the id of one of your chat sessions.", code="invalid_session",
+                      param="X-Session-Id")
+    return int(raw)
+
+
+async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: float) -> Reply:
     key = await _authenticate(headers)
     if isinstance(key, Reply):
         return key
@@ -215,12 +226,18 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
     parsed = _parse(body)
     if isinstance(parsed, Reply):
         return parsed
+    session_id = _session_named(headers)
+    if isinstance(session_id, Reply):
+        return session_id
     if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
         return _error(404, f"The model `{parsed['model']}` does not exist; see /v1/models.", code="model_not_found",
                       param="model")
+    # Stored as a chat turn only in a session the client names; the request log keeps every call.
     turn = run_turn(user=key.user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
                     model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
-                    history=parsed["history"], groups=key.group_names, system=parsed["system"])
+                    history=parsed["history"], groups=key.group_names, system=parsed["system"],
+                    session_id=session_id, store=session_id is not None, interface=RequestLog.Interface.V1,
+                    api_key_id=key.pk, arrived=arrived)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     # Read up to the route (or an error) first: the route headers go out before the body. The
@@ -239,12 +256,16 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
         return _error(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)})
     except MessageTooLarge as exc:
         return _error(413, str(exc), code="message_too_large", param="messages")
+    except SessionNotFound as exc:
+        return _error(404, str(exc), code="session_not_found", param="X-Session-Id")
     except ChatError as exc:
         return _error(exc.status, str(exc), code=exc.code, param="messages")
     model_name = parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
     if parsed["stream"]:
         reply = Reply(200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                    "X-Accel-Buffering": "no"},
+                                    "X-Accel-Buffering": "no",
+                                    # So far: the stream's last chunk says it for the whole answer.
+                                    OVERHEAD_HEADER: _overhead(arrived, route.engine_ms)},
                       stream=_stream(turn, completion_id, created, model_name, parsed["include_usage"]))
     else:
         reply = await _complete(turn, completion_id, created, model_name)
@@ -252,11 +273,20 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes) -> Reply:
     return reply
 
 
-def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, choices=True) -> str:
+OVERHEAD_HEADER = "X-Gateway-Overhead-Ms"
+
+
+def _overhead(arrived: float, engine_ms: float | None) -> str:
+    return f"{overhead_ms(arrived, engine_ms):.1f}"
+
+
+def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, choices=True, overhead=None) -> str:
     body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if choices else []}
     if usage is not None or not choices:
         body["usage"] = usage
+    if overhead is not None:
+        body["gateway_overhead_ms"] = overhead
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -270,7 +300,8 @@ async def _stream(turn, completion_id, created, model, include_usage):
             if isinstance(event, pipeline.Token):
                 yield head + orjson.dumps(event.text) + tail
             elif isinstance(event, pipeline.Done):
-                end = _chunk(completion_id, created, model, finish=event.finish_reason)
+                end = _chunk(completion_id, created, model, finish=event.finish_reason,
+                             overhead=event.overhead_ms)
                 if include_usage:
                     end += _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
                 yield end + "data: [DONE]\n\n"
@@ -299,7 +330,7 @@ async def _complete(turn, completion_id, created, model):
             error = event
     if error is not None:
         return _pipeline_error(error)
-    return Reply(200, {
+    return Reply(200, headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}, body={
         "id": completion_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
                      "finish_reason": done.finish_reason, "logprobs": None}],
@@ -319,13 +350,19 @@ async def application(scope, receive, send) -> None:
 
 
 async def _serve(scope, receive, send) -> None:
+    arrived = time.monotonic()
     headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
     try:
-        reply = _refuse(scope, headers) or await _dispatch(scope, receive, headers)
+        reply = _refuse(scope, headers) or await _dispatch(scope, receive, headers, arrived)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the client gets this API's error shape, the log the traceback
         reply = _failure(scope, exc)
+    if reply.status >= 400:
+        metrics.response_refused(RequestLog.Interface.V1, reply.status, (reply.body or {}).get("error", {}).get("code")
+                                 or "")
+    # A reply that never reached an engine: every millisecond of it was the gateway's.
+    reply.headers.setdefault(OVERHEAD_HEADER, _overhead(arrived, None))
     if reply.stream is None:
         await _send_json(send, reply)
     else:
@@ -341,14 +378,14 @@ def _failure(scope, exc: Exception) -> Reply:
     return _error(500, "The server failed to answer this request.", code="internal_error")
 
 
-async def _dispatch(scope, receive, headers: dict[str, str]) -> Reply:
+async def _dispatch(scope, receive, headers: dict[str, str], arrived: float) -> Reply:
     method, view = _ROUTES[scope["path"]]
     if scope["method"] != method:
         return _error(405, f"Use {method}.", code="method_not_allowed")
     if method == "GET":
         return await view(headers)
     body = await _read_body(receive, headers)
-    return body if isinstance(body, Reply) else await view(headers, body)
+    return body if isinstance(body, Reply) else await view(headers, body, arrived)
 
 
 def _refuse(scope, headers: dict[str, str]) -> Reply | None:

@@ -16,3 +16,11 @@ def messages_fail_stale_task() -> int:
     from chat.services import messages_fail_stale
 
     return messages_fail_stale()
+
+
+@shared_task(name="chat.tasks.requestlog_prune", time_limit=300)
+def requestlog_prune_task() -> list[str]:
+    """Drop the request log's days older than REQUEST_LOG_DAYS (whole partitions: no bloat)."""
+    from chat.requestlog import requestlog_prune
+
+    return [day.isoformat() for day in requestlog_prune()]

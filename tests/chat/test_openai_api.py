@@ -74,12 +74,37 @@ def test_a_named_model_forces_that_target_and_skips_the_kb(asgi_server, alice_ke
     assert raw.headers["X-Route"] == "external" and raw.headers["X-Route-Target"] == "external"
 
 
-def test_turns_through_the_api_are_stored_for_their_user(asgi_server, alice_key, alice, product):
+def test_an_api_call_stores_no_chat_session_unless_it_names_one(asgi_server, alice_key, alice, product):
     sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
-    session = ChatSession.objects.get(user=alice)
-    assert session.source == "api"
-    assistant = Message.objects.get(session=session, role="assistant")
+    assert not ChatSession.objects.filter(user=alice).exists() and not Message.objects.exists()
+
+
+def test_an_api_call_naming_its_session_is_stored_there(asgi_server, alice_key, alice, product):
+    session = ChatSession.objects.create(user=alice, title="integration", source="api")
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
+                                                        extra_headers={"X-Session-Id": str(session.pk)})
+    user, assistant = Message.objects.filter(session=session).order_by("pk")
+    assert (user.role, user.content) == ("user", ASK[0]["content"])
     assert assistant.status == "complete" and assistant.completion_tokens == 3 and assistant.road == "local"
+
+
+@pytest.mark.parametrize(("header", "status", "code"), [("12x", 400, "invalid_session"), ("-1", 400, "invalid_session"),
+                                                      ("999999", 404, "session_not_found")])
+def test_a_session_header_that_names_no_session_of_the_caller_is_refused(asgi_server, alice_key, product, header,
+                                                                        status, code):
+    with pytest.raises(openai.APIStatusError) as info:
+        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
+                                                            extra_headers={"X-Session-Id": header})
+    assert info.value.status_code == status and info.value.body["code"] == code
+    assert not Message.objects.exists()
+
+
+def test_another_users_session_is_not_found_and_gets_nothing(asgi_server, alice_key, bob, product):
+    theirs = ChatSession.objects.create(user=bob, title="bob's")
+    with pytest.raises(openai.NotFoundError):
+        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
+                                                            extra_headers={"X-Session-Id": str(theirs.pk)})
+    assert not Message.objects.filter(session=theirs).exists()
 
 
 def test_a_keys_last_use_is_recorded_behind_the_answer(asgi_server, alice_key, alice, product):

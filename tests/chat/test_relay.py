@@ -14,7 +14,7 @@ import openai
 import pytest
 from django.test import Client
 
-from chat.models import Message
+from chat.models import ChatSession, Message
 from tests.factories import endpoint, rule
 from tests.stub_engine import BROKEN_AFTER, PROMPT_TOKENS, SLOW_TOKENS, TOKENS, StubEngine, expected_text
 
@@ -75,7 +75,9 @@ async def test_v1_relays_every_token_once_in_order_with_the_usage_chunk(asgi_ser
 
 async def test_v1_passes_a_mid_stream_error_after_the_tokens_before_it(asgi_server, alice_key, alice, roads):
     await routable(asgi_server, alice_key)
-    client = openai.AsyncOpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=30)
+    session = await ChatSession.objects.acreate(user=alice)
+    client = openai.AsyncOpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=30,
+                                default_headers={"X-Session-Id": str(session.pk)})
     stream = await client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "count"}],
                                                   stream=True)
     text = []

@@ -1,0 +1,165 @@
+"""The request log: one row per answered request, holding what its user saw; the gateway's
+overhead on every /v1 response; retention by whole days."""
+
+import json
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import openai
+import pytest
+from django.db import connection
+
+from chat.models import ChatSession, RequestLog
+from chat.requestlog import (RequestRecord, partition_name, partitions, request_buffer_stats, request_flush,
+                             request_note, requestlog_prune)
+from tests.factories import endpoint, rule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ASK = [{"role": "user", "content": "Tell me a long story about the sea and its lighthouses"}]
+RESET = [{"role": "user", "content": "How do I reset my password?"}]
+
+
+def sdk(asgi_server, key):
+    return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def logged(count=1, timeout=10.0) -> list[RequestLog]:
+    """The rows once `count` are in: the server writes them in batches behind the answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = list(RequestLog.objects.order_by("at", "id"))
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def post(url, body: dict, key: str, headers=None):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(asgi_server, alice, alice_key,
+                                                                                product):
+    status, headers, raw = post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key)
+    assert status == 200
+    [row] = logged()
+    entry = product["entry"]
+    assert (row.interface, row.user_id, row.road, row.target, row.status) == ("v1", alice.pk, "kb", f"KB#{entry.pk}",
+                                                                               "complete")
+    assert row.api_key.user_id == alice.pk and row.session_id is None
+    assert (row.kb_method, row.kb_hit, row.kb_entry_id, row.kb_score) == ("exact", True, entry.pk, 1.0)
+    assert row.ttft_ms <= row.latency_ms and row.overhead_ms == pytest.approx(row.latency_ms, abs=1.0)
+    assert row.prompt_tokens is None and row.error_code == "" and row.fallbacks == 0
+    assert float(headers["X-Gateway-Overhead-Ms"]) >= 0
+
+
+def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left_out(asgi_server, alice, alice_key,
+                                                                                     product):
+    response = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=4)
+    completion = response.parse()
+    [row] = logged()
+    assert (row.road, row.rule, row.target, row.status) == ("local", "default", "local", "complete")
+    assert (row.prompt_tokens, row.completion_tokens) == (completion.usage.prompt_tokens, 4)
+    assert row.kb_hit is False and row.kb_method in ("vector", "none")
+    # The simulator takes its time to first token and between tokens: that is the engine's, not ours.
+    assert 0 <= row.overhead_ms < row.latency_ms and row.ttft_ms <= row.latency_ms
+    assert float(response.headers["X-Gateway-Overhead-Ms"]) == pytest.approx(row.overhead_ms, abs=5.0)
+
+
+def test_a_streamed_answer_says_the_gateways_overhead_in_its_last_chunk(asgi_server, alice_key, product):
+    stream = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=3, stream=True)
+    assert float(stream.headers["X-Gateway-Overhead-Ms"]) >= 0  # so far: up to the first token
+    chunks = list(stream.parse())
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    [row] = logged()
+    assert last.model_extra["gateway_overhead_ms"] == pytest.approx(row.overhead_ms, abs=0.1)
+
+
+def test_a_fallback_is_logged_with_the_target_that_answered(asgi_server, alice_key, external_sim):
+    dead = endpoint("local", url="http://127.0.0.1:9/v1")
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", dead, external, is_default=True, use_kb_context=False)
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+    [row] = logged()
+    assert (row.road, row.target, row.status, row.fallbacks) == ("external", "external", "complete", 1)
+
+
+def test_a_failure_is_logged_with_its_error_code_and_what_was_tried(asgi_server, alice_key):
+    dead = endpoint("local", url="http://127.0.0.1:9/v1")
+    rule("default", dead, is_default=True, use_kb_context=False)
+    with pytest.raises(openai.APIStatusError) as info:
+        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+    [row] = logged()
+    assert info.value.status_code == 503
+    assert (row.status, row.error_code, row.rule, row.fallbacks) == ("failed", "connect", "default", 1)
+    assert row.completion_tokens is None and row.overhead_ms is None
+
+
+def test_refused_input_is_no_answered_request(asgi_server, alice_key, product):
+    status, headers, _ = post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": []}, alice_key)
+    assert status == 400 and float(headers["X-Gateway-Overhead-Ms"]) >= 0
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=RESET)
+    assert [row.road for row in logged()] == ["kb"]
+
+
+def test_a_call_in_a_named_session_is_logged_with_it(asgi_server, alice, alice_key, product):
+    session = ChatSession.objects.create(user=alice, title="integration")
+    post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key,
+         headers={"X-Session-Id": str(session.pk)})
+    assert [row.session_id for row in logged()] == [session.pk]
+
+
+# --- the batch writer and retention ---------------------------------------------------------------------
+
+def record(at: datetime, **fields) -> RequestRecord:
+    values = dict(at=at, interface="v1", user_id=None, api_key_id=None, session_id=None, road="local", rule="default",
+                  target="local", status="complete", error_code="", ttft_ms=10.0, latency_ms=20.0, overhead_ms=1.0,
+                  prompt_tokens=5, completion_tokens=7, kb_method="vector", kb_hit=False, kb_entry_id=None,
+                  kb_score=0.5)
+    return RequestRecord(**{**values, **fields})
+
+
+def test_a_batch_written_twice_is_stored_once():
+    row = record(datetime.now(UTC))
+    request_note(row)
+    request_note(row)  # as when a batch whose commit was not acknowledged goes back into the buffer
+    request_flush()
+    assert RequestLog.objects.count() == 1 and request_buffer_stats().buffered == 0
+
+
+def test_retention_drops_the_days_past_the_limit_and_keeps_the_rest(settings):
+    settings.REQUEST_LOG_DAYS = 30
+    now = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
+    for age in (45, 31, 29, 0):
+        request_note(record(now - timedelta(days=age), rule=f"aged-{age}"))
+    request_flush()
+    dropped = requestlog_prune(now=now)
+    assert [day.isoformat() for day in dropped] == ["2026-05-01", "2026-05-15"]
+    assert sorted(RequestLog.objects.values_list("rule", flat=True)) == ["aged-0", "aged-29"]
+    days = partitions()
+    assert (now + timedelta(days=1)).date() in days  # made ahead of tomorrow's traffic
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [partition_name((now - timedelta(days=45)).date())])
+        assert cursor.fetchone()[0] is None  # the space went with the table: no dead rows left behind
+
+
+def test_a_day_dropped_elsewhere_is_made_again_when_a_row_for_it_comes(settings):
+    today = datetime.now(UTC)
+    request_note(record(today))
+    request_flush()
+    with connection.cursor() as cursor:  # another process's retention, or an operator
+        cursor.execute(f"DROP TABLE {partition_name(today.date())}")
+    request_note(record(today, rule="after"))
+    request_flush()
+    assert list(RequestLog.objects.values_list("rule", flat=True)) == ["after"]
