@@ -13,7 +13,6 @@ Closing the generator (client gone, Stop) closes the upstream stream at once.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -66,6 +65,11 @@ class KbLookup:
                    score=None if direct.score is None else round(direct.score, 4))
 
 
+# What the request log and the metrics read of an event, but the client's frame leaves out: the
+# KB's scores and the endpoints that failed are the operators' business.
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from")
+
+
 @dataclass(kw_only=True)
 class Event:
     type: str
@@ -73,8 +77,8 @@ class Event:
     def as_dict(self) -> dict:
         # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
         fields = dict(self.__dict__)
-        if fields.get("kb") is not None:
-            fields["kb"] = dataclasses.asdict(fields["kb"])
+        for name in _NOT_FOR_CLIENTS:
+            fields.pop(name, None)
         return fields
 
 

@@ -163,3 +163,80 @@ def test_a_day_dropped_elsewhere_is_made_again_when_a_row_for_it_comes(settings)
     request_note(record(today, rule="after"))
     request_flush()
     assert list(RequestLog.objects.values_list("rule", flat=True)) == ["after"]
+
+
+# --- the browser's socket -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slow_sim():
+    """Echoes slowly, so there is time to press Stop."""
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/local", "--mode", "echo", "--inter-token-latency", "50")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+async def close_executor_connections():
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+async def _socket(user):
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+
+    from config.asgi import application
+
+    client = Client()
+    await client.aforce_login(user)
+    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver"),
+               (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+    socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    assert (await socket.connect())[0]
+    return socket
+
+
+async def _rows():
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(request_flush)()
+    return [row async for row in RequestLog.objects.order_by("at")]
+
+
+async def test_a_socket_answer_says_its_overhead_and_is_logged_with_its_session(alice, product,
+                                                                             close_executor_connections):
+    socket = await _socket(alice)
+    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    frames = []
+    while not frames or frames[-1]["type"] not in ("done", "error"):
+        frames.append(await socket.receive_json_from(timeout=20))
+    await socket.disconnect()
+    done = frames[-1]
+    [row] = await _rows()
+    assert (row.interface, row.road, row.session_id, row.user_id) == ("web", "kb", frames[0]["id"], alice.pk)
+    assert done["overhead_ms"] == row.overhead_ms and "kb" not in done  # the KB's scores are not the user's
+
+
+async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it_had(alice, slow_sim,
+                                                                                    close_executor_connections):
+    from asgiref.sync import sync_to_async
+
+    local = await sync_to_async(endpoint)("local", slow_sim)
+    await sync_to_async(rule)("default", local, is_default=True, use_kb_context=False)
+    socket = await _socket(alice)
+    await socket.send_json_to({"type": "message", "session": None,
+                               "content": "Tell me a long story about the sea and its lighthouses"})
+    while (await socket.receive_json_from(timeout=20))["type"] != "token":
+        pass
+    await socket.send_json_to({"type": "stop"})
+    while (await socket.receive_json_from(timeout=20))["type"] != "error":
+        pass
+    await socket.disconnect()
+    [row] = await _rows()
+    assert (row.status, row.road, row.target, row.error_code) == ("cancelled", "local", "local", "cancelled")
+    assert row.ttft_ms is not None and row.ttft_ms <= row.latency_ms
