@@ -150,3 +150,6 @@ class RequestLog(models.Model):
         db_table = "chat_requestlog"
         ordering = ["-at"]
         verbose_name = "request log row"
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.interface} {self.road or '-'} {self.status}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.utils import IntegrityError, ProgrammingError
 from psycopg import errors as pg_errors
 
@@ -82,7 +82,7 @@ def partition_ensure(day: date) -> None:
     sql = (f"CREATE TABLE IF NOT EXISTS {partition_name(day)} PARTITION OF {TABLE} "
            "FOR VALUES FROM (%s) TO (%s)")
     try:
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:  # a failure leaves the caller's transaction usable
             cursor.execute(sql, [start, start + timedelta(days=1)])
     except (IntegrityError, ProgrammingError) as exc:
         if not isinstance(exc.__cause__, (pg_errors.UniqueViolation, pg_errors.DuplicateTable)):
@@ -154,7 +154,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [r.kb_score for r in batch], [min(len(r.fell_back_from), 32767) for r in batch], [r.key for r in batch],
     )
     try:
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint when inside a transaction
             cursor.execute(_INSERT_SQL, columns)
             return cursor.rowcount
     except IntegrityError as exc:

@@ -542,3 +542,33 @@ REQUEST_LOG_FLUSH_ROWS = env_int("REQUEST_LOG_FLUSH_ROWS", 500, minimum=1)
 REQUEST_LOG_BUFFER_ROWS = env_int("REQUEST_LOG_BUFFER_ROWS", 20000, minimum=1)
 if REQUEST_LOG_BUFFER_ROWS < REQUEST_LOG_FLUSH_ROWS:
     raise ImproperlyConfigured("Environment variable REQUEST_LOG_BUFFER_ROWS must be at least REQUEST_LOG_FLUSH_ROWS.")
+
+# --- metrics (config.metrics, chat.metrics) ------------------------------------------------------
+# /metrics, for Prometheus. With METRICS_TOKEN set a scraper sends `Authorization: Bearer <token>`
+# (401 without it); unset, only a loopback client with DEBUG on may scrape and anyone else gets 403.
+# Every process counts into files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess
+# mode) and a scrape adds them up, so any web process answers for all the processes of its host
+# that share the folder, the worker included. prometheus_client reads the variable once, when it is
+# first imported: it is set here, before any app imports it. The default has one folder per Redis
+# key prefix, so a test run next to `make run` never adds up the other's counts. The folder must be
+# emptied before a host's processes start (make run empties its default one), or the counts of
+# processes that are gone stay in the sums.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured(
+        "Environment variable METRICS_TOKEN must be at least 16 characters "
+        "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')."
+    )
+METRICS_DIR = Path(
+    env_str("PROMETHEUS_MULTIPROC_DIR")
+    or VAR_DIR / "metrics" / "".join(c if c.isalnum() or c in "-_" else "_" for c in REDIS_KEY_PREFIX)
+).resolve()
+try:
+    METRICS_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as _exc:
+    raise ImproperlyConfigured(
+        f"Environment variable PROMETHEUS_MULTIPROC_DIR must name a folder that can be created; {_exc}."
+    ) from None
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
+# A scraper reaches each host directly, as the probes do, not through the TLS proxy in front.
+SECURE_REDIRECT_EXEMPT = [*SECURE_REDIRECT_EXEMPT, r"^metrics$"]

@@ -3,12 +3,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from chat import api as chat_api
-from config import health
+from config import health, metrics
 
 urlpatterns = [
     path("", include("chat.page_urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/kb/", include("knowledge.urls")),
     path("api/routing/", include("routing.urls")),

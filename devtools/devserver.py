@@ -86,6 +86,9 @@ def _wait_ready(url: str, deadline: float, stop: threading.Event) -> dict | None
 def prepare() -> dict[str, str]:
     """Migrate, collect static files and load demo data. Returns the environment for the children."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # A metrics folder named by the caller's environment is the caller's to empty (a test run's
+    # own processes count in it); the default one belongs to this run alone.
+    owns_metrics = not os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
     import django
     from django.core.management import call_command
 
@@ -93,10 +96,16 @@ def prepare() -> dict[str, str]:
     from django.conf import settings
     from django.db import connections
 
+    from config.metrics import files_clear
+
     call_command("migrate", "--noinput", verbosity=1)
     call_command("collectstatic", "--noinput", verbosity=0)
     call_command("seed_demo")
     connections.close_all()
+    if owns_metrics:
+        # The processes about to start are all that count in it: what an earlier run left is of
+        # processes that are gone (a killed one's in-flight requests among them).
+        files_clear()
     env = dict(os.environ)
     # The children reuse the servers found here instead of probing again.
     env.update(DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1")

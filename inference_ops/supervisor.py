@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import psutil
+from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 from django.conf import settings
 from django.db import transaction
@@ -35,6 +36,9 @@ from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
+# Counted by the worker that runs the checks; /metrics adds up every process's counts (config.metrics).
+CHECKS = Counter("gateway_engine_checks_total", "Engine health checks by result.", ["engine", "result"])
+RESTARTS = Counter("gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"])
 
 # --- the command line ---------------------------------------------------------------------------
 
@@ -410,8 +414,10 @@ def engine_check(*, engine_id: int) -> str | None:
         return None
 
     if not process_alive(engine.pid):
+        CHECKS.labels(engine.name, "exited").inc()
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
+    CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
     if healthy:
         _transition(engine, Status.READY, "ready" if engine.status == Status.READY else "recovered",
                     failed_checks=0, last_check_at=now, last_check_ok=True, metrics=metrics)
@@ -466,6 +472,7 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         )
         return None
     delay = min(settings.ENGINE_BACKOFF_BASE * (2**restarts), settings.ENGINE_BACKOFF_MAX)
+    RESTARTS.labels(engine.name).inc()
     _transition(
         engine, Status.RESTARTING, f"{reason}; automatic restart {restarts + 1}/{budget} in {delay:g}s",
         pid=None, restarts_in_window=restarts + 1, restart_window_started_at=window_start,

@@ -1,21 +1,15 @@
-"""Charts drawn on the server as SVG markup.
-
-The admin's pages run no script (the CSP allows none inline, and a chart needs none), so a chart
-is a string the template puts in the page. Colours and strokes are presentation attributes, not
-`style=` (which the CSP refuses); axes and text draw in `currentColor`, so they follow the admin's
-light and dark themes. The size comes from the viewBox: the page's CSS sets the width.
-"""
+"""The calibration curve, drawn on the server as SVG markup (the pieces: core.charts)."""
 
 from __future__ import annotations
 
 import math
-from html import escape
+
+from core.charts import FONT, legend_row, line, nice_ticks, svg_open, text
 
 WIDTH, HEIGHT = 480, 320
 # The plot area inside the viewBox: room on the left for the y labels, above for the legend,
 # below for the x labels and the axis title.
 LEFT, RIGHT, TOP, BOTTOM = 40, 20, 56, 40
-FONT = 14
 PRECISION, RECALL = "#2f6db5", "#d9730d"
 RECOMMENDED, CURRENT, TARGET = "#2a9d4b", "#8a5cd1", "#888888"
 
@@ -35,7 +29,7 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
     lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
     if hi - lo < 1e-9:
         lo, hi = lo - 0.05, hi + 0.05
-    ticks = _ticks(lo, hi)
+    ticks = nice_ticks(lo, hi)
     lo, hi = min(lo, ticks[0]), max(hi, ticks[-1])
     right, bottom = WIDTH - RIGHT, HEIGHT - BOTTOM
 
@@ -45,32 +39,30 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
     def y_at(value: float) -> float:
         return bottom - min(max(value, 0.0), 1.0) * (bottom - TOP)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" class="calibration-chart" '
-           f'role="img" font-size="{FONT}" font-family="sans-serif">',
-           f"<title>{escape(label or 'Precision and recall against threshold')}</title>"]
+    out = svg_open(WIDTH, HEIGHT, label=label or "Precision and recall against threshold", css="calibration-chart")
     # Grid and axes.
     for level in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
         y = y_at(level)
-        out.append(_line(LEFT, y, right, y, stroke="currentColor", opacity=0.15))
-        out.append(_text(LEFT - 6, y + FONT / 3, f"{level:.1f}", anchor="end"))
+        out.append(line(LEFT, y, right, y, stroke="currentColor", opacity=0.15))
+        out.append(text(LEFT - 6, y + FONT / 3, f"{level:.1f}", anchor="end"))
     decimals = max(0, -math.floor(math.log10(ticks[1] - ticks[0]))) if len(ticks) > 1 else 2
     for tick in ticks:
         x = x_at(tick)
-        out.append(_line(x, bottom, x, bottom + 4, stroke="currentColor"))
-        out.append(_text(x, bottom + 4 + FONT, f"{tick:.{decimals}f}", anchor="middle"))
-    out.append(_line(LEFT, TOP, LEFT, bottom, stroke="currentColor"))
-    out.append(_line(LEFT, bottom, right, bottom, stroke="currentColor"))
-    out.append(_text((LEFT + right) / 2, HEIGHT - 4, "threshold", anchor="middle"))
+        out.append(line(x, bottom, x, bottom + 4, stroke="currentColor"))
+        out.append(text(x, bottom + 4 + FONT, f"{tick:.{decimals}f}", anchor="middle"))
+    out.append(line(LEFT, TOP, LEFT, bottom, stroke="currentColor"))
+    out.append(line(LEFT, bottom, right, bottom, stroke="currentColor"))
+    out.append(text((LEFT + right) / 2, HEIGHT - 4, "threshold", anchor="middle"))
 
     if target is not None:
         y = y_at(target)
-        out.append(_line(LEFT, y, right, y, stroke=TARGET, dash="2 3"))
+        out.append(line(LEFT, y, right, y, stroke=TARGET, dash="2 3"))
     if current is not None:
         x = x_at(current[0])
-        out.append(_line(x, TOP, x, bottom, stroke=CURRENT, dash="6 4", width=2, css="current"))
+        out.append(line(x, TOP, x, bottom, stroke=CURRENT, dash="6 4", width=2, css="current"))
     if recommended is not None:
         x = x_at(recommended[0])
-        out.append(_line(x, TOP, x, bottom, stroke=RECOMMENDED, width=2, css="recommended"))
+        out.append(line(x, TOP, x, bottom, stroke=RECOMMENDED, width=2, css="recommended"))
 
     if rows:
         for index, colour in ((1, PRECISION), (2, RECALL)):
@@ -79,7 +71,7 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
             out.append(f'<polyline class="{name}" points="{points}" fill="none" stroke="{colour}" '
                        f'stroke-width="2" stroke-linejoin="round"/>')
     else:
-        out.append(_text((LEFT + right) / 2, (TOP + bottom) / 2, "No points to draw", anchor="middle"))
+        out.append(text((LEFT + right) / 2, (TOP + bottom) / 2, "No points to draw", anchor="middle"))
     if recommended is not None:
         x = x_at(recommended[0])
         for value, colour in ((recommended[2], PRECISION), (recommended[3], RECALL)):
@@ -96,30 +88,6 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
     if current is not None:
         legend[1].append((f"current {current[0]:.3f} / {current[1]:.3f}", CURRENT, "6 4"))
     for row_index, entries in enumerate(legend):
-        x, y = 8, 16 + row_index * (FONT + 8)
-        for text, colour, dash in entries:
-            out.append(_line(x, y - FONT / 3, x + 18, y - FONT / 3, stroke=colour, dash=dash, width=2))
-            out.append(_text(x + 22, y, text))
-            x += 22 + len(text) * FONT * 0.58 + 14
+        out += legend_row(entries, x=8, y=16 + row_index * (FONT + 8))
     out.append("</svg>")
     return "\n".join(out)
-
-
-def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round values spanning [lo, hi], about `count` of them, a step of 1, 2 or 5 × 10ⁿ apart."""
-    raw = (hi - lo) / count
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-    return [round(i * step, 10) for i in range(first, last + 1)]
-
-
-def _line(x1, y1, x2, y2, *, stroke, width=1, dash="", opacity=None, css=""):
-    extra = (f' stroke-dasharray="{dash}"' if dash else "") + (f' stroke-opacity="{opacity}"' if opacity else "")
-    extra += f' class="{css}"' if css else ""
-    return (f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}" '
-            f'stroke-width="{width}"{extra}/>')
-
-
-def _text(x, y, text, *, anchor="start"):
-    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="currentColor">{escape(text)}</text>'

@@ -1,5 +1,6 @@
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,9 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     # The last holder out stops the embedded servers (a running `make run` keeps them).
     embedded.release()
+    # This run's metric files (its folder is its own: named after its Redis key prefix).
+    if settings.METRICS_DIR.name == settings.REDIS_KEY_PREFIX:
+        shutil.rmtree(settings.METRICS_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,150 @@
+"""The operators' dashboard: the last hour, day or week of traffic, latency, errors, engine states
+and missed questions, drawn on the server (core.charts). The admin serves it (chat.admin), so
+it has the admin's login, staff check and layout; reading it also takes the request log's view
+permission, as its rows do."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.admin import AdminSite
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+
+from chat import selectors
+from core import charts
+from inference_ops.models import EngineProcess
+from knowledge.models import Miss
+
+ROADS = {"kb": ("knowledge base", "#2a9d4b"), "local": ("local model", "#2f6db5"),
+         "external": ("external model", "#d9730d"), "": ("no road", "#888888")}
+FAILED, FELL_BACK, HIT_RATIO = "#c0392b", "#8a5cd1", "#2a9d4b"
+TTFT, LATENCY = "#2f6db5", "#d9730d"
+STATES = {
+    EngineProcess.Status.READY: "#2a9d4b", EngineProcess.Status.STARTING: "#2f6db5",
+    EngineProcess.Status.RESTARTING: "#8a5cd1", EngineProcess.Status.UNHEALTHY: "#d9a10d",
+    EngineProcess.Status.CRASHED: "#c0392b", EngineProcess.Status.STOPPED: "#888888",
+}
+NO_RECORD = "#d0d0d0"
+PERIOD_NAMES = {"hour": "last hour", "day": "last day", "week": "last week"}
+SLOT_LABEL = {"hour": "%H:%M", "day": "%H:%M", "week": "%a %H:%M"}
+TICK_EVERY = {"hour": 3, "day": 6, "week": 4}  # slots between two marks under the engines' bands
+RECENT_EVENTS = 20
+
+
+def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
+    if not request.user.has_perm("chat.view_requestlog"):
+        raise PermissionDenied
+    name = request.GET.get("period", "day")
+    if name not in selectors.PERIODS:
+        return HttpResponseBadRequest(f"period must be one of: {', '.join(selectors.PERIODS)}.",
+                                      content_type="text/plain; charset=utf-8")
+    now = timezone.now()
+    period = selectors.period_at(name, now=now)
+    traffic = selectors.traffic(period)
+    targets = selectors.latency_by_target(period)
+    errors = selectors.errors(period)
+    engines, events_cut = selectors.engine_history(period)
+    miss_admin = admin_site.get_model_admin(Miss) if admin_site.is_registered(Miss) else None
+    can_see_misses = miss_admin is not None and miss_admin.has_view_permission(request)
+    misses, misses_waiting = selectors.top_misses(period) if can_see_misses else ([], 0)
+
+    labels = [timezone.localtime(at).strftime(SLOT_LABEL[name]) for at in period.slots]
+    context = {
+        **admin_site.each_context(request),
+        "title": "Dashboard",
+        "period": period,
+        "periods": [(key, label, key == name) for key, label in PERIOD_NAMES.items()],
+        "traffic": traffic,
+        "roads": [(road, label, traffic.road_total(road)) for road, (label, _) in ROADS.items()],
+        "hits_by_method": sorted(traffic.hits_by_method.items()),
+        "targets": [_target_row(t) for t in targets],
+        "errors": errors,
+        "engines": engines,
+        "events_cut": events_cut,
+        "recent_events": _recent_events(engines),
+        "misses": misses,
+        "misses_waiting": misses_waiting,
+        "can_see_misses": can_see_misses,
+        # The misses admin's own action: the page's button posts the miss to it, as its list would.
+        "can_make_entry": can_see_misses and "make_entry" in miss_admin.get_actions(request),
+        # Every chart escapes the text it writes.
+        "road_chart": mark_safe(charts.bars_over_time(
+            labels, [charts.Series(label, colour, [s.by_road.get(road, 0) for s in traffic.slots])
+                     for road, (label, colour) in ROADS.items()],
+            label=f"Requests by road, {PERIOD_NAMES[name]}", css="chart-roads", unit="requests")),
+        "hit_chart": mark_safe(charts.lines_over_time(
+            labels, [charts.Series("KB hit ratio", HIT_RATIO, [s.hit_ratio for s in traffic.slots])],
+            label=f"Share of questions the knowledge base answered, {PERIOD_NAMES[name]}", css="chart-hits",
+            percent=True)),
+        "error_chart": mark_safe(charts.lines_over_time(
+            labels, [charts.Series("failed", FAILED, [s.failed for s in traffic.slots]),
+                     charts.Series("fell back", FELL_BACK, [s.fell_back for s in traffic.slots])],
+            label=f"Failed requests and fallbacks, {PERIOD_NAMES[name]}", css="chart-errors", unit="requests")),
+        "latency_chart": mark_safe(charts.percentile_bars(
+            [(_target_name(t), [("TTFT", t.ttft_p50, t.ttft_p95), ("latency", t.latency_p50, t.latency_p95)])
+             for t in targets if t.ttft_p50 is not None or t.latency_p50 is not None],
+            measures=[("TTFT", TTFT), ("latency", LATENCY)],
+            label=f"Time to first token and latency per target, p50 and p95, {PERIOD_NAMES[name]}",
+            css="chart-latency")),
+        "engine_chart": mark_safe(_engine_chart(engines, period, now=now, cut=events_cut)),
+    }
+    return TemplateResponse(request, "admin/dashboard.html", context)
+
+
+def _target_name(t: selectors.TargetLatency) -> str:
+    if t.road == "kb":
+        return "knowledge base"
+    return t.target or "no target"
+
+
+def _target_row(t: selectors.TargetLatency) -> dict:
+    ms = {name: "—" if getattr(t, name) is None else charts.number(getattr(t, name))
+          for name in ("ttft_p50", "ttft_p95", "latency_p50", "latency_p95", "overhead_p50", "overhead_p95")}
+    return {"name": _target_name(t), "road": t.road, "target": t.target, "row": t, "ms": ms}
+
+
+def _recent_events(engines: list[selectors.EngineHistory]) -> list[dict]:
+    events = [{"engine": e.name, "at": ev.at, "status": ev.status, "reason": ev.reason}
+              for e in engines for ev in e.events]
+    events.sort(key=lambda ev: ev["at"], reverse=True)
+    return events[:RECENT_EVENTS]
+
+
+def _engine_chart(engines: list[selectors.EngineHistory], period: selectors.Period, *, now: datetime,
+                  cut: bool) -> str:
+    span = (period.end - period.start).total_seconds()
+    stop = min(now, period.end)
+
+    def at(moment: datetime) -> float:
+        return (moment - period.start).total_seconds() / span
+
+    def clock(moment: datetime) -> str:
+        return timezone.localtime(moment).strftime("%a %H:%M" if period.name == "week" else "%H:%M")
+
+    rows = []
+    for engine in engines:
+        if cut:
+            state = None  # the state before the oldest event read is not known
+        elif engine.before is None and not engine.events:
+            state = engine.status  # nothing happened to it since before the period
+        else:
+            state = engine.before
+        since, segments = period.start, []
+        for event in [*engine.events, None]:
+            until = stop if event is None else event.at
+            if until > since:
+                colour = STATES.get(state, NO_RECORD) if state else NO_RECORD
+                segments.append((at(since), at(until), colour,
+                                 f"{engine.name}: {state or 'no record'} from {clock(since)} to {clock(until)}"))
+            if event is not None:
+                state, since = event.status, max(since, event.at)
+        rows.append((engine.name, segments))
+    every = TICK_EVERY[period.name]
+    ticks = [(at(slot), timezone.localtime(slot).strftime("%a" if period.name == "week" else "%H:%M"))
+             for index, slot in enumerate(period.slots) if index % every == 0]
+    return charts.timeline(rows, ticks=ticks, keys=[(str(state), colour) for state, colour in STATES.items()],
+                           label="Engine states over the period", css="chart-engines")

@@ -1,0 +1,261 @@
+"""Reads for the operators' dashboard: the request log summed over a period, engine states, misses.
+
+Every figure is summed in PostgreSQL, one statement per panel, bounded by the period on `at`:
+the request log is partitioned by day on it, so a period reads only its days' partitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import OuterRef, Subquery
+
+from inference_ops.models import EngineEvent, EngineProcess
+
+# name: (span, slot). Slots start on whole multiples of their length since the epoch (UTC), so a
+# page reloaded within a slot shows the same slots.
+PERIODS: dict[str, tuple[timedelta, timedelta]] = {
+    "hour": (timedelta(hours=1), timedelta(minutes=5)),
+    "day": (timedelta(days=1), timedelta(hours=1)),
+    "week": (timedelta(days=7), timedelta(hours=6)),
+}
+ROADS = ("kb", "local", "external", "")  # "": the request failed before a road was chosen
+
+
+@dataclass(frozen=True)
+class Period:
+    name: str
+    start: datetime
+    end: datetime  # exclusive; the slot now in progress is the last one
+    slot: timedelta
+
+    @property
+    def slots(self) -> list[datetime]:
+        count = round((self.end - self.start) / self.slot)
+        return [self.start + i * self.slot for i in range(count)]
+
+
+def period_at(name: str, *, now: datetime) -> Period:
+    """The period `name` (a key of PERIODS) that ends with the slot holding `now`."""
+    span, slot = PERIODS[name]
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    end = epoch + ((now - epoch) // slot + 1) * slot
+    return Period(name=name, start=end - span, end=end, slot=slot)
+
+
+@dataclass
+class Slot:
+    at: datetime
+    by_road: dict[str, int] = field(default_factory=dict)
+    checked: int = 0  # requests the KB looked at (a named model skips it)
+    hits: int = 0
+    failed: int = 0
+    fell_back: int = 0  # requests answered (or failed) after passing over at least one endpoint
+
+    @property
+    def requests(self) -> int:
+        return sum(self.by_road.values())
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return self.hits / self.checked if self.checked else None
+
+
+@dataclass
+class Traffic:
+    slots: list[Slot]
+    hits_by_method: dict[str, int]
+
+    @property
+    def requests(self) -> int:
+        return sum(s.requests for s in self.slots)
+
+    def road_total(self, road: str) -> int:
+        return sum(s.by_road.get(road, 0) for s in self.slots)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        checked = sum(s.checked for s in self.slots)
+        return sum(s.hits for s in self.slots) / checked if checked else None
+
+    @property
+    def failed(self) -> int:
+        return sum(s.failed for s in self.slots)
+
+    @property
+    def fell_back(self) -> int:
+        return sum(s.fell_back for s in self.slots)
+
+
+_TRAFFIC_SQL = """
+SELECT date_bin(%(slot)s, at, %(start)s) AS slot, road, kb_method,
+       count(*), count(*) FILTER (WHERE kb_hit), count(*) FILTER (WHERE status = 'failed'),
+       count(*) FILTER (WHERE fallbacks > 0)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s
+GROUP BY 1, 2, 3
+"""
+
+
+def traffic(period: Period) -> Traffic:
+    """Requests per slot by road, with the KB's hits, the failures and the fallbacks."""
+    slots = {at: Slot(at=at) for at in period.slots}
+    by_method: dict[str, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_TRAFFIC_SQL, {"slot": period.slot, "start": period.start, "end": period.end})
+        for at, road, method, count, hits, failed, fell_back in cursor.fetchall():
+            slot = slots[at]
+            road = road if road in ROADS else ""
+            slot.by_road[road] = slot.by_road.get(road, 0) + count
+            if method:
+                slot.checked += count
+                slot.hits += hits
+                if hits:
+                    by_method[method] = by_method.get(method, 0) + hits
+            slot.failed += failed
+            slot.fell_back += fell_back
+    return Traffic(slots=list(slots.values()), hits_by_method=by_method)
+
+
+@dataclass(frozen=True)
+class TargetLatency:
+    road: str
+    target: str  # the endpoint's name; "" for the KB's direct answers and for no road
+    requests: int
+    failed: int
+    fallbacks: int  # endpoints passed over before this one, summed
+    ttft_p50: float | None
+    ttft_p95: float | None
+    latency_p50: float | None  # of the complete answers
+    latency_p95: float | None
+    overhead_p50: float | None
+    overhead_p95: float | None
+
+
+# The KB's rows name their entry as target (KB#12): they count as one target here.
+_TARGETS_SQL = """
+SELECT road, CASE WHEN road = 'kb' THEN '' ELSE target END AS name, count(*),
+       count(*) FILTER (WHERE status = 'failed'), coalesce(sum(fallbacks), 0),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY ttft_ms),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status = 'complete'),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status = 'complete'),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY overhead_ms),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY overhead_ms)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s
+GROUP BY 1, 2
+ORDER BY 3 DESC, 1, 2
+"""
+
+
+def latency_by_target(period: Period) -> list[TargetLatency]:
+    """TTFT, latency and the gateway's own share, p50 and p95, per target, busiest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TARGETS_SQL, {"start": period.start, "end": period.end})
+        return [TargetLatency(*row) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class ErrorCount:
+    code: str
+    requests: int
+    last_at: datetime
+
+
+_ERRORS_SQL = """
+SELECT error_code, count(*), max(at)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s AND error_code <> ''
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT %(limit)s
+"""
+
+
+def errors(period: Period, *, limit: int = 10) -> list[ErrorCount]:
+    """The most frequent error codes of the period."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ERRORS_SQL, {"start": period.start, "end": period.end, "limit": limit})
+        return [ErrorCount(*row) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class EngineState:
+    at: datetime
+    status: str
+    reason: str
+
+
+@dataclass
+class EngineHistory:
+    id: int
+    name: str
+    status: str  # now
+    status_reason: str
+    before: str | None  # the state when the period began; None: no event before it
+    events: list[EngineState] = field(default_factory=list)  # in the period, oldest first
+
+
+def engine_history(period: Period, *, limit: int = 500) -> tuple[list[EngineHistory], bool]:
+    """Each engine's states through the period, and whether events were left out (only the
+    newest `limit` are read: an engine that flaps all week must not make the page heavy)."""
+    before = EngineEvent.objects.filter(engine=OuterRef("pk"), at__lt=period.start).order_by("-at", "-pk")
+    engines = {
+        row["id"]: EngineHistory(id=row["id"], name=row["name"], status=row["status"],
+                                 status_reason=row["status_reason"], before=row["before"])
+        for row in EngineProcess.objects.order_by("name").annotate(before=Subquery(before.values("status")[:1]))
+        .values("id", "name", "status", "status_reason", "before")
+    }
+    events = list(EngineEvent.objects.filter(at__gte=period.start, at__lt=period.end)
+                  .order_by("-at", "-pk").values_list("engine_id", "at", "status", "reason")[: limit + 1])
+    cut = len(events) > limit
+    for engine_id, at, status, reason in reversed(events[:limit]):
+        if engine_id in engines:
+            engines[engine_id].events.append(EngineState(at=at, status=status, reason=reason))
+    return list(engines.values()), cut
+
+
+@dataclass(frozen=True)
+class MissedQuestion:
+    id: int  # the head of its group of misses
+    question: str
+    has_answer: bool  # a generated answer to turn into an entry
+    asked: int  # misses in the group, ever
+    asked_in_period: int
+    best_entry_id: int | None
+    best_score: float | None
+
+
+# The heads by count come from the index miss_group_heads; each head's misses of the period from
+# the primary key and the group's index, a handful of rows per head.
+_MISSES_SQL = """
+SELECT w.waiting, h.id, h.question, h.answer <> '', h.count,
+       (SELECT count(*) FROM knowledge_miss m
+        WHERE (m.id = h.id OR m.group_id = h.id) AND m.created_at >= %(start)s AND m.created_at < %(end)s),
+       h.best_entry_id, h.best_score
+FROM (SELECT count(*) AS waiting FROM knowledge_miss WHERE grouped_at IS NULL) w
+LEFT JOIN LATERAL (
+    SELECT id, question, answer, count, best_entry_id, best_score FROM knowledge_miss
+    WHERE group_id IS NULL AND grouped_at IS NOT NULL AND resolved_by_id IS NULL
+    ORDER BY count DESC, id
+    LIMIT %(limit)s
+) h ON true
+ORDER BY h.count DESC, h.id
+"""
+
+
+def top_misses(period: Period, *, limit: int = 10) -> tuple[list[MissedQuestion], int]:
+    """The most-asked questions the KB has no entry for yet (unresolved groups of misses, as the
+    misses admin lists them), with how often each was asked in the period; and how many misses
+    wait to be grouped (the misses admin groups them when it opens)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MISSES_SQL, {"start": period.start, "end": period.end, "limit": limit})
+        rows = cursor.fetchall()
+    waiting = rows[0][0] if rows else 0
+    misses = [MissedQuestion(id=row[1], question=row[2], has_answer=row[3], asked=row[4], asked_in_period=row[5],
+                             best_entry_id=row[6], best_score=row[7])
+              for row in rows if row[1] is not None]
+    return misses, waiting

@@ -1,0 +1,288 @@
+"""/metrics: what a Prometheus scrape shows after real requests to daphne, to the worker and to the simulators.
+
+The requests are served by the daphne process (and the Celery worker) that the tests start; the
+scrapes are served by this test process. That the counts add up across them is the point: every
+process writes its own files in PROMETHEUS_MULTIPROC_DIR and a scrape of any process reads them all.
+Counters only grow over a test run, so each test compares a scrape after its requests with one before.
+"""
+
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from asgiref.sync import async_to_sync
+from prometheus_client.parser import text_string_to_metric_families
+
+from chat import metrics
+from chat.models import ChatSession
+from core.processes import free_port
+from inference_ops.models import EngineProcess, ModelEndpoint
+from inference_ops.tasks import engine_check_task
+from routing import breaker
+from tests.factories import endpoint, rule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "scrape-token-for-the-tests-0123456789"
+ASK = [{"role": "user", "content": "Tell me a long story about the sea and its lighthouses"}]
+# Every label a series may carry; none of them names a user, key, question, session or KB entry.
+LABELS = {"interface", "road", "rule", "target", "status", "code", "method", "result", "passed_over", "endpoint",
+          "kind", "engine", "state", "le"}
+
+
+class Scrape(dict):
+    """(name, labels) -> value of one scrape."""
+
+    def at(self, name: str, **labels: str) -> float:
+        return self.get((name, frozenset(labels.items())), 0.0)
+
+    def since(self, before: "Scrape", name: str, **labels: str) -> float:
+        return self.at(name, **labels) - before.at(name, **labels)
+
+    def summed(self, name: str, **labels: str) -> float:
+        wanted = set(labels.items())
+        return sum(value for (n, found), value in self.items() if n == name and wanted <= found)
+
+
+@pytest.fixture
+def scrape(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+
+    def read() -> Scrape:
+        response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+        assert response.status_code == 200, response.content
+        samples = Scrape()
+        for family in text_string_to_metric_families(response.content.decode()):
+            for sample in family.samples:
+                samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+        return samples
+
+    return read
+
+
+@pytest.fixture(scope="module")
+def slow_sim():
+    """A simulator slow enough that an answer is still streaming while the test scrapes."""
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency", "50",
+                          "--mode", "random")
+    yield sim
+    sim.stop()
+
+
+def sdk(asgi_server, key):
+    return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def raw_post(url, body: dict, key=None):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def dead_endpoint(name="dead"):
+    return endpoint(name, url=f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there: connection refused
+
+
+# --- what requests leave ------------------------------------------------------------------------------
+
+
+def test_a_kb_answer_counts_as_a_hit_on_the_kb_road_without_its_entry(asgi_server, alice_key, product, scrape):
+    before = scrape()
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+    assert raw.headers["X-Route"] == "kb"
+    after = scrape()
+    kb = {"interface": "v1", "road": "kb", "target": "kb"}
+    assert after.since(before, "gateway_requests_total", **kb, rule="", status="complete") == 1
+    assert after.since(before, "gateway_kb_lookups_total", method="exact", result="hit") == 1
+    assert after.since(before, "gateway_time_to_first_token_seconds_count", **kb) == 1
+    assert after.since(before, "gateway_request_duration_seconds_count", **kb, status="complete") == 1
+    assert after.since(before, "gateway_overhead_seconds_count", **kb) == 1
+    assert after.since(before, "gateway_completion_tokens_total", **kb) == 0  # no model ran
+    assert not any(value.startswith("KB#") for _, labels in after for _, value in labels)
+
+
+def test_a_generated_answer_counts_its_tokens_and_times_by_target(asgi_server, alice_key, product, scrape):
+    before = scrape()
+    completion = sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=5)
+    after = scrape()
+    local = {"interface": "v1", "road": "local", "target": "local"}
+    assert after.since(before, "gateway_requests_total", **local, rule="default", status="complete") == 1
+    assert after.since(before, "gateway_prompt_tokens_total", **local) == completion.usage.prompt_tokens > 0
+    assert after.since(before, "gateway_completion_tokens_total", **local) == 5
+    assert after.since(before, "gateway_time_to_first_token_seconds_count", **local) == 1
+    assert after.since(before, "gateway_request_duration_seconds_count", **local, status="complete") == 1
+    assert after.since(before, "gateway_overhead_seconds_count", **local) == 1
+    misses = after.summed("gateway_kb_lookups_total", result="miss") - before.summed("gateway_kb_lookups_total",
+                                                                                      result="miss")
+    assert misses == 1
+    assert after.summed("gateway_kb_lookups_total", result="hit") == before.summed("gateway_kb_lookups_total",
+                                                                                   result="hit")
+
+
+def test_a_fallback_counts_the_endpoint_passed_over_and_the_one_that_answered(asgi_server, alice_key, local_sim,
+                                                                              scrape):
+    rule("dead-first", dead_endpoint(), endpoint("local", local_sim), is_default=True, use_kb_context=False)
+    before = scrape()
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(model="auto", messages=ASK,
+                                                                               max_tokens=3)
+    assert raw.headers["X-Route-Target"] == "local"
+    after = scrape()
+    assert after.since(before, "gateway_fallbacks_total", passed_over="dead", target="local") == 1
+    assert after.since(before, "gateway_requests_total", interface="v1", road="local", rule="dead-first",
+                       target="local", status="complete") == 1
+    assert after.at("gateway_breaker_failures", endpoint="dead") == 1  # one failure, read from Redis at the scrape
+    assert after.at("gateway_breaker_state", endpoint="dead", state="closed") == 1
+
+
+def test_a_failure_counts_its_error_code_and_the_status_the_client_got(asgi_server, alice_key, scrape):
+    rule("dead-only", dead_endpoint(), is_default=True, use_kb_context=False)
+    before = scrape()
+    status, body = raw_post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": ASK}, key=alice_key)
+    assert (status, body["error"]["code"]) == (503, "connect")
+    after = scrape()
+    failed = {"interface": "v1", "road": "", "target": ""}
+    assert after.since(before, "gateway_requests_total", **failed, rule="dead-only", status="failed") == 1
+    assert after.since(before, "gateway_request_errors_total", **failed, code="connect") == 1
+    assert after.since(before, "gateway_error_responses_total", interface="v1", status="503", code="connect") == 1
+    assert after.since(before, "gateway_fallbacks_total", passed_over="dead", target="") == 1
+    assert after.since(before, "gateway_time_to_first_token_seconds_count", **failed) == 0  # no token came
+
+
+def test_a_refused_request_counts_by_status_and_code(asgi_server, scrape):
+    before = scrape()
+    status, _ = raw_post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": ASK})
+    assert status == 401
+    after = scrape()
+    assert after.since(before, "gateway_error_responses_total", interface="v1", status="401",
+                       code="invalid_api_key") == 1
+
+
+def test_an_unknown_error_code_is_counted_as_other(scrape):
+    before = scrape()
+    metrics.response_refused("v1", 400, "a code nobody listed")
+    metrics.response_refused("somewhere", 999, "")
+    after = scrape()
+    assert after.since(before, "gateway_error_responses_total", interface="v1", status="400", code="other") == 1
+    assert after.since(before, "gateway_error_responses_total", interface="other", status="other", code="") == 1
+
+
+def test_an_answer_is_in_flight_until_it_ends(asgi_server, alice_key, slow_sim, scrape):
+    rule("slow", endpoint("slow", slow_sim), is_default=True, use_kb_context=False)
+    before = scrape()
+    stream = sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=40,
+                                                                 stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    assert scrape().since(before, "gateway_requests_in_flight", interface="v1") == 1
+    assert list(chunks)
+    assert scrape().since(before, "gateway_requests_in_flight", interface="v1") == 0
+
+
+def test_no_label_names_a_user_key_question_or_session(asgi_server, alice_key, alice, product, scrape):
+    session = ChatSession.objects.create(user=alice, title="integration", source="api")
+    client = sdk(asgi_server, alice_key)
+    client.chat.completions.create(model="auto", messages=ASK, max_tokens=3,
+                                   extra_headers={"X-Session-Id": str(session.pk)})
+    client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+    samples = scrape()
+    names = {name for _, labels in samples for name, _ in labels}
+    assert names <= LABELS, names - LABELS
+    values = {value for _, labels in samples for _, value in labels}
+    for secret in ("alice", alice_key, alice_key[:12], ASK[0]["content"], "reset my password", "KB#"):
+        assert not any(secret in value for value in values), secret
+    assert samples.at("gateway_requests_total", interface="v1", road="local", rule="default", target="local",
+                      status="complete") >= 1
+
+
+# --- what the worker and the stores hold, read at scrape time -------------------------------------------
+
+
+def test_an_engine_check_in_the_worker_shows_its_count_and_the_engines_gauges(celery_worker, local_sim, scrape):
+    served = endpoint("local", local_sim)
+    engine = EngineProcess.objects.create(
+        name="local-sim", endpoint=served, kind="simulator", model="acme/local", port=local_sim.port,
+        pid=local_sim.process.pid, status="ready", desired_state="running")
+    before = scrape()
+    assert engine_check_task.apply_async((engine.pk,), queue="ops").get(timeout=30) is None
+    after = scrape()
+    assert after.since(before, "gateway_engine_checks_total", engine="local-sim", result="healthy") == 1
+    assert after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="ready") == 1
+    assert after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="crashed") == 0
+    assert after.at("gateway_endpoint_status", endpoint="local", kind="vllm", status="ready") == 1
+    assert ("gateway_endpoint_requests_running", frozenset({("endpoint", "local")})) in after
+    assert ("gateway_endpoint_kv_cache_usage_ratio", frozenset({("endpoint", "local")})) in after
+    served.refresh_from_db()
+    assert after.at("gateway_endpoint_checked_timestamp_seconds", endpoint="local") == pytest.approx(
+        served.checked_at.timestamp())
+
+
+def test_endpoint_gauges_and_an_open_breaker_are_read_at_scrape_time(settings, scrape):
+    ModelEndpoint.objects.create(name="busy", kind="vllm", base_url="http://127.0.0.1:9/v1", model="m",
+                                 status="unhealthy", requests_running=3, requests_waiting=7, kv_cache_usage=0.5)
+    ModelEndpoint.objects.create(name="retired", kind="vllm", base_url="http://127.0.0.1:9/v1", model="m",
+                                 active=False)
+    for _ in range(settings.ROUTING_BREAKER_FAILURES):
+        async_to_sync(breaker.failure)("busy")
+    samples = scrape()
+    assert samples.at("gateway_breaker_state", endpoint="busy", state="open") == 1
+    assert samples.at("gateway_breaker_state", endpoint="busy", state="closed") == 0
+    assert samples.at("gateway_breaker_failures", endpoint="busy") == settings.ROUTING_BREAKER_FAILURES
+    assert samples.at("gateway_endpoint_status", endpoint="busy", kind="vllm", status="unhealthy") == 1
+    assert samples.at("gateway_endpoint_requests_running", endpoint="busy") == 3
+    assert samples.at("gateway_endpoint_requests_waiting", endpoint="busy") == 7
+    assert samples.at("gateway_endpoint_kv_cache_usage_ratio", endpoint="busy") == 0.5
+    assert samples.at("gateway_state_read_ok") == 1
+    assert not any(("endpoint", "retired") in labels for _, labels in samples)
+
+
+# --- who may scrape ----------------------------------------------------------------------------------------
+
+
+def test_metrics_refuses_a_missing_or_wrong_token(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    settings.DEBUG = True  # a token, once set, is required from loopback too
+    for header in ({}, {"HTTP_AUTHORIZATION": "Bearer not-the-token"}, {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"},
+                   {"HTTP_AUTHORIZATION": TOKEN}):
+        response = client.get("/metrics", **header)
+        assert response.status_code == 401, header
+        assert response["WWW-Authenticate"].startswith("Bearer")
+        assert b"METRICS_TOKEN" in response.content and b"gateway_" not in response.content
+
+
+def test_metrics_answers_the_token_in_the_format_the_scraper_asks_for(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", REMOTE_ADDR="203.0.113.7")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b"gateway_state_read_ok 1.0" in response.content
+    openmetrics = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
+                             HTTP_ACCEPT="application/openmetrics-text; version=1.0.0")
+    assert openmetrics["Content-Type"].startswith("application/openmetrics-text")
+    assert openmetrics.content.endswith(b"# EOF\n")
+
+
+def test_with_debug_on_and_no_token_loopback_may_scrape_and_others_may_not(client, settings):
+    settings.METRICS_TOKEN = ""
+    settings.DEBUG = True
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    refused = client.get("/metrics", REMOTE_ADDR="192.168.1.20")
+    assert refused.status_code == 403 and b"METRICS_TOKEN" in refused.content
+
+
+def test_without_a_token_and_debug_off_nobody_may_scrape(client, settings):
+    settings.METRICS_TOKEN = ""
+    settings.DEBUG = False
+    refused = client.get("/metrics", REMOTE_ADDR="127.0.0.1")
+    assert refused.status_code == 403 and b"METRICS_TOKEN" in refused.content
