@@ -42,6 +42,12 @@ MATRIX = {
     ("GET", "/accounts/login/", None): row(200, 302, 302, 302, 302, 200, 200, 200, 200, 200, 200),
     ("GET", "/accounts/logout/", None): row(405, 405, 405, 405, 405, 405, 405, 405, 405, 405, 405),
     ("GET", "/healthz", None): row(200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200),
+    # No METRICS_TOKEN and DEBUG off: nobody scrapes, whoever they are logged in as.
+    ("GET", "/metrics", None): row(403, 403, 403, 403, 403, 403, 403, 403, 403, 403, 403),
+    # The request log needs its own view permission, which the curator (staff of the KB, rules and
+    # engines) was not given.
+    ("GET", "/admin/chat/requestlog/dashboard/", None): row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
+    ("GET", "/admin/chat/requestlog/export.csv", None): row(302, 302, 302, 403, 200, 302, 302, 302, 302, 302, 302),
     # 200 or 503 by whether a Celery worker runs (another test may have started one): the same for all.
     ("GET", "/readyz", None): row(*[SAME] * 11),
     ("GET", "/admin/", None): row(302, 302, 302, 200, 200, 302, 302, 302, 302, 302, 302),
