@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from chat import openai_api  # noqa: E402
+from core import tracing  # noqa: E402
 from config import body_limit, twisted_tuning, warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
@@ -45,4 +46,5 @@ caches["default"]  # noqa: B018 - creating it is the point; it connects on first
 
 twisted_tuning.tune()
 body_limit.install()
+tracing.setup()
 warmup.run()
