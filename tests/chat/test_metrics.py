@@ -7,8 +7,6 @@ Counters only grow over a test run, so each test compares a scrape after its req
 """
 
 import json
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -21,6 +19,7 @@ from core.processes import free_port
 from inference_ops.models import EngineProcess, ModelEndpoint
 from inference_ops.tasks import engine_check_task
 from routing import breaker
+from tests.chat.test_openai_api import raw_post
 from tests.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,18 +74,6 @@ def slow_sim():
 
 def sdk(asgi_server, key):
     return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30)
-
-
-def raw_post(url, body: dict, key=None):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def dead_endpoint(name="dead"):
@@ -148,7 +135,8 @@ def test_a_fallback_counts_the_endpoint_passed_over_and_the_one_that_answered(as
 def test_a_failure_counts_its_error_code_and_the_status_the_client_got(asgi_server, alice_key, scrape):
     rule("dead-only", dead_endpoint(), is_default=True, use_kb_context=False)
     before = scrape()
-    status, body = raw_post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": ASK}, key=alice_key)
+    body = json.dumps({"model": "auto", "messages": ASK}).encode()
+    status, body = raw_post(f"{asgi_server}/v1/chat/completions", body, key=alice_key)
     assert (status, body["error"]["code"]) == (503, "connect")
     after = scrape()
     failed = {"interface": "v1", "road": "", "target": ""}
@@ -161,7 +149,7 @@ def test_a_failure_counts_its_error_code_and_the_status_the_client_got(asgi_serv
 
 def test_a_refused_request_counts_by_status_and_code(asgi_server, scrape):
     before = scrape()
-    status, _ = raw_post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": ASK})
+    status, _ = raw_post(f"{asgi_server}/v1/chat/completions", json.dumps({"model": "auto", "messages": ASK}).encode())
     assert status == 401
     after = scrape()
     assert after.since(before, "gateway_error_responses_total", interface="v1", status="401",
