@@ -240,3 +240,13 @@ async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it
     [row] = await _rows()
     assert (row.status, row.road, row.target, row.error_code) == ("cancelled", "local", "local", "cancelled")
     assert row.ttft_ms is not None and row.ttft_ms <= row.latency_ms
+
+
+def test_a_chat_api_turn_is_logged_with_its_key_and_session(asgi_server, alice, alice_key, product):
+    session = ChatSession.objects.create(user=alice, title="integration")
+    status, _, raw = post(f"{asgi_server}/api/chat/sessions/{session.pk}/messages/", {"content": RESET[0]["content"]},
+                          alice_key)
+    assert status == 201, raw
+    [row] = logged()
+    assert (row.interface, row.session_id, row.road, row.status) == ("api", session.pk, "kb", "complete")
+    assert row.api_key.name == "laptop" and row.user_id == alice.pk
