@@ -338,6 +338,12 @@ CELERY_BEAT_SCHEDULE = {
         # A check older than its interval is useless: drop it rather than pile them up.
         "options": {"expires": ENGINE_CHECK_INTERVAL},
     },
+    # Endpoints no engine row runs (a production-stack router, llm-d's gateway): health and load.
+    "check-endpoints": {
+        "task": "inference_ops.tasks.endpoints_check_all",
+        "schedule": ENGINE_CHECK_INTERVAL,
+        "options": {"expires": ENGINE_CHECK_INTERVAL, "queue": "default"},
+    },
     "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
     # Drops the request log's days past REQUEST_LOG_DAYS, makes tomorrow's partition ahead.
     "prune-request-log": {"task": "chat.tasks.requestlog_prune", "schedule": 3600.0, "options": {"expires": 3600.0}},

@@ -39,6 +39,8 @@ Status = EngineProcess.Status
 # Counted by the worker that runs the checks; /metrics adds up every process's counts (config.metrics).
 CHECKS = Counter("gateway_engine_checks_total", "Engine health checks by result.", ["engine", "result"])
 RESTARTS = Counter("gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"])
+ENDPOINT_CHECKS = Counter("gateway_endpoint_checks_total", "Health checks of endpoints no engine row runs (routers), "
+                          "by result.", ["endpoint", "result"])
 
 # --- the command line ---------------------------------------------------------------------------
 
@@ -187,9 +189,9 @@ def _launch(engine: EngineProcess) -> int:
 # --- HTTP probes ---------------------------------------------------------------------------------------
 
 
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
+def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -197,20 +199,56 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
 
 def probe(engine: EngineProcess, timeout: float | None = None) -> tuple[bool, str, dict]:
     """(healthy, reason, metrics): /health, the served model in /v1/models, and a /metrics scrape."""
-    timeout = timeout or settings.ENGINE_CHECK_TIMEOUT
+    return _probe(engine.base_url, engine.api_name, timeout or settings.ENGINE_CHECK_TIMEOUT)
+
+
+def _probe(root: str, model: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[bool, str, dict]:
     try:
-        status, _ = _get(f"{engine.base_url}/health", timeout)
+        status, _ = _get(f"{root}/health", timeout, headers)
         if status != 200:
             return False, f"/health answered {status}", {}
-        status, body = _get(f"{engine.base_url}/v1/models", timeout)
+        status, body = _get(f"{root}/v1/models", timeout, headers)
         names = {card.get("id") for card in json.loads(body).get("data", [])} if status == 200 else set()
-        if engine.api_name not in names:
-            return False, f"/v1/models does not list {engine.api_name!r} (status {status})", {}
-        status, body = _get(f"{engine.base_url}/metrics", timeout)
+        if model not in names:
+            return False, f"/v1/models does not list {model!r} (status {status})", {}
+        status, body = _get(f"{root}/metrics", timeout, headers)
         metrics = parse_metrics(body.decode("utf-8", "replace")) if status == 200 else {}
     except (OSError, ValueError) as exc:
         return False, f"no answer: {exc}", {}
     return True, "healthy", metrics
+
+
+def endpoint_check(*, endpoint_id: int) -> str | None:
+    """One check of an endpoint that no engine row of ours runs: a vLLM production-stack router,
+    llm-d's inference gateway, a vLLM server started by someone else. The same checks as an
+    engine's (/health, the model in /v1/models, the /metrics gauges, summed over the router's
+    backends), written on the endpoint row, where /metrics, the dashboard and routing read them.
+    An endpoint seen ready again closes its circuit breaker, as an engine's recovery does.
+    Returns the endpoint's status, or None when there is nothing to check."""
+    endpoint = ModelEndpoint.objects.filter(pk=endpoint_id, active=True).first()
+    if endpoint is None or endpoint.kind == ModelEndpoint.Kind.EXTERNAL or \
+            EngineProcess.objects.filter(endpoint_id=endpoint_id).exists():
+        return None
+    key = endpoint.api_key
+    healthy, reason, metrics = _probe(endpoint.base_url.rstrip("/").removesuffix("/v1"), endpoint.model,
+                                      settings.ENGINE_CHECK_TIMEOUT,
+                                      {"Authorization": f"Bearer {key}"} if key else None)
+    ENDPOINT_CHECKS.labels(endpoint.name, "healthy" if healthy else "unhealthy").inc()
+    status = ModelEndpoint.Status.READY if healthy else (
+        ModelEndpoint.Status.DOWN if reason.startswith("no answer") else ModelEndpoint.Status.UNHEALTHY)
+    fields = {"status": status, "status_reason": reason[:500], "checked_at": timezone.now()}
+    if healthy:
+        fields.update(requests_running=metrics.get("running"), requests_waiting=metrics.get("waiting"),
+                      kv_cache_usage=metrics.get("kv_cache_usage"))
+    ModelEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    if healthy and endpoint.status != ModelEndpoint.Status.READY:
+        try:
+            engine_ready.send(sender=ModelEndpoint, engine=None, endpoint=endpoint.name)
+        except Exception:  # noqa: BLE001 - a receiver's failure must never fail the check
+            logger.warning("endpoint %s: a receiver of engine_ready failed", endpoint.name, exc_info=True)
+    if status != endpoint.status:
+        logger.info("endpoint %s: %s (%s)", endpoint.name, status, reason)
+    return status
 
 
 _GAUGES = {

@@ -10,7 +10,7 @@ from core import redis as core_redis
 
 from inference_ops import supervisor
 from inference_ops.exceptions import SupervisorError
-from inference_ops.models import EngineProcess, LoraAdapter
+from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,22 @@ def engines_check_all() -> int:
     for engine in engines:
         engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
     return len(engines)
+
+
+@shared_task(name="inference_ops.tasks.endpoints_check_all", soft_time_limit=30, time_limit=60)
+def endpoints_check_all() -> int:
+    """Beat: one check per endpoint that no engine row runs (a router, a vLLM run elsewhere). On
+    the default queue: what must reach it is the web tier's network, not an engine host."""
+    ids = list(ModelEndpoint.objects.filter(active=True).exclude(kind=ModelEndpoint.Kind.EXTERNAL)
+               .exclude(pk__in=EngineProcess.objects.values("endpoint_id")).values_list("pk", flat=True))
+    for endpoint_id in ids:
+        endpoint_check_task.apply_async((endpoint_id,), queue="default", expires=settings.ENGINE_CHECK_INTERVAL)
+    return len(ids)
+
+
+@shared_task(name="inference_ops.tasks.endpoint_check", soft_time_limit=30, time_limit=60)
+def endpoint_check_task(endpoint_id: int) -> str | None:
+    return supervisor.endpoint_check(endpoint_id=endpoint_id)
 
 
 def engines_suspect(endpoint_id: int) -> int:
