@@ -22,15 +22,15 @@ class Operations:
 
 @admin.register(ModelEndpoint)
 class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
-    list_display = ["name", "kind", "model", "lora_adapter", "active", "status", "requests_running",
+    list_display = ["name", "kind", "model", "lora_adapter", "replica_group", "active", "status", "requests_running",
                     "requests_waiting", "kv_cache_usage", "checked_at"]
-    list_filter = ["kind", "active", "status"]
+    list_filter = ["kind", "active", "status", "replica_group"]
     search_fields = ["name", "model", "base_url"]
     readonly_fields = ["status", "status_reason", "checked_at", "requests_running", "requests_waiting",
                        "kv_cache_usage", "updated_at"]
     fieldsets = [
         (None, {"fields": ["name", "kind", "active", "base_url", "api_key_env", "model", "lora_adapter",
-                           "context_window", "max_concurrency"]}),
+                           "replica_group", "context_window", "max_concurrency"]}),
         ("Timeouts (seconds)", {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout",
                                            "total_timeout"]}),
         ("Live status", {"fields": ["status", "status_reason", "checked_at", "requests_running",

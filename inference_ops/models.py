@@ -50,6 +50,11 @@ class ModelEndpoint(models.Model):
     extra_headers = models.JSONField(
         default=dict, blank=True, help_text='HTTP headers sent with every request, e.g. {"X-Title": "gateway"}.'
     )
+    replica_group = models.SlugField(
+        max_length=100, blank=True,
+        help_text="Endpoints with the same group serve the same model: a rule's target naming any of them is "
+                  "answered by the least busy ready one (a conversation stays on its replica while loads are close).",
+    )
     active = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
     status_reason = models.CharField(max_length=500, blank=True)

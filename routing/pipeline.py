@@ -13,6 +13,7 @@ Closing the generator (client gone, Stop) closes the upstream stream at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -30,7 +31,7 @@ from inference_ops.tasks import engines_suspect
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
 from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
-from routing import breaker
+from routing import breaker, replicas
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
 from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, named_refusal, query_vector
 
@@ -178,7 +179,9 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         if refusal:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
             return
-        async for event in _generate(request, text, rule, [rule.target_named(request.model)], started,
+        # The endpoint asked for, not its replica group's least busy member.
+        named = dataclasses.replace(rule.target_named(request.model), replicas=())
+        async for event in _generate(request, text, rule, [named], started,
                                      why=f"model {request.model} requested; {why}", rng=rng):
             yield event
         return
@@ -248,6 +251,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     last_error: EngineError | None = None
     too_long: Error | None = None
     system_cost = message_tokens({"content": system})
+    targets = replicas.expand(targets, replicas.affinity_of(request.history, text))
     for target in targets:
         budget = target.context_window - max_tokens
         if approx_tokens(text) + system_cost + 8 > budget:
@@ -258,7 +262,16 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                          f"{target.context_window} tokens, {max_tokens} of them kept for the answer."),
             )
             continue
-        if not await breaker.allow(target.endpoint):
+        # Counted before the breaker's check (which may wait on Redis), so the requests picking
+        # a replica meanwhile see this one.
+        replicas.started(target.endpoint_id)
+        try:
+            allowed = await breaker.allow(target.endpoint)
+        except BaseException:  # cancelled while asking: counted no longer
+            replicas.ended(target.endpoint_id)
+            raise
+        if not allowed:
+            replicas.ended(target.endpoint_id)
             attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
             skipped.append(target.endpoint)
             passed.append(target.endpoint)
@@ -317,6 +330,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
             if not exc.retryable:
                 break
         finally:
+            replicas.ended(target.endpoint_id)
             if chat:
                 chat.end()
     if last_error is None and too_long is not None:

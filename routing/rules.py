@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import re2
@@ -45,6 +45,7 @@ class Target:
     weight: int
     config: EndpointConfig
     context_window: int
+    replicas: tuple[Target, ...] = ()  # the endpoint's replica group, itself included (routing.replicas)
 
 
 @dataclass
@@ -224,13 +225,19 @@ def named_refusal(rule: CompiledRule | None, model: str) -> str:
 # --- building ---------------------------------------------------------------------------------------------
 
 
-def _target(t: RouteTarget) -> Target:
-    endpoint = t.endpoint
-    config = EndpointConfig.from_endpoint(endpoint)
-    if t.lora_adapter:
-        config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
-    return Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=t.position,
-                  weight=t.weight, config=config, context_window=endpoint.context_window)
+def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
+    def one(endpoint) -> Target:
+        config = EndpointConfig.from_endpoint(endpoint)
+        if t.lora_adapter:
+            config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
+        return Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=t.position,
+                      weight=t.weight, config=config, context_window=endpoint.context_window)
+
+    target = one(t.endpoint)
+    members = (groups or {}).get(t.endpoint.replica_group) if t.endpoint.replica_group else None
+    if members and len(members) > 1:
+        target = replace(target, replicas=tuple(one(member) for member in members))
+    return target
 
 
 def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
@@ -246,8 +253,11 @@ def snapshot_build(version: str | None = None) -> Snapshot:
     rules = []
     queryset = (RoutingRule.objects.filter(active=True).prefetch_related("groups", "targets__endpoint")
                 .order_by("is_default", "priority", "pk"))
+    groups: dict[str, list] = {}
+    for member in ModelEndpoint.objects.filter(active=True).exclude(replica_group="").order_by("name"):
+        groups.setdefault(member.replica_group, []).append(member)
     for rule in queryset:
-        targets = [_target(t) for t in rule.targets.all() if t.endpoint.active]
+        targets = [_target(t, groups) for t in rule.targets.all() if t.endpoint.active]
         pattern, broken = None, ""
         if rule.regex:
             try:

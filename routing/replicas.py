@@ -1,0 +1,134 @@
+"""Replica groups: endpoints serving the same model, one of which answers each request.
+
+A target whose endpoint names a `replica_group` stands for every active endpoint of that group.
+`expand` turns it into the group's endpoints in the order to try: the least busy first, the rest
+as its fallbacks (the pipeline's fallback, breaker and Retry-After rules apply to each).
+
+How busy a replica is: this process's requests in flight to it (known at once), plus the queue
+its engine reported (`vllm:num_requests_waiting`, scraped by the health checks onto the endpoint
+row; read here from the database at most every ROUTING_LOAD_SECONDS, behind the requests, never
+awaited by one). Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose
+fresh check says unhealthy or down goes last. A conversation keeps its replica (the one its
+first question hashes to, so the engine's prefix cache is reused) while that replica is no more
+than ROUTING_AFFINITY_SLACK requests busier than the least busy.
+
+ROUTING_REPLICA_PICK=round_robin turns all this off for comparison (the benchmark's baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
+
+from core import db
+from inference_ops.models import ModelEndpoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    waiting: float
+    fresh: bool  # checked within ROUTING_LOAD_FRESH_SECONDS
+    healthy: bool  # not reported unhealthy or down by a fresh check
+
+
+_loads: dict[int, Load] = {}  # endpoint id -> its last reported load
+_loaded_at = -1e9  # monotonic time of the last read
+_reading: asyncio.Task | None = None
+_in_flight: dict[int, int] = {}  # endpoint id -> this process's requests streaming from it
+_turns = itertools.count()  # round-robin's turn
+
+
+def started(endpoint_id: int) -> None:
+    _in_flight[endpoint_id] = _in_flight.get(endpoint_id, 0) + 1
+
+
+def ended(endpoint_id: int) -> None:
+    _in_flight[endpoint_id] = max(0, _in_flight.get(endpoint_id, 0) - 1)
+
+
+def expand(targets, affinity: str):
+    """The targets in the order to try, each grouped target replaced by its group's replicas."""
+    if not any(t.replicas for t in targets):
+        return targets
+    _refresh_soon()
+    ordered = []
+    for target in targets:
+        ordered.extend(_ordered(target, affinity) if target.replicas else [target])
+    return ordered
+
+
+def affinity_of(history: list[dict], question: str) -> str:
+    """What keeps a conversation on one replica: its first user message."""
+    first = next((m["content"] for m in history if m.get("role") == "user"), question)
+    return first[:2000]
+
+
+def _ordered(target, affinity: str) -> list:
+    replicas = list(target.replicas)
+    if settings.ROUTING_REPLICA_PICK == "round_robin":
+        start = next(_turns) % len(replicas)
+        return replicas[start:] + replicas[:start]
+    busy = {r.endpoint_id: _busy(r.endpoint_id) for r in replicas}
+    # Healthy (or unknown) first, then by load; the name breaks ties the same way everywhere.
+    ranked = sorted(replicas, key=lambda r: (not _healthy(r.endpoint_id), busy[r.endpoint_id], r.endpoint))
+    home = max(replicas, key=lambda r: _rendezvous(affinity, r.endpoint))
+    least = busy[ranked[0].endpoint_id]
+    if _healthy(home.endpoint_id) and busy[home.endpoint_id] <= least + settings.ROUTING_AFFINITY_SLACK:
+        ranked.remove(home)
+        ranked.insert(0, home)
+    return ranked
+
+
+def _busy(endpoint_id: int) -> float:
+    load = _loads.get(endpoint_id)
+    waiting = load.waiting if load is not None and load.fresh else 0.0
+    return _in_flight.get(endpoint_id, 0) + waiting
+
+
+def _healthy(endpoint_id: int) -> bool:
+    load = _loads.get(endpoint_id)
+    return load is None or load.healthy
+
+
+def _rendezvous(key: str, name: str) -> int:
+    # Highest random weight: a replica added or removed moves only the conversations it takes or had.
+    return int.from_bytes(hashlib.blake2b(f"{name}\x00{key}".encode(), digest_size=8).digest(), "big")
+
+
+def _refresh_soon() -> None:
+    """Start a read of the replicas' loads when the last one is old; the request goes on at once."""
+    global _reading
+    if time.monotonic() - _loaded_at < settings.ROUTING_LOAD_SECONDS or (_reading is not None and not _reading.done()):
+        return
+    _reading = asyncio.get_running_loop().create_task(loads_refresh())
+
+
+async def loads_refresh() -> None:
+    """Read the replicas' loads now (one statement). Requests call it behind themselves."""
+    global _loads, _loaded_at
+    _loaded_at = time.monotonic()
+    try:
+        rows = await db.query_all(
+            f"SELECT id, requests_waiting, status, checked_at FROM {ModelEndpoint._meta.db_table} "
+            "WHERE replica_group <> '' AND active", [])
+    except Exception:  # noqa: BLE001 - picking goes on with what it knew
+        logger.warning("cannot read the replicas' loads; picking by this process's own counts", exc_info=True)
+        return
+    now = timezone.now()
+    horizon = settings.ROUTING_LOAD_FRESH_SECONDS
+    loads = {}
+    for endpoint_id, waiting, status, checked_at in rows:
+        fresh = checked_at is not None and (now - checked_at).total_seconds() <= horizon
+        loads[endpoint_id] = Load(waiting=float(waiting or 0.0), fresh=fresh,
+                                  healthy=not (fresh and status in (ModelEndpoint.Status.UNHEALTHY,
+                                                                    ModelEndpoint.Status.DOWN)))
+    _loads = loads

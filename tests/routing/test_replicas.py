@@ -1,0 +1,130 @@
+"""Replica groups: the least busy ready replica answers, a conversation keeps its replica while
+loads are close, a failed replica falls back to the next; round-robin for comparison."""
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.utils import timezone
+
+from inference_ops.models import ModelEndpoint
+from routing import pipeline, replicas
+from tests.factories import endpoint, rule
+from tests.routing.conftest import ask
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts():
+    replicas._in_flight.clear()
+    replicas._loads = {}
+    yield
+    replicas._in_flight.clear()
+
+
+@pytest.fixture
+def pool(local_sim):
+    members = [endpoint(name, local_sim, replica_group="pool") for name in ("r1", "r2", "r3")]
+    rule("default", members[0], is_default=True, use_kb_context=False)
+    return members
+
+
+def reported(**waiting):
+    """What the health checks found on each replica, just now."""
+    for name, count in waiting.items():
+        ModelEndpoint.objects.filter(name=name).update(requests_waiting=count, checked_at=timezone.now(),
+                                                       status="ready")
+    async_to_sync(replicas.loads_refresh)()
+
+
+def answered_by(text="Tell me about the sea", **fields) -> str:
+    events = ask(text, max_tokens=2, **fields)
+    assert events[-1].type == "done", events[-1]
+    return events[0].target
+
+
+def test_the_least_busy_replica_answers(pool):
+    reported(r1=6, r2=0, r3=4)
+    assert answered_by() == "r2"
+    reported(r1=0, r2=5, r3=4)
+    assert answered_by() == "r1"
+
+
+def test_a_replica_a_fresh_check_found_down_goes_last(pool):
+    reported(r1=5, r2=0, r3=9)
+    ModelEndpoint.objects.filter(name="r2").update(status="down")
+    async_to_sync(replicas.loads_refresh)()
+    assert answered_by() == "r1"
+
+
+def test_gauges_older_than_their_freshness_are_not_trusted(pool, settings):
+    reported(r1=0, r2=9, r3=9)
+    ModelEndpoint.objects.update(checked_at=timezone.now() - timedelta(seconds=settings.ROUTING_LOAD_FRESH_SECONDS + 5))
+    async_to_sync(replicas.loads_refresh)()
+    # Nothing trusted, nothing in flight: every question goes to its conversation's own replica.
+    homes = {answered_by(f"question number {n}") for n in range(12)}
+    assert len(homes) > 1
+
+
+def test_a_conversation_keeps_its_replica_while_loads_are_close(pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = 2
+    history = [{"role": "user", "content": "My order 1234 has not arrived"},
+               {"role": "assistant", "content": "Let me look."}]
+    reported(r1=0, r2=0, r3=0)
+    home = answered_by("And when will it?", history=history)
+    others = [m.name for m in pool if m.name != home]
+    reported(**{home: 2, others[0]: 0, others[1]: 1})  # busier, but within the slack
+    assert answered_by("Can you check again?", history=history) == home
+    reported(**{home: 5, others[0]: 0, others[1]: 1})  # too busy now: the least busy takes it
+    assert answered_by("Still nothing?", history=history) == others[0]
+
+
+def test_requests_in_flight_spread_over_the_replicas(slow_pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = 0  # no conversation to keep: the next request goes where fewest are
+    async def many():
+        streams = [pipeline.answer(pipeline.RouteRequest(text=f"story {n}", max_tokens=20)) for n in range(6)]
+        firsts = await asyncio.gather(*(s.__anext__() for s in streams))
+        for stream in streams:
+            await stream.aclose()
+        return [event.target for event in firsts]
+
+    reported(s1=0, s2=0, s3=0)
+    targets = async_to_sync(many)()
+    assert sorted(targets) == ["s1", "s1", "s2", "s2", "s3", "s3"]
+
+
+def test_a_replica_that_fails_falls_back_to_the_next(local_sim):
+    dead = endpoint("r0", url="http://127.0.0.1:9/v1", replica_group="pool")
+    alive = endpoint("r1", local_sim, replica_group="pool")
+    rule("default", alive, is_default=True, use_kb_context=False)
+    reported(r0=0, r1=3)
+    events = ask("Tell me about the sea", max_tokens=2)
+    assert events[0].target == "r1" and events[-1].fell_back_from == ("r0",)
+    assert dead.replica_group == "pool"
+
+
+def test_round_robin_takes_turns(pool, settings):
+    settings.ROUTING_REPLICA_PICK = "round_robin"
+    reported(r1=9, r2=0, r3=0)
+    picked = [answered_by(f"question {n}") for n in range(6)]
+    assert sorted(set(picked)) == ["r1", "r2", "r3"] and picked[:3] != picked[3:4] * 3
+
+
+def test_a_named_endpoint_is_the_one_that_answers(pool):
+    reported(r1=9, r2=0, r3=0)
+    assert answered_by(model="r1") == "r1"
+
+
+@pytest.fixture
+def slow_pool():
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sims = [start_simulator("serve", "acme/local", "--mode", "echo", "--time-to-first-token", "200",
+                            "--inter-token-latency", "50") for _ in range(3)]
+    members = [endpoint(f"s{n}", sim, replica_group="pool") for n, sim in enumerate(sims, start=1)]
+    rule("default", members[0], is_default=True, use_kb_context=False)
+    yield members
+    for sim in sims:
+        sim.stop()
