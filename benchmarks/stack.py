@@ -117,9 +117,10 @@ class Stack:
 @contextlib.contextmanager
 def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_extra: dict[str, str] | None = None,
               local_max_concurrency: int | None = None, web_concurrency: int | None = None,
-              log_dir: Path | None = None) -> Iterator[Stack]:
+              log_dir: Path | None = None, setup: Callable[[], None] | None = None) -> Iterator[Stack]:
     """Database `name` prepared, the simulator with `sim_args`, the demo data, then the gateway
     with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT, ...).
+    `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
 
     `web_concurrency`: the gateway through config.web with that many daphne processes (None:
     one daphne, started directly). Logs go to `log_dir`, else to a directory removed at the end.
@@ -139,6 +140,8 @@ def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_ext
         except RuntimeError as exc:
             raise StackError(str(exc)) from None
         demo = demo_setup(sim_url=sim, model=model, local_max_concurrency=local_max_concurrency)
+        if setup is not None:
+            setup()
         env = servers.gateway_env(
             database_url=database.database_url(name), redis_url=settings.REDIS_URL,
             secret_key=settings.SECRET_KEY,

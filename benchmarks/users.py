@@ -31,3 +31,13 @@ def session_cookie(*, user) -> str:
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.save()
     return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+
+def bench_api_key(*, username: str, name: str) -> str:
+    """A fresh `chat` key of the bench user `username` (its earlier key `name` deleted); the raw key."""
+    from chat.models import ApiKey
+    from chat.services import apikey_create
+
+    user = bench_user(username=username)
+    ApiKey.objects.filter(user=user, name=name).delete()
+    return apikey_create(user=user, name=name, scopes=[ApiKey.Scope.CHAT])[1]

@@ -186,14 +186,9 @@ class Command(BaseCommand):
                                          on_run=lambda run: self.out(run_line(run))))
 
     def api_key(self) -> str:
-        from benchmarks.users import bench_user
-        from chat.models import ApiKey
-        from chat.services import apikey_create
+        from benchmarks.users import bench_api_key
 
-        user = bench_user(username="bench-gateway")
-        ApiKey.objects.filter(user=user, name="bench_gateway").delete()
-        _, raw = apikey_create(user=user, name="bench_gateway", scopes=[ApiKey.Scope.CHAT])
-        return raw
+        return bench_api_key(username="bench-gateway", name="bench_gateway")
 
     def exact_questions(self) -> list[str]:
         """The demo FAQ's questions and aliases that the bench KB answers by exact match."""
