@@ -43,8 +43,10 @@ HANDBOOK = "\n\n".join(
 def vector_point(settings):
     """An operating point looser than the served model's calibrated default (which, on the
     adversarial labelled set, answers few paraphrases), at which this small KB's paraphrases are
-    vector hits: for tests of the vector road's mechanics, not of the default's precision."""
-    settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN = 0.90, 0.04
+    vector hits: for tests of the vector road's mechanics, not of the default's precision. The
+    margin leaves room for the int8 kernels' numbers, which differ from CPU to CPU: on one without
+    VNNI, "explain LoRA" led "What is QLoRA?" by 0.03997."""
+    settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN = 0.90, 0.035
     return settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN
 
 
