@@ -45,7 +45,7 @@ def vector_point(settings):
     adversarial labelled set, answers few paraphrases), at which this small KB's paraphrases are
     vector hits: for tests of the vector road's mechanics, not of the default's precision. The
     margin leaves room for the int8 kernels' numbers, which differ from CPU to CPU: on one without
-    VNNI, "explain LoRA" led "What is QLoRA?" by 0.03997."""
+    VNNI, "explain LoRA" led its runner-up by 0.03997."""
     settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN = 0.90, 0.035
     return settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN
 
