@@ -19,7 +19,7 @@ from chat import services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
 from chat.models import ApiKey, ChatSession, Message, RequestLog
-from chat.turns import SessionEvent, run_turn
+from chat.turns import SessionEvent, run_turn, turn_admit
 from core.errors import unavailable
 from core.fields import TextField
 
@@ -159,6 +159,7 @@ class MessageStreamView(APIView):
         data.is_valid(raise_exception=True)
         # Validate and count before the stream starts, so bad input is a plain 4xx, not an event.
         content = services.message_validate(data.validated_data["content"])
+        turn_admit()
         services.rate_limit_hit(user_id=request.user.pk)
         turn = run_turn(user=request.user, content=content, session_id=pk,
                         client=_client(request), max_tokens=data.validated_data.get("max_tokens"),

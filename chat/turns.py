@@ -4,12 +4,18 @@
 guarantees the assistant message ends as complete, partial, failed or cancelled,
 also when the consumer stops iterating or its task is cancelled (Stop pressed,
 socket gone).
+
+A process that is shutting down (config.drain) closes the intake: a new turn is refused with
+`Draining` (a retryable 503) before anything is stored or counted, while the turns running go
+on. Those still running when the drain is over are ended by `turns_end`: each one's last event
+is an error `shutdown`, and it is stored as partial (failed before its first token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +25,55 @@ from django.utils import timezone
 from chat import metrics, services
 from chat.models import ChatSession, Message, RequestLog
 from chat.requestlog import RequestRecord, request_note
+from core.errors import ServiceUnavailable
 from routing import pipeline
+
+# The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
+# added and removed once per turn. Nothing here is touched per token.
+_closed = False
+_ending = False
+_running: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+# The client goes to another process; this one only finishes what it has.
+DRAINING_RETRY_AFTER = 1
+
+
+class Draining(ServiceUnavailable):
+    code = "draining"
+
+
+def turns_close() -> None:
+    """Refuse new turns in this process from now on; the running ones go on."""
+    global _closed
+    _closed = True
+
+
+def turn_admit() -> None:
+    """Raise Draining when this process takes no new turns."""
+    if _closed:
+        raise Draining("This server is shutting down and takes no new chats; retry, another one will answer.",
+                       retry_after=DRAINING_RETRY_AFTER)
+
+
+def turns_running() -> list[asyncio.Task]:
+    return [task for task in _running if not task.done()]
+
+
+def turns_end() -> list[asyncio.Task]:
+    """End every running turn as a shutdown: each one's task is cancelled, and the turn, seeing that
+    the process is ending, turns the cancellation into its last event. Returns the tasks."""
+    global _ending
+    _ending = True
+    tasks = turns_running()
+    for task in tasks:
+        task.cancel()
+    return tasks
+
+
+def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
+    return pipeline.Error(code="shutdown", message="The server shut down before the answer finished; ask again.",
+                          retryable=True, retry_after=DRAINING_RETRY_AFTER, partial=produced,
+                          road=route.road if route else None, rule=route.rule if route else None,
+                          target=route.target if route else None)
 
 
 @dataclass(kw_only=True)
@@ -62,6 +116,9 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     (`Done.overhead_ms`) count from there."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
+    turn_admit()
+    task = asyncio.current_task()
+    _running.add(task)
     arrived = time.monotonic() if arrived is None else arrived
     if not admitted:
         content = services.message_validate(content)
@@ -103,6 +160,9 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     async def save(final: pipeline.Event | None, cancelled: bool) -> None:
         nonlocal saved
         saved = True
+        if cancelled and _ending:
+            # Cut by the process's end, not by the user, even where its last event could not be sent.
+            final, cancelled = _shutdown(route, bool(parts)), False
         error = final if isinstance(final, pipeline.Error) else None
         if cancelled:
             error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
@@ -128,6 +188,15 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                 event = await (pending if pending is not None else answer.__anext__())
             except StopAsyncIteration:
                 break
+            except asyncio.CancelledError:
+                if not _ending:
+                    raise
+                # turns_end: the answer ends here, and its last event tells the client why.
+                asyncio.current_task().uncancel()
+                event = _shutdown(route, bool(parts))
+                await save(event, cancelled=False)
+                yield event
+                break
             pending = None
             if isinstance(event, pipeline.Token):
                 if first_token_at is None:
@@ -142,6 +211,7 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                 await save(event, cancelled=False)
             yield event
     finally:
+        _running.discard(task)
         await _abandon(first, answer)
         if not saved:
             # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).

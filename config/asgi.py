@@ -20,11 +20,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from chat import openai_api  # noqa: E402
 from core import tracing  # noqa: E402
-from config import body_limit, twisted_tuning, warmup  # noqa: E402
+from config import body_limit, drain, twisted_tuning, warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
 
 async def http(scope, receive, send):
+    drain.request_arrived()
     # The OpenAI-compatible API is an ASGI application of its own (see chat.openai_api).
     if scope["path"].startswith("/v1/"):
         return await openai_api.application(scope, receive, send)
@@ -47,4 +48,5 @@ caches["default"]  # noqa: B018 - creating it is the point; it connects on first
 twisted_tuning.tune()
 body_limit.install()
 tracing.setup()
+drain.install()
 warmup.run()

@@ -3,7 +3,9 @@
 /healthz answers from the process alone, so a load balancer never restarts a
 healthy web process because a dependency is down. /readyz checks what a request
 needs (database with pgvector, Redis, a live Celery worker) and names each one,
-and reports what the process warmed at start-up (config.warmup).
+and reports what the process warmed at start-up (config.warmup). A process that is
+shutting down (config.drain) answers only `draining`, failing, from the signal on: it
+takes no new chats, and the balancer should send them elsewhere.
 
 A probe is anonymous, and an exception's text names hosts, ports, database users
 and versions: anyone sees which checks fail, staff (a logged-in staff session) see
@@ -20,7 +22,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from config import warmup
+from config import drain, warmup
 from config.celery import app as celery_app
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,12 @@ CHECKS = (
 @require_GET
 def readyz(request):
     results = {}
-    for name, check in CHECKS:
+    if drain.draining:
+        # The process's own state, not a dependency, named only while it holds. The balancer hears
+        # it at once: the dependencies of a process that is going away no longer matter.
+        results["draining"] = {"ok": False, "error": "shutting down: finishing its streams, taking no new chats",
+                               "ms": 0.0}
+    for name, check in () if drain.draining else CHECKS:
         if name == "celery" and not results["redis"]["ok"]:
             # The broker is Redis: without it a ping can only time out.
             results[name] = {"ok": False, "error": "skipped: Redis is down"}

@@ -586,3 +586,12 @@ except OSError as _exc:
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
 # A scraper reaches each host directly, as the probes do, not through the TLS proxy in front.
 SECURE_REDIRECT_EXEMPT = [*SECURE_REDIRECT_EXEMPT, r"^metrics$"]
+
+# --- graceful drain (config.drain) ---------------------------------------------------------------
+# On SIGTERM a web process stops taking new chats (/readyz answers 503, `draining`) and gives the
+# streams running up to WEB_DRAIN_SECONDS to finish; those still running then end, stored as
+# partial. The supervisor's grace before SIGKILL (Kubernetes' terminationGracePeriodSeconds,
+# Compose's stop_grace_period) must be longer; config.web reads the same variable for its own.
+from config.drain import drain_seconds  # noqa: E402 - one reader for the settings and config.web
+
+WEB_DRAIN_SECONDS = drain_seconds()

@@ -21,6 +21,7 @@ import sys
 
 from django.core.exceptions import ImproperlyConfigured
 
+from config.drain import drain_seconds
 from core.env import env_bool, env_int, env_str
 from core.processes import die_with_parent, stop_groups
 
@@ -29,9 +30,10 @@ from core.processes import die_with_parent, stop_groups
 # the processes are busy, and the overflow waits for SYN retransmits. The kernel caps the value
 # at net.core.somaxconn.
 BACKLOG = 2048
-# A child that has not exited this long after SIGTERM is killed. Shorter than the grace that
-# supervisors give before their own SIGKILL (`docker stop`'s default is the shortest common one),
-# so the launcher, not the supervisor, is the one that reports it.
+# A child that has not exited this long after its drain (WEB_DRAIN_SECONDS, config.drain) is
+# killed: the drain ends the streams still running, and this is for the rest of its exit. The
+# supervisor's grace before its own SIGKILL should be longer than both, so the launcher, not the
+# supervisor, is the one that reports a child that hangs.
 STOP_GRACE = 8.0
 # The socket is the launcher's to choose; daphne would bind these itself, once per process.
 _BINDING_OPTIONS = ("-b", "--bind", "-p", "--port", "-u", "--unix-socket", "--fd", "-e", "--endpoint")
@@ -72,6 +74,7 @@ def main(argv: list[str]) -> int:
         port = env_int("PORT", 8000, minimum=1, maximum=65535)
         count = env_int("WEB_CONCURRENCY", os.cpu_count() or 1, minimum=1)
         access_log = env_bool("WEB_ACCESS_LOG", False)
+        drain = drain_seconds()
         if any(arg.split("=", 1)[0] in _BINDING_OPTIONS for arg in argv):
             raise ImproperlyConfigured("HOST and PORT choose the socket; do not pass daphne's binding options.")
         listener = listen(host, port)
@@ -116,8 +119,9 @@ def main(argv: list[str]) -> int:
         exit_code = _watch(children, wake_read, stop_signal)
     finally:
         if stop_signal:
-            log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es)")
-        stop_groups(children, grace=STOP_GRACE, say=log)
+            log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es); "
+                f"their streams have {drain:g} s to finish")
+        stop_groups(children, grace=drain + STOP_GRACE, say=log)
         log("stopped")
     return exit_code
 

@@ -130,6 +130,8 @@ def commands(*, var_dir: str) -> dict[str, list[str]]:
 def main() -> int:
     die_with_parent()  # `kill <make>` still cleans up
     os.environ.setdefault("DEBUG", "true")
+    # Ctrl-C gives the children 15 s to stop: a stream running then gets most of it to finish.
+    os.environ.setdefault("WEB_DRAIN_SECONDS", "5")
     host = env_str("HOST", "127.0.0.1")
     port = env_int("PORT", 8000, minimum=1, maximum=65535)
     started_at = time.monotonic()

@@ -1,0 +1,265 @@
+"""Graceful drain (config.drain): a real gateway process, a slow engine stream in flight, a real
+SIGTERM. The process stops taking chats at once and lets the running stream finish, or, once
+WEB_DRAIN_SECONDS are over, ends it with a `shutdown` event and stores it as partial."""
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+
+import aiohttp
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+from django.test import Client
+
+from benchmarks.servers import gateway
+from chat.models import ChatSession, Message, RequestLog
+from tests.chat.conftest import alice, alice_key  # noqa: F401 - the chat tests' personas
+from tests.factories import endpoint, rule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The engine's pace: a long answer lasts seconds, and a test acts while it streams.
+TOKEN_MS = 50
+LONG = 200  # tokens: longer than any drain here
+QUESTION = "Tell me about lighthouses"
+
+
+@pytest.fixture(autouse=True)
+async def close_executor_connections():
+    """The ORM calls made from async code run in asgiref's shared thread; close its
+    connection afterwards, or the test database could not be dropped at the end."""
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+@pytest.fixture(scope="module")
+def slow_engine():
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator("serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency",
+                          str(TOKEN_MS))
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def session(alice, slow_engine):  # noqa: F811
+    """A chat session of alice's; every question goes to the slow engine, for LONG tokens unless asked."""
+    local = endpoint("local", slow_engine, idle_timeout=5, total_timeout=60)
+    rule("default", local, is_default=True, use_kb_context=False, max_tokens=LONG)
+    return ChatSession.objects.create(user=alice)
+
+
+@pytest.fixture
+def cookie(alice) -> str:  # noqa: F811
+    client = Client()
+    client.force_login(alice)
+    return client.cookies["sessionid"].value
+
+
+@contextlib.contextmanager
+def web(child_env, tmp_path, *, processes: int | None = None, **env):
+    """The gateway under daphne, or under config.web with `processes` daphne processes."""
+    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
+           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "INFO",
+           "WEB_WARMUP": "false", **env}
+    with gateway(env=env, log_path=tmp_path / "web.log", web_concurrency=processes) as server:
+        yield server
+
+
+class Stream:
+    """A /v1 stream, read while the test does other things: its events and the tokens among them."""
+
+    def __init__(self, response: aiohttp.ClientResponse):
+        self.response, self.events, self.tokens = response, [], []
+
+    async def read(self, *, tokens: int | None = None) -> None:
+        """Until `tokens` tokens have come in all, or to the end of the stream."""
+        async for raw in self.response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            self.events.append(data if data == "[DONE]" else json.loads(data))
+            choices = self.events[-1].get("choices") if data != "[DONE]" else None
+            if choices and "content" in choices[0]["delta"] and "role" not in choices[0]["delta"]:
+                self.tokens.append(choices[0]["delta"]["content"])
+            if tokens is not None and len(self.tokens) >= tokens:
+                return
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+
+async def start_stream(http: aiohttp.ClientSession, url: str, key: str, session_id: int, max_tokens: int) -> Stream:
+    """A /v1 stream stored in the session, once its first tokens have come."""
+    response = await http.post(f"{url}/v1/chat/completions",
+                               headers={"Authorization": f"Bearer {key}", "X-Session-Id": str(session_id)},
+                               json={"model": "auto", "stream": True, "max_tokens": max_tokens,
+                                     "messages": [{"role": "user", "content": QUESTION}]})
+    assert response.status == 200, await response.text()
+    stream = Stream(response)
+    await stream.read(tokens=5)
+    return stream
+
+
+async def socket_frames(socket, frames: list[dict], *, count: int | None = None) -> None:
+    """Frames into `frames`: until there are `count`, or to the answer's end."""
+    while (len(frames) < count) if count is not None else not frames or frames[-1]["type"] not in ("done", "error"):
+        frames.append(json.loads((await socket.receive(timeout=30)).data))
+
+
+def sse_events(body: str) -> list[tuple[str, dict]]:
+    return [(kind.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
+            for kind, data in (event.split("\n", 1) for event in body.strip().split("\n\n"))]
+
+
+async def wait_exit(process, timeout: float) -> None:
+    started = time.monotonic()
+    while process.poll() is None:
+        assert time.monotonic() - started < timeout, "the process did not exit"
+        await asyncio.sleep(0.05)
+
+
+@sync_to_async
+def answers_stored() -> dict[int, Message]:
+    return {message.pk: message for message in Message.objects.filter(role="assistant")}
+
+
+@sync_to_async
+def request_logged() -> RequestLog:
+    deadline = time.monotonic() + 10
+    while not (rows := list(RequestLog.objects.all())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [row] = rows
+    return row
+
+
+async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_running_stream(
+        child_env, tmp_path, alice_key, session, cookie):  # noqa: F811
+    bearer = {"Authorization": f"Bearer {alice_key}"}
+    with web(child_env, tmp_path, processes=2) as server:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=80)
+            server.process.send_signal(signal.SIGTERM)  # to the launcher, which passes it to both processes
+            await asyncio.sleep(0.3)
+
+            async with http.get(f"{server.url}/readyz") as probe:
+                assert probe.status == 503
+                assert (await probe.json())["failing"] == ["draining"]
+            async with http.post(f"{server.url}/v1/chat/completions", headers=bearer,
+                                 json={"model": "auto", "messages": [{"role": "user", "content": "hello"}]}) as v1:
+                assert v1.status == 503 and v1.headers["Retry-After"] == "1"
+                error = (await v1.json())["error"]
+                assert (error["code"], error["type"]) == ("draining", "api_error")
+                assert "shutting down" in error["message"]
+            async with http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/stream", headers=bearer,
+                                 json={"content": "hello"}) as sse:
+                assert sse.status == 503 and sse.headers["Retry-After"] == "1"
+                assert (await sse.json())["error"]["code"] == "draining"
+            async with http.ws_connect(f"{server.url.replace('http', 'ws')}/ws/chat/", origin=server.url,
+                                       headers={"Cookie": f"sessionid={cookie}"}) as socket:
+                await socket.send_json({"type": "message", "session": None, "content": "hello"})
+                frame = json.loads((await socket.receive(timeout=10)).data)
+            assert (frame["type"], frame["code"], frame["retry_after"]) == ("error", "draining", 1)
+
+            await stream.read()
+            finished = time.monotonic()
+        await wait_exit(server.process, timeout=20)
+        exited_after = time.monotonic() - finished
+        assert server.process.returncode == 0, server.log_path.read_text()
+    assert stream.events[-1] == "[DONE]" and stream.events[-2]["choices"][0]["finish_reason"] == "length"
+    assert len(stream.tokens) == 80
+    [stored] = (await answers_stored()).values()
+    assert (stored.status, stored.content) == ("complete", stream.text)
+    # Nothing holds the processes once the stream is done: they do not wait out the drain.
+    assert exited_after < 10
+
+
+async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_and_stored_partial(
+        child_env, tmp_path, alice_key, session):  # noqa: F811
+    with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await stream.read()
+        await wait_exit(server.process, timeout=20)
+        took = time.monotonic() - signalled
+        assert server.process.returncode == 0
+        log = server.log_path.read_text()
+    *_, last, done = stream.events
+    assert done == "[DONE]"
+    assert (last["error"]["code"], last["error"]["type"]) == ("shutdown", "api_error")
+    assert 5 < len(stream.tokens) < LONG
+    [stored] = (await answers_stored()).values()
+    assert (stored.status, stored.content) == ("partial", stream.text)
+    assert stored.error.startswith("shutdown: ")
+    row = await request_logged()
+    assert (row.interface, row.status, row.error_code) == ("v1", "partial", "shutdown")
+    assert "1 turn(s) still running after 1.0 s: ended as shutdown" in log
+    assert took < 1 + 5
+
+
+async def test_a_second_signal_ends_the_running_stream_at_once(child_env, tmp_path, alice_key, session):  # noqa: F811
+    with web(child_env, tmp_path) as server:  # the default drain, far longer than this test
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
+            server.process.send_signal(signal.SIGTERM)
+            await stream.read(tokens=len(stream.tokens) + 3)  # still streaming: draining
+            server.process.send_signal(signal.SIGINT)
+            await stream.read()
+        await wait_exit(server.process, timeout=20)
+    assert stream.events[-2]["error"]["code"] == "shutdown"
+    [stored] = (await answers_stored()).values()
+    assert (stored.status, stored.content) == ("partial", stream.text)
+
+
+async def test_an_answer_still_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(
+        child_env, tmp_path, alice_key, session, cookie):  # noqa: F811
+    bearer = {"Authorization": f"Bearer {alice_key}"}
+    with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            socket = await http.ws_connect(f"{server.url.replace('http', 'ws')}/ws/chat/", origin=server.url,
+                                           headers={"Cookie": f"sessionid={cookie}"})
+            await socket.send_json({"type": "message", "session": None, "content": QUESTION})
+            sse = await http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/stream", headers=bearer,
+                                  json={"content": QUESTION})
+            whole = asyncio.ensure_future(http.post(f"{server.url}/v1/chat/completions", headers=bearer, json={
+                "model": "auto", "messages": [{"role": "user", "content": QUESTION}]}))
+            json_turn = asyncio.ensure_future(http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/",
+                                                        headers=bearer, json={"content": QUESTION}))
+            frames = []
+            await socket_frames(socket, frames, count=5)
+            assert frames[-1]["type"] == "token"
+            server.process.send_signal(signal.SIGTERM)
+
+            await socket_frames(socket, frames)
+            events = sse_events(await sse.text())
+            async with await whole as v1:
+                assert v1.status == 503 and v1.headers["Retry-After"] == "1"
+                assert (await v1.json())["error"]["code"] == "shutdown"
+            async with await json_turn as created:
+                assert created.status == 201
+                answer = (await created.json())["assistant_message"]
+            await socket.close()
+        await wait_exit(server.process, timeout=20)
+    stored = await answers_stored()
+
+    last = frames[-1]
+    assert (last["type"], last["code"], last["status"]) == ("error", "shutdown", "partial")
+    told = "".join(frame["text"] for frame in frames if frame["type"] == "token")
+    assert (stored[last["message_id"]].status, stored[last["message_id"]].content) == ("partial", told)
+
+    (_, session_event), (kind, last) = events[0], events[-1]
+    assert (kind, last["code"], last["partial"]) == ("error", "shutdown", True)
+    told = "".join(data["text"] for kind, data in events if kind == "token")
+    assert (stored[session_event["message_id"]].status, stored[session_event["message_id"]].content) == ("partial",
+                                                                                                          told)
+
+    assert (answer["status"], answer["error"].split(":")[0]) == ("partial", "shutdown")
+    assert stored[answer["id"]].content == answer["content"] != ""
