@@ -1,4 +1,4 @@
-from core.errors import DomainError
+from core.errors import DomainError, ServiceUnavailable
 
 
 class ChatError(DomainError):
@@ -30,3 +30,9 @@ class RateLimited(ChatError):
 
 class ApiKeyInvalid(ChatError):
     code = "invalid_api_key"
+
+
+class Draining(ServiceUnavailable):
+    """This process is shutting down (config.drain) and takes no new turns: a retryable 503."""
+
+    code = "draining"

@@ -23,9 +23,9 @@ from datetime import timedelta
 from django.utils import timezone
 
 from chat import metrics, services
+from chat.exceptions import Draining
 from chat.models import ChatSession, Message, RequestLog
 from chat.requestlog import RequestRecord, request_note
-from core.errors import ServiceUnavailable
 from routing import pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
@@ -35,10 +35,6 @@ _ending = False
 _running: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
 # The client goes to another process; this one only finishes what it has.
 DRAINING_RETRY_AFTER = 1
-
-
-class Draining(ServiceUnavailable):
-    code = "draining"
 
 
 def turns_close() -> None:

@@ -6,7 +6,7 @@ the signal starts a drain instead:
 
 1. /readyz answers 503 at once, failing `draining` (config.health), so a load balancer takes the
    process out, and new chat turns are refused with a retryable 503 or error frame
-   (chat.turns.Draining); the turns running and the HTTP requests in flight go on;
+   (chat.exceptions.Draining); the turns running and the HTTP requests in flight go on;
 2. once nothing is in flight, or after WEB_DRAIN_SECONDS, the turns still running are ended
    (chat.turns.turns_end): each one's last event says `shutdown`, and it is stored as partial
    (failed before its first token), in the request log too;

@@ -13,7 +13,6 @@ that scraping is not configured.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 import logging
@@ -117,15 +116,10 @@ def _state_read() -> _State:
         logger.warning("metrics: endpoint and engine state unavailable: %s", exc)
         return _State(readable=False)
     if state.endpoints:
-        state.breakers = async_to_sync(_breakers)(list(state.endpoints))
+        # The breaker's own reading (its Redis trouble reads as closed, as routing then lets
+        # requests through), every endpoint in one round trip.
+        state.breakers = async_to_sync(breaker.states)(list(state.endpoints))
     return state
-
-
-async def _breakers(names: list[str]) -> dict[str, breaker.BreakerState]:
-    # The breaker's own reading (its Redis trouble reads as closed, as routing then lets
-    # requests through), for every endpoint at once.
-    states = await asyncio.gather(*(breaker.state(name) for name in names))
-    return dict(zip(names, states, strict=True))
 
 
 class _StateCollector:

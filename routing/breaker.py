@@ -59,13 +59,27 @@ def _keys(endpoint: str) -> tuple[str, str]:
 
 
 async def state(endpoint: str) -> BreakerState:
-    key, probe = _keys(endpoint)
+    return (await states([endpoint]))[endpoint]
+
+
+async def states(endpoints: list[str]) -> dict[str, BreakerState]:
+    """Each endpoint's breaker, read in one round trip (a pipeline). Redis trouble reads as
+    closed, as routing then lets requests through."""
+    pipe = _redis().pipeline(transaction=False)
+    for endpoint in endpoints:
+        key, probe = _keys(endpoint)
+        pipe.hgetall(key)
+        pipe.exists(probe)
     try:
-        data = await _redis().hgetall(key)
-        probing = await _redis().exists(probe)
+        replies = await pipe.execute()
     except Exception:  # noqa: BLE001
         logger.warning("breaker state unavailable", exc_info=True)
-        return BreakerState("closed", 0, None, None)
+        return {endpoint: BreakerState("closed", 0, None, None) for endpoint in endpoints}
+    return {endpoint: _reading(data, probing)
+            for endpoint, data, probing in zip(endpoints, replies[::2], replies[1::2], strict=True)}
+
+
+def _reading(data: dict[bytes, bytes], probing: int) -> BreakerState:
     failures = int(data.get(b"failures", 0))
     if data.get(b"state") != b"open":
         resting = float(data.get(b"rest_until", 0)) - time.time()

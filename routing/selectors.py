@@ -51,12 +51,13 @@ async def route_explain(*, text: str, groups: frozenset[str] = frozenset(), clie
         chain_targets = [list(group) for group in chosen.chain]
 
     endpoints = await sync_to_async(lambda: {e.pk: e for e in ModelEndpoint.objects.all()})()
+    breakers = await breaker.states([t.endpoint for group in chain_targets for t in group])
     chain = []
     for group in chain_targets:
         total = sum(t.weight for t in group) or 1
         for target in group:
             endpoint = endpoints.get(target.endpoint_id)
-            state = await breaker.state(target.endpoint)
+            state = breakers[target.endpoint]
             chain.append({
                 "position": target.position, "endpoint": target.endpoint, "road": target.road,
                 "model": target.config.model, "share": round(target.weight / total, 3),

@@ -54,6 +54,28 @@ def url_with_database(url: str, name: str) -> str:
     return urlsplit(url)._replace(path="/" + name).geturl()
 
 
+# The users the tests act as, wherever they are.
+@pytest.fixture
+def alice(db):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user("alice", password="pw-alice-123456")
+
+
+@pytest.fixture
+def bob(db):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user("bob", password="pw-bob-123456")
+
+
+@pytest.fixture
+def alice_key(alice):
+    from chat.services import apikey_create
+
+    return apikey_create(user=alice, name="laptop", scopes=["chat"])[1]
+
+
 @pytest.fixture(scope="session")
 def test_database_url(django_db_setup) -> str:
     """A DATABASE_URL naming pytest-django's test database, for child processes."""

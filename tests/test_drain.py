@@ -16,7 +16,6 @@ from django.test import Client
 
 from benchmarks.servers import gateway
 from chat.models import ChatSession, Message, RequestLog
-from tests.chat.conftest import alice, alice_key  # noqa: F401 - the chat tests' personas
 from tests.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)

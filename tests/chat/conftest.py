@@ -1,24 +1,7 @@
 import pytest
-from django.contrib.auth import get_user_model
 
-from chat.services import apikey_create
 from knowledge.services import entry_create
 from tests.factories import endpoint, rule
-
-
-@pytest.fixture
-def alice(db):
-    return get_user_model().objects.create_user("alice", password="pw-alice-123456")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw-bob-123456")
-
-
-@pytest.fixture
-def alice_key(alice):
-    return apikey_create(user=alice, name="laptop", scopes=["chat"])[1]
 
 
 @pytest.fixture
