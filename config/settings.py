@@ -211,13 +211,15 @@ ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 30.0, minimum=0
 ROUTING_MAX_RETRY_AFTER = env_float("ROUTING_MAX_RETRY_AFTER", 120.0, minimum=0.0)
 # How often a process asks Redis whether the rules changed: a change reaches every process within it.
 ROUTING_RULES_CHECK_SECONDS = env_float("ROUTING_RULES_CHECK_SECONDS", 1.0, minimum=0.0)
-# Replica groups (routing.replicas): the least busy replica answers (its queue as scraped by the
-# health checks, read at most every ROUTING_LOAD_SECONDS and trusted for ROUTING_LOAD_FRESH_SECONDS,
-# plus this process's requests in flight); a conversation stays on its replica while that is at
-# most ROUTING_AFFINITY_SLACK requests busier. round_robin: the plain rotation, for comparison.
+# Replica groups (routing.replicas): the least busy replica answers (its engine's queue, running
+# requests and KV-cache use as scraped by the health checks, read at most every ROUTING_LOAD_SECONDS
+# and trusted for ROUTING_LOAD_FRESH_SECONDS, plus this process's requests in flight); a
+# conversation stays on its replica while that is at most ROUTING_AFFINITY_SLACK requests busier. round_robin: the plain rotation, for comparison.
 ROUTING_REPLICA_PICK = env_choice("ROUTING_REPLICA_PICK", "least_busy", ("least_busy", "round_robin"))
 ROUTING_LOAD_SECONDS = env_float("ROUTING_LOAD_SECONDS", 1.0, minimum=0.1)
 ROUTING_LOAD_FRESH_SECONDS = env_float("ROUTING_LOAD_FRESH_SECONDS", 15.0, minimum=1.0)
+ROUTING_RUNNING_WEIGHT = env_float("ROUTING_RUNNING_WEIGHT", 0.25, minimum=0.0)  # a running request, in queued ones
+ROUTING_KV_WEIGHT = env_float("ROUTING_KV_WEIGHT", 4.0, minimum=0.0)  # a full KV cache, in queued requests
 ROUTING_AFFINITY_SLACK = env_float("ROUTING_AFFINITY_SLACK", 2.0, minimum=0.0)
 ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)
 ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=1)

@@ -4,11 +4,21 @@ A target whose endpoint names a `replica_group` stands for every active endpoint
 `expand` turns it into the group's endpoints in the order to try: the least busy first, the rest
 as its fallbacks (the pipeline's fallback, breaker and Retry-After rules apply to each).
 
-How busy a replica is: this process's requests in flight to it (known at once), plus the queue
-its engine reported (`vllm:num_requests_waiting`, scraped by the health checks onto the endpoint
-row; read here from the database at most every ROUTING_LOAD_SECONDS, behind the requests, never
-awaited by one). Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose
-fresh check says unhealthy or down goes last. A conversation keeps its replica (the one its
+How busy a replica is, in requests: this process's requests in flight to it (known at once), plus
+what its engine reported at its last check (scraped by the health checks onto the endpoint row;
+read here from the database at most every ROUTING_LOAD_SECONDS, behind the requests, never
+awaited by one):
+
+- each request waiting in its queue (`vllm:num_requests_waiting`) counts 1: a new request's
+  first token comes after theirs;
+- each request it runs (`vllm:num_requests_running`) counts ROUTING_RUNNING_WEIGHT: a batching
+  engine decodes them side by side, each only slowing the step a little (this process's own
+  streams are among them, so they count 1 + the weight, the same on every replica);
+- its KV-cache use (`vllm:kv_cache_usage_perc`, 0 to 1) counts ROUTING_KV_WEIGHT at full: a
+  full cache queues or preempts what comes next.
+
+Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose fresh check says
+unhealthy or down goes last. A conversation keeps its replica (the one its
 first question hashes to, so the engine's prefix cache is reused) while that replica is no more
 than ROUTING_AFFINITY_SLACK requests busier than the least busy.
 
@@ -36,6 +46,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Load:
     waiting: float
+    running: float
+    kv_cache_usage: float  # 0 to 1
     fresh: bool  # checked within ROUTING_LOAD_FRESH_SECONDS
     healthy: bool  # not reported unhealthy or down by a fresh check
 
@@ -89,9 +101,12 @@ def _ordered(target, affinity: str) -> list:
 
 
 def _busy(endpoint_id: int) -> float:
+    busy = float(_in_flight.get(endpoint_id, 0))
     load = _loads.get(endpoint_id)
-    waiting = load.waiting if load is not None and load.fresh else 0.0
-    return _in_flight.get(endpoint_id, 0) + waiting
+    if load is not None and load.fresh:
+        busy += (load.waiting + load.running * settings.ROUTING_RUNNING_WEIGHT
+                 + load.kv_cache_usage * settings.ROUTING_KV_WEIGHT)
+    return busy
 
 
 def _healthy(endpoint_id: int) -> bool:
@@ -118,7 +133,7 @@ async def loads_refresh() -> None:
     _loaded_at = time.monotonic()
     try:
         rows = await db.query_all(
-            f"SELECT id, requests_waiting, status, checked_at FROM {ModelEndpoint._meta.db_table} "
+            f"SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at FROM {ModelEndpoint._meta.db_table} "
             "WHERE replica_group <> '' AND active", [])
     except Exception:  # noqa: BLE001 - picking goes on with what it knew
         logger.warning("cannot read the replicas' loads; picking by this process's own counts", exc_info=True)
@@ -126,9 +141,10 @@ async def loads_refresh() -> None:
     now = timezone.now()
     horizon = settings.ROUTING_LOAD_FRESH_SECONDS
     loads = {}
-    for endpoint_id, waiting, status, checked_at in rows:
+    for endpoint_id, waiting, running, kv_cache_usage, status, checked_at in rows:
         fresh = checked_at is not None and (now - checked_at).total_seconds() <= horizon
-        loads[endpoint_id] = Load(waiting=float(waiting or 0.0), fresh=fresh,
+        loads[endpoint_id] = Load(waiting=float(waiting or 0.0), running=float(running or 0.0),
+                                  kv_cache_usage=min(1.0, max(0.0, float(kv_cache_usage or 0.0))), fresh=fresh,
                                   healthy=not (fresh and status in (ModelEndpoint.Status.UNHEALTHY,
                                                                     ModelEndpoint.Status.DOWN)))
     _loads = loads

@@ -22,3 +22,9 @@ def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
     for row in rows.values():
         assert row.group(5) == "0" and sum(int(row.group(n)) for n in (6, 7, 8)) in (99, 100, 101)
     assert "dropped bench_replicas_" in done.stdout
+
+
+def test_an_unknown_mode_is_refused_before_anything_starts(child_env):
+    done = subprocess.run([sys.executable, "manage.py", "bench_replicas", "--modes", "least_busy,fastest"],
+                          cwd=BASE_DIR, env=child_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "--modes: choose from least_busy, round_robin, queue_only" in done.stderr

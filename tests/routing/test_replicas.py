@@ -31,11 +31,13 @@ def pool(local_sim):
     return members
 
 
-def reported(**waiting):
-    """What the health checks found on each replica, just now."""
-    for name, count in waiting.items():
-        ModelEndpoint.objects.filter(name=name).update(requests_waiting=count, checked_at=timezone.now(),
-                                                       status="ready")
+def reported(**loads):
+    """What the health checks found on each replica just now: its waiting requests, or its gauges."""
+    for name, load in loads.items():
+        gauges = load if isinstance(load, dict) else {"requests_waiting": load}
+        ModelEndpoint.objects.filter(name=name).update(**{"requests_waiting": 0, "requests_running": 0,
+                                                          "kv_cache_usage": 0.0, **gauges},
+                                                       checked_at=timezone.now(), status="ready")
     async_to_sync(replicas.loads_refresh)()
 
 
@@ -50,6 +52,25 @@ def test_the_least_busy_replica_answers(pool):
     assert answered_by() == "r2"
     reported(r1=0, r2=5, r3=4)
     assert answered_by() == "r1"
+
+
+def test_a_replica_running_more_requests_is_busier(pool):
+    reported(r1={"requests_running": 24}, r2={"requests_running": 4}, r3={"requests_running": 20})
+    assert answered_by() == "r2"
+
+
+def test_a_waiting_request_weighs_more_than_a_running_one(pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = 0
+    # r1: 3 waiting; r2: 8 running, 8 x 0.25 = 2; r3: both.
+    reported(r1={"requests_waiting": 3}, r2={"requests_running": 8}, r3={"requests_waiting": 3, "requests_running": 8})
+    assert answered_by() == "r2"
+    settings.ROUTING_RUNNING_WEIGHT = 1.0  # now 8 running count as 8 queued
+    assert answered_by() == "r1"
+
+
+def test_a_nearly_full_kv_cache_sends_the_request_elsewhere(pool):
+    reported(r1={"kv_cache_usage": 0.92}, r2={"kv_cache_usage": 0.97}, r3={"kv_cache_usage": 0.1})
+    assert answered_by() == "r3"
 
 
 def test_a_replica_a_fresh_check_found_down_goes_last(pool):

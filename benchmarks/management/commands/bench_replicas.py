@@ -2,13 +2,14 @@
 the gateway picking the least busy against plain round-robin.
 
     python manage.py bench_replicas [--concurrency 32] [--requests 256] [--max-tokens 64] [--rounds 2]
+                                    [--modes least_busy,round_robin,queue_only]
 
 Each run starts its own stack (a database of its own, the demo KB and routing, the gateway with
 production settings): the demo's `local` endpoint and two more, all in the group `pool`, on three
 simulators that differ in speed and batch size (the fast one decodes at 10 ms a token, 48 at a
 time; the slow one at 40 ms, 8 at a time, so work sent to it waits). A thread here stands in for
 the beat: it checks the three endpoints every second, as `endpoints_check_all` does, so the
-gateway sees their queues. The two modes alternate, `--rounds` times each. Per run: TTFT p50 and
+gateway sees their gauges. The modes alternate, `--rounds` times each. Per run: TTFT p50 and
 p99, output tokens/s, and the share of the requests each replica served (its own counter).
 A figure, not a test: nothing here passes or fails.
 """
@@ -33,7 +34,13 @@ from benchmarks.users import bench_api_key
 
 # name -> (inter-token latency ms, sequences decoded at once): unequal on purpose.
 REPLICAS = {"local": (10, 48), "local-b": (20, 24), "local-c": (40, 8)}
-MODES = ("least_busy", "round_robin")
+# mode -> the gateway's settings for it. queue_only: the least-busy pick by queues and this
+# process's streams alone (running requests and KV-cache use weigh nothing), for comparison.
+MODES = {
+    "least_busy": {},
+    "round_robin": {"ROUTING_REPLICA_PICK": "round_robin"},
+    "queue_only": {"ROUTING_RUNNING_WEIGHT": "0", "ROUTING_KV_WEIGHT": "0"},
+}
 
 
 def _served(url: str) -> float:
@@ -53,12 +60,17 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=int, default=64)
         parser.add_argument("--rounds", type=int, default=2, help="runs of each mode, alternating")
         parser.add_argument("--ttft", type=float, default=100.0, help="the simulators' time to first token, ms")
+        parser.add_argument("--modes", default="least_busy,round_robin",
+                            help=f"comma-separated, run in turn each round: {', '.join(MODES)}")
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
         self.stdout.flush()
 
     def handle(self, *args, **o):
+        modes = [m.strip() for m in o["modes"].split(",") if m.strip()]
+        if not modes or set(modes) - set(MODES):
+            raise CommandError(f"--modes: choose from {', '.join(MODES)}")
         name = f"bench_replicas_{settings.DATABASES['default']['NAME']}"
         load = os.getloadavg()
         self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; replicas (ITL ms, max-num-seqs): "
@@ -67,7 +79,7 @@ class Command(BaseCommand):
         try:
             with stack_session(drop=name, say=self.out):
                 for round_number in range(o["rounds"]):
-                    order = MODES if round_number % 2 == 0 else MODES[::-1]
+                    order = modes if round_number % 2 == 0 else modes[::-1]
                     for mode in order:
                         rows.append(self.run(name=name, mode=mode, o=o))
         except KeyboardInterrupt:
@@ -92,8 +104,7 @@ class Command(BaseCommand):
                         "--inter-token-latency", str(itl), "--seed", "0"]
             run = stack.enter_context(stack_run(
                 name=name, sim_args=sim_args, setup=lambda: self.group(urls),
-                gateway_extra={"ROUTING_REPLICA_PICK": mode, "CHAT_RATE_LIMIT": "1000000",
-                               "ROUTING_LOAD_SECONDS": "0.5"},
+                gateway_extra={**MODES[mode], "CHAT_RATE_LIMIT": "1000000", "ROUTING_LOAD_SECONDS": "0.5"},
                 local_max_concurrency=max(o["concurrency"], 2)))
             urls["local"] = run.simulator_url
             stop = threading.Event()
