@@ -17,6 +17,11 @@ awaited by one):
 - its KV-cache use (`vllm:kv_cache_usage_perc`, 0 to 1) counts ROUTING_KV_WEIGHT at full: a
   full cache queues or preempts what comes next.
 
+A replica that is full goes after every one that is not, however busy: a request sent there
+waits for a slot, a whole answer's time on a slow replica. Full: its engine reported requests
+waiting, or this process alone has as many streams on it as it was running when it last
+reported a queue (its batch size, learned: `--max-num-seqs`, or what its KV cache holds).
+
 Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose fresh check says
 unhealthy or down goes last. A conversation keeps its replica (the one its
 first question hashes to, so the engine's prefix cache is reused) while that replica is no more
@@ -56,6 +61,7 @@ _loads: dict[int, Load] = {}  # endpoint id -> its last reported load
 _loaded_at = -1e9  # monotonic time of the last read
 _reading: asyncio.Task | None = None
 _in_flight: dict[int, int] = {}  # endpoint id -> this process's requests streaming from it
+_slots: dict[int, float] = {}  # endpoint id -> requests it runs at once, as seen when it had a queue
 _turns = itertools.count()  # round-robin's turn
 
 
@@ -90,11 +96,15 @@ def _ordered(target, affinity: str) -> list:
         start = next(_turns) % len(replicas)
         return replicas[start:] + replicas[:start]
     busy = {r.endpoint_id: _busy(r.endpoint_id) for r in replicas}
-    # Healthy (or unknown) first, then by load; the name breaks ties the same way everywhere.
-    ranked = sorted(replicas, key=lambda r: (not _healthy(r.endpoint_id), busy[r.endpoint_id], r.endpoint))
+    full = {r.endpoint_id: _full(r.endpoint_id) for r in replicas}
+    # Healthy (or unknown) first, then those with a free slot, then by load; the name breaks ties
+    # the same way everywhere.
+    ranked = sorted(replicas, key=lambda r: (not _healthy(r.endpoint_id), full[r.endpoint_id], busy[r.endpoint_id],
+                                             r.endpoint))
     home = max(replicas, key=lambda r: _rendezvous(affinity, r.endpoint))
     least = busy[ranked[0].endpoint_id]
-    if _healthy(home.endpoint_id) and busy[home.endpoint_id] <= least + settings.ROUTING_AFFINITY_SLACK:
+    if (_healthy(home.endpoint_id) and full[home.endpoint_id] <= full[ranked[0].endpoint_id]
+            and busy[home.endpoint_id] <= least + settings.ROUTING_AFFINITY_SLACK):
         ranked.remove(home)
         ranked.insert(0, home)
     return ranked
@@ -107,6 +117,14 @@ def _busy(endpoint_id: int) -> float:
         busy += (load.waiting + load.running * settings.ROUTING_RUNNING_WEIGHT
                  + load.kv_cache_usage * settings.ROUTING_KV_WEIGHT)
     return busy
+
+
+def _full(endpoint_id: int) -> bool:
+    load = _loads.get(endpoint_id)
+    if load is not None and load.fresh and load.waiting > 0:
+        return True
+    slots = _slots.get(endpoint_id)
+    return slots is not None and _in_flight.get(endpoint_id, 0) >= slots
 
 
 def _healthy(endpoint_id: int) -> bool:
@@ -147,4 +165,16 @@ async def loads_refresh() -> None:
                                   kv_cache_usage=min(1.0, max(0.0, float(kv_cache_usage or 0.0))), fresh=fresh,
                                   healthy=not (fresh and status in (ModelEndpoint.Status.UNHEALTHY,
                                                                     ModelEndpoint.Status.DOWN)))
+        _slots_learn(endpoint_id, loads[endpoint_id])
     _loads = loads
+
+
+def _slots_learn(endpoint_id: int, load: Load) -> None:
+    """A replica with a queue runs all it can: that is its batch size. Seen running more without
+    one, it can take more than was learned (restarted bigger): forget it until it queues again."""
+    if not load.fresh:
+        return
+    if load.waiting > 0 and load.running > 0:
+        _slots[endpoint_id] = load.running
+    elif load.running > _slots.get(endpoint_id, float("inf")):
+        del _slots[endpoint_id]

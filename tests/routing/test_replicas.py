@@ -1,5 +1,6 @@
-"""Replica groups: the least busy ready replica answers, a conversation keeps its replica while
-loads are close, a failed replica falls back to the next; round-robin for comparison."""
+"""Replica groups: the least busy ready replica answers (a replica with a queue only when every
+one has), a conversation keeps its replica while loads are close, a failed replica falls back
+to the next; round-robin for comparison."""
 
 import asyncio
 from datetime import timedelta
@@ -19,9 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def fresh_counts():
     replicas._in_flight.clear()
+    replicas._slots.clear()
     replicas._loads = {}
     yield
     replicas._in_flight.clear()
+    replicas._slots.clear()
 
 
 @pytest.fixture
@@ -48,29 +51,60 @@ def answered_by(text="Tell me about the sea", **fields) -> str:
 
 
 def test_the_least_busy_replica_answers(pool):
-    reported(r1=6, r2=0, r3=4)
-    assert answered_by() == "r2"
-    reported(r1=0, r2=5, r3=4)
-    assert answered_by() == "r1"
-
-
-def test_a_replica_running_more_requests_is_busier(pool):
     reported(r1={"requests_running": 24}, r2={"requests_running": 4}, r3={"requests_running": 20})
     assert answered_by() == "r2"
-
-
-def test_a_waiting_request_weighs_more_than_a_running_one(pool, settings):
-    settings.ROUTING_AFFINITY_SLACK = 0
-    # r1: 3 waiting; r2: 8 running, 8 x 0.25 = 2; r3: both.
-    reported(r1={"requests_waiting": 3}, r2={"requests_running": 8}, r3={"requests_waiting": 3, "requests_running": 8})
-    assert answered_by() == "r2"
-    settings.ROUTING_RUNNING_WEIGHT = 1.0  # now 8 running count as 8 queued
+    reported(r1={"requests_running": 2}, r2={"requests_running": 20}, r3={"requests_running": 16})
     assert answered_by() == "r1"
+
+
+def test_among_replicas_with_a_queue_a_waiting_request_weighs_more_than_a_running_one(pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = 0
+    # All three full. r1: 3 waiting + 4 running x 0.25 = 4; r2: 1 + 16 x 0.25 = 5; r3: 3 + 4 = 7.
+    reported(r1={"requests_waiting": 3, "requests_running": 4}, r2={"requests_waiting": 1, "requests_running": 16},
+             r3={"requests_waiting": 3, "requests_running": 16})
+    assert answered_by() == "r1"
+    settings.ROUTING_RUNNING_WEIGHT = 0.1  # now r1 is 3.4, r2 2.6
+    assert answered_by() == "r2"
 
 
 def test_a_nearly_full_kv_cache_sends_the_request_elsewhere(pool):
     reported(r1={"kv_cache_usage": 0.92}, r2={"kv_cache_usage": 0.97}, r3={"kv_cache_usage": 0.1})
     assert answered_by() == "r3"
+
+
+def test_a_replica_with_a_queue_goes_after_one_with_a_free_slot_however_busy(pool):
+    # r1 runs 40 (its batch has room), r2 runs 8 with one waiting: a request sent there would wait.
+    reported(r1={"requests_running": 40}, r2={"requests_running": 8, "requests_waiting": 1},
+             r3={"requests_running": 60})
+    assert answered_by() == "r1"
+
+
+def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_it_full(pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = 0
+    reported(r1={"requests_running": 2, "requests_waiting": 1}, r2={"requests_running": 30},
+             r3={"requests_running": 30})
+    assert replicas._slots[ModelEndpoint.objects.get(name="r1").pk] == 2
+    reported(r1={"requests_running": 0}, r2={"requests_running": 30}, r3={"requests_running": 30})
+    r1 = ModelEndpoint.objects.get(name="r1").pk
+    assert answered_by() == "r1"  # idle now: the least busy
+    replicas.started(r1)
+    assert answered_by() == "r1"  # one of its two slots taken by a stream of this process
+    replicas.started(r1)
+    assert answered_by() != "r1"  # both: full, though its gauges say idle
+    # Seen running more than that without a queue (restarted bigger): the size is forgotten.
+    reported(r1={"requests_running": 3}, r2={"requests_running": 30}, r3={"requests_running": 30})
+    assert r1 not in replicas._slots
+
+
+def test_a_conversation_leaves_its_replica_when_that_one_is_full(pool):
+    history = [{"role": "user", "content": "My order 1234 has not arrived"},
+               {"role": "assistant", "content": "Let me look."}]
+    reported(r1=0, r2=0, r3=0)
+    home = answered_by("And when will it?", history=history)
+    others = [m.name for m in pool if m.name != home]
+    reported(**{home: {"requests_running": 4, "requests_waiting": 1}, others[0]: {"requests_running": 12},
+                others[1]: {"requests_running": 16}})  # busier than home by the gauges, but with room
+    assert answered_by("Can you check again?", history=history) == others[0]
 
 
 def test_a_replica_a_fresh_check_found_down_goes_last(pool):
@@ -96,9 +130,11 @@ def test_a_conversation_keeps_its_replica_while_loads_are_close(pool, settings):
     reported(r1=0, r2=0, r3=0)
     home = answered_by("And when will it?", history=history)
     others = [m.name for m in pool if m.name != home]
-    reported(**{home: 2, others[0]: 0, others[1]: 1})  # busier, but within the slack
+    # 8 running (2) and 4 (1) against none: busier, but within the slack
+    reported(**{home: {"requests_running": 8}, others[0]: 0, others[1]: {"requests_running": 4}})
     assert answered_by("Can you check again?", history=history) == home
-    reported(**{home: 5, others[0]: 0, others[1]: 1})  # too busy now: the least busy takes it
+    # 20 running (5): too busy now, the least busy takes it
+    reported(**{home: {"requests_running": 20}, others[0]: 0, others[1]: {"requests_running": 4}})
     assert answered_by("Still nothing?", history=history) == others[0]
 
 
