@@ -23,8 +23,8 @@ waiting, or this process alone has as many streams on it as it was running when 
 reported a queue (its batch size, learned: `--max-num-seqs`, or what its KV cache holds).
 
 Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose fresh check says
-unhealthy or down goes last. A conversation keeps its replica (the one its
-first question hashes to, so the engine's prefix cache is reused) while that replica is no more
+unhealthy or down goes last. A conversation keeps its replica (the one its first question
+hashes to, so the engine's prefix cache is reused) while that replica is not full and no more
 than ROUTING_AFFINITY_SLACK requests busier than the least busy.
 
 ROUTING_REPLICA_PICK=round_robin turns all this off for comparison (the benchmark's baseline).
