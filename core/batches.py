@@ -91,6 +91,14 @@ class BatchWriter(Generic[Row]):
                     return written
                 written += self._write(batch)
 
+    def discard(self) -> int:
+        """Forget the waiting rows (after a batch in flight is written); how many. For tests: rows
+        an earlier test noted belong to a database that is gone."""
+        with self._write_lock, self._lock:
+            waiting = len(self._buffer)
+            self._buffer.clear()
+            return waiting
+
     def stats(self) -> BufferStats:
         with self._lock:
             return BufferStats(buffered=len(self._buffer), written=self._written, dropped=self._dropped)

@@ -167,6 +167,17 @@ def external_sim():
 
 
 @pytest.fixture(autouse=True)
+def _no_rows_of_earlier_tests():
+    """The request log's and the KB misses' buffers start empty: what an earlier test's requests
+    noted must not be written into this test's database by its flush (or the writer thread)."""
+    from chat.requestlog import _writer as request_rows
+    from knowledge.misses import _writer as miss_rows
+
+    for writer in (request_rows, miss_rows):
+        writer.discard()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_routing_state():
     """Closed breakers, fresh rate limits and a rebuilt rule snapshot for every test."""
     import redis as redis_client

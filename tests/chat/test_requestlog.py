@@ -138,6 +138,14 @@ def test_a_batch_written_twice_is_stored_once():
     assert RequestLog.objects.count() == 1 and request_buffer_stats().buffered == 0
 
 
+def test_discarded_rows_are_never_written():
+    from chat.requestlog import _writer
+
+    request_note(record(datetime.now(UTC), rule="left-by-an-earlier-test"))
+    assert _writer.discard() == 1 and request_buffer_stats().buffered == 0
+    assert request_flush() == 0 and not RequestLog.objects.exists()
+
+
 def test_retention_drops_the_days_past_the_limit_and_keeps_the_rest(settings):
     settings.REQUEST_LOG_DAYS = 30
     now = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
