@@ -462,10 +462,12 @@ KB_EMBEDDING_QUERY_PREFIX = os.environ.get("KB_EMBEDDING_QUERY_PREFIX", "")
 KB_EMBEDDING_PASSAGE_PREFIX = os.environ.get("KB_EMBEDDING_PASSAGE_PREFIX", "")
 # The local model's runtime: its graph exported once to ONNX Runtime (faster on a short
 # question than PyTorch's eager mode), or PyTorch itself. Threads per model call (0: the runtime's
-# choice): two halve a question's latency against one; more gain little on a 15-token question,
-# and one gives the most questions per second on a saturated machine (README, Figures).
+# choice): one costs the least CPU per question (two cost 1.4-1.7x as much, measured on e5 int8)
+# and gives the most questions per second on a busy machine; two lowered a lone question's
+# latency on some CPUs (MiniLM, 4.9 against 6.2 ms), not on others (e5: 4.1 against 2.7 ms)
+# (README, Figures).
 KB_EMBEDDING_RUNTIME = env_choice("KB_EMBEDDING_RUNTIME", "onnx", ("onnx", "torch"))
-KB_EMBEDDING_THREADS = env_int("KB_EMBEDDING_THREADS", min(2, os.cpu_count() or 1), minimum=0, maximum=256)
+KB_EMBEDDING_THREADS = env_int("KB_EMBEDDING_THREADS", 1, minimum=0, maximum=256)
 # ONNX Runtime's threads spin between calls: a lone question is embedded sooner, but under
 # concurrent load the spinning takes the CPU the event loop and the engine need (README, Figures).
 KB_EMBEDDING_SPIN = env_bool("KB_EMBEDDING_SPIN", False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -46,8 +47,8 @@ class E5Encoder:
     One graph run per text: int8 quantizes the activations by the range of the whole input, so
     texts run together would change each other's vectors (by a cosine of 0.997 measured); alone, a
     text gets the same vector whatever else is asked at the time. A lone text runs on `single`
-    (KB_EMBEDDING_THREADS threads: the lowest latency); several share out over as many threads,
-    each run on `serial`'s one thread. 64 questions, measured: 135 ms and 243 ms of CPU so; 238 ms
+    (KB_EMBEDDING_THREADS threads; one by default, the same session as `serial`); several share
+    out over the pool's threads, each run on `serial`'s one thread. 64 questions, measured: 135 ms and 243 ms of CPU so; 238 ms
     and 328 ms one after the other on two threads each; 83 ms and 152 ms in one batched run, which
     would mix their vectors."""
 
@@ -82,8 +83,11 @@ def e5_encoder(model_file: Path, *, cache_dir: Path, threads: int, engine: Calla
     if not manifest_path.exists():
         _build(model_file, graph, manifest_path, engine=engine)
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    encoder = E5Encoder(_session(graph, threads), _session(graph, 1), e5_file.read(model_file),
-                        workers=threads or 1)
+    serial = _session(graph, 1)
+    # A micro-batch's texts share out over the cores (as many runs at once as there are, two at
+    # most: more gain nothing beside the event loop and the engine), whatever a lone text uses.
+    encoder = E5Encoder(serial if threads == 1 else _session(graph, threads), serial, e5_file.read(model_file),
+                        workers=max(threads, min(2, os.cpu_count() or 1)))
     agreement = _agreement(np.array(manifest["probes"], dtype=np.float32), encoder)
     if agreement < SELF_AGREEMENT:
         raise RuntimeError(f"the graph {graph} disagrees with its manifest (cosine {agreement:.6f})")

@@ -93,8 +93,8 @@ def _session(path: Path, threads: int):
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # KB_EMBEDDING_THREADS: two halve one question's latency; one gives the most questions per
-    # second when concurrent questions (each in its own thread) already fill the cores.
+    # KB_EMBEDDING_THREADS: one gives the most questions per second when concurrent questions
+    # already fill the cores, and on some CPUs also the fastest lone question (README, Figures).
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if not settings.KB_EMBEDDING_SPIN:
