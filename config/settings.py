@@ -462,10 +462,9 @@ KB_EMBEDDING_QUERY_PREFIX = os.environ.get("KB_EMBEDDING_QUERY_PREFIX", "")
 KB_EMBEDDING_PASSAGE_PREFIX = os.environ.get("KB_EMBEDDING_PASSAGE_PREFIX", "")
 # The local model's runtime: its graph exported once to ONNX Runtime (faster on a short
 # question than PyTorch's eager mode), or PyTorch itself. Threads per model call (0: the runtime's
-# choice): one costs the least CPU per question (two cost 1.4-1.7x as much, measured on e5 int8)
-# and gives the most questions per second on a busy machine; two lowered a lone question's
-# latency on some CPUs (MiniLM, 4.9 against 6.2 ms), not on others (e5: 4.1 against 2.7 ms)
-# (README, Figures).
+# choice): one costs the least CPU per question and gives the most questions per second on a
+# busy machine; two lowered a lone question's latency on some CPUs (MiniLM, 4.9 against 6.2 ms),
+# not on others (README, Figures).
 KB_EMBEDDING_RUNTIME = env_choice("KB_EMBEDDING_RUNTIME", "onnx", ("onnx", "torch"))
 KB_EMBEDDING_THREADS = env_int("KB_EMBEDDING_THREADS", 1, minimum=0, maximum=256)
 # ONNX Runtime's threads spin between calls: a lone question is embedded sooner, but under
