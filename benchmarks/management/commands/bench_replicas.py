@@ -2,15 +2,17 @@
 the gateway picking the least busy against plain round-robin.
 
     python manage.py bench_replicas [--concurrency 32] [--requests 256] [--max-tokens 64] [--rounds 2]
-                                    [--modes least_busy,round_robin,queue_only]
+                                    [--modes least_busy,round_robin,queue_only] [--check-interval 1]
+                                    [--web-concurrency N]
 
 Each run starts its own stack (a database of its own, the demo KB and routing, the gateway with
 production settings): the demo's `local` endpoint and two more, all in the group `pool`, on three
 simulators that differ in speed and batch size (the fast one decodes at 10 ms a token, 48 at a
 time; the slow one at 40 ms, 8 at a time, so work sent to it waits). A thread here stands in for
-the beat: it checks the three endpoints every second, as `endpoints_check_all` does, so the
-gateway sees their gauges. The modes alternate, `--rounds` times each. Per run: TTFT p50 and
-p99, output tokens/s, and the share of the requests each replica served (its own counter).
+the beat: it checks the three endpoints every `--check-interval` seconds (1; production's beat
+every ENGINE_CHECK_INTERVAL, 5), as `endpoints_check_all` does, so the gateway sees their
+gauges. The modes alternate, `--rounds` times each. Per run: TTFT p50 and p99, output tokens/s,
+and the share of the requests each replica served (its own counter).
 A figure, not a test: nothing here passes or fails.
 """
 
@@ -60,6 +62,10 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=int, default=64)
         parser.add_argument("--rounds", type=int, default=2, help="runs of each mode, alternating")
         parser.add_argument("--ttft", type=float, default=100.0, help="the simulators' time to first token, ms")
+        parser.add_argument("--check-interval", type=float, default=1.0,
+                            help="seconds between the health checks of the replicas (production: ENGINE_CHECK_INTERVAL, 5)")
+        parser.add_argument("--web-concurrency", type=int, default=None,
+                            help="daphne processes of the gateway, through config.web (default: one, directly)")
         parser.add_argument("--modes", default="least_busy,round_robin",
                             help=f"comma-separated, run in turn each round: {', '.join(MODES)}")
 
@@ -105,10 +111,10 @@ class Command(BaseCommand):
             run = stack.enter_context(stack_run(
                 name=name, sim_args=sim_args, setup=lambda: self.group(urls),
                 gateway_extra={**MODES[mode], "CHAT_RATE_LIMIT": "1000000", "ROUTING_LOAD_SECONDS": "0.5"},
-                local_max_concurrency=max(o["concurrency"], 2)))
+                local_max_concurrency=max(o["concurrency"], 2), web_concurrency=o["web_concurrency"]))
             urls["local"] = run.simulator_url
             stop = threading.Event()
-            checker = threading.Thread(target=self.check, args=(stop,), daemon=True)
+            checker = threading.Thread(target=self.check, args=(stop, o["check_interval"]), daemon=True)
             checker.start()
             before = [_served(urls[r]) for r in REPLICAS]
             try:
@@ -140,14 +146,14 @@ class Command(BaseCommand):
                 "kind": local.kind, "base_url": f"{url}/v1", "model": local.model, "replica_group": "pool",
                 "max_concurrency": local.max_concurrency, "context_window": local.context_window})
 
-    def check(self, stop: threading.Event) -> None:
+    def check(self, stop: threading.Event, interval: float) -> None:
         from django.db import connection
 
         from inference_ops.models import ModelEndpoint
         from inference_ops.supervisor import endpoint_check
 
         ids = list(ModelEndpoint.objects.filter(replica_group="pool").values_list("pk", flat=True))
-        while not stop.wait(1.0):
+        while not stop.wait(interval):
             for endpoint_id in ids:
                 endpoint_check(endpoint_id=endpoint_id)
         connection.close()
