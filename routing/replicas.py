@@ -19,12 +19,13 @@ awaited by one):
 
 A replica that is full goes after every one that is not, however busy: a request sent there
 waits for a slot, a whole answer's time on a slow replica. Full: its engine reported requests
-waiting, or it holds as many requests as it was running when it last reported a queue (its
-batch size, learned: `--max-num-seqs`, or what its KV cache holds), or this process has as many
-streams on it as the endpoint's `max_concurrency` (more would wait for a slot here). What it
-holds: the running and waiting requests it reported, every web process's, plus this process's
-streams to it started since that check was first read here, less those ended (when the gauges
-are old, this process's streams alone). Several web processes so see each other's load, as of the check.
+waiting, or this process alone has as many streams on it as it was running when it last
+reported a queue (its batch size, learned: `--max-num-seqs`, or what its KV cache holds) or as
+the endpoint's `max_concurrency` (more would wait for a slot here). With several web processes
+each counts only its own streams against the batch size, so there the reported queue (as old as
+the last check) does most of the work, and the tail is longer (README, Figures). Counting the
+others' requests as the gauges reported them plus this process's streams since the check was
+tried: no better in these runs (the gauges' age makes it overcount), so not kept.
 
 Gauges older than ROUTING_LOAD_FRESH_SECONDS are not trusted; a replica whose fresh check says
 unhealthy or down goes last. A conversation keeps its replica (the one its first question
@@ -66,8 +67,6 @@ _loaded_at = -1e9  # monotonic time of the last read
 _reading: asyncio.Task | None = None
 _in_flight: dict[int, int] = {}  # endpoint id -> this process's requests streaming from it
 _slots: dict[int, float] = {}  # endpoint id -> requests it runs at once, as seen when it had a queue
-# endpoint id -> (the check its gauges come from, this process's streams to it when that was first read)
-_at_check: dict[int, tuple[object, int]] = {}
 _turns = itertools.count()  # round-robin's turn
 
 
@@ -130,16 +129,10 @@ def _full(endpoint_id: int, max_concurrency: int) -> bool:
     if in_flight >= max_concurrency:  # more would wait for a slot here, in this process
         return True
     load = _loads.get(endpoint_id)
-    fresh = load is not None and load.fresh
+    if load is not None and load.fresh and load.waiting > 0:
+        return True
     slots = _slots.get(endpoint_id)
-    if slots is None:
-        return fresh and load.waiting > 0
-    if not fresh:
-        return in_flight >= slots
-    # What it holds now: all it reported (every process's requests), plus what this process
-    # started there since, less what it ended.
-    since = in_flight - _at_check.get(endpoint_id, (None, in_flight))[1]
-    return load.running + load.waiting + since >= slots
+    return slots is not None and in_flight >= slots
 
 
 def _healthy(endpoint_id: int) -> bool:
@@ -181,8 +174,6 @@ async def loads_refresh() -> None:
                                   healthy=not (fresh and status in (ModelEndpoint.Status.UNHEALTHY,
                                                                     ModelEndpoint.Status.DOWN)))
         _slots_learn(endpoint_id, loads[endpoint_id])
-        if _at_check.get(endpoint_id, (None, 0))[0] != checked_at:  # a new check: count from here
-            _at_check[endpoint_id] = (checked_at, _in_flight.get(endpoint_id, 0))
     _loads = loads
 
 

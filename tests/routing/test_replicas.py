@@ -21,12 +21,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def fresh_counts():
     replicas._in_flight.clear()
     replicas._slots.clear()
-    replicas._at_check.clear()
     replicas._loads = {}
     yield
     replicas._in_flight.clear()
     replicas._slots.clear()
-    replicas._at_check.clear()
 
 
 @pytest.fixture
@@ -96,25 +94,6 @@ def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_i
     # Seen running more than that without a queue (restarted bigger): the size is forgotten.
     reported(r1={"requests_running": 3}, r2={"requests_running": 30}, r3={"requests_running": 30})
     assert r1 not in replicas._slots
-
-
-def test_what_other_processes_run_on_a_replica_counts_through_its_gauges(pool, settings):
-    settings.ROUTING_AFFINITY_SLACK = 0
-    r1 = ModelEndpoint.objects.get(name="r1").pk
-    reported(r1={"requests_running": 8, "requests_waiting": 1}, r2={"requests_running": 30},
-             r3={"requests_running": 30})  # its batch: 8
-    # Now it runs 6, none of them this process's: another web process's streams.
-    reported(r1={"requests_running": 6}, r2={"requests_running": 30}, r3={"requests_running": 30})
-    assert answered_by() == "r1"  # 6 of 8: room
-    replicas.started(r1)
-    assert answered_by() == "r1"  # 7 of 8
-    replicas.started(r1)
-    assert answered_by() != "r1"  # 8 of 8: full, though this process alone has only 2 there
-    # The next check counts this process's two among what it runs: still 8 of 8.
-    reported(r1={"requests_running": 8}, r2={"requests_running": 30}, r3={"requests_running": 30})
-    assert answered_by() != "r1"
-    replicas.ended(r1)  # one of this process's ends: 7 of 8
-    assert answered_by() == "r1"
 
 
 def test_a_replica_whose_slots_in_this_process_are_taken_is_full(local_sim, settings):
