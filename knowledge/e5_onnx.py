@@ -48,9 +48,9 @@ class E5Encoder:
     texts run together would change each other's vectors (by a cosine of 0.997 measured); alone, a
     text gets the same vector whatever else is asked at the time. A lone text runs on `single`
     (KB_EMBEDDING_THREADS threads; one by default, the same session as `serial`); several share
-    out over the pool's threads, each run on `serial`'s one thread. 64 questions, measured: 135 ms and 243 ms of CPU so; 238 ms
-    and 328 ms one after the other on two threads each; 83 ms and 152 ms in one batched run, which
-    would mix their vectors."""
+    out over the pool's threads, each run on `serial`'s one thread. 64 questions, measured: 135 ms
+    and 243 ms of CPU so; 238 ms and 328 ms one after the other on two threads each; 83 ms and
+    152 ms in one batched run, which would mix their vectors."""
 
     def __init__(self, single, serial, model: e5_file.ModelFile, *, workers: int):
         self._single, self._serial = single, serial

@@ -65,6 +65,8 @@ async def state(endpoint: str) -> BreakerState:
 async def states(endpoints: list[str]) -> dict[str, BreakerState]:
     """Each endpoint's breaker, read in one round trip (a pipeline). Redis trouble reads as
     closed, as routing then lets requests through."""
+    if not endpoints:
+        return {}
     pipe = _redis().pipeline(transaction=False)
     for endpoint in endpoints:
         key, probe = _keys(endpoint)

@@ -345,8 +345,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
 
 async def _soonest(endpoints: list[str]) -> float | None:
     """When the first of the skipped endpoints takes requests again (its rest or cool-down over)."""
-    readings = (await breaker.states(endpoints)).values() if endpoints else ()
-    waits = [state.retry_in for state in readings if state.retry_in is not None]
+    waits = [state.retry_in for state in (await breaker.states(endpoints)).values() if state.retry_in is not None]
     return round(min(waits), 1) if waits else None
 
 

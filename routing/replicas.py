@@ -159,8 +159,8 @@ async def loads_refresh() -> None:
     _loaded_at = time.monotonic()
     try:
         rows = await db.query_all(
-            f"SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at FROM {ModelEndpoint._meta.db_table} "
-            "WHERE replica_group <> '' AND active", [])
+            "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"
+            f" FROM {ModelEndpoint._meta.db_table} WHERE replica_group <> '' AND active", [])
     except Exception:  # noqa: BLE001 - picking goes on with what it knew
         logger.warning("cannot read the replicas' loads; picking by this process's own counts", exc_info=True)
         return
