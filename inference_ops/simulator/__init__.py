@@ -15,7 +15,9 @@ model (--embedding-dim) serves /v1/embeddings, and those routes too by cosine.
 A /rerank or /score request takes --time-to-first-token (one forward pass).
 Tokens are paced by a continuous-batching scheduler (engine.py): every step of
 --inter-token-latency gives each running sequence one token, at most
---max-num-seqs run at once, the rest wait.
+--max-num-seqs run at once, the rest wait. Admitted prompts go through a prefix
+cache of --block-size token blocks (prefix_cache.py; --no-enable-prefix-caching
+turns it off), which moves vllm:prefix_cache_queries_total and _hits_total.
 
 Faults for a single request come from the `X-Sim-Fail` header
 (connect-close, before-first-token, mid-stream, 500, 429, hang), or at random

@@ -39,6 +39,14 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together; more wait")
     parser.add_argument("--max-model-len", type=_token_count, default=4096, help="context window, e.g. 4096 or 4k")
+    parser.add_argument(
+        "--block-size", type=int, default=16,
+        help="tokens per KV-cache block: the prefix cache's unit and kv_cache_usage_perc's (vLLM on CPU uses 128)",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="count prefix-cache hits in vllm:prefix_cache_hits_total (on by default, as in vLLM V1)",
+    )
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-loras", type=int, default=1, help="only reported in vllm:lora_requests_info")
     parser.add_argument(
@@ -72,6 +80,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         parser.error("--max-num-seqs must be at least 1")
     if args.max_model_len < 1:
         parser.error("--max-model-len must be at least 1")
+    if args.block_size < 1:
+        parser.error("--block-size must be at least 1")
     if min(args.time_to_first_token, args.inter_token_latency, args.startup_duration) < 0:
         parser.error("latencies and --startup-duration must not be negative")
     if not 0.0 <= args.failure_injection_rate <= 1.0:
@@ -96,6 +106,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         port=args.port,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         lora_modules=tuple(args.lora_modules),

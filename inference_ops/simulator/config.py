@@ -21,6 +21,8 @@ class SimConfig:
     port: int = 8000
     max_num_seqs: int = 256
     max_model_len: int = 4096
+    block_size: int = 16  # tokens per KV-cache block
+    enable_prefix_caching: bool = True  # vLLM V1's default
     enable_lora: bool = False
     max_loras: int = 1
     lora_modules: tuple[LoraModule, ...] = ()

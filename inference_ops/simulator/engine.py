@@ -14,6 +14,11 @@ first-token time, so a lone request sees the configured TTFT exactly.
 
 The loop wakes each sequence through an asyncio.Event; there is no timer per
 token or per request, which is what lets one process carry hundreds of streams.
+
+Admission is where vLLM's scheduler looks a prompt up in the prefix cache
+(prefix_cache.py), so the prefix-cache counters move there, and the prompt's
+blocks count as computed from then on, as vLLM marks them when it schedules
+them.
 """
 
 import asyncio
@@ -24,18 +29,21 @@ from collections.abc import AsyncIterator
 
 from .generation import PlannedOutput
 from .metrics import EngineState, Metrics
+from .prefix_cache import PrefixCache
+from .tokenizer import token_ids
 
 logger = logging.getLogger(__name__)
 
-KV_BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default on GPU
 
 
 class Sequence:
     """One request inside the engine, and the channel its tokens come out of."""
 
-    def __init__(self, *, request_id: str, prompt_tokens: int, output: PlannedOutput, lora: str | None = None):
+    def __init__(self, *, request_id: str, prompt_ids: list[int], output: PlannedOutput, lora: str | None = None):
         self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
         self.output = output
         self.lora = lora
         self.generated = 0  # tokens produced so far
@@ -87,6 +95,8 @@ class Engine:
         itl: float,
         metrics: Metrics,
         max_loras: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -94,6 +104,8 @@ class Engine:
         self.itl = itl
         self.metrics = metrics
         self.max_loras = max_loras
+        self.block_size = block_size
+        self.prefix_cache = PrefixCache(block_size=block_size) if prefix_caching else None
         self.running: dict[Sequence, None] = {}  # a dict keeps admission order and removes in O(1)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._wake = asyncio.Event()
@@ -137,9 +149,9 @@ class Engine:
 
     def state(self) -> EngineState:
         blocks = sum(
-            math.ceil((seq.prompt_tokens + seq.generated) / KV_BLOCK_SIZE) for seq in self.running
+            math.ceil((seq.prompt_tokens + seq.generated) / self.block_size) for seq in self.running
         )
-        capacity_blocks = self.max_num_seqs * math.ceil(self.max_model_len / KV_BLOCK_SIZE)
+        capacity_blocks = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
         return EngineState(
             running=len(self.running),
             waiting=len(self.waiting),
@@ -199,6 +211,11 @@ class Engine:
         self.running[seq] = None
         seq.first_token_due = now + self.ttft
         self.metrics.queue_time.observe(now - seq.arrival)
+        if self.prefix_cache is not None:
+            # With prefix caching off vLLM records no lookup at all: both counters stay at 0.
+            self.metrics.prefix_cache_queries += seq.prompt_tokens
+            self.metrics.prefix_cache_hits += self.prefix_cache.hit_tokens(seq.prompt_ids, seq.lora)
+            self.prefix_cache.store(seq.prompt_ids, seq.lora)
 
     def _fill_slots(self, now: float) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -207,6 +224,11 @@ class Engine:
             self._wake.set()
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        if self.prefix_cache is not None and seq.generated > 1:
+            # The output's blocks stay cached too, so the next turn of a chat, which repeats this
+            # answer, hits them. The last token sampled was never fed back: it has no KV.
+            generated_ids = token_ids(seq.output.tokens[: seq.generated - 1])
+            self.prefix_cache.store(seq.prompt_ids + generated_ids, seq.lora)
         seq.finish_reason = reason
         self.metrics.request_success[reason] += 1
         if reason != "abort":

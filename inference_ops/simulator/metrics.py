@@ -56,6 +56,8 @@ class Metrics:
         self._labels = f'engine="0",model_name="{_escape(model_name)}"'
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.inter_token = Histogram(ITL_BUCKETS)
@@ -86,6 +88,12 @@ class Metrics:
             )
 
         # Like prometheus_client's 0.0.4 text output, counter families carry the _total suffix.
+        family(
+            "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        lines.append(f"vllm:prefix_cache_queries_total{{{labels}}} {_num(self.prefix_cache_queries)}")
+        family("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.")
+        lines.append(f"vllm:prefix_cache_hits_total{{{labels}}} {_num(self.prefix_cache_hits)}")
         family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
         lines.append(f"vllm:prompt_tokens_total{{{labels}}} {_num(self.prompt_tokens)}")
         family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.")

@@ -59,6 +59,8 @@ class Simulator:
             itl=config.itl,
             metrics=self.metrics,
             max_loras=config.max_loras if config.enable_lora else None,
+            block_size=config.block_size,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.loras: dict[str, LoraModule] = {m.name: m for m in config.lora_modules}
         # Two streams from one seed, so injected faults do not shift generated text.
@@ -259,7 +261,9 @@ class Simulator:
             stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
-        return model, Sequence(request_id=uuid.uuid4().hex, prompt_tokens=prompt_len, output=output, lora=lora)
+        return model, Sequence(
+            request_id=uuid.uuid4().hex, prompt_ids=token_ids(params.prompt_tokens), output=output, lora=lora
+        )
 
     async def _stream(self, request, params, model: str, seq: Sequence, fail_after: int | None) -> web.StreamResponse:
         writer = ChunkWriter(endpoint=params.endpoint, model=model)
@@ -325,7 +329,7 @@ class Simulator:
         body = _json_body(request, await request.read())
         if not isinstance(body, dict):
             raise validation_error("body", "Input should be a valid dictionary", "dict_type")
-        model, _ = self._resolve_model(body.get("model"))
+        model, _ = self._resolve_model(body.get("model"), pooling=True)
         if not self.config.embedding_dim:
             raise APIError("The model does not support Embeddings API", param="model")
         texts = body.get("input")
@@ -377,7 +381,7 @@ class Simulator:
         if not (self.config.cross_encoder or self.config.embedding_dim):
             api = "Rerank (Score)" if params.endpoint == "rerank" else "Score"
             raise APIError(f"The model does not support {api} API")
-        model, _ = self._resolve_model(params.model)
+        model, _ = self._resolve_model(params.model, pooling=True)
         pairs = score_pairs(params)
         tokens = 0
         for one, two in pairs:
@@ -404,14 +408,20 @@ class Simulator:
             body = score_response(model=model, scores=scores, tokens=tokens)
         return _json_response(body)
 
-    def _resolve_model(self, name: str | None) -> tuple[str, str | None]:
+    def _resolve_model(self, name: str | None, *, pooling: bool = False) -> tuple[str, str | None]:
         """The model name to answer with, and the LoRA adapter to use."""
         if not name or name in self.served_names:
-            # vLLM answers with the primary served name, whichever alias was asked for.
+            # vLLM answers with the primary served name, whichever alias was asked for; a request
+            # that names no model at all goes to the base model.
             return self.served_names[0], None
         if name in self.loras:
             return name, name
-        raise APIError(f"The model `{name}` does not exist.", err_type="NotFoundError", status=404, param="model")
+        message = f"The model `{name}` does not exist."
+        if not pooling:
+            # vLLM's check for generation and /tokenize names the base model's served names (never
+            # the adapters); its pooling routes (embeddings, rerank, score) fail later, without them.
+            message += f" Valid aliases: {', '.join(self.served_names)}."
+        raise APIError(message, err_type="NotFoundError", status=404, param="model")
 
     def _pick_fault(self, request: web.Request) -> str | None:
         header = request.headers.get(FAULT_HEADER)

@@ -14,6 +14,7 @@ import pytest
 from core.processes import free_port
 from inference_ops.simulator.cli import parse_args
 from inference_ops.simulator.config import DEFAULT_MODEL, LoraModule
+from inference_ops.simulator.prefix_cache import PrefixCache
 
 from .simulator_process import REPO, RunningSimulator, launch_simulator, start_simulator
 
@@ -214,12 +215,29 @@ async def test_an_unknown_model_is_a_404_not_found_error_shaped_like_vllm(simula
     async with sdk(simulator) as client:
         with pytest.raises(openai.NotFoundError) as info:
             await client.chat.completions.create(model="nope", messages=STORY)
+    # Every served name of the base model, never the adapters.
     assert info.value.body == {
-        "message": "The model `nope` does not exist.",
+        "message": "The model `nope` does not exist. Valid aliases: base, base-alias.",
         "type": "NotFoundError",
         "param": "model",
         "code": 404,
     }
+    for path in ("/v1/completions", "/tokenize"):
+        status, response = await post(simulator, path, {"model": "nope", "prompt": "hi"})
+        assert (status, response["error"]) == (404, info.value.body)
+
+
+async def test_a_request_naming_no_model_is_served_by_the_base_model_like_vllm(simulator):
+    for path, body in [
+        ("/v1/chat/completions", {"messages": STORY, "max_tokens": 2}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        ("/v1/completions", {"model": None, "prompt": "hi", "max_tokens": 2}),
+        ("/v1/completions", {"model": "", "prompt": "hi", "max_tokens": 2}),
+    ]:
+        status, response = await post(simulator, path, body)
+        assert (status, response["model"]) == (200, "base"), body
+    status, response = await post(simulator, "/tokenize", {"prompt": "hi"})
+    assert (status, response["count"]) == (200, 1)
 
 
 async def test_a_request_beyond_the_context_window_is_a_400_bad_request(simulator):
@@ -298,6 +316,106 @@ async def test_metrics_use_vllm_names_and_the_counters_grow_with_traffic(simulat
     assert grew("vllm:time_to_first_token_seconds_count") == 1
     assert grew("vllm:e2e_request_latency_seconds_count") == 1
     assert sample(after, "vllm:num_requests_running", model_name="base") == 0
+
+
+async def prefix_cache(sim: RunningSimulator, model_name: str) -> tuple[float, float]:
+    """vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total."""
+    samples = await metrics(sim)
+    return (
+        sample(samples, "vllm:prefix_cache_queries_total", model_name=model_name),
+        sample(samples, "vllm:prefix_cache_hits_total", model_name=model_name),
+    )
+
+
+async def complete_and_count(sim: RunningSimulator, model: str, prompt: str, model_name: str) -> tuple[float, float]:
+    """Complete `prompt` and say how much it moved the prefix-cache counters."""
+    queries, hits = await prefix_cache(sim, model_name)
+    async with sdk(sim) as client:
+        await client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    after_queries, after_hits = await prefix_cache(sim, model_name)
+    return after_queries - queries, after_hits - hits
+
+
+@pytest.mark.parametrize("words", [96, 100])
+async def test_a_repeated_prompt_hits_its_whole_blocks_but_never_its_last_token(simulator, words):
+    prompt = " ".join(f"beacon{words}x{i}" for i in range(words))
+    tokens = await token_count(simulator, prompt)
+    assert tokens == words
+    assert await complete_and_count(simulator, "base", prompt, "base") == (tokens, 0)  # nothing cached yet
+    # Blocks of 16; a prompt of exactly 6 blocks computes its last token again, and so the whole last block.
+    expected_hits = (tokens - 1) // 16 * 16
+    assert expected_hits == {96: 80, 100: 96}[words]
+    assert await complete_and_count(simulator, "base", prompt, "base") == (tokens, expected_hits)
+
+
+async def test_a_prefix_cache_hit_is_a_chain_from_the_first_block(simulator):
+    prompt = " ".join(f"harbor{i}" for i in range(64))
+    await complete_and_count(simulator, "base", prompt, "base")
+    # Blocks 1 to 3 are the same tokens as before, but after a different block 0: no hit at all.
+    changed_first = "jetty" + prompt.removeprefix("harbor0")
+    assert await complete_and_count(simulator, "base", changed_first, "base") == (64, 0)
+    # A change in block 2 keeps blocks 0 and 1.
+    changed_third = prompt.replace("harbor40", "jetty40")
+    assert await complete_and_count(simulator, "base", changed_third, "base") == (64, 32)
+
+
+async def test_an_adapter_does_not_hit_the_base_models_blocks_but_its_own(simulator):
+    prompt = " ".join(f"keeper{i}" for i in range(50))
+    await complete_and_count(simulator, "base", prompt, "base")
+    assert await complete_and_count(simulator, "base", prompt, "base") == (50, 48)
+    assert await complete_and_count(simulator, "sql", prompt, "base") == (50, 0)
+    assert await complete_and_count(simulator, "sql", prompt, "base") == (50, 48)
+    assert await complete_and_count(simulator, "legal", prompt, "base") == (50, 0)
+
+
+async def test_the_next_turn_of_a_chat_hits_the_blocks_of_the_previous_answer(echo_simulator):
+    first_turn = [{"role": "user", "content": " ".join(f"lamp{i}" for i in range(40))}]
+    async with sdk(echo_simulator) as client:
+        answer = await client.chat.completions.create(model="acme/echo", messages=first_turn)
+        second_turn = [*first_turn, {"role": "assistant", "content": answer.choices[0].message.content},
+                       {"role": "user", "content": "And then?"}]
+        queries, hits = await prefix_cache(echo_simulator, "acme/echo")
+        await client.chat.completions.create(model="acme/echo", messages=second_turn, max_tokens=1)
+    after_queries, after_hits = await prefix_cache(echo_simulator, "acme/echo")
+    prompt, generated = answer.usage.prompt_tokens, answer.usage.completion_tokens
+    status, tokenized = await post(echo_simulator, "/tokenize", {"messages": second_turn})
+    assert status == 200 and after_queries - queries == tokenized["count"]
+    # The first prompt and the answer but its last token (sampled, never fed back), in whole blocks:
+    # more than the first prompt alone.
+    assert after_hits - hits == (prompt + generated - 1) // 16 * 16 > prompt // 16 * 16
+
+
+async def test_with_prefix_caching_off_the_counters_stay_at_zero():
+    sim = start_simulator("serve", "acme/nocache", "--no-enable-prefix-caching", "--time-to-first-token", "1")
+    try:
+        prompt = " ".join(f"fog{i}" for i in range(50))
+        for _ in range(2):
+            assert await complete_and_count(sim, "acme/nocache", prompt, "acme/nocache") == (0, 0)
+        assert await prefix_cache(sim, "acme/nocache") == (0, 0)
+    finally:
+        sim.stop()
+
+
+async def test_the_block_size_flag_sets_the_prefix_caches_unit():
+    # The block size of vLLM's CPU backend.
+    sim = start_simulator("serve", "acme/cpu", "--block-size", "128", "--time-to-first-token", "1")
+    try:
+        prompt = " ".join(f"tide{i}" for i in range(300))
+        assert await complete_and_count(sim, "acme/cpu", prompt, "acme/cpu") == (300, 0)
+        assert await complete_and_count(sim, "acme/cpu", prompt, "acme/cpu") == (300, 256)
+    finally:
+        sim.stop()
+
+
+def test_the_prefix_cache_is_bounded_and_evicts_a_prompts_tail_before_its_head():
+    cache = PrefixCache(block_size=2, capacity=4)
+    cache.store([1, 2, 3, 4, 5, 6, 7, 8], lora=None)
+    assert cache.hit_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9], lora=None) == 8
+    cache.store([20, 21, 22, 23], lora=None)  # two blocks over the capacity: two go
+    # The last blocks go first, as vLLM frees a request's blocks tail first: the shared head stays.
+    assert cache.hit_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9], lora=None) == 4
+    assert cache.hit_tokens([20, 21, 22, 23, 24], lora=None) == 4
+    assert cache.hit_tokens([20, 21, 22, 23, 24], lora="sql") == 0
 
 
 # -- LoRA adapters at runtime ------------------------------------------------------------------
