@@ -1,24 +1,19 @@
 """The real vLLM and the simulator as the tests run them: started from an engine row's own command
-line (the argv the supervisor would run), with a static LoRA adapter and runtime LoRA updating on."""
+line (the argv the supervisor would run, benchmarks.engines), with a static LoRA adapter and runtime
+LoRA updating on."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.db import transaction
-from django.test import override_settings
 
-from core.processes import free_port, stop_group
-from inference_ops import supervisor, vllm_engine
-from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
+from benchmarks.engines import bundled_vllm_fields, engine_command, engine_run
+from inference_ops import vllm_engine
 
 BASE = vllm_engine.BUNDLED_MODEL  # the served name of the converted Gemma 3 270M
 STATIC_ADAPTER = "static-adapter"
@@ -51,55 +46,21 @@ def _adapters(kind: str, folder: Path) -> tuple[Path, Path]:
     return static, runtime
 
 
-def _row(kind: str, port: int, static: Path) -> EngineProcess:
-    endpoint = ModelEndpoint.objects.create(name=f"contract-{kind}", kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
-                                            model=BASE, context_window=MAX_MODEL_LEN)
+def _fields(kind: str) -> dict:
+    common = dict(max_num_seqs=4, max_model_len=MAX_MODEL_LEN, enable_lora=True, max_loras=2,
+                  max_lora_rank=8, runtime_lora_updating=True, enable_prefix_caching=True)
     if kind == "vllm":
-        extra = ["--kv-cache-memory-bytes", str(256 * 1024 * 1024)]
-    else:
-        extra = ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"]
-    engine = EngineProcess.objects.create(
-        name=f"contract-{kind}", endpoint=endpoint, kind=kind, model=BASE, port=port, max_num_seqs=4,
-        max_model_len=MAX_MODEL_LEN, enable_lora=True, max_loras=2, max_lora_rank=8, runtime_lora_updating=True,
-        enable_prefix_caching=True, extra_args=extra)
-    LoraAdapter.objects.create(engine=engine, name=STATIC_ADAPTER, path=str(static), static=True)
-    return engine
-
-
-def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the engine exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"the engine was not ready after {timeout:g}s:\n{log.read_text()[-4000:]}")
+        return bundled_vllm_fields(kv_cache_mb=256, **common)
+    return {**common, "kind": kind, "model": BASE, "extra_args": ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"]}
 
 
 @contextlib.contextmanager
 def start_engine(kind: str, folder: Path, django_db_blocker=None) -> Iterator[Engine]:
-    """Start `kind` ("simulator" or "vllm") and stop it on exit. The row only gives the command
-    line and the environment; it is rolled back at once."""
+    """Start `kind` ("simulator" or "vllm") from an engine row's argv and stop it on exit."""
     static, runtime = _adapters(kind, folder)
-    port = free_port()
-    blocker = django_db_blocker.unblock() if django_db_blocker is not None else contextlib.nullcontext()
-    with blocker, override_settings(VLLM_EXECUTABLE=vllm_engine.PROJECT_VENV), transaction.atomic():
-        row = _row(kind, port, static)
-        argv, env = supervisor.command_line(row), supervisor.environment(row)
-        transaction.set_rollback(True)
-    log = folder / "engine.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL,
-                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, url, log, timeout=600 if kind == "vllm" else 30)
-        yield Engine(kind=kind, url=url, port=port, pid=process.pid, runtime_adapter_path=str(runtime),
-                     real=kind == "vllm")
-    finally:
-        stop_group(process, timeout=20)
+    with django_db_blocker.unblock() if django_db_blocker is not None else contextlib.nullcontext():
+        command = engine_command(fields=_fields(kind), adapters={STATIC_ADAPTER: str(static)}, name=f"contract-{kind}")
+    with engine_run(command=command, log_path=folder / "engine.log",
+                    start_timeout=600 if kind == "vllm" else 30) as running:
+        yield Engine(kind=kind, url=running.url, port=running.port, pid=running.pid,
+                     runtime_adapter_path=str(runtime), real=kind == "vllm")

@@ -24,7 +24,7 @@ HTTP = aiohttp.ClientTimeout(total=120)
 
 
 @pytest.fixture(scope="module", params=["simulator", "vllm"])
-def engine(request, tmp_path_factory):
+def engine(request, django_db_setup, tmp_path_factory):
     if request.param == "vllm":
         yield request.getfixturevalue("real_vllm")  # one real vLLM for the whole run
         return

@@ -1,0 +1,96 @@
+"""An engine started from an engine row's own command line and environment, in the foreground of a
+benchmark or a test: the argv the supervisor would run, without a supervisor around it.
+
+The row only gives the argv and the environment; it is written in a transaction that is rolled back
+at once, so nothing of it stays in the database. The process gets its own session and is stopped
+with everything it started when the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.test import override_settings
+
+from core.processes import free_port, stop_group
+from inference_ops import supervisor, vllm_engine
+from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    argv: list[str]
+    env: dict[str, str]
+    model: str  # the served name
+    port: int
+
+
+@dataclass(frozen=True)
+class RunningEngine:
+    url: str  # without /v1
+    port: int
+    pid: int
+    model: str  # the served name
+    log_path: Path
+
+
+def engine_command(*, fields: dict, adapters: dict[str, str] | None = None, name: str = "bench-engine"
+                   ) -> EngineCommand:
+    """The argv and environment of an EngineProcess row with `fields` (kind, model, max_num_seqs, ...)
+    and `adapters` (name: path) as its static LoRA adapters, on a free port. Needs the database."""
+    port = free_port()
+    with override_settings(VLLM_EXECUTABLE=vllm_engine.PROJECT_VENV), transaction.atomic():
+        endpoint = ModelEndpoint.objects.create(name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
+                                                model="-")
+        engine = EngineProcess.objects.create(name=name, endpoint=endpoint, port=port, **fields)
+        for adapter, path in (adapters or {}).items():
+            LoraAdapter.objects.create(engine=engine, name=adapter, path=path, static=True)
+        command = EngineCommand(argv=supervisor.command_line(engine), env=supervisor.environment(engine),
+                                model=engine.api_name, port=port)
+        transaction.set_rollback(True)
+    return command
+
+
+def _wait_ready(process: subprocess.Popen, url: str, log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the engine exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"the engine was not ready after {timeout:g}s:\n{log_path.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def engine_run(*, command: EngineCommand, log_path: Path, start_timeout: float = 600.0) -> Iterator[RunningEngine]:
+    """The engine `command` starts, ready when yielded, stopped with its whole session at the end.
+    Raises RuntimeError with the log's tail when it exits or does not get ready in time."""
+    with open(log_path, "ab") as output:
+        process = subprocess.Popen(command.argv, env=command.env, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{command.port}"
+        _wait_ready(process, url, log_path, start_timeout)
+        yield RunningEngine(url=url, port=command.port, pid=process.pid, model=command.model, log_path=log_path)
+    finally:
+        stop_group(process, timeout=20)
+
+
+def bundled_vllm_fields(*, max_num_seqs: int = 16, max_model_len: int = 2048, kv_cache_mb: int = 1024,
+                        **more) -> dict:
+    """The real vLLM serving the bundled Gemma 3 270M, as `make run`'s demo row has it; `more` adds
+    or replaces row fields."""
+    return {"kind": EngineProcess.Kind.VLLM, "model": vllm_engine.BUNDLED_MODEL, "max_num_seqs": max_num_seqs,
+            "max_model_len": max_model_len,
+            "extra_args": ["--kv-cache-memory-bytes", str(kv_cache_mb * 1024 * 1024)], **more}
