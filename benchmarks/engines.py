@@ -21,7 +21,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from core.processes import free_port, stop_group
-from inference_ops import supervisor, vllm_engine
+from inference_ops import cpu_engine, supervisor, vllm_engine
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 
 
@@ -94,3 +94,11 @@ def bundled_vllm_fields(*, max_num_seqs: int = 16, max_model_len: int = 2048, kv
     return {"kind": EngineProcess.Kind.VLLM, "model": vllm_engine.BUNDLED_MODEL, "max_num_seqs": max_num_seqs,
             "max_model_len": max_model_len,
             "extra_args": ["--kv-cache-memory-bytes", str(kv_cache_mb * 1024 * 1024)], **more}
+
+
+def bundled_cpu_fields(*, max_num_seqs: int | None = None, max_model_len: int | None = None, **more) -> dict:
+    """llama.cpp's llama-server serving the bundled Gemma 3 270M GGUF, as `make run`'s demo row has it
+    with LOCAL_ENGINE=cpu; `more` adds or replaces row fields."""
+    return {"kind": EngineProcess.Kind.CPU, "model": cpu_engine.BUNDLED_MODEL,
+            "max_num_seqs": max_num_seqs or settings.CPU_ENGINE_PARALLEL,
+            "max_model_len": max_model_len or settings.CPU_ENGINE_CTX_PER_SLOT, **more}

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from benchmarks import database, servers
+from benchmarks.engines import engine_command, engine_run
 from devtools import embedded
 
 MODEL = "bench/model"
@@ -117,10 +118,15 @@ class Stack:
 @contextlib.contextmanager
 def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_extra: dict[str, str] | None = None,
               local_max_concurrency: int | None = None, web_concurrency: int | None = None,
-              log_dir: Path | None = None, setup: Callable[[], None] | None = None) -> Iterator[Stack]:
+              log_dir: Path | None = None, setup: Callable[[], None] | None = None,
+              engine_fields: dict | None = None) -> Iterator[Stack]:
     """Database `name` prepared, the simulator with `sim_args`, the demo data, then the gateway
     with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT, ...).
     `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
+
+    `engine_fields`: instead of the simulator, the engine an engine row with these fields runs (the
+    real vLLM: benchmarks.engines.bundled_vllm_fields), started from the row's own argv; `model` is
+    then the name it serves.
 
     `web_concurrency`: the gateway through config.web with that many daphne processes (None:
     one daphne, started directly). Logs go to `log_dir`, else to a directory removed at the end.
@@ -134,9 +140,14 @@ def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_ext
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{name}_")))
         else:
             log_dir.mkdir(parents=True, exist_ok=True)
-        sim_log = log_dir / "simulator.log"
         try:
-            sim = stack.enter_context(servers.simulator(model=model, args=sim_args, log_path=sim_log))
+            if engine_fields is None:
+                sim = stack.enter_context(servers.simulator(model=model, args=sim_args,
+                                                            log_path=log_dir / "simulator.log"))
+            else:
+                running = stack.enter_context(engine_run(command=engine_command(fields=engine_fields),
+                                                         log_path=log_dir / "engine.log"))
+                sim, model = running.url, running.model
         except RuntimeError as exc:
             raise StackError(str(exc)) from None
         demo = demo_setup(sim_url=sim, model=model, local_max_concurrency=local_max_concurrency)

@@ -126,6 +126,9 @@ class _Body(BaseModel):
     max_tokens: _Tokens | None = None
     max_completion_tokens: _Tokens | None = None
     temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    # vLLM's extension (llama.cpp's server takes it too): generate to max_tokens whatever the model
+    # says. Passed on to local engines only; benchmarks use it for answers of a known length.
+    ignore_eos: StrictBool = False
     n: Literal[1] | None = None
     stream: StrictBool = False
     stream_options: _StreamOptions | None = None
@@ -139,6 +142,7 @@ _REFUSED = {
     "max_tokens": "`max_tokens` must be a number from 1 to 32768.",
     "max_completion_tokens": "`max_completion_tokens` must be a number from 1 to 32768.",
     "temperature": "`temperature` must be a number from 0 to 2.",
+    "ignore_eos": "`ignore_eos` must be a boolean.",
     "n": "Only n=1 is supported.",
     "stream": "`stream` must be a boolean.",
     "stream_options": "`stream_options` must be an object.",
@@ -183,6 +187,7 @@ def _parse(body) -> dict | Reply:
     return {"model": request.model, "question": history[-1]["content"], "history": history[:-1],
             "system": "\n\n".join(system), "stream": request.stream,
             "include_usage": bool(request.stream_options and request.stream_options.include_usage),
+            "ignore_eos": request.ignore_eos,
             **{name: value for name, value in options.items() if value is not None}}
 
 
@@ -235,6 +240,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
     # Stored as a chat turn only in a session the client names; the request log keeps every call.
     turn = run_turn(user=key.user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
                     model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
+                    ignore_eos=parsed["ignore_eos"],
                     history=parsed["history"], groups=key.group_names, system=parsed["system"],
                     session_id=session_id, store=session_id is not None, interface=RequestLog.Interface.V1,
                     api_key_id=key.pk, arrived=arrived)

@@ -92,7 +92,7 @@ def _status(final: pipeline.Event | None, cancelled: bool, produced: bool) -> st
 
 async def run_turn(*, user, content, session_id: int | None = None, client: str = "web",
                    source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
-                   temperature: float | None = None, history: list[dict] | None = None,
+                   temperature: float | None = None, ignore_eos: bool = False, history: list[dict] | None = None,
                    groups: frozenset[str] | None = None, system: str = "",
                    admitted: bool = False, interface: str = RequestLog.Interface.WEB, api_key_id: int | None = None,
                    arrived: float | None = None, store: bool = True) -> AsyncIterator[pipeline.Event]:
@@ -128,7 +128,8 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
 
     def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
         return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
-                                     model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+                                     model=model, max_tokens=max_tokens, temperature=temperature, system=system,
+                                     ignore_eos=ignore_eos)
 
     first: asyncio.Future | None = None
     start: services.TurnStart | None = None

@@ -48,6 +48,7 @@ class RouteRequest:
     model: str | None = None  # a model name from /v1/models forces that target; None or "auto" routes
     max_tokens: int | None = None
     temperature: float | None = None
+    ignore_eos: bool = False  # vLLM's extension, for local engines only (an external API may refuse it)
     system: str = ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
 
 
@@ -283,8 +284,9 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
         chat = tracing.Chat(model=target.config.model, base_url=target.config.base_url, max_tokens=max_tokens,
                             temperature=temperature) if tracing.ENABLED else None
         try:
+            extra_body = {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
             async with contextlib.aclosing(stream_chat(target.config, messages, max_tokens=max_tokens,
-                                                       temperature=temperature)) as stream:
+                                                       temperature=temperature, extra_body=extra_body)) as stream:
                 async for event in stream:
                     if isinstance(event, Finish):
                         if chat:

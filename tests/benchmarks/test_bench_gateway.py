@@ -40,11 +40,11 @@ def test_a_quick_run_prints_every_section_and_each_target_with_its_verdict(quick
     for heading in ('the endpoint named (model "local")', 'model "auto"', "KB hits against a generated long answer",
                     "Two concurrent 32-token answers against one", "Targets", "load average at the start"):
         assert heading in printed
-    assert len(report["targets"]) == 14
+    assert len(report["targets"]) == 16
     for row in report["targets"]:
         assert f"{row['target']}" in printed
-    # The quick levels are 1 and 4: the targets at c=64 and c=256 did not run, and say so.
-    at_levels = [row for row in report["targets"] if "c=64" in row["target"] or "c=256" in row["target"]]
+    # The quick levels are 1 and 4: the targets at c=8, c=64 and c=256 did not run, and say so.
+    at_levels = [row for row in report["targets"] if any(f"c={level}" in row["target"] for level in (8, 64, 256))]
     assert at_levels and all(row["met"] is None for row in at_levels)
     others = [row for row in report["targets"] if row not in at_levels]
     assert all(isinstance(row["met"], bool) and _number(row["value"]) for row in others)

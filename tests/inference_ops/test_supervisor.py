@@ -255,7 +255,7 @@ def test_checks_scrape_metrics_onto_the_engine_and_its_endpoint():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     supervisor.engine_check(engine_id=engine.pk)
     engine.refresh_from_db()
-    assert set(engine.metrics) == {"running", "waiting", "kv_cache_usage"}
+    assert set(engine.metrics) == {"running", "waiting", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits"}
     engine.endpoint.refresh_from_db()
     assert engine.endpoint.requests_running == 0 and engine.endpoint.checked_at is not None
 

