@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
@@ -85,6 +86,10 @@ def engine_run(*, command: EngineCommand, log_path: Path, start_timeout: float =
         yield RunningEngine(url=url, port=command.port, pid=process.pid, model=command.model, log_path=log_path)
     finally:
         stop_group(process, timeout=20)
+        # What left the group but not the session (the supervisor stops engines the same way).
+        for leftover in supervisor.session_processes(process.pid):
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
 
 
 def bundled_vllm_fields(*, max_num_seqs: int = 16, max_model_len: int = 2048, kv_cache_mb: int = 1024,

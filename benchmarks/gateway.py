@@ -194,9 +194,11 @@ async def sweep_section(*, gateway: Gateway, plan: Plan, model: str, on_run: Cal
     name = f"gateway:{model}"
     targets = [Target(base_url=gateway.url + "/v1", api_key=gateway.api_key, model=model, name=name, cpu=probe),
                Target(base_url=gateway.engine_url + "/v1", model=gateway.engine_model, name="engine")]
+    # ignore_eos on both roads: every answer is max_tokens long whatever the model says (a real
+    # base model ends most at once), so the two roads are compared on the same work.
     options = LoadOptions(max_tokens=plan.max_tokens, num_requests=plan.num_requests, timeout=plan.timeout,
                           max_duration=plan.max_duration, seed=plan.seed, cooldown=plan.cooldown, warmup=1,
-                          progress=plan.progress)
+                          progress=plan.progress, ignore_eos=True)
     # Short chat messages, each made unique (see benchmarks.prompts): none is in the KB, so
     # `auto` takes the whole road to the engine for every one.
     report = await benchmark_run(targets=targets, levels=[Level(concurrency=c) for c in plan.levels],

@@ -365,8 +365,9 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             return engine
         if engine.status == Status.STARTING and _start_in_progress(engine):
             return engine
-        if process_alive(engine.pid):
-            # A leftover of a failed start or an unhealthy run: replace it, never run two.
+        if engine.pid:
+            # A leftover of a failed start or an unhealthy run, or what its session left when its
+            # leader died: replace it, never run two.
             _terminate_session(engine.pid, engine.stop_timeout)
         problems = policy.engine_problems(engine)
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
@@ -467,6 +468,10 @@ def engine_check(*, engine_id: int) -> str | None:
 
     if not process_alive(engine.pid):
         CHECKS.labels(engine.name, "exited").inc()
+        # vLLM's API server may die alone (a SIGKILL, the OOM killer): its EngineCore and workers
+        # live on in its session, holding the model's memory (a GPU's, on a GPU host) that the
+        # restart needs. The row forgets the pid next, so they go now.
+        _terminate_session(engine.pid, engine.stop_timeout)
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()

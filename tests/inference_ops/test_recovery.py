@@ -179,6 +179,9 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, cele
     if start_up + 5 < settings.ROUTING_BREAKER_COOLDOWN:  # vLLM's start-up is longer than the cool-down anyway
         assert down < settings.ROUTING_BREAKER_COOLDOWN
     assert len(_listening_on(engine.port)) == 1  # one engine process for the row, never two
+    # Nothing of the killed engine's session is left (vLLM's EngineCore and workers outlive their
+    # API server's SIGKILL until the supervisor ends them).
+    assert supervisor.session_processes(engine.pid) == []
 
 
 @pytest.mark.django_db

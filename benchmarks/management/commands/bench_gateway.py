@@ -153,9 +153,15 @@ class Command(BaseCommand):
         engine_fields = None
         if real_engine:
             from benchmarks.engines import bundled_cpu_fields, bundled_vllm_fields
+            from inference_ops import cpu_engine
 
-            fields = bundled_vllm_fields if real_engine == "vllm" else bundled_cpu_fields
-            engine_fields = fields(max_num_seqs=max_num_seqs)
+            if real_engine == "vllm":
+                engine_fields = bundled_vllm_fields(max_num_seqs=max_num_seqs)
+            else:
+                # The Q/A template without its stop strings: llama.cpp's ignore_eos does not pass a
+                # stop string, and the measured answers must run to their length on both engines.
+                engine_fields = bundled_cpu_fields(max_num_seqs=max_num_seqs,
+                                                   extra_args=["--chat-template-file", str(cpu_engine.QA_TEMPLATE)])
             self.out(f"starting the real engine ({real_engine}, the bundled Gemma 3 270M)")
         try:
             with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT},
