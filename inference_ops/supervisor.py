@@ -174,6 +174,20 @@ def _terminate_session(pid: int, timeout: float) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def _kill_leftovers(pid: int) -> None:
+    """What a dead engine's session left. vLLM's API server may die alone (a SIGKILL, the OOM
+    killer) while its EngineCore and workers live on, holding the model's memory (a GPU's, on a GPU
+    host) that a restart needs. With their API server gone nothing is served that a graceful stop
+    would finish, so they are killed at once: a restart waits for none of them."""
+    processes = session_processes(pid)
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(processes, timeout=5)
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         # SO_REUSEADDR: a port in TIME_WAIT from the last run is free; only a listener makes it taken.
@@ -365,10 +379,11 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             return engine
         if engine.status == Status.STARTING and _start_in_progress(engine):
             return engine
-        if engine.pid:
-            # A leftover of a failed start or an unhealthy run, or what its session left when its
-            # leader died: replace it, never run two.
+        if process_alive(engine.pid):
+            # A leftover of a failed start or an unhealthy run: replace it, never run two.
             _terminate_session(engine.pid, engine.stop_timeout)
+        elif engine.pid:
+            _kill_leftovers(engine.pid)
         problems = policy.engine_problems(engine)
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
         if refused:
@@ -468,10 +483,8 @@ def engine_check(*, engine_id: int) -> str | None:
 
     if not process_alive(engine.pid):
         CHECKS.labels(engine.name, "exited").inc()
-        # vLLM's API server may die alone (a SIGKILL, the OOM killer): its EngineCore and workers
-        # live on in its session, holding the model's memory (a GPU's, on a GPU host) that the
-        # restart needs. The row forgets the pid next, so they go now.
-        _terminate_session(engine.pid, engine.stop_timeout)
+        # The row forgets the pid next: what the dead engine's session left goes now.
+        _kill_leftovers(engine.pid)
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import openai
 import psutil
 import pytest
 
@@ -63,6 +64,18 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
         assert status == 200 and b'name="username"' in body
         status, _ = http_get(f"{base}/static/admin/css/base.css")
         assert status == 200
+        # The local model answers through the gateway `make run` serves: the real vLLM's own words.
+        from django.contrib.auth import get_user_model
+
+        from chat.services import apikey_create
+
+        user = get_user_model().objects.create_user("devserver-user")
+        key = apikey_create(user=user, name="devserver", scopes=["chat"])[1]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+        raw = client.chat.completions.with_raw_response.create(
+            model="local", max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": "What is the largest planet in the solar system?"}])
+        assert raw.headers["X-Route"] == "local" and raw.parse().choices[0].message.content.strip()
     finally:
         runner.send_signal(signal.SIGTERM)
         runner.wait(60)
