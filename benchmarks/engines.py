@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 
+from benchmarks.servers import wait_answering
 from core.processes import free_port, stop_group
 from inference_ops import cpu_engine, supervisor, vllm_engine
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
@@ -60,19 +59,6 @@ def engine_command(*, fields: dict, adapters: dict[str, str] | None = None, name
     return command
 
 
-def _wait_ready(process: subprocess.Popen, url: str, log_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the engine exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        time.sleep(0.5)
-    raise RuntimeError(f"the engine was not ready after {timeout:g}s:\n{log_path.read_text()[-4000:]}")
-
-
 @contextlib.contextmanager
 def engine_run(*, command: EngineCommand, log_path: Path, start_timeout: float = 600.0) -> Iterator[RunningEngine]:
     """The engine `command` starts, ready when yielded, stopped with its whole session at the end.
@@ -82,7 +68,8 @@ def engine_run(*, command: EngineCommand, log_path: Path, start_timeout: float =
                                    stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{command.port}"
-        _wait_ready(process, url, log_path, start_timeout)
+        wait_answering(process, f"{url}/v1/models", what="the engine", log_path=log_path, timeout=start_timeout,
+                       step=0.5)
         yield RunningEngine(url=url, port=command.port, pid=process.pid, model=command.model, log_path=log_path)
     finally:
         stop_group(process, timeout=20)

@@ -81,6 +81,23 @@ def simulator(*, model: str = "bench/model", args: Sequence[str] = (), env: dict
         reader.join(timeout=5)
 
 
+def wait_answering(process: subprocess.Popen, url: str, *, what: str, log_path: Path, timeout: float,
+                   step: float) -> None:
+    """Until `url` answers 200; RuntimeError with the log's tail when `process` exits first or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{log_tail(log_path)}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer {url} within {timeout:.0f} s:\n{log_tail(log_path)}")
+        time.sleep(step)
+
+
 def gateway_env(*, database_url: str, redis_url: str, secret_key: str, log_level: str = "WARNING",
                 base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """The environment of a gateway started by a benchmark: production settings over plain HTTP.
@@ -140,18 +157,7 @@ def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0,
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"daphne exited with {process.returncode}:\n{log_tail(log_path)}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not answer /healthz within {start_timeout:.0f} s:\n"
-                                   f"{log_tail(log_path)}")
-            time.sleep(0.2)
+        wait_answering(process, f"{url}/healthz", what="daphne", log_path=log_path, timeout=start_timeout, step=0.2)
         yield Gateway(url=url, process=process, log_path=log_path)
     finally:
         stop_group(process)
