@@ -21,6 +21,7 @@ from psycopg import errors as pg_errors
 from chat import selectors
 from chat.dashboard import PERIOD_NAMES, dashboard_page
 from chat.models import ApiKey, ChatSession, Message, RequestLog
+from core.csvcells import csv_cell
 from inference_ops.models import ModelEndpoint
 
 
@@ -221,9 +222,7 @@ class _Line:
 def _cell(value):
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat()
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value  # a spreadsheet would run it as a formula
-    return value
+    return csv_cell(value)
 
 
 def _csv_chunks(queryset) -> Iterator[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from core.csvcells import csv_cell, csv_cell_read
 from core.text import text_problem
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Entry
@@ -74,7 +75,8 @@ def _rows(text: str, fmt: str):
         yield 1, f"the header lacks {', '.join(sorted(missing))}"
         return
     for row in reader:
-        yield reader.line_num, {k: v for k, v in row.items() if k is not None}
+        # Cells as written, before an export escaped them for spreadsheets (core.csvcells).
+        yield reader.line_num, {k: csv_cell_read(v) for k, v in row.items() if k is not None}
 
 
 def _parse_row(row: dict, fmt: str) -> dict:
@@ -194,5 +196,6 @@ def kb_export(*, fmt: str, entries=None) -> str:
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
     for e in entries:
-        writer.writerow([e.external_id or e.pk, e.question, e.answer, "|".join(e.aliases), e.kind, ",".join(e.tags)])
+        writer.writerow([csv_cell(cell) for cell in (e.external_id or e.pk, e.question, e.answer, "|".join(e.aliases),
+                                                     e.kind, ",".join(e.tags))])
     return out.getvalue()

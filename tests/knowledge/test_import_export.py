@@ -158,3 +158,35 @@ def test_an_id_that_is_neither_a_number_nor_text_is_refused_by_line(tmp_path, ca
     err = capsys.readouterr().err
     assert "kb.jsonl:1: id: must be this instance's whole-number id or another system's text id" in err
     assert "kb.jsonl:2: id: an external id must be up to 200 characters of text" in err
+
+
+def test_the_csv_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula_and_imports_back_unchanged(tmp_path,
+                                                                                                       capsys):
+    import csv
+
+    from knowledge.services import entry_create
+
+    formulas = [
+        entry_create(question='=HYPERLINK("http://evil.example","Help")', answer="@SUM(1+1)*cmd|' /C calc'!A0",
+                     aliases=["+1 555 0100 for help"], tags=["=cmd"], embed="none"),
+        entry_create(question="'Tis the season: do you ship for Christmas?", answer="- yes\n- until the 20th",
+                     aliases=["'=not a formula'"], embed="none"),
+        entry_create(question="Tab?", answer="\tindented", kind="rule", embed="none"),
+    ]
+    Entry.objects.filter(pk=formulas[2].pk).update(external_id="-ext-1")
+    before = {e.pk: (e.question, e.answer, e.aliases, e.tags, e.kind, e.external_id)
+              for e in Entry.objects.order_by("pk")}
+
+    exported = tmp_path / "out.csv"
+    call_command("kb_export", str(exported))
+    assert "wrote 3 entries" in capsys.readouterr().out  # rows, though an answer spans two lines
+    with open(exported, encoding="utf-8", newline="") as handle:
+        cells = [cell for row in csv.reader(handle) for cell in row]
+    assert not [cell for cell in cells if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert '\'=HYPERLINK("http://evil.example","Help")' in cells and "'- yes\n- until the 20th" in cells
+
+    Entry.objects.update(answer="overwritten")
+    call_command("kb_import", str(exported))
+    after = {e.pk: (e.question, e.answer, e.aliases, e.tags, e.kind, e.external_id)
+             for e in Entry.objects.order_by("pk")}
+    assert after == before

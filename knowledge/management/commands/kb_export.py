@@ -1,3 +1,5 @@
+import csv
+import io
 import sys
 from pathlib import Path
 
@@ -24,4 +26,6 @@ class Command(BaseCommand):
             sys.stdout.write(text)
         else:
             Path(file).write_text(text, encoding="utf-8")
-            self.stdout.write(f"wrote {text.count(chr(10)) - (fmt == 'csv')} entries to {file}")
+            # A CSV answer may span lines: count its rows, not its lines.
+            count = text.count("\n") if fmt == "jsonl" else sum(1 for _ in csv.reader(io.StringIO(text))) - 1
+            self.stdout.write(f"wrote {count} entries to {file}")
