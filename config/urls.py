@@ -4,12 +4,18 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 from chat import api as chat_api
 from config import health, metrics
+from core.login_throttle import AdminLoginForm, refused_with_429
+
+# The admin's sign-in counts failures with the chat's (core.login_throttle); its own URL comes
+# first so a throttled attempt answers 429.
+admin.site.login_form = AdminLoginForm
 
 urlpatterns = [
     path("", include("chat.page_urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),
+    path("admin/login/", refused_with_429(admin.site.login)),
     path("admin/", admin.site.urls),
     path("api/kb/", include("knowledge.urls")),
     path("api/routing/", include("routing.urls")),

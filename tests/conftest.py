@@ -187,7 +187,7 @@ def _fresh_routing_state():
     client = redis_client.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
     # Breakers and rate-limit windows live in Redis and outlive a test's database.
     prefix = settings.REDIS_KEY_PREFIX
-    for pattern in (f"{prefix}:breaker:*", f"{prefix}:chat:rate:*"):
+    for pattern in (f"{prefix}:breaker:*", f"{prefix}:chat:rate:*", f"{prefix}:login:failures:*"):
         for key in client.scan_iter(pattern):
             client.delete(key)
     rules_changed()
