@@ -129,7 +129,7 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
         return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
                                      model=model, max_tokens=max_tokens, temperature=temperature, system=system,
-                                     ignore_eos=ignore_eos)
+                                     ignore_eos=ignore_eos, store=store)
 
     first: asyncio.Future | None = None
     start: services.TurnStart | None = None

@@ -470,6 +470,49 @@ def _unit(vector) -> np.ndarray:
     return array / norm if norm else array
 
 
+# Retention. A group whose first miss expires is headed from then on by its oldest remaining
+# member, so its count and place in the curators' list carry on rather than breaking into
+# groups of one. Heirs are chosen before the delete, while the expiring heads are still there.
+_MISS_HEIRS_SQL = """
+WITH heirs AS (
+    SELECT m.group_id AS head, min(m.id) AS heir
+    FROM knowledge_miss m JOIN knowledge_miss h ON h.id = m.group_id
+    WHERE h.created_at < %(before)s AND m.created_at >= %(before)s
+    GROUP BY m.group_id
+), moved AS (
+    UPDATE knowledge_miss m SET group_id = NULLIF(heirs.heir, m.id)
+    FROM heirs WHERE m.group_id = heirs.head AND m.created_at >= %(before)s
+)
+SELECT heir FROM heirs
+"""
+
+_MISS_EXPIRED_SQL = """
+WITH gone AS (DELETE FROM knowledge_miss WHERE created_at < %(before)s RETURNING group_id)
+SELECT count(*), array_agg(DISTINCT group_id) FILTER (WHERE group_id IS NOT NULL) FROM gone
+"""
+
+_MISS_RECOUNT_SQL = """
+UPDATE knowledge_miss h SET count = 1 + (SELECT count(*) FROM knowledge_miss m WHERE m.group_id = h.id)
+WHERE h.id = ANY(%s::bigint[]) AND h.group_id IS NULL
+"""
+
+
+def misses_prune(*, before) -> int:
+    """Delete the misses noted before `before` (a user's question and the answer a model gave
+    are kept no longer than the request log keeps the request); the number deleted. The groups
+    they leave are recounted and keep a head. One transaction, under the grouping pass's lock:
+    a pass cannot place a miss in a group whose head is going."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('knowledge.misses_group'))")
+        cursor.execute(_MISS_HEIRS_SQL, {"before": before})
+        heirs = [row[0] for row in cursor.fetchall()]
+        cursor.execute(_MISS_EXPIRED_SQL, {"before": before})
+        deleted, touched = cursor.fetchone()
+        if heirs or touched:
+            cursor.execute(_MISS_RECOUNT_SQL, [heirs + (touched or [])])
+    return deleted
+
+
 def miss_to_entry(*, miss: Miss, question: str | None = None, answer: str | None = None, author=None) -> Entry:
     """Turn a missed question and its generated answer into a KB entry; resolves its group."""
     entry = entry_create(question=question or miss.question, answer=answer or miss.answer, author=author)

@@ -50,6 +50,7 @@ class RouteRequest:
     temperature: float | None = None
     ignore_eos: bool = False  # vLLM's extension, for local engines only (an external API may refuse it)
     system: str = ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
+    store: bool = True  # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +207,7 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         return
     if rule.action == "kb_only":
         yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}")
-        _record_miss(text, "", direct)
+        _record_miss(request, text, "", direct)
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
         elapsed = _ms(time.monotonic() - started)
         yield Done(road="kb", rule=rule.name, target=None, ttft_ms=elapsed, latency_ms=elapsed, usage=None,
@@ -296,7 +297,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                             ttft = _ms(time.monotonic() - started)
                             yield _route(target, rule_name, why, attempts, dropped, engine_ms=_ms(event.total))
                         if direct is not None:
-                            _record_miss(text, "".join(answer_text), direct)
+                            _record_miss(request, text, "".join(answer_text), direct)
                         yield Done(road=target.road, rule=rule_name, target=target.endpoint, ttft_ms=ttft,
                                    latency_ms=_ms(time.monotonic() - started), usage=_usage(event),
                                    finish_reason=event.finish_reason, citations=citations,
@@ -394,11 +395,12 @@ def _route(target: Target, rule: str | None, why: str, attempts: list[str], drop
     return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes), engine_ms=engine_ms)
 
 
-def _record_miss(question: str, answer_text: str, direct: DirectAnswer) -> None:
+def _record_miss(request: RouteRequest, question: str, answer_text: str, direct: DirectAnswer) -> None:
     """Keep the question (and the generated answer) as a KB miss for curators, with the vector
     this request already computed: buffered in memory, written in batches, never awaited. A
-    follow-up is no miss: it needs its conversation, no entry could answer it on its own."""
-    if direct.method == "follow_up":
+    follow-up is no miss: it needs its conversation, no entry could answer it on its own. A turn
+    that stores nothing keeps no copy of the question here either."""
+    if direct.method == "follow_up" or not request.store:
         return
     miss_note(question=question, answer=answer_text, best_entry_id=direct.entry.pk if direct.entry else None,
               best_score=direct.score, model_id=direct.model.pk if direct.model else None, vector=direct.vector)
