@@ -311,6 +311,12 @@ ENGINE_BACKOFF_MAX = env_float("ENGINE_BACKOFF_MAX", 300.0, minimum=0.0)
 ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH")  # taken from the supervisor's own environment
 ENGINE_ENV_ALLOWED = env_list("ENGINE_ENV_ALLOWED")  # more variables a row's `environment` may set
 ENGINE_EXTRA_ARGS_ALLOWED = env_list("ENGINE_EXTRA_ARGS_ALLOWED")  # more flags a row's `extra_args` may use
+# The one folder on an engine's host whose files a row's flags may name (chat templates, the
+# download folder, a tokenizer or generation config given as a path); put such files there.
+ENGINE_FILES_DIR = os.path.expanduser(env_str("ENGINE_FILES_DIR") or str(_CACHE_ROOT / "engine-files"))
+if not os.path.isabs(ENGINE_FILES_DIR) or ".." in Path(ENGINE_FILES_DIR).parts:
+    raise ImproperlyConfigured("Environment variable ENGINE_FILES_DIR must be an absolute path without '..'; "
+                               f"got {ENGINE_FILES_DIR!r}.")
 # An engine still `starting` this long after its startup_timeout lost its start task: the check takes over.
 ENGINE_START_GRACE = env_int("ENGINE_START_GRACE", 60, minimum=1)  # seconds
 

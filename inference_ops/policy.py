@@ -11,6 +11,10 @@ what is listed here (or added by the operator in settings, who owns the host any
   the row adds only allow-listed variables, never loader, shell or Python hooks;
 - `extra_args` are flags allow-listed per engine kind: nothing that loads code (plugins,
   middleware, remote model code), serves or writes files, or rebinds the port;
+- a flag that names a file or folder on the host (a chat template, the download folder, a
+  tokenizer or generation config given as a path) names one inside ENGINE_FILES_DIR, or the
+  project's bundled templates: the GPU host is another machine than the admin's, and its SSH
+  keys or its environment must not become a template in a prompt;
 - no value that lands on the command line may start with `-` and turn into a flag.
 
 The checks run in the models' `clean()` (the admin shows them) and again in the supervisor
@@ -20,20 +24,23 @@ before a launch and in `ModelEndpoint.api_key`, for rows written before the rule
 from __future__ import annotations
 
 import os
+import posixpath
 import re
+from fnmatch import fnmatchcase
+from pathlib import Path
 
 from django.conf import settings
 
 from core.keys import ENV_NAME as _ENV_NAME
 from core.keys import GATEWAY_SECRETS
+from inference_ops.cpu_engine import QA_TEMPLATE
 
 _NUMBER = re.compile(r"^-\d+(\.\d+)?([eE][-+]?\d+)?$")
 
 
-
 def _matches(name: str, patterns) -> bool:
-    """`patterns`: exact names, or prefixes written with a trailing `*` (`VLLM_*`)."""
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+    """`patterns`: exact names, or shell-style patterns (`VLLM_*`, `NCCL_*_PLUGIN`)."""
+    return any(fnmatchcase(name, p) for p in patterns)
 
 
 # --- engine environments ----------------------------------------------------------------------------------
@@ -53,10 +60,23 @@ ENGINE_ENV_ALLOWED = (
 # Refused in a row even where a pattern above (or the operator's list) would allow it: the
 # dynamic loader, shells and Python run code from these; HF_ENDPOINT would send the host's
 # Hugging Face token elsewhere; vLLM's logging config can instantiate any class.
+#
+# The libraries under the engines load code or host files from what these name: NCCL opens
+# its net, tuner, profiler and env plugins and reads or writes its topology, graph, config and
+# debug files; Triton runs ptxas, cuobjdump and nvdisasm and loads libcuda from its *_PATH
+# variables and compiled kernels from its cache and override folders, as TorchInductor, torch's
+# extensions and vLLM's compile cache do; CUDA_HOME/CUDA_PATH choose the toolkit whose
+# compilers and libraries run; ggml loads a backend library from GGML_BACKEND_PATH; llama-server
+# reads every flag from LLAMA_ARG_* (LLAMA_ARG_PATH serves a folder), past the flags' allow-list.
+# Such a setting belongs in the worker's own environment (ENGINE_ENV_PASSTHROUGH), set by whoever
+# runs the host.
 ENGINE_ENV_REFUSED = (
     "LD_*", "DYLD_*", "PYTHON*", "PATH", "HOME", "SHELL", "BASH_ENV", "ENV", "IFS", "PERL5*", "RUBY*",
     "NODE_OPTIONS", "HF_ENDPOINT", "HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN",
     "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", *GATEWAY_SECRETS,
+    "NCCL_*_PLUGIN", "NCCL_*_FILE", "TRITON_*_PATH", "TRITON_*_DIR", "TRITON_HOME", "TORCHINDUCTOR_*_DIR",
+    "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "CUDA_HOME", "CUDA_PATH", "CUDA_CACHE_PATH", "VLLM_*_PATH",
+    "VLLM_*_DIR", "VLLM_*_ROOT", "GGML_*_PATH", "LLAMA_ARG_*",
 )
 
 
@@ -123,23 +143,73 @@ CPU_FLAGS = frozenset({
 FLAGS = {"vllm": VLLM_FLAGS, "simulator": SIMULATOR_FLAGS, "cpu": CPU_FLAGS}
 
 
+# Flags whose value is read as a file or folder on the host (writes, for --download-dir), by kind.
+# vLLM's --chat-template is a path unless it holds Jinja's characters (then it is the template
+# itself); llama-server's is a built-in template's name or the template itself, never a path.
+# --tokenizer and --generation-config may also name a Hugging Face repository (or vLLM's keywords).
+_TEMPLATE, _FOLDER, _MODEL_FILES = "template", "folder", "model files"
+_VLLM_PATH_FLAGS = {"--chat-template": _TEMPLATE, "--download-dir": _FOLDER, "--tokenizer": _MODEL_FILES,
+                    "--generation-config": _MODEL_FILES}
+PATH_FLAGS = {"vllm": _VLLM_PATH_FLAGS, "simulator": _VLLM_PATH_FLAGS, "cpu": {"--chat-template-file": "file"}}
+_JINJA = re.compile(r"[{}\n]")
+_REPOSITORY = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+_GENERATION_KEYWORDS = {"auto", "vllm"}
+# The project's own templates, which the demo's and the benchmarks' rows name.
+BUNDLED_TEMPLATES = QA_TEMPLATE.parent
+
+
+def _inside(path: str, folder) -> bool:
+    return Path(path).is_relative_to(posixpath.normpath(str(folder)))
+
+
+def _path_problem(flag: str, use: str, value: str) -> str | None:
+    """Why `value` may not follow `flag`, or None. Paths are judged as written (the host that
+    runs the engine may be another machine than the one checking): absolute, without `..`."""
+    # vLLM opens the value first and takes it as the template only if that fails.
+    if use == _TEMPLATE and _JINJA.search(value) and not value.startswith(("/", ".", "~")):
+        return None
+    if flag == "--generation-config" and value in _GENERATION_KEYWORDS:
+        return None
+    if use == _MODEL_FILES and ".." not in value and _REPOSITORY.match(value):
+        return None
+    files = settings.ENGINE_FILES_DIR
+    readable = [files] if use == _FOLDER else [files, BUNDLED_TEMPLATES]
+    own_template = settings.CPU_ENGINE_CHAT_TEMPLATE  # the operator's, set on the host itself
+    if use != _FOLDER and own_template not in ("", "qa") and value == str(Path(own_template).expanduser()):
+        return None
+    if (value.startswith("/") and ".." not in value.split("/")
+            and any(_inside(value, folder) for folder in readable)):
+        return None
+    where = files if use == _FOLDER else f"{files} (or the project's bundled templates)"
+    return f"{flag} {value!r} is not allowed: a path given here must be absolute and inside {where}"
+
+
 def extra_args_problems(kind: str, extra_args) -> list[str]:
     if not isinstance(extra_args, list):
         return ["must be a JSON list of arguments"]
     allowed = FLAGS.get(kind, frozenset()) | set(settings.ENGINE_EXTRA_ARGS_ALLOWED)
-    problems, after_flag = [], False
+    path_flags = PATH_FLAGS.get(kind, {})
+    problems, after_flag, pending = [], False, None  # pending: a path flag waiting for its value
     for arg in extra_args:
         if not isinstance(arg, str | int | float) or isinstance(arg, bool) or "\x00" in str(arg):
             problems.append(f"{arg!r}: each argument must be a string or a number")
             continue
         text = str(arg)
         if text.startswith("-") and not _NUMBER.match(text):
-            flag = text.split("=", 1)[0]
+            flag, equals, value = text.partition("=")
             if flag not in allowed:
                 problems.append(f"{flag} is not allowed for a {kind} engine")
-            after_flag = True
+            after_flag, pending = True, None
+            if flag in path_flags:
+                if equals:
+                    problems += filter(None, [_path_problem(flag, path_flags[flag], value)])
+                else:
+                    pending = flag
         elif not after_flag:
             problems.append(f"{text!r} is not allowed: extra arguments start with a flag")
+        elif pending is not None:
+            problems += filter(None, [_path_problem(pending, path_flags[pending], text)])
+            pending = None
     return problems
 
 

@@ -132,11 +132,120 @@ def test_extra_arguments_outside_the_kinds_allow_list_are_refused(kind, args):
 @pytest.mark.parametrize("kind,args", [
     ("simulator", ["--time-to-first-token", "5", "--inter-token-latency", "2", "--seed", "1"]),
     ("simulator", ["--max-num-seqs", "0"]),
-    ("vllm", ["--seed", "1", "--enforce-eager", "--kv-cache-dtype=fp8", "--chat-template", "/t.jinja"]),
-    ("cpu", ["--threads", "1", "--seed", 7, "--chat-template-file", "/t.jinja", "--temp", "-1"]),
+    ("vllm", ["--seed", "1", "--enforce-eager", "--kv-cache-dtype=fp8", "--chat-template", "{files}/t.jinja"]),
+    ("cpu", ["--threads", "1", "--seed", 7, "--chat-template-file", "{files}/t.jinja", "--temp", "-1"]),
 ])
-def test_the_arguments_in_use_today_are_allowed(kind, args):
+def test_the_arguments_in_use_today_are_allowed(settings, kind, args):
+    settings.ENGINE_FILES_DIR = "/srv/engine-files"
+    args = [a.format(files=settings.ENGINE_FILES_DIR) if isinstance(a, str) else a for a in args]
     make_engine(kind=kind, extra_args=args).full_clean()
+
+
+# --- hole 12: flags and variables that reach the host's files or load code --------------------------------
+
+
+FILES = "/srv/engine-files"
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("vllm", ["--chat-template", "/etc/passwd"]),
+    ("vllm", ["--chat-template=/home/gpu/.ssh/id_ed25519"]),
+    ("vllm", ["--chat-template", "t.jinja"]),
+    ("vllm", ["--chat-template", f"{FILES}/../../etc/shadow"]),
+    ("simulator", ["--chat-template", "/etc/passwd"]),
+    ("cpu", ["--chat-template-file", "/etc/passwd"]),
+    ("cpu", ["--chat-template-file=/proc/self/environ"]),
+    ("vllm", ["--download-dir", "/etc/cron.d"]),
+    ("vllm", ["--download-dir", "/srv/engine-files-and-more"]),
+    ("vllm", ["--tokenizer", "/root/tokenizer"]),
+    ("vllm", ["--tokenizer", "../../etc"]),
+    ("vllm", ["--tokenizer", "~/models/tok"]),
+    ("vllm", ["--generation-config", "/etc"]),
+    ("vllm", ["--enforce-eager", "--generation-config=/var/lib/secrets"]),
+])
+def test_a_flag_naming_a_host_path_outside_the_engine_files_folder_is_refused(settings, kind, args):
+    settings.ENGINE_FILES_DIR = FILES
+    errors = field_errors(make_engine(kind=kind, extra_args=args))
+    assert "extra_args" in errors
+    assert any(FILES in message for message in errors["extra_args"]), errors
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("vllm", ["--chat-template", f"{FILES}/qwen.jinja"]),
+    ("vllm", ["--chat-template=" + FILES + "/templates/qwen.jinja"]),
+    ("vllm", ["--chat-template", "{% for m in messages %}{{ m.content }}\n{% endfor %}"]),
+    ("vllm", ["--download-dir", f"{FILES}/hf"]),
+    ("vllm", ["--download-dir", FILES]),
+    ("vllm", ["--tokenizer", "Qwen/Qwen2.5-7B-Instruct"]),
+    ("vllm", ["--tokenizer", "gpt2"]),
+    ("vllm", ["--tokenizer", f"{FILES}/tokenizer"]),
+    ("vllm", ["--generation-config", "vllm"]),
+    ("vllm", ["--generation-config", "auto"]),
+    ("vllm", ["--generation-config", f"{FILES}/generation"]),
+    ("cpu", ["--chat-template", "chatml"]),
+    ("cpu", ["--chat-template-file", f"{FILES}/t.jinja"]),
+])
+def test_paths_inside_the_folder_names_and_inline_templates_are_allowed(settings, kind, args):
+    settings.ENGINE_FILES_DIR = FILES
+    make_engine(kind=kind, extra_args=args).full_clean()
+
+
+def test_the_bundled_question_answer_template_is_allowed_but_not_as_a_download_folder(settings):
+    from inference_ops import cpu_engine
+
+    settings.ENGINE_FILES_DIR = FILES
+    make_engine(kind="cpu", extra_args=cpu_engine.qa_arguments()).full_clean()
+    download_into_the_code = ["--download-dir", str(cpu_engine.QA_TEMPLATE.parent)]
+    errors = field_errors(make_engine(name="other", kind="vllm", extra_args=download_into_the_code))
+    assert "--download-dir" in errors["extra_args"][0]
+
+
+@pytest.mark.parametrize("template", ["", "qa", "/opt/templates/mine.jinja"])
+def test_the_demos_engine_rows_pass_the_policy(settings, template):
+    from inference_ops import demo
+
+    settings.ENGINE_FILES_DIR = FILES
+    settings.LOCAL_VLLM_URL, settings.CPU_ENGINE_MODEL, settings.CPU_ENGINE_CHAT_TEMPLATE = None, "", template
+    settings.LOCAL_ENGINE = "cpu"
+    demo.demo_engine_ensure().full_clean()
+    settings.LOCAL_ENGINE = "vllm"
+    demo.demo_engine_ensure().full_clean()
+
+
+def test_the_supervisor_refuses_a_template_outside_the_folder_in_a_row_written_past_the_admin(settings):
+    settings.ENGINE_FILES_DIR = FILES
+    engine = make_engine(extra_args=["--chat-template", "/etc/passwd"])
+    with pytest.raises(SupervisorError, match="--chat-template"):
+        supervisor.command_line(engine)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("NCCL_NET_PLUGIN", "/tmp/libevil.so"),
+    ("NCCL_TUNER_PLUGIN", "/tmp/libevil.so"),
+    ("NCCL_PROFILER_PLUGIN", "evil"),
+    ("NCCL_DEBUG_FILE", "/etc/cron.d/x"),
+    ("TRITON_LIBCUDA_PATH", "/tmp/evil"),
+    ("TRITON_PTXAS_PATH", "/tmp/evil"),
+    ("TRITON_CACHE_DIR", "/tmp/kernels"),
+    ("TORCHINDUCTOR_CACHE_DIR", "/tmp/kernels"),
+    ("TORCH_EXTENSIONS_DIR", "/tmp/ext"),
+    ("CUDA_HOME", "/tmp/cuda"),
+    ("GGML_BACKEND_PATH", "/tmp/libevil.so"),
+    ("LLAMA_ARG_PATH", "/"),
+    ("LLAMA_ARG_SLOT_SAVE_PATH", "/etc"),
+    ("VLLM_CACHE_ROOT", "/tmp/cache"),
+])
+def test_an_engine_environment_refuses_variables_that_load_code_or_name_host_paths(settings, name, value):
+    errors = field_errors(make_engine(environment={name: value}))
+    assert name in errors["environment"][0]
+    settings.ENGINE_ENV_ALLOWED = [name]  # not even the operator's list lets a row set them
+    assert name in field_errors(make_engine(name="again", environment={name: value}))["environment"][0]
+
+
+def test_tuning_variables_stay_allowed():
+    make_engine(environment={"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "TRITON_PRINT_AUTOTUNING": "1",
+                             "VLLM_CPU_KVCACHE_SPACE": "4", "LLAMA_LOG_VERBOSITY": "1", "HF_HOME": "/data/hf"}
+                ).full_clean()
 
 
 @pytest.mark.parametrize("field", ["model", "served_model_name", "quantization", "dtype", "bind_host"])
