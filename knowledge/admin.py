@@ -64,6 +64,21 @@ class TagFilter(admin.SimpleListFilter):
         return queryset.filter(tags__contains=[self.value()]) if self.value() else queryset
 
 
+class ReviewFilter(admin.SimpleListFilter):
+    """The curators' queue: entries made from users' questions wait here, inactive, until activated."""
+
+    title = "review"
+    parameter_name = "review"
+
+    def lookups(self, request, model_admin):
+        return [("awaiting", "awaiting review"), ("reviewed", "reviewed or written by a curator")]
+
+    def queryset(self, request, queryset):
+        if self.value() is None:
+            return queryset
+        return queryset.filter(needs_review=self.value() == "awaiting")
+
+
 class EmbeddedFilter(admin.SimpleListFilter):
     title = "embedding"
     parameter_name = "embedded"
@@ -88,7 +103,7 @@ class EntryAdmin(admin.ModelAdmin):
     form = EntryForm
     list_display = ["id", "question", "kind", "active", "tag_list", "embedded", "updated_at"]
     list_display_links = ["id", "question"]
-    list_filter = ["kind", "active", EmbeddedFilter, TagFilter]
+    list_filter = [ReviewFilter, "kind", "active", EmbeddedFilter, TagFilter]
     search_fields = ["question"]  # see get_search_results
     readonly_fields = ["author", "version", "created_at", "updated_at"]
     actions = ["activate", "deactivate", "reembed_selected", "reembed_everything"]
@@ -239,11 +254,14 @@ class MissAdmin(admin.ModelAdmin):
                                   messages.WARNING)
                 continue
             created.append(services.miss_to_entry(miss=miss, author=request.user))
+        # A user's question and the answer they steered a model to: no one gets it unread.
         if len(created) == 1:
-            self.message_user(request, "Entry created; review its wording and answer.")
+            self.message_user(request, "Entry created, inactive until you activate it: review its question and "
+                                       "answer first.")
             return redirect("admin:knowledge_entry_change", created[0].pk)
         if created:
-            self.message_user(request, f"{len(created)} entries created.")
+            self.message_user(request, f"{len(created)} entries created, inactive until you activate them; the "
+                                       "review filter's “awaiting review” lists them.")
         return None
 
 

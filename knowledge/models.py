@@ -114,6 +114,12 @@ class Entry(models.Model):
     answer = models.TextField(help_text="Markdown. For a document, its full text.")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     active = models.BooleanField(default=True)
+    # An entry made from a user's question (a KB miss) carries whatever answer that user steered a
+    # model to give, and the question tops the misses as often as they repeat it: it waits,
+    # inactive, until a curator activates it, and that activation is its review.
+    needs_review = models.BooleanField(
+        default=False, help_text="Made from a user's question: inactive until a curator reviews and activates it.")
+    reviewed_at = models.DateTimeField(null=True, blank=True, help_text="When a curator activated it out of review.")
     threshold = models.FloatField(
         null=True, blank=True, help_text="Similarity needed for a direct answer; empty for the global threshold."
     )
@@ -130,7 +136,10 @@ class Entry(models.Model):
             models.CheckConstraint(
                 condition=models.Q(threshold__isnull=True) | models.Q(threshold__gte=0, threshold__lte=1),
                 name="entry_threshold_between_0_and_1",
-            )
+            ),
+            # Whatever path sets `active`, an entry awaiting review is never served.
+            models.CheckConstraint(condition=~models.Q(active=True, needs_review=True),
+                                   name="entry_inactive_while_awaiting_review"),
         ]
 
     def __str__(self):

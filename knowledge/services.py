@@ -9,6 +9,7 @@ import numpy as np
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from core.text import text_problem
@@ -224,13 +225,17 @@ def entry_create(
     threshold: float | None = None,
     author=None,
     embed: str = "async",
+    needs_review: bool = False,
 ) -> Entry:
-    """Create an entry. `embed`: "async" (Celery, after commit), "sync" (now), or "none"."""
+    """Create an entry. `embed`: "async" (Celery, after commit), "sync" (now), or "none".
+    `needs_review`: it waits, inactive, until a curator activates it (see `Entry.needs_review`)."""
     fields = entry_validate(
         {"question": question, "answer": answer, "kind": kind, "aliases": aliases, "tags": tags, "threshold": threshold}
     )
+    if needs_review and active:
+        raise EntryInvalid({"active": "an entry awaiting review is inactive until a curator activates it"})
     with transaction.atomic():
-        entry = Entry.objects.create(**fields, active=active, author=author)
+        entry = Entry.objects.create(**fields, active=active, needs_review=needs_review, author=author)
         _rebuild_texts(entry)
         _after_text_change(entry, embed)
     return entry
@@ -248,6 +253,8 @@ def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
         text_changed = any(name in changes and getattr(entry, name) != changes[name] for name in TEXT_FIELDS)
         for name, value in changes.items():
             setattr(entry, name, value)
+        if entry.active and entry.needs_review:  # a curator activated it: that was the review
+            entry.needs_review, entry.reviewed_at = False, timezone.now()
         if text_changed:
             entry.version += 1
         entry.save()
@@ -258,7 +265,12 @@ def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
 
 
 def entries_set_active(*, ids: Iterable[int], active: bool) -> int:
-    return Entry.objects.filter(pk__in=list(ids)).exclude(active=active).update(active=active, updated_at=timezone.now())
+    """(De)activate entries; the number changed. Activating an entry awaiting review reviews it."""
+    now = timezone.now()
+    review = {"needs_review": False,
+              "reviewed_at": Case(When(needs_review=True, then=Value(now)), default=F("reviewed_at"))} if active else {}
+    return Entry.objects.filter(pk__in=list(ids)).exclude(active=active).update(active=active, updated_at=now,
+                                                                                **review)
 
 
 def entry_delete(*, entry: Entry) -> None:
@@ -514,9 +526,15 @@ def misses_prune(*, before) -> int:
 
 
 def miss_to_entry(*, miss: Miss, question: str | None = None, answer: str | None = None, author=None) -> Entry:
-    """Turn a missed question and its generated answer into a KB entry; resolves its group."""
-    entry = entry_create(question=question or miss.question, answer=answer or miss.answer, author=author)
-    head = miss.group or miss
-    Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
-    Miss.objects.filter(group=head).update(resolved_by=entry)
+    """Turn a missed question and its generated answer into a KB entry; resolves its group.
+
+    The entry starts inactive and awaiting review: any user can put a question at the top of the
+    misses by repeating it, and the answer is whatever they steered a model to say. No one gets
+    it until a curator activates it, which marks it reviewed."""
+    with transaction.atomic():
+        entry = entry_create(question=question or miss.question, answer=answer or miss.answer, author=author,
+                             active=False, needs_review=True)
+        head = miss.group or miss
+        Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
+        Miss.objects.filter(group=head).update(resolved_by=entry)
     return entry

@@ -9,6 +9,9 @@ the behaviour:
   finish chunk, the usage chunk and `[DONE]`. What a relay must pass on exactly, in order.
 - `broken`: `BROKEN_AFTER` tokens, then an error event in the stream, then the end.
 - `slow`: `SLOW_TOKENS` tokens, one every `SLOW_GAP` seconds: a stream that lasts.
+
+Every request body it received is kept, in order, in `StubEngine.received`: what the gateway
+really sent an engine (its messages, its limits), for tests of the prompt.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import random
 import threading
 
 from aiohttp import web
+
+RECEIVED = web.AppKey("received", list)
 
 TOKENS = 300
 BROKEN_AFTER = 40
@@ -44,6 +49,7 @@ def _chunk(model: str, content: str | None = None, finish: str | None = None) ->
 
 async def _chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
+    request.app[RECEIVED].append(body)
     model = body["model"]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
@@ -79,6 +85,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 class StubEngine:
     def __init__(self):
         self.url = ""
+        self.received: list[dict] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="stub-engine")
@@ -92,6 +99,7 @@ class StubEngine:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
+        app[RECEIVED] = self.received
         app.router.add_post("/v1/chat/completions", _chat)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
