@@ -21,6 +21,7 @@ from psycopg import errors as pg_errors
 from chat import selectors
 from chat.dashboard import PERIOD_NAMES, dashboard_page
 from chat.models import ApiKey, ChatSession, Message, RequestLog
+from chat.services import apikey_revoke
 from core.csvcells import csv_cell
 from inference_ops.models import ModelEndpoint
 
@@ -56,19 +57,31 @@ class MessageAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are immutable but for revocation: an un-revoked key would bring a leaked one back, and a
+    new name would move a key onto another client's routing rule (`key:NAME`). Revoking is the
+    action, for staff with the change permission; the owner revokes their own from the keys page."""
+
     list_display = ["name", "user", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["name", "user__username", "prefix"]
-    readonly_fields = ["user", "prefix", "key_hash", "scopes", "created_at", "last_used_at"]
+    fields = ["name", "user", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
         return False  # keys are created by their owner (page, API) or `manage.py createapikey`
 
-    @admin.action(description="Revoke selected keys")
+    def has_change_permission(self, request, obj=None):
+        return False  # the change form is read-only for everyone, superusers included
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    @admin.action(description="Revoke selected keys", permissions=["revoke"])
     def revoke(self, request, queryset):
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"{count} key(s) revoked.")
+        live = list(queryset.filter(revoked_at__isnull=True))
+        for key in live:
+            apikey_revoke(key=key)  # also forgets it in this process's cache of recent keys
+        self.message_user(request, f"{len(live)} key(s) revoked.")
 
 
 # --- the request log: read-only, filtered by time first ---------------------------------------

@@ -138,23 +138,25 @@ class EntryAdmin(admin.ModelAdmin):
             saved = services.entry_create(**data, author=request.user)
         obj.pk, obj.version = saved.pk, saved.version
 
-    @admin.action(description="Activate selected entries")
+    @admin.action(description="Activate selected entries", permissions=["change"])
     def activate(self, request, queryset):
         count = services.entries_set_active(ids=queryset.values_list("pk", flat=True), active=True)
         self.message_user(request, f"{count} entries activated.")
 
-    @admin.action(description="Deactivate selected entries")
+    @admin.action(description="Deactivate selected entries", permissions=["change"])
     def deactivate(self, request, queryset):
         count = services.entries_set_active(ids=queryset.values_list("pk", flat=True), active=False)
         self.message_user(request, f"{count} entries deactivated.")
 
-    @admin.action(description="Re-embed selected entries (in the background)")
+    @admin.action(description="Re-embed selected entries (in the background)", permissions=["change"])
     def reembed_selected(self, request, queryset):
         for entry_id, version in queryset.values_list("pk", "version"):
             entry_embed_task.delay(entry_id, version)
         self.message_user(request, f"{queryset.count()} entries queued for embedding.")
 
-    @admin.action(description="Re-embed the whole KB with the configured model (in the background)")
+    # Costly (every entry through the model) whatever the selection: for those who may edit entries.
+    @admin.action(description="Re-embed the whole KB with the configured model (in the background)",
+                  permissions=["change"])
     def reembed_everything(self, request, queryset):
         kb_reembed_task.delay()
         self.message_user(
@@ -170,6 +172,9 @@ class EntryAdmin(admin.ModelAdmin):
         return extra + super().get_urls()
 
     def try_view(self, request):
+        # It shows the entries, their scores and the passages a question would get: reading entries.
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         question = request.GET.get("q", "").strip()
         result = direct_answer(question, with_matches=True) if question else None
         context = {
@@ -184,6 +189,9 @@ class EntryAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/knowledge/entry/try.html", context)
 
     def import_view(self, request):
+        # A row whose question an entry already has updates that entry: an import adds and edits.
+        if not (self.has_add_permission(request) and self.has_change_permission(request)):
+            raise PermissionDenied
         form = ImportForm(request.POST or None, request.FILES or None)
         report = None
         if request.method == "POST" and form.is_valid():
@@ -238,6 +246,10 @@ class MissAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_make_entry_permission(self, request):
+        # It adds an entry and marks the misses it answers as resolved.
+        return self.has_change_permission(request) and request.user.has_perm("knowledge.add_entry")
+
     @admin.display(description="closest entry")
     def best_entry_link(self, obj):
         if obj.best_entry is None:
@@ -245,7 +257,7 @@ class MissAdmin(admin.ModelAdmin):
         url = reverse("admin:knowledge_entry_change", args=[obj.best_entry.pk])
         return format_html('<a href="{}">KB#{}</a>', url, obj.best_entry.pk)
 
-    @admin.action(description="Turn the generated answer into a KB entry")
+    @admin.action(description="Turn the generated answer into a KB entry", permissions=["make_entry"])
     def make_entry(self, request, queryset):
         created = []
         for miss in queryset:

@@ -4,7 +4,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.permissions import IsAdminUser
+from rest_framework.permissions import DjangoModelPermissions, IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -16,14 +16,28 @@ from knowledge.selectors import context_passages, direct_answer
 MAX_QUERY_CHARS = 2000
 
 
-class KBPermission(IsAdminUser):
-    """Staff users: by browser session, or by an API key that carries the `kb` scope."""
+class KBPermission(DjangoModelPermissions):
+    """Staff users holding the model's permission for the method, as the admin grants them:
+    reading (searching, answering) needs view, creating add, editing change, deleting delete.
+    By browser session, or by an API key that carries the `kb` scope (the key's user's
+    permissions apply)."""
+
+    model = Entry
+    _view = ["%(app_label)s.view_%(model_name)s"]
+    perms_map = {**DjangoModelPermissions.perms_map, "GET": _view, "HEAD": _view, "OPTIONS": _view}
 
     def has_permission(self, request, view):
-        if not super().has_permission(request, view):
+        if not IsAdminUser().has_permission(request, view):
             return False
         scopes = getattr(request.auth, "scopes", None)  # an API key (the chat app's), duck-typed
-        return scopes is None or "kb" in scopes
+        if scopes is not None and "kb" not in scopes:
+            self.message = "This API key lacks the kb scope."
+            return False
+        needed = self.get_required_permissions(request.method, self.model)
+        if not request.user.has_perms(needed):
+            self.message = f"This needs the {', '.join(needed)} permission."
+            return False
+        return True
 
 
 class EntrySerializer(serializers.ModelSerializer):

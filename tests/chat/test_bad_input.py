@@ -19,6 +19,7 @@ from django.test import Client
 
 from chat.models import ChatSession, Message
 from knowledge.models import Entry
+from tests.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -199,7 +200,7 @@ def test_the_chat_api_takes_html_and_script_as_text(asgi_server, alice_key, sess
 def curator_key(django_user_model):
     from chat.services import apikey_create
 
-    curator = django_user_model.objects.create_user("curator", password="pw-curator-123456", is_staff=True)
+    curator = staff_user("curator", verbs=EVERY_VERB)  # the KB API needs the entry model's permissions
     return apikey_create(user=curator, name="kb", scopes=["kb"])[1]
 
 

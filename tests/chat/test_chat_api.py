@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from chat.models import ApiKey, ChatSession, Message
 from chat.services import apikey_create
+from tests.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -164,7 +165,7 @@ def test_key_validation(api, alice):
 def test_scopes_gate_the_apis(alice, django_user_model, kb_staff_key=None):
     chat_only = apikey_create(user=alice, name="chat", scopes=["chat"])[1]
     assert APIClient(HTTP_AUTHORIZATION=f"Bearer {chat_only}").get("/api/kb/entries/").status_code == 403
-    curator = django_user_model.objects.create_user("curator", password="pw-123456789", is_staff=True)
+    curator = staff_user("curator", verbs=EVERY_VERB)  # the KB API needs the entry model's permissions
     kb_key = apikey_create(user=curator, name="kb", scopes=["kb"])[1]
     assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/kb/entries/").status_code == 200
     assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/chat/sessions/").status_code == 403

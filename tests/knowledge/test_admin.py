@@ -1,10 +1,15 @@
 import pytest
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.utils import timezone
 
 from knowledge.embeddings import embed_query
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model
 from knowledge.embeddings import spec_of
+from knowledge.services import entry_create
+from tests.personas import NO_DELETE, VIEW_ONLY, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -105,3 +110,98 @@ def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client,
 def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("user", password="pw-123456789"))
     assert client.get("/admin/knowledge/entry/try/", {"q": "x"}).status_code == 302
+
+
+# --- who may use the curation tools: Django's model permissions, action by action ----------------
+
+
+def client_of(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def shown_messages(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def _grouped_miss(question="Do you sell gift cards?", answer="Yes, from 10 to 200 euros.") -> Miss:
+    return Miss.objects.create(question=question, normalized=question.lower(), answer=answer, count=3,
+                               grouped_at=timezone.now())
+
+
+def test_a_view_only_curator_cannot_activate_deactivate_or_reembed_entries():
+    live = entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
+    idle = entry_create(question="What is QLoRA?", answer="LoRA on a 4-bit base.", active=False, embed="none")
+    viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
+    page = viewer.get("/admin/knowledge/entry/").content.decode()
+    assert "What is LoRA?" in page and "Deactivate selected entries" not in page and "Re-embed" not in page
+    for action in ("activate", "deactivate", "reembed_selected", "reembed_everything"):
+        # As if the form still offered it: the list again, and no word of it having run.
+        response = viewer.post("/admin/knowledge/entry/", {"action": action, "_selected_action": [live.pk, idle.pk]})
+        assert response.status_code == 200 and shown_messages(response) == [], action
+    assert Entry.objects.get(pk=live.pk).active and not Entry.objects.get(pk=idle.pk).active
+
+
+def test_a_curator_who_may_change_entries_deactivates_them():
+    entry = entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
+    curator = client_of(staff_user("editor", verbs=NO_DELETE))
+    response = curator.post("/admin/knowledge/entry/", {"action": "deactivate", "_selected_action": [entry.pk]})
+    assert shown_messages(response) == ["1 entries deactivated."]
+    assert not Entry.objects.get(pk=entry.pk).active
+
+
+def test_a_view_only_curator_cannot_turn_a_miss_into_an_entry():
+    miss = _grouped_miss()
+    viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
+    assert "Turn the generated answer into a KB entry" not in viewer.get("/admin/knowledge/miss/").content.decode()
+    response = viewer.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    assert response.status_code == 200 and shown_messages(response) == []
+    assert not Entry.objects.exists() and Miss.objects.get(pk=miss.pk).resolved_by is None
+
+
+def test_turning_a_miss_into_an_entry_needs_the_permission_to_add_entries():
+    miss = _grouped_miss()
+    triager = client_of(staff_user("triager", perms=("knowledge.view_miss", "knowledge.change_miss",
+                                                     "knowledge.view_entry", "knowledge.change_entry")))
+    assert "Turn the generated answer into a KB entry" not in triager.get("/admin/knowledge/miss/").content.decode()
+    response = triager.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    assert response.status_code == 200 and shown_messages(response) == []
+    assert not Entry.objects.exists()
+
+    curator = client_of(staff_user("editor", verbs=NO_DELETE))
+    response = curator.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    entry = Entry.objects.get(question="Do you sell gift cards?")
+    assert response.status_code == 302 and response["Location"].endswith(f"/entry/{entry.pk}/change/")
+
+
+def test_staff_without_permissions_cannot_import_entries(tmp_path):
+    upload = tmp_path / "kb.csv"
+    upload.write_text("question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
+                      encoding="utf-8")
+    bare = client_of(staff_user("bare"))
+    assert bare.get("/admin/knowledge/entry/import/").status_code == 403
+    with open(upload, "rb") as handle:
+        assert bare.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}).status_code == 403
+    assert not Entry.objects.exists()
+
+
+def test_importing_needs_the_permission_to_change_entries_as_well_as_to_add_them(tmp_path):
+    # An import updates the entry that already has a row's question: it is an edit as well.
+    entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="none")
+    upload = tmp_path / "kb.csv"
+    upload.write_text("question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
+                      encoding="utf-8")
+    adder = client_of(staff_user("adder", perms=("knowledge.view_entry", "knowledge.add_entry")))
+    with open(upload, "rb") as handle:
+        assert adder.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}).status_code == 403
+    assert Entry.objects.get().answer == "Refunds within 30 days."
+    page = adder.get("/admin/knowledge/entry/").content.decode()
+    assert "/admin/knowledge/entry/try/" in page
+
+
+def test_trying_a_question_needs_the_permission_to_view_entries():
+    entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="none")
+    assert client_of(staff_user("bare")).get("/admin/knowledge/entry/try/", {"q": "refund"}).status_code == 403
+    viewer = client_of(staff_user("viewer", perms=("knowledge.view_entry",)))
+    assert viewer.get("/admin/knowledge/entry/try/", {"q": "What is the refund policy?"}).status_code == 200

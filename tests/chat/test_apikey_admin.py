@@ -1,0 +1,59 @@
+"""API keys in the admin: listed for staff who may view them, revoked by those who may change
+them, and otherwise immutable: a revoked key never comes back, and a key keeps its name."""
+
+import pytest
+from django.contrib.messages import get_messages
+from django.test import Client
+
+from chat.models import ApiKey
+from chat.services import apikey_authenticate, apikey_create, apikey_revoke
+from tests.personas import NO_DELETE, VIEW_ONLY, staff_user
+
+pytestmark = pytest.mark.django_db
+
+
+def client_of(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def shown_messages(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def test_a_view_only_staff_user_cannot_revoke_another_users_key(alice):
+    key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
+    viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
+    page = viewer.get("/admin/chat/apikey/").content.decode()
+    assert "laptop" in page and "Revoke selected keys" not in page
+    response = viewer.post("/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    assert response.status_code == 200 and shown_messages(response) == []
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None
+    assert apikey_authenticate(raw) is not None
+
+
+def test_staff_who_may_change_keys_revoke_one_and_it_stops_working(alice):
+    key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
+    assert apikey_authenticate(raw) is not None  # now in this process's cache of recent keys
+    curator = client_of(staff_user("keeper", verbs=NO_DELETE))
+    response = curator.post("/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    assert shown_messages(response) == ["1 key(s) revoked."]
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
+    assert apikey_authenticate(raw) is None
+
+
+def test_a_revoked_key_cannot_be_brought_back_or_renamed_from_the_change_form(alice, admin_client):
+    key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
+    apikey_revoke(key=key)
+    revoked_at = ApiKey.objects.get(pk=key.pk).revoked_at
+    page = admin_client.get(f"/admin/chat/apikey/{key.pk}/change/").content.decode()
+    assert 'name="_save"' not in page and 'name="name"' not in page and 'name="revoked_at' not in page
+
+    response = admin_client.post(f"/admin/chat/apikey/{key.pk}/change/", {
+        "name": "other client", "revoked_at_0": "", "revoked_at_1": "", "user": alice.pk, "scopes": "chat,kb",
+    })
+    assert response.status_code == 403
+    key.refresh_from_db()
+    assert (key.name, key.revoked_at, key.scopes) == ("laptop", revoked_at, ["chat"])
+    assert apikey_authenticate(raw) is None
