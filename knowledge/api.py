@@ -23,8 +23,8 @@ class KBPermission(DjangoModelPermissions):
     permissions apply)."""
 
     model = Entry
-    _view = ["%(app_label)s.view_%(model_name)s"]
-    perms_map = {**DjangoModelPermissions.perms_map, "GET": _view, "HEAD": _view, "OPTIONS": _view}
+    VIEW = ["%(app_label)s.view_%(model_name)s"]
+    perms_map = {**DjangoModelPermissions.perms_map, "GET": VIEW, "HEAD": VIEW, "OPTIONS": VIEW}
 
     def has_permission(self, request, view):
         if not IsAdminUser().has_permission(request, view):

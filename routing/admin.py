@@ -4,6 +4,7 @@ from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path
 
@@ -105,6 +106,9 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             super().get_urls()
 
     def tester_view(self, request):
+        # It lists every rule's conditions, the KB's matches and the endpoints' failures: reading rules.
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         form = TesterForm(request.GET or None)
         result = None
         if request.GET and form.is_valid():
@@ -121,7 +125,9 @@ class RoutingRuleAdmin(admin.ModelAdmin):
 
 class TesterForm(forms.Form):
     text = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 80}))
-    user = forms.ModelChoiceField(queryset=get_user_model().objects.order_by("username"), required=False,
-                                  to_field_name="username")
+    # Typed, not picked from a list: the page would otherwise list every username.
+    user = forms.ModelChoiceField(queryset=get_user_model().objects.all(), required=False, to_field_name="username",
+                                  widget=forms.TextInput, help_text="A username: the rules see that user's groups.",
+                                  error_messages={"invalid_choice": "There is no user with this username."})
     client = forms.CharField(required=False, initial="web")
     model = forms.CharField(required=False, help_text="A model name from /v1/models forces that target.")

@@ -6,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from knowledge.api import KBPermission
+from routing.models import RoutingRule
 from routing.selectors import route_explain
 
 
@@ -22,12 +23,19 @@ class ExplainRequestSerializer(serializers.Serializer):
         return user
 
 
+class ExplainPermission(KBPermission):
+    """Reading the rules: the explanation lists every rule's conditions and the endpoints'
+    failures, and runs nothing, so its POST needs the rules' view permission only. As for the KB
+    API: a staff session, or a staff user's key with the `kb` scope (a chat key reaches chat only)."""
+
+    model = RoutingRule
+    perms_map = {**KBPermission.perms_map, "POST": KBPermission.VIEW}
+
+
 class ExplainView(APIView):
     """Why would this question take the road it takes? Nothing is generated."""
 
-    # Curation tooling: a staff session, or a staff user's key with the `kb` scope (not any key of
-    # a staff user: a chat key reaches chat only).
-    permission_classes = [KBPermission]
+    permission_classes = [ExplainPermission]
 
     @extend_schema(request=ExplainRequestSerializer,
                    responses=inline_serializer("Explanation", {
