@@ -8,6 +8,7 @@ import logging
 import time
 
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.contrib.auth import get_user_model
 
 from chat.auth import asocket_login_ended
 from chat.exceptions import ChatError
@@ -32,6 +33,12 @@ class OpsConsumer(JsonFramesConsumer):
     Client frames: {"type": "ping"}. Server frames: {"type": "hello"},
     {"type": "pong"}, {"type": "event", "kind": …, "data": {…}},
     {"type": "error", "code": …, "message": …}.
+
+    The socket outlives the login that opened it, so each event and each ping first checks that
+    the login still holds and is still staff's; if not, an error frame says why and the socket
+    closes with 4403, the code a socket opened without it gets. Events are state changes, few
+    enough that a check each (two lookups by primary key) costs less than a timer would, and no
+    event leaves once a demotion or a logout is committed.
     """
 
     async def connect(self):
@@ -39,6 +46,9 @@ class OpsConsumer(JsonFramesConsumer):
         if user is None or not user.is_authenticated or not user.is_staff:
             await self.close(code=4403)
             return
+        self.user = user
+        self.session_key = self.scope["session"].session_key
+        self.refused = False
         await self.channel_layer.group_add(OPS_GROUP, self.channel_name)
         await self.accept()
         await self._send({"type": "hello", "user": user.get_username()})
@@ -55,13 +65,32 @@ class OpsConsumer(JsonFramesConsumer):
         if not isinstance(frame, dict) or frame.get("type") != "ping":
             await self._error("unknown_type", 'The only client frame here is {"type": "ping"}.')
             return
-        await self._send({"type": "pong"})
+        if await self._login_holds():
+            await self._send({"type": "pong"})
 
     async def ops_event(self, event):
-        await self._send({"type": "event", "kind": event["kind"], "data": event["data"]})
+        if await self._login_holds():
+            await self._send({"type": "event", "kind": event["kind"], "data": event["data"]})
+
+    async def _login_holds(self) -> bool:
+        if self.refused:
+            return False  # closing: events queued before the close are dropped, not checked again
+        ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
+        if ended is None and not await db.run(_is_staff, self.user.pk):
+            ended = "not_staff", "This account is no longer staff: the operations feed is closed."
+        if ended is None:
+            return True
+        self.refused = True
+        await self._error(*ended)
+        await self.close(code=4403)
+        return False
 
     async def _error(self, code: str, message: str):
         await self._send({"type": "error", "code": code, "message": message})
+
+
+def _is_staff(user_id) -> bool:
+    return get_user_model().objects.filter(pk=user_id, is_staff=True).exists()
 
 
 class ChatConsumer(JsonFramesConsumer):
