@@ -6,6 +6,7 @@ The README's table lists every variable read here.
 """
 
 import os
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -179,6 +180,8 @@ CACHES = {
             # Request threads share one pool; in a burst a thread waits for a free connection
             # (up to REDIS_TIMEOUT) instead of failing with "too many connections".
             "pool_class": "redis.BlockingConnectionPool", "max_connections": 64, "timeout": REDIS_TIMEOUT,
+            # Not Django's pickles: a key written into Redis would run code here (core/cache.py).
+            "serializer": "core.cache.JSONSerializer",
         },
     }
 }
@@ -275,6 +278,12 @@ if LOCAL_VLLM_URL and not LOCAL_VLLM_MODEL:
     raise ImproperlyConfigured(
         "Environment variable LOCAL_VLLM_MODEL must name the served model when LOCAL_VLLM_URL is set."
     )
+# The variable holding the key that server requires (vLLM's --api-key / VLLM_API_KEY): `seed_demo`
+# makes it the `local` endpoint's key variable, so it must be one an endpoint may name.
+LOCAL_VLLM_KEY_ENV = env_str("LOCAL_VLLM_KEY_ENV", "")
+if LOCAL_VLLM_KEY_ENV and not re.fullmatch(rf"{re.escape(ENDPOINT_KEY_ENV_PREFIX)}[A-Za-z0-9_]+", LOCAL_VLLM_KEY_ENV):
+    raise ImproperlyConfigured(f"Environment variable LOCAL_VLLM_KEY_ENV must be a variable name starting with "
+                               f"{ENDPOINT_KEY_ENV_PREFIX}; got {LOCAL_VLLM_KEY_ENV!r}.")
 
 # --- Chat ---------------------------------------------------------------------------------------------
 

@@ -84,6 +84,8 @@ def demo_engine_ensure() -> EngineProcess | None:
             ModelEndpoint.objects.update_or_create(name="local", defaults=dict(
                 endpoint_defaults, kind=ModelEndpoint.Kind.VLLM, base_url=settings.LOCAL_VLLM_URL,
                 model=settings.LOCAL_VLLM_MODEL, context_window=settings.LOCAL_VLLM_CONTEXT,
+                # Unset: a key variable set in the admin stays.
+                **({"api_key_env": settings.LOCAL_VLLM_KEY_ENV} if settings.LOCAL_VLLM_KEY_ENV else {}),
             ))
             return None
         if settings.LOCAL_ENGINE == "cpu":

@@ -445,3 +445,189 @@ def test_the_gateway_runs_as_the_images_unprivileged_user():
         assert context.get("runAsUser", int(uid)) == int(uid)
     for name, service in compose_services(GATEWAY_IMAGE).items():
         assert str(service.get("user", uid)).partition(":")[0] not in ("0", "root"), f"{name} runs as root"
+
+
+# --- least privilege: keys, users, file systems, tokens, networks --------------------------------
+
+
+def k8s_workload(component: str) -> dict:
+    found = [w for w in k8s_workloads() if w["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+    assert len(found) == 1, f"deploy/k8s: expected one workload of component {component!r}"
+    return found[0]
+
+
+def pod_labels(workload: dict) -> dict:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a label selector (matchLabels and matchExpressions) selects these labels."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        value, operator = labels.get(expression["key"]), expression["operator"]
+        if operator == "In" and value not in expression["values"]:
+            return False
+        if operator == "NotIn" and value in expression["values"]:
+            return False
+        if operator == "Exists" and expression["key"] not in labels:
+            return False
+        if operator == "DoesNotExist" and expression["key"] in labels:
+            return False
+    return True
+
+
+def admitted_from(workload: dict) -> list[dict]:
+    """The ingress rules of every NetworkPolicy that selects this workload's pods."""
+    rules = []
+    for policy in k8s_resources("NetworkPolicy"):
+        if selects(policy["spec"]["podSelector"], pod_labels(workload)) and "Ingress" in policy["spec"]["policyTypes"]:
+            rules += policy["spec"].get("ingress", [])
+    return rules
+
+
+def test_vllm_requires_an_api_key_and_the_gateway_sends_it():
+    # vLLM reads its key from VLLM_API_KEY (or --api-key); without one, anything that reaches its
+    # port generates on the GPU and loads or unloads adapters.
+    _, vllm = k8s_container(VLLM_IMAGE, "serve")
+    key = k8s_environment(vllm).get("VLLM_API_KEY", {}).get("valueFrom", {}).get("secretKeyRef")
+    assert key and not key.get("optional"), "deploy/k8s vllm: VLLM_API_KEY does not come from a required Secret"
+    for component in ("web", "worker"):
+        container = pod_spec(k8s_workload(component))["containers"][0]
+        variables = k8s_environment(container)
+        name = variables.get("LOCAL_VLLM_KEY_ENV", {}).get("value")
+        assert name and name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), (
+            f"deploy/k8s {component}: LOCAL_VLLM_KEY_ENV must name a {settings.ENDPOINT_KEY_ENV_PREFIX}* variable")
+        sent = variables.get(name, {}).get("valueFrom", {}).get("secretKeyRef", {})
+        assert (sent.get("name"), sent.get("key")) == (key["name"], key["key"]), (
+            f"deploy/k8s {component}: {name} is not vLLM's key")
+
+    _, service = compose_service(VLLM_IMAGE, "serve")
+    key = str(service.get("environment", {}).get("VLLM_API_KEY", ""))
+    assert INTERPOLATION.fullmatch(key) and ":?" in key, "docker-compose.yml vllm: VLLM_API_KEY is not required"
+    for word in ("config.web", "worker"):
+        name_, gateway = compose_service(GATEWAY_IMAGE, word)
+        environment = gateway["environment"]
+        name = environment.get("LOCAL_VLLM_KEY_ENV", "")
+        assert name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), f"docker-compose.yml {name_}: no LOCAL_VLLM_KEY_ENV"
+        assert str(environment.get(name, "")).split(":", 1)[0] == key.split(":", 1)[0], (
+            f"docker-compose.yml {name_}: {name} is not vLLM's key")
+
+
+def test_vllm_runs_as_an_unprivileged_user():
+    workload, container = k8s_container(VLLM_IMAGE, "serve")
+    context = {**pod_spec(workload).get("securityContext", {}), **container.get("securityContext", {})}
+    assert context.get("runAsNonRoot") is True and context.get("runAsUser", 0) != 0, context
+    # Python and torch look the user up by name unless USER says it (getpass.getuser()).
+    assert "USER" in k8s_environment(container)
+    _, service = compose_service(VLLM_IMAGE, "serve")
+    assert str(service.get("user", "0")).partition(":")[0] not in ("0", "root"), "docker-compose.yml vllm runs as root"
+    assert service.get("ipc") != "host", "docker-compose.yml vllm shares the host's IPC namespace"
+
+
+def test_no_container_can_gain_privileges_or_write_its_image():
+    for workload in k8s_workloads():
+        spec, name = pod_spec(workload), workload["metadata"]["name"]
+        mounts_of = {volume["name"]: volume for volume in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            context = container.get("securityContext", {})
+            assert context.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation not false"
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities not dropped"
+            assert context.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem not set"
+            mounts = {mount["mountPath"]: mounts_of[mount["name"]] for mount in container.get("volumeMounts", [])}
+            # Python's temporary files (uploads, Celery) need a writable /tmp of the pod's own.
+            assert "emptyDir" in mounts.get("/tmp", {}), f"{name}: no emptyDir at /tmp"
+    for name, service in {**compose_services(GATEWAY_IMAGE), **compose_services(VLLM_IMAGE)}.items():
+        assert service.get("read_only") is True, f"docker-compose.yml {name}: read_only not set"
+        assert "/tmp" in [entry.split(":")[0] for entry in service.get("tmpfs", [])], f"{name}: no tmpfs at /tmp"
+        assert service.get("cap_drop") == ["ALL"], f"docker-compose.yml {name}: capabilities not dropped"
+        assert "no-new-privileges:true" in service.get("security_opt", []), f"docker-compose.yml {name}: no-new-privileges"
+
+
+def test_no_pod_gets_a_service_account_token():
+    # Nothing here talks to the Kubernetes API; a token in the pod is a credential for whoever gets in.
+    for workload in k8s_workloads():
+        assert pod_spec(workload).get("automountServiceAccountToken") is False, (
+            f"{workload['metadata']['name']}: automountServiceAccountToken not false")
+
+
+def test_network_policies_deny_ingress_but_to_the_web_and_vllm_only_from_the_gateway():
+    policies = k8s_resources("NetworkPolicy")
+    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
+               for p in policies), "deploy/k8s: no NetworkPolicy denies ingress to every pod by default"
+    gateway = {component: k8s_workload(component) for component in ("web", "worker", "beat", "migrate")}
+    vllm = k8s_workload("vllm")
+
+    # vLLM: its port, and only from the web and the worker.
+    rules = admitted_from(vllm)
+    assert rules, "deploy/k8s: nothing may reach vllm"
+    for rule in rules:
+        sources = rule.get("from")
+        assert sources and all(set(source) == {"podSelector"} for source in sources), f"vllm admits {rule}"
+        admitted = {c for c, w in {**gateway, "vllm": vllm}.items()
+                    if any(selects(source["podSelector"], pod_labels(w)) for source in sources)}
+        assert admitted == {"web", "worker"}, f"vllm admits {sorted(admitted)}"
+    # The web: its own port (from the ingress controller), nothing else.
+    web_port = pod_spec(gateway["web"])["containers"][0]["ports"][0]
+    assert admitted_from(gateway["web"]) and all(
+        [port.get("port") for port in rule.get("ports", [{}])] in ([web_port["name"]], [web_port["containerPort"]])
+        for rule in admitted_from(gateway["web"])), "the web admits more than its port"
+    for component in ("worker", "beat", "migrate"):
+        assert not admitted_from(gateway[component]), f"deploy/k8s: {component} admits connections"
+
+    # PostgreSQL and Redis are outside the manifests: vLLM's pods may not reach them (or anything
+    # but DNS and HTTPS for the weights), so a compromised engine cannot read the queues.
+    egress = [p for p in policies if "Egress" in p["spec"]["policyTypes"]
+              and selects(p["spec"]["podSelector"], pod_labels(vllm))]
+    assert egress, "deploy/k8s: vllm's egress is not limited"
+    ports = {port["port"] for policy in egress for rule in policy["spec"].get("egress", [])
+             for port in rule.get("ports") or [{"port": "any"}]}
+    assert ports <= {53, 443}, f"vllm may connect to ports {ports}"
+
+
+def test_compose_networks_keep_the_data_and_the_engine_to_the_gateway():
+    services = compose()["services"]
+    networks = compose().get("networks", {})
+
+    def on(service: str) -> set[str]:
+        return set(services[service].get("networks") or ["default"])
+
+    gateway = set(compose_services(GATEWAY_IMAGE))
+    vllm_name, _ = compose_service(VLLM_IMAGE, "serve")
+    web, _ = compose_service(GATEWAY_IMAGE, "config.web")
+    worker, _ = compose_service(GATEWAY_IMAGE, "worker")
+    for data in ("db", "redis"):
+        for network in on(data):
+            members = {name for name in services if network in on(name)} - {data, "db", "redis"}
+            assert members <= gateway, f"{data} shares network {network} with {sorted(members - gateway)}"
+            assert networks.get(network, {}).get("internal") is True, f"network {network} of {data} is not internal"
+    for network in on(vllm_name):
+        members = {name for name in services if network in on(name)} - {vllm_name}
+        assert members <= {web, worker}, f"vllm shares network {network} with {sorted(members - {web, worker})}"
+
+
+def test_redis_requires_a_password_and_every_gateway_process_sends_it():
+    # The Django cache, the broker's queues and the Channels layer live there: who can write to
+    # Redis can run tasks and steer every process.
+    configs = compose().get("configs", {})
+    service = compose()["services"]["redis"]
+    mounted = [configs[entry["source"] if isinstance(entry, dict) else entry]["content"]
+               for entry in service.get("configs", [])]
+    assert any(re.search(r"^requirepass \$\{REDIS_PASSWORD[:?}]", text, re.M) for text in mounted), (
+        "docker-compose.yml redis: no requirepass from REDIS_PASSWORD")
+    assert "requirepass" not in " ".join(command_words(service)), "the password would show in the process list"
+    for name, gateway in compose_services(GATEWAY_IMAGE).items():
+        url = str(gateway["environment"].get("REDIS_URL", ""))
+        assert re.match(r"^rediss?://:\$\{REDIS_PASSWORD[^}]*\}@", url), f"docker-compose.yml {name}: REDIS_URL {url}"
+    for workload, container in k8s_containers(GATEWAY_IMAGE):
+        assert "secretKeyRef" in k8s_environment(container)["REDIS_URL"].get("valueFrom", {}), (
+            f"deploy/k8s {workload['metadata']['name']}: REDIS_URL not from the Secret")
+
+
+def test_the_web_takes_the_clients_address_from_the_proxy():
+    # The login throttle counts failures per client address: behind the proxy without this, every
+    # client would share the proxy's address and one guesser would lock everyone out.
+    _, container = k8s_container(GATEWAY_IMAGE, "config.web")
+    assert "--proxy-headers" in container["args"]
+    _, service = compose_service(GATEWAY_IMAGE, "config.web")
+    assert "--proxy-headers" in command_words(service)

@@ -89,3 +89,16 @@ def test_switching_engines_parks_the_other_one_and_switching_back_restores_it(se
     assert cpu.endpoint.name == "local" and cpu.endpoint.kind == "cpu" and cpu.desired_state == "running"
     assert (vllm.endpoint.name, vllm.endpoint.active, vllm.desired_state) == ("local-vllm", False, "stopped")
     assert ModelEndpoint.objects.get(name="local").base_url == f"http://127.0.0.1:{settings.CPU_ENGINE_PORT}/v1"
+
+
+@pytest.mark.django_db
+def test_the_local_vllm_endpoint_sends_the_key_the_server_requires(settings, monkeypatch):
+    from inference_ops.client import EndpointConfig
+
+    settings.LOCAL_VLLM_URL, settings.LOCAL_VLLM_MODEL = "http://vllm:8000/v1", "base"
+    settings.LOCAL_VLLM_KEY_ENV = "GW_KEY_VLLM"
+    monkeypatch.setenv("GW_KEY_VLLM", "sk-vllm")
+    demo.demo_engine_ensure()
+    local = ModelEndpoint.objects.get(name="local")
+    assert local.api_key_env == "GW_KEY_VLLM"
+    assert EndpointConfig.from_endpoint(local).api_key == "sk-vllm"
