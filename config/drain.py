@@ -31,8 +31,10 @@ logger = logging.getLogger(__name__)
 # chat.turns and Django's settings are imported where they are used: the settings module imports
 # this one (drain_seconds), before any app is loaded.
 
-# After turns_end, how long the ended turns have to send their last event and store themselves.
-ENDING_GRACE = 3.0
+# After turns_end, how long the ended turns have to send their last event and store themselves:
+# a database write and a few bytes, but on a loaded machine (the suite beside other work) the
+# database thread can wait seconds for a core. Within config.web's STOP_GRACE, which follows it.
+ENDING_GRACE = 5.0
 
 draining = False
 _requests: set[asyncio.Task] = set()  # the HTTP requests in flight
@@ -107,7 +109,10 @@ async def _drain(reactor, name: str) -> None:
             ended = turns.turns_end()
             logger.warning("pid %d: %d turn(s) still running after %.1f s: ended as shutdown", os.getpid(),
                            len(ended), loop.time() - started)
-            await _settled(until=loop.time() + ENDING_GRACE, cut=None)
+            if not await _settled(until=loop.time() + ENDING_GRACE, cut=None):
+                # Their clients get no last event: the stop below closes their connections.
+                logger.warning("pid %d: %d request(s) still running %g s after the end; stopping anyway",
+                               os.getpid(), len(_busy()), ENDING_GRACE)
         logger.info("pid %d: drained in %.1f s; stopping", os.getpid(), loop.time() - started)
     except Exception:
         logger.exception("pid %d: the drain failed; stopping", os.getpid())

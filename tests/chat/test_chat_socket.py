@@ -79,8 +79,12 @@ async def test_a_generated_answer_streams_and_continues_the_same_session(alice, 
                                "content": "Tell me a long story about the sea and its lighthouses"})
     frames = await frames_until_end(socket)
     tokens = [f for f in frames if f["type"] == "token"]
-    assert frames[1]["road"] == "local" and len(tokens) > 3 and frames[-1]["type"] == "done"
-    assert frames[-1]["ttft_ms"] > 0 and frames[-1]["usage"]["completion_tokens"] == len(tokens)
+    assert frames[1]["road"] == "local" and tokens and frames[-1]["type"] == "done"
+    # Tokens that arrive together go out in one frame (under load they do): what the user reads is
+    # the text of the frames, which is the answer stored, and the usage counts the engine's tokens.
+    answer = await Message.objects.aget(pk=frames[-1]["message_id"])
+    assert "".join(f["text"] for f in tokens) == answer.content != ""
+    assert frames[-1]["ttft_ms"] > 0 and frames[-1]["usage"]["completion_tokens"] >= len(tokens)
     session_id = frames[0]["id"]
     await socket.send_json_to({"type": "message", "session": session_id, "content": "And then what happened?"})
     again = await frames_until_end(socket)
