@@ -563,7 +563,7 @@ async def test_a_client_that_disconnects_frees_its_slot_at_once(paced_simulator)
         running = sample(await metrics(paced_simulator), "vllm:num_requests_running", model_name="acme/paced")
         assert running == 1
         await stream.close()
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 10  # a wait, not a target: on a loaded machine the abort comes later
         while running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
             after = await metrics(paced_simulator)
