@@ -409,8 +409,9 @@ def _action_outcome(client, label: str, action: str, pk) -> str:
     if response.status_code == 403:
         return NO
     said = [str(m) for m in get_messages(response.wsgi_request) if str(m) != "No action selected."]
+    rendered = [template.name for template in response.templates]
     listed_again = ((response.status_code == 302 and response["Location"] == url)
-                    or (response.status_code == 200 and "admin/change_list.html" in [t.name for t in response.templates]))
+                    or (response.status_code == 200 and "admin/change_list.html" in rendered))
     return NO if listed_again and not said else RAN
 
 

@@ -76,7 +76,8 @@ def test_a_kb_key_carries_its_users_permissions_and_a_chat_key_reaches_nothing(e
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {apikey_create(user=viewer, name='curation', scopes=['kb'])[1]}")
     assert client.get("/api/kb/entries/").status_code == 200
     response = client.post("/api/kb/entries/", NEW, format="json")
-    assert response.status_code == 403 and response.json()["error"]["message"] == "This needs the knowledge.add_entry permission."
+    assert response.status_code == 403
+    assert response.json()["error"]["message"] == "This needs the knowledge.add_entry permission."
 
     curator = staff_user("curator", verbs=EVERY_VERB)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {apikey_create(user=curator, name='laptop', scopes=['chat'])[1]}")
