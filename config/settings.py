@@ -559,6 +559,9 @@ if KB_MISS_BUFFER_ROWS < KB_MISS_FLUSH_ROWS:
 # --- Health --------------------------------------------------------------------------------------
 
 READYZ_TIMEOUT = env_float("READYZ_TIMEOUT", 1.0, minimum=0.05)
+# A process checks its dependencies at most this often and answers the probes in between with that
+# verdict: anyone may call /readyz, and each check is a query, a Redis round trip and a Celery ping.
+READYZ_CACHE_SECONDS = env_float("READYZ_CACHE_SECONDS", 3.0, minimum=0.0)
 # Each web process loads the embedding model, the routing rules and its connections before it
 # listens (config.warmup), instead of inside its first request.
 WEB_WARMUP = env_bool("WEB_WARMUP", True)

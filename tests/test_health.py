@@ -7,6 +7,15 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _every_probe_checks(settings):
+    """These tests change what the checks reach between probes: no verdict is reused."""
+    from config import health
+
+    settings.READYZ_CACHE_SECONDS = 0
+    health.verdict_forget()
+
+
 def test_healthz_answers_without_touching_dependencies(client, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # even with Redis unreachable
     response = client.get("/healthz")
@@ -103,3 +112,92 @@ def test_readyz_names_the_database_when_postgres_refuses(child_env):
     assert body["checks"]["redis"]["ok"] is True
     assert "127.0.0.1" not in json.dumps(body) and "postgres" not in json.dumps(body)
     assert "database" in result.stderr and "127.0.0.1" in result.stderr  # the detail is in the log
+
+
+# --- a probe that anyone may call is not an amplifier ----------------------------------------------------
+
+METRICS_TOKEN = "scrape-token-for-the-health-tests-0123"
+
+
+@pytest.fixture
+def fresh_verdict(settings):
+    """Each test starts with no verdict from an earlier one, its window a long one."""
+    from config import health
+
+    settings.READYZ_CACHE_SECONDS = 3600
+    settings.METRICS_TOKEN = METRICS_TOKEN
+    health.verdict_forget()
+    yield
+    health.verdict_forget()
+
+
+def _checks_run(scrape: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(scrape)
+               for sample in family.samples if sample.name == "gateway_readyz_checks_total")
+
+
+def _scrape(client) -> str:
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_many_probes_within_the_window_run_the_checks_once(client, fresh_verdict, celery_worker):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    before = _checks_run(_scrape(client))
+    with CaptureQueriesContext(connection) as queries:
+        answers = [client.get("/readyz") for _ in range(10)]
+
+    assert [answer.status_code for answer in answers] == [200] * 10
+    assert len([q for q in queries if "pg_extension" in q["sql"]]) == 1
+    assert _checks_run(_scrape(client)) - before == 1
+    # Each answer says how old its verdict is.
+    assert all(answer.json()["age"] >= 0 for answer in answers)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_probes_arriving_together_share_one_check(fresh_verdict, celery_worker):
+    import asyncio
+
+    from django.test import AsyncClient
+
+    client = AsyncClient()
+
+    async def scrape() -> str:
+        response = await client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        return response.content.decode()
+
+    before = _checks_run(await scrape())
+    answers = await asyncio.gather(*(client.get("/readyz") for _ in range(20)))
+
+    assert {answer.status_code for answer in answers} == {200}
+    assert _checks_run(await scrape()) - before == 1
+
+
+def test_after_the_window_the_next_probe_checks_again(client, fresh_verdict, settings, celery_worker):
+    settings.READYZ_CACHE_SECONDS = 0
+    before = _checks_run(_scrape(client))
+    for _ in range(3):
+        client.get("/readyz")
+    assert _checks_run(_scrape(client)) - before == 3
+
+
+def test_the_redis_check_keeps_its_connection(client, fresh_verdict, settings, celery_worker):
+    import redis as redis_client
+
+    settings.READYZ_CACHE_SECONDS = 0
+    name = f"{settings.REDIS_KEY_PREFIX}:readyz"
+    server = redis_client.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+
+    def connections() -> list[int]:
+        return [entry["id"] for entry in server.client_list() if entry.get("name") == name]
+
+    client.get("/readyz")
+    first = connections()
+    for _ in range(3):
+        client.get("/readyz")
+    assert len(first) == 1 and connections() == first
