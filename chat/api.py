@@ -160,10 +160,13 @@ class MessageStreamView(APIView):
         # Validate and count before the stream starts, so bad input is a plain 4xx, not an event.
         content = services.message_validate(data.validated_data["content"])
         turn_admit()
-        services.rate_limit_hit(user_id=request.user.pk)
+        # The turn gives the slot back; a stream never started (the client gone before its first
+        # byte) leaves it to its lease.
+        slot = services.question_admit(user_id=request.user.pk)
         turn = run_turn(user=request.user, content=content, session_id=pk,
                         client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
-                        temperature=data.validated_data.get("temperature"), admitted=True, **_logged_as(request))
+                        temperature=data.validated_data.get("temperature"), admitted=True, slot=slot,
+                        **_logged_as(request))
         response = StreamingHttpResponse(_sse(turn), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

@@ -28,6 +28,12 @@ class RateLimited(ChatError):
         super().__init__(message)
 
 
+class TooManyStreams(RateLimited):
+    """The user already has CHAT_MAX_STREAMS_PER_USER answers in progress."""
+
+    code = "too_many_streams"
+
+
 class ApiKeyInvalid(ChatError):
     code = "invalid_api_key"
 

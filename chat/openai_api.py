@@ -258,8 +258,9 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
                 return _pipeline_error(event)
             route = event
             break
-    except RateLimited as exc:
-        return _error(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)})
+    except RateLimited as exc:  # too many questions, or too many answers at once (TooManyStreams)
+        code = "rate_limit_exceeded" if exc.code == RateLimited.code else exc.code
+        return _error(429, str(exc), code=code, headers={"Retry-After": str(exc.retry_after)})
     except MessageTooLarge as exc:
         return _error(413, str(exc), code="message_too_large", param="messages")
     except SessionNotFound as exc:

@@ -14,11 +14,13 @@ from django.db import connection
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from chat.exceptions import ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound
+from chat.exceptions import (ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound,
+                             TooManyStreams)
 from chat.models import ApiKey, ChatSession, Message
 from core import db
 from core import rawsql
 from core import redis as core_redis
+from core import slots
 from core.flight import SingleFlight
 from core.text import text_problem
 
@@ -81,35 +83,83 @@ def _rate_window(user_id: int) -> tuple[str, int, int]:
     return f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}", window, window - now % window
 
 
-def _rate_check(count: int, retry_after: int) -> None:
-    if count > settings.CHAT_RATE_LIMIT:
-        raise RateLimited(
-            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} per {settings.CHAT_RATE_WINDOW} s. "
-            f"Try again in {retry_after} s.",
-            retry_after=retry_after,
-        )
+# A stream usually ends within seconds: come back soon rather than after the slots' lease.
+STREAMS_RETRY_AFTER = 2
 
 
-def _rate_count(client, user_id: int):
-    """The window's counter created with its expiry if missing, then counted: one round trip.
-    Returns the pipeline to execute (blocking or async, as `client` is) and the retry delay."""
+@dataclass(frozen=True)
+class StreamSlot:
+    """One of a user's answers in flight (core.slots), held from the turn's start to its end."""
+
+    key: str
+    holder: str
+
+
+def _admission(client, user_id: int):
+    """One round trip's commands: the rate window's counter (created with its expiry if missing,
+    then counted) and one of the user's stream slots. Returns the pipeline to execute (blocking or
+    async, as `client` is), the rate limit's retry delay and the slot it tries to take."""
     key, window, retry_after = _rate_window(user_id)
     pipe = client.pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
     pipe.incr(key)
-    return pipe, retry_after
+    # The slot's lease: a turn still streaming after this long belongs to a process that died.
+    slot = StreamSlot(key=f"{settings.REDIS_KEY_PREFIX}:chat:streams:{user_id}", holder=slots.holder())
+    slots.take(pipe, key=slot.key, holder=slot.holder, limit=settings.CHAT_MAX_STREAMS_PER_USER,
+               lease=settings.CHAT_STALE_STREAMING_AFTER)
+    return pipe, retry_after, slot
 
 
-def rate_limit_hit(*, user_id: int) -> None:
-    """A fixed window per user in Redis, shared by every process. Raises RateLimited when over."""
-    pipe, retry_after = _rate_count(core_redis.client(), user_id)
-    _rate_check(pipe.execute()[1], retry_after)
+def _refusal(count: int, taken: int, retry_after: int) -> RateLimited | None:
+    if count > settings.CHAT_RATE_LIMIT:
+        return RateLimited(
+            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} per {settings.CHAT_RATE_WINDOW} s. "
+            f"Try again in {retry_after} s.",
+            retry_after=retry_after,
+        )
+    if not taken:
+        return TooManyStreams(
+            f"Too many answers at once: at most {settings.CHAT_MAX_STREAMS_PER_USER} may be in progress per "
+            f"user. Try again when one has finished.",
+            retry_after=STREAMS_RETRY_AFTER,
+        )
+    return None
 
 
-async def arate_limit_hit(*, user_id: int) -> None:
-    """rate_limit_hit on the event loop."""
-    pipe, retry_after = _rate_count(core_redis.aclient(), user_id)
-    _rate_check((await pipe.execute())[1], retry_after)
+def question_admit(*, user_id: int) -> StreamSlot:
+    """Count the question against the user's rate limit (a fixed window) and take one of the user's
+    CHAT_MAX_STREAMS_PER_USER stream slots, both in Redis, shared by every process: one round trip.
+    Raises RateLimited or TooManyStreams when over. The slot goes back with `astream_slot_release`
+    at the turn's end (chat.turns does it), or by itself when its lease ends."""
+    client = core_redis.client()
+    pipe, retry_after, slot = _admission(client, user_id)
+    _, count, taken = pipe.execute()
+    if (refused := _refusal(count, taken, retry_after)) is not None:
+        if taken:
+            slots.give_back(client, key=slot.key, holder=slot.holder)
+        raise refused
+    return slot
+
+
+async def aquestion_admit(*, user_id: int) -> StreamSlot:
+    """question_admit on the event loop."""
+    client = core_redis.aclient()
+    pipe, retry_after, slot = _admission(client, user_id)
+    _, count, taken = await pipe.execute()
+    if (refused := _refusal(count, taken, retry_after)) is not None:
+        if taken:
+            await slots.give_back(client, key=slot.key, holder=slot.holder)
+        raise refused
+    return slot
+
+
+async def astream_slot_release(*, slot: StreamSlot) -> None:
+    """Give the slot back: one round trip. Never raises: a slot Redis did not hear back about
+    ends with its lease, and the answer it counted is over either way."""
+    try:
+        await slots.give_back(core_redis.aclient(), key=slot.key, holder=slot.holder)
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.warning("could not give back a stream slot of %s", slot.key, exc_info=True)
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,14 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
                    temperature: float | None = None, ignore_eos: bool = False, history: list[dict] | None = None,
                    groups: frozenset[str] | None = None, system: str = "",
                    admitted: bool = False, interface: str = RequestLog.Interface.WEB, api_key_id: int | None = None,
-                   arrived: float | None = None, store: bool = True) -> AsyncIterator[pipeline.Event]:
-    """Validate, rate-limit, persist, answer. Raises ChatError subclasses before anything is stored.
-    `admitted=True`: the caller already validated `content` (`services.message_validate`, whose
-    result it passes) and counted the question against the user's limit.
+                   arrived: float | None = None, store: bool = True,
+                   slot: services.StreamSlot | None = None) -> AsyncIterator[pipeline.Event]:
+    """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
+    anything is stored. `admitted=True`: the caller already validated `content`
+    (`services.message_validate`, whose result it passes) and admitted the question
+    (`services.question_admit`), whose stream slot it passes as `slot`: the turn gives it back.
+    The slot goes back before the last event is yielded: a client that starts its next question
+    as soon as it hears the end finds it free.
 
     With `history` and `groups` given (the /v1 API: the client sends the conversation, the key
     lookup brought the user's groups), the answer needs nothing from the turn's rows, so it
@@ -112,19 +116,8 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     (`Done.overhead_ms`) count from there."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
-    turn_admit()
     task = asyncio.current_task()
-    _running.add(task)
     arrived = time.monotonic() if arrived is None else arrived
-    if not admitted:
-        content = services.message_validate(content)
-
-    # The turn's start: the rate limit (one Redis round trip, on the loop) and one statement (on
-    # the loop inside core.db.unbound, as /v1 and the socket run; in the request's thread elsewhere).
-    if not admitted:
-        await services.arate_limit_hit(user_id=user.pk)
-    starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
-                                    history=history) if store else None
 
     def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
         return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
@@ -133,20 +126,37 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
 
     first: asyncio.Future | None = None
     start: services.TurnStart | None = None
-    if history is not None and groups is not None:
-        answer = pipeline.answer(request_for(history, groups))
-        if starting is not None:
-            first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
-            try:
-                start = await starting
-            except BaseException:
-                await _abandon(first, answer)
-                raise
-    else:
-        start = await starting
-        answer = pipeline.answer(request_for(start.history, start.groups))
-    if start is not None:
-        yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
+    try:
+        turn_admit()
+        _running.add(task)
+        if not admitted:
+            content = services.message_validate(content)
+            # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop) and
+            # one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
+            # request's thread elsewhere).
+            slot = await services.aquestion_admit(user_id=user.pk)
+        starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
+                                        history=history) if store else None
+        if history is not None and groups is not None:
+            answer = pipeline.answer(request_for(history, groups))
+            if starting is not None:
+                first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
+                try:
+                    start = await starting
+                except BaseException:
+                    await _abandon(first, answer)
+                    raise
+        else:
+            start = await starting
+            answer = pipeline.answer(request_for(start.history, start.groups))
+        if start is not None:
+            yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
+    except BaseException:
+        # Refused (draining, no such session), failed or abandoned before the answer began: nothing
+        # to save, but a slot to give back.
+        if slot is not None:
+            await asyncio.shield(services.astream_slot_release(slot=slot))
+        raise
 
     parts: list[str] = []
     route = None
@@ -155,7 +165,7 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     metrics.request_started(interface)
 
     async def save(final: pipeline.Event | None, cancelled: bool) -> None:
-        nonlocal saved
+        nonlocal saved, slot
         saved = True
         if cancelled and _ending:
             # Cut by the process's end, not by the user, even where its last event could not be sent.
@@ -171,12 +181,18 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             done=done, error=error)
         request_note(record)
         metrics.request_ended(record)
-        if start is None:
-            return
-        fields = {"message_id": start.assistant_id, "status": status, "content": "".join(parts), "route": route,
-                  "done": done, "error": error}
-        # Shielded: the row must be written even while this task is being cancelled.
-        await asyncio.shield(services.aturn_finish(**fields))
+        ending = []
+        if start is not None:
+            ending.append(services.aturn_finish(message_id=start.assistant_id, status=status, content="".join(parts),
+                                                route=route, done=done, error=error))
+        if slot is not None:
+            ending.append(services.astream_slot_release(slot=slot))  # beside the row's write, not after it
+            slot = None
+        # Shielded: the row must be written and the slot given back even while this task is being cancelled.
+        if len(ending) == 1:
+            await asyncio.shield(ending[0])
+        elif ending:
+            await asyncio.shield(asyncio.gather(*ending))
 
     try:
         pending = first  # the first event, when the pipeline started before the rows were in

@@ -226,6 +226,14 @@ ROUTING_KV_WEIGHT = env_float("ROUTING_KV_WEIGHT", 4.0, minimum=0.0)  # a full K
 ROUTING_AFFINITY_SLACK = env_float("ROUTING_AFFINITY_SLACK", 2.0, minimum=0.0)
 ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)
 ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=1)
+# The most max_tokens a client may have under a rule that sets none (it asks for more: it gets this).
+# A rule's own max_tokens is its ceiling instead: the operator's cap on what a model may spend.
+ROUTING_MAX_TOKENS_CEILING = env_int("ROUTING_MAX_TOKENS_CEILING", max(4096, ROUTING_DEFAULT_MAX_TOKENS), minimum=1)
+if ROUTING_MAX_TOKENS_CEILING < ROUTING_DEFAULT_MAX_TOKENS:
+    raise ImproperlyConfigured(
+        f"Environment variable ROUTING_MAX_TOKENS_CEILING ({ROUTING_MAX_TOKENS_CEILING}) must be at least "
+        f"ROUTING_DEFAULT_MAX_TOKENS ({ROUTING_DEFAULT_MAX_TOKENS}): the default answer length is under the ceiling."
+    )
 ROUTING_KB_NO_ANSWER = env_str(
     "ROUTING_KB_NO_ANSWER", "Sorry, the knowledge base has no answer to that question yet."
 )
@@ -290,6 +298,8 @@ if LOCAL_VLLM_KEY_ENV and not re.fullmatch(rf"{re.escape(ENDPOINT_KEY_ENV_PREFIX
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16000, minimum=100)  # longer: 413
 CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per user per window
 CHAT_RATE_WINDOW = env_int("CHAT_RATE_WINDOW", 60, minimum=1)  # seconds
+# Answers one user may have in progress at once, on every interface and process together (more: 429).
+CHAT_MAX_STREAMS_PER_USER = env_int("CHAT_MAX_STREAMS_PER_USER", 8, minimum=1)
 CHAT_HISTORY_TURNS = env_int("CHAT_HISTORY_TURNS", 20, minimum=0)  # earlier messages sent as context
 # A found API key is trusted this long by each process without a database lookup (0: every call).
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)

@@ -234,7 +234,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                     started: float, *, why: str, rng: random.Random,
                     direct: DirectAnswer | None = None) -> AsyncIterator[Event]:
     rule_name = rule.name if rule else None
-    max_tokens = request.max_tokens or (rule.max_tokens if rule else None) or settings.ROUTING_DEFAULT_MAX_TOKENS
+    max_tokens = answer_budget(request.max_tokens, rule)
     temperature = request.temperature if request.temperature is not None else (rule.temperature if rule else None)
     passages = []
     if rule is not None and rule.use_kb_context:
@@ -344,6 +344,17 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                 message="No target could answer: " + "; ".join(attempts),
                 retryable=last_error.retryable if last_error else True, rule=rule_name,
                 retry_after=await _soonest(skipped), kb=kb, fell_back_from=tuple(passed))
+
+
+def answer_budget(asked: int | None, rule: CompiledRule | None) -> int:
+    """The max_tokens an engine is sent. The rule's value is the operator's ceiling on spend (and
+    the length of an answer nobody asked a length for); under a rule without one, the gateway's
+    ceiling caps and its default applies. A client may ask for less, never for more."""
+    if rule is not None and rule.max_tokens:
+        ceiling, default = rule.max_tokens, rule.max_tokens
+    else:
+        ceiling, default = settings.ROUTING_MAX_TOKENS_CEILING, settings.ROUTING_DEFAULT_MAX_TOKENS
+    return min(asked, ceiling) if asked else min(default, ceiling)
 
 
 async def _soonest(endpoints: list[str]) -> float | None:

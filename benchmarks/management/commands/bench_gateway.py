@@ -32,8 +32,8 @@ from benchmarks.gateway import (PARAPHRASES, Gateway, Plan, case_variants, gatew
 from benchmarks.loadgen import BenchError
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
-# Far above anything a run sends: the per-user limit is the product's defence against one
-# client, and the bench is one client sending thousands of questions.
+# Far above anything a run sends: the per-user limits (questions per window, answers at once) are
+# the product's defence against one client, and the bench is one client sending thousands of questions.
 RATE_LIMIT = "1000000000"
 WEB_LAUNCHER = importlib.util.find_spec("config.web") is not None
 
@@ -164,7 +164,8 @@ class Command(BaseCommand):
                                                    extra_args=["--chat-template-file", str(cpu_engine.QA_TEMPLATE)])
             self.out(f"starting the real engine ({real_engine}, the bundled Gemma 3 270M)")
         try:
-            with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT},
+            with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT,
+                                                                          "CHAT_MAX_STREAMS_PER_USER": RATE_LIMIT},
                            local_max_concurrency=max(max(plan.levels), 2), web_concurrency=web_concurrency,
                            log_dir=log_dir, engine_fields=engine_fields) as stack:
                 processes = (f"config.web with {web_concurrency} daphne process(es)" if web_concurrency

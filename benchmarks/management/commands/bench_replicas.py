@@ -110,7 +110,8 @@ class Command(BaseCommand):
                         "--inter-token-latency", str(itl), "--seed", "0"]
             run = stack.enter_context(stack_run(
                 name=name, sim_args=sim_args, setup=lambda: self.group(urls),
-                gateway_extra={**MODES[mode], "CHAT_RATE_LIMIT": "1000000", "ROUTING_LOAD_SECONDS": "0.5"},
+                gateway_extra={**MODES[mode], "CHAT_RATE_LIMIT": "1000000", "CHAT_MAX_STREAMS_PER_USER": "1000000",
+                              "ROUTING_LOAD_SECONDS": "0.5"},
                 local_max_concurrency=max(o["concurrency"], 2), web_concurrency=o["web_concurrency"]))
             urls["local"] = run.simulator_url
             stop = threading.Event()
