@@ -9,6 +9,7 @@ import time
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
+from django.db.models import Exists, OuterRef
 
 from chat.auth import asocket_login_ended
 from chat.exceptions import ChatError
@@ -28,22 +29,24 @@ class JsonFramesConsumer(AsyncWebsocketConsumer):
 
 
 class OpsConsumer(JsonFramesConsumer):
-    """Live operations feed for staff: engine state changes, bulk-job progress.
+    """Live operations feed for staff who may view the engines: engine state changes (with their
+    failure reasons), bulk-job progress.
 
     Client frames: {"type": "ping"}. Server frames: {"type": "hello"},
     {"type": "pong"}, {"type": "event", "kind": …, "data": {…}},
     {"type": "error", "code": …, "message": …}.
 
     The socket outlives the login that opened it, so each event and each ping first checks that
-    the login still holds and is still staff's; if not, an error frame says why and the socket
-    closes with 4403, the code a socket opened without it gets. Events are state changes, few
-    enough that a check each (two lookups by primary key) costs less than a timer would, and no
-    event leaves once a demotion or a logout is committed.
+    the login still holds and is still staff's with the engines' view permission; if not, an
+    error frame says why and the socket closes with 4403, the code a socket opened without them
+    gets. Events are state changes, few enough that a check each (two statements by primary key)
+    costs less than a timer would, and no event leaves once a demotion, a permission taken away
+    or a logout is committed.
     """
 
     async def connect(self):
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not user.is_staff:
+        if user is None or not user.is_authenticated or await db.run(_ops_refusal, user.pk) is not None:
             await self.close(code=4403)
             return
         self.user = user
@@ -76,8 +79,8 @@ class OpsConsumer(JsonFramesConsumer):
         if self.refused:
             return False  # closing: events queued before the close are dropped, not checked again
         ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
-        if ended is None and not await db.run(_is_staff, self.user.pk):
-            ended = "not_staff", "This account is no longer staff: the operations feed is closed."
+        if ended is None:
+            ended = await db.run(_ops_refusal, self.user.pk)
         if ended is None:
             return True
         self.refused = True
@@ -89,8 +92,27 @@ class OpsConsumer(JsonFramesConsumer):
         await self._send({"type": "error", "code": code, "message": message})
 
 
-def _is_staff(user_id) -> bool:
-    return get_user_model().objects.filter(pk=user_id, is_staff=True).exists()
+# The feed shows the engines' status and why they failed: what the engines' admin list shows.
+OPS_PERMISSION = "inference_ops.view_engineprocess"
+
+
+def _ops_refusal(user_id) -> tuple[str, str] | None:
+    """Why this user may not watch the feed, as (code, message), or None when they may.
+
+    One statement, read fresh each time: `user.has_perm` would cache the permissions on the user
+    object for the life of the socket (and cost two more statements to fill that cache), so a
+    permission taken away would go unnoticed. `with_perm` asks the same question of the model
+    backend, counting the user's own permission, a group's and a superuser's.
+    """
+    users = get_user_model().objects
+    row = (users.filter(pk=user_id)
+           .annotate(may_view=Exists(users.with_perm(OPS_PERMISSION).filter(pk=OuterRef("pk"))))
+           .values_list("is_staff", "may_view").first())
+    if row is None or not row[0]:
+        return "not_staff", "This account is no longer staff: the operations feed is closed."
+    if not row[1]:
+        return "no_permission", "This account may no longer view the engines: the operations feed is closed."
+    return None
 
 
 class ChatConsumer(JsonFramesConsumer):

@@ -9,6 +9,7 @@ from django.test import Client
 
 from config.asgi import application
 from core.events import ops_event_abroadcast
+from tests.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,6 +24,15 @@ async def close_executor_connections():
 
 async def _cookie_for(**fields) -> str:
     user = await sync_to_async(get_user_model().objects.create_user)(password="pw-123456789", **fields)
+    return await _cookie_of(user)
+
+
+async def _operator_cookie(username: str = "ops") -> str:
+    """Staff who may view the engines: whom the operations feed is for."""
+    return await _cookie_of(await sync_to_async(staff_user)(username, perms=("inference_ops.view_engineprocess",)))
+
+
+async def _cookie_of(user) -> str:
     client = Client()
     await client.aforce_login(user)
     return f"sessionid={client.cookies['sessionid'].value}"
@@ -40,7 +50,7 @@ def test_the_channel_layer_is_redis():
 
 
 async def test_staff_gets_ops_events_broadcast_through_redis():
-    socket = _socket(await _cookie_for(username="ops", is_staff=True))
+    socket = _socket(await _operator_cookie())
     connected, _ = await socket.connect()
     assert connected
     assert await socket.receive_json_from(timeout=5) == {"type": "hello", "user": "ops"}
@@ -58,7 +68,7 @@ async def test_staff_gets_ops_events_broadcast_through_redis():
 
 
 async def test_a_malformed_frame_gets_an_error_not_a_dropped_socket():
-    socket = _socket(await _cookie_for(username="ops", is_staff=True))
+    socket = _socket(await _operator_cookie())
     await socket.connect()
     await socket.receive_json_from(timeout=5)
     await socket.send_to(text_data="{not json")
@@ -85,8 +95,16 @@ async def test_non_staff_users_are_rejected_before_accept():
     await socket.disconnect()
 
 
+async def test_staff_without_the_engines_view_permission_are_rejected_before_accept():
+    socket = _socket(await _cookie_for(username="bare", is_staff=True))
+    connected, code = await socket.connect()
+    assert connected is False
+    assert code == 4403
+    await socket.disconnect()
+
+
 async def test_foreign_origins_are_rejected():
-    cookie = await _cookie_for(username="ops", is_staff=True)
+    cookie = await _operator_cookie()
     socket = _socket(cookie, origin="http://evil.example")
     connected, _ = await socket.connect()
     assert connected is False

@@ -1,6 +1,8 @@
-"""The ops socket stays open for hours: each event it would send first checks that the login
-which opened it still holds and is still staff's. A demoted, deactivated or logged-out user
-gets an error frame instead of the event, and the socket closes with 4403."""
+"""The ops socket is for staff who may view the engines (inference_ops.view_engineprocess): it
+shows their status and why they failed. It stays open for hours: each event it would send first
+checks that the login which opened it still holds and still has that right. A demoted,
+deactivated or logged-out user, or one whose permission was taken away, gets an error frame
+instead of the event, and the socket closes with 4403."""
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -12,10 +14,12 @@ from django.test import Client
 
 from config.asgi import application
 from core.events import ops_event_abroadcast
+from tests.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT = {"engine": "local", "status": "crashed", "reason": "exit code 137"}
+VIEW_ENGINES = "inference_ops.view_engineprocess"
 
 
 @pytest.fixture(autouse=True)
@@ -26,15 +30,20 @@ async def close_executor_connections():
     await sync_to_async(connections.close_all)()
 
 
-async def _opened(username: str):
-    """A staff user's socket, past its hello; the user and their session key."""
-    user = await sync_to_async(get_user_model().objects.create_user)(username, password="pw-123456789",
-                                                                      is_staff=True)
+async def _connect(username: str, *, perms: tuple[str, ...]):
+    """A staff user holding `perms`, their socket (connect asked, not yet answered) and session key."""
+    user = await sync_to_async(staff_user)(username, perms=perms)
     client = Client()
     await client.aforce_login(user)
     session_key = client.cookies["sessionid"].value
     socket = WebsocketCommunicator(application, "/ws/ops/", headers=[
         (b"host", b"testserver"), (b"origin", b"http://testserver"), (b"cookie", f"sessionid={session_key}".encode())])
+    return socket, user, session_key
+
+
+async def _opened(username: str):
+    """The socket of a staff user who may view the engines, past its hello; the user and their session key."""
+    socket, user, session_key = await _connect(username, perms=(VIEW_ENGINES,))
     connected, _ = await socket.connect(timeout=10)
     assert connected
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": username}
@@ -75,3 +84,67 @@ async def test_a_deactivated_staff_user_is_refused_at_the_next_ping():
     await get_user_model().objects.filter(pk=user.pk).aupdate(is_active=False)
     await socket.send_json_to({"type": "ping"})
     await _refused_with(socket, "account_inactive")
+
+
+async def test_a_staff_user_who_may_not_view_the_engines_is_refused_before_accept():
+    socket, _, _ = await _connect("bare", perms=())
+    connected, code = await socket.connect(timeout=10)
+    assert (connected, code) == (False, 4403)
+    await socket.disconnect()
+
+
+async def test_a_superuser_needs_no_permission_of_their_own():
+    user = await sync_to_async(get_user_model().objects.create_superuser)("root", password="pw-123456789")
+    client = Client()
+    await client.aforce_login(user)
+    socket = WebsocketCommunicator(application, "/ws/ops/", headers=[
+        (b"host", b"testserver"), (b"origin", b"http://testserver"),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())])
+    connected, _ = await socket.connect(timeout=10)
+    assert connected
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "root"}
+    await ops_event_abroadcast(kind="engine.status", data=EVENT)
+    assert await socket.receive_json_from(timeout=10) == {"type": "event", "kind": "engine.status", "data": EVENT}
+    await socket.disconnect()
+
+
+async def test_staff_whose_permission_is_taken_away_get_no_more_engine_events():
+    socket, user, _ = await _opened("ops")
+    await sync_to_async(user.user_permissions.clear)()
+    await ops_event_abroadcast(kind="engine.status", data=EVENT)
+    message = await _refused_with(socket, "no_permission")
+    assert message == "This account may no longer view the engines: the operations feed is closed."
+
+
+async def test_staff_who_may_view_the_engines_through_a_group_get_engine_events():
+    socket, user, _ = await _connect("grouped", perms=())
+    await sync_to_async(_grant_through_a_group)(user)
+    connected, _ = await socket.connect(timeout=10)
+    assert connected
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "grouped"}
+    await ops_event_abroadcast(kind="engine.status", data=EVENT)
+    assert await socket.receive_json_from(timeout=10) == {"type": "event", "kind": "engine.status", "data": EVENT}
+    await socket.disconnect()
+
+
+def _grant_through_a_group(user):
+    from django.contrib.auth.models import Group, Permission
+
+    group = Group.objects.create(name="operators")
+    group.permissions.add(Permission.objects.get(content_type__app_label="inference_ops",
+                                                 codename="view_engineprocess"))
+    user.groups.add(group)
+
+
+def test_each_event_asks_about_staff_and_the_permission_in_one_statement():
+    """Beside the login's own statement (chat.auth): what was one lookup for is_staff stays one."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from chat.consumers import _ops_refusal
+
+    viewer, bare = staff_user("viewer", perms=(VIEW_ENGINES,)), staff_user("bare")
+    with CaptureQueriesContext(connection) as queries:
+        assert _ops_refusal(viewer.pk) is None
+    assert len(queries) == 1
+    assert _ops_refusal(bare.pk)[0] == "no_permission"

@@ -25,6 +25,7 @@ from django.test import Client
 from chat.models import ChatSession, Message
 from core.processes import free_port
 from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
+from tests.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -231,10 +232,9 @@ async def _ops_hello(gateway, user) -> str:
             return f"refused {exc.status}"
 
 
-async def test_the_operations_feed_comes_back_after_redis_restarts(outage_gateway, django_user_model):
+async def test_the_operations_feed_comes_back_after_redis_restarts(outage_gateway):
     gateway, redis = outage_gateway, outage_gateway["redis"]
-    staff = await sync_to_async(django_user_model.objects.create_user)("opsy", password="pw-opsy-123456",
-                                                                       is_staff=True)
+    staff = await sync_to_async(staff_user)("opsy", perms=("inference_ops.view_engineprocess",))
     try:
         assert await _ops_hello(gateway, staff) == "hello"
         redis.kill()
