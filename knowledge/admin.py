@@ -164,6 +164,16 @@ class EntryAdmin(admin.ModelAdmin):
             f"Re-embedding with {services.configured_spec().name} queued; the current model serves until it is done.",
         )
 
+    def has_import_permission(self, request):
+        # A row whose question an entry already has updates that entry: an import adds and edits.
+        return self.has_add_permission(request) and self.has_change_permission(request)
+
+    def changelist_view(self, request, extra_context=None):
+        # The list offers the import only to those its view lets in (trying a question needs the
+        # view permission the list itself needs).
+        extra_context = {**(extra_context or {}), "may_import": self.has_import_permission(request)}
+        return super().changelist_view(request, extra_context)
+
     def get_urls(self):
         extra = [
             path("try/", self.admin_site.admin_view(self.try_view), name="knowledge_entry_try"),
@@ -189,8 +199,7 @@ class EntryAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/knowledge/entry/try.html", context)
 
     def import_view(self, request):
-        # A row whose question an entry already has updates that entry: an import adds and edits.
-        if not (self.has_add_permission(request) and self.has_change_permission(request)):
+        if not self.has_import_permission(request):
             raise PermissionDenied
         form = ImportForm(request.POST or None, request.FILES or None)
         report = None

@@ -205,3 +205,21 @@ def test_trying_a_question_needs_the_permission_to_view_entries():
     assert client_of(staff_user("bare")).get("/admin/knowledge/entry/try/", {"q": "refund"}).status_code == 403
     viewer = client_of(staff_user("viewer", perms=("knowledge.view_entry",)))
     assert viewer.get("/admin/knowledge/entry/try/", {"q": "What is the refund policy?"}).status_code == 200
+
+
+IMPORT_LINK = 'href="/admin/knowledge/entry/import/"'
+TRY_LINK = 'href="/admin/knowledge/entry/try/"'
+
+
+def test_a_view_only_curator_is_not_offered_the_import_they_may_not_run():
+    entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
+    page = client_of(staff_user("viewer", verbs=VIEW_ONLY)).get("/admin/knowledge/entry/").content.decode()
+    assert "What is LoRA?" in page and TRY_LINK in page  # trying a question only reads entries
+    assert IMPORT_LINK not in page
+    adder = client_of(staff_user("adder", perms=("knowledge.view_entry", "knowledge.add_entry")))
+    assert IMPORT_LINK not in adder.get("/admin/knowledge/entry/").content.decode()  # an import edits too
+
+
+def test_a_curator_is_offered_the_import_and_the_try_tool():
+    page = client_of(staff_user("editor", verbs=NO_DELETE)).get("/admin/knowledge/entry/").content.decode()
+    assert IMPORT_LINK in page and TRY_LINK in page
