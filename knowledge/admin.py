@@ -101,7 +101,7 @@ def _embedded_subquery():
 @admin.register(Entry)
 class EntryAdmin(admin.ModelAdmin):
     form = EntryForm
-    list_display = ["id", "question", "kind", "active", "tag_list", "embedded", "updated_at"]
+    list_display = ["id", "question", "kind", "active", "awaiting_review", "tag_list", "embedded", "updated_at"]
     list_display_links = ["id", "question"]
     list_filter = [ReviewFilter, "kind", "active", EmbeddedFilter, TagFilter]
     search_fields = ["question"]  # see get_search_results
@@ -125,6 +125,10 @@ class EntryAdmin(admin.ModelAdmin):
     @admin.display(description="tags")
     def tag_list(self, obj):
         return ", ".join(obj.tags)
+
+    @admin.display(description="awaiting review", boolean=True, ordering="needs_review")
+    def awaiting_review(self, obj):
+        return obj.needs_review
 
     @admin.display(description="embedded", boolean=True, ordering="_embedded")
     def embedded(self, obj):

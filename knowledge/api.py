@@ -48,9 +48,10 @@ class EntrySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Entry
-        fields = ["id", "kind", "question", "aliases", "answer", "tags", "active", "threshold", "version",
-                  "created_at", "updated_at"]
-        read_only_fields = ["id", "version", "created_at", "updated_at"]
+        fields = ["id", "kind", "question", "aliases", "answer", "tags", "active", "needs_review", "reviewed_at",
+                  "threshold", "version", "created_at", "updated_at"]
+        # Review ends only by activating the entry (knowledge.services.entry_update), never by a write of its own.
+        read_only_fields = ["id", "needs_review", "reviewed_at", "version", "created_at", "updated_at"]
 
 
 class EntryPagination(PageNumberPagination):
