@@ -19,9 +19,10 @@ from chat import services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
 from chat.models import ApiKey, ChatSession, Message, RequestLog
-from chat.turns import SessionEvent, run_turn, turn_admit
+from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
 from core.errors import unavailable
 from core.fields import TextField
+from routing.pipeline import message_for_users
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +37,25 @@ class SessionSerializer(serializers.ModelSerializer):
 
 
 class MessageSerializer(serializers.ModelSerializer):
+    """A stored message. Its `error` keeps an engine failure's details for the admin; a caller who
+    may not read them (context `details` false or missing) gets the plain message, as its stream did."""
+
     kb_entry_id = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Message
         fields = ["id", "role", "content", "status", "road", "rule", "target", "kb_entry_id", "ttft_ms",
                   "latency_ms", "prompt_tokens", "completion_tokens", "citations", "error", "created_at"]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if data["error"] and not self.context.get("details"):
+            # Stored as "code: message" (services.aturn_finish).
+            code, _, message = data["error"].partition(": ")
+            plain = message_for_users(code, message, partial=instance.status == Message.Status.PARTIAL)
+            if plain != message:
+                data["error"] = plain  # the code too names the failure ("connect", "timeout_idle", …)
+        return data
 
 
 class SendSerializer(serializers.Serializer):
@@ -58,6 +72,11 @@ class Pagination(PageNumberPagination):
 
 def _client(request) -> str:
     return request.auth.client if isinstance(request.auth, ApiKey) else "web"
+
+
+def _details(request) -> dict:
+    """The serializer context of a caller: whether it may read a failure's details."""
+    return {"details": reads_route_details(request.user)}
 
 
 def _logged_as(request) -> dict:
@@ -120,7 +139,7 @@ class MessageListView(APIView):
     def get(self, request, pk):
         session = services.session_get(user=request.user, session_id=pk)
         messages = session.messages.order_by("created_at", "pk")[:1000]
-        return Response({"results": MessageSerializer(messages, many=True).data})
+        return Response({"results": MessageSerializer(messages, many=True, context=_details(request)).data})
 
     @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
     def post(self, request, pk):
@@ -132,7 +151,7 @@ class MessageListView(APIView):
         user_message = assistant.session.messages.filter(role="user", pk__lt=assistant.pk).last()
         body = {"session": SessionSerializer(assistant.session).data,
                 "user_message": MessageSerializer(user_message).data,
-                "assistant_message": MessageSerializer(assistant).data}
+                "assistant_message": MessageSerializer(assistant, context=_details(request)).data}
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -147,7 +166,9 @@ async def _run_to_end(request, session_id, data) -> int:
 
 
 class MessageStreamView(APIView):
-    """POST a message; the answer streams back as server-sent events (`event: route|token|done|error`)."""
+    """POST a message; the answer streams back as server-sent events (`event: route|token|done|error`).
+    A route's `why` and an engine failure's message are plain ones unless the caller may read the
+    routing rules (chat.turns.reads_route_details)."""
 
     permission_classes = [ChatScope]
 
@@ -167,16 +188,17 @@ class MessageStreamView(APIView):
                         client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
                         temperature=data.validated_data.get("temperature"), admitted=True, slot=slot,
                         **_logged_as(request))
-        response = StreamingHttpResponse(_sse(turn), content_type="text/event-stream")
+        response = StreamingHttpResponse(_sse(turn, details=reads_route_details(request.user)),
+                                         content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
 
 
-async def _sse(turn):
+async def _sse(turn, *, details: bool):
     try:
         async for event in turn:
-            yield f"event: {event.type}\ndata: {json.dumps(event.as_dict(), ensure_ascii=False)}\n\n"
+            yield f"event: {event.type}\ndata: {json.dumps(event.as_dict(details=details), ensure_ascii=False)}\n\n"
     except ChatError as exc:
         yield f"event: error\ndata: {json.dumps({'code': exc.code, 'message': str(exc)})}\n\n"
     except Exception as exc:

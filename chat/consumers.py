@@ -13,7 +13,7 @@ from django.db.models import Exists, OuterRef
 
 from chat.auth import asocket_login_ended
 from chat.exceptions import ChatError
-from chat.turns import SessionEvent, run_turn
+from chat.turns import SessionEvent, areads_route_details, run_turn
 from core import db
 from core.errors import unavailable
 from core.events import OPS_GROUP
@@ -119,11 +119,14 @@ class ChatConsumer(JsonFramesConsumer):
     """The browser chat. Protocol (JSON frames):
 
     client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
-    server: {"type": "session", "id", "title", "message_id"}, {"type": "route", "road", "rule", "target",
+    server: {"type": "session", "id", "title", "message_id"}, {"type": "route", "road", "rule", "target", "why",
             "message_id"}, {"type": "token", "text"}, {"type": "done", "message_id", "ttft_ms", "latency_ms",
             "usage", "citations", "road", "target", "status",
             "overhead_ms"}, {"type": "error", "code", "message",
             "message_id", "status"}
+
+    A route's `why` and an engine failure's message are plain for a user; the staff who may read the
+    routing rules get the details (chat.turns.reads_route_details).
 
     One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
     Each question first checks that the login which opened the socket still holds (no logout,
@@ -197,13 +200,14 @@ class ChatConsumer(JsonFramesConsumer):
                                   "status": None})
                 await self.close(code=4401)
                 return
+            details = await areads_route_details(self.user)
             async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web",
                                        arrived=arrived):
                 if type(event) is Token:
                     await self.send(text_data='{"type": "token", "text": ' + json.dumps(event.text, ensure_ascii=False)
                                     + "}")
                     continue
-                frame = event.as_dict()
+                frame = event.as_dict(details=details)
                 if isinstance(event, SessionEvent):
                     message_id = event.message_id
                 elif event.type in ("route", "done", "error"):

@@ -4,7 +4,8 @@ The official `openai` SDK works unchanged with `base_url=…/v1` and an API key 
 `chat` scope. `model: "auto"` routes by the rules (KB answers included); a model name
 from /v1/models asks for that target, where the rule that takes the question lists it.
 Every response carries X-Route, X-Route-Rule and X-Route-Target. Errors have OpenAI's shape:
-{"error": {"message", "type", "param", "code"}}.
+{"error": {"message", "type", "param", "code"}}; an engine failure's message is a plain one unless
+the key's user may read the routing rules (chat.turns.reads_route_details).
 
 It is a bare ASGI application (config.asgi sends `/v1/` here), not a Django view: every
 request of this API is async end to end on the event loop. Django's handler would add a
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from chat import metrics, services
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession, RequestLog
-from chat.turns import SessionEvent, overhead_ms, run_turn
+from chat.turns import SessionEvent, areads_route_details, overhead_ms, run_turn
 from core import db
 from core.errors import openai_error_body, unavailable
 from core.text import text_problem
@@ -198,7 +199,15 @@ def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = 
             "X-Route-Target": (source.target if source else "") or ""}
 
 
-def _pipeline_error(event: pipeline.Error) -> Reply:
+async def _message_for(event: pipeline.Error, user) -> str:
+    """The error's message as this caller may read it: an engine failure's details are for the
+    staff who may read the routing rules (asked only on an error, never on an answer's way)."""
+    if await areads_route_details(user):
+        return event.message
+    return pipeline.message_for_users(event.code, event.message, partial=event.partial)
+
+
+async def _pipeline_error(event: pipeline.Error, user) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
     code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(event.code, event.code)
     param = {"too_long": "messages", "unknown_model": "model", "model_not_allowed": "model",
@@ -206,7 +215,7 @@ def _pipeline_error(event: pipeline.Error) -> Reply:
     headers = _route_headers(None, event)
     if event.retry_after is not None:  # an engine asked to be left alone: say when to come back
         headers["Retry-After"] = str(max(1, math.ceil(event.retry_after)))
-    return _error(status, event.message, code=code, param=param, headers=headers)
+    return _error(status, await _message_for(event, user), code=code, param=param, headers=headers)
 
 
 def _session_named(headers: dict[str, str]) -> int | None | Reply:
@@ -255,7 +264,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
                 continue
             if isinstance(event, pipeline.Error):
                 await turn.aclose()
-                return _pipeline_error(event)
+                return await _pipeline_error(event, key.user)
             route = event
             break
     except RateLimited as exc:  # too many questions, or too many answers at once (TooManyStreams)
@@ -273,9 +282,9 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
                                     "X-Accel-Buffering": "no",
                                     # So far: the stream's last chunk says it for the whole answer.
                                     OVERHEAD_HEADER: _overhead(arrived, route.engine_ms)},
-                      stream=_stream(turn, completion_id, created, model_name, parsed["include_usage"]))
+                      stream=_stream(turn, completion_id, created, model_name, parsed["include_usage"], key.user))
     else:
-        reply = await _complete(turn, completion_id, created, model_name)
+        reply = await _complete(turn, completion_id, created, model_name, key.user)
     reply.headers.update(_route_headers(route))
     return reply
 
@@ -297,7 +306,7 @@ def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, c
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _stream(turn, completion_id, created, model, include_usage):
+async def _stream(turn, completion_id, created, model, include_usage, user):
     # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
     head, tail = (part.encode() for part in
                   _chunk(completion_id, created, model, delta={"content": "\x00"}).split(json.dumps("\x00")))
@@ -313,7 +322,8 @@ async def _stream(turn, completion_id, created, model, include_usage):
                     end += _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
                 yield end + "data: [DONE]\n\n"
             elif isinstance(event, pipeline.Error):
-                error = {"message": event.message, "type": "api_error", "param": None, "code": event.code}
+                error = {"message": await _message_for(event, user), "type": "api_error", "param": None,
+                         "code": event.code}
                 yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - the headers are out: the failure is the stream's last event
         error = _failure({"method": "POST", "path": "/v1/chat/completions"}, exc).body["error"]
@@ -326,7 +336,7 @@ def _zero_usage() -> dict:
     return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
-async def _complete(turn, completion_id, created, model):
+async def _complete(turn, completion_id, created, model, user):
     parts, done, error = [], None, None
     async for event in turn:
         if isinstance(event, pipeline.Token):
@@ -336,7 +346,7 @@ async def _complete(turn, completion_id, created, model):
         elif isinstance(event, pipeline.Error):
             error = event
     if error is not None:
-        return _pipeline_error(error)
+        return await _pipeline_error(error, user)
     return Reply(200, headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}, body={
         "id": completion_id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},

@@ -26,6 +26,7 @@ from chat import metrics, services
 from chat.exceptions import Draining
 from chat.models import ChatSession, Message, RequestLog
 from chat.requestlog import RequestRecord, request_note
+from core import db
 from routing import pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
@@ -70,6 +71,21 @@ def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
                           retryable=True, retry_after=DRAINING_RETRY_AFTER, partial=produced,
                           road=route.road if route else None, rule=route.rule if route else None,
                           target=route.target if route else None)
+
+
+# A route's details (KB scores and thresholds, rule conditions, the endpoints and how they failed) are
+# for the staff who may read the routing rules, as the route explainer requires; everyone else
+# reads the road and a plain reason (pipeline.Event.as_dict). The stored turn keeps the details.
+ROUTE_DETAILS_PERMISSION = "routing.view_routingrule"
+
+
+def reads_route_details(user) -> bool:
+    # Not staff: no permission query at all (the common case, on every question).
+    return bool(user.is_staff and user.has_perm(ROUTE_DETAILS_PERMISSION))
+
+
+async def areads_route_details(user) -> bool:
+    return bool(user.is_staff and await db.run(reads_route_details, user))
 
 
 @dataclass(kw_only=True)

@@ -77,7 +77,9 @@ _NOT_FOR_CLIENTS = ("kb", "fell_back_from")
 class Event:
     type: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self, *, details: bool = False) -> dict:
+        """The event as a client's frame. `details`: for the staff who may read the routing rules;
+        everyone else reads a route's plain reason and an engine failure's plain message."""
         # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
         fields = dict(self.__dict__)
         for name in _NOT_FOR_CLIENTS:
@@ -90,9 +92,17 @@ class Route(Event):
     road: str  # kb | local | external
     rule: str | None
     target: str | None
-    why: str
+    why: str  # the details: KB scores and thresholds, the rule's conditions, the endpoints passed over and why
+    reason: str  # what a user reads instead: the road and a plain reason
     engine_ms: float | None = None  # the engine's time up to its first token, as this gateway saw it
     type: str = "route"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        reason = fields.pop("reason")
+        if not details:
+            fields["why"] = reason
+        return fields
 
 
 @dataclass(kw_only=True)
@@ -132,6 +142,25 @@ class Error(Event):
     kb: KbLookup | None = None
     fell_back_from: tuple[str, ...] = ()
     type: str = "error"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        if not details:
+            fields["message"] = message_for_users(self.code, self.message, partial=self.partial)
+        return fields
+
+
+# Errors whose message names endpoints, hosts, status lines or the attempts before: an engine's
+# failure (EngineError.kind), or no target left to try.
+_OPERATORS_FAILURES = frozenset(EngineError.KINDS) | {"unavailable", "no_target"}
+
+
+def message_for_users(code: str, message: str, *, partial: bool) -> str:
+    """An error's message as a user reads it: the message itself when it is about the request (too
+    long, an unknown model, …), a plain one when it is about the operator's engines."""
+    if code not in _OPERATORS_FAILURES:
+        return message
+    return "The model failed while answering." if partial else "No model could answer this question right now."
 
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
@@ -192,7 +221,8 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
     direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
     if direct.hit:
         entry = direct.entry
-        yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}")
+        yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}",
+                    reason="answered from the knowledge base")
         yield Token(text=entry.answer)
         elapsed = _ms(time.monotonic() - started)
         yield Done(road="kb", rule=None, target=f"KB#{entry.pk}", ttft_ms=elapsed, latency_ms=elapsed, usage=None,
@@ -206,7 +236,8 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
                     kb=KbLookup.of(direct))
         return
     if rule.action == "kb_only":
-        yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}")
+        yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}",
+                    reason="this kind of question is answered from the knowledge base only")
         _record_miss(request, text, "", direct)
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
         elapsed = _ms(time.monotonic() - started)
@@ -234,6 +265,7 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                     started: float, *, why: str, rng: random.Random,
                     direct: DirectAnswer | None = None) -> AsyncIterator[Event]:
     rule_name = rule.name if rule else None
+    named = bool(request.model) and request.model != "auto"
     max_tokens = answer_budget(request.max_tokens, rule)
     temperature = request.temperature if request.temperature is not None else (rule.temperature if rule else None)
     passages = []
@@ -295,7 +327,8 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                         await breaker.success(target.endpoint)
                         if not produced:
                             ttft = _ms(time.monotonic() - started)
-                            yield _route(target, rule_name, why, attempts, dropped, engine_ms=_ms(event.total))
+                            yield _route(target, rule_name, why, attempts, dropped, named=named,
+                                         engine_ms=_ms(event.total))
                         if direct is not None:
                             _record_miss(request, text, "".join(answer_text), direct)
                         yield Done(road=target.road, rule=rule_name, target=target.endpoint, ttft_ms=ttft,
@@ -308,7 +341,8 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                         if chat:
                             chat.first_chunk(event.elapsed)
                         ttft = _ms(time.monotonic() - started)
-                        yield _route(target, rule_name, why, attempts, dropped, engine_ms=_ms(event.elapsed))
+                        yield _route(target, rule_name, why, attempts, dropped, named=named,
+                                     engine_ms=_ms(event.elapsed))
                     answer_text.append(event.text)
                     yield Token(text=event.text)
         except EngineError as exc:
@@ -396,14 +430,18 @@ def _usage(finish: Finish) -> dict | None:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int, *,
+def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int, *, named: bool,
            engine_ms: float) -> Route:
     notes = [why]
+    reason = f"answered by the {target.road} model" + (" you named" if named else "")
     if attempts:
         notes.append("fell back after " + "; ".join(attempts))
+        reason += ", as a fallback: the first choice could not answer"
     if dropped:
         notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
-    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes), engine_ms=engine_ms)
+        reason += "; the oldest messages of the conversation were left out to fit the model's context window"
+    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes), reason=reason,
+                 engine_ms=engine_ms)
 
 
 def _record_miss(request: RouteRequest, question: str, answer_text: str, direct: DirectAnswer) -> None:

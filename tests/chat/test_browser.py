@@ -213,6 +213,7 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     assert kb.get_attribute("data-status") == "complete"
     expect(kb.locator(".badge")).to_have_attribute("data-road", "kb")
     expect(kb.locator(".badge")).to_have_text("KB")
+    expect(kb.locator(".badge")).to_have_attribute("title", "Answered from the knowledge base")  # a user's reason
     expect(kb.locator(".target")).to_have_text(f"KB#{kb_and_slow_engine['entry'].pk}")
     expect(kb.locator(".bubble strong")).to_have_text("Forgot password")
     assert "**" not in kb.locator(".bubble").inner_text()

@@ -122,7 +122,7 @@ function handleFrame(frame) {
         generation.messageId = frame.message_id;
         generation.el.dataset.messageId = frame.message_id;
       }
-      setRoute(generation.el, frame.road, frame.target);
+      setRoute(generation.el, frame.road, frame.target, frame.why);
       return;
     case "token":
       if (!generation) return;

@@ -47,7 +47,9 @@ export function assistantElement() {
 
 function part(li, selector) { return li.querySelector(selector); }
 
-export function setRoute(li, road, target) {
+// `why`: the route frame's reason (a plain one for users, the details for the staff who may read
+// the routing rules); a stored message has none, and the road says it in general.
+export function setRoute(li, road, target, why) {
   var meta = part(li, ".meta");
   var badge = part(meta, ".badge");
   if (road) {
@@ -57,7 +59,11 @@ export function setRoute(li, road, target) {
     }
     badge.dataset.road = road;
     badge.textContent = ROADS[road] || road;
-    badge.title = "Answered by the " + (road === "kb" ? "knowledge base" : road + " model");
+    if (why) {
+      badge.title = why.charAt(0).toUpperCase() + why.slice(1);
+    } else if (!badge.title) {
+      badge.title = "Answered by the " + (road === "kb" ? "knowledge base" : road + " model");
+    }
   }
   if (target) {
     var targetEl = part(meta, ".target") || meta.appendChild(element("span", "target"));
