@@ -47,7 +47,9 @@ class RoutingRule(models.Model):
     system_prompt = models.TextField(blank=True)
     use_kb_context = models.BooleanField(default=True)
     context_k = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(20)])
-    max_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the gateway's default.")
+    max_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="The longest answer, in tokens: a client asking for more gets this, "
+                                                "one asking for nothing too. Empty: the gateway's default, "
+                                                "capped by ROUTING_MAX_TOKENS_CEILING.")
     temperature = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2)])
     updated_at = models.DateTimeField(auto_now=True)
 
