@@ -96,11 +96,15 @@ class StubEngine:
             raise RuntimeError("the stub engine did not start")
         return self
 
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """The chat completions handler; an engine with other manners overrides it."""
+        return await _chat(request)
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app[RECEIVED] = self.received
-        app.router.add_post("/v1/chat/completions", _chat)
+        app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

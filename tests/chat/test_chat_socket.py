@@ -7,10 +7,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connections
-from django.test import AsyncClient, Client
+from django.test import AsyncClient
 
 from chat.models import ChatSession, Message
 from config.asgi import application
+from tests.chat.sockets import socket_for
 from tests.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,15 +31,6 @@ def slow_sim():
 async def close_executor_connections():
     yield
     await sync_to_async(connections.close_all)()
-
-
-async def socket_for(user=None, origin="http://testserver") -> WebsocketCommunicator:
-    headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
-    if user is not None:
-        client = Client()
-        await client.aforce_login(user)
-        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
-    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
 
 
 async def frames_until_end(socket, timeout=20):

@@ -14,6 +14,7 @@ from django.db import connection
 from chat.models import ChatSession, RequestLog
 from chat.requestlog import (RequestRecord, partition_name, partitions, request_buffer_stats, request_flush,
                              request_note, requestlog_prune)
+from tests.chat.sockets import socket_for
 from tests.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -194,21 +195,6 @@ async def close_executor_connections():
     await sync_to_async(connections.close_all)()
 
 
-async def _socket(user):
-    from channels.testing import WebsocketCommunicator
-    from django.test import Client
-
-    from config.asgi import application
-
-    client = Client()
-    await client.aforce_login(user)
-    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver"),
-               (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-    socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
-    assert (await socket.connect())[0]
-    return socket
-
-
 async def _rows():
     from asgiref.sync import sync_to_async
 
@@ -218,7 +204,7 @@ async def _rows():
 
 async def test_a_socket_answer_says_its_overhead_and_is_logged_with_its_session(alice, product,
                                                                              close_executor_connections):
-    socket = await _socket(alice)
+    socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
     frames = []
     while not frames or frames[-1]["type"] not in ("done", "error"):
@@ -236,7 +222,7 @@ async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it
 
     local = await sync_to_async(endpoint)("local", slow_sim)
     await sync_to_async(rule)("default", local, is_default=True, use_kb_context=False)
-    socket = await _socket(alice)
+    socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None,
                                "content": "Tell me a long story about the sea and its lighthouses"})
     while (await socket.receive_json_from(timeout=20))["type"] != "token":

@@ -18,13 +18,11 @@ import openai
 import pytest
 from aiohttp import web
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import connections
-from django.test import Client
 
 from chat.models import ChatSession
-from config.asgi import application
+from tests.chat.sockets import socket_for
 from tests.factories import endpoint, rule
 from tests.stub_engine import StubEngine, _chunk, _event
 
@@ -63,18 +61,6 @@ class GatedEngine(StubEngine):
         await self._gate(question).wait()
         await response.write(_event(_chunk("gated", "done", finish="stop")) + b"data: [DONE]\n\n")
         return response
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        self._ready.set()
-        self._loop.run_forever()
 
 
 @pytest.fixture(scope="module")
@@ -143,16 +129,6 @@ def sse_events(text: str) -> list[tuple[str, dict]]:
     return events
 
 
-async def socket_for(user) -> WebsocketCommunicator:
-    client = Client()
-    await client.aforce_login(user)
-    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver"),
-               (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-    socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
-    assert (await socket.connect())[0]
-    return socket
-
-
 async def frame_of_type(socket, *types, timeout=20):
     while True:
         frame = await socket.receive_json_from(timeout=timeout)
@@ -199,7 +175,7 @@ async def test_the_drf_stream_gives_a_client_asking_for_more_than_the_rules_max_
 
 
 async def test_the_socket_answers_with_the_rules_max_tokens(alice, paid_rule):
-    socket = await socket_for(alice)
+    socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": "Write me a very long essay"})
     done = await frame_of_type(socket, "done", "error")
     assert done["type"] == "done" and done["usage"]["completion_tokens"] == 5
@@ -227,7 +203,7 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
     first = await client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "first"}],
                                                  stream=True)
     assert (await anext(aiter(first))).choices is not None  # the turn started: its slot is taken
-    socket = await socket_for(alice)
+    socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": "second"})
     assert (await frame_of_type(socket, "token", "error"))["type"] == "token"
 
@@ -246,7 +222,7 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
     assert status == 429 and json.loads(text)["error"]["code"] == "too_many_streams"
     assert int(headers["Retry-After"]) >= 1
 
-    other = await socket_for(alice)
+    other = await socket_for(alice, connect=True)
     await other.send_json_to({"type": "message", "session": None, "content": "third"})
     frame = await frame_of_type(other, "error", "token")
     assert frame["type"] == "error" and frame["code"] == "too_many_streams" and frame["retry_after"] >= 1
@@ -275,7 +251,7 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
 
 
 async def test_a_stream_stopped_by_its_user_gives_its_slot_back(capped_here, alice, gated, held_rule):
-    socket = await socket_for(alice)
+    socket = await socket_for(alice, connect=True)
     for _ in range(CAP + 1):  # more stops than slots: each stop gave its slot back
         await socket.send_json_to({"type": "message", "session": None, "content": "stopped"})
         assert (await frame_of_type(socket, "token", "error"))["type"] == "token"
@@ -289,12 +265,12 @@ async def test_a_stream_stopped_by_its_user_gives_its_slot_back(capped_here, ali
 
 async def test_a_socket_that_goes_away_mid_answer_gives_its_slot_back(capped_here, alice, gated, held_rule):
     for _ in range(CAP + 1):
-        socket = await socket_for(alice)
+        socket = await socket_for(alice, connect=True)
         await socket.send_json_to({"type": "message", "session": None, "content": "abandoned"})
         assert (await frame_of_type(socket, "token", "error"))["type"] == "token"
         await socket.disconnect()
     gated.release("kept")
-    socket = await socket_for(alice)
+    socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": "kept"})
     assert (await frame_of_type(socket, "done", "error"))["type"] == "done"
     await socket.disconnect()
