@@ -167,6 +167,18 @@ def external_sim():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_channel_layer():
+    """Each test runs in an event loop of its own, and the Redis channel layer keeps asyncio locks:
+    a socket a test left open holds its receive lock into the next test's loop, where the next
+    consumer fails with "bound to a different event loop". A process serves one loop, so this is
+    the tests' own matter: each test gets a layer of its own."""
+    from channels.layers import channel_layers
+
+    yield
+    channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
 def _no_rows_of_earlier_tests():
     """The request log's and the KB misses' buffers start empty: what an earlier test's requests
     noted must not be written into this test's database by its flush (or the writer thread)."""

@@ -54,6 +54,9 @@ async def _refused_with(socket, code: str) -> str:
     frame = await socket.receive_json_from(timeout=10)
     assert frame["type"] == "error" and frame["code"] == code
     assert await socket.receive_output(timeout=10) == {"type": "websocket.close", "code": 4403}
+    # The client's side of the close, as a browser answers it: the consumer ends and lets go of the
+    # channel layer. Left running, it would hold the layer's receive lock into the next test's loop.
+    await socket.disconnect()
     return frame["message"]
 
 
