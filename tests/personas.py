@@ -6,7 +6,9 @@ from operator import or_
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
 from django.db.models import Q
+from django.test import Client
 
 # What curators look after: the knowledge base, the routing rules, the engines and the API keys
 # (to revoke one). Not the request log, nor the users' conversations, nor the users.
@@ -29,3 +31,15 @@ def staff_user(username: str, *, verbs: tuple[str, ...] = (), perms: tuple[str, 
         wanted |= Q(content_type__app_label=app_label, codename=codename)
     user.user_permissions.set(Permission.objects.filter(wanted))
     return user
+
+
+def client_of(user) -> Client:
+    """A test client logged in as `user`."""
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def shown_messages(response) -> list[str]:
+    """The admin's messages the response carries, as the page shows them."""
+    return [str(message) for message in get_messages(response.wsgi_request)]

@@ -2,24 +2,14 @@
 them, and otherwise immutable: a revoked key never comes back, and a key keeps its name."""
 
 import pytest
-from django.contrib.messages import get_messages
-from django.test import Client
 
 from chat.models import ApiKey
 from chat.services import apikey_authenticate, apikey_create, apikey_revoke
-from tests.personas import NO_DELETE, VIEW_ONLY, staff_user
+from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db
 
 
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def shown_messages(response) -> list[str]:
-    return [str(message) for message in get_messages(response.wsgi_request)]
 
 
 def test_a_view_only_staff_user_cannot_revoke_another_users_key(alice):

@@ -1,6 +1,4 @@
 import pytest
-from django.contrib.messages import get_messages
-from django.test import Client
 from django.utils import timezone
 
 from knowledge.embeddings import embed_query
@@ -9,7 +7,7 @@ from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model
 from knowledge.embeddings import spec_of
 from knowledge.services import entry_create
-from tests.personas import NO_DELETE, VIEW_ONLY, staff_user
+from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -115,14 +113,6 @@ def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_mod
 # --- who may use the curation tools: Django's model permissions, action by action ----------------
 
 
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def shown_messages(response) -> list[str]:
-    return [str(message) for message in get_messages(response.wsgi_request)]
 
 
 def _grouped_miss(question="Do you sell gift cards?", answer="Yes, from 10 to 200 euros.") -> Miss:
