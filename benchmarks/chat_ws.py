@@ -62,15 +62,26 @@ class Level:
 
     @property
     def errors(self) -> Counter:
-        return Counter(answer.error for answer in self.answers if answer.error) + self.connect_errors
+        return (
+            Counter(answer.error for answer in self.answers if answer.error) + self.connect_errors
+        )
 
 
 def ws_url(base_url: str) -> str:
-    return base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/") + "/ws/chat/"
+    return (
+        base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1).rstrip("/")
+        + "/ws/chat/"
+    )
 
 
-async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_id: int | None, content: str,
-               timeout: float) -> int | None:
+async def _ask(
+    ws: aiohttp.ClientWebSocketResponse,
+    answer: Answer,
+    *,
+    session_id: int | None,
+    content: str,
+    timeout: float,
+) -> int | None:
     """Send one question and read its frames to the end; returns the chat session's id."""
     began = time.perf_counter()
     deadline = began + timeout
@@ -83,12 +94,16 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_i
             return session_id
         try:
             message = await ws.receive(timeout=remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             answer.error = "timeout"
             return session_id
         if message.type != aiohttp.WSMsgType.TEXT:
-            answer.error = f"closed ({ws.close_code})" if message.type in (
-                aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED) else str(message.type)
+            answer.error = (
+                f"closed ({ws.close_code})"
+                if message.type
+                in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+                else str(message.type)
+            )
             return session_id
         frame = json.loads(message.data)
         kind = frame.get("type")
@@ -110,21 +125,35 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, answer: Answer, *, session_i
             return session_id
 
 
-async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: str, cookie: str, answers: int,
-                  question: Callable[[int, int], str], timeout: float, opened: asyncio.Barrier,
-                  level: Level, until: Callable[[], float] | None = None) -> None:
+async def _socket(
+    index: int,
+    *,
+    http: aiohttp.ClientSession,
+    url: str,
+    origin: str,
+    cookie: str,
+    answers: int,
+    question: Callable[[int, int], str],
+    timeout: float,
+    opened: asyncio.Barrier,
+    level: Level,
+    until: Callable[[], float] | None = None,
+) -> None:
     """Ask `answers` questions in turn, or, with `until`, ask until the time it returns has passed
     (read before each question: the clock starts when every socket is open)."""
     ws = None
     try:
         try:
             ws = await asyncio.wait_for(
-                http.ws_connect(url, headers={"Cookie": cookie, "Origin": origin}, autoping=True, heartbeat=None),
-                CONNECT_TIMEOUT)
+                http.ws_connect(
+                    url, headers={"Cookie": cookie, "Origin": origin}, autoping=True, heartbeat=None
+                ),
+                CONNECT_TIMEOUT,
+            )
         except aiohttp.WSServerHandshakeError as exc:
             # Channels refuses an unauthenticated socket before accepting it: a 403 handshake.
             level.connect_errors[f"handshake {exc.status}"] += 1
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             level.connect_errors[f"connect: {type(exc).__name__}"] += 1
         await opened.wait()  # every socket, open or not, so the others are not left waiting
         if ws is None:
@@ -135,8 +164,9 @@ async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: 
                 return
             answer = Answer(socket=index, index=number)
             level.answers.append(answer)
-            session_id = await _ask(ws, answer, session_id=session_id, content=question(index, number),
-                                    timeout=timeout)
+            session_id = await _ask(
+                ws, answer, session_id=session_id, content=question(index, number), timeout=timeout
+            )
             if answer.error == "timeout" or ws.closed:
                 # A timed-out answer may still be streaming: the next question would only be refused.
                 return
@@ -145,8 +175,15 @@ async def _socket(index: int, *, http: aiohttp.ClientSession, url: str, origin: 
             await ws.close()
 
 
-async def run_level(*, base_url: str, cookies: list[str], answers: int, question: Callable[[int, int], str],
-                    timeout: float, seconds: float | None = None) -> Level:
+async def run_level(
+    *,
+    base_url: str,
+    cookies: list[str],
+    answers: int,
+    question: Callable[[int, int], str],
+    timeout: float,
+    seconds: float | None = None,
+) -> Level:
     """One socket per cookie, each asking `answers` questions one after another; with `seconds`,
     each asking until that many seconds have passed since all were open (the soak).
 
@@ -162,10 +199,24 @@ async def run_level(*, base_url: str, cookies: list[str], answers: int, question
     client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as http:
         origin = base_url.rstrip("/")
-        tasks = [asyncio.create_task(_socket(i, http=http, url=ws_url(base_url), origin=origin, cookie=cookie,
-                                             answers=answers, question=question, timeout=timeout, opened=opened,
-                                             level=level, until=until))
-                 for i, cookie in enumerate(cookies)]
+        tasks = [
+            asyncio.create_task(
+                _socket(
+                    i,
+                    http=http,
+                    url=ws_url(base_url),
+                    origin=origin,
+                    cookie=cookie,
+                    answers=answers,
+                    question=question,
+                    timeout=timeout,
+                    opened=opened,
+                    level=level,
+                    until=until,
+                )
+            )
+            for i, cookie in enumerate(cookies)
+        ]
         try:
             start.append(time.perf_counter())
             await asyncio.wait_for(opened.wait(), CONNECT_TIMEOUT + 5)

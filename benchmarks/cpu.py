@@ -31,7 +31,9 @@ TICKS = os.sysconf("SC_CLK_TCK")
 class ProcessInfo:
     pid: int
     ppid: int
-    starttime: int  # in ticks since boot: with the pid, it names one process even if the pid is reused
+    starttime: (
+        int  # in ticks since boot: with the pid, it names one process even if the pid is reused
+    )
     ticks: int  # utime + stime
     cmdline: str
 
@@ -58,8 +60,10 @@ class CpuProbe:
             kind = process_kind(table[pid].cmdline, inherited=parent_kind)
             tracked[pid] = kind
             stack.extend((child, kind) for child in children.get(pid, ()))
-        return {(pid, table[pid].starttime): (kind, table[pid].cmdline, table[pid].ticks)
-                for pid, kind in tracked.items()}
+        return {
+            (pid, table[pid].starttime): (kind, table[pid].cmdline, table[pid].ticks)
+            for pid, kind in tracked.items()
+        }
 
 
 def process_kind(cmdline: str, *, inherited: str | None = None) -> str:
@@ -87,7 +91,9 @@ def cpu_delta(*, before: dict, after: dict, requests: int) -> dict:
         "cpu_ms": by_kind,
         "cpu_ms_per_request": {kind: per(ms) for kind, ms in by_kind.items()},
         # None, not zero, when only engines were tracked: no gateway process was measured.
-        "gateway_cpu_ms_per_request": per(gateway_ms) if any(k in GATEWAY_KINDS for k in by_kind) else None,
+        "gateway_cpu_ms_per_request": per(gateway_ms)
+        if any(k in GATEWAY_KINDS for k in by_kind)
+        else None,
         "tick_ms": 1000 / TICKS,  # the resolution of /proc's CPU counters
         "exited": sum(1 for key in before if key not in after),
         "processes": sorted(processes, key=lambda p: -p["cpu_ms"]),
@@ -111,9 +117,14 @@ def process_read(pid: int) -> ProcessInfo | None:
     except OSError:  # gone between listing and reading, or not ours to read
         return None
     # The command name in parentheses may hold spaces and parentheses: split after the last one.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return ProcessInfo(pid=pid, ppid=int(fields[1]), starttime=int(fields[19]),
-                       ticks=int(fields[11]) + int(fields[12]), cmdline=cmdline)
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return ProcessInfo(
+        pid=pid,
+        ppid=int(fields[1]),
+        starttime=int(fields[19]),
+        ticks=int(fields[11]) + int(fields[12]),
+        cmdline=cmdline,
+    )
 
 
 def is_loopback(base_url: str) -> bool:
@@ -126,7 +137,9 @@ def is_loopback(base_url: str) -> bool:
         return False
 
 
-def probe_for(*, base_url: str, pids: list[int] | None = None, match: str | None = None) -> CpuProbe | None:
+def probe_for(
+    *, base_url: str, pids: list[int] | None = None, match: str | None = None
+) -> CpuProbe | None:
     """The processes to measure for a target, or None when there are none to measure.
 
     Explicit pids and an explicit pattern are taken as given. Without either, and only for a
@@ -140,7 +153,9 @@ def probe_for(*, base_url: str, pids: list[int] | None = None, match: str | None
         roots = set(pids or ())
         if match:
             pattern = re.compile(match)
-            roots |= {p for p, info in table.items() if p not in own and pattern.search(info.cmdline)}
+            roots |= {
+                p for p, info in table.items() if p not in own and pattern.search(info.cmdline)
+            }
         return CpuProbe(roots=tuple(sorted(roots)), note="") if roots else None
     if not is_loopback(base_url):
         return None
@@ -196,7 +211,11 @@ def _listening_inodes(port: int) -> set[str]:
         for line in lines:
             fields = line.split()
             # local_address is HEXIP:HEXPORT; state 0A is LISTEN.
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
                 inodes.add(fields[9])
     return inodes
 

@@ -19,8 +19,11 @@ def url_with_database(url: str, name: str) -> str:
 def _server_connection() -> psycopg.Connection:
     """A plain connection to the server's `postgres` database. CREATE and DROP DATABASE cannot
     run in a transaction nor from inside the database they name, so not through Django's."""
-    return psycopg.connect(url_with_database(settings.DATABASE_URL, "postgres"), connect_timeout=CONNECT_TIMEOUT,
-                           autocommit=True)
+    return psycopg.connect(
+        url_with_database(settings.DATABASE_URL, "postgres"),
+        connect_timeout=CONNECT_TIMEOUT,
+        autocommit=True,
+    )
 
 
 def database_use(name: str, *, pool_size: int) -> bool:
@@ -32,7 +35,10 @@ def database_use(name: str, *, pool_size: int) -> bool:
     """
     created = False
     with _server_connection() as server:
-        if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+        if (
+            server.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+            is None
+        ):
             server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
             created = True
     connections.close_all()
@@ -59,4 +65,6 @@ def database_drop(name: str) -> None:
     connections.close_all()
     connection.close_pool()
     with _server_connection() as server:
-        server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        server.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )

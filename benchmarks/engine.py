@@ -39,7 +39,9 @@ class Result:
     end: float  # seconds from the request's start to the end of its stream
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, *, max_tokens: int, model: str | None = None) -> Result:
+async def one_request(
+    session: aiohttp.ClientSession, url: str, *, max_tokens: int, model: str | None = None
+) -> Result:
     """One streamed chat completion from the engine at `url` (its base, without /v1)."""
     body = {
         "messages": MESSAGES,
@@ -66,11 +68,20 @@ async def one_request(session: aiohttp.ClientSession, url: str, *, max_tokens: i
     if tokens != max_tokens:
         raise RuntimeError(f"expected {max_tokens} tokens, got {tokens}")
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return Result(ttft=arrivals[0] - start, gaps=gaps, tokens=tokens, chunks=len(arrivals), end=end - start)
+    return Result(
+        ttft=arrivals[0] - start, gaps=gaps, tokens=tokens, chunks=len(arrivals), end=end - start
+    )
 
 
-async def run_level(*, url: str, concurrency: int, max_tokens: int, timeout: float, answers: int = 1,
-                    model: str | None = None) -> tuple[float, list[Result]]:
+async def run_level(
+    *,
+    url: str,
+    concurrency: int,
+    max_tokens: int,
+    timeout: float,
+    answers: int = 1,
+    model: str | None = None,
+) -> tuple[float, list[Result]]:
     """`concurrency` streams at once, each asking `answers` times one after another; the makespan
     and every result. `timeout` bounds each request."""
     # limit=0: no client-side connection cap, every stream gets its own connection.
@@ -79,7 +90,10 @@ async def run_level(*, url: str, concurrency: int, max_tokens: int, timeout: flo
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
 
         async def stream() -> list[Result]:
-            return [await one_request(session, url, max_tokens=max_tokens, model=model) for _ in range(answers)]
+            return [
+                await one_request(session, url, max_tokens=max_tokens, model=model)
+                for _ in range(answers)
+            ]
 
         start = time.perf_counter()
         per_stream = await asyncio.gather(*[stream() for _ in range(concurrency)])
@@ -108,8 +122,16 @@ def server_mean_ms(before: dict, after: dict, name: str) -> float:
 
 def simulator_args(*, max_num_seqs: int, ttft: float, itl: float) -> list[str]:
     """The simulator's flags for a paced run: the engine's batch size and configured latencies."""
-    return ["--max-num-seqs", str(max_num_seqs), "--time-to-first-token", str(ttft),
-            "--inter-token-latency", str(itl), "--seed", "0"]
+    return [
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--time-to-first-token",
+        str(ttft),
+        "--inter-token-latency",
+        str(itl),
+        "--seed",
+        "0",
+    ]
 
 
 async def bench(args: argparse.Namespace, url: str) -> None:
@@ -129,8 +151,9 @@ async def bench(args: argparse.Namespace, url: str) -> None:
     timeout = 30 + 5 * (args.ttft + args.itl * args.max_tokens) / 1000
     for concurrency in args.concurrency:
         before = await server_histograms(url)
-        makespan, results = await run_level(url=url, concurrency=concurrency, max_tokens=args.max_tokens,
-                                            timeout=timeout)
+        makespan, results = await run_level(
+            url=url, concurrency=concurrency, max_tokens=args.max_tokens, timeout=timeout
+        )
         after = await server_histograms(url)
         server_ttft = server_mean_ms(before, after, "vllm:time_to_first_token_seconds")
         server_itl = server_mean_ms(before, after, "vllm:inter_token_latency_seconds")
@@ -146,15 +169,25 @@ async def bench(args: argparse.Namespace, url: str) -> None:
         )
         await asyncio.sleep(0.5)  # let the engine go idle between levels
     ideal = (args.ttft + args.itl * (args.max_tokens - 1)) / 1000
-    print(f"ideal single-request makespan: {ideal:.3f} s (configured TTFT {args.ttft:g} ms, ITL {args.itl:g} ms)")
+    print(
+        f"ideal single-request makespan: {ideal:.3f} s (configured TTFT {args.ttft:g} ms, ITL {args.itl:g} ms)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--concurrency", default="1,2,8,32,128,256", type=lambda s: [int(x) for x in s.split(",")])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.engine", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--concurrency", default="1,2,8,32,128,256", type=lambda s: [int(x) for x in s.split(",")]
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--ttft", type=float, default=50.0, help="configured time to first token, ms")
-    parser.add_argument("--itl", type=float, default=20.0, help="configured inter-token latency, ms")
+    parser.add_argument(
+        "--ttft", type=float, default=50.0, help="configured time to first token, ms"
+    )
+    parser.add_argument(
+        "--itl", type=float, default=20.0, help="configured inter-token latency, ms"
+    )
     args = parser.parse_args(argv)
     sim_args = simulator_args(max_num_seqs=max(args.concurrency), ttft=args.ttft, itl=args.itl)
     try:

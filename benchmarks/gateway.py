@@ -87,10 +87,19 @@ def _fixed(texts: list[str]) -> list[list[dict]]:
 
 def _kb_row(run: dict) -> dict:
     m = run["metrics"]
-    return {"requests": m["completed"] + m["failed"] + m["unfinished"], "completed": m["completed"],
-            "failed": m["failed"] + m["unfinished"], "errors": m["errors"], "routes": m["routes"],
-            "p50_ms": m["median_e2el_ms"], "p99_ms": m["p99_e2el_ms"], "mean_ms": m["mean_e2el_ms"],
-            "output_tokens_per_answer": m["total_output_tokens"] / m["completed"] if m["completed"] else None}
+    return {
+        "requests": m["completed"] + m["failed"] + m["unfinished"],
+        "completed": m["completed"],
+        "failed": m["failed"] + m["unfinished"],
+        "errors": m["errors"],
+        "routes": m["routes"],
+        "p50_ms": m["median_e2el_ms"],
+        "p99_ms": m["p99_e2el_ms"],
+        "mean_ms": m["mean_e2el_ms"],
+        "output_tokens_per_answer": m["total_output_tokens"] / m["completed"]
+        if m["completed"]
+        else None,
+    }
 
 
 def case_variants(texts: list[str], *, count: int) -> list[str]:
@@ -111,7 +120,7 @@ def case_variants(texts: list[str], *, count: int) -> list[str]:
                 out.append(text)
             elif step <= len(letters):
                 i = letters[step - 1]
-                out.append(text[:i] + text[i].swapcase() + text[i + 1:])
+                out.append(text[:i] + text[i].swapcase() + text[i + 1 :])
         step += 1
         if step > max(len(p) for p in positions) + 1:
             break  # every letter used: fewer texts than asked, rather than repeats
@@ -119,111 +128,211 @@ def case_variants(texts: list[str], *, count: int) -> list[str]:
 
 
 async def _alone(*, target: Target, conversations: list[list[dict]], options: LoadOptions) -> dict:
-    return await level_run(target=target, level=Level(concurrency=1), conversations=conversations, options=options)
+    return await level_run(
+        target=target, level=Level(concurrency=1), conversations=conversations, options=options
+    )
 
 
 async def first_question(*, gateway: Gateway, question: str, timeout: float) -> dict:
     """One exact KB question, as the first request the gateway serves."""
-    target = Target(base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway")
+    target = Target(
+        base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway"
+    )
     options = LoadOptions(max_tokens=64, timeout=timeout, warmup=0, progress=False)
     run = await _alone(target=target, conversations=_fixed([question]), options=options)
     row = _kb_row(run)
     return {"question": question, "latency_ms": row["p50_ms"], **row}
 
 
-async def kb_section(*, gateway: Gateway, plan: Plan, exact: list[str], paraphrases: list[str],
-                     long_prompts: PromptSource) -> dict:
+async def kb_section(
+    *,
+    gateway: Gateway,
+    plan: Plan,
+    exact: list[str],
+    paraphrases: list[str],
+    long_prompts: PromptSource,
+) -> dict:
     """KB hits (exact, then vector) and generated long answers, one request at a time."""
-    target = Target(base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway")
-    kb_options = LoadOptions(max_tokens=64, timeout=plan.timeout, max_duration=plan.max_duration, warmup=0,
-                             progress=plan.progress)
+    target = Target(
+        base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway"
+    )
+    kb_options = LoadOptions(
+        max_tokens=64,
+        timeout=plan.timeout,
+        max_duration=plan.max_duration,
+        warmup=0,
+        progress=plan.progress,
+    )
     count = plan.kb_requests
     exact_texts = [exact[i % len(exact)] for i in range(count)] if exact else []
     section: dict = {"kb_requests": count, "long_tokens": plan.long_tokens}
     section["exact"] = section["vector"] = None
     if exact_texts:
-        row = _kb_row(await _alone(target=target, conversations=_fixed(exact_texts), options=kb_options))
+        row = _kb_row(
+            await _alone(target=target, conversations=_fixed(exact_texts), options=kb_options)
+        )
         row["questions"] = sorted(set(exact_texts))
         section["exact"] = row
     if paraphrases:
-        row = _kb_row(await _alone(target=target, conversations=_fixed(paraphrases), options=kb_options))
+        row = _kb_row(
+            await _alone(target=target, conversations=_fixed(paraphrases), options=kb_options)
+        )
         row["paraphrases"] = sorted({p.lower() for p in paraphrases})
         section["vector"] = row
-    long_options = LoadOptions(max_tokens=plan.long_tokens, ignore_eos=True, timeout=plan.timeout,
-                               max_duration=plan.max_duration, warmup=0, progress=plan.progress)
-    section["long"] = _kb_row(await _alone(target=target, conversations=long_prompts.take(count=plan.long_requests),
-                                           options=long_options))
+    long_options = LoadOptions(
+        max_tokens=plan.long_tokens,
+        ignore_eos=True,
+        timeout=plan.timeout,
+        max_duration=plan.max_duration,
+        warmup=0,
+        progress=plan.progress,
+    )
+    section["long"] = _kb_row(
+        await _alone(
+            target=target,
+            conversations=long_prompts.take(count=plan.long_requests),
+            options=long_options,
+        )
+    )
     long_p50 = section["long"]["p50_ms"]
     for key in ("exact", "vector"):
         kb = section[key]
-        section[f"long_over_{key}"] = (long_p50 / kb["p50_ms"]
-                                       if kb and _finite(kb["p50_ms"]) and kb["p50_ms"] and _finite(long_p50)
-                                       else None)
+        section[f"long_over_{key}"] = (
+            long_p50 / kb["p50_ms"]
+            if kb and _finite(kb["p50_ms"]) and kb["p50_ms"] and _finite(long_p50)
+            else None
+        )
     return section
 
 
 async def pair_section(*, gateway: Gateway, plan: Plan, long_prompts: PromptSource) -> dict:
     """Makespan of two concurrent long answers over that of one, through the gateway, per round."""
-    target = Target(base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway")
-    options = LoadOptions(max_tokens=plan.long_tokens, ignore_eos=True, timeout=plan.timeout,
-                          max_duration=plan.max_duration, warmup=0, progress=False)
+    target = Target(
+        base_url=gateway.url + "/v1", api_key=gateway.api_key, model="auto", name="gateway"
+    )
+    options = LoadOptions(
+        max_tokens=plan.long_tokens,
+        ignore_eos=True,
+        timeout=plan.timeout,
+        max_duration=plan.max_duration,
+        warmup=0,
+        progress=False,
+    )
     rounds = []
     for _ in range(plan.rounds):
-        one = await level_run(target=target, level=Level(concurrency=1), conversations=long_prompts.take(count=1),
-                              options=options)
+        one = await level_run(
+            target=target,
+            level=Level(concurrency=1),
+            conversations=long_prompts.take(count=1),
+            options=options,
+        )
         await asyncio.sleep(plan.cooldown)
-        two = await level_run(target=target, level=Level(concurrency=2), conversations=long_prompts.take(count=2),
-                              options=options)
+        two = await level_run(
+            target=target,
+            level=Level(concurrency=2),
+            conversations=long_prompts.take(count=2),
+            options=options,
+        )
         await asyncio.sleep(plan.cooldown)
         m1, m2 = one["metrics"], two["metrics"]
-        rounds.append({"one_s": m1["duration"], "two_s": m2["duration"],
-                       "ratio": m2["duration"] / m1["duration"] if m1["duration"] else None,
-                       "failed": m1["failed"] + m1["unfinished"] + m2["failed"] + m2["unfinished"],
-                       "routes": {k: m1["routes"].get(k, 0) + m2["routes"].get(k, 0)
-                                  for k in {*m1["routes"], *m2["routes"]}},
-                       "output_tokens": m1["total_output_tokens"] + m2["total_output_tokens"]})
-    return {"rounds": rounds, "long_tokens": plan.long_tokens,
-            "one_s": _median([r["one_s"] for r in rounds]), "two_s": _median([r["two_s"] for r in rounds]),
-            "ratio": _median([r["ratio"] for r in rounds]), "failed": sum(r["failed"] for r in rounds)}
+        rounds.append(
+            {
+                "one_s": m1["duration"],
+                "two_s": m2["duration"],
+                "ratio": m2["duration"] / m1["duration"] if m1["duration"] else None,
+                "failed": m1["failed"] + m1["unfinished"] + m2["failed"] + m2["unfinished"],
+                "routes": {
+                    k: m1["routes"].get(k, 0) + m2["routes"].get(k, 0)
+                    for k in {*m1["routes"], *m2["routes"]}
+                },
+                "output_tokens": m1["total_output_tokens"] + m2["total_output_tokens"],
+            }
+        )
+    return {
+        "rounds": rounds,
+        "long_tokens": plan.long_tokens,
+        "one_s": _median([r["one_s"] for r in rounds]),
+        "two_s": _median([r["two_s"] for r in rounds]),
+        "ratio": _median([r["ratio"] for r in rounds]),
+        "failed": sum(r["failed"] for r in rounds),
+    }
 
 
-async def sweep_section(*, gateway: Gateway, plan: Plan, model: str, on_run: Callable[[dict], None],
-                        on_note: Callable[[str], None]) -> dict:
+async def sweep_section(
+    *,
+    gateway: Gateway,
+    plan: Plan,
+    model: str,
+    on_run: Callable[[dict], None],
+    on_note: Callable[[str], None],
+) -> dict:
     """The gateway with `model` against the engine directly, at each level, interleaved by round."""
     probe = CpuProbe(roots=(gateway.pid,), note=f"the gateway's process tree (pid {gateway.pid})")
     name = f"gateway:{model}"
-    targets = [Target(base_url=gateway.url + "/v1", api_key=gateway.api_key, model=model, name=name, cpu=probe),
-               Target(base_url=gateway.engine_url + "/v1", model=gateway.engine_model, name="engine")]
+    targets = [
+        Target(
+            base_url=gateway.url + "/v1", api_key=gateway.api_key, model=model, name=name, cpu=probe
+        ),
+        Target(base_url=gateway.engine_url + "/v1", model=gateway.engine_model, name="engine"),
+    ]
     # ignore_eos on both roads: every answer is max_tokens long whatever the model says (a real
     # base model ends most at once), so the two roads are compared on the same work.
-    options = LoadOptions(max_tokens=plan.max_tokens, num_requests=plan.num_requests, timeout=plan.timeout,
-                          max_duration=plan.max_duration, seed=plan.seed, cooldown=plan.cooldown, warmup=1,
-                          progress=plan.progress, ignore_eos=True)
+    options = LoadOptions(
+        max_tokens=plan.max_tokens,
+        num_requests=plan.num_requests,
+        timeout=plan.timeout,
+        max_duration=plan.max_duration,
+        seed=plan.seed,
+        cooldown=plan.cooldown,
+        warmup=1,
+        progress=plan.progress,
+        ignore_eos=True,
+    )
     # Short chat messages, each made unique (see benchmarks.prompts): none is in the KB, so
     # `auto` takes the whole road to the engine for every one.
-    report = await benchmark_run(targets=targets, levels=[Level(concurrency=c) for c in plan.levels],
-                                 prompts=prompts_builtin(name="chat", seed=plan.seed), options=options,
-                                 rounds=plan.rounds, on_run=on_run, on_note=on_note)
+    report = await benchmark_run(
+        targets=targets,
+        levels=[Level(concurrency=c) for c in plan.levels],
+        prompts=prompts_builtin(name="chat", seed=plan.seed),
+        options=options,
+        rounds=plan.rounds,
+        on_run=on_run,
+        on_note=on_note,
+    )
     by = {(row["target"], row["label"]): row for row in report["summary"]}
     levels = []
     for row in report["compare"]:
         gw, engine = by.get((name, row["label"]), {}), by.get(("engine", row["label"]), {})
-        levels.append({
-            "label": row["label"], "concurrency": row["x"], "rounds": row["rounds"],
-            "engine_ttft_p50_ms": engine.get("median_ttft_ms"), "gateway_ttft_p50_ms": gw.get("median_ttft_ms"),
-            "engine_ttft_p99_ms": engine.get("p99_ttft_ms"), "gateway_ttft_p99_ms": gw.get("p99_ttft_ms"),
-            "added_ttft_p50_ms": row["added_ttft_p50_ms"], "added_ttft_p99_ms": row["added_ttft_p99_ms"],
-            "engine_output_throughput": engine.get("output_throughput"),
-            "gateway_output_throughput": gw.get("output_throughput"),
-            "output_throughput_ratio": row["output_throughput_ratio"],
-            "gateway_failed": gw.get("failed", 0) + gw.get("unfinished", 0),
-            "engine_failed": engine.get("failed", 0) + engine.get("unfinished", 0),
-            "gateway_errors": gw.get("errors", {}), "engine_errors": engine.get("errors", {}),
-            "gateway_cpu_ms_per_request": gw.get("gateway_cpu_ms_per_request"),
-            "routes": gw.get("routes", {}), "route_targets": _route_targets(report, name, row["label"]),
-        })
-    return {"model": model, "levels": levels, "benchmark": report["benchmark"], "targets": report["targets"],
-            "runs": [_strip(run) for run in report["runs"]]}
+        levels.append(
+            {
+                "label": row["label"],
+                "concurrency": row["x"],
+                "rounds": row["rounds"],
+                "engine_ttft_p50_ms": engine.get("median_ttft_ms"),
+                "gateway_ttft_p50_ms": gw.get("median_ttft_ms"),
+                "engine_ttft_p99_ms": engine.get("p99_ttft_ms"),
+                "gateway_ttft_p99_ms": gw.get("p99_ttft_ms"),
+                "added_ttft_p50_ms": row["added_ttft_p50_ms"],
+                "added_ttft_p99_ms": row["added_ttft_p99_ms"],
+                "engine_output_throughput": engine.get("output_throughput"),
+                "gateway_output_throughput": gw.get("output_throughput"),
+                "output_throughput_ratio": row["output_throughput_ratio"],
+                "gateway_failed": gw.get("failed", 0) + gw.get("unfinished", 0),
+                "engine_failed": engine.get("failed", 0) + engine.get("unfinished", 0),
+                "gateway_errors": gw.get("errors", {}),
+                "engine_errors": engine.get("errors", {}),
+                "gateway_cpu_ms_per_request": gw.get("gateway_cpu_ms_per_request"),
+                "routes": gw.get("routes", {}),
+                "route_targets": _route_targets(report, name, row["label"]),
+            }
+        )
+    return {
+        "model": model,
+        "levels": levels,
+        "benchmark": report["benchmark"],
+        "targets": report["targets"],
+        "runs": [_strip(run) for run in report["runs"]],
+    }
 
 
 def _route_targets(report: dict, name: str, label: str) -> dict[str, int]:
@@ -235,29 +344,48 @@ def _route_targets(report: dict, name: str, label: str) -> dict[str, int]:
     return counts
 
 
-async def gateway_bench(*, gateway: Gateway, plan: Plan, first: str, exact: list[str], paraphrases: list[str],
-                        classify: Callable[[list[str]], list[str]] | None = None,
-                        say: Callable[[str], None] = lambda text: None,
-                        on_run: Callable[[dict], None] | None = None) -> dict:
+async def gateway_bench(
+    *,
+    gateway: Gateway,
+    plan: Plan,
+    first: str,
+    exact: list[str],
+    paraphrases: list[str],
+    classify: Callable[[list[str]], list[str]] | None = None,
+    say: Callable[[str], None] = lambda text: None,
+    on_run: Callable[[dict], None] | None = None,
+) -> dict:
     """Every part, in order; the report. `classify` keeps the paraphrases the vector road answers
     (it runs after the first question, so that one is the gateway's first request)."""
-    report: dict = {"plan": asdict(plan), "load_average_start": list(os.getloadavg()), "cpus": os.cpu_count()}
+    report: dict = {
+        "plan": asdict(plan),
+        "load_average_start": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+    }
     say("first question after the start ...")
-    report["first_question"] = await first_question(gateway=gateway, question=first, timeout=plan.timeout)
+    report["first_question"] = await first_question(
+        gateway=gateway, question=first, timeout=plan.timeout
+    )
     if classify is not None:
         # In a thread: it uses the ORM, which refuses to run inside the event loop.
         paraphrases = await asyncio.to_thread(classify, paraphrases)
     long_prompts = prompts_builtin(name="long", seed=plan.seed)
     say(f"KB hits and {plan.long_tokens}-token answers, one at a time ...")
-    report["kb"] = await kb_section(gateway=gateway, plan=plan, exact=exact, paraphrases=paraphrases,
-                                    long_prompts=long_prompts)
+    report["kb"] = await kb_section(
+        gateway=gateway, plan=plan, exact=exact, paraphrases=paraphrases, long_prompts=long_prompts
+    )
     say(f"two concurrent {plan.long_tokens}-token answers against one ...")
     report["pair"] = await pair_section(gateway=gateway, plan=plan, long_prompts=long_prompts)
     report["sweep"] = {}
     for key, model in (("named", "local"), ("auto", "auto")):
         say(f"concurrency sweep, model {model!r} against the engine ...")
-        report["sweep"][key] = await sweep_section(gateway=gateway, plan=plan, model=model,
-                                                   on_run=on_run or (lambda run: None), on_note=say)
+        report["sweep"][key] = await sweep_section(
+            gateway=gateway,
+            plan=plan,
+            model=model,
+            on_run=on_run or (lambda run: None),
+            on_note=say,
+        )
     report["load_average_end"] = list(os.getloadavg())
     report["targets"] = targets_evaluate(report=report)
     return report
@@ -276,7 +404,9 @@ def _median(values: list) -> float | None:
 
 
 def _level(report: dict, key: str, concurrency: int) -> dict | None:
-    return next((row for row in report["sweep"][key]["levels"] if row["concurrency"] == concurrency), None)
+    return next(
+        (row for row in report["sweep"][key]["levels"] if row["concurrency"] == concurrency), None
+    )
 
 
 def targets_evaluate(*, report: dict) -> list[dict]:
@@ -285,36 +415,84 @@ def targets_evaluate(*, report: dict) -> list[dict]:
     rows: list[dict] = []
 
     def add(name: str, value, unit: str, ok) -> None:
-        rows.append({"target": name, "value": value if _finite(value) else None, "unit": unit,
-                     "met": None if not _finite(value) else bool(ok(value))})
+        rows.append(
+            {
+                "target": name,
+                "value": value if _finite(value) else None,
+                "unit": unit,
+                "met": None if not _finite(value) else bool(ok(value)),
+            }
+        )
 
-    for key, model, p50, p99, ratio in (("named", "local", 30, 100, 0.90), ("auto", "auto", 60, None, 0.85)):
+    for key, model, p50, p99, ratio in (
+        ("named", "local", 30, 100, 0.90),
+        ("auto", "auto", 60, None, 0.85),
+    ):
         row = _level(report, key, 64) or {}
-        add(f"{model}: added TTFT p50 <= {p50} ms at c=64", row.get("added_ttft_p50_ms"), "ms", lambda v: v <= p50)
+        add(
+            f"{model}: added TTFT p50 <= {p50} ms at c=64",
+            row.get("added_ttft_p50_ms"),
+            "ms",
+            lambda v: v <= p50,
+        )
         if p99 is not None:
-            add(f"{model}: added TTFT p99 <= {p99} ms at c=64", row.get("added_ttft_p99_ms"), "ms",
-                lambda v: v <= p99)
-        add(f"{model}: throughput >= {ratio:.2f}x direct at c=64", row.get("output_throughput_ratio"), "x",
-            lambda v: v >= ratio)
+            add(
+                f"{model}: added TTFT p99 <= {p99} ms at c=64",
+                row.get("added_ttft_p99_ms"),
+                "ms",
+                lambda v: v <= p99,
+            )
+        add(
+            f"{model}: throughput >= {ratio:.2f}x direct at c=64",
+            row.get("output_throughput_ratio"),
+            "x",
+            lambda v: v >= ratio,
+        )
     for key, model in (("named", "local"), ("auto", "auto")):
         row = _level(report, key, 256)
-        add(f"{model}: no failed request at c=256", row["gateway_failed"] if row else None, "failed",
-            lambda v: v == 0)
-        add(f"{model}: throughput >= 0.80x direct at c=256", (row or {}).get("output_throughput_ratio"), "x",
-            lambda v: v >= 0.80)
+        add(
+            f"{model}: no failed request at c=256",
+            row["gateway_failed"] if row else None,
+            "failed",
+            lambda v: v == 0,
+        )
+        add(
+            f"{model}: throughput >= 0.80x direct at c=256",
+            (row or {}).get("output_throughput_ratio"),
+            "x",
+            lambda v: v >= 0.80,
+        )
     # The real engine's sweep runs at the few streams a CPU serves (issue 25: 1, 4, 8, 16).
     row = _level(report, "named", 8) or {}
-    add("local: throughput >= 0.95x direct at c=8", row.get("output_throughput_ratio"), "x", lambda v: v >= 0.95)
+    add(
+        "local: throughput >= 0.95x direct at c=8",
+        row.get("output_throughput_ratio"),
+        "x",
+        lambda v: v >= 0.95,
+    )
     add("two concurrent long answers <= 1.1x one", report["pair"]["ratio"], "x", lambda v: v <= 1.1)
     kb = report["kb"]
     for key, road in (("exact", "exact"), ("vector", "vector")):
-        add(f"KB hit ({road}) p50 <= 15 ms at c=1", (kb[key] or {}).get("p50_ms"), "ms", lambda v: v <= 15)
-        add(f"KB hit ({road}) >= 100x faster than a {kb['long_tokens']}-token answer", kb[f"long_over_{key}"], "x",
-            lambda v: v >= 100)
+        add(
+            f"KB hit ({road}) p50 <= 15 ms at c=1",
+            (kb[key] or {}).get("p50_ms"),
+            "ms",
+            lambda v: v <= 15,
+        )
+        add(
+            f"KB hit ({road}) >= 100x faster than a {kb['long_tokens']}-token answer",
+            kb[f"long_over_{key}"],
+            "x",
+            lambda v: v >= 100,
+        )
     exact_p50 = (kb["exact"] or {}).get("p50_ms")
     first = report["first_question"]["latency_ms"]
-    add("first question after start <= 2x the KB hit p50", first / exact_p50
-        if _finite(first) and _finite(exact_p50) and exact_p50 else None, "x", lambda v: v <= 2)
+    add(
+        "first question after start <= 2x the KB hit p50",
+        first / exact_p50 if _finite(first) and _finite(exact_p50) and exact_p50 else None,
+        "x",
+        lambda v: v <= 2,
+    )
     return rows
 
 
@@ -333,34 +511,50 @@ def run_line(run: dict) -> str:
     """One run of the sweep, as it ends: a line of progress."""
     m = run["metrics"]
     cpu = run["cpu"]["gateway_cpu_ms_per_request"] if run.get("cpu") else None
-    return (f"  {run['target']:<14} {run['label']:<6} round {run['round']}: {m['completed']} ok, "
-            f"{m['failed'] + m['unfinished']} failed; TTFT p50 {_n(m['median_ttft_ms'])} p99 {_n(m['p99_ttft_ms'])} ms; "
-            f"{_n(m['output_throughput'], 0)} tok/s" + (f"; gateway CPU {_n(cpu, 2)} ms/req" if cpu is not None else "")
-            + (f"; errors {_counts(m['errors'])}" if m["errors"] else ""))
+    return (
+        f"  {run['target']:<14} {run['label']:<6} round {run['round']}: {m['completed']} ok, "
+        f"{m['failed'] + m['unfinished']} failed; TTFT p50 {_n(m['median_ttft_ms'])} p99 {_n(m['p99_ttft_ms'])} ms; "
+        f"{_n(m['output_throughput'], 0)} tok/s"
+        + (f"; gateway CPU {_n(cpu, 2)} ms/req" if cpu is not None else "")
+        + (f"; errors {_counts(m['errors'])}" if m["errors"] else "")
+    )
 
 
 def summary_text(*, report: dict) -> str:
     lines: list[str] = []
     plan = report["plan"]
-    for key, title in (("named", 'the endpoint named (model "local")'), ("auto", 'model "auto" (KB check, rules, local)')):
+    for key, title in (
+        ("named", 'the endpoint named (model "local")'),
+        ("auto", 'model "auto" (KB check, rules, local)'),
+    ):
         sweep = report["sweep"][key]
-        lines += ["", f"Concurrency sweep: the gateway with {title} against the engine directly; {plan['max_tokens']} "
-                      f"tokens per answer, medians over {plan['rounds']} round(s)"]
-        header = (f"{'level':<7} {'TTFT p50 eng':>12} {'gw':>7} {'+p50 ms':>8} {'+p99 ms':>8} {'tok/s eng':>9} "
-                  f"{'gw':>7} {'ratio':>6} {'failed gw/eng':>13} {'CPU ms/req':>10}  X-Route")
+        lines += [
+            "",
+            f"Concurrency sweep: the gateway with {title} against the engine directly; {plan['max_tokens']} "
+            f"tokens per answer, medians over {plan['rounds']} round(s)",
+        ]
+        header = (
+            f"{'level':<7} {'TTFT p50 eng':>12} {'gw':>7} {'+p50 ms':>8} {'+p99 ms':>8} {'tok/s eng':>9} "
+            f"{'gw':>7} {'ratio':>6} {'failed gw/eng':>13} {'CPU ms/req':>10}  X-Route"
+        )
         lines += [header, "-" * len(header)]
         for row in sweep["levels"]:
-            lines.append(f"{row['label']:<7} {_n(row['engine_ttft_p50_ms']):>12} {_n(row['gateway_ttft_p50_ms']):>7} "
-                         f"{_n(row['added_ttft_p50_ms']):>8} {_n(row['added_ttft_p99_ms']):>8} "
-                         f"{_n(row['engine_output_throughput'], 0):>9} {_n(row['gateway_output_throughput'], 0):>7} "
-                         f"{_n(row['output_throughput_ratio'], 3):>6} "
-                         f"{str(row['gateway_failed']) + '/' + str(row['engine_failed']):>13} "
-                         f"{_n(row['gateway_cpu_ms_per_request'], 2):>10}  {_counts(row['routes'])}")
+            lines.append(
+                f"{row['label']:<7} {_n(row['engine_ttft_p50_ms']):>12} {_n(row['gateway_ttft_p50_ms']):>7} "
+                f"{_n(row['added_ttft_p50_ms']):>8} {_n(row['added_ttft_p99_ms']):>8} "
+                f"{_n(row['engine_output_throughput'], 0):>9} {_n(row['gateway_output_throughput'], 0):>7} "
+                f"{_n(row['output_throughput_ratio'], 3):>6} "
+                f"{str(row['gateway_failed']) + '/' + str(row['engine_failed']):>13} "
+                f"{_n(row['gateway_cpu_ms_per_request'], 2):>10}  {_counts(row['routes'])}"
+            )
             for who in ("gateway", "engine"):
                 if row[f"{who}_errors"]:
                     lines.append(f"{'':<7} ! {who} errors: {_counts(row[f'{who}_errors'])}")
     kb, first = report["kb"], report["first_question"]
-    lines += ["", "KB hits against a generated long answer through /v1, one request at a time (end-to-end, ms)"]
+    lines += [
+        "",
+        "KB hits against a generated long answer through /v1, one request at a time (end-to-end, ms)",
+    ]
     header = f"{'':<34} {'ok/asked':>9} {'p50':>8} {'p99':>8}  X-Route"
     lines += [header, "-" * len(header)]
 
@@ -368,20 +562,29 @@ def summary_text(*, report: dict) -> str:
         if row is None:
             lines.append(f"{label:<34} {'not run':>9}")
             return
-        lines.append(f"{label:<34} {str(row['completed']) + '/' + str(row['requests']):>9} {_n(row['p50_ms']):>8} "
-                     f"{_n(row['p99_ms']):>8}  {_counts(row['routes'])}")
+        lines.append(
+            f"{label:<34} {str(row['completed']) + '/' + str(row['requests']):>9} {_n(row['p50_ms']):>8} "
+            f"{_n(row['p99_ms']):>8}  {_counts(row['routes'])}"
+        )
 
-    kb_line("first question after the start", {**first, "p50_ms": first["latency_ms"], "p99_ms": None})
+    kb_line(
+        "first question after the start", {**first, "p50_ms": first["latency_ms"], "p99_ms": None}
+    )
     kb_line("KB hit, exact question", kb["exact"])
     kb_line("KB hit, paraphrase (vector road)", kb["vector"])
     tokens = kb["long"]["output_tokens_per_answer"]
     kb_line(f"generated answer, {kb['long_tokens']} tokens", kb["long"])
-    lines.append(f"generated / KB hit p50: {_n(kb['long_over_exact'], 0)}x (exact), "
-                 f"{_n(kb['long_over_vector'], 0)}x (vector); {_n(tokens, 0)} tokens per generated answer")
+    lines.append(
+        f"generated / KB hit p50: {_n(kb['long_over_exact'], 0)}x (exact), "
+        f"{_n(kb['long_over_vector'], 0)}x (vector); {_n(tokens, 0)} tokens per generated answer"
+    )
     pair = report["pair"]
-    lines += ["", f"Two concurrent {pair['long_tokens']}-token answers against one, through the gateway: makespan "
-                  f"{_n(pair['two_s'], 2)} s against {_n(pair['one_s'], 2)} s, {_n(pair['ratio'], 3)}x "
-                  f"(continuous batching: close to 1.0x); {pair['failed']} failed"]
+    lines += [
+        "",
+        f"Two concurrent {pair['long_tokens']}-token answers against one, through the gateway: makespan "
+        f"{_n(pair['two_s'], 2)} s against {_n(pair['one_s'], 2)} s, {_n(pair['ratio'], 3)}x "
+        f"(continuous batching: close to 1.0x); {pair['failed']} failed",
+    ]
     lines += ["", "Targets"]
     width = max(len(row["target"]) for row in report["targets"]) + 2
     for row in report["targets"]:
@@ -389,9 +592,12 @@ def summary_text(*, report: dict) -> str:
         value = f"{_n(row['value'], 0 if row['unit'] == 'failed' else 2 if row['unit'] == 'x' else 1)} {row['unit']}"
         lines.append(f"  {row['target']:<{width}} {value:>14}  {verdict}")
     start, end = report["load_average_start"], report["load_average_end"]
-    lines += ["", f"load average at the start {start[0]:.2f} {start[1]:.2f} {start[2]:.2f}, at the end "
-                  f"{end[0]:.2f} {end[1]:.2f} {end[2]:.2f} on {report['cpus']} CPUs (the machine is shared: other "
-                  "work shows up in every figure)"]
+    lines += [
+        "",
+        f"load average at the start {start[0]:.2f} {start[1]:.2f} {start[2]:.2f}, at the end "
+        f"{end[0]:.2f} {end[1]:.2f} {end[2]:.2f} on {report['cpus']} CPUs (the machine is shared: other "
+        "work shows up in every figure)",
+    ]
     return "\n".join(lines)
 
 
@@ -401,5 +607,14 @@ def json_text(*, report: dict) -> str:
 
 def plan_quick(plan: Plan) -> Plan:
     """A few seconds' worth of everything, for a test: what runs is the same, the sizes shrink."""
-    return replace(plan, levels=(1, 4), max_tokens=8, rounds=1, num_requests=8, kb_requests=5, long_requests=1,
-                   long_tokens=32, cooldown=0.2)
+    return replace(
+        plan,
+        levels=(1, 4),
+        max_tokens=8,
+        rounds=1,
+        num_requests=8,
+        kb_requests=5,
+        long_requests=1,
+        long_tokens=32,
+        cooldown=0.2,
+    )

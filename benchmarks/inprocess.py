@@ -31,8 +31,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-DEFAULT_PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper who finds a message "
-                                              "in a bottle."}]
+DEFAULT_PROMPT = [
+    {
+        "role": "user",
+        "content": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    }
+]
 WARMUP_TOKENS = 16  # enough to go through prefill and decode once; not part of any figure
 SIDES = ("before", "after")
 
@@ -41,9 +45,13 @@ def concurrency_list(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of positive integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of positive integers, got {text!r}"
+        ) from None
     if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of positive integers, got {text!r}"
+        )
     return levels
 
 
@@ -82,11 +90,18 @@ class LockedModel:
 
     def answer(self, *, messages: list[dict], tokens: int) -> tuple[int, int]:
         """(prompt tokens, output tokens) of one greedy answer of exactly `tokens` tokens."""
-        inputs = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True, return_tensors="pt")
+        inputs = self.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
         prompt_tokens = int(inputs["input_ids"].shape[1])
         with self.lock, self.torch.inference_mode():
-            output = self.model.generate(**inputs, do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens)
+            output = self.model.generate(
+                **inputs, do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens
+            )
         return prompt_tokens, int(output.shape[1]) - prompt_tokens
 
 
@@ -103,13 +118,21 @@ def measure(*, model: LockedModel, conversations: list[list[dict]], tokens: int)
     def ask(index: int) -> None:
         gate.wait()
         try:
-            prompt_tokens, output_tokens = model.answer(messages=conversations[index], tokens=tokens)
-            answers[index] = Answer(seconds=time.perf_counter() - start, prompt_tokens=prompt_tokens,
-                                    output_tokens=output_tokens)
+            prompt_tokens, output_tokens = model.answer(
+                messages=conversations[index], tokens=tokens
+            )
+            answers[index] = Answer(
+                seconds=time.perf_counter() - start,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+            )
         except BaseException as exc:  # reported by the main thread, which exits non-zero
             errors.append(exc)
 
-    threads = [threading.Thread(target=ask, args=(index,), daemon=True) for index in range(len(conversations))]
+    threads = [
+        threading.Thread(target=ask, args=(index,), daemon=True)
+        for index in range(len(conversations))
+    ]
     for thread in threads:
         thread.start()
     start = time.perf_counter()
@@ -119,8 +142,11 @@ def measure(*, model: LockedModel, conversations: list[list[dict]], tokens: int)
     makespan = time.perf_counter() - start
     if errors:
         raise errors[0]
-    return {"concurrency": len(conversations), "makespan_s": makespan,
-            "answers": [answer.__dict__ for answer in answers]}
+    return {
+        "concurrency": len(conversations),
+        "makespan_s": makespan,
+        "answers": [answer.__dict__ for answer in answers],
+    }
 
 
 def _conversations(prompts: list[list[dict]] | None) -> Iterator[list[dict]]:
@@ -130,22 +156,39 @@ def _conversations(prompts: list[list[dict]] | None) -> Iterator[list[dict]]:
         position += 1
 
 
-def run(*, model_dir: str, tokens: int, threads: int, levels: list[int], rounds: int,
-        prompts: list[list[dict]] | None, emit: Callable[[dict], None]) -> None:
+def run(
+    *,
+    model_dir: str,
+    tokens: int,
+    threads: int,
+    levels: list[int],
+    rounds: int,
+    prompts: list[list[dict]] | None,
+    emit: Callable[[dict], None],
+) -> None:
     import torch
     import transformers
 
     started = time.perf_counter()
     model = LockedModel(model_dir=model_dir, threads=threads)
-    emit({"event": "loaded", "seconds": time.perf_counter() - started, "torch": torch.__version__,
-          "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
-          "dtype": str(model.model.dtype)})
+    emit(
+        {
+            "event": "loaded",
+            "seconds": time.perf_counter() - started,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "dtype": str(model.model.dtype),
+        }
+    )
     source = _conversations(prompts)
     warmup = measure(model=model, conversations=[next(source)], tokens=min(tokens, WARMUP_TOKENS))
     emit({"event": "warmup", **warmup})
     for round_number in range(1, rounds + 1):
         for level in levels:
-            result = measure(model=model, conversations=[next(source) for _ in range(level)], tokens=tokens)
+            result = measure(
+                model=model, conversations=[next(source) for _ in range(level)], tokens=tokens
+            )
             short = [a["output_tokens"] for a in result["answers"] if a["output_tokens"] != tokens]
             if short:
                 raise RuntimeError(f"answers of {short} tokens where {tokens} were asked")
@@ -153,28 +196,54 @@ def run(*, model_dir: str, tokens: int, threads: int, levels: list[int], rounds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", required=True, help="a model folder in Hugging Face's format")
-    parser.add_argument("--tokens", type=_positive_int, default=256, help="tokens of every answer (default 256)")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch's intra-op threads (default 1)")
-    parser.add_argument("--concurrency", type=concurrency_list, default=[1, 2],
-                        help="answers asked at once, one measurement each, e.g. 1 or 2 or 1,2 (default 1,2)")
-    parser.add_argument("--rounds", type=_positive_int, default=1, help="times each measurement runs (default 1)")
-    parser.add_argument("--prompts", default=None, help="a JSON list of conversations, used in order")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model-dir", required=True, help="a model folder in Hugging Face's format"
+    )
+    parser.add_argument(
+        "--tokens", type=_positive_int, default=256, help="tokens of every answer (default 256)"
+    )
+    parser.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch's intra-op threads (default 1)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=concurrency_list,
+        default=[1, 2],
+        help="answers asked at once, one measurement each, e.g. 1 or 2 or 1,2 (default 1,2)",
+    )
+    parser.add_argument(
+        "--rounds", type=_positive_int, default=1, help="times each measurement runs (default 1)"
+    )
+    parser.add_argument(
+        "--prompts", default=None, help="a JSON list of conversations, used in order"
+    )
     options = parser.parse_args(argv)
     prompts = None
     if options.prompts:
         with open(options.prompts, encoding="utf-8") as handle:
             prompts = json.load(handle)
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(c, list) and c for c in prompts):
+        if (
+            not isinstance(prompts, list)
+            or not prompts
+            or not all(isinstance(c, list) and c for c in prompts)
+        ):
             parser.error("--prompts must hold a non-empty JSON list of conversations")
 
     def emit(record: dict) -> None:
         print(json.dumps(record), flush=True)
 
-    run(model_dir=options.model_dir, tokens=options.tokens, threads=options.threads, levels=options.concurrency,
-        rounds=options.rounds, prompts=prompts, emit=emit)
+    run(
+        model_dir=options.model_dir,
+        tokens=options.tokens,
+        threads=options.threads,
+        levels=options.concurrency,
+        rounds=options.rounds,
+        prompts=prompts,
+        emit=emit,
+    )
     return 0
 
 
@@ -200,9 +269,11 @@ def summary(*, rounds: list[dict]) -> dict:
         one = _median([r[side]["one_s"] for r in rounds])
         two = _median([r[side]["two_s"] for r in rounds])
         sides[side] = {"one_s": one, "two_s": two, "two_over_one": _ratio(two, one)}
-    return {**sides,
-            "one_before_over_after": _ratio(sides["before"]["one_s"], sides["after"]["one_s"]),
-            "two_before_over_after": _ratio(sides["before"]["two_s"], sides["after"]["two_s"])}
+    return {
+        **sides,
+        "one_before_over_after": _ratio(sides["before"]["one_s"], sides["after"]["one_s"]),
+        "two_before_over_after": _ratio(sides["before"]["two_s"], sides["after"]["two_s"]),
+    }
 
 
 def summary_text(*, figures: dict, tokens: int, rounds: int) -> str:
@@ -213,15 +284,17 @@ def summary_text(*, figures: dict, tokens: int, rounds: int) -> str:
         return f"{value:.2f}x" if value is not None else "-"
 
     before, after = figures["before"], figures["after"]
-    return "\n".join([
-        f"{tokens}-token answers, medians of {rounds} round(s)        1 alone    2 at once   2 at once / 1 alone",
-        f"  before: in-process generate() under a lock   {seconds(before['one_s'])}  {seconds(before['two_s'])}"
-        f"   {times(before['two_over_one'])}",
-        f"  after:  vLLM server over HTTP                {seconds(after['one_s'])}  {seconds(after['two_s'])}"
-        f"   {times(after['two_over_one'])}",
-        f"  before / after                               {times(figures['one_before_over_after']):>9}"
-        f"  {times(figures['two_before_over_after']):>9}",
-    ])
+    return "\n".join(
+        [
+            f"{tokens}-token answers, medians of {rounds} round(s)        1 alone    2 at once   2 at once / 1 alone",
+            f"  before: in-process generate() under a lock   {seconds(before['one_s'])}  {seconds(before['two_s'])}"
+            f"   {times(before['two_over_one'])}",
+            f"  after:  vLLM server over HTTP                {seconds(after['one_s'])}  {seconds(after['two_s'])}"
+            f"   {times(after['two_over_one'])}",
+            f"  before / after                               {times(figures['one_before_over_after']):>9}"
+            f"  {times(figures['two_before_over_after']):>9}",
+        ]
+    )
 
 
 if __name__ == "__main__":

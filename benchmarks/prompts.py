@@ -104,7 +104,9 @@ class PromptError(ValueError):
 class PromptSource:
     """Hands out conversations (lists of chat messages), a fresh one for every request."""
 
-    def __init__(self, *, conversations: list[list[dict]], name: str, repeat: bool = False, seed: int = 0):
+    def __init__(
+        self, *, conversations: list[list[dict]], name: str, repeat: bool = False, seed: int = 0
+    ):
         if not conversations:
             raise PromptError("the prompt set is empty")
         self.name = name
@@ -137,7 +139,9 @@ class PromptSource:
             conversation = self._conversations[(first + offset) % len(self._conversations)]
             self._references += 1
             if not self.repeat:
-                conversation = _with_reference(conversation, f"ref. {self.run_tag}-{self._references}")
+                conversation = _with_reference(
+                    conversation, f"ref. {self.run_tag}-{self._references}"
+                )
             batch.append(conversation)
         return batch
 
@@ -168,15 +172,23 @@ def prompts_load(*, path: Path, repeat: bool = False, seed: int = 0) -> PromptSo
         elif isinstance(record, dict) and _valid_messages(record.get("messages")):
             conversations.append(record["messages"])
         else:
-            raise PromptError(f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}} '
-                              "ending with a user message")
+            raise PromptError(
+                f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}} '
+                "ending with a user message"
+            )
     return PromptSource(conversations=conversations, name=str(path), repeat=repeat, seed=seed)
 
 
 def _valid_messages(messages) -> bool:
-    return (isinstance(messages, list) and bool(messages)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages)
-            and messages[-1]["role"] == "user")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+            for m in messages
+        )
+        and messages[-1]["role"] == "user"
+    )
 
 
 def _with_reference(conversation: list[dict], reference: str) -> list[dict]:

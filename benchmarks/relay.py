@@ -24,17 +24,25 @@ def relay_app(upstream: str, *, timeout: float = 300.0) -> web.Application:
     app = web.Application()
 
     async def session_start(app: web.Application):
-        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                               timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5))
+        app["session"] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5),
+        )
         yield
         await app["session"].close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         body = await request.read()
-        async with request.app["session"].post(upstream + request.path, data=body, headers=headers) as upstream_reply:
-            reply = web.StreamResponse(status=upstream_reply.status, headers={
-                k: v for k, v in upstream_reply.headers.items() if k.lower() not in _HOP_HEADERS})
+        async with request.app["session"].post(
+            upstream + request.path, data=body, headers=headers
+        ) as upstream_reply:
+            reply = web.StreamResponse(
+                status=upstream_reply.status,
+                headers={
+                    k: v for k, v in upstream_reply.headers.items() if k.lower() not in _HOP_HEADERS
+                },
+            )
             await reply.prepare(request)
             async for data in upstream_reply.content.iter_any():
                 await reply.write(data)
@@ -52,8 +60,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8002)
     args = parser.parse_args(argv)
-    web.run_app(relay_app(args.upstream.rstrip("/")), host=args.host, port=args.port, print=None,
-                access_log=None)
+    web.run_app(
+        relay_app(args.upstream.rstrip("/")),
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def log_tail(path: Path, *, lines: int = 30) -> str:
 
 
 @contextlib.contextmanager
-def simulator(*, model: str = "bench/model", args: Sequence[str] = (), env: dict[str, str] | None = None,
-              log_path: Path | None = None, start_timeout: float = 30.0) -> Iterator[str]:
+def simulator(
+    *,
+    model: str = "bench/model",
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    start_timeout: float = 30.0,
+) -> Iterator[str]:
     """The vLLM simulator serving `model` on a free loopback port; yields its base URL (no /v1).
 
     `args` are further simulator flags (`--max-num-seqs`, `--time-to-first-token`, ...).
@@ -44,10 +50,24 @@ def simulator(*, model: str = "bench/model", args: Sequence[str] = (), env: dict
     end, so a full pipe never blocks the simulator's logging of access lines.
     """
     process = subprocess.Popen(
-        [sys.executable, "-m", "inference_ops.simulator", "serve", model, "--host", "127.0.0.1", "--port", "0",
-         *args],
-        cwd=REPO, env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "inference_ops.simulator",
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *args,
+        ],
+        cwd=REPO,
+        env={**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,  # its own group: stop_group takes it whole
     )
     ports: queue.Queue[int] = queue.Queue()
@@ -73,16 +93,19 @@ def simulator(*, model: str = "bench/model", args: Sequence[str] = (), env: dict
         try:
             port = ports.get(timeout=start_timeout)
         except queue.Empty:
-            raise RuntimeError(f"the simulator did not print its ready line within {start_timeout:.0f} s:\n"
-                               + "".join(early)) from None
+            raise RuntimeError(
+                f"the simulator did not print its ready line within {start_timeout:.0f} s:\n"
+                + "".join(early)
+            ) from None
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_group(process)
         reader.join(timeout=5)
 
 
-def wait_answering(process: subprocess.Popen, url: str, *, what: str, log_path: Path, timeout: float,
-                   step: float) -> None:
+def wait_answering(
+    process: subprocess.Popen, url: str, *, what: str, log_path: Path, timeout: float, step: float
+) -> None:
     """Until `url` answers 200; RuntimeError with the log's tail when `process` exits first or
     `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
@@ -94,12 +117,21 @@ def wait_answering(process: subprocess.Popen, url: str, *, what: str, log_path: 
                 if response.status == 200:
                     return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not answer {url} within {timeout:.0f} s:\n{log_tail(log_path)}")
+            raise RuntimeError(
+                f"{what} did not answer {url} within {timeout:.0f} s:\n{log_tail(log_path)}"
+            )
         time.sleep(step)
 
 
-def gateway_env(*, database_url: str, redis_url: str, secret_key: str, log_level: str = "WARNING",
-                base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+def gateway_env(
+    *,
+    database_url: str,
+    redis_url: str,
+    secret_key: str,
+    log_level: str = "WARNING",
+    base: dict[str, str] | None = None,
+    **extra: str,
+) -> dict[str, str]:
     """The environment of a gateway started by a benchmark: production settings over plain HTTP.
 
     DEBUG off, as served; no TLS redirect and no secure-only cookies, because the benchmark
@@ -136,8 +168,13 @@ class Gateway(NamedTuple):
 
 
 @contextlib.contextmanager
-def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0,
-            web_concurrency: int | None = None) -> Iterator[Gateway]:
+def gateway(
+    *,
+    env: dict[str, str],
+    log_path: Path,
+    start_timeout: float = 60.0,
+    web_concurrency: int | None = None,
+) -> Iterator[Gateway]:
     """The gateway (`config.asgi:application`) under daphne on a free loopback port, with `env`
     (see `gateway_env`), its output in `log_path`. Yields once /healthz answers 200.
 
@@ -146,18 +183,44 @@ def gateway(*, env: dict[str, str], log_path: Path, start_timeout: float = 60.0,
     """
     port = free_port()
     if web_concurrency is None:
-        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+        command = [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+        ]
     else:
         command = [sys.executable, "-m", "config.web"]
-        env = {**env, "HOST": "127.0.0.1", "PORT": str(port), "WEB_CONCURRENCY": str(web_concurrency)}
+        env = {
+            **env,
+            "HOST": "127.0.0.1",
+            "PORT": str(port),
+            "WEB_CONCURRENCY": str(web_concurrency),
+        }
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: stop_group takes any child with it
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_answering(process, f"{url}/healthz", what="daphne", log_path=log_path, timeout=start_timeout, step=0.2)
+        wait_answering(
+            process,
+            f"{url}/healthz",
+            what="daphne",
+            log_path=log_path,
+            timeout=start_timeout,
+            step=0.2,
+        )
         yield Gateway(url=url, process=process, log_path=log_path)
     finally:
         stop_group(process)

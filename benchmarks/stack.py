@@ -41,7 +41,9 @@ def _interrupt(signum, frame):
 
 
 @contextlib.contextmanager
-def stack_session(*, drop: str | None = None, say: Callable[[str], None] = lambda text: None) -> Iterator[None]:
+def stack_session(
+    *, drop: str | None = None, say: Callable[[str], None] = lambda text: None
+) -> Iterator[None]:
     """Around a benchmark's whole run: SIGTERM as Ctrl-C, the embedded servers held, and the
     database `drop` (if named) dropped at the end."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -72,7 +74,9 @@ def database_prepare(*, name: str, pool_size: int = 4) -> bool:
     return created
 
 
-def demo_setup(*, sim_url: str, model: str = MODEL, local_max_concurrency: int | None = None) -> str | None:
+def demo_setup(
+    *, sim_url: str, model: str = MODEL, local_max_concurrency: int | None = None
+) -> str | None:
     """`make run`'s demo KB and routing on the current database, its `local` endpoint on the
     simulator at `sim_url`. Returns the demo KB import's summary when it loaded (None: the KB
     had entries already).
@@ -116,10 +120,18 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_extra: dict[str, str] | None = None,
-              local_max_concurrency: int | None = None, web_concurrency: int | None = None,
-              log_dir: Path | None = None, setup: Callable[[], None] | None = None,
-              engine_fields: dict | None = None) -> Iterator[Stack]:
+def stack_run(
+    *,
+    name: str,
+    sim_args: list[str],
+    model: str = MODEL,
+    gateway_extra: dict[str, str] | None = None,
+    local_max_concurrency: int | None = None,
+    web_concurrency: int | None = None,
+    log_dir: Path | None = None,
+    setup: Callable[[], None] | None = None,
+    engine_fields: dict | None = None,
+) -> Iterator[Stack]:
     """Database `name` prepared, the simulator with `sim_args`, the demo data, then the gateway
     with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT, ...).
     `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
@@ -142,11 +154,18 @@ def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_ext
             log_dir.mkdir(parents=True, exist_ok=True)
         try:
             if engine_fields is None:
-                sim = stack.enter_context(servers.simulator(model=model, args=sim_args,
-                                                            log_path=log_dir / "simulator.log"))
+                sim = stack.enter_context(
+                    servers.simulator(
+                        model=model, args=sim_args, log_path=log_dir / "simulator.log"
+                    )
+                )
             else:
-                running = stack.enter_context(engine_run(command=engine_command(fields=engine_fields),
-                                                         log_path=log_dir / "engine.log"))
+                running = stack.enter_context(
+                    engine_run(
+                        command=engine_command(fields=engine_fields),
+                        log_path=log_dir / "engine.log",
+                    )
+                )
                 sim, model = running.url, running.model
         except RuntimeError as exc:
             raise StackError(str(exc)) from None
@@ -154,7 +173,8 @@ def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_ext
         if setup is not None:
             setup()
         env = servers.gateway_env(
-            database_url=database.database_url(name), redis_url=settings.REDIS_URL,
+            database_url=database.database_url(name),
+            redis_url=settings.REDIS_URL,
             secret_key=settings.SECRET_KEY,
             # Our own Redis keys: breakers, rate limits and the channel layer of the developer's
             # gateway, whose user and endpoint ids overlap ours, stay apart.
@@ -163,9 +183,17 @@ def stack_run(*, name: str, sim_args: list[str], model: str = MODEL, gateway_ext
         )
         gateway_log = log_dir / ("web.log" if web_concurrency else "daphne.log")
         try:
-            gateway = stack.enter_context(servers.gateway(env=env, log_path=gateway_log,
-                                                          web_concurrency=web_concurrency))
+            gateway = stack.enter_context(
+                servers.gateway(env=env, log_path=gateway_log, web_concurrency=web_concurrency)
+            )
         except RuntimeError as exc:
             raise StackError(str(exc)) from None
-        yield Stack(database=name, created=created, simulator_url=sim, model=model, gateway=gateway, demo_kb=demo,
-                    local_max_concurrency=ModelEndpoint.objects.get(name="local").max_concurrency)
+        yield Stack(
+            database=name,
+            created=created,
+            simulator_url=sim,
+            model=model,
+            gateway=gateway,
+            demo_kb=demo,
+            local_max_concurrency=ModelEndpoint.objects.get(name="local").max_concurrency,
+        )

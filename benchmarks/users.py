@@ -11,7 +11,9 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 def bench_user(*, username: str, staff: bool = False):
     """The user `username`, created if missing, with no usable password: nobody logs in as it
     but the bench, through `session_cookie`."""
-    user, created = get_user_model().objects.get_or_create(username=username, defaults={"is_staff": staff})
+    user, created = get_user_model().objects.get_or_create(
+        username=username, defaults={"is_staff": staff}
+    )
     if created or user.is_staff != staff or user.has_usable_password():
         user.is_staff = staff
         user.set_unusable_password()

@@ -30,7 +30,17 @@ class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
     can_delete = False
-    fields = ["created_at", "role", "status", "road", "target", "content", "ttft_ms", "latency_ms", "error"]
+    fields = [
+        "created_at",
+        "role",
+        "status",
+        "road",
+        "target",
+        "content",
+        "ttft_ms",
+        "latency_ms",
+        "error",
+    ]
     readonly_fields = fields
 
 
@@ -45,8 +55,18 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ["id", "session", "role", "status", "road", "rule", "target", "ttft_ms", "latency_ms",
-                    "created_at"]
+    list_display = [
+        "id",
+        "session",
+        "role",
+        "status",
+        "road",
+        "rule",
+        "target",
+        "ttft_ms",
+        "latency_ms",
+        "created_at",
+    ]
     list_filter = ["role", "status", "road"]
     search_fields = ["content"]
     readonly_fields = [f.name for f in Message._meta.fields]
@@ -86,6 +106,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 # --- the request log: read-only, filtered by time first ---------------------------------------
 
+
 class CountOrEstimatePaginator(Paginator):
     """The exact count when PostgreSQL gives it quickly, else the planner's estimate: the request
     log holds millions of rows, and the changelist counts before it shows a page."""
@@ -99,7 +120,9 @@ class CountOrEstimatePaginator(Paginator):
         try:
             with transaction.atomic(using=queryset.db):
                 with connections[queryset.db].cursor() as cursor:
-                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(self.timeout_ms)])
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true)", [str(self.timeout_ms)]
+                    )
                 count = queryset.count()
                 # Rolled back, so a caller's own transaction keeps its statement_timeout.
                 transaction.set_rollback(True, using=queryset.db)
@@ -119,13 +142,17 @@ class TimeFilter(admin.ListFilter):
     title = "time"
     template = "admin/chat/requestlog/time_filter.html"
     # The dashboard's periods, so its links to the log name the same ones.
-    PERIODS = {**{name: (PERIOD_NAMES[name], span) for name, (span, _) in selectors.PERIODS.items()},
-               "all": ("any time", None)}
+    PERIODS = {
+        **{name: (PERIOD_NAMES[name], span) for name, (span, _) in selectors.PERIODS.items()},
+        "all": ("any time", None),
+    }
     DEFAULT = "day"
 
     def __init__(self, request, params, model, model_admin):
         super().__init__(request, params, model, model_admin)
-        self.hidden: list[tuple[str, str]] = []  # the list's other parameters, kept by the range form
+        self.hidden: list[
+            tuple[str, str]
+        ] = []  # the list's other parameters, kept by the range form
         for name in self.expected_parameters():
             if name in params:
                 self.used_parameters[name] = params.pop(name)[-1]
@@ -133,7 +160,9 @@ class TimeFilter(admin.ListFilter):
         self.until = self._day(request, "until")
         period = self.used_parameters.get("period")
         if period is not None and period not in self.PERIODS:
-            messages.warning(request, f"Unknown period “{period}”: showing the {self.PERIODS[self.DEFAULT][0]}.")
+            messages.warning(
+                request, f"Unknown period “{period}”: showing the {self.PERIODS[self.DEFAULT][0]}."
+            )
             period = None
         if self.since or self.until:
             period = None
@@ -146,7 +175,9 @@ class TimeFilter(admin.ListFilter):
         try:
             return date.fromisoformat(value)
         except ValueError:
-            messages.warning(request, f"“{value}” is not a date (YYYY-MM-DD): the {name} date is ignored.")
+            messages.warning(
+                request, f"“{value}” is not a date (YYYY-MM-DD): the {name} date is ignored."
+            )
             return None
 
     def has_output(self):
@@ -156,10 +187,17 @@ class TimeFilter(admin.ListFilter):
         return ["period", "since", "until"]
 
     def choices(self, changelist):
-        self.hidden = [(k, v) for k, v in changelist.params.items() if k not in self.expected_parameters()]
+        self.hidden = [
+            (k, v) for k, v in changelist.params.items() if k not in self.expected_parameters()
+        ]
         for key, (label, _) in self.PERIODS.items():
-            yield {"selected": self.period == key, "display": label,
-                   "query_string": changelist.get_query_string({"period": key}, remove=["since", "until"])}
+            yield {
+                "selected": self.period == key,
+                "display": label,
+                "query_string": changelist.get_query_string(
+                    {"period": key}, remove=["since", "until"]
+                ),
+            }
 
     def queryset(self, request, queryset):
         if self.period:
@@ -169,7 +207,9 @@ class TimeFilter(admin.ListFilter):
         if self.since:
             queryset = queryset.filter(at__gte=datetime.combine(self.since, time.min, tzinfo=zone))
         if self.until:  # the whole of that day
-            queryset = queryset.filter(at__lt=datetime.combine(self.until + timedelta(days=1), time.min, tzinfo=zone))
+            queryset = queryset.filter(
+                at__lt=datetime.combine(self.until + timedelta(days=1), time.min, tzinfo=zone)
+            )
         return queryset
 
 
@@ -178,8 +218,12 @@ class RoadFilter(admin.SimpleListFilter):
     parameter_name = "road"
 
     def lookups(self, request, model_admin):
-        return [("kb", "knowledge base"), ("local", "local model"), ("external", "external model"),
-                ("none", "none (failed before routing)")]
+        return [
+            ("kb", "knowledge base"),
+            ("local", "local model"),
+            ("external", "external model"),
+            ("none", "none (failed before routing)"),
+        ]
 
     def queryset(self, request, queryset):
         value = self.value()
@@ -214,12 +258,28 @@ class QueryOnlyChangeList(ChangeList):
 
 # The export's columns: (heading, value path). Names rather than ids where a person reads them.
 EXPORT_COLUMNS = [
-    ("time", "at"), ("interface", "interface"), ("user_id", "user_id"), ("user", "user__username"),
-    ("api_key_id", "api_key_id"), ("api_key", "api_key__name"), ("session_id", "session_id"), ("road", "road"),
-    ("rule", "rule"), ("target", "target"), ("status", "status"), ("error_code", "error_code"),
-    ("ttft_ms", "ttft_ms"), ("latency_ms", "latency_ms"), ("overhead_ms", "overhead_ms"),
-    ("prompt_tokens", "prompt_tokens"), ("completion_tokens", "completion_tokens"), ("kb_method", "kb_method"),
-    ("kb_hit", "kb_hit"), ("kb_entry_id", "kb_entry_id"), ("kb_score", "kb_score"), ("fallbacks", "fallbacks"),
+    ("time", "at"),
+    ("interface", "interface"),
+    ("user_id", "user_id"),
+    ("user", "user__username"),
+    ("api_key_id", "api_key_id"),
+    ("api_key", "api_key__name"),
+    ("session_id", "session_id"),
+    ("road", "road"),
+    ("rule", "rule"),
+    ("target", "target"),
+    ("status", "status"),
+    ("error_code", "error_code"),
+    ("ttft_ms", "ttft_ms"),
+    ("latency_ms", "latency_ms"),
+    ("overhead_ms", "overhead_ms"),
+    ("prompt_tokens", "prompt_tokens"),
+    ("completion_tokens", "completion_tokens"),
+    ("kb_method", "kb_method"),
+    ("kb_hit", "kb_hit"),
+    ("kb_entry_id", "kb_entry_id"),
+    ("kb_score", "kb_score"),
+    ("fallbacks", "fallbacks"),
     ("request_key", "request_key"),
 ]
 EXPORT_CHUNK_ROWS = 2000
@@ -243,7 +303,9 @@ def _csv_chunks(queryset) -> Iterator[str]:
     one chunk whatever the number of rows."""
     writer = csv.writer(_Line())
     lines = [writer.writerow([heading for heading, _ in EXPORT_COLUMNS])]
-    rows = queryset.values_list(*[path for _, path in EXPORT_COLUMNS]).iterator(chunk_size=EXPORT_CHUNK_ROWS)
+    rows = queryset.values_list(*[path for _, path in EXPORT_COLUMNS]).iterator(
+        chunk_size=EXPORT_CHUNK_ROWS
+    )
     for row in rows:
         lines.append(writer.writerow([_cell(value) for value in row]))
         if len(lines) >= EXPORT_CHUNK_ROWS:
@@ -284,18 +346,62 @@ def _related(obj, name):
 class RequestLogAdmin(admin.ModelAdmin):
     """One row per answered request, as its user saw it: for reading, filtering and exporting only."""
 
-    list_display = ["at", "interface", "user_shown", "key_shown", "road", "rule", "target", "status", "error_code",
-                    "ttft_ms", "latency_ms", "overhead_ms", "prompt_tokens", "completion_tokens", "entry_shown",
-                    "kb_score", "fallbacks"]
+    list_display = [
+        "at",
+        "interface",
+        "user_shown",
+        "key_shown",
+        "road",
+        "rule",
+        "target",
+        "status",
+        "error_code",
+        "ttft_ms",
+        "latency_ms",
+        "overhead_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "entry_shown",
+        "kb_score",
+        "fallbacks",
+    ]
     list_filter = [TimeFilter, RoadFilter, TargetFilter, "status", "interface", "kb_hit"]
     search_fields = ["rule", "target", "error_code", "user__username"]
     search_help_text = "Rule, target, error code or user name."
     list_select_related = ["user", "api_key", "kb_entry"]
-    sortable_by = ["at", "ttft_ms", "latency_ms", "overhead_ms", "prompt_tokens", "completion_tokens", "kb_score",
-                   "fallbacks"]
-    fields = ["at", "interface", "user_shown", "key_shown", "session_id", "road", "rule", "target", "status",
-              "error_code", "ttft_ms", "latency_ms", "overhead_ms", "prompt_tokens", "completion_tokens", "kb_method",
-              "kb_hit", "entry_shown", "kb_score", "fallbacks", "request_key"]
+    sortable_by = [
+        "at",
+        "ttft_ms",
+        "latency_ms",
+        "overhead_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "kb_score",
+        "fallbacks",
+    ]
+    fields = [
+        "at",
+        "interface",
+        "user_shown",
+        "key_shown",
+        "session_id",
+        "road",
+        "rule",
+        "target",
+        "status",
+        "error_code",
+        "ttft_ms",
+        "latency_ms",
+        "overhead_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "kb_method",
+        "kb_hit",
+        "entry_shown",
+        "kb_score",
+        "fallbacks",
+        "request_key",
+    ]
     readonly_fields = fields
     list_per_page = 100
     # No count of the whole table next to the filtered one, no counts per filter choice.
@@ -324,8 +430,11 @@ class RequestLogAdmin(admin.ModelAdmin):
         user = _related(obj, "user")
         if user is None:
             return f"#{obj.user_id} (deleted)"
-        return format_html('<a href="{}">{}</a>', reverse("admin:auth_user_change", args=[user.pk]),
-                           user.get_username())
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:auth_user_change", args=[user.pk]),
+            user.get_username(),
+        )
 
     @admin.display(description="API key")
     def key_shown(self, obj):
@@ -340,13 +449,22 @@ class RequestLogAdmin(admin.ModelAdmin):
             return "—"
         if _related(obj, "kb_entry") is None:
             return f"KB#{obj.kb_entry_id} (deleted)"
-        return format_html('<a href="{}">KB#{}</a>', reverse("admin:knowledge_entry_change", args=[obj.kb_entry_id]),
-                           obj.kb_entry_id)
+        return format_html(
+            '<a href="{}">KB#{}</a>',
+            reverse("admin:knowledge_entry_change", args=[obj.kb_entry_id]),
+            obj.kb_entry_id,
+        )
 
     def get_urls(self):
         extra = [
-            path("export.csv", self.admin_site.admin_view(self.export_view), name="chat_requestlog_export"),
-            path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="chat_dashboard"),
+            path(
+                "export.csv",
+                self.admin_site.admin_view(self.export_view),
+                name="chat_requestlog_export",
+            ),
+            path(
+                "dashboard/", self.admin_site.admin_view(self.dashboard_view), name="chat_dashboard"
+            ),
         ]
         return extra + super().get_urls()
 
@@ -363,10 +481,14 @@ class RequestLogAdmin(admin.ModelAdmin):
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters as exc:
-            return HttpResponseBadRequest(f"Those filters do not apply to the request log: {exc}",
-                                          content_type="text/plain; charset=utf-8")
-        response = StreamingHttpResponse(_streamed(request, _csv_chunks(changelist.queryset)),
-                                         content_type="text/csv; charset=utf-8")
+            return HttpResponseBadRequest(
+                f"Those filters do not apply to the request log: {exc}",
+                content_type="text/plain; charset=utf-8",
+            )
+        response = StreamingHttpResponse(
+            _streamed(request, _csv_chunks(changelist.queryset)),
+            content_type="text/csv; charset=utf-8",
+        )
         stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
         response["Content-Disposition"] = f'attachment; filename="request-log-{stamp}.csv"'
         return response

@@ -44,17 +44,36 @@ class MessageSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Message
-        fields = ["id", "role", "content", "status", "road", "rule", "target", "kb_entry_id", "ttft_ms",
-                  "latency_ms", "prompt_tokens", "completion_tokens", "citations", "error", "created_at"]
+        fields = [
+            "id",
+            "role",
+            "content",
+            "status",
+            "road",
+            "rule",
+            "target",
+            "kb_entry_id",
+            "ttft_ms",
+            "latency_ms",
+            "prompt_tokens",
+            "completion_tokens",
+            "citations",
+            "error",
+            "created_at",
+        ]
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
         if data["error"] and not self.context.get("details"):
             # Stored as "code: message" (services.aturn_finish).
             code, _, message = data["error"].partition(": ")
-            plain = message_for_users(code, message, partial=instance.status == Message.Status.PARTIAL)
+            plain = message_for_users(
+                code, message, partial=instance.status == Message.Status.PARTIAL
+            )
             if plain != message:
-                data["error"] = plain  # the code too names the failure ("connect", "timeout_idle", …)
+                data["error"] = (
+                    plain  # the code too names the failure ("connect", "timeout_idle", …)
+                )
         return data
 
 
@@ -81,8 +100,10 @@ def _details(request) -> dict:
 
 def _logged_as(request) -> dict:
     """How the request log names this request's origin."""
-    return {"interface": RequestLog.Interface.API,
-            "api_key_id": request.auth.pk if isinstance(request.auth, ApiKey) else None}
+    return {
+        "interface": RequestLog.Interface.API,
+        "api_key_id": request.auth.pk if isinstance(request.auth, ApiKey) else None,
+    }
 
 
 class SessionListView(APIView):
@@ -99,7 +120,9 @@ class SessionListView(APIView):
     def post(self, request):
         data = SessionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        session = services.session_create(user=request.user, title=data.validated_data.get("title", ""))
+        session = services.session_create(
+            user=request.user, title=data.validated_data.get("title", "")
+        )
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
 
@@ -108,14 +131,18 @@ class SessionDetailView(APIView):
 
     @extend_schema(responses=SessionSerializer)
     def get(self, request, pk):
-        return Response(SessionSerializer(services.session_get(user=request.user, session_id=pk)).data)
+        return Response(
+            SessionSerializer(services.session_get(user=request.user, session_id=pk)).data
+        )
 
     @extend_schema(request=SessionSerializer, responses=SessionSerializer)
     def patch(self, request, pk):
         session = services.session_get(user=request.user, session_id=pk)
         data = SessionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        session = services.session_rename(session=session, title=data.validated_data.get("title", ""))
+        session = services.session_rename(
+            session=session, title=data.validated_data.get("title", "")
+        )
         return Response(SessionSerializer(session).data)
 
     @extend_schema(responses={204: None})
@@ -139,7 +166,9 @@ class MessageListView(APIView):
     def get(self, request, pk):
         session = services.session_get(user=request.user, session_id=pk)
         messages = session.messages.order_by("created_at", "pk")[:1000]
-        return Response({"results": MessageSerializer(messages, many=True, context=_details(request)).data})
+        return Response(
+            {"results": MessageSerializer(messages, many=True, context=_details(request)).data}
+        )
 
     @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
     def post(self, request, pk):
@@ -149,17 +178,25 @@ class MessageListView(APIView):
         message_id = async_to_sync(_run_to_end)(request, pk, data.validated_data)
         assistant = Message.objects.get(pk=message_id)
         user_message = assistant.session.messages.filter(role="user", pk__lt=assistant.pk).last()
-        body = {"session": SessionSerializer(assistant.session).data,
-                "user_message": MessageSerializer(user_message).data,
-                "assistant_message": MessageSerializer(assistant, context=_details(request)).data}
+        body = {
+            "session": SessionSerializer(assistant.session).data,
+            "user_message": MessageSerializer(user_message).data,
+            "assistant_message": MessageSerializer(assistant, context=_details(request)).data,
+        }
         return Response(body, status=status.HTTP_201_CREATED)
 
 
 async def _run_to_end(request, session_id, data) -> int:
     message_id = None
-    async for event in run_turn(user=request.user, content=data["content"], session_id=session_id,
-                                client=_client(request), max_tokens=data.get("max_tokens"),
-                                temperature=data.get("temperature"), **_logged_as(request)):
+    async for event in run_turn(
+        user=request.user,
+        content=data["content"],
+        session_id=session_id,
+        client=_client(request),
+        max_tokens=data.get("max_tokens"),
+        temperature=data.get("temperature"),
+        **_logged_as(request),
+    ):
         if isinstance(event, SessionEvent):
             message_id = event.message_id
     return message_id
@@ -172,8 +209,14 @@ class MessageStreamView(APIView):
 
     permission_classes = [ChatScope]
 
-    @extend_schema(request=SendSerializer, responses={(200, "text/event-stream"): OpenApiResponse(
-        description="`event: session`, `route`, `token`…, then `done` or `error`; each `data:` is JSON.")})
+    @extend_schema(
+        request=SendSerializer,
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(
+                description="`event: session`, `route`, `token`…, then `done` or `error`; each `data:` is JSON."
+            )
+        },
+    )
     def post(self, request, pk):
         services.session_get(user=request.user, session_id=pk)
         data = SendSerializer(data=request.data)
@@ -184,12 +227,20 @@ class MessageStreamView(APIView):
         # The turn gives the slot back; a stream never started (the client gone before its first
         # byte) leaves it to its lease.
         slot = services.question_admit(user_id=request.user.pk)
-        turn = run_turn(user=request.user, content=content, session_id=pk,
-                        client=_client(request), max_tokens=data.validated_data.get("max_tokens"),
-                        temperature=data.validated_data.get("temperature"), admitted=True, slot=slot,
-                        **_logged_as(request))
-        response = StreamingHttpResponse(_sse(turn, details=reads_route_details(request.user)),
-                                         content_type="text/event-stream")
+        turn = run_turn(
+            user=request.user,
+            content=content,
+            session_id=pk,
+            client=_client(request),
+            max_tokens=data.validated_data.get("max_tokens"),
+            temperature=data.validated_data.get("temperature"),
+            admitted=True,
+            slot=slot,
+            **_logged_as(request),
+        )
+        response = StreamingHttpResponse(
+            _sse(turn, details=reads_route_details(request.user)), content_type="text/event-stream"
+        )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
@@ -223,7 +274,9 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
 class ApiKeyCreateSerializer(serializers.Serializer):
     name = TextField(max_length=100)
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=ApiKey.Scope.values), default=["chat"])
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiKey.Scope.values), default=["chat"]
+    )
 
 
 class ApiKeyListView(APIView):
@@ -249,6 +302,8 @@ class ApiKeyDetailView(APIView):
     def delete(self, request, pk):
         key = ApiKey.objects.filter(pk=pk, user=request.user).first()
         if key is None:
-            raise NotFound(f"No API key {pk}.")  # the error shape comes from core.errors, as everywhere
+            raise NotFound(
+                f"No API key {pk}."
+            )  # the error shape comes from core.errors, as everywhere
         services.apikey_revoke(key=key)
         return Response(status=status.HTTP_204_NO_CONTENT)

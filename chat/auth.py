@@ -49,7 +49,9 @@ class SessionOnly(permissions.BasePermission):
     """Key management needs a logged-in browser session: a key cannot mint keys."""
 
     def has_permission(self, request, view):
-        return bool(request.user and request.user.is_authenticated and not isinstance(request.auth, ApiKey))
+        return bool(
+            request.user and request.user.is_authenticated and not isinstance(request.auth, ApiKey)
+        )
 
 
 # --- WebSocket: does the login that opened the socket still hold? -------------------------------------
@@ -61,9 +63,11 @@ def _socket_login_sql() -> str:
 
     user_model = get_user_model()
     pk = user_model._meta.pk.column
-    return (f"SELECT u.is_active, u.password, s.session_data FROM {user_model._meta.db_table} u "
-            f"LEFT JOIN {Session._meta.db_table} s ON s.session_key = %s AND s.expire_date > %s "
-            f"WHERE u.{pk} = %s")
+    return (
+        f"SELECT u.is_active, u.password, s.session_data FROM {user_model._meta.db_table} u "
+        f"LEFT JOIN {Session._meta.db_table} s ON s.session_key = %s AND s.expire_date > %s "
+        f"WHERE u.{pk} = %s"
+    )
 
 
 async def asocket_login_ended(*, user, session_key: str | None) -> tuple[str, str] | None:
@@ -76,7 +80,10 @@ async def asocket_login_ended(*, user, session_key: str | None) -> tuple[str, st
     """
     row = await db.query_one(_socket_login_sql(), [session_key or "", timezone.now(), user.pk])
     if row is not None and not row[0]:
-        return "account_inactive", "This account has been deactivated; log in again with an active account."
+        return (
+            "account_inactive",
+            "This account has been deactivated; log in again with an active account.",
+        )
     if row is None or row[2] is None or not _session_verified(user, row[1], row[2]):
         return "logged_out", "You have been logged out; log in again to continue."
     return None
@@ -91,6 +98,10 @@ def _session_verified(user, password: str, session_data: str) -> bool:
     stored_hash = data.get(HASH_SESSION_KEY)
     if str(data.get(SESSION_KEY)) != str(user.pk) or not stored_hash:
         return False
-    current = get_user_model()(pk=user.pk, password=password)  # the password as it is now, not at connect
-    return any(constant_time_compare(stored_hash, expected)
-               for expected in (current.get_session_auth_hash(), *current.get_session_auth_fallback_hash()))
+    current = get_user_model()(
+        pk=user.pk, password=password
+    )  # the password as it is now, not at connect
+    return any(
+        constant_time_compare(stored_hash, expected)
+        for expected in (current.get_session_auth_hash(), *current.get_session_auth_fallback_hash())
+    )

@@ -46,7 +46,11 @@ class OpsConsumer(JsonFramesConsumer):
 
     async def connect(self):
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated or await db.run(_ops_refusal, user.pk) is not None:
+        if (
+            user is None
+            or not user.is_authenticated
+            or await db.run(_ops_refusal, user.pk) is not None
+        ):
             await self.close(code=4403)
             return
         self.user = user
@@ -105,13 +109,19 @@ def _ops_refusal(user_id) -> tuple[str, str] | None:
     backend, counting the user's own permission, a group's and a superuser's.
     """
     users = get_user_model().objects
-    row = (users.filter(pk=user_id)
-           .annotate(may_view=Exists(users.with_perm(OPS_PERMISSION).filter(pk=OuterRef("pk"))))
-           .values_list("is_staff", "may_view").first())
+    row = (
+        users.filter(pk=user_id)
+        .annotate(may_view=Exists(users.with_perm(OPS_PERMISSION).filter(pk=OuterRef("pk"))))
+        .values_list("is_staff", "may_view")
+        .first()
+    )
     if row is None or not row[0]:
         return "not_staff", "This account is no longer staff: the operations feed is closed."
     if not row[1]:
-        return "no_permission", "This account may no longer view the engines: the operations feed is closed."
+        return (
+            "no_permission",
+            "This account may no longer view the engines: the operations feed is closed.",
+        )
     return None
 
 
@@ -161,7 +171,9 @@ class ChatConsumer(JsonFramesConsumer):
         try:
             frame = json.loads(text_data or "")
         except ValueError:
-            await self._send({"type": "error", "code": "bad_json", "message": "Frames must be JSON text."})
+            await self._send(
+                {"type": "error", "code": "bad_json", "message": "Frames must be JSON text."}
+            )
             return
         kind = frame.get("type") if isinstance(frame, dict) else None
         if kind == "stop":
@@ -169,18 +181,36 @@ class ChatConsumer(JsonFramesConsumer):
                 self.task.cancel()
             return
         if kind != "message":
-            await self._send({"type": "error", "code": "unknown_type",
-                              "message": 'Client frames are {"type": "message", …} and {"type": "stop"}.'})
+            await self._send(
+                {
+                    "type": "error",
+                    "code": "unknown_type",
+                    "message": 'Client frames are {"type": "message", …} and {"type": "stop"}.',
+                }
+            )
             return
         if self.task is not None and not self.task.done():
-            await self._send({"type": "error", "code": "busy",
-                              "message": "An answer is still streaming; stop it or wait for it to finish."})
+            await self._send(
+                {
+                    "type": "error",
+                    "code": "busy",
+                    "message": "An answer is still streaming; stop it or wait for it to finish.",
+                }
+            )
             return
         session = frame.get("session")
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
-            await self._send({"type": "error", "code": "bad_request", "message": "session must be an id or null."})
+            await self._send(
+                {
+                    "type": "error",
+                    "code": "bad_request",
+                    "message": "session must be an id or null.",
+                }
+            )
             return
-        self.task = asyncio.create_task(self._answer(session, frame.get("content"), time.monotonic()))
+        self.task = asyncio.create_task(
+            self._answer(session, frame.get("content"), time.monotonic())
+        )
 
     async def _answer(self, session_id, content, arrived):
         # The turn's statements on the event loop (core.db.unbound); anything that still runs
@@ -196,16 +226,31 @@ class ChatConsumer(JsonFramesConsumer):
             ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
             if ended is not None:
                 code, message = ended
-                await self._send({"type": "error", "code": code, "message": message, "message_id": None,
-                                  "status": None})
+                await self._send(
+                    {
+                        "type": "error",
+                        "code": code,
+                        "message": message,
+                        "message_id": None,
+                        "status": None,
+                    }
+                )
                 await self.close(code=4401)
                 return
             details = await areads_route_details(self.user)
-            async for event in run_turn(user=self.user, content=content, session_id=session_id, client="web",
-                                       arrived=arrived):
+            async for event in run_turn(
+                user=self.user,
+                content=content,
+                session_id=session_id,
+                client="web",
+                arrived=arrived,
+            ):
                 if type(event) is Token:
-                    await self.send(text_data='{"type": "token", "text": ' + json.dumps(event.text, ensure_ascii=False)
-                                    + "}")
+                    await self.send(
+                        text_data='{"type": "token", "text": '
+                        + json.dumps(event.text, ensure_ascii=False)
+                        + "}"
+                    )
                     continue
                 frame = event.as_dict(details=details)
                 if isinstance(event, SessionEvent):
@@ -218,22 +263,50 @@ class ChatConsumer(JsonFramesConsumer):
                         frame["status"] = "partial" if event.partial else "failed"
                 await self._send(frame)
         except ChatError as exc:
-            await self._send({"type": "error", "code": exc.code, "message": str(exc), "message_id": None,
-                              "status": None, **({"retry_after": exc.retry_after} if hasattr(exc, "retry_after")
-                                                 else {})})
+            await self._send(
+                {
+                    "type": "error",
+                    "code": exc.code,
+                    "message": str(exc),
+                    "message_id": None,
+                    "status": None,
+                    **({"retry_after": exc.retry_after} if hasattr(exc, "retry_after") else {}),
+                }
+            )
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self._send({"type": "error", "code": "cancelled", "message": "Stopped.",
-                                  "message_id": message_id, "status": "cancelled"})
+                await self._send(
+                    {
+                        "type": "error",
+                        "code": "cancelled",
+                        "message": "Stopped.",
+                        "message_id": message_id,
+                        "status": "cancelled",
+                    }
+                )
             raise
         except Exception as exc:  # noqa: BLE001 - one failed answer must not kill the socket
             outage = unavailable(exc)
             if outage is None:
                 logger.exception("chat answer failed")
-                await self._send({"type": "error", "code": "internal", "message": "The answer failed unexpectedly.",
-                                  "message_id": message_id, "status": "failed"})
+                await self._send(
+                    {
+                        "type": "error",
+                        "code": "internal",
+                        "message": "The answer failed unexpectedly.",
+                        "message_id": message_id,
+                        "status": "failed",
+                    }
+                )
                 return
             logger.warning("chat answer failed: %s (%s: %s)", outage, type(exc).__name__, exc)
-            await self._send({"type": "error", "code": outage.code, "message": str(outage), "message_id": message_id,
-                              "status": "failed" if message_id is not None else None,
-                              "retry_after": outage.retry_after})
+            await self._send(
+                {
+                    "type": "error",
+                    "code": outage.code,
+                    "message": str(outage),
+                    "message_id": message_id,
+                    "status": "failed" if message_id is not None else None,
+                    "retry_after": outage.retry_after,
+                }
+            )

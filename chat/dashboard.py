@@ -19,14 +19,21 @@ from core import charts
 from inference_ops.models import EngineProcess
 from knowledge.models import Miss
 
-ROADS = {"kb": ("knowledge base", "#2a9d4b"), "local": ("local model", "#2f6db5"),
-         "external": ("external model", "#d9730d"), "": ("no road", "#888888")}
+ROADS = {
+    "kb": ("knowledge base", "#2a9d4b"),
+    "local": ("local model", "#2f6db5"),
+    "external": ("external model", "#d9730d"),
+    "": ("no road", "#888888"),
+}
 FAILED, FELL_BACK, HIT_RATIO = "#c0392b", "#8a5cd1", "#2a9d4b"
 TTFT, LATENCY = "#2f6db5", "#d9730d"
 STATES = {
-    EngineProcess.Status.READY: "#2a9d4b", EngineProcess.Status.STARTING: "#2f6db5",
-    EngineProcess.Status.RESTARTING: "#8a5cd1", EngineProcess.Status.UNHEALTHY: "#d9a10d",
-    EngineProcess.Status.CRASHED: "#c0392b", EngineProcess.Status.STOPPED: "#888888",
+    EngineProcess.Status.READY: "#2a9d4b",
+    EngineProcess.Status.STARTING: "#2f6db5",
+    EngineProcess.Status.RESTARTING: "#8a5cd1",
+    EngineProcess.Status.UNHEALTHY: "#d9a10d",
+    EngineProcess.Status.CRASHED: "#c0392b",
+    EngineProcess.Status.STOPPED: "#888888",
 }
 NO_RECORD = "#d0d0d0"
 PERIOD_NAMES = {"hour": "last hour", "day": "last day", "week": "last week"}
@@ -40,8 +47,10 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         raise PermissionDenied
     name = request.GET.get("period", "day")
     if name not in selectors.PERIODS:
-        return HttpResponseBadRequest(f"period must be one of: {', '.join(selectors.PERIODS)}.",
-                                      content_type="text/plain; charset=utf-8")
+        return HttpResponseBadRequest(
+            f"period must be one of: {', '.join(selectors.PERIODS)}.",
+            content_type="text/plain; charset=utf-8",
+        )
     now = timezone.now()
     period = selectors.period_at(name, now=now)
     traffic = selectors.traffic(period)
@@ -72,24 +81,57 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         # The misses admin's own action: the page's button posts the miss to it, as its list would.
         "can_make_entry": can_see_misses and "make_entry" in miss_admin.get_actions(request),
         # Every chart escapes the text it writes.
-        "road_chart": mark_safe(charts.bars_over_time(
-            labels, [charts.Series(label, colour, [s.by_road.get(road, 0) for s in traffic.slots])
-                     for road, (label, colour) in ROADS.items()],
-            label=f"Requests by road, {PERIOD_NAMES[name]}", css="chart-roads", unit="requests")),
-        "hit_chart": mark_safe(charts.lines_over_time(
-            labels, [charts.Series("KB hit ratio", HIT_RATIO, [s.hit_ratio for s in traffic.slots])],
-            label=f"Share of questions the knowledge base answered, {PERIOD_NAMES[name]}", css="chart-hits",
-            percent=True)),
-        "error_chart": mark_safe(charts.lines_over_time(
-            labels, [charts.Series("failed", FAILED, [s.failed for s in traffic.slots]),
-                     charts.Series("fell back", FELL_BACK, [s.fell_back for s in traffic.slots])],
-            label=f"Failed requests and fallbacks, {PERIOD_NAMES[name]}", css="chart-errors", unit="requests")),
-        "latency_chart": mark_safe(charts.percentile_bars(
-            [(_target_name(t), [("TTFT", t.ttft_p50, t.ttft_p95), ("latency", t.latency_p50, t.latency_p95)])
-             for t in targets if t.ttft_p50 is not None or t.latency_p50 is not None],
-            measures=[("TTFT", TTFT), ("latency", LATENCY)],
-            label=f"Time to first token and latency per target, p50 and p95, {PERIOD_NAMES[name]}",
-            css="chart-latency")),
+        "road_chart": mark_safe(
+            charts.bars_over_time(
+                labels,
+                [
+                    charts.Series(label, colour, [s.by_road.get(road, 0) for s in traffic.slots])
+                    for road, (label, colour) in ROADS.items()
+                ],
+                label=f"Requests by road, {PERIOD_NAMES[name]}",
+                css="chart-roads",
+                unit="requests",
+            )
+        ),
+        "hit_chart": mark_safe(
+            charts.lines_over_time(
+                labels,
+                [charts.Series("KB hit ratio", HIT_RATIO, [s.hit_ratio for s in traffic.slots])],
+                label=f"Share of questions the knowledge base answered, {PERIOD_NAMES[name]}",
+                css="chart-hits",
+                percent=True,
+            )
+        ),
+        "error_chart": mark_safe(
+            charts.lines_over_time(
+                labels,
+                [
+                    charts.Series("failed", FAILED, [s.failed for s in traffic.slots]),
+                    charts.Series("fell back", FELL_BACK, [s.fell_back for s in traffic.slots]),
+                ],
+                label=f"Failed requests and fallbacks, {PERIOD_NAMES[name]}",
+                css="chart-errors",
+                unit="requests",
+            )
+        ),
+        "latency_chart": mark_safe(
+            charts.percentile_bars(
+                [
+                    (
+                        _target_name(t),
+                        [
+                            ("TTFT", t.ttft_p50, t.ttft_p95),
+                            ("latency", t.latency_p50, t.latency_p95),
+                        ],
+                    )
+                    for t in targets
+                    if t.ttft_p50 is not None or t.latency_p50 is not None
+                ],
+                measures=[("TTFT", TTFT), ("latency", LATENCY)],
+                label=f"Time to first token and latency per target, p50 and p95, {PERIOD_NAMES[name]}",
+                css="chart-latency",
+            )
+        ),
         "engine_chart": mark_safe(_engine_chart(engines, period, now=now, cut=events_cut)),
     }
     return TemplateResponse(request, "admin/dashboard.html", context)
@@ -102,20 +144,33 @@ def _target_name(t: selectors.TargetLatency) -> str:
 
 
 def _target_row(t: selectors.TargetLatency) -> dict:
-    ms = {name: "—" if getattr(t, name) is None else charts.number(getattr(t, name))
-          for name in ("ttft_p50", "ttft_p95", "latency_p50", "latency_p95", "overhead_p50", "overhead_p95")}
+    ms = {
+        name: "—" if getattr(t, name) is None else charts.number(getattr(t, name))
+        for name in (
+            "ttft_p50",
+            "ttft_p95",
+            "latency_p50",
+            "latency_p95",
+            "overhead_p50",
+            "overhead_p95",
+        )
+    }
     return {"name": _target_name(t), "road": t.road, "target": t.target, "row": t, "ms": ms}
 
 
 def _recent_events(engines: list[selectors.EngineHistory]) -> list[dict]:
-    events = [{"engine": e.name, "at": ev.at, "status": ev.status, "reason": ev.reason}
-              for e in engines for ev in e.events]
+    events = [
+        {"engine": e.name, "at": ev.at, "status": ev.status, "reason": ev.reason}
+        for e in engines
+        for ev in e.events
+    ]
     events.sort(key=lambda ev: ev["at"], reverse=True)
     return events[:RECENT_EVENTS]
 
 
-def _engine_chart(engines: list[selectors.EngineHistory], period: selectors.Period, *, now: datetime,
-                  cut: bool) -> str:
+def _engine_chart(
+    engines: list[selectors.EngineHistory], period: selectors.Period, *, now: datetime, cut: bool
+) -> str:
     span = (period.end - period.start).total_seconds()
     stop = min(now, period.end)
 
@@ -138,13 +193,27 @@ def _engine_chart(engines: list[selectors.EngineHistory], period: selectors.Peri
             until = stop if event is None else event.at
             if until > since:
                 colour = STATES.get(state, NO_RECORD) if state else NO_RECORD
-                segments.append((at(since), at(until), colour,
-                                 f"{engine.name}: {state or 'no record'} from {clock(since)} to {clock(until)}"))
+                segments.append(
+                    (
+                        at(since),
+                        at(until),
+                        colour,
+                        f"{engine.name}: {state or 'no record'} from {clock(since)} to {clock(until)}",
+                    )
+                )
             if event is not None:
                 state, since = event.status, max(since, event.at)
         rows.append((engine.name, segments))
     every = TICK_EVERY[period.name]
-    ticks = [(at(slot), timezone.localtime(slot).strftime("%a" if period.name == "week" else "%H:%M"))
-             for index, slot in enumerate(period.slots) if index % every == 0]
-    return charts.timeline(rows, ticks=ticks, keys=[(str(state), colour) for state, colour in STATES.items()],
-                           label="Engine states over the period", css="chart-engines")
+    ticks = [
+        (at(slot), timezone.localtime(slot).strftime("%a" if period.name == "week" else "%H:%M"))
+        for index, slot in enumerate(period.slots)
+        if index % every == 0
+    ]
+    return charts.timeline(
+        rows,
+        ticks=ticks,
+        keys=[(str(state), colour) for state, colour in STATES.items()],
+        label="Engine states over the period",
+        css="chart-engines",
+    )

@@ -21,7 +21,9 @@ def demo_admin_ensure(*, password_file: Path) -> tuple[str, str | None]:
         user = User.objects.select_for_update().filter(username="admin").first()
         if user is None:
             password = secrets.token_urlsafe(12)
-            User.objects.create_superuser(username="admin", email="admin@example.com", password=password)
+            User.objects.create_superuser(
+                username="admin", email="admin@example.com", password=password
+            )
             password_file.write_text(password)
             password_file.chmod(0o600)
             return "admin", password

@@ -41,43 +41,123 @@ ROADS = frozenset({"kb", "local", "external", ""})
 KB_METHODS = frozenset({"exact", "vector", "none", "follow_up"})
 # Every code a turn ends with (routing.pipeline's, an engine failure's kind) and every code /v1
 # answers with (chat.openai_api, after its renames); "" is a reply without a code.
-ERROR_CODES = frozenset(EngineError.KINDS) | frozenset({
-    "", "cancelled", "empty", "too_long", "unknown_model", "model_not_allowed", "no_route", "no_target",
-    "unavailable", "context_length_exceeded", "model_not_found", "invalid_api_key", "insufficient_scope",
-    "invalid_text", "invalid_session", "invalid_message", "rate_limit_exceeded", "rate_limited",
-    "message_too_large", "session_not_found", "not_found", "method_not_allowed", "bad_host", "https_required",
-    "request_too_large", "internal_error", "invalid",
-})
+ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(
+    {
+        "",
+        "cancelled",
+        "empty",
+        "too_long",
+        "unknown_model",
+        "model_not_allowed",
+        "no_route",
+        "no_target",
+        "unavailable",
+        "context_length_exceeded",
+        "model_not_found",
+        "invalid_api_key",
+        "insufficient_scope",
+        "invalid_text",
+        "invalid_session",
+        "invalid_message",
+        "rate_limit_exceeded",
+        "rate_limited",
+        "message_too_large",
+        "session_not_found",
+        "not_found",
+        "method_not_allowed",
+        "bad_host",
+        "https_required",
+        "request_too_large",
+        "internal_error",
+        "invalid",
+    }
+)
 # Rule and endpoint names are slugs of at most this length; anything longer is not one.
 NAME_LIMIT = 100
 
 # From a KB answer (milliseconds) to a long generation (tens of seconds).
-TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+TIME_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 # The gateway's own share is small unless something is wrong.
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-REQUESTS = Counter("gateway_requests_total", "Answered requests (turns), by how they ended.",
-                   ["interface", "road", "rule", "target", "status"])
-REQUEST_ERRORS = Counter("gateway_request_errors_total", "Turns that failed, broke off or were cancelled, by "
-                         "error code.", ["interface", "road", "target", "code"])
-TTFT = Histogram("gateway_time_to_first_token_seconds", "Arrival to the first token the user got.",
-                 ["interface", "road", "target"], buckets=TIME_BUCKETS)
-LATENCY = Histogram("gateway_request_duration_seconds", "Arrival to the end of the answer.",
-                    ["interface", "road", "target", "status"], buckets=TIME_BUCKETS)
-OVERHEAD = Histogram("gateway_overhead_seconds", "The gateway's own share of a request's time (the rest is the "
-                     "engine's).", ["interface", "road", "target"], buckets=OVERHEAD_BUCKETS)
-PROMPT_TOKENS = Counter("gateway_prompt_tokens_total", "Tokens in (prompt), as the engine counted them.",
-                        ["interface", "road", "target"])
-COMPLETION_TOKENS = Counter("gateway_completion_tokens_total", "Tokens out (completion), as the engine counted them.",
-                            ["interface", "road", "target"])
-KB_LOOKUPS = Counter("gateway_kb_lookups_total", "KB checks by how they matched; result hit, miss, or skipped (a "
-                     "follow-up question, which only its conversation can answer).", ["method", "result"])
-FALLBACKS = Counter("gateway_fallbacks_total", "Endpoints passed over (failed or resting) before the answer, with the "
-                    "target that answered (empty: none did).", ["passed_over", "target"])
-IN_FLIGHT = Gauge("gateway_requests_in_flight", "Turns being answered now.", ["interface"],
-                  multiprocess_mode="livesum")
-ERROR_RESPONSES = Counter("gateway_error_responses_total", "/v1 replies with an error status, by status and code.",
-                          ["interface", "status", "code"])
+REQUESTS = Counter(
+    "gateway_requests_total",
+    "Answered requests (turns), by how they ended.",
+    ["interface", "road", "rule", "target", "status"],
+)
+REQUEST_ERRORS = Counter(
+    "gateway_request_errors_total",
+    "Turns that failed, broke off or were cancelled, by error code.",
+    ["interface", "road", "target", "code"],
+)
+TTFT = Histogram(
+    "gateway_time_to_first_token_seconds",
+    "Arrival to the first token the user got.",
+    ["interface", "road", "target"],
+    buckets=TIME_BUCKETS,
+)
+LATENCY = Histogram(
+    "gateway_request_duration_seconds",
+    "Arrival to the end of the answer.",
+    ["interface", "road", "target", "status"],
+    buckets=TIME_BUCKETS,
+)
+OVERHEAD = Histogram(
+    "gateway_overhead_seconds",
+    "The gateway's own share of a request's time (the rest is the engine's).",
+    ["interface", "road", "target"],
+    buckets=OVERHEAD_BUCKETS,
+)
+PROMPT_TOKENS = Counter(
+    "gateway_prompt_tokens_total",
+    "Tokens in (prompt), as the engine counted them.",
+    ["interface", "road", "target"],
+)
+COMPLETION_TOKENS = Counter(
+    "gateway_completion_tokens_total",
+    "Tokens out (completion), as the engine counted them.",
+    ["interface", "road", "target"],
+)
+KB_LOOKUPS = Counter(
+    "gateway_kb_lookups_total",
+    "KB checks by how they matched; result hit, miss, or skipped (a "
+    "follow-up question, which only its conversation can answer).",
+    ["method", "result"],
+)
+FALLBACKS = Counter(
+    "gateway_fallbacks_total",
+    "Endpoints passed over (failed or resting) before the answer, with the "
+    "target that answered (empty: none did).",
+    ["passed_over", "target"],
+)
+IN_FLIGHT = Gauge(
+    "gateway_requests_in_flight",
+    "Turns being answered now.",
+    ["interface"],
+    multiprocess_mode="livesum",
+)
+ERROR_RESPONSES = Counter(
+    "gateway_error_responses_total",
+    "/v1 replies with an error status, by status and code.",
+    ["interface", "status", "code"],
+)
 
 
 def request_started(interface: str) -> None:
@@ -96,8 +176,12 @@ def request_ended(record: RequestRecord) -> None:
 
 def response_refused(interface: str, status: int, code: str) -> None:
     try:
-        _child(ERROR_RESPONSES, _one_of(interface, INTERFACES), str(status) if 400 <= status <= 599 else OTHER,
-               _one_of(code or "", ERROR_CODES)).inc()
+        _child(
+            ERROR_RESPONSES,
+            _one_of(interface, INTERFACES),
+            str(status) if 400 <= status <= 599 else OTHER,
+            _one_of(code or "", ERROR_CODES),
+        ).inc()
     except Exception:  # noqa: BLE001
         logger.exception("metrics: response_refused failed")
 
@@ -120,7 +204,9 @@ def _ended(record: RequestRecord) -> None:
     if record.completion_tokens:
         _child(COMPLETION_TOKENS, interface, road, target).inc(record.completion_tokens)
     if record.error_code:
-        _child(REQUEST_ERRORS, interface, road, target, _one_of(record.error_code, ERROR_CODES)).inc()
+        _child(
+            REQUEST_ERRORS, interface, road, target, _one_of(record.error_code, ERROR_CODES)
+        ).inc()
     if record.kb_method:
         method = _one_of(record.kb_method, KB_METHODS)
         result = "hit" if record.kb_hit else "skipped" if method == "follow_up" else "miss"
@@ -161,7 +247,9 @@ def _process_exit() -> None:
 if values.ValueClass is values.MutexValue:
     # Something imported prometheus_client before config.settings set the folder: this process
     # counts in its own memory, which no scrape of the folder sees.
-    logger.warning("metrics: prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set; "
-                   "this process's counts are missing from /metrics")
+    logger.warning(
+        "metrics: prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set; "
+        "this process's counts are missing from /metrics"
+    )
 else:
     atexit.register(_process_exit)

@@ -12,7 +12,9 @@ class ChatSession(models.Model):
         WEB = "web", "browser"
         API = "api", "API"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions"
+    )
     title = models.CharField(max_length=200, blank=True)
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.WEB)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -47,7 +49,9 @@ class Message(models.Model):
     road = models.CharField(max_length=16, blank=True)
     rule = models.CharField(max_length=100, blank=True)
     target = models.CharField(max_length=100, blank=True)
-    kb_entry = models.ForeignKey("knowledge.Entry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kb_entry = models.ForeignKey(
+        "knowledge.Entry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
@@ -62,7 +66,11 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["session", "created_at"]),
             # The sweeper looks for turns left streaming by a crashed process.
-            models.Index(fields=["created_at"], condition=models.Q(status="streaming"), name="message_streaming"),
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(status="streaming"),
+                name="message_streaming",
+            ),
         ]
 
 
@@ -74,7 +82,9 @@ class ApiKey(models.Model):
         CHAT = "chat", "chat (/v1 and the chat API)"
         KB = "kb", "knowledge base API"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
@@ -85,8 +95,11 @@ class ApiKey(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "name"], condition=models.Q(revoked_at__isnull=True),
-                                    name="apikey_unique_live_name"),
+            models.UniqueConstraint(
+                fields=["user", "name"],
+                condition=models.Q(revoked_at__isnull=True),
+                name="apikey_unique_live_name",
+            ),
         ]
 
     def __str__(self):
@@ -123,9 +136,16 @@ class RequestLog(models.Model):
     id = models.BigIntegerField(primary_key=True)
     at = models.DateTimeField("time")
     interface = models.CharField(max_length=8, choices=Interface.choices)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.DO_NOTHING, db_constraint=False,
-                             related_name="+")
-    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
     session_id = models.BigIntegerField(null=True)
     road = models.CharField(max_length=16, blank=True)
     rule = models.CharField(max_length=100, blank=True)
@@ -139,8 +159,13 @@ class RequestLog(models.Model):
     completion_tokens = models.IntegerField("tokens out", null=True)
     kb_method = models.CharField("KB match", max_length=16, blank=True)
     kb_hit = models.BooleanField("KB answered", default=False)
-    kb_entry = models.ForeignKey("knowledge.Entry", null=True, on_delete=models.DO_NOTHING, db_constraint=False,
-                                 related_name="+")
+    kb_entry = models.ForeignKey(
+        "knowledge.Entry",
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
     kb_score = models.FloatField("KB score", null=True)
     fallbacks = models.SmallIntegerField(default=0)
     request_key = models.UUIDField()

@@ -47,8 +47,16 @@ from routing.rules import asnapshot
 logger = logging.getLogger(__name__)
 
 # Pipeline error codes → HTTP status for a request that failed before any token.
-_PIPELINE_STATUS = {"empty": 400, "too_long": 400, "unknown_model": 404, "model_not_allowed": 403, "no_route": 503,
-                    "no_target": 503, "client_error": 502, "rate_limited": 503}
+_PIPELINE_STATUS = {
+    "empty": 400,
+    "too_long": 400,
+    "unknown_model": 404,
+    "model_not_allowed": 403,
+    "no_route": 503,
+    "no_target": 503,
+    "client_error": 502,
+    "rate_limited": 503,
+}
 
 
 @dataclass
@@ -59,15 +67,25 @@ class Reply:
     stream: AsyncIterator[str | bytes] | None = None  # server-sent events, instead of a body
 
 
-def _error(status: int, message: str, *, code: str | None = None, param: str | None = None,
-           headers: dict | None = None) -> Reply:
-    return Reply(status, openai_error_body(status, message, code=code, param=param), dict(headers or {}))
+def _error(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict | None = None,
+) -> Reply:
+    return Reply(
+        status, openai_error_body(status, message, code=code, param=param), dict(headers or {})
+    )
 
 
 async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
     scheme, _, raw = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
-        return _error(401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key")
+        return _error(
+            401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key"
+        )
     key = await services.aapikey_authenticate(raw.strip())
     if key is None:
         return _error(401, "Incorrect or revoked API key.", code="invalid_api_key")
@@ -84,8 +102,15 @@ async def models(headers: dict[str, str]) -> Reply:
     created = int(time.time())
     data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
     # Only what a rule lets this key name (the rule that takes a question still decides).
-    data += [{"id": name, "object": "model", "created": created, "owned_by": snap.targets_by_model[name].road}
-             for name in snap.nameable(groups=key.group_names, client=key.client)]
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": snap.targets_by_model[name].road,
+        }
+        for name in snap.nameable(groups=key.group_names, client=key.client)
+    ]
     return Reply(200, {"object": "list", "data": data})
 
 
@@ -151,8 +176,11 @@ _REFUSED = {
 
 
 def _message_refused(index: int) -> Reply:
-    return _error(400, f"messages[{index}] needs a role (system, user, assistant) and text content.",
-                  param=f"messages[{index}]")
+    return _error(
+        400,
+        f"messages[{index}] needs a role (system, user, assistant) and text content.",
+        param=f"messages[{index}]",
+    )
 
 
 def _schema_refused(exc: ValidationError) -> Reply:
@@ -177,26 +205,41 @@ def _parse(body) -> dict | Reply:
         # Every message, not only the question: all of them go to the engine, and none may cost a
         # rate-limit slot by failing later.
         if (problem := text_problem(text)) is not None:
-            return _error(400, f"messages[{index}] {problem}.", code="invalid_text", param=f"messages[{index}]")
+            return _error(
+                400,
+                f"messages[{index}] {problem}.",
+                code="invalid_text",
+                param=f"messages[{index}]",
+            )
         if message.role in ("system", "developer"):
             system.append(text)
         else:
             history.append({"role": message.role, "content": text})
     if not history or history[-1]["role"] != "user":
         return _error(400, "The last message must come from the user.", param="messages")
-    options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "temperature": request.temperature}
-    return {"model": request.model, "question": history[-1]["content"], "history": history[:-1],
-            "system": "\n\n".join(system), "stream": request.stream,
-            "include_usage": bool(request.stream_options and request.stream_options.include_usage),
-            "ignore_eos": request.ignore_eos,
-            **{name: value for name, value in options.items() if value is not None}}
+    options = {
+        "max_tokens": request.max_completion_tokens or request.max_tokens,
+        "temperature": request.temperature,
+    }
+    return {
+        "model": request.model,
+        "question": history[-1]["content"],
+        "history": history[:-1],
+        "system": "\n\n".join(system),
+        "stream": request.stream,
+        "include_usage": bool(request.stream_options and request.stream_options.include_usage),
+        "ignore_eos": request.ignore_eos,
+        **{name: value for name, value in options.items() if value is not None},
+    }
 
 
 def _route_headers(route: pipeline.Route | None, error: pipeline.Error | None = None) -> dict:
     source = route or error
-    return {"X-Route": (source.road if source else "") or "",
-            "X-Route-Rule": (source.rule if source else "") or "",
-            "X-Route-Target": (source.target if source else "") or ""}
+    return {
+        "X-Route": (source.road if source else "") or "",
+        "X-Route-Rule": (source.rule if source else "") or "",
+        "X-Route-Target": (source.target if source else "") or "",
+    }
 
 
 async def _message_for(event: pipeline.Error, user) -> str:
@@ -209,9 +252,15 @@ async def _message_for(event: pipeline.Error, user) -> str:
 
 async def _pipeline_error(event: pipeline.Error, user) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
-    code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(event.code, event.code)
-    param = {"too_long": "messages", "unknown_model": "model", "model_not_allowed": "model",
-             "empty": "messages"}.get(event.code)
+    code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(
+        event.code, event.code
+    )
+    param = {
+        "too_long": "messages",
+        "unknown_model": "model",
+        "model_not_allowed": "model",
+        "empty": "messages",
+    }.get(event.code)
     headers = _route_headers(None, event)
     if event.retry_after is not None:  # an engine asked to be left alone: say when to come back
         headers["Retry-After"] = str(max(1, math.ceil(event.retry_after)))
@@ -224,8 +273,12 @@ def _session_named(headers: dict[str, str]) -> int | None | Reply:
     if not raw:
         return None
     if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        return _error(400, "X-Session-Id must be the id of one of your chat sessions.", code="invalid_session",
-                      param="X-Session-Id")
+        return _error(
+            400,
+            "X-Session-Id must be the id of one of your chat sessions.",
+            code="invalid_session",
+            param="X-Session-Id",
+        )
     return int(raw)
 
 
@@ -244,15 +297,31 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
     if isinstance(session_id, Reply):
         return session_id
     if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
-        return _error(404, f"The model `{parsed['model']}` does not exist; see /v1/models.", code="model_not_found",
-                      param="model")
+        return _error(
+            404,
+            f"The model `{parsed['model']}` does not exist; see /v1/models.",
+            code="model_not_found",
+            param="model",
+        )
     # Stored as a chat turn only in a session the client names; the request log keeps every call.
-    turn = run_turn(user=key.user, content=parsed["question"], client=key.client, source=ChatSession.Source.API,
-                    model=parsed["model"], max_tokens=parsed.get("max_tokens"), temperature=parsed.get("temperature"),
-                    ignore_eos=parsed["ignore_eos"],
-                    history=parsed["history"], groups=key.group_names, system=parsed["system"],
-                    session_id=session_id, store=session_id is not None, interface=RequestLog.Interface.V1,
-                    api_key_id=key.pk, arrived=arrived)
+    turn = run_turn(
+        user=key.user,
+        content=parsed["question"],
+        client=key.client,
+        source=ChatSession.Source.API,
+        model=parsed["model"],
+        max_tokens=parsed.get("max_tokens"),
+        temperature=parsed.get("temperature"),
+        ignore_eos=parsed["ignore_eos"],
+        history=parsed["history"],
+        groups=key.group_names,
+        system=parsed["system"],
+        session_id=session_id,
+        store=session_id is not None,
+        interface=RequestLog.Interface.V1,
+        api_key_id=key.pk,
+        arrived=arrived,
+    )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     # Read up to the route (or an error) first: the route headers go out before the body. The
@@ -276,13 +345,23 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         return _error(404, str(exc), code="session_not_found", param="X-Session-Id")
     except ChatError as exc:
         return _error(exc.status, str(exc), code=exc.code, param="messages")
-    model_name = parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
+    model_name = (
+        parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
+    )
     if parsed["stream"]:
-        reply = Reply(200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                    "X-Accel-Buffering": "no",
-                                    # So far: the stream's last chunk says it for the whole answer.
-                                    OVERHEAD_HEADER: _overhead(arrived, route.engine_ms)},
-                      stream=_stream(turn, completion_id, created, model_name, parsed["include_usage"], key.user))
+        reply = Reply(
+            200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                # So far: the stream's last chunk says it for the whole answer.
+                OVERHEAD_HEADER: _overhead(arrived, route.engine_ms),
+            },
+            stream=_stream(
+                turn, completion_id, created, model_name, parsed["include_usage"], key.user
+            ),
+        )
     else:
         reply = await _complete(turn, completion_id, created, model_name, key.user)
     reply.headers.update(_route_headers(route))
@@ -296,9 +375,16 @@ def _overhead(arrived: float, engine_ms: float | None) -> str:
     return f"{overhead_ms(arrived, engine_ms):.1f}"
 
 
-def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, choices=True, overhead=None) -> str:
-    body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if choices else []}
+def _chunk(
+    completion_id, created, model, delta=None, finish=None, usage=None, choices=True, overhead=None
+) -> str:
+    body = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if choices else [],
+    }
     if usage is not None or not choices:
         body["usage"] = usage
     if overhead is not None:
@@ -308,22 +394,41 @@ def _chunk(completion_id, created, model, delta=None, finish=None, usage=None, c
 
 async def _stream(turn, completion_id, created, model, include_usage, user):
     # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
-    head, tail = (part.encode() for part in
-                  _chunk(completion_id, created, model, delta={"content": "\x00"}).split(json.dumps("\x00")))
+    head, tail = (
+        part.encode()
+        for part in _chunk(completion_id, created, model, delta={"content": "\x00"}).split(
+            json.dumps("\x00")
+        )
+    )
     try:
         yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
         async for event in turn:
             if isinstance(event, pipeline.Token):
                 yield head + orjson.dumps(event.text) + tail
             elif isinstance(event, pipeline.Done):
-                end = _chunk(completion_id, created, model, finish=event.finish_reason,
-                             overhead=event.overhead_ms)
+                end = _chunk(
+                    completion_id,
+                    created,
+                    model,
+                    finish=event.finish_reason,
+                    overhead=event.overhead_ms,
+                )
                 if include_usage:
-                    end += _chunk(completion_id, created, model, usage=event.usage or _zero_usage(), choices=False)
+                    end += _chunk(
+                        completion_id,
+                        created,
+                        model,
+                        usage=event.usage or _zero_usage(),
+                        choices=False,
+                    )
                 yield end + "data: [DONE]\n\n"
             elif isinstance(event, pipeline.Error):
-                error = {"message": await _message_for(event, user), "type": "api_error", "param": None,
-                         "code": event.code}
+                error = {
+                    "message": await _message_for(event, user),
+                    "type": "api_error",
+                    "param": None,
+                    "code": event.code,
+                }
                 yield f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - the headers are out: the failure is the stream's last event
         error = _failure({"method": "POST", "path": "/v1/chat/completions"}, exc).body["error"]
@@ -347,12 +452,25 @@ async def _complete(turn, completion_id, created, model, user):
             error = event
     if error is not None:
         return await _pipeline_error(error, user)
-    return Reply(200, headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}, body={
-        "id": completion_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                     "finish_reason": done.finish_reason, "logprobs": None}],
-        "usage": done.usage or _zero_usage(),
-    })
+    return Reply(
+        200,
+        headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"},
+        body={
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(parts)},
+                    "finish_reason": done.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": done.usage or _zero_usage(),
+        },
+    )
 
 
 # --- ASGI ----------------------------------------------------------------------------------------------
@@ -368,7 +486,9 @@ async def application(scope, receive, send) -> None:
 
 async def _serve(scope, receive, send) -> None:
     arrived = time.monotonic()
-    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+    headers = {
+        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
+    }
     try:
         reply = _refuse(scope, headers) or await _dispatch(scope, receive, headers, arrived)
     except asyncio.CancelledError:
@@ -376,8 +496,11 @@ async def _serve(scope, receive, send) -> None:
     except Exception as exc:  # noqa: BLE001 - the client gets this API's error shape, the log the traceback
         reply = _failure(scope, exc)
     if reply.status >= 400:
-        metrics.response_refused(RequestLog.Interface.V1, reply.status, (reply.body or {}).get("error", {}).get("code")
-                                 or "")
+        metrics.response_refused(
+            RequestLog.Interface.V1,
+            reply.status,
+            (reply.body or {}).get("error", {}).get("code") or "",
+        )
     # A reply that never reached an engine: every millisecond of it was the gateway's.
     reply.headers.setdefault(OVERHEAD_HEADER, _overhead(arrived, None))
     if reply.stream is None:
@@ -387,10 +510,16 @@ async def _serve(scope, receive, send) -> None:
 
 
 def _failure(scope, exc: Exception) -> Reply:
-    outage = unavailable(exc)  # the database or Redis down: the client may retry, nothing is wrong with it
+    outage = unavailable(
+        exc
+    )  # the database or Redis down: the client may retry, nothing is wrong with it
     if outage is not None:
-        logger.warning("%s %s: %s (%s: %s)", scope["method"], scope["path"], outage, type(exc).__name__, exc)
-        return _error(503, str(outage), code=outage.code, headers={"Retry-After": str(outage.retry_after)})
+        logger.warning(
+            "%s %s: %s (%s: %s)", scope["method"], scope["path"], outage, type(exc).__name__, exc
+        )
+        return _error(
+            503, str(outage), code=outage.code, headers={"Retry-After": str(outage.retry_after)}
+        )
     logger.exception("%s %s failed", scope["method"], scope["path"])
     return _error(500, "The server failed to answer this request.", code="internal_error")
 
@@ -408,10 +537,16 @@ async def _dispatch(scope, receive, headers: dict[str, str], arrived: float) -> 
 def _refuse(scope, headers: dict[str, str]) -> Reply | None:
     """What Django's middleware would refuse before a view runs, in this API's error shape."""
     if scope["path"] not in _ROUTES:
-        return _error(404, f"No route {scope['path']}; this API serves {', '.join(_ROUTES)}.", code="not_found")
+        return _error(
+            404,
+            f"No route {scope['path']}; this API serves {', '.join(_ROUTES)}.",
+            code="not_found",
+        )
     domain, _ = split_domain_port(headers.get("host", ""))
     if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-        return _error(400, "The Host header names a host this server does not serve.", code="bad_host")
+        return _error(
+            400, "The Host header names a host this server does not serve.", code="bad_host"
+        )
     if settings.SECURE_SSL_REDIRECT and not _secure(scope, headers):
         # An API client does not follow a redirect with its body; say what to do instead.
         return _error(403, "This API is served over HTTPS only.", code="https_required")
@@ -424,13 +559,20 @@ def _secure(scope, headers: dict[str, str]) -> bool:
     proxy = settings.SECURE_PROXY_SSL_HEADER
     if proxy:
         name, value = proxy
-        return headers.get(name.removeprefix("HTTP_").replace("_", "-").lower(), "").split(",")[0].strip() == value
+        return (
+            headers.get(name.removeprefix("HTTP_").replace("_", "-").lower(), "")
+            .split(",")[0]
+            .strip()
+            == value
+        )
     return False
 
 
 async def _read_body(receive, headers: dict[str, str]) -> bytes | Reply:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    too_large = _error(413, f"The request body is too large: at most {limit} bytes.", code="request_too_large")
+    too_large = _error(
+        413, f"The request body is too large: at most {limit} bytes.", code="request_too_large"
+    )
     try:
         if int(headers.get("content-length") or 0) > limit:
             return too_large  # refused before a byte of it is read
@@ -453,8 +595,14 @@ def _head(reply: Reply, content_type: str) -> dict:
     headers = {"Content-Type": content_type, "X-Content-Type-Options": "nosniff", **reply.headers}
     if settings.SECURE_REFERRER_POLICY:
         headers["Referrer-Policy"] = settings.SECURE_REFERRER_POLICY
-    return {"type": "http.response.start", "status": reply.status,
-            "headers": [(name.encode("latin-1"), str(value).encode("latin-1")) for name, value in headers.items()]}
+    return {
+        "type": "http.response.start",
+        "status": reply.status,
+        "headers": [
+            (name.encode("latin-1"), str(value).encode("latin-1"))
+            for name, value in headers.items()
+        ],
+    }
 
 
 async def _send_json(send, reply: Reply) -> None:

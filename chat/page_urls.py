@@ -13,9 +13,13 @@ urlpatterns = [
     path(
         "accounts/login/",
         # Failed sign-ins are throttled, counted together with the admin's (core.login_throttle).
-        refused_with_429(auth_views.LoginView.as_view(
-            template_name="registration/login.html", redirect_authenticated_user=True, authentication_form=LoginForm,
-        )),
+        refused_with_429(
+            auth_views.LoginView.as_view(
+                template_name="registration/login.html",
+                redirect_authenticated_user=True,
+                authentication_form=LoginForm,
+            )
+        ),
         name="login",
     ),
     # Django's LogoutView takes POST only: a link or an image tag cannot sign a user out.

@@ -34,10 +34,14 @@ class RequestRecord:
     """What one request did, as its user saw it."""
 
     at: datetime  # when the request arrived
-    interface: str  # web (the browser's socket) | api (the DRF chat API) | v1 (the OpenAI-compatible API)
+    interface: (
+        str  # web (the browser's socket) | api (the DRF chat API) | v1 (the OpenAI-compatible API)
+    )
     user_id: int | None
     api_key_id: int | None
-    session_id: int | None  # the chat session the turn was stored in; None for a /v1 call without one
+    session_id: (
+        int | None
+    )  # the chat session the turn was stored in; None for a /v1 call without one
     road: str  # kb | local | external | "" (failed before a road was chosen)
     rule: str
     target: str
@@ -79,10 +83,15 @@ def partition_ensure(day: date) -> None:
     """Create the day's partition if it is missing. Two processes may race to create it: the
     loser's error says it exists, which is all it wanted."""
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    sql = (f"CREATE TABLE IF NOT EXISTS {partition_name(day)} PARTITION OF {TABLE} "
-           "FOR VALUES FROM (%s) TO (%s)")
+    sql = (
+        f"CREATE TABLE IF NOT EXISTS {partition_name(day)} PARTITION OF {TABLE} "
+        "FOR VALUES FROM (%s) TO (%s)"
+    )
     try:
-        with transaction.atomic(), connection.cursor() as cursor:  # a failure leaves the caller's transaction usable
+        with (
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):  # a failure leaves the caller's transaction usable
             cursor.execute(sql, [start, start + timedelta(days=1)])
     except (IntegrityError, ProgrammingError) as exc:
         if not isinstance(exc.__cause__, (pg_errors.UniqueViolation, pg_errors.DuplicateTable)):
@@ -93,12 +102,18 @@ def partition_ensure(day: date) -> None:
 def partitions() -> list[date]:
     """The days that have a partition, oldest first."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                       "WHERE i.inhparent = %s::regclass", [TABLE])
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = %s::regclass",
+            [TABLE],
+        )
         names = [row[0] for row in cursor.fetchall()]
     prefix = f"{TABLE}_p"
-    return sorted(datetime.strptime(name.removeprefix(prefix), "%Y%m%d").date()
-                  for name in names if name.startswith(prefix))
+    return sorted(
+        datetime.strptime(name.removeprefix(prefix), "%Y%m%d").date()
+        for name in names
+        if name.startswith(prefix)
+    )
 
 
 def requestlog_prune(*, now: datetime | None = None) -> list[date]:
@@ -122,11 +137,52 @@ def requestlog_prune(*, now: datetime | None = None) -> list[date]:
 # Days this process knows to have a partition: a batch asks the catalogue only for new days.
 _ready: set[date] = set()
 
-_COLUMNS = ("at", "interface", "user_id", "api_key_id", "session_id", "road", "rule", "target", "status",
-            "error_code", "ttft_ms", "latency_ms", "overhead_ms", "prompt_tokens", "completion_tokens",
-            "kb_method", "kb_hit", "kb_entry_id", "kb_score", "fallbacks", "request_key")
-_TYPES = ("timestamptz", "text", "bigint", "bigint", "bigint", "text", "text", "text", "text", "text", "float8",
-          "float8", "float8", "integer", "integer", "text", "boolean", "bigint", "float8", "smallint", "uuid")
+_COLUMNS = (
+    "at",
+    "interface",
+    "user_id",
+    "api_key_id",
+    "session_id",
+    "road",
+    "rule",
+    "target",
+    "status",
+    "error_code",
+    "ttft_ms",
+    "latency_ms",
+    "overhead_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "kb_method",
+    "kb_hit",
+    "kb_entry_id",
+    "kb_score",
+    "fallbacks",
+    "request_key",
+)
+_TYPES = (
+    "timestamptz",
+    "text",
+    "bigint",
+    "bigint",
+    "bigint",
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "float8",
+    "float8",
+    "float8",
+    "integer",
+    "integer",
+    "text",
+    "boolean",
+    "bigint",
+    "float8",
+    "smallint",
+    "uuid",
+)
 
 # One statement per batch, one array per column: the text is the same for every batch size.
 _INSERT_SQL = (
@@ -145,16 +201,33 @@ def _write(batch: list[RequestRecord]) -> int:
     for day in {r.at.astimezone(UTC).date() for r in batch} - _ready:
         partition_ensure(day)
     columns = (
-        [r.at for r in batch], [r.interface for r in batch], [r.user_id for r in batch],
-        [r.api_key_id for r in batch], [r.session_id for r in batch], [r.road for r in batch],
-        [_short(r.rule, 100) for r in batch], [_short(r.target, 100) for r in batch], [r.status for r in batch],
-        [_short(r.error_code, 40) for r in batch], [r.ttft_ms for r in batch], [r.latency_ms for r in batch],
-        [r.overhead_ms for r in batch], [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch],
-        [r.kb_method for r in batch], [r.kb_hit for r in batch], [r.kb_entry_id for r in batch],
-        [r.kb_score for r in batch], [min(len(r.fell_back_from), 32767) for r in batch], [r.key for r in batch],
+        [r.at for r in batch],
+        [r.interface for r in batch],
+        [r.user_id for r in batch],
+        [r.api_key_id for r in batch],
+        [r.session_id for r in batch],
+        [r.road for r in batch],
+        [_short(r.rule, 100) for r in batch],
+        [_short(r.target, 100) for r in batch],
+        [r.status for r in batch],
+        [_short(r.error_code, 40) for r in batch],
+        [r.ttft_ms for r in batch],
+        [r.latency_ms for r in batch],
+        [r.overhead_ms for r in batch],
+        [r.prompt_tokens for r in batch],
+        [r.completion_tokens for r in batch],
+        [r.kb_method for r in batch],
+        [r.kb_hit for r in batch],
+        [r.kb_entry_id for r in batch],
+        [r.kb_score for r in batch],
+        [min(len(r.fell_back_from), 32767) for r in batch],
+        [r.key for r in batch],
     )
     try:
-        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint when inside a transaction
+        with (
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):  # a savepoint when inside a transaction
             cursor.execute(_INSERT_SQL, columns)
             return cursor.rowcount
     except IntegrityError as exc:
@@ -171,5 +244,9 @@ def _write(batch: list[RequestRecord]) -> int:
 
 
 _writer: BatchWriter[RequestRecord] = BatchWriter(
-    name="request log rows", write=_write, capacity=lambda: settings.REQUEST_LOG_BUFFER_ROWS,
-    rows=lambda: settings.REQUEST_LOG_FLUSH_ROWS, interval=lambda: settings.REQUEST_LOG_FLUSH_SECONDS)
+    name="request log rows",
+    write=_write,
+    capacity=lambda: settings.REQUEST_LOG_BUFFER_ROWS,
+    rows=lambda: settings.REQUEST_LOG_FLUSH_ROWS,
+    interval=lambda: settings.REQUEST_LOG_FLUSH_SECONDS,
+)

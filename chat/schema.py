@@ -8,4 +8,8 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
     name = "apiKey"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "An API key, `gw_…`, from /keys/."}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key, `gw_…`, from /keys/.",
+        }

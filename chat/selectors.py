@@ -104,7 +104,9 @@ def traffic(period: Period) -> Traffic:
     slots = {at: Slot(at=at) for at in period.slots}
     by_method: dict[str, int] = {}
     with connection.cursor() as cursor:
-        cursor.execute(_TRAFFIC_SQL, {"slot": period.slot, "start": period.start, "end": period.end})
+        cursor.execute(
+            _TRAFFIC_SQL, {"slot": period.slot, "start": period.start, "end": period.end}
+        )
         for at, road, method, count, hits, failed, fell_back in cursor.fetchall():
             slot = slots[at]
             road = road if road in ROADS else ""
@@ -202,15 +204,26 @@ class EngineHistory:
 def engine_history(period: Period, *, limit: int = 500) -> tuple[list[EngineHistory], bool]:
     """Each engine's states through the period, and whether events were left out (only the
     newest `limit` are read: an engine that flaps all week must not make the page heavy)."""
-    before = EngineEvent.objects.filter(engine=OuterRef("pk"), at__lt=period.start).order_by("-at", "-pk")
+    before = EngineEvent.objects.filter(engine=OuterRef("pk"), at__lt=period.start).order_by(
+        "-at", "-pk"
+    )
     engines = {
-        row["id"]: EngineHistory(id=row["id"], name=row["name"], status=row["status"],
-                                 status_reason=row["status_reason"], before=row["before"])
-        for row in EngineProcess.objects.order_by("name").annotate(before=Subquery(before.values("status")[:1]))
+        row["id"]: EngineHistory(
+            id=row["id"],
+            name=row["name"],
+            status=row["status"],
+            status_reason=row["status_reason"],
+            before=row["before"],
+        )
+        for row in EngineProcess.objects.order_by("name")
+        .annotate(before=Subquery(before.values("status")[:1]))
         .values("id", "name", "status", "status_reason", "before")
     }
-    events = list(EngineEvent.objects.filter(at__gte=period.start, at__lt=period.end)
-                  .order_by("-at", "-pk").values_list("engine_id", "at", "status", "reason")[: limit + 1])
+    events = list(
+        EngineEvent.objects.filter(at__gte=period.start, at__lt=period.end)
+        .order_by("-at", "-pk")
+        .values_list("engine_id", "at", "status", "reason")[: limit + 1]
+    )
     cut = len(events) > limit
     for engine_id, at, status, reason in reversed(events[:limit]):
         if engine_id in engines:
@@ -255,7 +268,17 @@ def top_misses(period: Period, *, limit: int = 10) -> tuple[list[MissedQuestion]
         cursor.execute(_MISSES_SQL, {"start": period.start, "end": period.end, "limit": limit})
         rows = cursor.fetchall()
     waiting = rows[0][0] if rows else 0
-    misses = [MissedQuestion(id=row[1], question=row[2], has_answer=row[3], asked=row[4], asked_in_period=row[5],
-                             best_entry_id=row[6], best_score=row[7])
-              for row in rows if row[1] is not None]
+    misses = [
+        MissedQuestion(
+            id=row[1],
+            question=row[2],
+            has_answer=row[3],
+            asked=row[4],
+            asked_in_period=row[5],
+            best_entry_id=row[6],
+            best_score=row[7],
+        )
+        for row in rows
+        if row[1] is not None
+    ]
     return misses, waiting

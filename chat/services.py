@@ -14,13 +14,17 @@ from django.db import connection
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from chat.exceptions import (ApiKeyInvalid, MessageInvalid, MessageTooLarge, RateLimited, SessionNotFound,
-                             TooManyStreams)
+from chat.exceptions import (
+    ApiKeyInvalid,
+    MessageInvalid,
+    MessageTooLarge,
+    RateLimited,
+    SessionNotFound,
+    TooManyStreams,
+)
 from chat.models import ApiKey, ChatSession, Message
-from core import db
-from core import rawsql
+from core import db, rawsql, slots
 from core import redis as core_redis
-from core import slots
 from core.flight import SingleFlight
 from core.text import text_problem
 
@@ -64,7 +68,9 @@ def _title(text: str) -> str:
 
 def message_validate(content) -> str:
     if not isinstance(content, str):
-        raise MessageInvalid("The message content must be text.", fields={"content": "must be a string"})
+        raise MessageInvalid(
+            "The message content must be text.", fields={"content": "must be a string"}
+        )
     if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
         raise MessageTooLarge(
             f"The message has {len(content)} characters; the limit is {settings.CHAT_MAX_MESSAGE_CHARS}.",
@@ -80,7 +86,11 @@ def message_validate(content) -> str:
 def _rate_window(user_id: int) -> tuple[str, int, int]:
     window = settings.CHAT_RATE_WINDOW
     now = int(time.time())
-    return f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}", window, window - now % window
+    return (
+        f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}",
+        window,
+        window - now % window,
+    )
 
 
 # A stream usually ends within seconds: come back soon rather than after the slots' lease.
@@ -104,9 +114,16 @@ def _admission(client, user_id: int):
     pipe.set(key, 0, ex=window + 5, nx=True)
     pipe.incr(key)
     # The slot's lease: a turn still streaming after this long belongs to a process that died.
-    slot = StreamSlot(key=f"{settings.REDIS_KEY_PREFIX}:chat:streams:{user_id}", holder=slots.holder())
-    slots.take(pipe, key=slot.key, holder=slot.holder, limit=settings.CHAT_MAX_STREAMS_PER_USER,
-               lease=settings.CHAT_STALE_STREAMING_AFTER)
+    slot = StreamSlot(
+        key=f"{settings.REDIS_KEY_PREFIX}:chat:streams:{user_id}", holder=slots.holder()
+    )
+    slots.take(
+        pipe,
+        key=slot.key,
+        holder=slot.holder,
+        limit=settings.CHAT_MAX_STREAMS_PER_USER,
+        lease=settings.CHAT_STALE_STREAMING_AFTER,
+    )
     return pipe, retry_after, slot
 
 
@@ -171,8 +188,14 @@ class TurnStart:
     groups: frozenset[str]  # the user's group names, for the routing rules
 
 
-async def aturn_start(*, user, session_id: int | None, content: str, source: str = ChatSession.Source.WEB,
-                      history: list[dict] | None = None) -> TurnStart:
+async def aturn_start(
+    *,
+    user,
+    session_id: int | None,
+    content: str,
+    source: str = ChatSession.Source.WEB,
+    history: list[dict] | None = None,
+) -> TurnStart:
     """Persist the user's message and an assistant message in `streaming` state.
 
     One statement, so one round trip and no explicit transaction: the session (created, or the
@@ -180,30 +203,52 @@ async def aturn_start(*, user, session_id: int | None, content: str, source: str
     `history` given (the /v1 API sends its own), the stored conversation is not read. A
     statement sees the rows as they were before it, so the history never holds the new turn.
     """
-    sql, params = _turn_start_statement(user_id=user.pk, session_id=session_id, content=content, source=source,
-                                        read_history=session_id is not None and history is None)
+    sql, params = _turn_start_statement(
+        user_id=user.pk,
+        session_id=session_id,
+        content=content,
+        source=source,
+        read_history=session_id is not None and history is None,
+    )
     return _turn_started(await db.query_one(sql, params), session_id=session_id, history=history)
 
 
-def _turn_start_statement(*, user_id: int, session_id: int | None, content: str, source: str,
-                          read_history: bool) -> tuple[str, dict]:
+def _turn_start_statement(
+    *, user_id: int, session_id: int | None, content: str, source: str, read_history: bool
+) -> tuple[str, dict]:
     session, message = ChatSession._meta.db_table, Message._meta.db_table
     now = timezone.now()
-    params = {"user": user_id, "now": now, "content": content, "sid": session_id, "source": source,
-              "title": _title(content), "turns": settings.CHAT_HISTORY_TURNS,
-              "user_role": Message.Role.USER, "assistant_role": Message.Role.ASSISTANT,
-              "complete": Message.Status.COMPLETE, "streaming": Message.Status.STREAMING}
+    params = {
+        "user": user_id,
+        "now": now,
+        "content": content,
+        "sid": session_id,
+        "source": source,
+        "title": _title(content),
+        "turns": settings.CHAT_HISTORY_TURNS,
+        "user_role": Message.Role.USER,
+        "assistant_role": Message.Role.ASSISTANT,
+        "complete": Message.Status.COMPLETE,
+        "streaming": Message.Status.STREAMING,
+    }
     if session_id is None:
-        the_session = (f"INSERT INTO {session} (user_id, title, source, created_at, updated_at) "
-                       "VALUES (%(user)s, %(title)s, %(source)s, %(now)s, %(now)s) RETURNING id, title")
+        the_session = (
+            f"INSERT INTO {session} (user_id, title, source, created_at, updated_at) "
+            "VALUES (%(user)s, %(title)s, %(source)s, %(now)s, %(now)s) RETURNING id, title"
+        )
     else:
         # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE did.
-        the_session = (f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
-                       "RETURNING id, title")
-    earlier = (f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
-               "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
-               if read_history else "SELECT NULL::text AS role, NULL::text AS content, "
-               "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false")
+        the_session = (
+            f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
+            "RETURNING id, title"
+        )
+    earlier = (
+        f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
+        "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
+        if read_history
+        else "SELECT NULL::text AS role, NULL::text AS content, "
+        "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false"
+    )
     sql = f"""
         WITH s AS ({the_session}),
         h AS ({earlier}),
@@ -228,12 +273,26 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     has, the start explained, the end updating no row), for the warm-up: a fresh database
     connection loads the tables' and indexes' metadata on first use, a few ms that would
     otherwise land in the first user's question."""
-    start, params = _turn_start_statement(user_id=0, session_id=None, content="warm-up",
-                                          source=ChatSession.Source.API, read_history=False)
+    start, params = _turn_start_statement(
+        user_id=0,
+        session_id=None,
+        content="warm-up",
+        source=ChatSession.Source.API,
+        read_history=False,
+    )
     # The API key lookup first: every /v1 request makes it, a new key's first one on the loop.
-    return [(_live_key_sql(), [""]), (f"EXPLAIN {start}", params),
-            _turn_finish_statement(message_id=-1, status=Message.Status.COMPLETE, content="", route=None,
-                                   done=None, error=None)]
+    return [
+        (_live_key_sql(), [""]),
+        (f"EXPLAIN {start}", params),
+        _turn_finish_statement(
+            message_id=-1,
+            status=Message.Status.COMPLETE,
+            content="",
+            route=None,
+            done=None,
+            error=None,
+        ),
+    ]
 
 
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
@@ -241,42 +300,70 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
         raise SessionNotFound(f"No chat session {session_id}.")
     sid, title, assistant_id, groups, roles, contents = row
     if history is None:
-        history = [{"role": role, "content": text} for role, text in zip(roles, contents, strict=True)]
-    return TurnStart(session_id=sid, title=title, assistant_id=assistant_id, history=list(history),
-                     groups=frozenset(groups))
+        history = [
+            {"role": role, "content": text} for role, text in zip(roles, contents, strict=True)
+        ]
+    return TurnStart(
+        session_id=sid,
+        title=title,
+        assistant_id=assistant_id,
+        history=list(history),
+        groups=frozenset(groups),
+    )
 
 
-async def aturn_finish(*, message_id: int, status: str, content: str, route=None, done=None, error=None) -> None:
+async def aturn_finish(
+    *, message_id: int, status: str, content: str, route=None, done=None, error=None
+) -> None:
     """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
-    await db.query_one(*_turn_finish_statement(message_id=message_id, status=status, content=content, route=route,
-                                              done=done, error=error))
+    await db.query_one(
+        *_turn_finish_statement(
+            message_id=message_id,
+            status=status,
+            content=content,
+            route=route,
+            done=done,
+            error=error,
+        )
+    )
 
 
-def _turn_finish_statement(*, message_id: int, status: str, content: str, route, done, error) -> tuple[str, dict]:
+def _turn_finish_statement(
+    *, message_id: int, status: str, content: str, route, done, error
+) -> tuple[str, dict]:
     fields = {"status": status, "content": content, "finished_at": timezone.now()}
     if route is not None:
         fields.update(road=route.road or "", rule=route.rule or "", target=route.target or "")
     if done is not None:
-        fields.update(ttft_ms=done.ttft_ms, latency_ms=done.latency_ms, citations=Jsonb(done.citations),
-                      kb_entry_id=done.kb_entry_id)
+        fields.update(
+            ttft_ms=done.ttft_ms,
+            latency_ms=done.latency_ms,
+            citations=Jsonb(done.citations),
+            kb_entry_id=done.kb_entry_id,
+        )
         if done.usage:
-            fields.update(prompt_tokens=done.usage["prompt_tokens"],
-                          completion_tokens=done.usage["completion_tokens"])
+            fields.update(
+                prompt_tokens=done.usage["prompt_tokens"],
+                completion_tokens=done.usage["completion_tokens"],
+            )
     if error is not None:
         fields["error"] = f"{error.code}: {error.message}"
         if route is None and error.road:
             fields.update(road=error.road or "", rule=error.rule or "", target=error.target or "")
     # The column names are this function's own (Message's fields), never input.
     assignments = ", ".join(f'"{name}" = %({name})s' for name in fields)
-    return (f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
-            {**fields, "message_id": message_id})
+    return (
+        f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
+        {**fields, "message_id": message_id},
+    )
 
 
 def messages_fail_stale() -> int:
     """Turns still `streaming` long after they started belong to a process that died: fail them."""
     cutoff = timezone.now() - timezone.timedelta(seconds=settings.CHAT_STALE_STREAMING_AFTER)
     return Message.objects.filter(status=Message.Status.STREAMING, created_at__lt=cutoff).update(
-        status=Message.Status.FAILED, error="interrupted: the server stopped before the answer finished",
+        status=Message.Status.FAILED,
+        error="interrupted: the server stopped before the answer finished",
         finished_at=timezone.now(),
     )
 
@@ -301,7 +388,9 @@ def apikey_create(*, user, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
         raise ApiKeyInvalid(fields=errors)
     prefix = secrets.token_hex(4)
     raw = f"gw_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(user=user, name=name, prefix=prefix, key_hash=ApiKey.hash(raw), scopes=scopes)
+    key = ApiKey.objects.create(
+        user=user, name=name, prefix=prefix, key_hash=ApiKey.hash(raw), scopes=scopes
+    )
     return key, raw
 
 
@@ -320,19 +409,23 @@ def _groups_sql(user: str) -> str:
     user_model = get_user_model()
     groups = user_model._meta.get_field("groups")
     through = groups.remote_field.through._meta
-    return (f"SELECT g.name FROM {through.db_table} ug JOIN {groups.related_model._meta.db_table} g "
-            f"ON g.id = ug.{through.get_field('group').column} WHERE ug.{through.get_field('user').column} = {user}")
+    return (
+        f"SELECT g.name FROM {through.db_table} ug JOIN {groups.related_model._meta.db_table} g "
+        f"ON g.id = ug.{through.get_field('group').column} WHERE ug.{through.get_field('user').column} = {user}"
+    )
 
 
 def _live_key_sql() -> str:
     user_model = get_user_model()
     # The user's group names come along: routing rules read them, and /v1 starts an answer
     # before the turn's rows (whose statement also reads them) are written.
-    return (f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "
-            f"ARRAY({_groups_sql(f'u.{user_model._meta.pk.column}')}) "
-            f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
-            f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
-            "WHERE k.prefix = %s AND k.revoked_at IS NULL")
+    return (
+        f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "
+        f"ARRAY({_groups_sql(f'u.{user_model._meta.pk.column}')}) "
+        f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
+        f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
+        "WHERE k.prefix = %s AND k.revoked_at IS NULL"
+    )
 
 
 def _live_key(prefix: str) -> ApiKey | None:
@@ -352,7 +445,11 @@ def _key_from(row) -> ApiKey | None:
 
 
 def _key_checked(key: ApiKey | None, raw: str) -> ApiKey | None:
-    if key is None or not key.user.is_active or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw)):
+    if (
+        key is None
+        or not key.user.is_active
+        or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw))
+    ):
         return None
     return key
 
@@ -411,7 +508,9 @@ _touches: set[asyncio.Task] = set()  # the loop keeps only weak references to ta
 
 async def _atouch(key_id: int, now) -> None:
     try:
-        await db.query_one(f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s", [now, key_id])
+        await db.query_one(
+            f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s", [now, key_id]
+        )
     except Exception:  # noqa: BLE001 - a lost last-used time is not worth a failed request
         logger.warning("could not record the last use of API key %s", key_id, exc_info=True)
 

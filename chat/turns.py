@@ -47,8 +47,10 @@ def turns_close() -> None:
 def turn_admit() -> None:
     """Raise Draining when this process takes no new turns."""
     if _closed:
-        raise Draining("This server is shutting down and takes no new chats; retry, another one will answer.",
-                       retry_after=DRAINING_RETRY_AFTER)
+        raise Draining(
+            "This server is shutting down and takes no new chats; retry, another one will answer.",
+            retry_after=DRAINING_RETRY_AFTER,
+        )
 
 
 def turns_running() -> list[asyncio.Task]:
@@ -67,10 +69,16 @@ def turns_end() -> list[asyncio.Task]:
 
 
 def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
-    return pipeline.Error(code="shutdown", message="The server shut down before the answer finished; ask again.",
-                          retryable=True, retry_after=DRAINING_RETRY_AFTER, partial=produced,
-                          road=route.road if route else None, rule=route.rule if route else None,
-                          target=route.target if route else None)
+    return pipeline.Error(
+        code="shutdown",
+        message="The server shut down before the answer finished; ask again.",
+        retryable=True,
+        retry_after=DRAINING_RETRY_AFTER,
+        partial=produced,
+        road=route.road if route else None,
+        rule=route.rule if route else None,
+        target=route.target if route else None,
+    )
 
 
 # A route's details (KB scores and thresholds, rule conditions, the endpoints and how they failed) are
@@ -106,13 +114,27 @@ def _status(final: pipeline.Event | None, cancelled: bool, produced: bool) -> st
     return Message.Status.PARTIAL if produced else Message.Status.FAILED
 
 
-async def run_turn(*, user, content, session_id: int | None = None, client: str = "web",
-                   source: str = ChatSession.Source.WEB, model: str | None = None, max_tokens: int | None = None,
-                   temperature: float | None = None, ignore_eos: bool = False, history: list[dict] | None = None,
-                   groups: frozenset[str] | None = None, system: str = "",
-                   admitted: bool = False, interface: str = RequestLog.Interface.WEB, api_key_id: int | None = None,
-                   arrived: float | None = None, store: bool = True,
-                   slot: services.StreamSlot | None = None) -> AsyncIterator[pipeline.Event]:
+async def run_turn(
+    *,
+    user,
+    content,
+    session_id: int | None = None,
+    client: str = "web",
+    source: str = ChatSession.Source.WEB,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    ignore_eos: bool = False,
+    history: list[dict] | None = None,
+    groups: frozenset[str] | None = None,
+    system: str = "",
+    admitted: bool = False,
+    interface: str = RequestLog.Interface.WEB,
+    api_key_id: int | None = None,
+    arrived: float | None = None,
+    store: bool = True,
+    slot: services.StreamSlot | None = None,
+) -> AsyncIterator[pipeline.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
     (`services.message_validate`, whose result it passes) and admitted the question
@@ -136,9 +158,19 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
     arrived = time.monotonic() if arrived is None else arrived
 
     def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
-        return pipeline.RouteRequest(text=content, history=history, user_id=user.pk, groups=groups, client=client,
-                                     model=model, max_tokens=max_tokens, temperature=temperature, system=system,
-                                     ignore_eos=ignore_eos, store=store)
+        return pipeline.RouteRequest(
+            text=content,
+            history=history,
+            user_id=user.pk,
+            groups=groups,
+            client=client,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            system=system,
+            ignore_eos=ignore_eos,
+            store=store,
+        )
 
     first: asyncio.Future | None = None
     start: services.TurnStart | None = None
@@ -151,12 +183,19 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             # one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
             # request's thread elsewhere).
             slot = await services.aquestion_admit(user_id=user.pk)
-        starting = services.aturn_start(user=user, session_id=session_id, content=content, source=source,
-                                        history=history) if store else None
+        starting = (
+            services.aturn_start(
+                user=user, session_id=session_id, content=content, source=source, history=history
+            )
+            if store
+            else None
+        )
         if history is not None and groups is not None:
             answer = pipeline.answer(request_for(history, groups))
             if starting is not None:
-                first = asyncio.ensure_future(answer.__anext__())  # the pipeline up to its first event
+                first = asyncio.ensure_future(
+                    answer.__anext__()
+                )  # the pipeline up to its first event
                 try:
                     start = await starting
                 except BaseException:
@@ -166,7 +205,9 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
             start = await starting
             answer = pipeline.answer(request_for(start.history, start.groups))
         if start is not None:
-            yield SessionEvent(id=start.session_id, title=start.title, message_id=start.assistant_id)
+            yield SessionEvent(
+                id=start.session_id, title=start.title, message_id=start.assistant_id
+            )
     except BaseException:
         # Refused (draining, no such session), failed or abandoned before the answer began: nothing
         # to save, but a slot to give back.
@@ -192,17 +233,35 @@ async def run_turn(*, user, content, session_id: int | None = None, client: str 
         status = _status(final, cancelled, bool(parts))
         done = final if isinstance(final, pipeline.Done) else None
         record = _record(
-            arrived=arrived, first_token_at=first_token_at, interface=interface, user_id=user.pk,
-            api_key_id=api_key_id, session_id=start.session_id if start else None, status=status, route=route,
-            done=done, error=error)
+            arrived=arrived,
+            first_token_at=first_token_at,
+            interface=interface,
+            user_id=user.pk,
+            api_key_id=api_key_id,
+            session_id=start.session_id if start else None,
+            status=status,
+            route=route,
+            done=done,
+            error=error,
+        )
         request_note(record)
         metrics.request_ended(record)
         ending = []
         if start is not None:
-            ending.append(services.aturn_finish(message_id=start.assistant_id, status=status, content="".join(parts),
-                                                route=route, done=done, error=error))
+            ending.append(
+                services.aturn_finish(
+                    message_id=start.assistant_id,
+                    status=status,
+                    content="".join(parts),
+                    route=route,
+                    done=done,
+                    error=error,
+                )
+            )
         if slot is not None:
-            ending.append(services.astream_slot_release(slot=slot))  # beside the row's write, not after it
+            ending.append(
+                services.astream_slot_release(slot=slot)
+            )  # beside the row's write, not after it
             slot = None
         # Shielded: the row must be written and the slot given back even while this task is being cancelled.
         if len(ending) == 1:
@@ -256,9 +315,19 @@ def _ms_since(arrived: float, then: float | None) -> float | None:
     return None if then is None else round((then - arrived) * 1000, 1)
 
 
-def _record(*, arrived: float, first_token_at: float | None, interface: str, user_id: int | None,
-            api_key_id: int | None, session_id: int | None, status: str, route: pipeline.Route | None,
-            done: pipeline.Done | None, error: pipeline.Error | None) -> RequestRecord:
+def _record(
+    *,
+    arrived: float,
+    first_token_at: float | None,
+    interface: str,
+    user_id: int | None,
+    api_key_id: int | None,
+    session_id: int | None,
+    status: str,
+    route: pipeline.Route | None,
+    done: pipeline.Done | None,
+    error: pipeline.Error | None,
+) -> RequestRecord:
     now = time.monotonic()
     source = done or error
     kb = source.kb if source is not None else None
@@ -267,20 +336,35 @@ def _record(*, arrived: float, first_token_at: float | None, interface: str, use
     elapsed = round((now - arrived) * 1000, 1)
     if done is not None:
         overhead = done.overhead_ms
-    elif (route is None or route.road == "kb") and not (error is not None and (error.target or error.fell_back_from)):
+    elif (route is None or route.road == "kb") and not (
+        error is not None and (error.target or error.fell_back_from)
+    ):
         overhead = elapsed  # no engine took part: all of it was the gateway's
     else:
-        overhead = None  # an engine's attempt is in there, and it ended before saying how long it took
+        overhead = (
+            None  # an engine's attempt is in there, and it ended before saying how long it took
+        )
     return RequestRecord(
-        at=timezone.now() - timedelta(seconds=now - arrived), interface=interface, user_id=user_id,
-        api_key_id=api_key_id, session_id=session_id,
-        road=(where.road if where else "") or "", rule=(where.rule if where else "") or "",
-        target=(where.target if where else "") or "", status=status,
+        at=timezone.now() - timedelta(seconds=now - arrived),
+        interface=interface,
+        user_id=user_id,
+        api_key_id=api_key_id,
+        session_id=session_id,
+        road=(where.road if where else "") or "",
+        rule=(where.rule if where else "") or "",
+        target=(where.target if where else "") or "",
+        status=status,
         error_code=error.code if error is not None else "",
-        ttft_ms=_ms_since(arrived, first_token_at), latency_ms=elapsed, overhead_ms=overhead,
-        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-        kb_method=kb.method if kb else "", kb_hit=bool(kb and kb.hit), kb_entry_id=kb.entry_id if kb else None,
-        kb_score=kb.score if kb else None, fell_back_from=source.fell_back_from if source is not None else (),
+        ttft_ms=_ms_since(arrived, first_token_at),
+        latency_ms=elapsed,
+        overhead_ms=overhead,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        kb_method=kb.method if kb else "",
+        kb_hit=bool(kb and kb.hit),
+        kb_entry_id=kb.entry_id if kb else None,
+        kb_score=kb.score if kb else None,
+        fell_back_from=source.fell_back_from if source is not None else (),
     )
 
 

@@ -6,5 +6,9 @@ urlpatterns = [
     path("sessions/", api.SessionListView.as_view(), name="chat-sessions"),
     path("sessions/<int:pk>/", api.SessionDetailView.as_view(), name="chat-session"),
     path("sessions/<int:pk>/messages/", api.MessageListView.as_view(), name="chat-messages"),
-    path("sessions/<int:pk>/messages/stream", api.MessageStreamView.as_view(), name="chat-messages-stream"),
+    path(
+        "sessions/<int:pk>/messages/stream",
+        api.MessageStreamView.as_view(),
+        name="chat-messages-stream",
+    ),
 ]

@@ -14,14 +14,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from django.core.cache import caches  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.core.cache import caches  # noqa: E402
 
 from chat import openai_api  # noqa: E402
-from core import tracing  # noqa: E402
 from config import body_limit, drain, twisted_tuning, warmup  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
+from core import tracing  # noqa: E402
 
 
 async def http(scope, receive, send):
@@ -35,7 +35,9 @@ async def http(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         "http": http,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
     }
 )
 

@@ -55,11 +55,16 @@ def _limit_for(request, limit: int, upload_limit: int) -> int:
 def error_response(path: bytes, limit: int) -> bytes:
     """The whole 413 response, status line to body, in the API's shape for `path`."""
     message = f"The request body is too large: at most {limit} bytes."
-    shaped = (openai_error_body(413, message, code="request_too_large") if path.startswith(b"/v1/")
-              else error_body("request_too_large", message))
+    shaped = (
+        openai_error_body(413, message, code="request_too_large")
+        if path.startswith(b"/v1/")
+        else error_body("request_too_large", message)
+    )
     body = json.dumps(shaped).encode()
-    head = ("HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n")
+    head = (
+        "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n"
+    )
     return head.encode("latin-1") + body
 
 
@@ -78,7 +83,11 @@ def _capped(web_request: type) -> type:
 
         def gotLength(self, length):  # noqa: N802 - Twisted's names
             # The headers are in, the body is not: the earliest moment a size is known.
-            if length is not None and length > limit and length > _limit_for(self, limit, upload_limit):
+            if (
+                length is not None
+                and length > limit
+                and length > _limit_for(self, limit, upload_limit)
+            ):
                 self.content = _Dropped()
                 self._refuse()
                 return
@@ -115,8 +124,11 @@ def _capped(web_request: type) -> type:
             # Twisted sends "100 Continue" after this method when the client asked for it: that
             # would invite the body just refused.
             self.requestHeaders.removeHeader(b"expect")
-            channel.transport.write(error_response(getattr(channel, "_path", b""),
-                                                   _limit_for(self, limit, upload_limit)))
+            channel.transport.write(
+                error_response(
+                    getattr(channel, "_path", b""), _limit_for(self, limit, upload_limit)
+                )
+            )
             self._linger = reactor.callLater(LINGER_SECONDS, channel.transport.abortConnection)
 
     CappedWebRequest.__name__ = CappedWebRequest.__qualname__ = f"Capped{web_request.__name__}"

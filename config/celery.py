@@ -30,8 +30,10 @@ def redelivery_problems(celery_app: Celery = app) -> list[str]:
     for name, task in sorted(celery_app.tasks.items()):
         limit = task.time_limit or celery_app.conf.task_time_limit
         if limit is None or limit >= visibility:
-            problems.append(f"{name} may run {limit or 'without a limit'} s, not less than the broker's "
-                            f"visibility timeout of {visibility} s")
+            problems.append(
+                f"{name} may run {limit or 'without a limit'} s, not less than the broker's "
+                f"visibility timeout of {visibility} s"
+            )
     return problems
 
 

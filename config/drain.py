@@ -73,9 +73,14 @@ def install() -> None:
 def _take_signals(reactor) -> None:
     # Only where Twisted has a handler: none without signal handlers (daphne's runserver with its
     # reloader runs the reactor off the main thread), none for a SIGINT someone else handles.
-    for signum, twisted_handler in ((signal.SIGTERM, reactor.sigTerm), (signal.SIGINT, reactor.sigInt)):
+    for signum, twisted_handler in (
+        (signal.SIGTERM, reactor.sigTerm),
+        (signal.SIGINT, reactor.sigInt),
+    ):
         if signal.getsignal(signum) == twisted_handler:
-            signal.signal(signum, lambda number, frame: reactor.callFromThread(_on_signal, reactor, number))
+            signal.signal(
+                signum, lambda number, frame: reactor.callFromThread(_on_signal, reactor, number)
+            )
 
 
 def _on_signal(reactor, signum: int) -> None:
@@ -85,7 +90,9 @@ def _on_signal(reactor, signum: int) -> None:
     name = signal.Signals(signum).name
     if draining:
         if not _cut.done():
-            logger.warning("pid %d: %s during the drain: ending the turns still running now", os.getpid(), name)
+            logger.warning(
+                "pid %d: %s during the drain: ending the turns still running now", os.getpid(), name
+            )
             _cut.set_result(None)
         return
     draining = True
@@ -103,16 +110,30 @@ async def _drain(reactor, name: str) -> None:
     started = loop.time()
     seconds = settings.WEB_DRAIN_SECONDS
     try:
-        logger.info("pid %d: %s: draining, %d turn(s) running and %d HTTP request(s) in flight, up to %g s",
-                    os.getpid(), name, len(turns.turns_running()), sum(not task.done() for task in _requests), seconds)
+        logger.info(
+            "pid %d: %s: draining, %d turn(s) running and %d HTTP request(s) in flight, up to %g s",
+            os.getpid(),
+            name,
+            len(turns.turns_running()),
+            sum(not task.done() for task in _requests),
+            seconds,
+        )
         if not await _settled(until=started + seconds, cut=_cut):
             ended = turns.turns_end()
-            logger.warning("pid %d: %d turn(s) still running after %.1f s: ended as shutdown", os.getpid(),
-                           len(ended), loop.time() - started)
+            logger.warning(
+                "pid %d: %d turn(s) still running after %.1f s: ended as shutdown",
+                os.getpid(),
+                len(ended),
+                loop.time() - started,
+            )
             if not await _settled(until=loop.time() + ENDING_GRACE, cut=None):
                 # Their clients get no last event: the stop below closes their connections.
-                logger.warning("pid %d: %d request(s) still running %g s after the end; stopping anyway",
-                               os.getpid(), len(_busy()), ENDING_GRACE)
+                logger.warning(
+                    "pid %d: %d request(s) still running %g s after the end; stopping anyway",
+                    os.getpid(),
+                    len(_busy()),
+                    ENDING_GRACE,
+                )
         logger.info("pid %d: drained in %.1f s; stopping", os.getpid(), loop.time() - started)
     except Exception:
         logger.exception("pid %d: the drain failed; stopping", os.getpid())
@@ -134,6 +155,9 @@ async def _settled(*, until: float, cut: asyncio.Future | None) -> bool:
         remaining = until - loop.time()
         if remaining <= 0 or (cut is not None and cut.done()):
             return False
-        await asyncio.wait(busy | ({cut} if cut is not None else set()), timeout=remaining,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            busy | ({cut} if cut is not None else set()),
+            timeout=remaining,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     return True

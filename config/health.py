@@ -37,8 +37,12 @@ from core.flight import SingleFlight
 
 logger = logging.getLogger(__name__)
 
-CHECKS_RUN = Counter("gateway_readyz_checks_total", "Readiness checks run (database, Redis, a Celery ping); "
-                     "a verdict answers every probe for READYZ_CACHE_SECONDS.", ["result"])
+CHECKS_RUN = Counter(
+    "gateway_readyz_checks_total",
+    "Readiness checks run (database, Redis, a Celery ping); "
+    "a verdict answers every probe for READYZ_CACHE_SECONDS.",
+    ["result"],
+)
 
 
 @never_cache
@@ -59,8 +63,13 @@ def _check_database() -> str:
 @functools.lru_cache(maxsize=2)
 def _redis_client(url: str, timeout: float) -> redis.Redis:
     """One connection kept for the checks, not one per check. Named, so that CLIENT LIST shows it."""
-    return redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout, max_connections=1,
-                                client_name=f"{settings.REDIS_KEY_PREFIX}:readyz")
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        max_connections=1,
+        client_name=f"{settings.REDIS_KEY_PREFIX}:readyz",
+    )
 
 
 def _check_redis() -> str:
@@ -85,7 +94,11 @@ def _check_warm() -> str:
     report = warmup.report()
     if report is not None:
         return report.summary()
-    return "off (WEB_WARMUP)" if not settings.WEB_WARMUP else "not run in this process (it runs in config.asgi)"
+    return (
+        "off (WEB_WARMUP)"
+        if not settings.WEB_WARMUP
+        else "not run in this process (it runs in config.asgi)"
+    )
 
 
 CHECKS = (
@@ -144,15 +157,27 @@ async def readyz(request):
     if drain.draining:
         # The process's own state, not a dependency, named only while it holds. The balancer hears
         # it at once: the dependencies of a process that is going away no longer matter.
-        checked_at, results = time.monotonic(), {"draining": {
-            "ok": False, "error": "shutting down: finishing its streams, taking no new chats", "ms": 0.0}}
+        checked_at, results = (
+            time.monotonic(),
+            {
+                "draining": {
+                    "ok": False,
+                    "error": "shutting down: finishing its streams, taking no new chats",
+                    "ms": 0.0,
+                }
+            },
+        )
     else:
         checked_at, results = await _current_verdict()
     failing = [name for name, result in results.items() if not result["ok"]]
     if not await _is_staff(request):
         results = {name: {"ok": result["ok"]} for name, result in results.items()}
-    body = {"status": "fail" if failing else "ok", "failing": failing, "checks": results,
-            "age": round(time.monotonic() - checked_at, 1)}
+    body = {
+        "status": "fail" if failing else "ok",
+        "failing": failing,
+        "checks": results,
+        "age": round(time.monotonic() - checked_at, 1),
+    }
     return JsonResponse(body, status=503 if failing else 200)
 
 

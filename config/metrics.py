@@ -67,16 +67,25 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     token = settings.METRICS_TOKEN
     if token:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
             return None
-        response = HttpResponse("A valid token is required: send Authorization: Bearer <METRICS_TOKEN>.\n",
-                                status=401, content_type="text/plain; charset=utf-8")
+        response = HttpResponse(
+            "A valid token is required: send Authorization: Bearer <METRICS_TOKEN>.\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     if settings.DEBUG and _loopback(request.META.get("REMOTE_ADDR", "")):
         return None
-    return HttpResponse("Scraping is not configured: set METRICS_TOKEN (without one, only a loopback client "
-                        "may scrape, and only with DEBUG on).\n", status=403, content_type="text/plain; charset=utf-8")
+    return HttpResponse(
+        "Scraping is not configured: set METRICS_TOKEN (without one, only a loopback client "
+        "may scrape, and only with DEBUG on).\n",
+        status=403,
+        content_type="text/plain; charset=utf-8",
+    )
 
 
 def _loopback(address: str) -> bool:
@@ -102,13 +111,25 @@ def _state_read() -> _State:
     try:
         # One query: each endpoint with its engines (a row per engine, or one without).
         rows = ModelEndpoint.objects.values(
-            "name", "kind", "active", "status", "checked_at", "requests_running", "requests_waiting",
-            "kv_cache_usage", "engines__name", "engines__status")
+            "name",
+            "kind",
+            "active",
+            "status",
+            "checked_at",
+            "requests_running",
+            "requests_waiting",
+            "kv_cache_usage",
+            "engines__name",
+            "engines__status",
+        )
         for row in rows:
             if row["active"]:
                 state.endpoints.setdefault(row["name"], row)
             if row["engines__name"]:
-                state.engines[row["engines__name"]] = {"endpoint": row["name"], "status": row["engines__status"]}
+                state.engines[row["engines__name"]] = {
+                    "endpoint": row["name"],
+                    "status": row["engines__status"],
+                }
     except Exception as exc:
         if unavailable(exc) is None:
             raise
@@ -128,31 +149,47 @@ class _StateCollector:
 
     def collect(self):
         state = self._state
-        ok = GaugeMetricFamily("gateway_state_read_ok", "1 when this scrape could read the endpoints' and "
-                               "engines' state from the database.")
+        ok = GaugeMetricFamily(
+            "gateway_state_read_ok",
+            "1 when this scrape could read the endpoints' and engines' state from the database.",
+        )
         ok.add_metric([], 1.0 if state.readable else 0.0)
         yield ok
         if not state.readable:
             return
 
-        status = GaugeMetricFamily("gateway_endpoint_status", "1 for the endpoint's status as its health "
-                                   "checks last saw it, 0 for the others.", labels=["endpoint", "kind", "status"])
+        status = GaugeMetricFamily(
+            "gateway_endpoint_status",
+            "1 for the endpoint's status as its health checks last saw it, 0 for the others.",
+            labels=["endpoint", "kind", "status"],
+        )
         gauges = {
             "requests_running": GaugeMetricFamily(
-                "gateway_endpoint_requests_running", "Requests the engine was running at its last check.",
-                labels=["endpoint"]),
+                "gateway_endpoint_requests_running",
+                "Requests the engine was running at its last check.",
+                labels=["endpoint"],
+            ),
             "requests_waiting": GaugeMetricFamily(
-                "gateway_endpoint_requests_waiting", "Requests waiting in the engine's queue at its last check.",
-                labels=["endpoint"]),
+                "gateway_endpoint_requests_waiting",
+                "Requests waiting in the engine's queue at its last check.",
+                labels=["endpoint"],
+            ),
             "kv_cache_usage": GaugeMetricFamily(
-                "gateway_endpoint_kv_cache_usage_ratio", "The engine's KV-cache use (0 to 1) at its last check.",
-                labels=["endpoint"]),
+                "gateway_endpoint_kv_cache_usage_ratio",
+                "The engine's KV-cache use (0 to 1) at its last check.",
+                labels=["endpoint"],
+            ),
         }
-        checked = GaugeMetricFamily("gateway_endpoint_checked_timestamp_seconds", "When the endpoint's gauges "
-                                    "were last read from its engine (Unix time).", labels=["endpoint"])
+        checked = GaugeMetricFamily(
+            "gateway_endpoint_checked_timestamp_seconds",
+            "When the endpoint's gauges were last read from its engine (Unix time).",
+            labels=["endpoint"],
+        )
         for name, row in state.endpoints.items():
             for choice in ModelEndpoint.Status.values:
-                status.add_metric([name, row["kind"], choice], 1.0 if row["status"] == choice else 0.0)
+                status.add_metric(
+                    [name, row["kind"], choice], 1.0 if row["status"] == choice else 0.0
+                )
             for column, family in gauges.items():
                 if row[column] is not None:
                     family.add_metric([name], row[column])
@@ -162,17 +199,28 @@ class _StateCollector:
         yield from gauges.values()
         yield checked
 
-        engines = GaugeMetricFamily("gateway_engine_status", "1 for the engine's status, 0 for the others.",
-                                    labels=["engine", "endpoint", "status"])
+        engines = GaugeMetricFamily(
+            "gateway_engine_status",
+            "1 for the engine's status, 0 for the others.",
+            labels=["engine", "endpoint", "status"],
+        )
         for name, engine in state.engines.items():
             for choice in EngineProcess.Status.values:
-                engines.add_metric([name, engine["endpoint"], choice], 1.0 if engine["status"] == choice else 0.0)
+                engines.add_metric(
+                    [name, engine["endpoint"], choice], 1.0 if engine["status"] == choice else 0.0
+                )
         yield engines
 
-        states = GaugeMetricFamily("gateway_breaker_state", "1 for the endpoint's circuit-breaker state, 0 for "
-                                   "the others.", labels=["endpoint", "state"])
-        failures = GaugeMetricFamily("gateway_breaker_failures", "Retryable failures in a row the breaker has "
-                                     "counted.", labels=["endpoint"])
+        states = GaugeMetricFamily(
+            "gateway_breaker_state",
+            "1 for the endpoint's circuit-breaker state, 0 for the others.",
+            labels=["endpoint", "state"],
+        )
+        failures = GaugeMetricFamily(
+            "gateway_breaker_failures",
+            "Retryable failures in a row the breaker has counted.",
+            labels=["endpoint"],
+        )
         for name, reading in state.breakers.items():
             for choice in BREAKER_STATES:
                 states.add_metric([name, choice], 1.0 if reading.state == choice else 0.0)

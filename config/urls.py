@@ -26,8 +26,11 @@ urlpatterns = [
     # otherwise fail inside the page's template, a 500).
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[]), name="api-schema"),
     # The split view serves the page's script from ?script, not inline: the CSP allows no inline script.
-    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema", authentication_classes=[]),
-         name="api-docs"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerSplitView.as_view(url_name="api-schema", authentication_classes=[]),
+        name="api-docs",
+    ),
 ]
 
 handler500 = "core.errors.server_error"

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 class StillLoading(TimeoutError):
     pass
 
+
 # The embedder is the one step without a short timeout of its own: a remote embedding server
 # gets the client's timeout and retries, a local model waits for the export another process is
 # writing. Past this the process starts without it; the load goes on in the background and the
@@ -80,9 +81,8 @@ def _cache() -> str:
 def _embedder() -> str:
     from django.db import connection
 
-    from knowledge.embeddings import embed_texts, embedder_for
+    from knowledge.embeddings import embed_texts, embedder_for, spec_of
     from knowledge.selectors import serving_model
-    from knowledge.embeddings import spec_of
 
     try:
         model = serving_model()
@@ -106,7 +106,9 @@ def _embedder() -> str:
     thread.start()
     thread.join(EMBEDDER_TIMEOUT)
     if not outcome:
-        raise StillLoading(f"still loading after {EMBEDDER_TIMEOUT:.0f}s; it goes on in the background")
+        raise StillLoading(
+            f"still loading after {EMBEDDER_TIMEOUT:.0f}s; it goes on in the background"
+        )
     if outcome[0] is not None:
         raise outcome[0]
     runtime = getattr(embedder_for(spec), "runtime", "")
@@ -218,8 +220,13 @@ def run() -> Report | None:
         except Exception as exc:  # noqa: BLE001 - a step that fails is loaded on first use instead
             still_loading = still_loading or isinstance(exc, StillLoading)
             result.failed.append(f"{name}: {type(exc).__name__}: {exc}")
-            log.warning("warm-up of pid %d: %s failed (%s: %s); it loads on first use", os.getpid(), name,
-                        type(exc).__name__, exc)
+            log.warning(
+                "warm-up of pid %d: %s failed (%s: %s); it loads on first use",
+                os.getpid(),
+                name,
+                type(exc).__name__,
+                exc,
+            )
             continue
         result.warmed.append(f"{done} {time.perf_counter() - step_started:.2f}s")
     result.seconds = time.perf_counter() - started

@@ -36,7 +36,17 @@ BACKLOG = 2048
 # supervisor, is the one that reports a child that hangs.
 STOP_GRACE = 8.0
 # The socket is the launcher's to choose; daphne would bind these itself, once per process.
-_BINDING_OPTIONS = ("-b", "--bind", "-p", "--port", "-u", "--unix-socket", "--fd", "-e", "--endpoint")
+_BINDING_OPTIONS = (
+    "-b",
+    "--bind",
+    "-p",
+    "--port",
+    "-u",
+    "--unix-socket",
+    "--fd",
+    "-e",
+    "--endpoint",
+)
 
 
 def log(message: str) -> None:
@@ -48,7 +58,8 @@ def listen(host: str, port: int) -> socket.socket:
     # has no way to say otherwise), so an IPv6 socket would be served with garbled addresses.
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+            host, port, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        )[0]
     except socket.gaierror:
         raise ImproperlyConfigured(
             f"Environment variable HOST must be an IPv4 address or a name with one; got {host!r}."
@@ -65,7 +76,16 @@ def daphne_command(fd: int, *, access_log: bool, options: list[str]) -> list[str
     # Daphne writes its access log (one line per request) at its default verbosity; -v 0 turns
     # it off. The application's own logging is Django's LOGGING either way.
     verbosity = ["--access-log", "-"] if access_log else ["-v", "0"]
-    return [sys.executable, "-m", "daphne", "--fd", str(fd), *verbosity, *options, "config.asgi:application"]
+    return [
+        sys.executable,
+        "-m",
+        "daphne",
+        "--fd",
+        str(fd),
+        *verbosity,
+        *options,
+        "config.asgi:application",
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -76,7 +96,9 @@ def main(argv: list[str]) -> int:
         access_log = env_bool("WEB_ACCESS_LOG", False)
         drain = drain_seconds()
         if any(arg.split("=", 1)[0] in _BINDING_OPTIONS for arg in argv):
-            raise ImproperlyConfigured("HOST and PORT choose the socket; do not pass daphne's binding options.")
+            raise ImproperlyConfigured(
+                "HOST and PORT choose the socket; do not pass daphne's binding options."
+            )
         listener = listen(host, port)
     except ImproperlyConfigured as exc:
         print(f"Configuration error: {exc}", file=sys.stderr)
@@ -108,8 +130,13 @@ def main(argv: list[str]) -> int:
                 break
             # Each child leads its own process group, so a Ctrl-C in a terminal reaches only this
             # launcher, which forwards one SIGTERM: Twisted logs an error for a second stop request.
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),),
-                                       process_group=0, preexec_fn=die_with_parent)
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(listener.fileno(),),
+                process_group=0,
+                preexec_fn=die_with_parent,
+            )
             children[f"daphne {process.pid}"] = process
         # The children hold the socket now. Not keeping it here means that once they are gone,
         # clients are refused at once instead of waiting in a backlog nobody accepts from.
@@ -119,8 +146,10 @@ def main(argv: list[str]) -> int:
         exit_code = _watch(children, wake_read, stop_signal)
     finally:
         if stop_signal:
-            log(f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es); "
-                f"their streams have {drain:g} s to finish")
+            log(
+                f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es); "
+                f"their streams have {drain:g} s to finish"
+            )
         stop_groups(children, grace=drain + STOP_GRACE, say=log)
         log("stopped")
     return exit_code

@@ -43,8 +43,15 @@ class BatchWriter(Generic[Row]):
     """See the module docstring. The limits are callables, read on each use, so that settings
     changed at run time (and in tests) apply."""
 
-    def __init__(self, *, name: str, write: Callable[[list[Row]], int], capacity: Callable[[], int],
-                 rows: Callable[[], int], interval: Callable[[], float]):
+    def __init__(
+        self,
+        *,
+        name: str,
+        write: Callable[[list[Row]], int],
+        capacity: Callable[[], int],
+        rows: Callable[[], int],
+        interval: Callable[[], float],
+    ):
         self.name = name
         self._write_batch = write
         self._capacity, self._rows, self._interval = capacity, rows, interval
@@ -56,7 +63,9 @@ class BatchWriter(Generic[Row]):
         os.register_at_fork(after_in_child=self._forget_after_fork)
 
     def _reset_locks(self) -> None:
-        self._lock = threading.Lock()  # guards the buffer and the counters; held for a few operations only
+        self._lock = (
+            threading.Lock()
+        )  # guards the buffer and the counters; held for a few operations only
         # One writer at a time, so `flush` also waits for a batch the thread has in flight.
         self._write_lock = threading.Lock()
         self._wake = threading.Event()
@@ -101,7 +110,9 @@ class BatchWriter(Generic[Row]):
 
     def stats(self) -> BufferStats:
         with self._lock:
-            return BufferStats(buffered=len(self._buffer), written=self._written, dropped=self._dropped)
+            return BufferStats(
+                buffered=len(self._buffer), written=self._written, dropped=self._dropped
+            )
 
     def _take(self) -> list[Row]:
         # `_oldest_at` stays as it is: the rows left behind are younger, so at worst the next
@@ -155,8 +166,12 @@ class BatchWriter(Generic[Row]):
                 time.sleep(self._interval())
             dropped = self.stats().dropped
             if dropped > reported:
-                logger.warning("%d %s dropped (buffer full or batch refused); %d in all",
-                               dropped - reported, self.name, dropped)
+                logger.warning(
+                    "%d %s dropped (buffer full or batch refused); %d in all",
+                    dropped - reported,
+                    self.name,
+                    dropped,
+                )
                 reported = dropped
 
     def _thread_batch(self) -> bool:
@@ -181,8 +196,9 @@ class BatchWriter(Generic[Row]):
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name=f"{self.name.replace(' ', '-')}-writer",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name=f"{self.name.replace(' ', '-')}-writer", daemon=True
+            )
         try:
             self._thread.start()
         except RuntimeError:  # no thread to be had: the next row tries again, the request goes on
@@ -193,7 +209,9 @@ class BatchWriter(Generic[Row]):
         try:
             self.flush()
         except Exception:  # noqa: BLE001 - the process is leaving; say what was lost
-            logger.warning("could not write %d %s at exit", self.stats().buffered, self.name, exc_info=True)
+            logger.warning(
+                "could not write %d %s at exit", self.stats().buffered, self.name, exc_info=True
+            )
 
     def _forget_after_fork(self) -> None:
         # A forked child has the parent's buffer contents but not its thread: start afresh.

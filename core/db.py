@@ -60,7 +60,10 @@ def _threads() -> ThreadPoolExecutor:
         with _executor_lock:
             if _executor is None:
                 # As many threads as the pool has connections: more would only wait for one.
-                size = settings.DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size") or 10
+                size = (
+                    settings.DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size")
+                    or 10
+                )
                 _executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="db")
     return _executor
 
@@ -92,11 +95,14 @@ async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
     """
     if _unbound.get():
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(_threads(), context.run, _call, fn, args, kwargs)
+        return await asyncio.get_running_loop().run_in_executor(
+            _threads(), context.run, _call, fn, args, kwargs
+        )
     return await sync_to_async(_call, thread_sensitive=True)(fn, args, kwargs)
 
 
 # --- statements on the event loop -------------------------------------------------------------------
+
 
 def _close_stale(pool: AsyncConnectionPool) -> None:
     # A closed loop's pool (tests run a loop per test): its connections close with it.
@@ -112,12 +118,18 @@ def _conninfo() -> str:
     """The default database's connection string, as Django's backend would connect (settings
     read at first use: a test run's database has its test name by then)."""
     params = connections["default"].get_connection_params()
-    keep = {key: value for key, value in params.items()
-            if isinstance(value, (str, int)) and key not in ("cursor_factory", "context", "prepare_threshold")}
+    keep = {
+        key: value
+        for key, value in params.items()
+        if isinstance(value, (str, int))
+        and key not in ("cursor_factory", "context", "prepare_threshold")
+    }
     return psycopg.conninfo.make_conninfo(**keep)
 
 
-async def _open_pool(*, full: bool = False, warm: tuple[tuple[str, list | dict], ...] = ()) -> AsyncConnectionPool:
+async def _open_pool(
+    *, full: bool = False, warm: tuple[tuple[str, list | dict], ...] = ()
+) -> AsyncConnectionPool:
     pool_options = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
 
     # Twice when statements are prepared: the second run prepares it (prepare_threshold=1), so
@@ -129,14 +141,25 @@ async def _open_pool(*, full: bool = False, warm: tuple[tuple[str, list | dict],
             try:
                 for _ in range(runs):
                     await connection.execute(sql, params)
-            except psycopg.Error as exc:  # the connection serves all the same, its first use a little slower
+            except (
+                psycopg.Error
+            ) as exc:  # the connection serves all the same, its first use a little slower
                 log.warning("warming a database connection: %s: %s", type(exc).__name__, exc)
 
     size, timeout = pool_options.get("max_size") or 10, pool_options.get("timeout") or 10.0
     pool = AsyncConnectionPool(
-        _conninfo(), min_size=size if full else 1, max_size=size, timeout=timeout, open=False, name="loop",
+        _conninfo(),
+        min_size=size if full else 1,
+        max_size=size,
+        timeout=timeout,
+        open=False,
+        name="loop",
         configure=configure if warm else None,
-        kwargs={"autocommit": True, "prepare_threshold": 1 if settings.DATABASE_PREPARED_STATEMENTS else None})
+        kwargs={
+            "autocommit": True,
+            "prepare_threshold": 1 if settings.DATABASE_PREPARED_STATEMENTS else None,
+        },
+    )
     await pool.open(wait=full, timeout=timeout)
     return _loop_pools.put(pool)
 

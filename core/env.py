@@ -43,7 +43,9 @@ def env_bool(name: str, default: bool) -> bool:
     raise _fail(name, "a boolean (true/false, 1/0, yes/no, on/off)", value)
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     value = _raw(name)
     if value is None:
         return default
@@ -126,6 +128,8 @@ redact_url = _redact
 def var_dir() -> Path:
     """The folder for the gateway's own files (`VAR_DIR`, default `var/` in the checkout): the
     development secret key, engine logs, the embedded servers' data. Created if missing."""
-    path = Path(os.environ.get("VAR_DIR") or Path(__file__).resolve().parent.parent / "var").resolve()
+    path = Path(
+        os.environ.get("VAR_DIR") or Path(__file__).resolve().parent.parent / "var"
+    ).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path

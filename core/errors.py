@@ -51,8 +51,12 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
         return exc
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return ServiceUnavailable(f"Redis is unavailable right now. Try again in {RETRY_AFTER} s.")
-    if isinstance(exc, (psycopg.OperationalError, db_utils.OperationalError, db_utils.InterfaceError)):
-        return ServiceUnavailable(f"The database is unavailable right now. Try again in {RETRY_AFTER} s.")
+    if isinstance(
+        exc, (psycopg.OperationalError, db_utils.OperationalError, db_utils.InterfaceError)
+    ):
+        return ServiceUnavailable(
+            f"The database is unavailable right now. Try again in {RETRY_AFTER} s."
+        )
     return None
 
 
@@ -61,15 +65,30 @@ def error_body(code: str, message: str, fields: dict[str, str] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                 502: "api_error", 503: "api_error"}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "api_error",
+}
 
 
-def openai_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict:
+def openai_error_body(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict:
     """OpenAI's error shape, the one /v1 answers with."""
-    return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "api_error"), "param": param,
-                      "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": _OPENAI_TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
@@ -92,7 +111,10 @@ def _drf_error(exc) -> dict:
 
     if isinstance(exc, ValidationError):
         fields = _flatten(exc.detail)
-        message = "; ".join(text if name == "non_field_errors" else f"{name}: {text}" for name, text in fields.items())
+        message = "; ".join(
+            text if name == "non_field_errors" else f"{name}: {text}"
+            for name, text in fields.items()
+        )
         return error_body("invalid", message, fields)
     code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
     return error_body(code, str(exc.detail))
@@ -106,10 +128,14 @@ def api_exception_handler(exc, context):
     from rest_framework.views import exception_handler as drf_exception_handler
 
     if isinstance(exc, RequestDataTooBig):
-        return Response(error_body("request_too_large", "The request body is too large."), status=413)
+        return Response(
+            error_body("request_too_large", "The request body is too large."), status=413
+        )
     exc = unavailable(exc) or exc
     if isinstance(exc, DomainError):
-        headers = {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
+        headers = (
+            {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
+        )
         body = error_body(exc.code, str(exc), exc.fields)
         return Response(body, status=exc.status, headers=headers)
     response = drf_exception_handler(exc, context)
@@ -133,9 +159,10 @@ def server_error(request):
     if outage is None:
         return django_server_error(request)
     response = HttpResponse(
-        "<!doctype html><html lang=\"en\"><meta charset=\"utf-8\"><title>Temporarily unavailable</title>"
+        '<!doctype html><html lang="en"><meta charset="utf-8"><title>Temporarily unavailable</title>'
         f"<h1>Temporarily unavailable</h1><p>{escape(str(outage))}</p></html>",
-        status=503, content_type="text/html; charset=utf-8")
+        status=503,
+        content_type="text/html; charset=utf-8",
+    )
     response["Retry-After"] = str(outage.retry_after)
     return response
-

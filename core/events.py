@@ -12,7 +12,9 @@ OPS_GROUP = "ops"
 
 
 async def ops_event_abroadcast(*, kind: str, data: dict) -> None:
-    await get_channel_layer().group_send(OPS_GROUP, {"type": "ops.event", "kind": kind, "data": data})
+    await get_channel_layer().group_send(
+        OPS_GROUP, {"type": "ops.event", "kind": kind, "data": data}
+    )
 
 
 def ops_event_broadcast(*, kind: str, data: dict) -> None:

@@ -27,13 +27,19 @@ def key_env_problem(name: str) -> str | None:
     if not ENV_NAME.match(name):
         return f"{name!r} is not the name of an environment variable"
     prefix = settings.ENDPOINT_KEY_ENV_PREFIX
-    allowed = {*settings.ENDPOINT_KEY_ENV_NAMES, settings.EXTERNAL_LLM_API_KEY_ENV,
-               settings.KB_EMBEDDING_API_KEY_ENV or "", settings.KB_RERANK_API_KEY_ENV or ""} - {""}
+    allowed = {
+        *settings.ENDPOINT_KEY_ENV_NAMES,
+        settings.EXTERNAL_LLM_API_KEY_ENV,
+        settings.KB_EMBEDDING_API_KEY_ENV or "",
+        settings.KB_RERANK_API_KEY_ENV or "",
+    } - {""}
     if name not in GATEWAY_SECRETS and (name.startswith(prefix) or name in allowed):
         return None
-    return (f"{name} may not hold an endpoint key: its value would be sent to this row's URL. "
-            f"Put the key in a variable whose name starts with {prefix} (e.g. {prefix}{_suggest(name)}), "
-            "or have the operator list the name in ENDPOINT_KEY_ENV_NAMES.")
+    return (
+        f"{name} may not hold an endpoint key: its value would be sent to this row's URL. "
+        f"Put the key in a variable whose name starts with {prefix} (e.g. {prefix}{_suggest(name)}), "
+        "or have the operator list the name in ENDPOINT_KEY_ENV_NAMES."
+    )
 
 
 def _suggest(name: str) -> str:

@@ -56,8 +56,10 @@ def login_retry_after(*, username: str, address: str) -> int | None:
     user_count, user_ttl, address_count, address_ttl = pipe.execute()
     waits = [
         max(ttl, 1)  # a key expiring between the two reads still waits a moment
-        for count, ttl, limit in ((user_count, user_ttl, settings.LOGIN_FAILURES_PER_USERNAME),
-                                  (address_count, address_ttl, settings.LOGIN_FAILURES_PER_ADDRESS))
+        for count, ttl, limit in (
+            (user_count, user_ttl, settings.LOGIN_FAILURES_PER_USERNAME),
+            (address_count, address_ttl, settings.LOGIN_FAILURES_PER_ADDRESS),
+        )
         if count is not None and int(count) >= limit
     ]
     return max(waits) if waits else None
@@ -83,8 +85,11 @@ def login_succeeded(*, username: str) -> None:
 
 def _throttled_message(seconds: int) -> str:
     minutes = math.ceil(seconds / 60)
-    return ngettext("Too many failed sign-in attempts. Try again in %(n)d minute.",
-                    "Too many failed sign-in attempts. Try again in %(n)d minutes.", minutes) % {"n": minutes}
+    return ngettext(
+        "Too many failed sign-in attempts. Try again in %(n)d minute.",
+        "Too many failed sign-in attempts. Try again in %(n)d minutes.",
+        minutes,
+    ) % {"n": minutes}
 
 
 class _Throttled:
@@ -125,7 +130,11 @@ def refused_with_429(view):
     def wrapped(request, *args, **kwargs):
         response = view(request, *args, **kwargs)
         form = (getattr(response, "context_data", None) or {}).get("form")
-        if isinstance(form, _Throttled) and form.is_bound and form.has_error(NON_FIELD_ERRORS, "throttled"):
+        if (
+            isinstance(form, _Throttled)
+            and form.is_bound
+            and form.has_error(NON_FIELD_ERRORS, "throttled")
+        ):
             response.status_code = 429
             response["Retry-After"] = str(form.retry_after)
         return response

@@ -31,8 +31,12 @@ def stop_group(process: subprocess.Popen, *, timeout: float = 10.0) -> None:
     stop_groups({"": process}, grace=timeout)
 
 
-def stop_groups(processes: Mapping[str, subprocess.Popen], *, grace: float,
-                say: Callable[[str], None] = lambda line: None) -> None:
+def stop_groups(
+    processes: Mapping[str, subprocess.Popen],
+    *,
+    grace: float,
+    say: Callable[[str], None] = lambda line: None,
+) -> None:
     """SIGTERM the group of each process, wait up to `grace` in all, then SIGKILL what is left of
     every group (even after a clean exit of the leader, a child that ignored SIGTERM may be there)."""
     for process in processes.values():

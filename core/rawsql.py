@@ -13,7 +13,9 @@ def columns(model: type[Model], alias: str) -> str:
 def instance(model: type[Model], row, start: int = 0) -> Model:
     """The instance whose columns (as `columns` lists them) begin at `row[start]`, as the ORM builds it."""
     fields = model._meta.concrete_fields
-    return model.from_db(connection.alias, [field.attname for field in fields], row[start : start + len(fields)])
+    return model.from_db(
+        connection.alias, [field.attname for field in fields], row[start : start + len(fields)]
+    )
 
 
 def width(model: type[Model]) -> int:

@@ -23,8 +23,12 @@ _aclients: PerLoop[aioredis.Redis] = PerLoop()
 
 
 def _pool_options() -> dict:
-    return {"max_connections": MAX_CONNECTIONS, "timeout": settings.REDIS_TIMEOUT,
-            "socket_timeout": settings.REDIS_TIMEOUT, "socket_connect_timeout": settings.REDIS_TIMEOUT}
+    return {
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": settings.REDIS_TIMEOUT,
+        "socket_timeout": settings.REDIS_TIMEOUT,
+        "socket_connect_timeout": settings.REDIS_TIMEOUT,
+    }
 
 
 def client() -> redis.Redis:
@@ -40,5 +44,10 @@ def client() -> redis.Redis:
 
 def aclient() -> aioredis.Redis:
     """For async code: the running loop's client (connections belong to the loop that opened them)."""
-    return _aclients.get(lambda: aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        settings.REDIS_URL, **_pool_options())))
+    return _aclients.get(
+        lambda: aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                settings.REDIS_URL, **_pool_options()
+            )
+        )
+    )

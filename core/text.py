@@ -34,8 +34,10 @@ def text_problem(text: str) -> str | None:
     elif "\ud800" <= char <= "\udfff":
         what = f"an unpaired surrogate (U+{ord(char):04X}), which is not valid Unicode"
     else:
-        what = (f"a control character (U+{ord(char):04X}); of those only tab, line feed and carriage "
-                "return are allowed")
+        what = (
+            f"a control character (U+{ord(char):04X}); of those only tab, line feed and carriage "
+            "return are allowed"
+        )
     return f"contains {what} at character {found.start()}"
 
 

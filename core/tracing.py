@@ -40,10 +40,14 @@ def _env(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
-ENABLED = bool(_env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) \
+ENABLED = (
+    bool(_env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     and _env("OTEL_SDK_DISABLED").lower() != "true"
+)
 
-SERVICE_NAME = "answering-gateway"  # when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one
+SERVICE_NAME = (
+    "answering-gateway"  # when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one
+)
 # Bounds one export, retries included, when no OTEL_EXPORTER_OTLP_*TIMEOUT says otherwise: a stalled
 # collector holds the SDK's export thread no longer, and atexit's final flush ends as soon.
 EXPORT_TIMEOUT = 5.0
@@ -86,8 +90,11 @@ def _start():
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
-        timeout = None if _env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or _env("OTEL_EXPORTER_OTLP_TIMEOUT") \
+        timeout = (
+            None
+            if _env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or _env("OTEL_EXPORTER_OTLP_TIMEOUT")
             else EXPORT_TIMEOUT
+        )
         # A provider of our own, not the global one: a forked child builds a new one (below), which
         # the API's set-once global would not allow.
         provider = TracerProvider(resource=resource)
@@ -170,8 +177,15 @@ class _Request:
             return
         # The route names the road, rule and target; a done event repeats them, an error may be
         # the first to name them (or come without any).
-        attributes = {} if kind == "done" else {
-            f"gateway.{name}": value for name in ("road", "rule", "target") if (value := getattr(event, name, None))}
+        attributes = (
+            {}
+            if kind == "done"
+            else {
+                f"gateway.{name}": value
+                for name in ("road", "rule", "target")
+                if (value := getattr(event, name, None))
+            }
+        )
         if "gateway.road" in attributes:
             self.span.update_name(f"answer {attributes['gateway.road']}")
         if kind != "route" and event.fell_back_from:
@@ -197,8 +211,11 @@ class _Request:
 
 async def kb_match(lookup: Awaitable[T]) -> T:
     """`retrieval kb` around the KB check; reads the verdict's hit, method, score and entry."""
-    span = _get_tracer().start_span("retrieval kb", kind=_trace.SpanKind.CLIENT, attributes={
-        "gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "kb"})
+    span = _get_tracer().start_span(
+        "retrieval kb",
+        kind=_trace.SpanKind.CLIENT,
+        attributes={"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "kb"},
+    )
     try:
         direct = await lookup
     except BaseException as exc:
@@ -238,9 +255,15 @@ class Chat:
 
     __slots__ = ("_span", "_ended")
 
-    def __init__(self, *, model: str, base_url: str, max_tokens: int | None, temperature: float | None):
-        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
-                      "gen_ai.request.model": model, "gen_ai.request.stream": True}
+    def __init__(
+        self, *, model: str, base_url: str, max_tokens: int | None, temperature: float | None
+    ):
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": model,
+            "gen_ai.request.stream": True,
+        }
         if max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = int(max_tokens)
         if temperature is not None:
@@ -252,7 +275,9 @@ class Chat:
                 attributes["server.port"] = url.port or (443 if url.scheme == "https" else 80)
         except ValueError:  # an unreadable port: the span goes without the server
             pass
-        self._span = _get_tracer().start_span(f"chat {model}", kind=_trace.SpanKind.CLIENT, attributes=attributes)
+        self._span = _get_tracer().start_span(
+            f"chat {model}", kind=_trace.SpanKind.CLIENT, attributes=attributes
+        )
         self._ended = False
 
     def first_chunk(self, elapsed: float) -> None:

@@ -108,7 +108,9 @@ def prepare() -> dict[str, str]:
         files_clear()
     env = dict(os.environ)
     # The children reuse the servers found here instead of probing again.
-    env.update(DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1")
+    env.update(
+        DATABASE_URL=settings.DATABASE_URL, REDIS_URL=settings.REDIS_URL, PYTHONUNBUFFERED="1"
+    )
     return env
 
 
@@ -117,12 +119,32 @@ def commands(*, var_dir: str) -> dict[str, list[str]]:
     return {
         "web": [python, "-m", "config.web"],
         "worker": [
-            python, "-m", "celery", "-A", "config", "worker",
-            "-Q", "default,ops,embeddings", "-c", "2", "-l", "INFO", "-n", f"dev-{os.getpid()}@%h",
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-Q",
+            "default,ops,embeddings",
+            "-c",
+            "2",
+            "-l",
+            "INFO",
+            "-n",
+            f"dev-{os.getpid()}@%h",
         ],
         "beat": [
-            python, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
-            "-s", os.path.join(var_dir, "celerybeat-schedule"),
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            os.path.join(var_dir, "celerybeat-schedule"),
         ],
     }
 
@@ -153,15 +175,17 @@ def main() -> int:
         env = {**prepare(), "HOST": host, "PORT": str(port)}
         for name, command in commands(var_dir=str(embedded.var_dir())).items():
             process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             children[name] = process
             pumps.append(threading.Thread(target=_pump, args=(name, process.stdout), daemon=True))
             pumps[-1].start()
-        threading.Thread(
-            target=_announce, args=(host, port, started_at, stop), daemon=True
-        ).start()
+        threading.Thread(target=_announce, args=(host, port, started_at, stop), daemon=True).start()
         threading.Thread(target=_local_engine, args=(stop,), daemon=True).start()
         while not stop.wait(0.2):
             for name, process in children.items():
@@ -187,7 +211,10 @@ def _announce(host: str, port: int, started_at: float, stop: threading.Event) ->
     if stop.is_set():
         return
     if body and body.get("status") == "ok":
-        log("run", f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/, login printed above)")
+        log(
+            "run",
+            f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/, login printed above)",
+        )
     else:
         log("run", f"not ready after 90s: {json.dumps(body)}")
 
@@ -206,11 +233,16 @@ def _local_engine(stop: threading.Event) -> None:
     from inference_ops.models import EngineProcess
 
     try:
-        engine = EngineProcess.objects.filter(name__in=demo.DEMO_ENGINES, endpoint__name="local").first()
+        engine = EngineProcess.objects.filter(
+            name__in=demo.DEMO_ENGINES, endpoint__name="local"
+        ).first()
         if engine is None:
             return  # LOCAL_VLLM_URL: the local road is someone else's vLLM server
         if missing := demo.missing(engine):
-            log("build", f"{missing}: preparing it once (minutes on 2 cores); KB answers work meanwhile")
+            log(
+                "build",
+                f"{missing}: preparing it once (minutes on 2 cores); KB answers work meanwhile",
+            )
             demo.prepare(engine, progress=lambda line: log("build", line))
         if stop.is_set():
             return

@@ -137,24 +137,38 @@ def redis_start(*, port: int, data_dir: Path, timeout: float = 10.0) -> bool:
     data_dir.mkdir(parents=True, exist_ok=True)
     command = [
         str(_valkey_binary()),
-        "--bind", "127.0.0.1",
-        "--port", str(port),
-        "--dir", str(data_dir),
-        "--pidfile", str(data_dir / "valkey.pid"),
-        "--logfile", str(data_dir / "valkey.log"),
-        "--daemonize", "yes",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+        "--pidfile",
+        str(data_dir / "valkey.pid"),
+        "--logfile",
+        str(data_dir / "valkey.log"),
+        "--daemonize",
+        "yes",
         # Snapshots keep queued Celery tasks across a restart of the dev machine.
-        "--save", "300 1",
-        "--appendonly", "no",
+        "--save",
+        "300 1",
+        "--appendonly",
+        "no",
     ]
-    subprocess.run(command, check=True, timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True)
+    subprocess.run(
+        command, check=True, timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if redis_answers("127.0.0.1", port):
-            print(f"embedded Redis (Valkey) started on 127.0.0.1:{port} ({data_dir})", file=sys.stderr)
+            print(
+                f"embedded Redis (Valkey) started on 127.0.0.1:{port} ({data_dir})", file=sys.stderr
+            )
             return True
         time.sleep(0.05)
-    raise RuntimeError(f"embedded Redis did not answer on port {port}; see {data_dir / 'valkey.log'}")
+    raise RuntimeError(
+        f"embedded Redis did not answer on port {port}; see {data_dir / 'valkey.log'}"
+    )
 
 
 def redis_stop(*, data_dir: Path | None = None, timeout: float = 10.0) -> bool:

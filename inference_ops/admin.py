@@ -22,19 +22,65 @@ class Operations:
 
 @admin.register(ModelEndpoint)
 class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
-    list_display = ["name", "kind", "model", "lora_adapter", "replica_group", "active", "status", "requests_running",
-                    "requests_waiting", "kv_cache_usage", "checked_at"]
+    list_display = [
+        "name",
+        "kind",
+        "model",
+        "lora_adapter",
+        "replica_group",
+        "active",
+        "status",
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_usage",
+        "checked_at",
+    ]
     list_filter = ["kind", "active", "status", "replica_group"]
     search_fields = ["name", "model", "base_url"]
-    readonly_fields = ["status", "status_reason", "checked_at", "requests_running", "requests_waiting",
-                       "kv_cache_usage", "updated_at"]
+    readonly_fields = [
+        "status",
+        "status_reason",
+        "checked_at",
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_usage",
+        "updated_at",
+    ]
     fieldsets = [
-        (None, {"fields": ["name", "kind", "active", "base_url", "api_key_env", "model", "lora_adapter",
-                           "replica_group", "context_window", "max_concurrency"]}),
-        ("Timeouts (seconds)", {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout",
-                                           "total_timeout"]}),
-        ("Live status", {"fields": ["status", "status_reason", "checked_at", "requests_running",
-                                    "requests_waiting", "kv_cache_usage"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "name",
+                    "kind",
+                    "active",
+                    "base_url",
+                    "api_key_env",
+                    "model",
+                    "lora_adapter",
+                    "replica_group",
+                    "context_window",
+                    "max_concurrency",
+                ]
+            },
+        ),
+        (
+            "Timeouts (seconds)",
+            {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"]},
+        ),
+        (
+            "Live status",
+            {
+                "fields": [
+                    "status",
+                    "status_reason",
+                    "checked_at",
+                    "requests_running",
+                    "requests_waiting",
+                    "kv_cache_usage",
+                ]
+            },
+        ),
     ]
 
 
@@ -60,31 +106,108 @@ class EngineEventInline(admin.TabularInline):
 
 @admin.register(EngineProcess)
 class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
-    list_display = ["name", "kind", "model", "port", "desired_state", "status_badge", "status_reason_short",
-                    "last_check_at", "running", "waiting", "kv_cache"]
+    list_display = [
+        "name",
+        "kind",
+        "model",
+        "port",
+        "desired_state",
+        "status_badge",
+        "status_reason_short",
+        "last_check_at",
+        "running",
+        "waiting",
+        "kv_cache",
+    ]
     list_filter = ["kind", "status", "desired_state"]
     search_fields = ["name", "model"]
     inlines = [LoraAdapterInline, EngineEventInline]
     actions = ["start", "stop", "restart"]
-    readonly_fields = ["status", "status_reason", "status_changed_at", "pid", "started_at", "restarts_in_window",
-                       "next_restart_at", "failed_checks", "last_check_at", "last_check_ok", "metrics",
-                       "command", "log"]
+    readonly_fields = [
+        "status",
+        "status_reason",
+        "status_changed_at",
+        "pid",
+        "started_at",
+        "restarts_in_window",
+        "next_restart_at",
+        "failed_checks",
+        "last_check_at",
+        "last_check_ok",
+        "metrics",
+        "command",
+        "log",
+    ]
     fieldsets = [
-        (None, {"fields": ["name", "endpoint", "host", "kind", "model", "served_model_name", "bind_host", "port",
-                           "desired_state"]}),
-        ("vLLM options", {"fields": ["max_model_len", "gpu_memory_utilization", "max_num_seqs",
-                                     "tensor_parallel_size", "quantization", "dtype", "enable_prefix_caching",
-                                     "enable_lora", "max_loras", "max_lora_rank", "runtime_lora_updating",
-                                     "extra_args", "environment", "startup_timeout", "stop_timeout"]}),
-        ("Live", {"fields": ["status", "status_reason", "status_changed_at", "pid", "started_at", "last_check_at",
-                             "last_check_ok", "failed_checks", "restarts_in_window", "next_restart_at", "metrics",
-                             "command", "log"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "name",
+                    "endpoint",
+                    "host",
+                    "kind",
+                    "model",
+                    "served_model_name",
+                    "bind_host",
+                    "port",
+                    "desired_state",
+                ]
+            },
+        ),
+        (
+            "vLLM options",
+            {
+                "fields": [
+                    "max_model_len",
+                    "gpu_memory_utilization",
+                    "max_num_seqs",
+                    "tensor_parallel_size",
+                    "quantization",
+                    "dtype",
+                    "enable_prefix_caching",
+                    "enable_lora",
+                    "max_loras",
+                    "max_lora_rank",
+                    "runtime_lora_updating",
+                    "extra_args",
+                    "environment",
+                    "startup_timeout",
+                    "stop_timeout",
+                ]
+            },
+        ),
+        (
+            "Live",
+            {
+                "fields": [
+                    "status",
+                    "status_reason",
+                    "status_changed_at",
+                    "pid",
+                    "started_at",
+                    "last_check_at",
+                    "last_check_ok",
+                    "failed_checks",
+                    "restarts_in_window",
+                    "next_restart_at",
+                    "metrics",
+                    "command",
+                    "log",
+                ]
+            },
+        ),
     ]
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj):
-        colour = {"ready": "#1a7f37", "starting": "#9a6700", "restarting": "#9a6700",
-                  "unhealthy": "#bc4c00", "crashed": "#cf222e"}.get(obj.status, "#57606a")
+        colour = {
+            "ready": "#1a7f37",
+            "starting": "#9a6700",
+            "restarting": "#9a6700",
+            "unhealthy": "#bc4c00",
+            "crashed": "#cf222e",
+        }.get(obj.status, "#57606a")
         return format_html('<strong style="color:{}">{}</strong>', colour, obj.get_status_display())
 
     @admin.display(description="reason")
@@ -117,14 +240,19 @@ class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
     def log(self, obj):
         if obj.pk is None:
             return "—"
-        return format_html('<pre style="max-height:30em;overflow:auto;white-space:pre-wrap">{}</pre>',
-                           supervisor.log_tail(obj, 80) or "(empty)")
+        return format_html(
+            '<pre style="max-height:30em;overflow:auto;white-space:pre-wrap">{}</pre>',
+            supervisor.log_tail(obj, 80) or "(empty)",
+        )
 
     def _enqueue(self, request, queryset, action):
         for engine in queryset:
             transaction.on_commit(lambda engine=engine: tasks.enqueue(action, engine))
-        self.message_user(request, f"{action.capitalize()} queued for {queryset.count()} engine(s); "
-                                   "the status column follows.")
+        self.message_user(
+            request,
+            f"{action.capitalize()} queued for {queryset.count()} engine(s); "
+            "the status column follows.",
+        )
 
     @admin.action(description="Start selected engines", permissions=["operate"])
     def start(self, request, queryset):
@@ -154,13 +282,22 @@ class LoraAdapterAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
                 self.message_user(request, refusal, messages.ERROR)
                 continue
             transaction.on_commit(functools.partial(tasks.adapter_enqueue, action, adapter))
-            self.message_user(request, f"{adapter.name}: {action} queued on {adapter.engine.queue}; its state and "
-                                       "error show the engine's answer.")
+            self.message_user(
+                request,
+                f"{adapter.name}: {action} queued on {adapter.engine.queue}; its state and "
+                "error show the engine's answer.",
+            )
 
-    @admin.action(description="Load selected adapters (runtime, on the engine's host)", permissions=["operate"])
+    @admin.action(
+        description="Load selected adapters (runtime, on the engine's host)",
+        permissions=["operate"],
+    )
     def load(self, request, queryset):
         self._queue(request, queryset, "load")
 
-    @admin.action(description="Unload selected adapters (runtime, on the engine's host)", permissions=["operate"])
+    @admin.action(
+        description="Unload selected adapters (runtime, on the engine's host)",
+        permissions=["operate"],
+    )
     def unload(self, request, queryset):
         self._queue(request, queryset, "unload")

@@ -42,11 +42,18 @@ class EndpointConfig:
     @classmethod
     def from_endpoint(cls, endpoint) -> EndpointConfig:
         return cls(
-            name=endpoint.name, base_url=endpoint.base_url, model=endpoint.request_model,
-            api_key=endpoint.api_key, connect_timeout=endpoint.connect_timeout,
-            first_token_timeout=endpoint.first_token_timeout, idle_timeout=endpoint.idle_timeout,
-            total_timeout=endpoint.total_timeout, max_concurrency=endpoint.max_concurrency,
-            headers=tuple(sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())),
+            name=endpoint.name,
+            base_url=endpoint.base_url,
+            model=endpoint.request_model,
+            api_key=endpoint.api_key,
+            connect_timeout=endpoint.connect_timeout,
+            first_token_timeout=endpoint.first_token_timeout,
+            idle_timeout=endpoint.idle_timeout,
+            total_timeout=endpoint.total_timeout,
+            max_concurrency=endpoint.max_concurrency,
+            headers=tuple(
+                sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())
+            ),
         )
 
 
@@ -77,15 +84,21 @@ class _Pool:
         # No read timeout for the transport: stream_chat bounds the response headers and every
         # read itself (one timer per stream). Given one, aiohttp re-arms a timer on each chunk it
         # receives, a timer heap operation per token and stream.
-        timeout = httpx2.Timeout(connect=config.connect_timeout, read=None, write=10.0, pool=config.first_token_timeout)
+        timeout = httpx2.Timeout(
+            connect=config.connect_timeout, read=None, write=10.0, pool=config.first_token_timeout
+        )
         # The SDK's aiohttp transport: a streamed request costs the gateway less than half the
         # CPU of the default httpx one (README, Figures), and the gateway pays it per request.
         # Connections: as many as the endpoint may have in flight, all kept alive between requests.
-        limits = httpx2.Limits(max_connections=config.max_concurrency,
-                               max_keepalive_connections=config.max_concurrency)
+        limits = httpx2.Limits(
+            max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency
+        )
         # Retries belong to the pipeline (it may pick another target), not to the SDK.
         self.client = openai.AsyncOpenAI(
-            base_url=config.base_url, api_key=config.api_key or "EMPTY", timeout=timeout, max_retries=0,
+            base_url=config.base_url,
+            api_key=config.api_key or "EMPTY",
+            timeout=timeout,
+            max_retries=0,
             default_headers=dict(config.headers) or None,
             http_client=openai.DefaultAioHttpClient(timeout=timeout, limits=limits),
         )
@@ -100,30 +113,55 @@ def _pool_for(config: EndpointConfig) -> _Pool:
     return _pools.get(lambda: _Pool(config), config)
 
 
-def _from_sdk(exc: Exception, *, produced: bool, during_request: bool, endpoint: str) -> EngineError:
+def _from_sdk(
+    exc: Exception, *, produced: bool, during_request: bool, endpoint: str
+) -> EngineError:
     if isinstance(exc, openai.APITimeoutError):
         if isinstance(exc.__cause__, httpx2.ConnectTimeout):
             # The aiohttp transport reports every connection failure as a connect timeout; the
             # error underneath says whether one was (a refused or reset connection was not).
             root = exc.__cause__.__cause__
-            kind = "connect" if root is not None and not isinstance(root, TimeoutError) else "timeout_connect"
+            kind = (
+                "connect"
+                if root is not None and not isinstance(root, TimeoutError)
+                else "timeout_connect"
+            )
         else:
             kind = "timeout_idle" if produced else "timeout_first_token"
-        return EngineError(kind, "the engine did not answer in time", produced_tokens=produced, endpoint=endpoint)
+        return EngineError(
+            kind, "the engine did not answer in time", produced_tokens=produced, endpoint=endpoint
+        )
     if isinstance(exc, openai.APIConnectionError):
         kind = "connect" if during_request else "stream_truncated"
-        return EngineError(kind, f"connection failed: {exc.__cause__ or exc}", produced_tokens=produced,
-                           endpoint=endpoint)
+        return EngineError(
+            kind,
+            f"connection failed: {exc.__cause__ or exc}",
+            produced_tokens=produced,
+            endpoint=endpoint,
+        )
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        kind = "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
-        return EngineError(kind, f"HTTP {status}: {exc.message}", produced_tokens=produced, status_code=status,
-                           endpoint=endpoint, retry_after=retry_after(exc.response.headers) if status in (429, 503)
-                           else None)
+        kind = (
+            "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
+        )
+        return EngineError(
+            kind,
+            f"HTTP {status}: {exc.message}",
+            produced_tokens=produced,
+            status_code=status,
+            endpoint=endpoint,
+            retry_after=retry_after(exc.response.headers) if status in (429, 503) else None,
+        )
     if isinstance(exc, openai.APIError):
-        return EngineError("stream_error", f"error in the stream: {exc.message}", produced_tokens=produced,
-                           endpoint=endpoint)
-    return EngineError("malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint)
+        return EngineError(
+            "stream_error",
+            f"error in the stream: {exc.message}",
+            produced_tokens=produced,
+            endpoint=endpoint,
+        )
+    return EngineError(
+        "malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint
+    )
 
 
 def retry_after(headers) -> float | None:
@@ -147,8 +185,8 @@ def retry_after(headers) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
 _SDK_ERRORS = (openai.APIError, json.JSONDecodeError, ValueError, TypeError, AttributeError)
@@ -183,18 +221,32 @@ async def stream_chat(
     response = None
     deadline = None
     acquired = False
-    body = {"model": config.model, "messages": messages, "stream": True,
-            **_options(max_tokens, temperature, stop), **(extra_body or {})}
+    body = {
+        "model": config.model,
+        "messages": messages,
+        "stream": True,
+        **_options(max_tokens, temperature, stop),
+        **(extra_body or {}),
+    }
     try:
         try:
             async with asyncio.timeout_at(min(first_deadline, total_deadline)):
                 await pool.slots.acquire()
                 acquired = True
                 response = await pool.client.post(
-                    "/chat/completions", cast_to=httpx2.Response, body=body, stream=True, stream_cls=None,
-                    options={"headers": extra_headers} if extra_headers else {})
+                    "/chat/completions",
+                    cast_to=httpx2.Response,
+                    body=body,
+                    stream=True,
+                    stream_cls=None,
+                    options={"headers": extra_headers} if extra_headers else {},
+                )
         except TimeoutError:
-            what = "no response headers in time" if acquired else f"all {config.max_concurrency} slots stayed busy"
+            what = (
+                "no response headers in time"
+                if acquired
+                else f"all {config.max_concurrency} slots stayed busy"
+            )
             raise EngineError("timeout_first_token", what, endpoint=config.name) from None
         except _SDK_ERRORS as exc:
             raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
@@ -204,8 +256,12 @@ async def stream_chat(
         reads = response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
         events = _SSE()
         finish_reason, usage, ttft, count, done = None, None, None, 0, False
-        deadline = _Deadline(loop, first=min(first_deadline, total_deadline), total=total_deadline,
-                             idle=config.idle_timeout)
+        deadline = _Deadline(
+            loop,
+            first=min(first_deadline, total_deadline),
+            total=total_deadline,
+            idle=config.idle_timeout,
+        )
         while True:
             try:
                 with deadline:
@@ -214,15 +270,27 @@ async def stream_chat(
                 break
             except (TimeoutError, httpx2.TimeoutException):
                 if loop.time() >= total_deadline:
-                    kind, what = "timeout_total", f"the request took longer than {config.total_timeout:g}s"
+                    kind, what = (
+                        "timeout_total",
+                        f"the request took longer than {config.total_timeout:g}s",
+                    )
                 elif produced:
                     kind, what = "timeout_idle", f"no token for {config.idle_timeout:g}s"
                 else:
-                    kind, what = "timeout_first_token", f"no first token in {config.first_token_timeout:g}s"
-                raise EngineError(kind, what, produced_tokens=produced, endpoint=config.name) from None
+                    kind, what = (
+                        "timeout_first_token",
+                        f"no first token in {config.first_token_timeout:g}s",
+                    )
+                raise EngineError(
+                    kind, what, produced_tokens=produced, endpoint=config.name
+                ) from None
             except httpx2.TransportError as exc:
-                raise EngineError("stream_truncated", f"the connection broke: {exc}", produced_tokens=produced,
-                                  endpoint=config.name) from exc
+                raise EngineError(
+                    "stream_truncated",
+                    f"the connection broke: {exc}",
+                    produced_tokens=produced,
+                    endpoint=config.name,
+                ) from exc
             if done:
                 continue  # read the body to its end, so the connection goes back to the pool
             texts: list[str] = []
@@ -236,20 +304,36 @@ async def stream_chat(
                     if "error" in chunk:
                         error = chunk["error"]
                         message = error.get("message") if isinstance(error, dict) else error
-                        failed = EngineError("stream_error", f"error in the stream: {message}",
-                                             produced_tokens=produced or bool(texts), endpoint=config.name)
+                        failed = EngineError(
+                            "stream_error",
+                            f"error in the stream: {message}",
+                            produced_tokens=produced or bool(texts),
+                            endpoint=config.name,
+                        )
                         break
                     if chunk.get("usage"):
-                        usage = Usage(chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+                        usage = Usage(
+                            chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"]
+                        )
                     for choice in chunk.get("choices") or ():
                         text = (choice.get("delta") or {}).get("content")
                         if text:
                             texts.append(text)
                         if choice.get("finish_reason"):
                             finish_reason = choice["finish_reason"]
-                except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
-                    failed = EngineError("malformed", f"unreadable chunk: {exc}",
-                                         produced_tokens=produced or bool(texts), endpoint=config.name)
+                except (
+                    orjson.JSONDecodeError,
+                    ValueError,
+                    TypeError,
+                    AttributeError,
+                    KeyError,
+                ) as exc:
+                    failed = EngineError(
+                        "malformed",
+                        f"unreadable chunk: {exc}",
+                        produced_tokens=produced or bool(texts),
+                        endpoint=config.name,
+                    )
                     break
             if texts:
                 # What arrived before a failure in the same read still reaches the caller.
@@ -262,9 +346,19 @@ async def stream_chat(
             if failed is not None:
                 raise failed
         if finish_reason is None:
-            raise EngineError("stream_truncated", "the stream ended without a finish reason",
-                              produced_tokens=produced, endpoint=config.name)
-        yield Finish(finish_reason=finish_reason, usage=usage, ttft=ttft, total=loop.time() - started, tokens=count)
+            raise EngineError(
+                "stream_truncated",
+                "the stream ended without a finish reason",
+                produced_tokens=produced,
+                endpoint=config.name,
+            )
+        yield Finish(
+            finish_reason=finish_reason,
+            usage=usage,
+            ttft=ttft,
+            total=loop.time() - started,
+            tokens=count,
+        )
     finally:
         if deadline is not None:
             deadline.close()
@@ -359,7 +453,9 @@ class _SSE:
         *events, self._rest = buffer.split(b"\n\n")
         payloads = []
         for event in events:
-            lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+            lines = [
+                line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
+            ]
             if lines:
                 payloads.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
         return payloads

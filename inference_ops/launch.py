@@ -19,11 +19,15 @@ def main(argv: list[str]) -> int:
     log_path, command = argv[0], argv[2:]
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     with open(log_path, "ab", buffering=0) as log:
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         log.write(f"\n=== {stamp} starting: {' '.join(command)}\n".encode())
         try:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         except OSError as exc:
             log.write(f"=== could not start: {exc}\n".encode())

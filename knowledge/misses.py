@@ -42,8 +42,15 @@ class _Note:
 MissBufferStats = BufferStats
 
 
-def miss_note(*, question: str, answer: str, best_entry_id: int | None, best_score: float | None,
-              model_id: int | None, vector: tuple[float, ...] | None) -> None:
+def miss_note(
+    *,
+    question: str,
+    answer: str,
+    best_entry_id: int | None,
+    best_score: float | None,
+    model_id: int | None,
+    vector: tuple[float, ...] | None,
+) -> None:
     """Keep a question the KB did not answer (and the answer a model gave) for the curators.
 
     Safe on the event loop: it appends to memory and returns. `vector` is the question's
@@ -51,7 +58,18 @@ def miss_note(*, question: str, answer: str, best_entry_id: int | None, best_sco
     """
     if not settings.KB_RECORD_MISSES:
         return
-    _writer.note(_Note(question, answer, best_entry_id, best_score, model_id, vector, timezone.now(), uuid.uuid4()))
+    _writer.note(
+        _Note(
+            question,
+            answer,
+            best_entry_id,
+            best_score,
+            model_id,
+            vector,
+            timezone.now(),
+            uuid.uuid4(),
+        )
+    )
 
 
 def miss_flush() -> int:
@@ -108,5 +126,9 @@ def _write(batch: list[_Note]) -> int:
 
 
 _writer: BatchWriter[_Note] = BatchWriter(
-    name="KB misses", write=_write, capacity=lambda: settings.KB_MISS_BUFFER_ROWS,
-    rows=lambda: settings.KB_MISS_FLUSH_ROWS, interval=lambda: settings.KB_MISS_FLUSH_SECONDS)
+    name="KB misses",
+    write=_write,
+    capacity=lambda: settings.KB_MISS_BUFFER_ROWS,
+    rows=lambda: settings.KB_MISS_FLUSH_ROWS,
+    interval=lambda: settings.KB_MISS_FLUSH_SECONDS,
+)

@@ -30,23 +30,38 @@ class EmbeddingModel(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     backend = models.CharField(max_length=16, choices=Backend.choices)
-    base_url = models.URLField(blank=True, help_text="For the openai backend: the server's /v1 URL.")
+    base_url = models.URLField(
+        blank=True, help_text="For the openai backend: the server's /v1 URL."
+    )
     api_key_env = models.CharField(
-        max_length=100, blank=True, help_text="Name of the environment variable holding the API key (never the key)."
+        max_length=100,
+        blank=True,
+        help_text="Name of the environment variable holding the API key (never the key).",
     )
     dimensions = models.PositiveIntegerField()
     # E5-style models are trained with a prefix per role; for the local E5 the engine adds them.
     query_prefix = models.CharField(
-        max_length=40, blank=True, help_text="Prepended to questions and FAQ phrasings (E5 models: `query: `).")
+        max_length=40,
+        blank=True,
+        help_text="Prepended to questions and FAQ phrasings (E5 models: `query: `).",
+    )
     passage_prefix = models.CharField(
-        max_length=40, blank=True, help_text="Prepended to passages retrieved as context (E5 models: `passage: `).")
+        max_length=40,
+        blank=True,
+        help_text="Prepended to passages retrieved as context (E5 models: `passage: `).",
+    )
     # Each model has its own similarity scale (E5's is compressed near 1): its operating point is
     # its own, set by `manage.py kb_calibrate --apply`; empty for the global KB_DIRECT_* settings.
     direct_threshold = models.FloatField(
-        null=True, blank=True,
-        help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.")
+        null=True,
+        blank=True,
+        help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.",
+    )
     direct_margin = models.FloatField(
-        null=True, blank=True, help_text="Lead over the runner-up a direct answer needs; empty for KB_DIRECT_MARGIN.")
+        null=True,
+        blank=True,
+        help_text="Lead over the runner-up a direct answer needs; empty for KB_DIRECT_MARGIN.",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.BUILDING)
     created_at = models.DateTimeField(auto_now_add=True)
     serving_since = models.DateTimeField(null=True, blank=True)
@@ -54,14 +69,19 @@ class EmbeddingModel(models.Model):
     class Meta:
         constraints = [
             # At most one model serves queries at a time.
-            models.UniqueConstraint(fields=["state"], condition=models.Q(state="serving"), name="one_serving_model"),
+            models.UniqueConstraint(
+                fields=["state"], condition=models.Q(state="serving"), name="one_serving_model"
+            ),
             models.CheckConstraint(
                 condition=models.Q(direct_threshold__isnull=True)
                 | models.Q(direct_threshold__gte=0, direct_threshold__lte=1),
-                name="embeddingmodel_threshold_between_0_and_1"),
+                name="embeddingmodel_threshold_between_0_and_1",
+            ),
             models.CheckConstraint(
-                condition=models.Q(direct_margin__isnull=True) | models.Q(direct_margin__gte=0, direct_margin__lte=1),
-                name="embeddingmodel_margin_between_0_and_1"),
+                condition=models.Q(direct_margin__isnull=True)
+                | models.Q(direct_margin__gte=0, direct_margin__lte=1),
+                name="embeddingmodel_margin_between_0_and_1",
+            ),
         ]
 
     def __str__(self):
@@ -106,11 +126,17 @@ class Entry(models.Model):
 
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.FAQ)
     external_id = models.CharField(
-        max_length=200, null=True, blank=True, unique=True,
+        max_length=200,
+        null=True,
+        blank=True,
+        unique=True,
         help_text="The entry's id in the system it was imported from (a string `id` in an import file), "
-                  "so files round-trip between instances.")
+        "so files round-trip between instances.",
+    )
     question = models.TextField(help_text="The question, or the title of a rule or document.")
-    aliases = ArrayField(models.TextField(), default=list, blank=True, help_text="Other phrasings, one per line.")
+    aliases = ArrayField(
+        models.TextField(), default=list, blank=True, help_text="Other phrasings, one per line."
+    )
     answer = models.TextField(help_text="Markdown. For a document, its full text.")
     tags = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     active = models.BooleanField(default=True)
@@ -118,12 +144,20 @@ class Entry(models.Model):
     # model to give, and the question tops the misses as often as they repeat it: it waits,
     # inactive, until a curator activates it, and that activation is its review.
     needs_review = models.BooleanField(
-        default=False, help_text="Made from a user's question: inactive until a curator reviews and activates it.")
-    reviewed_at = models.DateTimeField(null=True, blank=True, help_text="When a curator activated it out of review.")
-    threshold = models.FloatField(
-        null=True, blank=True, help_text="Similarity needed for a direct answer; empty for the global threshold."
+        default=False,
+        help_text="Made from a user's question: inactive until a curator reviews and activates it.",
     )
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    reviewed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a curator activated it out of review."
+    )
+    threshold = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Similarity needed for a direct answer; empty for the global threshold.",
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     # Bumped whenever the text changes: a queued embedding task for an older version does nothing.
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -134,12 +168,15 @@ class Entry(models.Model):
         indexes = [GinIndex(fields=["tags"]), models.Index(fields=["kind", "active"])]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(threshold__isnull=True) | models.Q(threshold__gte=0, threshold__lte=1),
+                condition=models.Q(threshold__isnull=True)
+                | models.Q(threshold__gte=0, threshold__lte=1),
                 name="entry_threshold_between_0_and_1",
             ),
             # Whatever path sets `active`, an entry awaiting review is never served.
-            models.CheckConstraint(condition=~models.Q(active=True, needs_review=True),
-                                   name="entry_inactive_while_awaiting_review"),
+            models.CheckConstraint(
+                condition=~models.Q(active=True, needs_review=True),
+                name="entry_inactive_while_awaiting_review",
+            ),
         ]
 
     def __str__(self):
@@ -168,7 +205,9 @@ class Passage(models.Model):
 
     class Meta:
         ordering = ["entry_id", "ordinal"]
-        constraints = [models.UniqueConstraint(fields=["entry", "ordinal"], name="passage_unique_ordinal")]
+        constraints = [
+            models.UniqueConstraint(fields=["entry", "ordinal"], name="passage_unique_ordinal")
+        ]
 
 
 class PhrasingVector(models.Model):
@@ -177,7 +216,9 @@ class PhrasingVector(models.Model):
     embedding = VectorField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["phrasing", "model"], name="phrasing_vector_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["phrasing", "model"], name="phrasing_vector_unique")
+        ]
 
 
 class PassageVector(models.Model):
@@ -186,7 +227,9 @@ class PassageVector(models.Model):
     embedding = VectorField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["passage", "model"], name="passage_vector_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["passage", "model"], name="passage_vector_unique")
+        ]
 
 
 class Miss(models.Model):
@@ -202,15 +245,25 @@ class Miss(models.Model):
     question = models.TextField()
     normalized = models.TextField(db_index=True)
     answer = models.TextField(blank=True)
-    best_entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    best_entry = models.ForeignKey(
+        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     best_score = models.FloatField(null=True, blank=True)
-    group = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
-    count = models.PositiveIntegerField(default=1, help_text="On a group's first miss: how many misses it holds.")
+    group = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="members"
+    )
+    count = models.PositiveIntegerField(
+        default=1, help_text="On a group's first miss: how many misses it holds."
+    )
     embedding = VectorField(null=True, blank=True)
     model = models.ForeignKey(EmbeddingModel, null=True, blank=True, on_delete=models.SET_NULL)
-    resolved_by = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    resolved_by = models.ForeignKey(
+        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
-    grouped_at = models.DateTimeField(null=True, blank=True, help_text="Empty until the miss is placed in a group.")
+    grouped_at = models.DateTimeField(
+        null=True, blank=True, help_text="Empty until the miss is placed in a group."
+    )
     # Given by the request that noted the miss: a batch written twice (its first INSERT committed,
     # the answer lost with the connection) stores each miss once.
     note_key = models.UUIDField(null=True, blank=True, unique=True, editable=False)
@@ -219,10 +272,15 @@ class Miss(models.Model):
         verbose_name = "KB miss"
         verbose_name_plural = "KB misses"
         indexes = [
-            models.Index(fields=["-count"], condition=models.Q(group__isnull=True, grouped_at__isnull=False),
-                         name="miss_group_heads"),
+            models.Index(
+                fields=["-count"],
+                condition=models.Q(group__isnull=True, grouped_at__isnull=False),
+                name="miss_group_heads",
+            ),
             # The grouping pass reads the waiting rows in order; they are few next to the grouped ones.
-            models.Index(fields=["id"], condition=models.Q(grouped_at__isnull=True), name="miss_ungrouped"),
+            models.Index(
+                fields=["id"], condition=models.Q(grouped_at__isnull=True), name="miss_ungrouped"
+            ),
         ]
 
     def __str__(self):
@@ -239,16 +297,21 @@ class Calibration(models.Model):
     target = models.FloatField(help_text="The precision asked for.")
     questions = models.PositiveIntegerField()
     answerable = models.PositiveIntegerField(help_text="Questions with an expected entry.")
-    threshold = models.FloatField(null=True, blank=True,
-                                  help_text="Recommended; empty when no point reaches the target.")
+    threshold = models.FloatField(
+        null=True, blank=True, help_text="Recommended; empty when no point reaches the target."
+    )
     margin = models.FloatField(null=True, blank=True)
     precision = models.FloatField(null=True, blank=True)
     recall = models.FloatField(null=True, blank=True)
     # [[threshold, margin, precision, recall], …]: per threshold, its best margin.
     curve = models.JSONField(default=list)
-    wrong = models.JSONField(default=list, help_text="The direct answers at the recommended point that are wrong.")
+    wrong = models.JSONField(
+        default=list, help_text="The direct answers at the recommended point that are wrong."
+    )
     by_kind = models.JSONField(default=dict)
-    applied = models.BooleanField(default=False, help_text="The recommended point became the model's.")
+    applied = models.BooleanField(
+        default=False, help_text="The recommended point became the model's."
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]

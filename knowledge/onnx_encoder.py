@@ -40,7 +40,12 @@ OPSET = 17
 # Vectors from the graph and from PyTorch must agree this well (cosine); the export agrees far closer.
 AGREEMENT = 0.9999
 # Probes for both checks: English, Chinese, one character, and one past the truncation length.
-_PROBES = ("How do I cancel my order?", "如何取消订阅？", "a", "  Refund policy for a dishwasher " * 120)
+_PROBES = (
+    "How do I cancel my order?",
+    "如何取消订阅？",
+    "a",
+    "  Refund policy for a dishwasher " * 120,
+)
 
 Features = Callable[[list[str]], dict[str, np.ndarray]]
 
@@ -76,15 +81,22 @@ class _Tokenizer:
     @classmethod
     def of(cls, manifest: dict, cache_dir: Path) -> _Tokenizer:
         """The tokenizer an export's manifest describes."""
-        return cls(cache_dir / manifest["tokenizer"], max_length=manifest["max_seq_length"],
-                   lower=manifest["do_lower_case"], pad_id=manifest["pad_id"], pad_token=manifest["pad_token"])
+        return cls(
+            cache_dir / manifest["tokenizer"],
+            max_length=manifest["max_seq_length"],
+            lower=manifest["do_lower_case"],
+            pad_id=manifest["pad_id"],
+            pad_token=manifest["pad_token"],
+        )
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         texts = [text.strip().lower() if self._lower else text.strip() for text in texts]
         encodings = self._tokenizer.encode_batch(texts)
-        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+        return {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
 
 
 def _session(path: Path, threads: int):
@@ -120,7 +132,9 @@ def cached_encoder(model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEnc
     expected = np.array([manifest["probes"][text] for text in _PROBES], dtype=np.float32)
     agreement = _agreement(expected, encoder)
     if agreement < AGREEMENT:
-        raise RuntimeError(f"the cached graph {graph} disagrees with PyTorch's vectors (cosine {agreement:.6f})")
+        raise RuntimeError(
+            f"the cached graph {graph} disagrees with PyTorch's vectors (cosine {agreement:.6f})"
+        )
     return encoder
 
 
@@ -132,8 +146,12 @@ def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> On
     _export(model, path)
     session = _session(path, threads)
     names = [item.name for item in session.get_inputs()]
-    encoder = OnnxEncoder(session, lambda texts: {name: value.numpy() for name, value in model.preprocess(texts).items()
-                                                  if name in names})
+    encoder = OnnxEncoder(
+        session,
+        lambda texts: {
+            name: value.numpy() for name, value in model.preprocess(texts).items() if name in names
+        },
+    )
     expected = model.encode(list(_PROBES), normalize_embeddings=True, show_progress_bar=False)
     agreement = _agreement(expected, encoder)
     if agreement < AGREEMENT:
@@ -141,8 +159,12 @@ def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> On
     try:
         _write_manifest(model, session, expected, tokenizer_path, manifest_path)
     except Exception as exc:  # noqa: BLE001 - the library's tokenizer serves this process either way
-        log.warning("embedding model %s: every process will load PyTorch to tokenize (%s: %s)", model_dir,
-                    type(exc).__name__, exc)
+        log.warning(
+            "embedding model %s: every process will load PyTorch to tokenize (%s: %s)",
+            model_dir,
+            type(exc).__name__,
+            exc,
+        )
     return encoder
 
 
@@ -152,21 +174,29 @@ def _files(model_dir: Path, cache_dir: Path) -> tuple[Path, Path, Path]:
     return cache_dir / f"{key}.onnx", cache_dir / f"{key}.tokenizer.json", cache_dir / f"{key}.json"
 
 
-def _write_manifest(model, session, expected: np.ndarray, tokenizer_path: Path, manifest_path: Path) -> None:
+def _write_manifest(
+    model, session, expected: np.ndarray, tokenizer_path: Path, manifest_path: Path
+) -> None:
     """The tokenizer and the manifest beside the graph, when the lean tokenizer gives PyTorch's
     vectors on the probes; written atomically, the manifest last (its presence means: usable)."""
     if manifest_path.exists():
         return
     transformer = model[0]
-    manifest = {"tokenizer": tokenizer_path.name, "max_seq_length": int(model.max_seq_length),
-                "do_lower_case": bool(getattr(transformer, "do_lower_case", False)),
-                "pad_id": int(model.tokenizer.pad_token_id), "pad_token": str(model.tokenizer.pad_token),
-                "probes": {text: vector.tolist() for text, vector in zip(_PROBES, expected)}}
+    manifest = {
+        "tokenizer": tokenizer_path.name,
+        "max_seq_length": int(model.max_seq_length),
+        "do_lower_case": bool(getattr(transformer, "do_lower_case", False)),
+        "pad_id": int(model.tokenizer.pad_token_id),
+        "pad_token": str(model.tokenizer.pad_token),
+        "probes": {text: vector.tolist() for text, vector in zip(_PROBES, expected)},
+    }
     _atomic_write(tokenizer_path, model.tokenizer.backend_tokenizer.to_str())
     lean = OnnxEncoder(session, _Tokenizer.of(manifest, tokenizer_path.parent))
     agreement = _agreement(expected, lean)
     if agreement < AGREEMENT:
-        raise RuntimeError(f"its tokenizer on `tokenizers` alone disagrees with the library (cosine {agreement:.6f})")
+        raise RuntimeError(
+            f"its tokenizer on `tokenizers` alone disagrees with the library (cosine {agreement:.6f})"
+        )
     _atomic_write(manifest_path, json.dumps(manifest))
 
 
@@ -218,15 +248,25 @@ def _write_graph(model, path: Path) -> None:
     axes["embedding"] = {0: "batch"}
     with torch.inference_mode():
         # The TorchScript exporter: the dynamo one needs onnxscript and gains nothing here.
-        torch.onnx.export(Graph().eval(), tuple(features[name] for name in names), str(path), input_names=names,
-                          output_names=["embedding"], dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            Graph().eval(),
+            tuple(features[name] for name in names),
+            str(path),
+            input_names=names,
+            output_names=["embedding"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
 
 
 def _key(model_dir: Path) -> str:
     """Changes when the model's files or the libraries that export and tokenize change. The
     versions come from the installed packages' metadata: reading them imports nothing."""
-    versions = " ".join(f"{name} {metadata.version(name)}"
-                        for name in ("torch", "onnx", "sentence-transformers", "transformers", "tokenizers"))
+    versions = " ".join(
+        f"{name} {metadata.version(name)}"
+        for name in ("torch", "onnx", "sentence-transformers", "transformers", "tokenizers")
+    )
     digest = hashlib.sha256(f"{versions} opset {OPSET}".encode())
     for file in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         stat = file.stat()

@@ -56,10 +56,14 @@ def rerank_config() -> RerankConfig | None:
     if not settings.KB_RERANK_BASE_URL:
         return None
     return RerankConfig(
-        base_url=settings.KB_RERANK_BASE_URL, model=settings.KB_RERANK_MODEL,
-        api_key_env=settings.KB_RERANK_API_KEY_ENV, timeout=settings.KB_RERANK_TIMEOUT,
-        candidates=settings.KB_RERANK_CANDIDATES, min_score=settings.KB_RERANK_MIN_SCORE,
-        margin=settings.KB_RERANK_MARGIN, floor=settings.KB_RERANK_FLOOR,
+        base_url=settings.KB_RERANK_BASE_URL,
+        model=settings.KB_RERANK_MODEL,
+        api_key_env=settings.KB_RERANK_API_KEY_ENV,
+        timeout=settings.KB_RERANK_TIMEOUT,
+        candidates=settings.KB_RERANK_CANDIDATES,
+        min_score=settings.KB_RERANK_MIN_SCORE,
+        margin=settings.KB_RERANK_MARGIN,
+        floor=settings.KB_RERANK_FLOOR,
     )
 
 
@@ -73,7 +77,9 @@ async def arerank_verdict(text: str, matches: list[Match], verdict: DirectAnswer
     try:
         # The SDK's timeout bounds each phase of the request; this bounds the whole of it.
         async with asyncio.timeout(config.timeout):
-            data = await _async_client(config).post("/rerank", body=_body(config, text, candidates), cast_to=object)
+            data = await _async_client(config).post(
+                "/rerank", body=_body(config, text, candidates), cast_to=object
+            )
         scores = _scores(data, len(candidates))
     except Exception as exc:  # noqa: BLE001 - the second stage failing must never fail the question
         return _failed(verdict, config, exc)
@@ -87,14 +93,18 @@ def rerank_verdict(text: str, matches: list[Match], verdict: DirectAnswer) -> Di
     if config is None or (candidates := _candidates(text, matches, verdict, config)) is None:
         return verdict
     try:
-        data = _sync_client(config).post("/rerank", body=_body(config, text, candidates), cast_to=object)
+        data = _sync_client(config).post(
+            "/rerank", body=_body(config, text, candidates), cast_to=object
+        )
         scores = _scores(data, len(candidates))
     except Exception as exc:  # noqa: BLE001 - the second stage failing must never fail the question
         return _failed(verdict, config, exc)
     return _decide(text, verdict, candidates, scores, config)
 
 
-def _candidates(text: str, matches: list[Match], verdict: DirectAnswer, config: RerankConfig) -> list[Match] | None:
+def _candidates(
+    text: str, matches: list[Match], verdict: DirectAnswer, config: RerankConfig
+) -> list[Match] | None:
     """The matches to show the reranker, or None when the vector road's verdict stands: no match,
     a best score under the floor, or a refusal by the guards."""
     if verdict.method != "vector" or not matches or matches[0].score < config.floor:
@@ -109,8 +119,11 @@ def _candidates(text: str, matches: list[Match], verdict: DirectAnswer, config: 
 
 
 def _body(config: RerankConfig, text: str, candidates: list[Match]) -> dict:
-    return {"model": config.model, "query": text,
-            "documents": [match.phrasing or match.entry.question for match in candidates]}
+    return {
+        "model": config.model,
+        "query": text,
+        "documents": [match.phrasing or match.entry.question for match in candidates],
+    }
 
 
 class _Malformed(ValueError):
@@ -137,8 +150,13 @@ def _scores(data, count: int) -> list[float]:
     return scores
 
 
-def _decide(text: str, verdict: DirectAnswer, candidates: list[Match], scores: list[float],
-            config: RerankConfig) -> DirectAnswer:
+def _decide(
+    text: str,
+    verdict: DirectAnswer,
+    candidates: list[Match],
+    scores: list[float],
+    config: RerankConfig,
+) -> DirectAnswer:
     # A stable sort: on a tie the vector's order decides.
     order = sorted(range(len(candidates)), key=scores.__getitem__, reverse=True)
     top, top_score = candidates[order[0]], scores[order[0]]
@@ -155,10 +173,24 @@ def _decide(text: str, verdict: DirectAnswer, candidates: list[Match], scores: l
         # The guards ran on the vector's best; the reranker chose another entry.
         hit, reason = False, f"{said}: a near miss of KB#{top.entry.pk}: {why}"
     else:
-        hit, reason = True, (f"{said}: ≥ {config.min_score:.3f} and {lead:.3f} ahead "
-                             f"(vector score {top.score:.3f})")
-    return dataclasses.replace(verdict, hit=hit, method="rerank", reason=reason, entry=top.entry, score=top_score,
-                               runner_up=second, threshold=config.min_score, margin=lead)
+        hit, reason = (
+            True,
+            (
+                f"{said}: ≥ {config.min_score:.3f} and {lead:.3f} ahead "
+                f"(vector score {top.score:.3f})"
+            ),
+        )
+    return dataclasses.replace(
+        verdict,
+        hit=hit,
+        method="rerank",
+        reason=reason,
+        entry=top.entry,
+        score=top_score,
+        runner_up=second,
+        threshold=config.min_score,
+        margin=lead,
+    )
 
 
 def _failed(verdict: DirectAnswer, config: RerankConfig, exc: Exception) -> DirectAnswer:
@@ -167,8 +199,12 @@ def _failed(verdict: DirectAnswer, config: RerankConfig, exc: Exception) -> Dire
     else:
         what = f"{type(exc).__name__}: {str(exc)[:200]}"
     log.warning("KB reranker %s failed (%s): no direct answer", config.base_url, what)
-    return dataclasses.replace(verdict, hit=False, method="rerank",
-                               reason=f"the reranker failed ({what}): no direct answer without it")
+    return dataclasses.replace(
+        verdict,
+        hit=False,
+        method="rerank",
+        reason=f"the reranker failed ({what}): no direct answer without it",
+    )
 
 
 def _api_key(config: RerankConfig) -> str:
@@ -181,8 +217,12 @@ def _api_key(config: RerankConfig) -> str:
 
 # No retries: the question waits for the reranker, and a miss only means a generated answer.
 def _client_options(config: RerankConfig) -> dict:
-    return dict(base_url=config.base_url, api_key=_api_key(config) or "EMPTY", timeout=config.timeout,
-                max_retries=0)
+    return dict(
+        base_url=config.base_url,
+        api_key=_api_key(config) or "EMPTY",
+        timeout=config.timeout,
+        max_retries=0,
+    )
 
 
 # Connections belong to the event loop that opened them: one pooled client per (loop, reranker).
@@ -193,8 +233,13 @@ _sync_lock = threading.Lock()
 
 def _async_client(config: RerankConfig) -> openai.AsyncOpenAI:
     # The SDK's aiohttp transport, as inference_ops.client uses: one HTTP stack for the async calls.
-    return _async_clients.get(lambda: openai.AsyncOpenAI(
-        **_client_options(config), http_client=openai.DefaultAioHttpClient(timeout=config.timeout)), config)
+    return _async_clients.get(
+        lambda: openai.AsyncOpenAI(
+            **_client_options(config),
+            http_client=openai.DefaultAioHttpClient(timeout=config.timeout),
+        ),
+        config,
+    )
 
 
 async def arerank_close() -> None:

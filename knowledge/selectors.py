@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from core import db
-from core import rawsql
+from core import db, rawsql
 from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
 from knowledge.guards import follow_up_marker, near_miss
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
@@ -83,7 +82,9 @@ class ContextPassage:
         return f"KB#{self.entry_id}: {self.title[:80]}"
 
 
-def _nearest(table: str, owner: str, model: EmbeddingModel, vector, limit: int) -> list[tuple[int, float]]:
+def _nearest(
+    table: str, owner: str, model: EmbeddingModel, vector, limit: int
+) -> list[tuple[int, float]]:
     """(owner id, cosine similarity) of the nearest vectors of `model`, through its HNSW index."""
     dims = int(model.dimensions)
     # The model id and dimensions are integers from our own rows; inlining them lets the
@@ -122,8 +123,13 @@ LIMIT %(limit)s
 _CANDIDATES = 40
 
 
-def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = None,
-                vector: tuple[float, ...] | None = None) -> list[Match]:
+def faq_matches(
+    text: str,
+    *,
+    limit: int = 5,
+    model: EmbeddingModel | None = None,
+    vector: tuple[float, ...] | None = None,
+) -> list[Match]:
     """The nearest active FAQ entries by vector, best phrasing per entry, best first.
 
     Each match carries all phrasings of its entry, so the verdict's lexical check needs no query.
@@ -142,16 +148,26 @@ def faq_matches(text: str, *, limit: int = 5, model: EmbeddingModel | None = Non
 def _faq_statement(model: EmbeddingModel, vector, limit: int) -> tuple[str, dict]:
     # The model id and dimensions are integers from our own rows; inlining them lets the
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
-    sql = _FAQ_MATCHES_SQL.format(dims=int(model.dimensions), model_id=int(model.pk), candidates=_CANDIDATES,
-                                  entry_columns=rawsql.columns(Entry, "e"))
+    sql = _FAQ_MATCHES_SQL.format(
+        dims=int(model.dimensions),
+        model_id=int(model.pk),
+        candidates=_CANDIDATES,
+        entry_columns=rawsql.columns(Entry, "e"),
+    )
     return sql, {"vector": vector_literal(vector), "limit": limit}
 
 
 def _matches(rows) -> list[Match]:
     width = rawsql.width(Entry)
-    return [Match(entry=rawsql.instance(Entry, row), phrasing=row[width], score=float(row[width + 1]),
-                  texts=tuple(row[width + 2]))
-            for row in rows]
+    return [
+        Match(
+            entry=rawsql.instance(Entry, row),
+            phrasing=row[width],
+            score=float(row[width + 1]),
+            texts=tuple(row[width + 2]),
+        )
+        for row in rows
+    ]
 
 
 _EXACT_SQL = """
@@ -171,8 +187,13 @@ def _exact(key: str) -> DirectAnswer | None:
 def _exact_answer(row) -> DirectAnswer | None:
     if row is None:
         return None
-    return DirectAnswer(hit=True, method="exact", entry=rawsql.instance(Entry, row), score=1.0,
-                        reason=f"exact match on {'the question' if row[-1] else 'an alias'} (normalized)")
+    return DirectAnswer(
+        hit=True,
+        method="exact",
+        entry=rawsql.instance(Entry, row),
+        score=1.0,
+        reason=f"exact match on {'the question' if row[-1] else 'an alias'} (normalized)",
+    )
 
 
 def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
@@ -190,10 +211,14 @@ def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
         return exact
     if model is None:
         return DirectAnswer(hit=False, method="none", reason="no embedding model serves yet")
-    return rerank_verdict(text, matches, vector_verdict(text, matches, threshold=model.threshold, margin=model.margin))
+    return rerank_verdict(
+        text, matches, vector_verdict(text, matches, threshold=model.threshold, margin=model.margin)
+    )
 
 
-def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin: float) -> DirectAnswer:
+def vector_verdict(
+    text: str, matches: list[Match], *, threshold: float, margin: float
+) -> DirectAnswer:
     """The vector road's verdict on `matches` (best first) at an operating point: the best must
     reach `threshold` (or its entry's own), lead the runner-up by `margin`, agree with the words,
     and not be a near miss. No I/O: calibration replays it across operating points."""
@@ -201,22 +226,42 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
         return DirectAnswer(hit=False, method="none", reason="no FAQ entry has a current embedding")
     best = matches[0]
     if len(text) > settings.KB_DIRECT_MAX_CHARS:
-        return DirectAnswer(hit=False, method="vector", entry=best.entry, score=best.score, matches=matches,
-                            reason=(f"the question is {len(text)} characters long (KB_DIRECT_MAX_CHARS is "
-                                    f"{settings.KB_DIRECT_MAX_CHARS}): a prompt, not a stand-alone FAQ question"))
+        return DirectAnswer(
+            hit=False,
+            method="vector",
+            entry=best.entry,
+            score=best.score,
+            matches=matches,
+            reason=(
+                f"the question is {len(text)} characters long (KB_DIRECT_MAX_CHARS is "
+                f"{settings.KB_DIRECT_MAX_CHARS}): a prompt, not a stand-alone FAQ question"
+            ),
+        )
     runner_up = matches[1] if len(matches) > 1 else None
     threshold = best.entry.threshold if best.entry.threshold is not None else threshold
     lead = best.score - (runner_up.score if runner_up else 0.0)
-    common = dict(method="vector", entry=best.entry, score=best.score, runner_up=runner_up,
-                  matches=matches, threshold=threshold, margin=lead)
+    common = dict(
+        method="vector",
+        entry=best.entry,
+        score=best.score,
+        runner_up=runner_up,
+        matches=matches,
+        threshold=threshold,
+        margin=lead,
+    )
     if best.score < threshold:
-        return DirectAnswer(hit=False, reason=f"best score {best.score:.3f} is below the threshold {threshold:.3f}",
-                            **common)
+        return DirectAnswer(
+            hit=False,
+            reason=f"best score {best.score:.3f} is below the threshold {threshold:.3f}",
+            **common,
+        )
     if lead < margin:
         return DirectAnswer(
             hit=False,
-            reason=(f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "
-                    f"{best.score:.3f} (margin {lead:.3f} < {margin:.3f})"),
+            reason=(
+                f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "
+                f"{best.score:.3f} (margin {lead:.3f} < {margin:.3f})"
+            ),
             **common,
         )
     if runner_up is not None:
@@ -227,8 +272,10 @@ def vector_verdict(text: str, matches: list[Match], *, threshold: float, margin:
             # ("cancel my subscription" vs "cancel my order", 订阅 vs 订单). Not sure means no.
             return DirectAnswer(
                 hit=False,
-                reason=(f"the words match KB#{runner_up.entry.pk} better ({runner_up.lexical:.2f} vs "
-                        f"{best.lexical:.2f}) than the embedding's choice"),
+                reason=(
+                    f"the words match KB#{runner_up.entry.pk} better ({runner_up.lexical:.2f} vs "
+                    f"{best.lexical:.2f}) than the embedding's choice"
+                ),
                 **common,
             )
     if why := near_miss(text, best.phrasing or best.entry.question):
@@ -264,9 +311,14 @@ def _lexical_fill(text: str, matches: list[Match]) -> None:
             match.lexical = max(scores) if scores else None
 
 
-def context_passages(text: str, *, k: int | None = None, min_score: float | None = None,
-                     vector: tuple[float, ...] | None = None,
-                     model: EmbeddingModel | None = None) -> list[ContextPassage]:
+def context_passages(
+    text: str,
+    *,
+    k: int | None = None,
+    min_score: float | None = None,
+    vector: tuple[float, ...] | None = None,
+    model: EmbeddingModel | None = None,
+) -> list[ContextPassage]:
     """Top-k passages of active entries of any kind, for the prompt, each with a citation label.
     `vector`, when given, is the question's embedding by `model` (default: the serving model)."""
     k = k or settings.KB_CONTEXT_K
@@ -282,7 +334,9 @@ def context_passages(text: str, *, k: int | None = None, min_score: float | None
         return _passages(cursor.fetchall())
 
 
-def _context_statement(model: EmbeddingModel, vector, *, k: int, min_score: float) -> tuple[str, dict]:
+def _context_statement(
+    model: EmbeddingModel, vector, *, k: int, min_score: float
+) -> tuple[str, dict]:
     """One statement: the nearest passages through the HNSW index, joined to their text and
     entry, the inactive and the weak left out, the best k in order."""
     dims = int(model.dimensions)
@@ -296,23 +350,35 @@ def _context_statement(model: EmbeddingModel, vector, *, k: int, min_score: floa
         f" JOIN {Entry._meta.db_table} e ON e.id = p.entry_id"
         " WHERE e.active AND n.score >= %(min_score)s ORDER BY n.score DESC, p.id LIMIT %(k)s"
     )
-    return sql, {"vector": vector_literal(vector), "limit": max(k * 4, 20), "min_score": min_score, "k": k}
+    return sql, {
+        "vector": vector_literal(vector),
+        "limit": max(k * 4, 20),
+        "min_score": min_score,
+        "k": k,
+    }
 
 
 def _passages(rows) -> list[ContextPassage]:
-    return [ContextPassage(entry_id=entry_id, title=title, kind=kind, text=text, score=float(score))
-            for entry_id, title, kind, text, score in rows]
+    return [
+        ContextPassage(entry_id=entry_id, title=title, kind=kind, text=text, score=float(score))
+        for entry_id, title, kind, text, score in rows
+    ]
 
 
 def warm_statements() -> list[tuple[str, list | dict]]:
     """The KB's hot statements with inputs that match nothing, for the warm-up (see
     chat.services.warm_statements): the exact match, and with a serving model the vector match
     and the context retrieval."""
-    statements: list[tuple[str, list | dict]] = [(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""])]
+    statements: list[tuple[str, list | dict]] = [
+        (_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""])
+    ]
     model = serving_model()
     if model is not None:
         zero = (0.0,) * int(model.dimensions)
-        statements += [_faq_statement(model, zero, 1), _context_statement(model, zero, k=1, min_score=2.0)]
+        statements += [
+            _faq_statement(model, zero, 1),
+            _context_statement(model, zero, k=1, min_score=2.0),
+        ]
     return statements
 
 
@@ -324,8 +390,10 @@ async def adirect_answer(text: str, *, in_conversation: bool = False) -> DirectA
     verdict = await _adirect_answer(text)
     if in_conversation and verdict.hit and (marker := follow_up_marker(text)):
         verdict.hit, verdict.method = False, "follow_up"
-        verdict.reason = (f"a follow-up to the conversation ({marker!r}): KB#{verdict.entry.pk} is not answered "
-                          "on its own")
+        verdict.reason = (
+            f"a follow-up to the conversation ({marker!r}): KB#{verdict.entry.pk} is not answered "
+            "on its own"
+        )
     return verdict
 
 
@@ -333,7 +401,9 @@ async def _adirect_answer(text: str) -> DirectAnswer:
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = _exact_answer(await db.query_one(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key]))
+    exact = _exact_answer(
+        await db.query_one(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
+    )
     if exact is not None:
         return exact
     model = await aserving_model()
@@ -355,8 +425,12 @@ async def aquery_vector(text: str) -> tuple[EmbeddingModel, tuple[float, ...]] |
     return model, await aembed_query(spec_of(model), text)
 
 
-async def acontext_passages(text: str, *, k: int | None = None,
-                            query: tuple[EmbeddingModel, tuple[float, ...]] | None = None) -> list[ContextPassage]:
+async def acontext_passages(
+    text: str,
+    *,
+    k: int | None = None,
+    query: tuple[EmbeddingModel, tuple[float, ...]] | None = None,
+) -> list[ContextPassage]:
     """context_passages for async callers; `query` is the (model, vector) the request already has."""
     query = query or await aquery_vector(text)
     if query is None:
@@ -364,5 +438,7 @@ async def acontext_passages(text: str, *, k: int | None = None,
     model, vector = query
     if not normalize(text):
         return []
-    statement = _context_statement(model, vector, k=k or settings.KB_CONTEXT_K, min_score=model.context_min)
+    statement = _context_statement(
+        model, vector, k=k or settings.KB_CONTEXT_K, min_score=model.context_min
+    )
     return _passages(await db.query_all(*statement))

@@ -15,7 +15,15 @@ from django.utils import timezone
 from core.text import text_problem
 from knowledge.embeddings import PASSAGE, EmbeddingSpec, embed_texts, spec_of
 from knowledge.exceptions import EntryInvalid
-from knowledge.models import EmbeddingModel, Entry, Miss, Passage, PassageVector, Phrasing, PhrasingVector
+from knowledge.models import (
+    EmbeddingModel,
+    Entry,
+    Miss,
+    Passage,
+    PassageVector,
+    Phrasing,
+    PhrasingVector,
+)
 from knowledge.normalize import normalize
 
 # The task that embeds an entry after a write (knowledge.tasks defines it under this name).
@@ -54,9 +62,10 @@ def embedding_model_ensure() -> EmbeddingModel:
                 "passage_prefix": spec.passage_prefix,
             },
         )
-        if model.state != EmbeddingModel.State.SERVING and not EmbeddingModel.objects.filter(
-            state=EmbeddingModel.State.SERVING
-        ).exists():
+        if (
+            model.state != EmbeddingModel.State.SERVING
+            and not EmbeddingModel.objects.filter(state=EmbeddingModel.State.SERVING).exists()
+        ):
             _embedding_model_promote(model)
         elif model.state == EmbeddingModel.State.RETIRED:
             model.state = EmbeddingModel.State.BUILDING
@@ -95,7 +104,9 @@ def _embedding_model_promote(model: EmbeddingModel) -> None:
 def embedding_models_active() -> list[EmbeddingModel]:
     """Models that need vectors for new text: the serving one and any being built."""
     models = list(
-        EmbeddingModel.objects.filter(state__in=[EmbeddingModel.State.SERVING, EmbeddingModel.State.BUILDING])
+        EmbeddingModel.objects.filter(
+            state__in=[EmbeddingModel.State.SERVING, EmbeddingModel.State.BUILDING]
+        )
     )
     return models or [embedding_model_ensure()]
 
@@ -115,7 +126,9 @@ def kb_reembed(*, batch_size: int = 128, progress=None) -> EmbeddingModel:
     missing_vectors_embed(model=model, batch_size=batch_size, progress=progress)
     with transaction.atomic():
         model = EmbeddingModel.objects.select_for_update().get(pk=model.pk)
-        if _missing(model).exists():  # entries edited meanwhile: their tasks embed them for both models
+        if _missing(
+            model
+        ).exists():  # entries edited meanwhile: their tasks embed them for both models
             missing_vectors_embed(model=model, batch_size=batch_size)
         if model.state != EmbeddingModel.State.SERVING:
             _embedding_model_promote(model)
@@ -136,13 +149,18 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
     ):
         while True:
             rows = list(
-                owner.objects.exclude(vectors__model=model).select_related("entry").order_by("pk")[:batch_size]
+                owner.objects.exclude(vectors__model=model)
+                .select_related("entry")
+                .order_by("pk")[:batch_size]
             )
             if not rows:
                 break
             vectors = embed_texts(spec, [_embedding_text(row) for row in rows], PASSAGE)
             vector_model.objects.bulk_create(
-                [vector_model(**{field: row}, model=model, embedding=vector) for row, vector in zip(rows, vectors)],
+                [
+                    vector_model(**{field: row}, model=model, embedding=vector)
+                    for row, vector in zip(rows, vectors)
+                ],
                 ignore_conflicts=True,
             )
             done += len(rows)
@@ -230,12 +248,23 @@ def entry_create(
     """Create an entry. `embed`: "async" (Celery, after commit), "sync" (now), or "none".
     `needs_review`: it waits, inactive, until a curator activates it (see `Entry.needs_review`)."""
     fields = entry_validate(
-        {"question": question, "answer": answer, "kind": kind, "aliases": aliases, "tags": tags, "threshold": threshold}
+        {
+            "question": question,
+            "answer": answer,
+            "kind": kind,
+            "aliases": aliases,
+            "tags": tags,
+            "threshold": threshold,
+        }
     )
     if needs_review and active:
-        raise EntryInvalid({"active": "an entry awaiting review is inactive until a curator activates it"})
+        raise EntryInvalid(
+            {"active": "an entry awaiting review is inactive until a curator activates it"}
+        )
     with transaction.atomic():
-        entry = Entry.objects.create(**fields, active=active, needs_review=needs_review, author=author)
+        entry = Entry.objects.create(
+            **fields, active=active, needs_review=needs_review, author=author
+        )
         _rebuild_texts(entry)
         _after_text_change(entry, embed)
     return entry
@@ -250,7 +279,9 @@ def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
     changes = entry_validate(changes)
     with transaction.atomic():
         entry = Entry.objects.select_for_update().get(pk=entry.pk)
-        text_changed = any(name in changes and getattr(entry, name) != changes[name] for name in TEXT_FIELDS)
+        text_changed = any(
+            name in changes and getattr(entry, name) != changes[name] for name in TEXT_FIELDS
+        )
         for name, value in changes.items():
             setattr(entry, name, value)
         if entry.active and entry.needs_review:  # a curator activated it: that was the review
@@ -267,10 +298,19 @@ def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
 def entries_set_active(*, ids: Iterable[int], active: bool) -> int:
     """(De)activate entries; the number changed. Activating an entry awaiting review reviews it."""
     now = timezone.now()
-    review = {"needs_review": False,
-              "reviewed_at": Case(When(needs_review=True, then=Value(now)), default=F("reviewed_at"))} if active else {}
-    return Entry.objects.filter(pk__in=list(ids)).exclude(active=active).update(active=active, updated_at=now,
-                                                                                **review)
+    review = (
+        {
+            "needs_review": False,
+            "reviewed_at": Case(When(needs_review=True, then=Value(now)), default=F("reviewed_at")),
+        }
+        if active
+        else {}
+    )
+    return (
+        Entry.objects.filter(pk__in=list(ids))
+        .exclude(active=active)
+        .update(active=active, updated_at=now, **review)
+    )
 
 
 def entry_delete(*, entry: Entry) -> None:
@@ -294,7 +334,9 @@ def _rebuild_texts(entry: Entry) -> None:
         chunks = split_passages(entry.answer, settings.KB_PASSAGE_CHARS)
     else:
         chunks = [f"{entry.question}\n{entry.answer}"]
-    Passage.objects.bulk_create([Passage(entry=entry, ordinal=i, text=chunk) for i, chunk in enumerate(chunks)])
+    Passage.objects.bulk_create(
+        [Passage(entry=entry, ordinal=i, text=chunk) for i, chunk in enumerate(chunks)]
+    )
 
 
 def split_passages(text: str, limit: int) -> list[str]:
@@ -304,7 +346,9 @@ def split_passages(text: str, limit: int) -> list[str]:
     for paragraph in re.split(r"\n\s*\n", text.strip()):
         paragraph = paragraph.strip()
         while len(paragraph) > limit:
-            cut = max(paragraph.rfind(mark, 0, limit) for mark in (". ", "。", "! ", "? ", "；", "\n"))
+            cut = max(
+                paragraph.rfind(mark, 0, limit) for mark in (". ", "。", "! ", "? ", "；", "\n")
+            )
             cut = cut + 1 if cut > limit // 3 else limit
             pieces.append(paragraph[:cut].strip())
             paragraph = paragraph[cut:].strip()
@@ -325,7 +369,9 @@ def _after_text_change(entry: Entry, embed: str) -> None:
     elif embed == "async":
         # By name: knowledge.tasks calls these services, so they do not import it back.
         entry_id, version = entry.pk, entry.version
-        transaction.on_commit(lambda: current_app.send_task(ENTRY_EMBED_TASK, args=(entry_id, version)))
+        transaction.on_commit(
+            lambda: current_app.send_task(ENTRY_EMBED_TASK, args=(entry_id, version))
+        )
 
 
 def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
@@ -356,11 +402,17 @@ def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
             return False
         for model, phrasing_vectors, passage_vectors in computed:
             PhrasingVector.objects.bulk_create(
-                [PhrasingVector(phrasing=p, model=model, embedding=v) for p, v in zip(phrasings, phrasing_vectors)],
+                [
+                    PhrasingVector(phrasing=p, model=model, embedding=v)
+                    for p, v in zip(phrasings, phrasing_vectors)
+                ],
                 ignore_conflicts=True,
             )
             PassageVector.objects.bulk_create(
-                [PassageVector(passage=p, model=model, embedding=v) for p, v in zip(passages, passage_vectors)],
+                [
+                    PassageVector(passage=p, model=model, embedding=v)
+                    for p, v in zip(passages, passage_vectors)
+                ],
                 ignore_conflicts=True,
             )
     return True
@@ -455,8 +507,10 @@ class _PassHeads:
             if vector is not None:
                 count, _dims = sizes.get(model_id, (0, len(vector)))
                 sizes[model_id] = (count + 1, len(vector))
-        self._vectors = {model_id: np.empty((count, dims), dtype=np.float32)
-                         for model_id, (count, dims) in sizes.items()}
+        self._vectors = {
+            model_id: np.empty((count, dims), dtype=np.float32)
+            for model_id, (count, dims) in sizes.items()
+        }
         self._ids: dict[int, list[int]] = {model_id: [] for model_id in sizes}
 
     def add(self, miss_id: int, key: str, model_id: int | None, vector) -> None:
@@ -525,15 +579,22 @@ def misses_prune(*, before) -> int:
     return deleted
 
 
-def miss_to_entry(*, miss: Miss, question: str | None = None, answer: str | None = None, author=None) -> Entry:
+def miss_to_entry(
+    *, miss: Miss, question: str | None = None, answer: str | None = None, author=None
+) -> Entry:
     """Turn a missed question and its generated answer into a KB entry; resolves its group.
 
     The entry starts inactive and awaiting review: any user can put a question at the top of the
     misses by repeating it, and the answer is whatever they steered a model to say. No one gets
     it until a curator activates it, which marks it reviewed."""
     with transaction.atomic():
-        entry = entry_create(question=question or miss.question, answer=answer or miss.answer, author=author,
-                             active=False, needs_review=True)
+        entry = entry_create(
+            question=question or miss.question,
+            answer=answer or miss.answer,
+            author=author,
+            active=False,
+            needs_review=True,
+        )
         head = miss.group or miss
         Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
         Miss.objects.filter(group=head).update(resolved_by=entry)

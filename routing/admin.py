@@ -16,10 +16,14 @@ from routing.selectors import route_explain
 
 
 class RuleForm(forms.ModelForm):
-    keywords = LinesField(required=False, help_text="One per line; any of them matches (Chinese or English).")
+    keywords = LinesField(
+        required=False, help_text="One per line; any of them matches (Chinese or English)."
+    )
     intent_examples = LinesField(required=False, help_text="Example questions, one per line.")
     clients = LinesField(required=False, help_text='One per line: "web", or "key:NAME".')
-    requested_models = LinesField(required=False, help_text="Model names an API request may ask for.")
+    requested_models = LinesField(
+        required=False, help_text="Model names an API request may ask for."
+    )
 
     class Meta:
         model = RoutingRule
@@ -41,16 +45,22 @@ class TargetFormSet(forms.BaseInlineFormSet):
         if any(self.errors):
             return
         targets = [
-            {"endpoint": f.cleaned_data.get("endpoint"), "position": f.cleaned_data.get("position", 1),
-             "weight": f.cleaned_data.get("weight")}
-            for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")
+            {
+                "endpoint": f.cleaned_data.get("endpoint"),
+                "position": f.cleaned_data.get("position", 1),
+                "weight": f.cleaned_data.get("weight"),
+            }
+            for f in self.forms
+            if f.cleaned_data and not f.cleaned_data.get("DELETE")
         ]
         # The admin hands the formset the rule as posted (not saved yet): its action counts.
         fields = {"action": self.instance.action, "is_default": self.instance.is_default}
         try:
             rule_validate(fields=fields, targets=targets)
         except RuleInvalid as exc:
-            raise forms.ValidationError([f"{field}: {message}" for field, message in exc.errors.items()]) from None
+            raise forms.ValidationError(
+                [f"{field}: {message}" for field, message in exc.errors.items()]
+            ) from None
 
 
 class RouteTargetInline(admin.TabularInline):
@@ -72,10 +82,34 @@ class RoutingRuleAdmin(admin.ModelAdmin):
     change_list_template = "admin/routing/routingrule/change_list.html"
     fieldsets = [
         (None, {"fields": ["name", "priority", "active", "is_default", "action"]}),
-        ("Conditions (all that are set must hold)", {"fields": [
-            "keywords", "regex", "intent_examples", "intent_threshold", "min_length", "max_length", "groups",
-            "clients", "requested_models"]}),
-        ("Generation", {"fields": ["system_prompt", "use_kb_context", "context_k", "max_tokens", "temperature"]}),
+        (
+            "Conditions (all that are set must hold)",
+            {
+                "fields": [
+                    "keywords",
+                    "regex",
+                    "intent_examples",
+                    "intent_threshold",
+                    "min_length",
+                    "max_length",
+                    "groups",
+                    "clients",
+                    "requested_models",
+                ]
+            },
+        ),
+        (
+            "Generation",
+            {
+                "fields": [
+                    "system_prompt",
+                    "use_kb_context",
+                    "context_k",
+                    "max_tokens",
+                    "temperature",
+                ]
+            },
+        ),
     ]
 
     @admin.display(description="conditions")
@@ -99,11 +133,14 @@ class RoutingRuleAdmin(admin.ModelAdmin):
 
     @admin.display(description="chain")
     def chain(self, obj):
-        return " → ".join(f"{t.endpoint.name}({t.weight})" for t in obj.targets.select_related("endpoint"))
+        return " → ".join(
+            f"{t.endpoint.name}({t.weight})" for t in obj.targets.select_related("endpoint")
+        )
 
     def get_urls(self):
-        return [path("tester/", self.admin_site.admin_view(self.tester_view), name="routing_tester")] + \
-            super().get_urls()
+        return [
+            path("tester/", self.admin_site.admin_view(self.tester_view), name="routing_tester")
+        ] + super().get_urls()
 
     def tester_view(self, request):
         # It lists every rule's conditions, the KB's matches and the endpoints' failures: reading rules.
@@ -116,18 +153,34 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             groups = frozenset()
             if data.get("user"):
                 groups = frozenset(data["user"].groups.values_list("name", flat=True))
-            result = async_to_sync(route_explain)(text=data["text"], groups=groups, client=data["client"] or "web",
-                                                  model=data["model"] or None)
-        context = {**self.admin_site.each_context(request), "title": "Route tester", "opts": self.model._meta,
-                   "form": form, "result": result}
+            result = async_to_sync(route_explain)(
+                text=data["text"],
+                groups=groups,
+                client=data["client"] or "web",
+                model=data["model"] or None,
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Route tester",
+            "opts": self.model._meta,
+            "form": form,
+            "result": result,
+        }
         return TemplateResponse(request, "admin/routing/tester.html", context)
 
 
 class TesterForm(forms.Form):
     text = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 80}))
     # Typed, not picked from a list: the page would otherwise list every username.
-    user = forms.ModelChoiceField(queryset=get_user_model().objects.all(), required=False, to_field_name="username",
-                                  widget=forms.TextInput, help_text="A username: the rules see that user's groups.",
-                                  error_messages={"invalid_choice": "There is no user with this username."})
+    user = forms.ModelChoiceField(
+        queryset=get_user_model().objects.all(),
+        required=False,
+        to_field_name="username",
+        widget=forms.TextInput,
+        help_text="A username: the rules see that user's groups.",
+        error_messages={"invalid_choice": "There is no user with this username."},
+    )
     client = forms.CharField(required=False, initial="web")
-    model = forms.CharField(required=False, help_text="A model name from /v1/models forces that target.")
+    model = forms.CharField(
+        required=False, help_text="A model name from /v1/models forces that target."
+    )

@@ -12,7 +12,9 @@ from routing.selectors import route_explain
 
 class ExplainRequestSerializer(serializers.Serializer):
     text = serializers.CharField(max_length=32000)
-    user = serializers.CharField(required=False, help_text="Username whose groups the rules should see.")
+    user = serializers.CharField(
+        required=False, help_text="Username whose groups the rules should see."
+    )
     client = serializers.CharField(required=False, default="web", max_length=100)
     model = serializers.CharField(required=False, allow_null=True, max_length=200)
 
@@ -37,17 +39,26 @@ class ExplainView(APIView):
 
     permission_classes = [ExplainPermission]
 
-    @extend_schema(request=ExplainRequestSerializer,
-                   responses=inline_serializer("Explanation", {
-                       "text": serializers.CharField(), "decision": serializers.DictField(),
-                       "kb": serializers.DictField(), "rules": serializers.ListField(),
-                       "chain": serializers.ListField()}))
+    @extend_schema(
+        request=ExplainRequestSerializer,
+        responses=inline_serializer(
+            "Explanation",
+            {
+                "text": serializers.CharField(),
+                "decision": serializers.DictField(),
+                "kb": serializers.DictField(),
+                "rules": serializers.ListField(),
+                "chain": serializers.ListField(),
+            },
+        ),
+    )
     def post(self, request):
         params = ExplainRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         data = params.validated_data
         user = data.get("user")
         groups = frozenset(user.groups.values_list("name", flat=True)) if user else frozenset()
-        result = async_to_sync(route_explain)(text=data["text"], groups=groups, client=data["client"],
-                                              model=data.get("model"))
+        result = async_to_sync(route_explain)(
+            text=data["text"], groups=groups, client=data["client"], model=data.get("model")
+        )
         return Response(result)

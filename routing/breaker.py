@@ -77,8 +77,10 @@ async def states(endpoints: list[str]) -> dict[str, BreakerState]:
     except Exception:  # noqa: BLE001
         logger.warning("breaker state unavailable", exc_info=True)
         return {endpoint: BreakerState("closed", 0, None, None) for endpoint in endpoints}
-    return {endpoint: _reading(data, probing)
-            for endpoint, data, probing in zip(endpoints, replies[::2], replies[1::2], strict=True)}
+    return {
+        endpoint: _reading(data, probing)
+        for endpoint, data, probing in zip(endpoints, replies[::2], replies[1::2], strict=True)
+    }
 
 
 def _reading(data: dict[bytes, bytes], probing: int) -> BreakerState:
@@ -92,7 +94,9 @@ def _reading(data: dict[bytes, bytes], probing: int) -> BreakerState:
     retry_in = opened_at + settings.ROUTING_BREAKER_COOLDOWN - time.time()
     if retry_in <= 0 and probing:
         return BreakerState("half_open", failures, opened_at, None)
-    return BreakerState("open" if retry_in > 0 else "half_open", failures, opened_at, max(retry_in, 0.0))
+    return BreakerState(
+        "open" if retry_in > 0 else "half_open", failures, opened_at, max(retry_in, 0.0)
+    )
 
 
 async def allow(endpoint: str) -> bool:
@@ -113,7 +117,11 @@ async def allow(endpoint: str) -> bool:
         if time.time() - float(data[b"opened_at"]) < settings.ROUTING_BREAKER_COOLDOWN:
             return False
         # Half-open: the first process to set the probe key sends the probe; the others wait.
-        return bool(await _redis().set(probe, "1", nx=True, ex=max(1, int(settings.ROUTING_BREAKER_COOLDOWN))))
+        return bool(
+            await _redis().set(
+                probe, "1", nx=True, ex=max(1, int(settings.ROUTING_BREAKER_COOLDOWN))
+            )
+        )
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable; letting the request through", exc_info=True)
         return True
@@ -146,7 +154,9 @@ async def failure(endpoint: str) -> None:
     _dirty.add(endpoint)
     key, probe = _keys(endpoint)
     try:
-        await _redis().eval(_FAILURE, 2, key, probe, settings.ROUTING_BREAKER_FAILURES, repr(time.time()), _TTL)
+        await _redis().eval(
+            _FAILURE, 2, key, probe, settings.ROUTING_BREAKER_FAILURES, repr(time.time()), _TTL
+        )
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable", exc_info=True)
 

@@ -11,8 +11,18 @@ from inference_ops.models import ModelEndpoint
 from routing.models import RouteTarget, RoutingRule
 
 HEAVY_KEYWORDS = [
-    "translate", "translation", "compare", "comparison", "analyse", "analyze", "analysis",
-    "翻译", "译成", "比较", "对比", "分析",
+    "translate",
+    "translation",
+    "compare",
+    "comparison",
+    "analyse",
+    "analyze",
+    "analysis",
+    "翻译",
+    "译成",
+    "比较",
+    "对比",
+    "分析",
 ]
 LONG_FORM_EXAMPLES = [
     "Write a detailed essay about the history of the printing press",
@@ -28,9 +38,14 @@ def external_endpoint_ensure() -> ModelEndpoint | None:
         return None
     endpoint, _ = ModelEndpoint.objects.get_or_create(
         name="external",
-        defaults={"kind": ModelEndpoint.Kind.EXTERNAL, "base_url": settings.EXTERNAL_LLM_BASE_URL,
-                  "model": settings.EXTERNAL_LLM_MODEL, "api_key_env": settings.EXTERNAL_LLM_API_KEY_ENV,
-                  "context_window": settings.EXTERNAL_LLM_CONTEXT_WINDOW, "first_token_timeout": 60},
+        defaults={
+            "kind": ModelEndpoint.Kind.EXTERNAL,
+            "base_url": settings.EXTERNAL_LLM_BASE_URL,
+            "model": settings.EXTERNAL_LLM_MODEL,
+            "api_key_env": settings.EXTERNAL_LLM_API_KEY_ENV,
+            "context_window": settings.EXTERNAL_LLM_CONTEXT_WINDOW,
+            "first_token_timeout": 60,
+        },
     )
     return endpoint
 
@@ -52,10 +67,24 @@ def demo_rules_ensure(*, local: ModelEndpoint, external: ModelEndpoint | None) -
     heavy = external or local
     specs = [
         # A client that names the local model gets it as it is: no KB context, no escalation.
-        ("local model by name", 5, {"requested_models": [local.name], "use_kb_context": False}, [local]),
-        ("translation and analysis", 10, {"keywords": HEAVY_KEYWORDS}, [heavy] + ([local] if external else [])),
-        ("long-form writing", 20, {"intent_examples": LONG_FORM_EXAMPLES, "intent_threshold": _intent_threshold()},
-         [heavy] + ([local] if external else [])),
+        (
+            "local model by name",
+            5,
+            {"requested_models": [local.name], "use_kb_context": False},
+            [local],
+        ),
+        (
+            "translation and analysis",
+            10,
+            {"keywords": HEAVY_KEYWORDS},
+            [heavy] + ([local] if external else []),
+        ),
+        (
+            "long-form writing",
+            20,
+            {"intent_examples": LONG_FORM_EXAMPLES, "intent_threshold": _intent_threshold()},
+            [heavy] + ([local] if external else []),
+        ),
         ("default", 1000, {"is_default": True}, [local] + ([external] if external else [])),
     ]
     for name, priority, conditions, chain in specs:

@@ -22,42 +22,78 @@ class RoutingRule(models.Model):
     name = models.CharField(max_length=100, unique=True)
     priority = models.IntegerField(default=100, help_text="Lower runs first.")
     active = models.BooleanField(default=True)
-    is_default = models.BooleanField(default=False, help_text="Catches every question no other rule takes.")
+    is_default = models.BooleanField(
+        default=False, help_text="Catches every question no other rule takes."
+    )
 
-    keywords = ArrayField(models.CharField(max_length=100), default=list, blank=True,
-                          help_text="Matches when the question contains any of them (case and width folded).")
-    regex = models.CharField(max_length=500, blank=True, help_text=(
-        "RE2 regular expression, searched (linear time; no lookaround or backreferences; "
-        "\\w and \\d are ASCII, \\p{Han} and \\p{L} match other scripts)."))
-    intent_examples = ArrayField(models.TextField(), default=list, blank=True,
-                                 help_text="Example questions; matches when one is similar enough.")
+    keywords = ArrayField(
+        models.CharField(max_length=100),
+        default=list,
+        blank=True,
+        help_text="Matches when the question contains any of them (case and width folded).",
+    )
+    regex = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text=(
+            "RE2 regular expression, searched (linear time; no lookaround or backreferences; "
+            "\\w and \\d are ASCII, \\p{Han} and \\p{L} match other scripts)."
+        ),
+    )
+    intent_examples = ArrayField(
+        models.TextField(),
+        default=list,
+        blank=True,
+        help_text="Example questions; matches when one is similar enough.",
+    )
     intent_threshold = models.FloatField(
-        default=0.86, validators=[MinValueValidator(0), MaxValueValidator(1)],
+        default=0.86,
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
         help_text="Similarity to an example, in the serving embedding model's scale: about 0.86 for "
-                  "multilingual-e5-small, 0.55 for all-MiniLM-L6-v2. Try questions in the rule tester.")
+        "multilingual-e5-small, 0.55 for all-MiniLM-L6-v2. Try questions in the rule tester.",
+    )
     min_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
     max_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
-    groups = models.ManyToManyField(Group, blank=True, help_text="Only for users in one of these groups.")
-    clients = ArrayField(models.CharField(max_length=100), default=list, blank=True,
-                         help_text='Only for these clients: "web", or "key:NAME" for an API key.')
-    requested_models = ArrayField(models.CharField(max_length=200), default=list, blank=True,
-                                  help_text="Only when the API request names one of these models.")
+    groups = models.ManyToManyField(
+        Group, blank=True, help_text="Only for users in one of these groups."
+    )
+    clients = ArrayField(
+        models.CharField(max_length=100),
+        default=list,
+        blank=True,
+        help_text='Only for these clients: "web", or "key:NAME" for an API key.',
+    )
+    requested_models = ArrayField(
+        models.CharField(max_length=200),
+        default=list,
+        blank=True,
+        help_text="Only when the API request names one of these models.",
+    )
 
     action = models.CharField(max_length=16, choices=Action.choices, default=Action.GENERATE)
     system_prompt = models.TextField(blank=True)
     use_kb_context = models.BooleanField(default=True)
     context_k = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(20)])
-    max_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="The longest answer, in tokens: a client asking for more gets this, "
-                                                "one asking for nothing too. Empty: the gateway's default, "
-                                                "capped by ROUTING_MAX_TOKENS_CEILING.")
-    temperature = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2)])
+    max_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The longest answer, in tokens: a client asking for more gets this, "
+        "one asking for nothing too. Empty: the gateway's default, "
+        "capped by ROUTING_MAX_TOKENS_CEILING.",
+    )
+    temperature = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2)]
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["priority", "pk"]
         constraints = [
-            models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True, active=True),
-                                    name="one_active_default_rule"),
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True, active=True),
+                name="one_active_default_rule",
+            ),
         ]
 
     def __str__(self):
@@ -66,10 +102,16 @@ class RoutingRule(models.Model):
 
 class RouteTarget(models.Model):
     rule = models.ForeignKey(RoutingRule, on_delete=models.CASCADE, related_name="targets")
-    position = models.PositiveIntegerField(default=1, help_text="1 first; higher positions are fallbacks.")
+    position = models.PositiveIntegerField(
+        default=1, help_text="1 first; higher positions are fallbacks."
+    )
     endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="+")
-    lora_adapter = models.CharField(max_length=200, blank=True, help_text="Overrides the endpoint's adapter.")
-    weight = models.PositiveIntegerField(default=100, help_text="Share among the targets at the same position.")
+    lora_adapter = models.CharField(
+        max_length=200, blank=True, help_text="Overrides the endpoint's adapter."
+    )
+    weight = models.PositiveIntegerField(
+        default=100, help_text="Share among the targets at the same position."
+    )
 
     class Meta:
         ordering = ["position", "-weight", "pk"]

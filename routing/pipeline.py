@@ -33,7 +33,15 @@ from knowledge.normalize import normalize
 from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
 from routing import breaker, replicas
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
-from routing.rules import CompiledRule, Context, Snapshot, Target, asnapshot, named_refusal, query_vector
+from routing.rules import (
+    CompiledRule,
+    Context,
+    Snapshot,
+    Target,
+    asnapshot,
+    named_refusal,
+    query_vector,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +53,17 @@ class RouteRequest:
     user_id: int | None = None
     groups: frozenset[str] = frozenset()
     client: str = "web"
-    model: str | None = None  # a model name from /v1/models forces that target; None or "auto" routes
+    model: str | None = (
+        None  # a model name from /v1/models forces that target; None or "auto" routes
+    )
     max_tokens: int | None = None
     temperature: float | None = None
-    ignore_eos: bool = False  # vLLM's extension, for local engines only (an external API may refuse it)
-    system: str = ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
+    ignore_eos: bool = (
+        False  # vLLM's extension, for local engines only (an external API may refuse it)
+    )
+    system: str = (
+        ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
+    )
     store: bool = True  # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss
 
 
@@ -64,8 +78,12 @@ class KbLookup:
 
     @classmethod
     def of(cls, direct: DirectAnswer) -> KbLookup:
-        return cls(method=direct.method, hit=direct.hit, entry_id=direct.entry.pk if direct.entry else None,
-                   score=None if direct.score is None else round(direct.score, 4))
+        return cls(
+            method=direct.method,
+            hit=direct.hit,
+            entry_id=direct.entry.pk if direct.entry else None,
+            score=None if direct.score is None else round(direct.score, 4),
+        )
 
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
@@ -94,7 +112,9 @@ class Route(Event):
     target: str | None
     why: str  # the details: KB scores and thresholds, the rule's conditions, the endpoints passed over and why
     reason: str  # what a user reads instead: the road and a plain reason
-    engine_ms: float | None = None  # the engine's time up to its first token, as this gateway saw it
+    engine_ms: float | None = (
+        None  # the engine's time up to its first token, as this gateway saw it
+    )
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -122,10 +142,16 @@ class Done(Event):
     finish_reason: str
     citations: list[dict]
     kb_entry_id: int | None = None  # the entry that answered (the KB road)
-    engine_ms: float | None = None  # the engine's time, request to last byte; None when no engine ran
+    engine_ms: float | None = (
+        None  # the engine's time, request to last byte; None when no engine ran
+    )
     kb: KbLookup | None = None  # what the KB check found, also when it did not answer
-    fell_back_from: tuple[str, ...] = ()  # endpoints passed over (failed or resting) before the answer
-    overhead_ms: float | None = None  # the gateway's own time, set by the interface that times the request
+    fell_back_from: tuple[
+        str, ...
+    ] = ()  # endpoints passed over (failed or resting) before the answer
+    overhead_ms: float | None = (
+        None  # the gateway's own time, set by the interface that times the request
+    )
     type: str = "done"
 
 
@@ -160,7 +186,11 @@ def message_for_users(code: str, message: str, *, partial: bool) -> str:
     long, an unknown model, …), a plain one when it is about the operator's engines."""
     if code not in _OPERATORS_FAILURES:
         return message
-    return "The model failed while answering." if partial else "No model could answer this question right now."
+    return (
+        "The model failed while answering."
+        if partial
+        else "No model could answer this question right now."
+    )
 
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
@@ -185,7 +215,9 @@ def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
 
 
 @tracing.answer_span
-async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> AsyncIterator[Event]:
+async def answer(
+    request: RouteRequest, *, rng: random.Random | None = None
+) -> AsyncIterator[Event]:
     """Answer one question by the cheapest good road; see the module docstring for the events."""
     started = time.monotonic()
     rng = rng or _rng
@@ -194,8 +226,11 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         yield Error(code="empty", message="The question is empty.")
         return
     if len(text) > settings.ROUTING_MAX_INPUT_CHARS:
-        yield Error(code="too_long", message=f"The question has {len(text)} characters; the limit is "
-                                              f"{settings.ROUTING_MAX_INPUT_CHARS}.")
+        yield Error(
+            code="too_long",
+            message=f"The question has {len(text)} characters; the limit is "
+            f"{settings.ROUTING_MAX_INPUT_CHARS}.",
+        )
         return
     snap = await asnapshot()
 
@@ -203,7 +238,9 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
         # A named model skips the KB, not the rules: the rule that takes this question must
         # list the endpoint, and its prompt, context and limits apply.
         if request.model not in snap.targets_by_model:
-            yield Error(code="unknown_model", message=f"No model named {request.model!r}; see /v1/models.")
+            yield Error(
+                code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
+            )
             return
         rule, why = await _match(snap, request, text, None)
         refusal = named_refusal(rule, request.model)
@@ -212,8 +249,15 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
             return
         # The endpoint asked for, not its replica group's least busy member.
         named = dataclasses.replace(rule.target_named(request.model), replicas=())
-        async for event in _generate(request, text, rule, [named], started,
-                                     why=f"model {request.model} requested; {why}", rng=rng):
+        async for event in _generate(
+            request,
+            text,
+            rule,
+            [named],
+            started,
+            why=f"model {request.model} requested; {why}",
+            rng=rng,
+        ):
             yield event
         return
 
@@ -221,56 +265,115 @@ async def answer(request: RouteRequest, *, rng: random.Random | None = None) -> 
     direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
     if direct.hit:
         entry = direct.entry
-        yield Route(road="kb", rule=None, target=f"KB#{entry.pk}", why=f"knowledge base: {direct.reason}",
-                    reason="answered from the knowledge base")
+        yield Route(
+            road="kb",
+            rule=None,
+            target=f"KB#{entry.pk}",
+            why=f"knowledge base: {direct.reason}",
+            reason="answered from the knowledge base",
+        )
         yield Token(text=entry.answer)
         elapsed = _ms(time.monotonic() - started)
-        yield Done(road="kb", rule=None, target=f"KB#{entry.pk}", ttft_ms=elapsed, latency_ms=elapsed, usage=None,
-                   finish_reason="stop", citations=[{"entry_id": entry.pk, "label": entry.citation}],
-                   kb_entry_id=entry.pk, kb=KbLookup.of(direct))
+        yield Done(
+            road="kb",
+            rule=None,
+            target=f"KB#{entry.pk}",
+            ttft_ms=elapsed,
+            latency_ms=elapsed,
+            usage=None,
+            finish_reason="stop",
+            citations=[{"entry_id": entry.pk, "label": entry.citation}],
+            kb_entry_id=entry.pk,
+            kb=KbLookup.of(direct),
+        )
         return
 
     rule, why = await _match(snap, request, text, direct)
     if rule is None:
-        yield Error(code="no_route", message="No routing rule matches and there is no default rule.",
-                    kb=KbLookup.of(direct))
+        yield Error(
+            code="no_route",
+            message="No routing rule matches and there is no default rule.",
+            kb=KbLookup.of(direct),
+        )
         return
     if rule.action == "kb_only":
-        yield Route(road="kb", rule=rule.name, target=None, why=f"rule {rule.name} is KB-only; {direct.reason}",
-                    reason="this kind of question is answered from the knowledge base only")
+        yield Route(
+            road="kb",
+            rule=rule.name,
+            target=None,
+            why=f"rule {rule.name} is KB-only; {direct.reason}",
+            reason="this kind of question is answered from the knowledge base only",
+        )
         _record_miss(request, text, "", direct)
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
         elapsed = _ms(time.monotonic() - started)
-        yield Done(road="kb", rule=rule.name, target=None, ttft_ms=elapsed, latency_ms=elapsed, usage=None,
-                   finish_reason="stop", citations=[], kb=KbLookup.of(direct))
+        yield Done(
+            road="kb",
+            rule=rule.name,
+            target=None,
+            ttft_ms=elapsed,
+            latency_ms=elapsed,
+            usage=None,
+            finish_reason="stop",
+            citations=[],
+            kb=KbLookup.of(direct),
+        )
         return
     targets = order_targets(rule, rng)
     if not targets:
-        yield Error(code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name,
-                    kb=KbLookup.of(direct))
+        yield Error(
+            code="no_target",
+            message=f"Rule {rule.name} has no active target.",
+            rule=rule.name,
+            kb=KbLookup.of(direct),
+        )
         return
-    async for event in _generate(request, text, rule, targets, started, why=why, rng=rng, direct=direct):
+    async for event in _generate(
+        request, text, rule, targets, started, why=why, rng=rng, direct=direct
+    ):
         yield event
 
 
-async def _match(snap: Snapshot, request: RouteRequest, text: str,
-                 direct: DirectAnswer | None) -> tuple[CompiledRule | None, str]:
-    ctx = Context(text=text, groups=request.groups, client=request.client, model=request.model,
-                  vector=direct.vector if direct is not None else None)
+async def _match(
+    snap: Snapshot, request: RouteRequest, text: str, direct: DirectAnswer | None
+) -> tuple[CompiledRule | None, str]:
+    ctx = Context(
+        text=text,
+        groups=request.groups,
+        client=request.client,
+        model=request.model,
+        vector=direct.vector if direct is not None else None,
+    )
     choosing = snap.choose(ctx, lambda: query_vector(text))
     return await (tracing.rule_match(choosing) if tracing.ENABLED else choosing)
 
 
-async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None, targets: list[Target],
-                    started: float, *, why: str, rng: random.Random,
-                    direct: DirectAnswer | None = None) -> AsyncIterator[Event]:
+async def _generate(
+    request: RouteRequest,
+    text: str,
+    rule: CompiledRule | None,
+    targets: list[Target],
+    started: float,
+    *,
+    why: str,
+    rng: random.Random,
+    direct: DirectAnswer | None = None,
+) -> AsyncIterator[Event]:
     rule_name = rule.name if rule else None
     named = bool(request.model) and request.model != "auto"
     max_tokens = answer_budget(request.max_tokens, rule)
-    temperature = request.temperature if request.temperature is not None else (rule.temperature if rule else None)
+    temperature = (
+        request.temperature
+        if request.temperature is not None
+        else (rule.temperature if rule else None)
+    )
     passages = []
     if rule is not None and rule.use_kb_context:
-        query = (direct.model, direct.vector) if direct is not None and direct.vector is not None else None
+        query = (
+            (direct.model, direct.vector)
+            if direct is not None and direct.vector is not None
+            else None
+        )
         passages = await acontext_passages(text, k=rule.context_k, query=query)
     prompt = (rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT
     if request.system:
@@ -289,11 +392,18 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
     for target in targets:
         budget = target.context_window - max_tokens
         if approx_tokens(text) + system_cost + 8 > budget:
-            attempts.append(f"{target.endpoint}: the question does not fit its {target.context_window}-token window")
+            attempts.append(
+                f"{target.endpoint}: the question does not fit its {target.context_window}-token window"
+            )
             too_long = too_long or Error(
-                code="too_long", rule=rule_name, target=target.endpoint, road=target.road,
-                message=(f"The question is about {approx_tokens(text)} tokens; {target.endpoint} accepts at most "
-                         f"{target.context_window} tokens, {max_tokens} of them kept for the answer."),
+                code="too_long",
+                rule=rule_name,
+                target=target.endpoint,
+                road=target.road,
+                message=(
+                    f"The question is about {approx_tokens(text)} tokens; {target.endpoint} accepts at most "
+                    f"{target.context_window} tokens, {max_tokens} of them kept for the answer."
+                ),
             )
             continue
         # Counted before the breaker's check (which may wait on Redis), so the requests picking
@@ -310,16 +420,35 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
             skipped.append(target.endpoint)
             passed.append(target.endpoint)
             continue
-        messages, dropped = build_messages(system=system, history=request.history, question=text, budget=budget)
+        messages, dropped = build_messages(
+            system=system, history=request.history, question=text, budget=budget
+        )
         produced = False
         ttft: float | None = None
         answer_text: list[str] = []
-        chat = tracing.Chat(model=target.config.model, base_url=target.config.base_url, max_tokens=max_tokens,
-                            temperature=temperature) if tracing.ENABLED else None
+        chat = (
+            tracing.Chat(
+                model=target.config.model,
+                base_url=target.config.base_url,
+                max_tokens=max_tokens,
+                temperature=temperature,
+            )
+            if tracing.ENABLED
+            else None
+        )
         try:
-            extra_body = {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
-            async with contextlib.aclosing(stream_chat(target.config, messages, max_tokens=max_tokens,
-                                                       temperature=temperature, extra_body=extra_body)) as stream:
+            extra_body = (
+                {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
+            )
+            async with contextlib.aclosing(
+                stream_chat(
+                    target.config,
+                    messages,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    extra_body=extra_body,
+                )
+            ) as stream:
                 async for event in stream:
                     if isinstance(event, Finish):
                         if chat:
@@ -327,22 +456,45 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                         await breaker.success(target.endpoint)
                         if not produced:
                             ttft = _ms(time.monotonic() - started)
-                            yield _route(target, rule_name, why, attempts, dropped, named=named,
-                                         engine_ms=_ms(event.total))
+                            yield _route(
+                                target,
+                                rule_name,
+                                why,
+                                attempts,
+                                dropped,
+                                named=named,
+                                engine_ms=_ms(event.total),
+                            )
                         if direct is not None:
                             _record_miss(request, text, "".join(answer_text), direct)
-                        yield Done(road=target.road, rule=rule_name, target=target.endpoint, ttft_ms=ttft,
-                                   latency_ms=_ms(time.monotonic() - started), usage=_usage(event),
-                                   finish_reason=event.finish_reason, citations=citations,
-                                   engine_ms=_ms(event.total), kb=kb, fell_back_from=tuple(passed))
+                        yield Done(
+                            road=target.road,
+                            rule=rule_name,
+                            target=target.endpoint,
+                            ttft_ms=ttft,
+                            latency_ms=_ms(time.monotonic() - started),
+                            usage=_usage(event),
+                            finish_reason=event.finish_reason,
+                            citations=citations,
+                            engine_ms=_ms(event.total),
+                            kb=kb,
+                            fell_back_from=tuple(passed),
+                        )
                         return
                     if not produced:
                         produced = True
                         if chat:
                             chat.first_chunk(event.elapsed)
                         ttft = _ms(time.monotonic() - started)
-                        yield _route(target, rule_name, why, attempts, dropped, named=named,
-                                     engine_ms=_ms(event.elapsed))
+                        yield _route(
+                            target,
+                            rule_name,
+                            why,
+                            attempts,
+                            dropped,
+                            named=named,
+                            engine_ms=_ms(event.elapsed),
+                        )
                     answer_text.append(event.text)
                     yield Token(text=event.text)
         except EngineError as exc:
@@ -357,9 +509,17 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
                 _suspect_engine(target.endpoint_id)
             if produced or exc.produced_tokens:
                 # Tokens are out: never switch targets mid-answer.
-                yield Error(code=exc.kind, message=str(exc), retryable=exc.retryable, partial=True,
-                            road=target.road, rule=rule_name, target=target.endpoint, kb=kb,
-                            fell_back_from=tuple(passed))
+                yield Error(
+                    code=exc.kind,
+                    message=str(exc),
+                    retryable=exc.retryable,
+                    partial=True,
+                    road=target.road,
+                    rule=rule_name,
+                    target=target.endpoint,
+                    kb=kb,
+                    fell_back_from=tuple(passed),
+                )
                 return
             attempts.append(f"{target.endpoint}: {exc.kind}")
             passed.append(target.endpoint)
@@ -374,10 +534,15 @@ async def _generate(request: RouteRequest, text: str, rule: CompiledRule | None,
         too_long.kb = kb
         yield too_long
         return
-    yield Error(code=last_error.kind if last_error else "unavailable",
-                message="No target could answer: " + "; ".join(attempts),
-                retryable=last_error.retryable if last_error else True, rule=rule_name,
-                retry_after=await _soonest(skipped), kb=kb, fell_back_from=tuple(passed))
+    yield Error(
+        code=last_error.kind if last_error else "unavailable",
+        message="No target could answer: " + "; ".join(attempts),
+        retryable=last_error.retryable if last_error else True,
+        rule=rule_name,
+        retry_after=await _soonest(skipped),
+        kb=kb,
+        fell_back_from=tuple(passed),
+    )
 
 
 def answer_budget(asked: int | None, rule: CompiledRule | None) -> int:
@@ -393,7 +558,11 @@ def answer_budget(asked: int | None, rule: CompiledRule | None) -> int:
 
 async def _soonest(endpoints: list[str]) -> float | None:
     """When the first of the skipped endpoints takes requests again (its rest or cool-down over)."""
-    waits = [state.retry_in for state in (await breaker.states(endpoints)).values() if state.retry_in is not None]
+    waits = [
+        state.retry_in
+        for state in (await breaker.states(endpoints)).values()
+        if state.retry_in is not None
+    ]
     return round(min(waits), 1) if waits else None
 
 
@@ -418,7 +587,9 @@ def _engines_suspect(endpoint_id: int) -> None:
     try:
         engines_suspect(endpoint_id)
     except Exception:  # noqa: BLE001 - the beat's checks still come
-        logger.warning("cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True)
+        logger.warning(
+            "cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True
+        )
     finally:
         connections.close_all()
 
@@ -427,11 +598,23 @@ def _usage(finish: Finish) -> dict | None:
     if finish.usage is None:
         return None
     prompt, completion = finish.usage.prompt_tokens, finish.usage.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
-def _route(target: Target, rule: str | None, why: str, attempts: list[str], dropped: int, *, named: bool,
-           engine_ms: float) -> Route:
+def _route(
+    target: Target,
+    rule: str | None,
+    why: str,
+    attempts: list[str],
+    dropped: int,
+    *,
+    named: bool,
+    engine_ms: float,
+) -> Route:
     notes = [why]
     reason = f"answered by the {target.road} model" + (" you named" if named else "")
     if attempts:
@@ -440,16 +623,30 @@ def _route(target: Target, rule: str | None, why: str, attempts: list[str], drop
     if dropped:
         notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
         reason += "; the oldest messages of the conversation were left out to fit the model's context window"
-    return Route(road=target.road, rule=rule, target=target.endpoint, why=". ".join(notes), reason=reason,
-                 engine_ms=engine_ms)
+    return Route(
+        road=target.road,
+        rule=rule,
+        target=target.endpoint,
+        why=". ".join(notes),
+        reason=reason,
+        engine_ms=engine_ms,
+    )
 
 
-def _record_miss(request: RouteRequest, question: str, answer_text: str, direct: DirectAnswer) -> None:
+def _record_miss(
+    request: RouteRequest, question: str, answer_text: str, direct: DirectAnswer
+) -> None:
     """Keep the question (and the generated answer) as a KB miss for curators, with the vector
     this request already computed: buffered in memory, written in batches, never awaited. A
     follow-up is no miss: it needs its conversation, no entry could answer it on its own. A turn
     that stores nothing keeps no copy of the question here either."""
     if direct.method == "follow_up" or not request.store:
         return
-    miss_note(question=question, answer=answer_text, best_entry_id=direct.entry.pk if direct.entry else None,
-              best_score=direct.score, model_id=direct.model.pk if direct.model else None, vector=direct.vector)
+    miss_note(
+        question=question,
+        answer=answer_text,
+        best_entry_id=direct.entry.pk if direct.entry else None,
+        best_score=direct.score,
+        model_id=direct.model.pk if direct.model else None,
+        vector=direct.vector,
+    )

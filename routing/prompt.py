@@ -40,9 +40,17 @@ PASSAGES_PREAMBLE = (
 _OPENING = "<\uff1c\ufe64"
 _GAP = "[\\s\u00ad\u200b-\u200f\u2060\ufeff]*"
 _DELIMITER = re.compile(
-    f"[{_OPENING}]" + _GAP + "[/\uff0f]?" + _GAP + _GAP.join("passage") + "(?:" + _GAP + "s)?\\b"
+    f"[{_OPENING}]"
+    + _GAP
+    + "[/\uff0f]?"
+    + _GAP
+    + _GAP.join("passage")
+    + "(?:"
+    + _GAP
+    + "s)?\\b"
     + "(?:[^>\uff1e\ufe65\\n]{0,200}[>\uff1e\ufe65])?",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 def passage_text(text: str) -> str:
@@ -66,11 +74,14 @@ def system_message(prompt: str, passages: list[ContextPassage]) -> str:
         return prompt
     blocks = "\n\n".join(
         f'<passage id="KB#{p.entry_id}" title="{_attribute(p.title[:80])}">\n{passage_text(p.text).strip()}\n</passage>'
-        for p in passages)
+        for p in passages
+    )
     return f"{prompt}\n\n{PASSAGES_PREAMBLE}\n\n{blocks}"
 
 
-def build_messages(*, system: str, history: list[dict], question: str, budget: int) -> tuple[list[dict], int]:
+def build_messages(
+    *, system: str, history: list[dict], question: str, budget: int
+) -> tuple[list[dict], int]:
     """Messages within `budget` tokens: system and question always, then the most recent
     history turns that still fit. Returns (messages, history turns dropped)."""
     head = [{"role": "system", "content": system}] if system else []

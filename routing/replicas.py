@@ -66,7 +66,9 @@ _loads: dict[int, Load] = {}  # endpoint id -> its last reported load
 _loaded_at = -1e9  # monotonic time of the last read
 _reading: asyncio.Task | None = None
 _in_flight: dict[int, int] = {}  # endpoint id -> this process's requests streaming from it
-_slots: dict[int, float] = {}  # endpoint id -> requests it runs at once, as seen when it had a queue
+_slots: dict[
+    int, float
+] = {}  # endpoint id -> requests it runs at once, as seen when it had a queue
 _turns = itertools.count()  # round-robin's turn
 
 
@@ -104,12 +106,22 @@ def _ordered(target, affinity: str) -> list:
     full = {r.endpoint_id: _full(r.endpoint_id, r.config.max_concurrency) for r in replicas}
     # Healthy (or unknown) first, then those with a free slot, then by load; the name breaks ties
     # the same way everywhere.
-    ranked = sorted(replicas, key=lambda r: (not _healthy(r.endpoint_id), full[r.endpoint_id], busy[r.endpoint_id],
-                                             r.endpoint))
+    ranked = sorted(
+        replicas,
+        key=lambda r: (
+            not _healthy(r.endpoint_id),
+            full[r.endpoint_id],
+            busy[r.endpoint_id],
+            r.endpoint,
+        ),
+    )
     home = max(replicas, key=lambda r: _rendezvous(affinity, r.endpoint))
     least = busy[ranked[0].endpoint_id]
-    if (_healthy(home.endpoint_id) and full[home.endpoint_id] <= full[ranked[0].endpoint_id]
-            and busy[home.endpoint_id] <= least + settings.ROUTING_AFFINITY_SLACK):
+    if (
+        _healthy(home.endpoint_id)
+        and full[home.endpoint_id] <= full[ranked[0].endpoint_id]
+        and busy[home.endpoint_id] <= least + settings.ROUTING_AFFINITY_SLACK
+    ):
         ranked.remove(home)
         ranked.insert(0, home)
     return ranked
@@ -119,8 +131,11 @@ def _busy(endpoint_id: int) -> float:
     busy = float(_in_flight.get(endpoint_id, 0))
     load = _loads.get(endpoint_id)
     if load is not None and load.fresh:
-        busy += (load.waiting + load.running * settings.ROUTING_RUNNING_WEIGHT
-                 + load.kv_cache_usage * settings.ROUTING_KV_WEIGHT)
+        busy += (
+            load.waiting
+            + load.running * settings.ROUTING_RUNNING_WEIGHT
+            + load.kv_cache_usage * settings.ROUTING_KV_WEIGHT
+        )
     return busy
 
 
@@ -142,13 +157,17 @@ def _healthy(endpoint_id: int) -> bool:
 
 def _rendezvous(key: str, name: str) -> int:
     # Highest random weight: a replica added or removed moves only the conversations it takes or had.
-    return int.from_bytes(hashlib.blake2b(f"{name}\x00{key}".encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(f"{name}\x00{key}".encode(), digest_size=8).digest(), "big"
+    )
 
 
 def _refresh_soon() -> None:
     """Start a read of the replicas' loads when the last one is old; the request goes on at once."""
     global _reading
-    if time.monotonic() - _loaded_at < settings.ROUTING_LOAD_SECONDS or (_reading is not None and not _reading.done()):
+    if time.monotonic() - _loaded_at < settings.ROUTING_LOAD_SECONDS or (
+        _reading is not None and not _reading.done()
+    ):
         return
     _reading = asyncio.get_running_loop().create_task(loads_refresh())
 
@@ -160,19 +179,28 @@ async def loads_refresh() -> None:
     try:
         rows = await db.query_all(
             "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"
-            f" FROM {ModelEndpoint._meta.db_table} WHERE replica_group <> '' AND active", [])
+            f" FROM {ModelEndpoint._meta.db_table} WHERE replica_group <> '' AND active",
+            [],
+        )
     except Exception:  # noqa: BLE001 - picking goes on with what it knew
-        logger.warning("cannot read the replicas' loads; picking by this process's own counts", exc_info=True)
+        logger.warning(
+            "cannot read the replicas' loads; picking by this process's own counts", exc_info=True
+        )
         return
     now = timezone.now()
     horizon = settings.ROUTING_LOAD_FRESH_SECONDS
     loads = {}
     for endpoint_id, waiting, running, kv_cache_usage, status, checked_at in rows:
         fresh = checked_at is not None and (now - checked_at).total_seconds() <= horizon
-        loads[endpoint_id] = Load(waiting=float(waiting or 0.0), running=float(running or 0.0),
-                                  kv_cache_usage=min(1.0, max(0.0, float(kv_cache_usage or 0.0))), fresh=fresh,
-                                  healthy=not (fresh and status in (ModelEndpoint.Status.UNHEALTHY,
-                                                                    ModelEndpoint.Status.DOWN)))
+        loads[endpoint_id] = Load(
+            waiting=float(waiting or 0.0),
+            running=float(running or 0.0),
+            kv_cache_usage=min(1.0, max(0.0, float(kv_cache_usage or 0.0))),
+            fresh=fresh,
+            healthy=not (
+                fresh and status in (ModelEndpoint.Status.UNHEALTHY, ModelEndpoint.Status.DOWN)
+            ),
+        )
         _slots_learn(endpoint_id, loads[endpoint_id])
     _loads = loads
 

@@ -45,7 +45,9 @@ class Target:
     weight: int
     config: EndpointConfig
     context_window: int
-    replicas: tuple[Target, ...] = ()  # the endpoint's replica group, itself included (routing.replicas)
+    replicas: tuple[
+        Target, ...
+    ] = ()  # the endpoint's replica group, itself included (routing.replicas)
 
 
 @dataclass
@@ -56,7 +58,9 @@ class Context:
     groups: frozenset[str] = frozenset()
     client: str = "web"
     model: str | None = None
-    vector: tuple[float, ...] | None = None  # the question's embedding, when an intent rule needs it
+    vector: tuple[float, ...] | None = (
+        None  # the question's embedding, when an intent rule needs it
+    )
 
     @functools.cached_property
     def normalized(self) -> str:
@@ -100,9 +104,15 @@ class CompiledRule:
     @property
     def takes_every_question(self) -> bool:
         """No condition on the question itself: every question of an admitted caller matches."""
-        return self.is_default or not (self.keywords or self.regex or self.broken or self.intent_examples
-                                       or self.min_length is not None or self.max_length is not None
-                                       or self.requested_models)
+        return self.is_default or not (
+            self.keywords
+            or self.regex
+            or self.broken
+            or self.intent_examples
+            or self.min_length is not None
+            or self.max_length is not None
+            or self.requested_models
+        )
 
     def target_named(self, model: str) -> Target | None:
         """This rule's target for the endpoint a client named, when its chain lists it with a share."""
@@ -131,7 +141,10 @@ class CompiledRule:
             check(bool(hits), f"keywords: {', '.join(hits)}" if hits else "keywords: none present")
         if self.regex is not None:
             found = self.regex.search(ctx.text)
-            check(found is not None, f"regex /{self.regex.pattern}/ " + ("matches" if found else "does not match"))
+            check(
+                found is not None,
+                f"regex /{self.regex.pattern}/ " + ("matches" if found else "does not match"),
+            )
         if self.intent_examples and intent:
             if not self.intent_vectors or ctx.vector is None:
                 # Never a match by default: an intent rule without vectors would take everything.
@@ -142,23 +155,40 @@ class CompiledRule:
                 scores = self.intent_matrix @ np.asarray(ctx.vector, dtype=np.float64)
                 best = int(scores.argmax())
                 score = float(scores[best])
-                check(score >= self.intent_threshold,
-                      f"intent: {score:.3f} to {self.intent_examples[best]!r} "
-                      f"({'≥' if score >= self.intent_threshold else '<'} {self.intent_threshold:.2f})")
+                check(
+                    score >= self.intent_threshold,
+                    f"intent: {score:.3f} to {self.intent_examples[best]!r} "
+                    f"({'≥' if score >= self.intent_threshold else '<'} {self.intent_threshold:.2f})",
+                )
         length = len(ctx.text)
         if self.min_length is not None:
-            check(length >= self.min_length, f"length {length} {'≥' if length >= self.min_length else '<'} "
-                                             f"{self.min_length}")
+            check(
+                length >= self.min_length,
+                f"length {length} {'≥' if length >= self.min_length else '<'} {self.min_length}",
+            )
         if self.max_length is not None:
-            check(length <= self.max_length, f"length {length} {'≤' if length <= self.max_length else '>'} "
-                                             f"{self.max_length}")
+            check(
+                length <= self.max_length,
+                f"length {length} {'≤' if length <= self.max_length else '>'} {self.max_length}",
+            )
         if self.groups:
             shared = self.groups & ctx.groups
-            check(bool(shared), f"group: {', '.join(sorted(shared))}" if shared else
-                  f"group: user is in none of {', '.join(sorted(self.groups))}")
+            check(
+                bool(shared),
+                f"group: {', '.join(sorted(shared))}"
+                if shared
+                else f"group: user is in none of {', '.join(sorted(self.groups))}",
+            )
         if self.clients:
-            check(ctx.client in self.clients, f"client {ctx.client!r} " +
-                  ("listed" if ctx.client in self.clients else f"not in {', '.join(sorted(self.clients))}"))
+            check(
+                ctx.client in self.clients,
+                f"client {ctx.client!r} "
+                + (
+                    "listed"
+                    if ctx.client in self.clients
+                    else f"not in {', '.join(sorted(self.clients))}"
+                ),
+            )
         if self.requested_models:
             ok = ctx.model in self.requested_models
             check(ok, f"requested model {ctx.model!r} " + ("listed" if ok else "not listed"))
@@ -174,8 +204,9 @@ class Snapshot:
     targets_by_model: dict[str, Target]  # `model` names a client may force, for /v1
     built_at: float = field(default_factory=time.monotonic)
 
-    async def choose(self, ctx: Context,
-                     vector: Callable[[], Awaitable[tuple[float, ...] | None]]) -> tuple[CompiledRule | None, str]:
+    async def choose(
+        self, ctx: Context, vector: Callable[[], Awaitable[tuple[float, ...] | None]]
+    ) -> tuple[CompiledRule | None, str]:
         """The first rule that matches, and why. The question's vector is asked for only when
         an intent rule's other conditions hold, so a question that no intent rule could take
         costs no embedding."""
@@ -194,8 +225,11 @@ class Snapshot:
         The rule that matches a question still decides; this is the list to show."""
         names: set[str] = set()
         for rule in self.rules:
-            if rule.broken or (rule.groups and not rule.groups & groups) or (
-                    rule.clients and client not in rule.clients):
+            if (
+                rule.broken
+                or (rule.groups and not rule.groups & groups)
+                or (rule.clients and client not in rule.clients)
+            ):
                 continue
             listed = {t.endpoint for group in rule.chain for t in group if t.weight > 0}
             if rule.action != "generate":
@@ -217,8 +251,9 @@ def named_refusal(rule: CompiledRule | None, model: str) -> str:
         return f"Rule {rule.name!r} answers this question from the knowledge base only; {model!r} may not be named."
     if rule.target_named(model) is None:
         allowed = sorted({t.endpoint for group in rule.chain for t in group if t.weight > 0})
-        return (f"Rule {rule.name!r} routes this question and does not list {model!r}"
-                + (f"; it allows: {', '.join(allowed)}, or auto." if allowed else "; use auto."))
+        return f"Rule {rule.name!r} routes this question and does not list {model!r}" + (
+            f"; it allows: {', '.join(allowed)}, or auto." if allowed else "; use auto."
+        )
     return ""
 
 
@@ -230,8 +265,15 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
         config = EndpointConfig.from_endpoint(endpoint)
         if t.lora_adapter:
             config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
-        return Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=t.position,
-                      weight=t.weight, config=config, context_window=endpoint.context_window)
+        return Target(
+            endpoint_id=endpoint.pk,
+            endpoint=endpoint.name,
+            road=endpoint.road,
+            position=t.position,
+            weight=t.weight,
+            config=config,
+            context_window=endpoint.context_window,
+        )
 
     target = one(t.endpoint)
     members = (groups or {}).get(t.endpoint.replica_group) if t.endpoint.replica_group else None
@@ -251,10 +293,15 @@ def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
 
 def snapshot_build(version: str | None = None) -> Snapshot:
     rules = []
-    queryset = (RoutingRule.objects.filter(active=True).prefetch_related("groups", "targets__endpoint")
-                .order_by("is_default", "priority", "pk"))
+    queryset = (
+        RoutingRule.objects.filter(active=True)
+        .prefetch_related("groups", "targets__endpoint")
+        .order_by("is_default", "priority", "pk")
+    )
     groups: dict[str, list] = {}
-    for member in ModelEndpoint.objects.filter(active=True).exclude(replica_group="").order_by("name"):
+    for member in (
+        ModelEndpoint.objects.filter(active=True).exclude(replica_group="").order_by("name")
+    ):
         groups.setdefault(member.replica_group, []).append(member)
     for rule in queryset:
         targets = [_target(t, groups) for t in rule.targets.all() if t.endpoint.active]
@@ -267,21 +314,43 @@ def snapshot_build(version: str | None = None) -> Snapshot:
                 logger.error("routing rule %r: %s", rule.name, broken)
         positions = sorted({t.position for t in targets})
         chain = tuple(tuple(t for t in targets if t.position == p) for p in positions)
-        rules.append(CompiledRule(
-            id=rule.pk, name=rule.name, priority=rule.priority, is_default=rule.is_default, action=rule.action,
-            keywords=tuple(k for k in (normalize(k) for k in rule.keywords) if k),
-            regex=pattern, broken=broken,
-            intent_examples=tuple(rule.intent_examples), intent_vectors=_intent_vectors(rule.intent_examples),
-            intent_threshold=rule.intent_threshold, min_length=rule.min_length, max_length=rule.max_length,
-            groups=frozenset(g.name for g in rule.groups.all()), clients=frozenset(rule.clients),
-            requested_models=frozenset(rule.requested_models), system_prompt=rule.system_prompt,
-            use_kb_context=rule.use_kb_context, context_k=rule.context_k, max_tokens=rule.max_tokens,
-            temperature=rule.temperature, chain=chain,
-        ))
+        rules.append(
+            CompiledRule(
+                id=rule.pk,
+                name=rule.name,
+                priority=rule.priority,
+                is_default=rule.is_default,
+                action=rule.action,
+                keywords=tuple(k for k in (normalize(k) for k in rule.keywords) if k),
+                regex=pattern,
+                broken=broken,
+                intent_examples=tuple(rule.intent_examples),
+                intent_vectors=_intent_vectors(rule.intent_examples),
+                intent_threshold=rule.intent_threshold,
+                min_length=rule.min_length,
+                max_length=rule.max_length,
+                groups=frozenset(g.name for g in rule.groups.all()),
+                clients=frozenset(rule.clients),
+                requested_models=frozenset(rule.requested_models),
+                system_prompt=rule.system_prompt,
+                use_kb_context=rule.use_kb_context,
+                context_k=rule.context_k,
+                max_tokens=rule.max_tokens,
+                temperature=rule.temperature,
+                chain=chain,
+            )
+        )
     targets_by_model = {}
     for endpoint in ModelEndpoint.objects.filter(active=True).order_by("name"):
-        target = Target(endpoint_id=endpoint.pk, endpoint=endpoint.name, road=endpoint.road, position=1, weight=1,
-                        config=EndpointConfig.from_endpoint(endpoint), context_window=endpoint.context_window)
+        target = Target(
+            endpoint_id=endpoint.pk,
+            endpoint=endpoint.name,
+            road=endpoint.road,
+            position=1,
+            weight=1,
+            config=EndpointConfig.from_endpoint(endpoint),
+            context_window=endpoint.context_window,
+        )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(version=version, rules=tuple(rules), targets_by_model=targets_by_model)
 
@@ -304,7 +373,11 @@ def snapshot() -> Snapshot:
     if _snapshot is not None and now - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
         return _snapshot
     version = _current_version()
-    if _snapshot is None or version != _snapshot.version or now - _snapshot.built_at > _REBUILD_EVERY:
+    if (
+        _snapshot is None
+        or version != _snapshot.version
+        or now - _snapshot.built_at > _REBUILD_EVERY
+    ):
         _snapshot = snapshot_build(version)
     _checked_at = now
     return _snapshot
@@ -314,7 +387,10 @@ _refreshes = SingleFlight()
 
 
 async def asnapshot() -> Snapshot:
-    if _snapshot is not None and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
+    if (
+        _snapshot is not None
+        and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS
+    ):
         return _snapshot  # the hot path: no thread hop, no I/O
     # The check falls due for every request at once: one of them looks, the others wait for it.
     return await _refreshes.do("snapshot", lambda: db.run(snapshot))
@@ -327,8 +403,10 @@ def rules_changed() -> None:
     try:
         cache.set(VERSION_KEY, uuid.uuid4().hex, timeout=None)
     except Exception:  # noqa: BLE001
-        logger.warning("cannot publish a routing rules change; other processes catch up on restart",
-                       exc_info=True)
+        logger.warning(
+            "cannot publish a routing rules change; other processes catch up on restart",
+            exc_info=True,
+        )
 
 
 # --- validation ---------------------------------------------------------------------------------------------
@@ -346,9 +424,13 @@ def regex_compile(pattern: str) -> re2._Regexp:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise RuleInvalid({"regex": f"is not a valid RE2 regular expression ({reason}); RE2 has no "
-                                    "backreferences or lookaround, and \\w, \\d, \\b are ASCII "
-                                    "(use \\p{L}, \\p{Han}, \\p{N} for other scripts)"}) from None
+        raise RuleInvalid(
+            {
+                "regex": f"is not a valid RE2 regular expression ({reason}); RE2 has no "
+                "backreferences or lookaround, and \\w, \\d, \\b are ASCII "
+                "(use \\p{L}, \\p{Han}, \\p{N} for other scripts)"
+            }
+        ) from None
 
 
 def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
@@ -358,7 +440,15 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
     """
     errors: dict[str, str] = {}
     is_default = fields.get("is_default")
-    conditions = ("keywords", "regex", "intent_examples", "min_length", "max_length", "clients", "requested_models")
+    conditions = (
+        "keywords",
+        "regex",
+        "intent_examples",
+        "min_length",
+        "max_length",
+        "clients",
+        "requested_models",
+    )
     if is_default and any(fields.get(name) for name in conditions):
         errors["is_default"] = "the default rule catches everything: remove its conditions"
     if fields.get("regex"):
@@ -366,13 +456,17 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
             regex_compile(fields["regex"])
         except RuleInvalid as exc:
             errors.update(exc.errors)
-    if fields.get("keywords") is not None and any(not normalize(k) for k in fields.get("keywords") or []):
+    if fields.get("keywords") is not None and any(
+        not normalize(k) for k in fields.get("keywords") or []
+    ):
         errors["keywords"] = "a keyword made only of spaces or punctuation can never match"
     low, high = fields.get("min_length"), fields.get("max_length")
     if low is not None and high is not None and low > high:
         errors["max_length"] = f"is below min_length ({high} < {low}): the rule could never match"
     if high == 0:
-        errors["max_length"] = "0 characters: the rule could never match (empty questions are refused)"
+        errors["max_length"] = (
+            "0 characters: the rule could never match (empty questions are refused)"
+        )
     if targets is not None:
         live = [t for t in targets if t.get("endpoint") is not None]
         if fields.get("action") == RoutingRule.Action.GENERATE and not live:
@@ -383,7 +477,9 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
         if any(t.get("weight") == 0 for t in live):
             by_position: dict[int, int] = {}
             for t in live:
-                by_position[t.get("position", 1)] = by_position.get(t.get("position", 1), 0) + (t.get("weight") or 0)
+                by_position[t.get("position", 1)] = by_position.get(t.get("position", 1), 0) + (
+                    t.get("weight") or 0
+                )
             if any(total == 0 for total in by_position.values()):
                 errors["targets"] = "every position needs a target with a weight above 0"
     if errors:

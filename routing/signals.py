@@ -17,4 +17,6 @@ def connect():
     for model in (RoutingRule, RouteTarget, ModelEndpoint):
         post_save.connect(_changed, sender=model, dispatch_uid=f"routing-{model.__name__}-save")
         post_delete.connect(_changed, sender=model, dispatch_uid=f"routing-{model.__name__}-delete")
-    m2m_changed.connect(_changed, sender=RoutingRule.groups.through, dispatch_uid="routing-rule-groups")
+    m2m_changed.connect(
+        _changed, sender=RoutingRule.groups.through, dispatch_uid="routing-rule-groups"
+    )

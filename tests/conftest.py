@@ -107,9 +107,27 @@ def celery_worker(child_env, tmp_path_factory):
     hostname = f"test-{os.getpid()}@%h"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default,ops,embeddings",
-             "-c", "1", "-l", "INFO", "-n", hostname],
-            cwd=BASE_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                "default,ops,embeddings",
+                "-c",
+                "1",
+                "-l",
+                "INFO",
+                "-n",
+                hostname,
+            ],
+            cwd=BASE_DIR,
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + 60
     expected = hostname.replace("%h", os.uname().nodename)
@@ -131,16 +149,30 @@ def asgi_server(child_env, tmp_path_factory):
     HTTP, so a browser can use it too. Tests that write rows for it must use
     django_db(transaction=True)."""
     static_root = tmp_path_factory.mktemp("static")
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
-           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": str(static_root),
-           "LOG_LEVEL": "WARNING"}
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
-                   check=True, timeout=120)
+    env = {
+        **child_env,
+        "DEBUG": "false",
+        "SECURE_SSL_REDIRECT": "false",
+        "SESSION_COOKIE_SECURE": "false",
+        "CSRF_COOKIE_SECURE": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "STATIC_ROOT": str(static_root),
+        "LOG_LEVEL": "WARNING",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=BASE_DIR,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     from benchmarks.servers import gateway  # the one place that starts a gateway and waits for it
 
     with contextlib.ExitStack() as stack:
         try:
-            running = stack.enter_context(gateway(env=env, log_path=tmp_path_factory.mktemp("daphne") / "daphne.log"))
+            running = stack.enter_context(
+                gateway(env=env, log_path=tmp_path_factory.mktemp("daphne") / "daphne.log")
+            )
         except RuntimeError as exc:
             pytest.fail(f"daphne did not start: {exc}")
         yield running.url
@@ -151,8 +183,18 @@ def local_sim():
     """A vLLM simulator in echo mode: the 'local' engine of routing and chat tests."""
     from tests.inference_ops.simulator_process import start_simulator
 
-    sim = start_simulator("serve", "acme/local", "--max-num-seqs", "8", "--time-to-first-token", "5",
-                          "--inter-token-latency", "5", "--mode", "echo")
+    sim = start_simulator(
+        "serve",
+        "acme/local",
+        "--max-num-seqs",
+        "8",
+        "--time-to-first-token",
+        "5",
+        "--inter-token-latency",
+        "5",
+        "--mode",
+        "echo",
+    )
     yield sim
     sim.stop()
 
@@ -161,7 +203,9 @@ def local_sim():
 def external_sim():
     from tests.inference_ops.simulator_process import start_simulator
 
-    sim = start_simulator("serve", "acme/external", "--time-to-first-token", "5", "--inter-token-latency", "2")
+    sim = start_simulator(
+        "serve", "acme/external", "--time-to-first-token", "5", "--inter-token-latency", "2"
+    )
     yield sim
     sim.stop()
 

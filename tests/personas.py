@@ -12,8 +12,9 @@ from django.test import Client
 
 # What curators look after: the knowledge base, the routing rules, the engines and the API keys
 # (to revoke one). Not the request log, nor the users' conversations, nor the users.
-CURATED = (Q(content_type__app_label__in=["knowledge", "routing", "inference_ops"])
-           | Q(content_type__app_label="chat", content_type__model="apikey"))
+CURATED = Q(content_type__app_label__in=["knowledge", "routing", "inference_ops"]) | Q(
+    content_type__app_label="chat", content_type__model="apikey"
+)
 
 EVERY_VERB = ("view", "add", "change", "delete")
 NO_DELETE = ("view", "add", "change")
@@ -22,7 +23,9 @@ VIEW_ONLY = ("view",)
 
 def staff_user(username: str, *, verbs: tuple[str, ...] = (), perms: tuple[str, ...] = ()):
     """A staff user holding `verbs` over what curators look after, plus `perms` ("app.codename")."""
-    user = get_user_model().objects.create_user(username, password=f"pw-{username}-123456", is_staff=True)
+    user = get_user_model().objects.create_user(
+        username, password=f"pw-{username}-123456", is_staff=True
+    )
     wanted = Q(pk__in=[])
     if verbs:
         wanted |= CURATED & reduce(or_, [Q(codename__startswith=f"{verb}_") for verb in verbs])

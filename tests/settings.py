@@ -39,10 +39,15 @@ if not os.environ.get("DATABASE_URL"):
 from config.settings import *  # noqa: E402,F403
 
 # Tests render templates without running collectstatic first.
-STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+STORAGES = {
+    **STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}  # noqa: F405
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when it is missing
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed only; never in production
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.MD5PasswordHasher"
+]  # speed only; never in production
 # The test process imports config.asgi (in-process WebSocket tests) while pytest collects, before
 # pytest-django switches to the test database: a warm-up there would open the connection pool on
 # the real database, and the tests would then run against it. The servers the tests start read

@@ -43,8 +43,13 @@ def _event(payload: dict, crlf: bool = False) -> bytes:
 
 def _chunk(model: str, content: str | None = None, finish: str | None = None) -> dict:
     delta = {"content": content} if content is not None else {}
-    return {"id": "stub", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": "stub",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -61,23 +66,39 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         count = SLOW_TOKENS
     else:
         count = BROKEN_AFTER if model == "broken" else TOKENS
-        stream = b"".join(_event(_chunk(model, f"w{i} "), crlf=rng.random() < 0.2) for i in range(count))
+        stream = b"".join(
+            _event(_chunk(model, f"w{i} "), crlf=rng.random() < 0.2) for i in range(count)
+        )
         if model == "broken":  # the error shares its write with the last tokens
             stream += _event({"error": {"message": "the engine fell over", "type": "server_error"}})
         position = 0
         while position < len(stream):
             # Irregular writes: from a fragment of one event to a burst of many.
             size = rng.choice([7, 40, 150, 600, 2500]) if position else 2500
-            await response.write(stream[position:position + size])
+            await response.write(stream[position : position + size])
             position += size
             await asyncio.sleep(0.001)
         if model == "broken":
             return response
     await response.write(_event(_chunk(model, finish="length")))
     if (body.get("stream_options") or {}).get("include_usage"):
-        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": count, "total_tokens": PROMPT_TOKENS + count}
-        await response.write(_event({"id": "stub", "object": "chat.completion.chunk", "created": 1, "model": model,
-                                     "choices": [], "usage": usage}))
+        usage = {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": count,
+            "total_tokens": PROMPT_TOKENS + count,
+        }
+        await response.write(
+            _event(
+                {
+                    "id": "stub",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        )
     await response.write(b"data: [DONE]\n\n")
     return response
 

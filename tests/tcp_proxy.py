@@ -27,10 +27,12 @@ async def main(listen_port: int, target: str) -> None:
     async def handle(client_reader, client_writer):
         try:
             upstream_reader, upstream_writer = await asyncio.wait_for(connect(), 5)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             client_writer.close()
             return
-        await asyncio.gather(_pipe(client_reader, upstream_writer), _pipe(upstream_reader, client_writer))
+        await asyncio.gather(
+            _pipe(client_reader, upstream_writer), _pipe(upstream_reader, client_writer)
+        )
 
     server = await asyncio.start_server(handle, "127.0.0.1", listen_port, reuse_address=True)
     print("ready", flush=True)

@@ -39,7 +39,9 @@ def test_interleaved_requests_of_two_users_each_see_only_their_own_data(asgi_ser
                 failures.append((name, status, body))
                 continue
             seen.append((name, tuple(session["title"] for session in body["results"])))
-        status, body = _get(f"{asgi_server}/api/chat/sessions/")  # no key: the thread keeps no identity
+        status, body = _get(
+            f"{asgi_server}/api/chat/sessions/"
+        )  # no key: the thread keeps no identity
         if status != 401:
             failures.append(("anonymous", status, body))
 

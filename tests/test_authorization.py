@@ -31,24 +31,82 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # Staff, from least to most: is_staff and no permission at all; the view permission of what
 # curators look after (tests.personas.CURATED); every permission there but delete; all of them.
-STAFF = ("staff without permissions", "view-only staff", "curator without delete", "curator", "superuser")
+STAFF = (
+    "staff without permissions",
+    "view-only staff",
+    "curator without delete",
+    "curator",
+    "superuser",
+)
 SESSIONS = ("anonymous", "user", "other user", *STAFF)
-KEYS = ("chat key", "chat key of curator", "kb key of curator", "kb key of view-only staff", "kb key of ex-staff",
-        "key of inactive user", "revoked key")
+KEYS = (
+    "chat key",
+    "chat key of curator",
+    "kb key of curator",
+    "kb key of view-only staff",
+    "kb key of ex-staff",
+    "key of inactive user",
+    "revoked key",
+)
 CALLERS = SESSIONS + KEYS
 
 SAME = "the same as anonymous"  # a status that depends on the machine, not on the caller
 
 
-def row(anonymous, user, other, bare, viewer, no_delete, curator, superuser,
-        chat_key, chat_curator, kb_curator, kb_viewer, kb_ex_staff, inactive, revoked):
-    return dict(zip(CALLERS, (anonymous, user, other, bare, viewer, no_delete, curator, superuser,
-                              chat_key, chat_curator, kb_curator, kb_viewer, kb_ex_staff, inactive, revoked)))
+def row(
+    anonymous,
+    user,
+    other,
+    bare,
+    viewer,
+    no_delete,
+    curator,
+    superuser,
+    chat_key,
+    chat_curator,
+    kb_curator,
+    kb_viewer,
+    kb_ex_staff,
+    inactive,
+    revoked,
+):
+    return dict(
+        zip(
+            CALLERS,
+            (
+                anonymous,
+                user,
+                other,
+                bare,
+                viewer,
+                no_delete,
+                curator,
+                superuser,
+                chat_key,
+                chat_curator,
+                kb_curator,
+                kb_viewer,
+                kb_ex_staff,
+                inactive,
+                revoked,
+            ),
+        )
+    )
 
 
 def page(anonymous, user, other, bare, viewer, no_delete, curator, superuser):
     """A page: keys are for APIs, so every key gets what anonymous gets (the login redirect)."""
-    return row(anonymous, user, other, bare, viewer, no_delete, curator, superuser, *[anonymous] * len(KEYS))
+    return row(
+        anonymous,
+        user,
+        other,
+        bare,
+        viewer,
+        no_delete,
+        curator,
+        superuser,
+        *[anonymous] * len(KEYS),
+    )
 
 
 def admin_page(bare, viewer, no_delete, curator, superuser):
@@ -87,7 +145,9 @@ MATRIX = {
     ("GET", "/admin/knowledge/entry/try/?q=refund", None): admin_page(403, 200, 200, 200, 200),
     ("GET", "/admin/knowledge/entry/import/", None): admin_page(403, 403, 200, 200, 200),
     # The route tester shows every rule's conditions: the rules' view permission.
-    ("GET", "/admin/routing/routingrule/tester/?text=refund", None): admin_page(403, 200, 200, 200, 200),
+    ("GET", "/admin/routing/routingrule/tester/?text=refund", None): admin_page(
+        403, 200, 200, 200, 200
+    ),
     ("GET", "/admin/auth/user/", None): admin_page(403, 403, 403, 403, 200),
     ("GET", "/admin/routing/routingrule/add/", None): admin_page(403, 403, 200, 200, 200),
     # Rows that reach the host or send data to a URL: superusers edit, staff may look.
@@ -99,43 +159,66 @@ MATRIX = {
     ("GET", "/admin/auth/user/{U}/password/", None): admin_page(403, 403, 403, 403, 200),
     # A run with no operating point: the superuser's apply says so and sends back to the run. A form
     # posted without a session has no CSRF token: refused before anything else.
-    ("POST", "/admin/knowledge/calibration/{C}/apply/", None):
-        row(403, 302, 302, 403, 403, 403, 403, 302, 403, 403, 403, 403, 403, 403, 403),
+    ("POST", "/admin/knowledge/calibration/{C}/apply/", None): row(
+        403, 302, 302, 403, 403, 403, 403, 302, 403, 403, 403, 403, 403, 403, 403
+    ),
     #                                      anon user other bare view nodel cur super | chat chatC kbC kbV kbEx inact rev
-    ("GET", "/api/kb/entries/", None): row(401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401),
-    ("POST", "/api/kb/entries/", ENTRY):
-        row(401, 403, 403, 403, 403, 201, 201, 201, 403, 403, 201, 403, 403, 401, 401),
-    ("GET", "/api/kb/entries/{E}/", None):
-        row(401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401),
-    ("PATCH", "/api/kb/entries/{E}/", '{"tags": ["refunds"]}'):
-        row(401, 403, 403, 403, 403, 200, 200, 200, 403, 403, 200, 403, 403, 401, 401),
+    ("GET", "/api/kb/entries/", None): row(
+        401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
+    ),
+    ("POST", "/api/kb/entries/", ENTRY): row(
+        401, 403, 403, 403, 403, 201, 201, 201, 403, 403, 201, 403, 403, 401, 401
+    ),
+    ("GET", "/api/kb/entries/{E}/", None): row(
+        401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
+    ),
+    ("PATCH", "/api/kb/entries/{E}/", '{"tags": ["refunds"]}'): row(
+        401, 403, 403, 403, 403, 200, 200, 200, 403, 403, 200, 403, 403, 401, 401
+    ),
     # An entry that does not exist: 404 says the caller got past the permission check, and the entry
     # the other rows read stays.
-    ("DELETE", "/api/kb/entries/{X}/", None):
-        row(401, 403, 403, 403, 403, 403, 404, 404, 403, 403, 404, 403, 403, 401, 401),
-    ("GET", "/api/kb/search?q=refund", None):
-        row(401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401),
-    ("GET", "/api/kb/answer?q=refund", None):
-        row(401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401),
-    ("POST", "/api/routing/explain", '{"text": "What is the refund policy?"}'):
-        row(401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401),
-    ("GET", "/api/chat/sessions/", None):
-        row(401, 200, 200, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 401, 401),
-    ("GET", "/api/chat/sessions/{S}/", None):
-        row(401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401),
-    ("GET", "/api/chat/sessions/{S}/messages/", None):
-        row(401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401),
-    ("POST", "/api/chat/sessions/{S}/messages/stream", '{"content": "What is the refund policy?"}'):
-        row(401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401),
-    ("GET", "/api/keys/", None): row(401, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 403, 403, 401, 401),
-    ("DELETE", "/api/keys/{K}/", None):
-        row(401, None, 404, 404, 404, 404, 404, 404, 403, 403, 403, 403, 403, 401, 401),
+    ("DELETE", "/api/kb/entries/{X}/", None): row(
+        401, 403, 403, 403, 403, 403, 404, 404, 403, 403, 404, 403, 403, 401, 401
+    ),
+    ("GET", "/api/kb/search?q=refund", None): row(
+        401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
+    ),
+    ("GET", "/api/kb/answer?q=refund", None): row(
+        401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
+    ),
+    ("POST", "/api/routing/explain", '{"text": "What is the refund policy?"}'): row(
+        401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
+    ),
+    ("GET", "/api/chat/sessions/", None): row(
+        401, 200, 200, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 401, 401
+    ),
+    ("GET", "/api/chat/sessions/{S}/", None): row(
+        401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401
+    ),
+    ("GET", "/api/chat/sessions/{S}/messages/", None): row(
+        401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401
+    ),
+    (
+        "POST",
+        "/api/chat/sessions/{S}/messages/stream",
+        '{"content": "What is the refund policy?"}',
+    ): row(401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401),
+    ("GET", "/api/keys/", None): row(
+        401, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 403, 403, 401, 401
+    ),
+    ("DELETE", "/api/keys/{K}/", None): row(
+        401, None, 404, 404, 404, 404, 404, 404, 403, 403, 403, 403, 403, 401, 401
+    ),
     ("GET", "/api/schema/", None): row(*[200] * 15),
     ("GET", "/api/docs/", None): row(*[200] * 15),
-    ("GET", "/v1/models", None): row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
-    ("POST", "/v1/chat/completions",
-     '{"model": "auto", "messages": [{"role": "user", "content": "What is the refund policy?"}]}'):
-        row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
+    ("GET", "/v1/models", None): row(
+        401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        '{"model": "auto", "messages": [{"role": "user", "content": "What is the refund policy?"}]}',
+    ): row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
 }
 
 # The sockets: accepted, or closed with the code the page shows. Keys do not open sockets.
@@ -143,7 +226,12 @@ SOCKETS = {
     "/ws/chat/": dict(zip(SESSIONS, ("closed 4401", *["accepted"] * 7))),
     # The operations feed is for staff who may view the engines (tests/chat/test_ops_socket.py: until
     # their login or that permission ends).
-    "/ws/ops/": dict(zip(SESSIONS, ("closed 4403", "closed 4403", "closed 4403", "closed 4403", *["accepted"] * 4))),
+    "/ws/ops/": dict(
+        zip(
+            SESSIONS,
+            ("closed 4403", "closed 4403", "closed 4403", "closed 4403", *["accepted"] * 4),
+        )
+    ),
 }
 
 # Every registered model's admin pages, for each kind of staff (STAFF's order): what the admin
@@ -186,7 +274,13 @@ ACTIONS = {
     ("knowledge.entry", "reembed_selected"): (NO, NO, RAN, RAN, RAN),
     ("knowledge.entry", "reembed_everything"): (NO, NO, RAN, RAN, RAN),
     ("knowledge.miss", "delete_selected"): (NO, NO, NO, RAN, RAN),
-    ("knowledge.miss", "make_entry"): (NO, NO, RAN, RAN, RAN),  # knowledge.add_entry, and change on misses
+    ("knowledge.miss", "make_entry"): (
+        NO,
+        NO,
+        RAN,
+        RAN,
+        RAN,
+    ),  # knowledge.add_entry, and change on misses
     ("knowledge.embeddingmodel", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("knowledge.calibration", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("knowledge.calibration", "apply"): (NO, NO, NO, NO, RAN),
@@ -215,14 +309,18 @@ def world(django_user_model, local_sim):
         "superuser": django_user_model.objects.create_superuser("root", password="pw-root-123456"),
     }
     curator, viewer = users["curator"], users["view-only staff"]
-    entry = entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="sync")
+    entry = entry_create(
+        question="What is the refund policy?", answer="Refunds within 30 days.", embed="sync"
+    )
     local = endpoint("local", local_sim)
     rule("default", local, is_default=True, use_kb_context=False)
     session = ChatSession.objects.create(user=users["user"], title="mine")
     chat_key, chat_raw = apikey_create(user=users["user"], name="laptop", scopes=["chat"])
     revoked, revoked_raw = apikey_create(user=users["user"], name="old", scopes=["chat"])
     apikey_revoke(key=revoked)
-    demoted = django_user_model.objects.create_user("dave", password="pw-dave-123456", is_staff=True)
+    demoted = django_user_model.objects.create_user(
+        "dave", password="pw-dave-123456", is_staff=True
+    )
     ex_staff_raw = apikey_create(user=demoted, name="curation", scopes=["kb"])[1]
     demoted.is_staff = False
     demoted.save()
@@ -241,12 +339,20 @@ def world(django_user_model, local_sim):
     }
     # A row of every other model the admin lists, for its actions to select.
     model = EmbeddingModel.objects.get()  # the one the entry was embedded with
-    calibration = Calibration.objects.create(model=model, source="labels.jsonl", target=0.95, questions=10,
-                                             answerable=8)
-    engine = EngineProcess.objects.create(name="gpu-1", endpoint=local, model="acme/local", port=18001)
+    calibration = Calibration.objects.create(
+        model=model, source="labels.jsonl", target=0.95, questions=10, answerable=8
+    )
+    engine = EngineProcess.objects.create(
+        name="gpu-1", endpoint=local, model="acme/local", port=18001
+    )
     LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", static=False)
-    Miss.objects.create(question="Do you sell gift cards?", normalized="do you sell gift cards?",
-                        answer="Yes, from 10 to 200 euros.", count=3, grouped_at=timezone.now())
+    Miss.objects.create(
+        question="Do you sell gift cards?",
+        normalized="do you sell gift cards?",
+        answer="Yes, from 10 to 200 euros.",
+        count=3,
+        grouped_at=timezone.now(),
+    )
     Message.objects.create(session=session, role="user", content="hello")
     Group.objects.create(name="editors")
     cookies = {}
@@ -254,9 +360,19 @@ def world(django_user_model, local_sim):
         client = Client()
         client.force_login(user)
         cookies[name] = client.cookies["sessionid"].value
-    return {"users": users, "cookies": cookies, "keys": keys,
-            "ids": {"S": session.pk, "K": chat_key.pk, "E": entry.pk, "X": entry.pk + 1000, "C": calibration.pk,
-                    "U": users["user"].pk}}
+    return {
+        "users": users,
+        "cookies": cookies,
+        "keys": keys,
+        "ids": {
+            "S": session.pk,
+            "K": chat_key.pk,
+            "E": entry.pk,
+            "X": entry.pk + 1000,
+            "C": calibration.pk,
+            "U": users["user"].pk,
+        },
+    }
 
 
 def _request(base, method, path, body, *, cookie=None, key=None, headers=None) -> int:
@@ -290,9 +406,14 @@ def test_every_caller_gets_what_its_role_allows_on_every_url(asgi_server, world)
         for caller, status in outcomes.items():
             if status is None:
                 continue
-            credentials = ({"cookie": world["cookies"].get(caller)} if caller in SESSIONS
-                           else {"key": world["keys"][caller]})
-            got[(method, template, caller)] = _request(asgi_server, method, path, body, **credentials)
+            credentials = (
+                {"cookie": world["cookies"].get(caller)}
+                if caller in SESSIONS
+                else {"key": world["keys"][caller]}
+            )
+            got[(method, template, caller)] = _request(
+                asgi_server, method, path, body, **credentials
+            )
             expected[(method, template, caller)] = status
     for (method, template, caller), status in expected.items():
         if status == SAME:
@@ -316,15 +437,27 @@ async def _socket(path, cookie) -> str:
 def test_the_public_docs_ignore_a_bad_key_instead_of_failing(asgi_server, world):
     """A revoked key on the docs page, asking for JSON, was a 500 (the page's template asked for
     the user, which raised)."""
-    revoked = {"Accept": "application/json", "Authorization": f"Bearer {world['keys']['revoked key']}"}
+    revoked = {
+        "Accept": "application/json",
+        "Authorization": f"Bearer {world['keys']['revoked key']}",
+    }
     assert _request(asgi_server, "GET", "/api/schema/", None, headers=revoked) == 200
-    assert _request(asgi_server, "GET", "/api/docs/", None, headers=revoked) == 406  # an HTML page only
+    assert (
+        _request(asgi_server, "GET", "/api/docs/", None, headers=revoked) == 406
+    )  # an HTML page only
 
 
 def test_every_socket_admits_only_its_callers(world):
-    got = {(path, caller): async_to_sync(_socket)(path, world["cookies"].get(caller))
-           for path, outcomes in SOCKETS.items() for caller in outcomes}
-    expected = {(path, caller): outcome for path, outcomes in SOCKETS.items() for caller, outcome in outcomes.items()}
+    got = {
+        (path, caller): async_to_sync(_socket)(path, world["cookies"].get(caller))
+        for path, outcomes in SOCKETS.items()
+        for caller in outcomes
+    }
+    expected = {
+        (path, caller): outcome
+        for path, outcomes in SOCKETS.items()
+        for caller, outcome in outcomes.items()
+    }
     assert {k: got[k] for k in expected if got[k] != expected[k]} == {}
 
 
@@ -371,7 +504,9 @@ def _client(user) -> Client:
 
 
 def _granted(response, *, yes: int) -> bool:
-    assert response.status_code in (yes, 403), f"{response.request['PATH_INFO']}: {response.status_code}"
+    assert response.status_code in (yes, 403), (
+        f"{response.request['PATH_INFO']}: {response.status_code}"
+    )
     return response.status_code == yes
 
 
@@ -380,9 +515,12 @@ def _admin_rights(client, label: str) -> str:
     # An id no row has: the admin checks the permission before it looks the row up, so the change
     # and delete pages answer 403 or send back to the index, and nothing is changed.
     missing = f"{base}2147483000/"
-    rights = {"v": _granted(client.get(base), yes=200), "a": _granted(client.get(base + "add/"), yes=200),
-              "c": _granted(client.post(missing + "change/", {}), yes=302),
-              "d": _granted(client.get(missing + "delete/"), yes=302)}
+    rights = {
+        "v": _granted(client.get(base), yes=200),
+        "a": _granted(client.get(base + "add/"), yes=200),
+        "c": _granted(client.post(missing + "change/", {}), yes=302),
+        "d": _granted(client.get(missing + "delete/"), yes=302),
+    }
     return "".join(letter for letter, granted in rights.items() if granted)
 
 
@@ -391,8 +529,13 @@ def test_every_kind_of_staff_gets_what_its_permissions_allow_on_every_admin_page
     for caller_index, caller in enumerate(STAFF):
         client = _client(world["users"][caller])
         for label, rights in ADMIN_PAGES.items():
-            got[(label, caller)], expected[(label, caller)] = _admin_rights(client, label), rights[caller_index]
-    wrong = {k: f"got {got[k]!r}, expected {expected[k]!r}" for k in expected if got[k] != expected[k]}
+            got[(label, caller)], expected[(label, caller)] = (
+                _admin_rights(client, label),
+                rights[caller_index],
+            )
+    wrong = {
+        k: f"got {got[k]!r}, expected {expected[k]!r}" for k in expected if got[k] != expected[k]
+    }
     assert wrong == {}, "\n".join(f"{k}: {v}" for k, v in sorted(wrong.items()))
 
 
@@ -411,19 +554,24 @@ def _action_outcome(client, label: str, action: str, pk) -> str:
         return NO
     said = [str(m) for m in get_messages(response.wsgi_request) if str(m) != "No action selected."]
     rendered = [template.name for template in response.templates]
-    listed_again = ((response.status_code == 302 and response["Location"] == url)
-                    or (response.status_code == 200 and "admin/change_list.html" in rendered))
+    listed_again = (response.status_code == 302 and response["Location"] == url) or (
+        response.status_code == 200 and "admin/change_list.html" in rendered
+    )
     return NO if listed_again and not said else RAN
 
 
 def test_every_kind_of_staff_runs_only_the_admin_actions_its_permissions_allow(world):
     request = _superuser_request(world)
-    rows = {model._meta.label_lower: model_admin.get_queryset(request).order_by("pk").first()
-            for model, model_admin in admin.site._registry.items()}
+    rows = {
+        model._meta.label_lower: model_admin.get_queryset(request).order_by("pk").first()
+        for model, model_admin in admin.site._registry.items()
+    }
     got, expected = {}, {}
     for caller_index, caller in enumerate(STAFF):
         for (label, action), outcomes in ACTIONS.items():
-            assert rows[label] is not None, f"{label}: the world has no row for its actions to select"
+            assert rows[label] is not None, (
+                f"{label}: the world has no row for its actions to select"
+            )
             # A client of its own: an earlier action's message, still unread, would speak for this one.
             client = _client(world["users"][caller])
             got[(label, action, caller)] = _action_outcome(client, label, action, rows[label].pk)
@@ -435,7 +583,10 @@ def test_every_kind_of_staff_runs_only_the_admin_actions_its_permissions_allow(w
 def test_every_admin_model_and_action_is_in_the_matrix(world):
     request = _superuser_request(world)  # a superuser is offered every action some staff may run
     registered = {model._meta.label_lower for model in admin.site._registry}
-    actions = {(model._meta.label_lower, name) for model, model_admin in admin.site._registry.items()
-               for name in model_admin.get_actions(request)}
+    actions = {
+        (model._meta.label_lower, name)
+        for model, model_admin in admin.site._registry.items()
+        for name in model_admin.get_actions(request)
+    }
     assert registered ^ set(ADMIN_PAGES) == set()
     assert actions ^ set(ACTIONS) == set()

@@ -41,7 +41,7 @@ def _read_response(sock) -> tuple[int, dict, bytes]:
         decoded = b""
         while body:
             size, _, rest = body.partition(b"\r\n")
-            decoded, body = decoded + rest[:int(size, 16)], rest[int(size, 16) + 2:]
+            decoded, body = decoded + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
         return int(lines[0].split()[1]), headers, decoded
     length = int(headers.get("content-length", 0))
     while len(body) < length:
@@ -53,7 +53,9 @@ def _read_response(sock) -> tuple[int, dict, bytes]:
 
 
 def _head(path: str, extra: str) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}\r\n").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}\r\n"
+    ).encode()
 
 
 PATHS = ["/v1/chat/completions", "/api/chat/sessions/1/messages/"]
@@ -65,8 +67,11 @@ def _assert_refused(status, headers, body, path):
     error = json.loads(body)["error"]
     assert error["code"] == "request_too_large" and f"at most {LIMIT} bytes" in error["message"]
     # Each API's documented error shape: OpenAI's on /v1, the gateway's own elsewhere.
-    assert set(error) == ({"message", "type", "param", "code"} if path.startswith("/v1/")
-                          else {"code", "message", "fields"})
+    assert set(error) == (
+        {"message", "type", "param", "code"}
+        if path.startswith("/v1/")
+        else {"code", "message", "fields"}
+    )
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -98,7 +103,9 @@ def test_a_client_that_sends_a_whole_oversized_body_still_reads_the_413(asgi_ser
     # A plain client (urllib, requests) writes all of its body before it reads: the server reads
     # and drops the rest, so the connection closes cleanly instead of resetting under the answer.
     with _connect(asgi_server) as sock:
-        sock.sendall(_head(path, f"Content-Length: {2 * 1024 * 1024}\r\n") + b"x" * (2 * 1024 * 1024))
+        sock.sendall(
+            _head(path, f"Content-Length: {2 * 1024 * 1024}\r\n") + b"x" * (2 * 1024 * 1024)
+        )
         status, headers, body = _read_response(sock)
         _assert_refused(status, headers, body, path)
         sock.settimeout(10)
@@ -107,9 +114,13 @@ def test_a_client_that_sends_a_whole_oversized_body_still_reads_the_413(asgi_ser
 
 def test_a_chunked_body_under_the_limit_goes_through(asgi_server):
     with _connect(asgi_server) as sock:
-        payload = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        sock.sendall(_head("/v1/chat/completions", "Transfer-Encoding: chunked\r\n")
-                     + b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+        payload = json.dumps(
+            {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        sock.sendall(
+            _head("/v1/chat/completions", "Transfer-Encoding: chunked\r\n")
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+        )
         status, _, body = _read_response(sock)
     assert status == 401, body  # past the size check, on to the key check
     assert json.loads(body)["error"]["code"] == "invalid_api_key"
@@ -124,19 +135,33 @@ async def test_a_websocket_message_over_the_limit_closes_the_socket(asgi_server,
     await client.aforce_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        async with session.ws_connect(f"{asgi_server}/ws/chat/", headers={"Cookie": cookie, "Origin": asgi_server},
-                                      max_msg_size=0) as ws:
+        async with session.ws_connect(
+            f"{asgi_server}/ws/chat/",
+            headers={"Cookie": cookie, "Origin": asgi_server},
+            max_msg_size=0,
+        ) as ws:
             # Autobahn drops the connection on a message over daphne's limit (1 MiB by default), and
             # may do so while the client is still writing the frame: a reset during the send is
             # the same refusal seen earlier.
             try:
-                await ws.send_str(json.dumps({"type": "message", "session": None, "content": "x" * (2 * 1024 * 1024)}))
+                await ws.send_str(
+                    json.dumps(
+                        {"type": "message", "session": None, "content": "x" * (2 * 1024 * 1024)}
+                    )
+                )
             except (ConnectionError, aiohttp.ClientError):
                 pass
             else:
                 message = await ws.receive()
-                assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
-            assert ws.closed or (await ws.receive()).type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
+                assert message.type in (
+                    aiohttp.WSMsgType.CLOSE,
+                    aiohttp.WSMsgType.CLOSED,
+                    aiohttp.WSMsgType.ERROR,
+                )
+            assert ws.closed or (await ws.receive()).type in (
+                aiohttp.WSMsgType.CLOSED,
+                aiohttp.WSMsgType.ERROR,
+            )
     assert not await Message.objects.aexists()
     await sync_to_async(user.delete)()
 
@@ -144,18 +169,29 @@ async def test_a_websocket_message_over_the_limit_closes_the_socket(asgi_server,
 def test_a_file_upload_may_be_larger_up_to_its_own_limit(asgi_server):
     # The admin's KB import posts a file: multipart/form-data has WEB_MAX_UPLOAD_SIZE.
     boundary = "gw-test-boundary"
-    part = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"kb.jsonl\"\r\n"
-            "Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * (2 * 1024 * 1024)
+    part = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="kb.jsonl"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode() + b"x" * (2 * 1024 * 1024)
     body = part + f"\r\n--{boundary}--\r\n".encode()
     with _connect(asgi_server) as sock:
-        sock.sendall(f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                     f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
-                     .encode() + body)
+        sock.sendall(
+            f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         status, _, _ = _read_response(sock)
-    assert status == 403  # past the size check: refused by Django's CSRF check, as any anonymous form post
+    assert (
+        status == 403
+    )  # past the size check: refused by Django's CSRF check, as any anonymous form post
     with _connect(asgi_server) as sock:
-        sock.sendall(f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
-                     f"Content-Length: {settings.WEB_MAX_UPLOAD_SIZE + 1}\r\nExpect: 100-continue\r\n\r\n".encode())
+        sock.sendall(
+            f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+            f"Content-Length: {settings.WEB_MAX_UPLOAD_SIZE + 1}\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
         status, _, body = _read_response(sock)
-    assert status == 413 and f"at most {settings.WEB_MAX_UPLOAD_SIZE} bytes" in json.loads(body)["error"]["message"]
+    assert (
+        status == 413
+        and f"at most {settings.WEB_MAX_UPLOAD_SIZE} bytes" in json.loads(body)["error"]["message"]
+    )

@@ -30,7 +30,9 @@ def cache():
 
 def test_a_pickle_written_into_redis_is_not_loaded(cache, tmp_path):
     marker = tmp_path / "ran"
-    core_redis.client().set(cache.make_and_validate_key("poisoned"), pickle.dumps(_RunsCode(str(marker))))
+    core_redis.client().set(
+        cache.make_and_validate_key("poisoned"), pickle.dumps(_RunsCode(str(marker)))
+    )
 
     assert cache.get("poisoned") is None  # read as missing
     assert not os.path.exists(marker)

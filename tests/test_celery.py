@@ -11,11 +11,14 @@ from chat.tasks import sessions_clear_expired
 from config.celery import app, redelivery_problems
 from tests.conftest import BASE_DIR
 
+
 def _session(expires_in: timedelta) -> str:
     store = SessionStore()
     store["who"] = "someone"
     store.create()
-    Session.objects.filter(session_key=store.session_key).update(expire_date=timezone.now() + expires_in)
+    Session.objects.filter(session_key=store.session_key).update(
+        expire_date=timezone.now() + expires_in
+    )
     return store.session_key
 
 
@@ -44,7 +47,10 @@ def test_tasks_are_routed_to_their_queue_by_app(task, queue):
 
 
 def test_the_beat_schedule_is_in_code():
-    assert app.conf.beat_schedule["clear-expired-sessions"]["task"] == "chat.tasks.sessions_clear_expired"
+    assert (
+        app.conf.beat_schedule["clear-expired-sessions"]["task"]
+        == "chat.tasks.sessions_clear_expired"
+    )
     assert app.conf.task_serializer == "json"
     assert app.conf.accept_content == ["json"]
     assert app.conf.task_time_limit > app.conf.task_soft_time_limit
@@ -55,16 +61,28 @@ def test_the_broker_never_hands_a_running_task_to_a_second_worker():
     visibility = app.conf.broker_transport_options["visibility_timeout"]
     limits = {name: task.time_limit or app.conf.task_time_limit for name, task in app.tasks.items()}
     # The long ones are there: an engine start waits for vLLM to load weights, the re-embed is the KB.
-    assert limits["inference_ops.tasks.engine_start"] > 3600 and limits["knowledge.tasks.kb_reembed"] > 3600
+    assert (
+        limits["inference_ops.tasks.engine_start"] > 3600
+        and limits["knowledge.tasks.kb_reembed"] > 3600
+    )
     assert {name: limit for name, limit in limits.items() if limit >= visibility} == {}
     assert redelivery_problems() == []
 
 
 def test_a_worker_refuses_to_start_when_a_task_could_outlive_the_visibility_timeout(child_env):
     env = {**child_env, "CELERY_VISIBILITY_TIMEOUT": "3600"}
-    result = subprocess.run([sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "nothing", "-c", "1"],
-                            cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "nothing", "-c", "1"],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "Raise CELERY_VISIBILITY_TIMEOUT" in output
-    assert "knowledge.tasks.kb_reembed may run 3700 s, not less than the broker's visibility timeout of 3600 s" in output
+    assert (
+        "knowledge.tasks.kb_reembed may run 3700 s, not less than the broker's visibility timeout of 3600 s"
+        in output
+    )

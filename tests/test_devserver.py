@@ -22,11 +22,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):
     port = free_port()
     engine_port = free_port()
-    env = {**child_env, "PORT": str(port), "VAR_DIR": str(tmp_path), "DEBUG": "true", "LOG_LEVEL": "INFO",
-           "VLLM_ENGINE_PORT": str(engine_port), "LOCAL_ENGINE": "vllm", "VLLM_EXECUTABLE": "project"}
+    env = {
+        **child_env,
+        "PORT": str(port),
+        "VAR_DIR": str(tmp_path),
+        "DEBUG": "true",
+        "LOG_LEVEL": "INFO",
+        "VLLM_ENGINE_PORT": str(engine_port),
+        "LOCAL_ENGINE": "vllm",
+        "VLLM_EXECUTABLE": "project",
+    }
     runner = subprocess.Popen(
-        [sys.executable, "-m", "devtools.devserver"], cwd=BASE_DIR, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "devtools.devserver"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     lines: list[str] = []
     ready = threading.Event()
@@ -43,12 +55,18 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
         # The demo's local road: the real vLLM (installed and its model converted by `make test`
         # before the suite) starts too; its first start compiles the model.
         deadline = time.monotonic() + 600
-        while not any("local engine local-vllm ready" in line for line in lines) and time.monotonic() < deadline:
+        while (
+            not any("local engine local-vllm ready" in line for line in lines)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         assert any("local engine local-vllm ready" in line for line in lines), "".join(lines)
-        engine_pid = next(p.pid for p in psutil.process_iter(["cmdline"])
-                          if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
-                          and str(engine_port) in (p.info["cmdline"] or []))
+        engine_pid = next(
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+            and str(engine_port) in (p.info["cmdline"] or [])
+        )
         descendants = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "config.web" in names and "worker" in names and "beat" in names
@@ -73,8 +91,13 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
         key = apikey_create(user=user, name="devserver", scopes=["chat"])[1]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
         raw = client.chat.completions.with_raw_response.create(
-            model="local", max_tokens=16, temperature=0,
-            messages=[{"role": "user", "content": "What is the largest planet in the solar system?"}])
+            model="local",
+            max_tokens=16,
+            temperature=0,
+            messages=[
+                {"role": "user", "content": "What is the largest planet in the solar system?"}
+            ],
+        )
         assert raw.headers["X-Route"] == "local" and raw.parse().choices[0].message.content.strip()
     finally:
         runner.send_signal(signal.SIGTERM)
@@ -82,7 +105,10 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     assert runner.returncode == 0, "".join(lines)
     time.sleep(0.2)
     assert [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
-    assert not psutil.pid_exists(engine_pid) or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(engine_pid)
+        or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
+    )
     assert "local engine stopped" in "".join(lines)
     assert "stopped" in lines[-1]
 
@@ -90,8 +116,10 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
 def test_the_log_pump_labels_every_line_and_passes_the_bytes_through():
     # A real child and a real pipe: two lines in one write (one not UTF-8, one with CRLF), then a
     # last line without its newline, written after a pause.
-    script = ("import os, time; os.write(1, b'one\\ntwo \\xff\\r\\n'); time.sleep(0.1); "
-              "os.write(1, b'thr'); os.write(1, b'ee\\nno end')")
+    script = (
+        "import os, time; os.write(1, b'one\\ntwo \\xff\\r\\n'); time.sleep(0.1); "
+        "os.write(1, b'thr'); os.write(1, b'ee\\nno end')"
+    )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     written: list[bytes] = []
     devserver._pump("web", child.stdout, write=written.append)

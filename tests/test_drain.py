@@ -39,8 +39,9 @@ async def close_executor_connections():
 def slow_engine():
     from tests.inference_ops.simulator_process import start_simulator
 
-    sim = start_simulator("serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency",
-                          str(TOKEN_MS))
+    sim = start_simulator(
+        "serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency", str(TOKEN_MS)
+    )
     yield sim
     sim.stop()
 
@@ -63,9 +64,17 @@ def cookie(alice) -> str:  # noqa: F811
 @contextlib.contextmanager
 def web(child_env, tmp_path, *, processes: int | None = None, **env):
     """The gateway under daphne, or under config.web with `processes` daphne processes."""
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
-           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "INFO",
-           "WEB_WARMUP": "false", **env}
+    env = {
+        **child_env,
+        "DEBUG": "false",
+        "SECURE_SSL_REDIRECT": "false",
+        "SESSION_COOKIE_SECURE": "false",
+        "CSRF_COOKIE_SECURE": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "INFO",
+        "WEB_WARMUP": "false",
+        **env,
+    }
     with gateway(env=env, log_path=tmp_path / "web.log", web_concurrency=processes) as server:
         yield server
 
@@ -95,13 +104,21 @@ class Stream:
         return "".join(self.tokens)
 
 
-async def start_stream(http: aiohttp.ClientSession, url: str, key: str, session_id: int, max_tokens: int) -> Stream:
+async def start_stream(
+    http: aiohttp.ClientSession, url: str, key: str, session_id: int, max_tokens: int
+) -> Stream:
     """A /v1 stream stored in the session, once its first tokens have come."""
-    response = await http.post(f"{url}/v1/chat/completions",
-                               headers={"Authorization": f"Bearer {key}", "X-Session-Id": str(session_id)},
-                               json={"model": "auto", "stream": True, "max_tokens": max_tokens,
-                                     "stream_options": {"include_usage": True},
-                                     "messages": [{"role": "user", "content": QUESTION}]})
+    response = await http.post(
+        f"{url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}", "X-Session-Id": str(session_id)},
+        json={
+            "model": "auto",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": QUESTION}],
+        },
+    )
     assert response.status == 200, await response.text()
     stream = Stream(response)
     await stream.read(tokens=5)
@@ -110,13 +127,19 @@ async def start_stream(http: aiohttp.ClientSession, url: str, key: str, session_
 
 async def socket_frames(socket, frames: list[dict], *, count: int | None = None) -> None:
     """Frames into `frames`: until there are `count`, or to the answer's end."""
-    while (len(frames) < count) if count is not None else not frames or frames[-1]["type"] not in ("done", "error"):
+    while (
+        (len(frames) < count)
+        if count is not None
+        else not frames or frames[-1]["type"] not in ("done", "error")
+    ):
         frames.append(json.loads((await socket.receive(timeout=30)).data))
 
 
 def sse_events(body: str) -> list[tuple[str, dict]]:
-    return [(kind.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
-            for kind, data in (event.split("\n", 1) for event in body.strip().split("\n\n"))]
+    return [
+        (kind.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
+        for kind, data in (event.split("\n", 1) for event in body.strip().split("\n\n"))
+    ]
 
 
 async def wait_exit(process, timeout: float) -> None:
@@ -141,30 +164,42 @@ def request_logged() -> RequestLog:
 
 
 async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_running_stream(
-        child_env, tmp_path, alice_key, session, cookie):  # noqa: F811
+    child_env, tmp_path, alice_key, session, cookie
+):  # noqa: F811
     bearer = {"Authorization": f"Bearer {alice_key}"}
     # A drain far longer than the stream: the processes exit when it is done, not when the drain ends.
     with web(child_env, tmp_path, processes=2, WEB_DRAIN_SECONDS="60") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=80)
-            server.process.send_signal(signal.SIGTERM)  # to the launcher, which passes it to both processes
+            server.process.send_signal(
+                signal.SIGTERM
+            )  # to the launcher, which passes it to both processes
             await asyncio.sleep(0.3)
 
             async with http.get(f"{server.url}/readyz") as probe:
                 assert probe.status == 503
                 assert (await probe.json())["failing"] == ["draining"]
-            async with http.post(f"{server.url}/v1/chat/completions", headers=bearer,
-                                 json={"model": "auto", "messages": [{"role": "user", "content": "hello"}]}) as v1:
+            async with http.post(
+                f"{server.url}/v1/chat/completions",
+                headers=bearer,
+                json={"model": "auto", "messages": [{"role": "user", "content": "hello"}]},
+            ) as v1:
                 assert v1.status == 503 and v1.headers["Retry-After"] == "1"
                 error = (await v1.json())["error"]
                 assert (error["code"], error["type"]) == ("draining", "api_error")
                 assert "shutting down" in error["message"]
-            async with http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/stream", headers=bearer,
-                                 json={"content": "hello"}) as sse:
+            async with http.post(
+                f"{server.url}/api/chat/sessions/{session.pk}/messages/stream",
+                headers=bearer,
+                json={"content": "hello"},
+            ) as sse:
                 assert sse.status == 503 and sse.headers["Retry-After"] == "1"
                 assert (await sse.json())["error"]["code"] == "draining"
-            async with http.ws_connect(f"{server.url.replace('http', 'ws')}/ws/chat/", origin=server.url,
-                                       headers={"Cookie": f"sessionid={cookie}"}) as socket:
+            async with http.ws_connect(
+                f"{server.url.replace('http', 'ws')}/ws/chat/",
+                origin=server.url,
+                headers={"Cookie": f"sessionid={cookie}"},
+            ) as socket:
                 await socket.send_json({"type": "message", "session": None, "content": "hello"})
                 frame = json.loads((await socket.receive(timeout=10)).data)
             assert (frame["type"], frame["code"], frame["retry_after"]) == ("error", "draining", 1)
@@ -185,7 +220,8 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
 
 
 async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_and_stored_partial(
-        child_env, tmp_path, alice_key, session):  # noqa: F811
+    child_env, tmp_path, alice_key, session
+):  # noqa: F811
     with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
@@ -207,7 +243,9 @@ async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_a
     assert re.search(r"1 turn\(s\) still running after \d+\.\d s: ended as shutdown", log), log
 
 
-async def test_a_second_signal_ends_the_running_stream_at_once(child_env, tmp_path, alice_key, session):  # noqa: F811
+async def test_a_second_signal_ends_the_running_stream_at_once(
+    child_env, tmp_path, alice_key, session
+):  # noqa: F811
     with web(child_env, tmp_path) as server:  # the default drain, far longer than this test
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
@@ -218,25 +256,45 @@ async def test_a_second_signal_ends_the_running_stream_at_once(child_env, tmp_pa
         await wait_exit(server.process, timeout=20)
         log = server.log_path.read_text()
     *_, last, done = stream.events
-    assert done == "[DONE]" and last.get("error", {}).get("code") == "shutdown", (stream.events[-3:], log)
+    assert done == "[DONE]" and last.get("error", {}).get("code") == "shutdown", (
+        stream.events[-3:],
+        log,
+    )
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("partial", stream.text)
 
 
 async def test_an_answer_still_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(
-        child_env, tmp_path, alice_key, session, cookie):  # noqa: F811
+    child_env, tmp_path, alice_key, session, cookie
+):  # noqa: F811
     bearer = {"Authorization": f"Bearer {alice_key}"}
     with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-            socket = await http.ws_connect(f"{server.url.replace('http', 'ws')}/ws/chat/", origin=server.url,
-                                           headers={"Cookie": f"sessionid={cookie}"})
+            socket = await http.ws_connect(
+                f"{server.url.replace('http', 'ws')}/ws/chat/",
+                origin=server.url,
+                headers={"Cookie": f"sessionid={cookie}"},
+            )
             await socket.send_json({"type": "message", "session": None, "content": QUESTION})
-            sse = await http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/stream", headers=bearer,
-                                  json={"content": QUESTION})
-            whole = asyncio.ensure_future(http.post(f"{server.url}/v1/chat/completions", headers=bearer, json={
-                "model": "auto", "messages": [{"role": "user", "content": QUESTION}]}))
-            json_turn = asyncio.ensure_future(http.post(f"{server.url}/api/chat/sessions/{session.pk}/messages/",
-                                                        headers=bearer, json={"content": QUESTION}))
+            sse = await http.post(
+                f"{server.url}/api/chat/sessions/{session.pk}/messages/stream",
+                headers=bearer,
+                json={"content": QUESTION},
+            )
+            whole = asyncio.ensure_future(
+                http.post(
+                    f"{server.url}/v1/chat/completions",
+                    headers=bearer,
+                    json={"model": "auto", "messages": [{"role": "user", "content": QUESTION}]},
+                )
+            )
+            json_turn = asyncio.ensure_future(
+                http.post(
+                    f"{server.url}/api/chat/sessions/{session.pk}/messages/",
+                    headers=bearer,
+                    json={"content": QUESTION},
+                )
+            )
             frames = []
             await socket_frames(socket, frames, count=5)
             assert frames[-1]["type"] == "token"
@@ -257,13 +315,18 @@ async def test_an_answer_still_running_when_the_drain_ends_is_ended_as_shutdown_
     last = frames[-1]
     assert (last["type"], last["code"], last["status"]) == ("error", "shutdown", "partial")
     told = "".join(frame["text"] for frame in frames if frame["type"] == "token")
-    assert (stored[last["message_id"]].status, stored[last["message_id"]].content) == ("partial", told)
+    assert (stored[last["message_id"]].status, stored[last["message_id"]].content) == (
+        "partial",
+        told,
+    )
 
     (_, session_event), (kind, last) = events[0], events[-1]
     assert (kind, last["code"], last["partial"]) == ("error", "shutdown", True)
     told = "".join(data["text"] for kind, data in events if kind == "token")
-    assert (stored[session_event["message_id"]].status, stored[session_event["message_id"]].content) == ("partial",
-                                                                                                          told)
+    assert (
+        stored[session_event["message_id"]].status,
+        stored[session_event["message_id"]].content,
+    ) == ("partial", told)
 
     assert (answer["status"], answer["error"].split(":")[0]) == ("partial", "shutdown")
     assert stored[answer["id"]].content == answer["content"] != ""

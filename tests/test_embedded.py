@@ -1,6 +1,5 @@
 """The embedded Redis used where no Redis answers on 127.0.0.1:6379."""
 
-
 import redis
 
 from core.processes import free_port

@@ -15,7 +15,9 @@ async def test_concurrent_askers_of_one_key_share_one_call_and_its_answer():
         await asyncio.sleep(0.05)
         return f"answer {key}"
 
-    answers = await asyncio.gather(*(flights.do(k, lambda k=k: look(k)) for k in ["a"] * 20 + ["b"] * 5))
+    answers = await asyncio.gather(
+        *(flights.do(k, lambda k=k: look(k)) for k in ["a"] * 20 + ["b"] * 5)
+    )
     assert answers == ["answer a"] * 20 + ["answer b"] * 5
     assert sorted(calls) == ["a", "b"]
     # Landed: the next ask is a new call.
@@ -29,7 +31,9 @@ async def test_a_failure_reaches_every_waiter_and_a_cancelled_waiter_leaves_the_
         await asyncio.sleep(0.05)
         raise LookupError("down")
 
-    results = await asyncio.gather(*(flights.do("k", broken) for _ in range(3)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(flights.do("k", broken) for _ in range(3)), return_exceptions=True
+    )
     assert [type(r) for r in results] == [LookupError] * 3
 
     async def slow():

@@ -41,8 +41,11 @@ def test_readyz_says_when_this_process_has_not_warmed(admin_client, settings, ce
     # What a daphne process warms is tested over HTTP in tests/test_web.py.
     settings.WEB_WARMUP = True  # as in production (tests/settings.py turns it off for this process)
     body = client.get("/readyz").json()
-    assert body["checks"]["warm"] == {"ok": True, "detail": "not run in this process (it runs in config.asgi)",
-                                      "ms": body["checks"]["warm"]["ms"]}
+    assert body["checks"]["warm"] == {
+        "ok": True,
+        "detail": "not run in this process (it runs in config.asgi)",
+        "ms": body["checks"]["warm"]["ms"],
+    }
     settings.WEB_WARMUP = False
     body = client.get("/readyz").json()
     assert body["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"
@@ -62,7 +65,9 @@ def test_readyz_names_redis_when_redis_is_down(admin_client, settings, celery_wo
     assert body["checks"]["database"]["ok"] is True
 
 
-def test_anonymous_callers_of_readyz_see_which_checks_fail_but_no_detail(client, settings, celery_worker, caplog):
+def test_anonymous_callers_of_readyz_see_which_checks_fail_but_no_detail(
+    client, settings, celery_worker, caplog
+):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     settings.CELERY_BROKER_URL = settings.REDIS_URL
     with caplog.at_level("WARNING", logger="config.health"):
@@ -70,10 +75,19 @@ def test_anonymous_callers_of_readyz_see_which_checks_fail_but_no_detail(client,
     body = response.json()
     assert response.status_code == 503
     assert body["failing"] == ["redis", "celery"]
-    assert body["checks"] == {name: {"ok": name not in ("redis", "celery")}
-                              for name in ("database", "redis", "celery", "warm")}
+    assert body["checks"] == {
+        name: {"ok": name not in ("redis", "celery")}
+        for name in ("database", "redis", "celery", "warm")
+    }
     # No host, port, user, version or exception text for anyone who asks.
-    for secret in ("127.0.0.1", "Connection", "Error", "pgvector", "PONG", settings.DATABASES["default"]["USER"]):
+    for secret in (
+        "127.0.0.1",
+        "Connection",
+        "Error",
+        "pgvector",
+        "PONG",
+        settings.DATABASES["default"]["USER"],
+    ):
         assert secret not in response.content.decode()
     # The operator finds the reason in the log.
     assert any("redis" in r.getMessage() and "Connection" in r.getMessage() for r in caplog.records)
@@ -98,12 +112,18 @@ def test_readyz_names_celery_when_no_worker_listens(admin_client, settings, cele
 
 def test_readyz_names_the_database_when_postgres_refuses(child_env):
     # A separate process, so the test's own database connection stays intact.
-    env = {**child_env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/gateway", "DATABASE_CONNECT_TIMEOUT": "2"}
+    env = {
+        **child_env,
+        "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/gateway",
+        "DATABASE_CONNECT_TIMEOUT": "2",
+    }
     script = (
         "import django, json; django.setup(); from django.test import Client; "
         "r = Client().get('/readyz'); print(r.status_code); print(r.content.decode())"
     )
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
     status, body = result.stdout.strip().split("\n", 1)
     body = json.loads(body)
     assert status == "503", result.stderr
@@ -134,8 +154,12 @@ def fresh_verdict(settings):
 def _checks_run(scrape: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(sample.value for family in text_string_to_metric_families(scrape)
-               for sample in family.samples if sample.name == "gateway_readyz_checks_total")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(scrape)
+        for sample in family.samples
+        if sample.name == "gateway_readyz_checks_total"
+    )
 
 
 def _scrape(client) -> str:
@@ -168,7 +192,9 @@ async def test_probes_arriving_together_share_one_check(fresh_verdict, celery_wo
     client = AsyncClient()
 
     async def scrape() -> str:
-        response = await client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        response = await client.get(
+            "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+        )
         return response.content.decode()
 
     before = _checks_run(await scrape())
@@ -178,7 +204,9 @@ async def test_probes_arriving_together_share_one_check(fresh_verdict, celery_wo
     assert _checks_run(await scrape()) - before == 1
 
 
-def test_after_the_window_the_next_probe_checks_again(client, fresh_verdict, settings, celery_worker):
+def test_after_the_window_the_next_probe_checks_again(
+    client, fresh_verdict, settings, celery_worker
+):
     settings.READYZ_CACHE_SECONDS = 0
     before = _checks_run(_scrape(client))
     for _ in range(3):

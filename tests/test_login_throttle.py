@@ -35,7 +35,9 @@ def signed_in(client) -> bool:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("url", LOGINS)
-def test_after_too_many_failures_even_the_right_password_is_refused_with_a_message(client, staff_alice, limits, url):
+def test_after_too_many_failures_even_the_right_password_is_refused_with_a_message(
+    client, staff_alice, limits, url
+):
     for _ in range(3):
         response = sign_in(client, url, "alice", "wrong")
         assert response.status_code == 200 and WRONG in response.content.decode()
@@ -59,9 +61,14 @@ def test_failures_on_the_chat_login_also_lock_the_admin_login(client, staff_alic
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("url", LOGINS)
-def test_different_usernames_from_one_address_are_limited_by_the_address_limit(client, staff_alice, limits, url):
+def test_different_usernames_from_one_address_are_limited_by_the_address_limit(
+    client, staff_alice, limits, url
+):
     for number in range(5):
-        assert sign_in(client, url, f"guess{number}", "wrong", address="203.0.113.9").status_code == 200
+        assert (
+            sign_in(client, url, f"guess{number}", "wrong", address="203.0.113.9").status_code
+            == 200
+        )
 
     refused = sign_in(client, url, "alice", "pw-alice-123456", address="203.0.113.9")
     assert refused.status_code == 429 and THROTTLED in refused.content.decode()
@@ -75,23 +82,35 @@ def test_different_usernames_from_one_address_are_limited_by_the_address_limit(c
 @pytest.mark.django_db
 def test_addresses_in_one_ipv6_network_share_the_address_limit(client, alice, limits):
     for number in range(5):
-        sign_in(client, "/accounts/login/", f"guess{number}", "wrong", address=f"2001:db8:1:2::{number + 1}")
+        sign_in(
+            client,
+            "/accounts/login/",
+            f"guess{number}",
+            "wrong",
+            address=f"2001:db8:1:2::{number + 1}",
+        )
 
-    refused = sign_in(client, "/accounts/login/", "alice", "pw-alice-123456", address="2001:db8:1:2:ffff::1")
+    refused = sign_in(
+        client, "/accounts/login/", "alice", "pw-alice-123456", address="2001:db8:1:2:ffff::1"
+    )
 
     assert refused.status_code == 429 and THROTTLED in refused.content.decode()
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("url", LOGINS)
-def test_an_unknown_username_gets_the_same_response_as_a_known_one(client, staff_alice, limits, url):
+def test_an_unknown_username_gets_the_same_response_as_a_known_one(
+    client, staff_alice, limits, url
+):
     def attempts(username, address):
         return [sign_in(client, url, username, "wrong", address=address) for _ in range(4)]
 
     known = attempts("alice", "198.51.100.1")
     unknown = attempts("nobody-by-that-name", "198.51.100.2")
 
-    assert [r.status_code for r in known] == [r.status_code for r in unknown] == [200, 200, 200, 429]
+    assert (
+        [r.status_code for r in known] == [r.status_code for r in unknown] == [200, 200, 200, 429]
+    )
     for known_response, unknown_response in zip(known, unknown, strict=True):
         assert _errors(known_response) == _errors(unknown_response)
     assert THROTTLED in _errors(unknown[-1])
@@ -114,9 +133,17 @@ def test_a_successful_sign_in_clears_the_usernames_failures(client, alice, limit
 @pytest.mark.django_db
 def test_the_username_limit_holds_whatever_the_letter_case(client, alice, limits):
     for username in ("alice", "ALICE", "Alice"):
-        sign_in(client, "/accounts/login/", username, "wrong", address=f"192.0.2.{len(username) + ord(username[0])}")
+        sign_in(
+            client,
+            "/accounts/login/",
+            username,
+            "wrong",
+            address=f"192.0.2.{len(username) + ord(username[0])}",
+        )
 
-    response = sign_in(client, "/accounts/login/", "alice", "pw-alice-123456", address="192.0.2.200")
+    response = sign_in(
+        client, "/accounts/login/", "alice", "pw-alice-123456", address="192.0.2.200"
+    )
 
     assert response.status_code == 429
 
@@ -137,4 +164,4 @@ def _errors(response) -> str:
     text = response.content.decode()
     start = text.find('role="alert"') if 'role="alert"' in text else text.find("errornote")
     assert start != -1, text
-    return text[start:text.find("</", start)]
+    return text[start : text.find("</", start)]

@@ -39,7 +39,10 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
     out = capsys.readouterr().out
     assert "admin login: admin / " in out
     assert "demo knowledge base: 10 created" in out
-    assert "demo routing rules: local model by name, translation and analysis, long-form writing, default" in out
+    assert (
+        "demo routing rules: local model by name, translation and analysis, long-form writing, default"
+        in out
+    )
     assert direct_answer("I want to cancel my order").hit
     Entry.objects.filter(question="What is LoRA?").update(answer="edited by a curator")
     call_command("seed_demo")
@@ -57,10 +60,17 @@ def test_collected_chat_modules_import_each_other_by_their_hashed_names(child_en
     from config.settings import BASE_DIR
 
     env = {**child_env, "DEBUG": "false", "SECRET_KEY": "x" * 50, "STATIC_ROOT": str(tmp_path)}
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=BASE_DIR,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     modules = tmp_path / "chat" / "chat"
     (boot,) = [p for p in modules.glob("boot.*.js") if not p.name.endswith((".gz", ".br"))]
     imports = re.findall(r'from\s+"(\./[^"]+)"', boot.read_text())
-    assert imports and all(re.fullmatch(r"\./\w+\.[0-9a-f]{12}\.js", name) for name in imports), imports
+    assert imports and all(re.fullmatch(r"\./\w+\.[0-9a-f]{12}\.js", name) for name in imports), (
+        imports
+    )
     assert all((modules / name[2:]).exists() for name in imports)

@@ -15,8 +15,13 @@ from knowledge.services import entry_create
 pytestmark = pytest.mark.django_db
 
 EXPECTED = {
-    "default-src": ["'self'"], "script-src": ["'self'"], "object-src": ["'none'"], "base-uri": ["'self'"],
-    "frame-ancestors": ["'none'"], "form-action": ["'self'"], "style-src": ["'self'"],
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "frame-ancestors": ["'none'"],
+    "form-action": ["'self'"],
+    "style-src": ["'self'"],
 }
 
 
@@ -42,11 +47,18 @@ class InlineCode(HTMLParser):
         for name, _ in attrs:
             if name.startswith("on") or name == "style":
                 self.found.append(f"<{tag} {name}=…>")
-        if any((value or "").lower().lstrip().startswith("javascript:") for value in attributes.values()):
+        if any(
+            (value or "").lower().lstrip().startswith("javascript:")
+            for value in attributes.values()
+        ):
             self.found.append(f"<{tag}> with a javascript: URL")
         if tag == "style":
             self.found.append("<style> block")
-        self._in_script = tag == "script" and "src" not in attributes and attributes.get("type") != "application/json"
+        self._in_script = (
+            tag == "script"
+            and "src" not in attributes
+            and attributes.get("type") != "application/json"
+        )
 
     def handle_endtag(self, tag):
         self._in_script = False
@@ -65,12 +77,23 @@ def admin_client(db):
 
 
 def page_urls():
-    entry = entry_create(question="How do I reset my password?", answer="Use **Forgot password**.", embed="none")
+    entry = entry_create(
+        question="How do I reset my password?", answer="Use **Forgot password**.", embed="none"
+    )
     return [
-        "/", "/keys/", "/admin/", "/admin/knowledge/entry/", "/admin/knowledge/entry/add/",
-        f"/admin/knowledge/entry/{entry.pk}/change/", "/admin/knowledge/entry/try/?q=reset",
-        "/admin/routing/routingrule/", "/admin/routing/routingrule/add/", "/admin/auth/user/",
-        "/admin/inference_ops/modelendpoint/add/", "/admin/password_change/", "/api/docs/",
+        "/",
+        "/keys/",
+        "/admin/",
+        "/admin/knowledge/entry/",
+        "/admin/knowledge/entry/add/",
+        f"/admin/knowledge/entry/{entry.pk}/change/",
+        "/admin/knowledge/entry/try/?q=reset",
+        "/admin/routing/routingrule/",
+        "/admin/routing/routingrule/add/",
+        "/admin/auth/user/",
+        "/admin/inference_ops/modelendpoint/add/",
+        "/admin/password_change/",
+        "/api/docs/",
     ]
 
 
@@ -98,8 +121,13 @@ def test_every_page_of_a_signed_in_admin_sends_the_policy_and_holds_no_inline_co
 
 
 def test_the_login_pages_redirects_and_error_pages_send_the_policy(client):
-    for url, status in [("/accounts/login/", 200), ("/admin/login/", 200), ("/", 302), ("/no-such-page/", 404),
-                        ("/api/docs/?script=", 200)]:
+    for url, status in [
+        ("/accounts/login/", 200),
+        ("/admin/login/", 200),
+        ("/", 302),
+        ("/no-such-page/", 404),
+        ("/api/docs/?script=", 200),
+    ]:
         response = client.get(url)
         assert response.status_code == status, url
         assert_protected(response, url)
@@ -131,13 +159,27 @@ def test_with_debug_on_only_djangos_technical_error_pages_go_without_the_policy(
     assert "Content-Security-Policy" in client.get("/accounts/login/")
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("https://reports.example.com/csp", "report-uri https://reports.example.com/csp"),
-    ("javascript:alert(1)", "Environment variable CSP_REPORT_URI must be a URL with scheme http or https"),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("https://reports.example.com/csp", "report-uri https://reports.example.com/csp"),
+        (
+            "javascript:alert(1)",
+            "Environment variable CSP_REPORT_URI must be a URL with scheme http or https",
+        ),
+    ],
+)
 def test_csp_report_uri_from_the_environment_adds_a_report_uri(child_env, value, expected):
-    code = ("from config.csp import policy_header; from django.conf import settings; "
-            "print(policy_header(settings.SECURE_CSP))")
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR, capture_output=True,
-                          text=True, timeout=120, env={**child_env, "CSP_REPORT_URI": value})
+    code = (
+        "from config.csp import policy_header; from django.conf import settings; "
+        "print(policy_header(settings.SECURE_CSP))"
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**child_env, "CSP_REPORT_URI": value},
+    )
     assert expected in done.stdout + done.stderr

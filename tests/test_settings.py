@@ -9,7 +9,12 @@ from config.settings import BASE_DIR
 
 def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -35,11 +40,31 @@ def test_check_deploy_is_clean_in_a_production_environment(production_env):
     ("variable", "value", "message"),
     [
         ("DEBUG", "maybe", "Environment variable DEBUG must be a boolean"),
-        ("DATABASE_POOL_SIZE", "ten", "Environment variable DATABASE_POOL_SIZE must be a whole number"),
-        ("REDIS_URL", "http://localhost:6379", "Environment variable REDIS_URL must be a URL with scheme redis"),
-        ("DATABASE_URL", "mysql://db/x", "Environment variable DATABASE_URL must be a URL with scheme postgres"),
-        ("CSRF_TRUSTED_ORIGINS", "answers.example.com", "Environment variable CSRF_TRUSTED_ORIGINS must be a URL"),
-        ("LOG_LEVEL", "LOUD", "Environment variable LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR"),
+        (
+            "DATABASE_POOL_SIZE",
+            "ten",
+            "Environment variable DATABASE_POOL_SIZE must be a whole number",
+        ),
+        (
+            "REDIS_URL",
+            "http://localhost:6379",
+            "Environment variable REDIS_URL must be a URL with scheme redis",
+        ),
+        (
+            "DATABASE_URL",
+            "mysql://db/x",
+            "Environment variable DATABASE_URL must be a URL with scheme postgres",
+        ),
+        (
+            "CSRF_TRUSTED_ORIGINS",
+            "answers.example.com",
+            "Environment variable CSRF_TRUSTED_ORIGINS must be a URL",
+        ),
+        (
+            "LOG_LEVEL",
+            "LOUD",
+            "Environment variable LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR",
+        ),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(production_env, variable, value, message):

@@ -9,8 +9,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_slow_reader_gets_every_byte_of_many_small_writes_in_order():
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "twisted_writer.py"), str(ROOT)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "twisted_writer.py"), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     got, sent, size = run.stdout.split()
     assert int(size) > 2_000_000  # far more than the socket buffers hold: partial sends happen
@@ -42,4 +46,7 @@ def test_daphne_writes_body_chunks_through_twisted_web_http_itself_not_its_depre
 
     twisted_tuning.tune()
     assert type(http_protocol.http) is types.ModuleType
-    assert http_protocol.http.Request is http.Request and http_protocol.http.__name__ == "twisted.web.http"
+    assert (
+        http_protocol.http.Request is http.Request
+        and http_protocol.http.__name__ == "twisted.web.http"
+    )

@@ -28,7 +28,9 @@ def staff_cookie(django_user_model) -> str:
     from django.test import Client
 
     client = Client()
-    client.force_login(django_user_model.objects.create_user("ops", password="pw-ops-123456", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("ops", password="pw-ops-123456", is_staff=True)
+    )
     return f"sessionid={client.cookies['sessionid'].value}"
 
 
@@ -46,7 +48,10 @@ class Web:
     def wait_for_port(self, deadline: float) -> None:
         """Until the launcher's socket takes connections (daphne need not be listening yet)."""
         while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1),
+            ):
                 return
             if self.launcher.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the launcher did not listen:\n{self.log()}")
@@ -70,8 +75,14 @@ def web(child_env, tmp_path, *, args=(), wait=True, **env):
     log_path = tmp_path / "web.log"
     env = {**child_env, "HOST": "127.0.0.1", "PORT": str(port), "LOG_LEVEL": "INFO", **env}
     with open(log_path, "wb") as log:
-        launcher = subprocess.Popen([sys.executable, "-m", "config.web", *args], cwd=settings.BASE_DIR, env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "config.web", *args],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = Web(launcher, port, log_path)
     try:
         if wait:
@@ -106,7 +117,7 @@ def _socket_inodes(pid: int) -> set[str]:
         with contextlib.suppress(OSError):
             target = fd.readlink().name
             if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
+                inodes.add(target[len("socket:[") : -1])
     return inodes
 
 
@@ -156,7 +167,9 @@ def test_a_process_that_dies_stops_the_others_and_the_launcher_fails(child_env, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_path, celery_worker, staff_cookie):
+def test_a_process_warms_up_before_it_answers_its_first_request(
+    child_env, tmp_path, celery_worker, staff_cookie
+):
     model = embedding_model_ensure()  # a serving model, as on any database with a KB
     with web(child_env, tmp_path, wait=False, WEB_CONCURRENCY="1") as server:
         # The launcher's socket takes connections from the start; the first request waits in it
@@ -178,14 +191,21 @@ def test_a_process_warms_up_before_it_answers_its_first_request(child_env, tmp_p
     # Logged once, before daphne listened: the answer came from a warm process.
     (child,) = server_children
     assert log.count("warm-up of pid") == 1
-    assert log.index(f"warm-up of pid {child.pid}: database") < log.index("Listening on TCP address")
+    assert log.index(f"warm-up of pid {child.pid}: database") < log.index(
+        "Listening on TCP address"
+    )
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env, tmp_path, celery_worker,
-                                                                      staff_cookie):
-    EmbeddingModel.objects.create(name=str(tmp_path / "no-such-model"), backend="local", dimensions=384,
-                                  state=EmbeddingModel.State.SERVING)
+def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(
+    child_env, tmp_path, celery_worker, staff_cookie
+):
+    EmbeddingModel.objects.create(
+        name=str(tmp_path / "no-such-model"),
+        backend="local",
+        dimensions=384,
+        state=EmbeddingModel.State.SERVING,
+    )
     with web(child_env, tmp_path, WEB_CONCURRENCY="1") as server:
         status, body = http_get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
@@ -199,9 +219,13 @@ def test_a_warm_up_step_that_fails_is_a_warning_and_the_process_serves(child_env
 
 
 @pytest.mark.django_db(transaction=True)
-def test_warm_up_off_leaves_loading_to_the_first_request(child_env, tmp_path, celery_worker, staff_cookie):
+def test_warm_up_off_leaves_loading_to_the_first_request(
+    child_env, tmp_path, celery_worker, staff_cookie
+):
     embedding_model_ensure()
-    with web(child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true") as server:
+    with web(
+        child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true"
+    ) as server:
         status, body = http_get(f"{server.url}/readyz", cookie=staff_cookie)
         log = server.log()
     assert status == 200, body
@@ -222,15 +246,35 @@ def test_a_launcher_killed_outright_leaves_no_process_serving(child_env, tmp_pat
     assert all(_gone(child) for child in children)
 
 
-@pytest.mark.parametrize(("env", "args", "message"), [
-    ({"WEB_CONCURRENCY": "0"}, (), "Environment variable WEB_CONCURRENCY must be at least 1; got '0'."),
-    ({"WEB_ACCESS_LOG": "sometimes"}, (), "Environment variable WEB_ACCESS_LOG must be a boolean"),
-    ({"HOST": "::"}, (), "Environment variable HOST must be an IPv4 address or a name with one; got '::'."),
-    ({}, ("-p", "9000"), "HOST and PORT choose the socket"),
-])
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        (
+            {"WEB_CONCURRENCY": "0"},
+            (),
+            "Environment variable WEB_CONCURRENCY must be at least 1; got '0'.",
+        ),
+        (
+            {"WEB_ACCESS_LOG": "sometimes"},
+            (),
+            "Environment variable WEB_ACCESS_LOG must be a boolean",
+        ),
+        (
+            {"HOST": "::"},
+            (),
+            "Environment variable HOST must be an IPv4 address or a name with one; got '::'.",
+        ),
+        ({}, ("-p", "9000"), "HOST and PORT choose the socket"),
+    ],
+)
 def test_a_bad_setting_stops_the_launcher_before_it_starts_anything(env, args, message):
-    result = subprocess.run([sys.executable, "-m", "config.web", *args], cwd=settings.BASE_DIR,
-                            env={"PATH": "/usr/bin:/bin", "PORT": str(free_port()), **env},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "config.web", *args],
+        cwd=settings.BASE_DIR,
+        env={"PATH": "/usr/bin:/bin", "PORT": str(free_port()), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert f"Configuration error: {message}" in result.stderr

@@ -23,13 +23,17 @@ async def close_executor_connections():
 
 
 async def _cookie_for(**fields) -> str:
-    user = await sync_to_async(get_user_model().objects.create_user)(password="pw-123456789", **fields)
+    user = await sync_to_async(get_user_model().objects.create_user)(
+        password="pw-123456789", **fields
+    )
     return await _cookie_of(user)
 
 
 async def _operator_cookie(username: str = "ops") -> str:
     """Staff who may view the engines: whom the operations feed is for."""
-    return await _cookie_of(await sync_to_async(staff_user)(username, perms=("inference_ops.view_engineprocess",)))
+    return await _cookie_of(
+        await sync_to_async(staff_user)(username, perms=("inference_ops.view_engineprocess",))
+    )
 
 
 async def _cookie_of(user) -> str:

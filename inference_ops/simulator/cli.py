@@ -11,9 +11,11 @@ import json
 import logging
 import os
 import sys
+
 from .config import DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
 
 logger = logging.getLogger(__name__)
+
 
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
     environ = os.environ if environ is None else environ
@@ -34,21 +36,35 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         allow_abbrev=False,  # an unknown vLLM flag must never be read as an abbreviation of ours
     )
     parser.add_argument("--model", help="model name or path (also accepted as `serve MODEL`)")
-    parser.add_argument("--served-model-name", nargs="+", help="names the API accepts; the first is the primary")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together; more wait")
-    parser.add_argument("--max-model-len", type=_token_count, default=4096, help="context window, e.g. 4096 or 4k")
     parser.add_argument(
-        "--block-size", type=int, default=16,
+        "--served-model-name", nargs="+", help="names the API accepts; the first is the primary"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="sequences decoded together; more wait"
+    )
+    parser.add_argument(
+        "--max-model-len", type=_token_count, default=4096, help="context window, e.g. 4096 or 4k"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
         help="tokens per KV-cache block: the prefix cache's unit and kv_cache_usage_perc's (vLLM on CPU uses 128)",
     )
     parser.add_argument(
-        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="count prefix-cache hits in vllm:prefix_cache_hits_total (on by default, as in vLLM V1)",
     )
     parser.add_argument("--enable-lora", action="store_true")
-    parser.add_argument("--max-loras", type=int, default=1, help="only reported in vllm:lora_requests_info")
+    parser.add_argument(
+        "--max-loras", type=int, default=1, help="only reported in vllm:lora_requests_info"
+    )
     parser.add_argument(
         "--lora-modules",
         nargs="+",
@@ -59,18 +75,30 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     )
     parser.add_argument("--time-to-first-token", type=float, default=50.0, help="milliseconds")
     parser.add_argument("--inter-token-latency", type=float, default=20.0, help="milliseconds")
-    parser.add_argument("--startup-duration", type=float, default=0.0, help="seconds before the port opens")
-    parser.add_argument("--failure-injection-rate", type=float, default=0.0, help="0..1 of requests get a fault")
     parser.add_argument(
-        "--mode", choices=("echo", "random"), default="random", help="echo the last user message, or random words"
+        "--startup-duration", type=float, default=0.0, help="seconds before the port opens"
     )
-    parser.add_argument("--seed", type=int, default=None, help="makes generated text and injected faults repeatable")
     parser.add_argument(
-        "--embedding-dim", type=int, default=0,
+        "--failure-injection-rate", type=float, default=0.0, help="0..1 of requests get a fault"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("echo", "random"),
+        default="random",
+        help="echo the last user message, or random words",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="makes generated text and injected faults repeatable"
+    )
+    parser.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=0,
         help="simulate a pooling (embedding) model of this size: serves /v1/embeddings (0: a generative model)",
     )
     parser.add_argument(
-        "--cross-encoder", action="store_true",
+        "--cross-encoder",
+        action="store_true",
         help="simulate a cross-encoder (reranker): serves /rerank and /score, not generation; on by itself "
         "for a model whose name contains 'rerank'",
     )
@@ -120,7 +148,9 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         embedding_dim=args.embedding_dim,
         cross_encoder=cross_encoder,
         # Read like vLLM's envs.py: only "1" or "true" switch the routes on.
-        allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
+        allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")
+        .strip()
+        .lower()
         in ("1", "true"),
         ignored_args=tuple(unknown),
     )
@@ -149,12 +179,16 @@ def _lora_module(value: str) -> LoraModule:
     if value.lstrip().startswith("{"):
         try:
             data = json.loads(value)
-            return LoraModule(name=data["name"], path=data["path"], base_model_name=data.get("base_model_name"))
+            return LoraModule(
+                name=data["name"], path=data["path"], base_model_name=data.get("base_model_name")
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise argparse.ArgumentTypeError(f"invalid LoRA module JSON {value!r}: {exc}") from None
     name, sep, path = value.partition("=")
     if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"invalid LoRA module {value!r}: expected name=path or JSON")
+        raise argparse.ArgumentTypeError(
+            f"invalid LoRA module {value!r}: expected name=path or JSON"
+        )
     return LoraModule(name=name, path=path)
 
 

@@ -18,7 +18,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 def embed(text: str, dim: int) -> list[float]:
     vector = [0.0] * dim
     for word in _WORD.findall(text.casefold()):
-        features = [f"w:{word}"] + [f"c:{word[i:i + 3]}" for i in range(max(1, len(word) - 2))]
+        features = [f"w:{word}"] + [f"c:{word[i : i + 3]}" for i in range(max(1, len(word) - 2))]
         for feature in features:
             digest = zlib.crc32(feature.encode())
             sign = 1.0 if digest & 1 else -1.0

@@ -40,7 +40,14 @@ DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default on GPU
 class Sequence:
     """One request inside the engine, and the channel its tokens come out of."""
 
-    def __init__(self, *, request_id: str, prompt_ids: list[int], output: PlannedOutput, lora: str | None = None):
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        prompt_ids: list[int],
+        output: PlannedOutput,
+        lora: str | None = None,
+    ):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)

@@ -26,7 +26,9 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class PlannedOutput:
-    tokens: list[str]  # text each generated token shows the client (empty once inside a stop string)
+    tokens: list[
+        str
+    ]  # text each generated token shows the client (empty once inside a stop string)
     finish_reason: str  # "stop" or "length", as in the OpenAI API
     stop_reason: str | None = None  # the stop string that ended generation, as vLLM reports it
 

@@ -72,7 +72,9 @@ class Metrics:
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
 
-        family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
+        family(
+            "vllm:num_requests_running", "gauge", "Number of requests in model execution batches."
+        )
         lines.append(f"vllm:num_requests_running{{{labels}}} {_num(state.running)}")
         family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
         lines.append(f"vllm:num_requests_waiting{{{labels}}} {_num(state.waiting)}")
@@ -89,10 +91,18 @@ class Metrics:
 
         # Like prometheus_client's 0.0.4 text output, counter families carry the _total suffix.
         family(
-            "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens."
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
         )
-        lines.append(f"vllm:prefix_cache_queries_total{{{labels}}} {_num(self.prefix_cache_queries)}")
-        family("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.")
+        lines.append(
+            f"vllm:prefix_cache_queries_total{{{labels}}} {_num(self.prefix_cache_queries)}"
+        )
+        family(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+        )
         lines.append(f"vllm:prefix_cache_hits_total{{{labels}}} {_num(self.prefix_cache_hits)}")
         family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
         lines.append(f"vllm:prompt_tokens_total{{{labels}}} {_num(self.prompt_tokens)}")
@@ -100,12 +110,26 @@ class Metrics:
         lines.append(f"vllm:generation_tokens_total{{{labels}}} {_num(self.generation_tokens)}")
         family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
         for reason, value in self.request_success.items():
-            lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_num(value)}')
+            lines.append(
+                f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_num(value)}'
+            )
 
         for name, help_text, histogram in (
-            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
-            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.inter_token),
-            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e),
+            (
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                self.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                self.inter_token,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                self.e2e,
+            ),
             (
                 "vllm:request_queue_time_seconds",
                 "Histogram of time spent in WAITING phase for request.",

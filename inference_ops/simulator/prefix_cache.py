@@ -20,7 +20,9 @@ class PrefixCache:
     def __init__(self, *, block_size: int, capacity: int = MAX_CACHED_BLOCKS):
         self.block_size = block_size
         self.capacity = capacity
-        self._blocks: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU order, oldest first
+        self._blocks: collections.OrderedDict[int, None] = (
+            collections.OrderedDict()
+        )  # LRU order, oldest first
 
     def hit_tokens(self, token_ids: Sequence[int], lora: str | None) -> int:
         """How many leading tokens of a prompt are already cached.

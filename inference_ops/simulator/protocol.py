@@ -15,14 +15,23 @@ from .tokenizer import chat_prompt_tokens, message_text, tokenize
 
 # What the OpenAI SDK and vLLM clients see as the server's engine message when
 # generation fails (vLLM's EngineDeadError text).
-ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+ENGINE_ERROR_MESSAGE = (
+    "EngineCore encountered an issue. See stack trace (above) for the root cause."
+)
 
 # Compact like pydantic's model_dump_json, which is what vLLM sends.
 dumps = functools.partial(json.dumps, separators=(",", ":"))
 
 
 class APIError(Exception):
-    def __init__(self, message: str, *, err_type: str = "BadRequestError", status: int = 400, param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        err_type: str = "BadRequestError",
+        status: int = 400,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.err_type = err_type
@@ -30,7 +39,9 @@ class APIError(Exception):
         self.param = param
 
     def body(self) -> dict:
-        return error_body(self.message, err_type=self.err_type, status=self.status, param=self.param)
+        return error_body(
+            self.message, err_type=self.err_type, status=self.status, param=self.param
+        )
 
 
 def error_body(message: str, *, err_type: str, status: int, param: str | None = None) -> dict:
@@ -65,7 +76,9 @@ def parse_chat(body) -> GenerationParams:
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
     ):
-        raise validation_error("messages", "Input should be a list of messages with a role", "list_type")
+        raise validation_error(
+            "messages", "Input should be a list of messages with a role", "list_type"
+        )
     user_texts = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
     # vLLM: max_completion_tokens supersedes the deprecated max_tokens.
     max_tokens = _optional_int(body, "max_completion_tokens")
@@ -94,10 +107,17 @@ def parse_completion(body) -> GenerationParams:
         prompt = prompt[0]
     if isinstance(prompt, str):
         tokens, echo_text = tokenize(prompt), prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         tokens, echo_text = [str(t) for t in prompt], None  # ids cannot be echoed back as text
     else:
-        raise APIError("The simulator accepts a single prompt: a string or a list of token ids.", param="prompt")
+        raise APIError(
+            "The simulator accepts a single prompt: a string or a list of token ids.",
+            param="prompt",
+        )
     return _common(
         body,
         GenerationParams(
@@ -112,7 +132,9 @@ def parse_completion(body) -> GenerationParams:
 
 def _common(body: dict, params: GenerationParams) -> GenerationParams:
     if params.max_tokens is not None and params.max_tokens < 1:
-        raise APIError(f"max_tokens must be at least 1, got {params.max_tokens}.", param="max_tokens")
+        raise APIError(
+            f"max_tokens must be at least 1, got {params.max_tokens}.", param="max_tokens"
+        )
     n = _optional_int(body, "n")
     if n is not None and n != 1:
         raise APIError("The simulator only supports n=1.", param="n")
@@ -121,7 +143,9 @@ def _common(body: dict, params: GenerationParams) -> GenerationParams:
         if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
             raise validation_error("temperature", "Input should be a valid number", "float_type")
         if temperature < 0:
-            raise APIError(f"temperature must be non-negative, got {temperature}.", param="temperature")
+            raise APIError(
+                f"temperature must be non-negative, got {temperature}.", param="temperature"
+            )
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise validation_error("stream", "Input should be a valid boolean", "bool_type")
@@ -129,10 +153,14 @@ def _common(body: dict, params: GenerationParams) -> GenerationParams:
     stream_options = body.get("stream_options")
     if stream_options is not None:
         if not params.stream:
-            raise APIError("Stream options can only be defined when `stream=True`.", param="stream_options")
+            raise APIError(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
         if not isinstance(stream_options, dict):
             raise validation_error("stream_options", "Input should be an object", "dict_type")
-        params.include_usage = bool(stream_options.get("include_usage", True))  # vLLM defaults it to true
+        params.include_usage = bool(
+            stream_options.get("include_usage", True)
+        )  # vLLM defaults it to true
     stop = body.get("stop")
     if isinstance(stop, str):
         params.stop = [stop]
@@ -145,10 +173,16 @@ def _common(body: dict, params: GenerationParams) -> GenerationParams:
     return params
 
 
-def context_length_error(*, max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> APIError | None:
+def context_length_error(
+    *, max_model_len: int, prompt_tokens: int, max_tokens: int | None
+) -> APIError | None:
     """vLLM's 400 when the prompt and the requested output do not fit the context window."""
     requested = max_tokens or 0
-    too_long = prompt_tokens + requested > max_model_len if max_tokens is not None else prompt_tokens >= max_model_len
+    too_long = (
+        prompt_tokens + requested > max_model_len
+        if max_tokens is not None
+        else prompt_tokens >= max_model_len
+    )
     if not too_long:
         return None
     return APIError(
@@ -203,27 +237,39 @@ class ChunkWriter:
 
     def __init__(self, *, endpoint: str, model: str):
         self.endpoint = endpoint
-        self.request_id = f"chatcmpl-{uuid.uuid4().hex}" if endpoint == "chat" else f"cmpl-{uuid.uuid4().hex}"
+        self.request_id = (
+            f"chatcmpl-{uuid.uuid4().hex}" if endpoint == "chat" else f"cmpl-{uuid.uuid4().hex}"
+        )
         obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-        head = dumps({"id": self.request_id, "object": obj, "created": int(time.time()), "model": model})
+        head = dumps(
+            {"id": self.request_id, "object": obj, "created": int(time.time()), "model": model}
+        )
         self._head = "data: " + head[:-1] + ',"choices":['
 
     def role(self) -> bytes:
         # vLLM opens a chat stream with the assistant role and empty content.
-        return self._chunk('{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}')
+        return self._chunk(
+            '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+        )
 
-    def delta(self, text: str, finish_reason: str | None = None, stop_reason: str | None = None) -> bytes:
+    def delta(
+        self, text: str, finish_reason: str | None = None, stop_reason: str | None = None
+    ) -> bytes:
         end = "null"
         if finish_reason is not None:
             end = f'{dumps(finish_reason)},"stop_reason":{dumps(stop_reason)}'
         if self.endpoint == "chat":
             choice = f'{{"index":0,"delta":{{"content":{_json_text(text)}}},"logprobs":null,"finish_reason":{end}}}'
         else:
-            choice = f'{{"index":0,"text":{_json_text(text)},"logprobs":null,"finish_reason":{end}}}'
+            choice = (
+                f'{{"index":0,"text":{_json_text(text)},"logprobs":null,"finish_reason":{end}}}'
+            )
         return self._chunk(choice)
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (self._head + '],"usage":' + dumps(usage(prompt_tokens, completion_tokens)) + "}\n\n").encode()
+        return (
+            self._head + '],"usage":' + dumps(usage(prompt_tokens, completion_tokens)) + "}\n\n"
+        ).encode()
 
     @staticmethod
     def error(message: str = ENGINE_ERROR_MESSAGE) -> bytes:
@@ -327,8 +373,13 @@ def parse_rerank(body) -> ScoreParams:
         raise validation_error("documents", "Input should be a valid list of strings", "list_type")
     top_n = _optional_int(body, "top_n")
     _optional_int(body, "truncate_prompt_tokens")
-    return ScoreParams(endpoint="rerank", model=_optional_str(body, "model"), texts_1=[query],
-                       texts_2=documents, top_n=top_n or 0)
+    return ScoreParams(
+        endpoint="rerank",
+        model=_optional_str(body, "model"),
+        texts_1=[query],
+        texts_2=documents,
+        top_n=top_n or 0,
+    )
 
 
 def parse_score(body) -> ScoreParams:
@@ -343,10 +394,14 @@ def parse_score(body) -> ScoreParams:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-            raise validation_error(key, "Input should be a valid string or list of strings", "string_type")
+            raise validation_error(
+                key, "Input should be a valid string or list of strings", "string_type"
+            )
         texts.append(value)
     _optional_int(body, "truncate_prompt_tokens")
-    return ScoreParams(endpoint="score", model=_optional_str(body, "model"), texts_1=texts[0], texts_2=texts[1])
+    return ScoreParams(
+        endpoint="score", model=_optional_str(body, "model"), texts_1=texts[0], texts_2=texts[1]
+    )
 
 
 def score_pairs(params: ScoreParams) -> list[tuple[str, str]]:
@@ -372,15 +427,23 @@ def pair_length_error(*, max_model_len: int, tokens: int, endpoint: str) -> APIE
     )
 
 
-def rerank_response(*, model: str, documents: list[str], scores: list[float], top_n: int, tokens: int) -> dict:
-    results = [{"index": index, "document": {"text": documents[index]}, "relevance_score": score}
-               for index, score in enumerate(scores)]
+def rerank_response(
+    *, model: str, documents: list[str], scores: list[float], top_n: int, tokens: int
+) -> dict:
+    results = [
+        {"index": index, "document": {"text": documents[index]}, "relevance_score": score}
+        for index, score in enumerate(scores)
+    ]
     # Sorted by relevance (a stable sort: ties keep their order), then cut to top_n when it is set.
     results.sort(key=lambda result: result["relevance_score"], reverse=True)
     if 0 < top_n < len(results):
         results = results[:top_n]
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": {"total_tokens": tokens},
-            "results": results}
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model,
+        "usage": {"total_tokens": tokens},
+        "results": results,
+    }
 
 
 def score_response(*, model: str, scores: list[float], tokens: int) -> dict:
@@ -389,6 +452,9 @@ def score_response(*, model: str, scores: list[float], tokens: int) -> dict:
         "object": "list",
         "created": int(time.time()),
         "model": model,
-        "data": [{"index": index, "object": "score", "score": score} for index, score in enumerate(scores)],
+        "data": [
+            {"index": index, "object": "score", "score": score}
+            for index, score in enumerate(scores)
+        ],
         "usage": usage(tokens, 0),
     }

@@ -33,7 +33,9 @@ def features(text: str) -> dict[str, int]:
     found: dict[str, int] = {}
     for piece in _PIECE.findall(text.casefold()):
         if _CJK_RUN.fullmatch(piece):
-            grams = [piece] if len(piece) == 1 else [piece[i:i + 2] for i in range(len(piece) - 1)]
+            grams = (
+                [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
+            )
         else:
             grams = [piece]
         for gram in grams:

@@ -11,9 +11,9 @@ import uuid
 
 from aiohttp import web
 
-from .config import FAULTS, LoraModule, SimConfig
 from . import embeddings as sim_embeddings
 from . import scoring
+from .config import FAULTS, LoraModule, SimConfig
 from .engine import Engine, Sequence
 from .generation import plan_output
 from .metrics import Metrics
@@ -78,7 +78,11 @@ class Simulator:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/v1/embeddings", self.embeddings)
-        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):  # vLLM serves the one handler at all three
+        for path in (
+            "/rerank",
+            "/v1/rerank",
+            "/v2/rerank",
+        ):  # vLLM serves the one handler at all three
             app.router.add_post(path, self.rerank)
         for path in ("/score", "/v1/score"):
             app.router.add_post(path, self.score)
@@ -102,9 +106,16 @@ class Simulator:
         return _json_response({"version": VERSION})
 
     async def models(self, request: web.Request) -> web.Response:
-        cards = [self._model_card(name, root=self.config.model, parent=None) for name in self.served_names]
+        cards = [
+            self._model_card(name, root=self.config.model, parent=None)
+            for name in self.served_names
+        ]
         for lora in self.loras.values():
-            parent = lora.base_model_name if lora.base_model_name in self.served_names else self.served_names[0]
+            parent = (
+                lora.base_model_name
+                if lora.base_model_name in self.served_names
+                else self.served_names[0]
+            )
             cards.append(self._model_card(lora.name, root=lora.path, parent=parent))
         return _json_response({"object": "list", "data": cards})
 
@@ -138,7 +149,9 @@ class Simulator:
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         body = self.metrics.render(self.engine.state()).encode()
-        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(
+            body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = _json_body(request, await request.read())
@@ -169,7 +182,9 @@ class Simulator:
         body = body if isinstance(body, dict) else {}
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path:
-            raise APIError("Both 'lora_name' and 'lora_path' must be provided.", err_type="InvalidUserInput")
+            raise APIError(
+                "Both 'lora_name' and 'lora_path' must be provided.", err_type="InvalidUserInput"
+            )
         if name in self.loras and not body.get("load_inplace"):
             raise APIError(
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, "
@@ -179,7 +194,9 @@ class Simulator:
         if not self.config.enable_lora:
             # vLLM passes the adapter to an engine that has no LoRA support: a 500.
             raise APIError(
-                "LoRA is not enabled. Use --enable-lora to enable LoRA.", err_type="InternalServerError", status=500
+                "LoRA is not enabled. Use --enable-lora to enable LoRA.",
+                err_type="InternalServerError",
+                status=500,
             )
         self.loras[name] = LoraModule(name=name, path=path)
         logger.info("Loaded new LoRA adapter: name '%s', path '%s'", name, path)
@@ -189,9 +206,14 @@ class Simulator:
         body = _json_body(request, await request.read())
         name = body.get("lora_name") if isinstance(body, dict) else None
         if not name:
-            raise APIError("'lora_name' needs to be provided to unload a LoRA adapter.", err_type="InvalidUserInput")
+            raise APIError(
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+                err_type="InvalidUserInput",
+            )
         if name not in self.loras:
-            raise APIError(f"The lora adapter '{name}' cannot be found.", err_type="NotFoundError", status=404)
+            raise APIError(
+                f"The lora adapter '{name}' cannot be found.", err_type="NotFoundError", status=404
+            )
         del self.loras[name]
         logger.info("Removed LoRA adapter: name '%s'", name)
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
@@ -238,7 +260,9 @@ class Simulator:
         if fault == "500":
             raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
         if fault == "429":
-            body = error_body("The server is overloaded, retry later.", err_type="RateLimitError", status=429)
+            body = error_body(
+                "The server is overloaded, retry later.", err_type="RateLimitError", status=429
+            )
             return _json_response(body, status=429, headers={"Retry-After": "1"})
         return None
 
@@ -247,11 +271,15 @@ class Simulator:
         model, lora = self._resolve_model(params.model)
         prompt_len = len(params.prompt_tokens)
         error = context_length_error(
-            max_model_len=self.config.max_model_len, prompt_tokens=prompt_len, max_tokens=params.max_tokens
+            max_model_len=self.config.max_model_len,
+            prompt_tokens=prompt_len,
+            max_tokens=params.max_tokens,
         )
         if error is not None:
             raise error
-        rng = random.Random(params.seed if params.seed is not None else self._text_rng.getrandbits(64))
+        rng = random.Random(
+            params.seed if params.seed is not None else self._text_rng.getrandbits(64)
+        )
         output = plan_output(
             mode=self.config.mode,
             rng=rng,
@@ -262,10 +290,15 @@ class Simulator:
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
         return model, Sequence(
-            request_id=uuid.uuid4().hex, prompt_ids=token_ids(params.prompt_tokens), output=output, lora=lora
+            request_id=uuid.uuid4().hex,
+            prompt_ids=token_ids(params.prompt_tokens),
+            output=output,
+            lora=lora,
         )
 
-    async def _stream(self, request, params, model: str, seq: Sequence, fail_after: int | None) -> web.StreamResponse:
+    async def _stream(
+        self, request, params, model: str, seq: Sequence, fail_after: int | None
+    ) -> web.StreamResponse:
         writer = ChunkWriter(endpoint=params.endpoint, model=model)
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
@@ -288,7 +321,9 @@ class Simulator:
                 sent += len(batch)
                 text = "".join(batch)
                 if seq.finished and not seq.aborted and sent == seq.generated:
-                    await response.write(writer.delta(text, seq.finish_reason, seq.output.stop_reason))
+                    await response.write(
+                        writer.delta(text, seq.finish_reason, seq.output.stop_reason)
+                    )
                 elif text:
                     await response.write(writer.delta(text))
             if params.include_usage:
@@ -301,7 +336,9 @@ class Simulator:
             self.engine.abort(seq)  # a no-op when the sequence finished
         return response
 
-    async def _complete(self, params, model: str, seq: Sequence, fail_after: int | None) -> web.Response:
+    async def _complete(
+        self, params, model: str, seq: Sequence, fail_after: int | None
+    ) -> web.Response:
         self.engine.submit(seq)
         try:
             if fail_after is not None:
@@ -336,10 +373,14 @@ class Simulator:
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise validation_error("input", "Input should be a string or a list of strings", "string_type")
+            raise validation_error(
+                "input", "Input should be a string or a list of strings", "string_type"
+            )
         encoding_format = body.get("encoding_format") or "float"
         if encoding_format not in ("float", "base64"):
-            raise validation_error("encoding_format", "Input should be 'float' or 'base64'", "literal_error")
+            raise validation_error(
+                "encoding_format", "Input should be 'float' or 'base64'", "literal_error"
+            )
         prompt_tokens = 0
         data = []
         for index, text in enumerate(texts):
@@ -353,13 +394,27 @@ class Simulator:
                 )
             prompt_tokens += len(tokens)
             vector = sim_embeddings.embed(text, self.config.embedding_dim)
-            data.append({"index": index, "object": "embedding",
-                         "embedding": sim_embeddings.encode(vector, encoding_format)})
-        return _json_response({
-            "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
-            "data": data, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
-                                    "completion_tokens": 0},
-        })
+            data.append(
+                {
+                    "index": index,
+                    "object": "embedding",
+                    "embedding": sim_embeddings.encode(vector, encoding_format),
+                }
+            )
+        return _json_response(
+            {
+                "id": f"embd-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": model,
+                "data": data,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens,
+                    "completion_tokens": 0,
+                },
+            }
+        )
 
     # -- rerank and score --------------------------------------------------------------
 
@@ -386,7 +441,9 @@ class Simulator:
         tokens = 0
         for one, two in pairs:
             count = len(tokenize(one)) + len(tokenize(two)) + scoring.PAIR_SPECIAL_TOKENS
-            error = pair_length_error(max_model_len=self.config.max_model_len, tokens=count, endpoint=params.endpoint)
+            error = pair_length_error(
+                max_model_len=self.config.max_model_len, tokens=count, endpoint=params.endpoint
+            )
             if error is not None:
                 raise error
             tokens += count
@@ -400,10 +457,17 @@ class Simulator:
             scores = [scoring.cross_encoder_score(one, two) for one, two in pairs]
         else:
             # An embedding model scores a pair by the cosine of its two vectors, as vLLM does.
-            scores = [scoring.embedding_score(one, two, self.config.embedding_dim) for one, two in pairs]
+            scores = [
+                scoring.embedding_score(one, two, self.config.embedding_dim) for one, two in pairs
+            ]
         if params.endpoint == "rerank":
-            body = rerank_response(model=model, documents=params.texts_2, scores=scores, top_n=params.top_n,
-                                   tokens=tokens)
+            body = rerank_response(
+                model=model,
+                documents=params.texts_2,
+                scores=scores,
+                top_n=params.top_n,
+                tokens=tokens,
+            )
         else:
             body = score_response(model=model, scores=scores, tokens=tokens)
         return _json_response(body)
@@ -428,8 +492,13 @@ class Simulator:
         if header:
             fault = header.strip().lower()
             if fault not in FAULTS:
-                raise APIError(f"Unknown {FAULT_HEADER} value {header!r}; expected one of: {', '.join(FAULTS)}.")
-        elif self.config.failure_injection_rate and self._fault_rng.random() < self.config.failure_injection_rate:
+                raise APIError(
+                    f"Unknown {FAULT_HEADER} value {header!r}; expected one of: {', '.join(FAULTS)}."
+                )
+        elif (
+            self.config.failure_injection_rate
+            and self._fault_rng.random() < self.config.failure_injection_rate
+        ):
             fault = self._fault_rng.choice(FAULTS)
         else:
             return None
@@ -451,7 +520,10 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     except asyncio.CancelledError:
         # aiohttp writes no access line for a handler cut short; say what happened.
         access_logger.info(
-            '%s "%s %s" connection closed before the response ended', request.remote, request.method, request.path
+            '%s "%s %s" connection closed before the response ended',
+            request.remote,
+            request.method,
+            request.path,
         )
         raise
 
@@ -499,7 +571,10 @@ async def _serve(config: SimConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if config.ignored_args:
-        logger.info("ignoring vLLM arguments the simulator does not model: %s", " ".join(config.ignored_args))
+        logger.info(
+            "ignoring vLLM arguments the simulator does not model: %s",
+            " ".join(config.ignored_args),
+        )
 
     # Like vLLM loading weights: the port is not even bound until startup ends,
     # so a prober gets "connection refused", not an error status.

@@ -43,7 +43,11 @@ def message_text(content) -> str:
     if isinstance(content, str):
         return content
     # OpenAI content parts; only text parts carry tokens here.
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+    return "".join(
+        part.get("text", "")
+        for part in content
+        if isinstance(part, dict) and part.get("type") == "text"
+    )
 
 
 def chat_prompt_tokens(messages: list[dict]) -> list[str]:

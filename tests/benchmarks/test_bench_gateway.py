@@ -27,9 +27,21 @@ def _number(value) -> bool:
 def quick_run(test_database_url, child_env, tmp_path_factory):
     report_path = tmp_path_factory.mktemp("bench_gateway") / "report.json"
     done = subprocess.run(
-        [sys.executable, "manage.py", "bench_gateway", "--quick", "--no-progress", "--no-keep",
-         "--json", str(report_path)],
-        cwd=BASE_DIR, env=child_env, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "manage.py",
+            "bench_gateway",
+            "--quick",
+            "--no-progress",
+            "--no-keep",
+            "--json",
+            str(report_path),
+        ],
+        cwd=BASE_DIR,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done.stdout, json.loads(report_path.read_text())
@@ -37,14 +49,24 @@ def quick_run(test_database_url, child_env, tmp_path_factory):
 
 def test_a_quick_run_prints_every_section_and_each_target_with_its_verdict(quick_run):
     printed, report = quick_run
-    for heading in ('the endpoint named (model "local")', 'model "auto"', "KB hits against a generated long answer",
-                    "Two concurrent 32-token answers against one", "Targets", "load average at the start"):
+    for heading in (
+        'the endpoint named (model "local")',
+        'model "auto"',
+        "KB hits against a generated long answer",
+        "Two concurrent 32-token answers against one",
+        "Targets",
+        "load average at the start",
+    ):
         assert heading in printed
     assert len(report["targets"]) == 16
     for row in report["targets"]:
         assert f"{row['target']}" in printed
     # The quick levels are 1 and 4: the targets at c=8, c=64 and c=256 did not run, and say so.
-    at_levels = [row for row in report["targets"] if any(f"c={level}" in row["target"] for level in (8, 64, 256))]
+    at_levels = [
+        row
+        for row in report["targets"]
+        if any(f"c={level}" in row["target"] for level in (8, 64, 256))
+    ]
     assert at_levels and all(row["met"] is None for row in at_levels)
     others = [row for row in report["targets"] if row not in at_levels]
     assert all(isinstance(row["met"], bool) and _number(row["value"]) for row in others)
@@ -60,8 +82,14 @@ def test_the_sweep_compares_both_models_with_the_engine_and_every_request_comple
             assert row["gateway_failed"] == 0 and row["engine_failed"] == 0
             # Every answer came from the local endpoint: named, or by the rules after a KB miss.
             assert row["routes"] == {"local": 8}
-            for figure in ("added_ttft_p50_ms", "added_ttft_p99_ms", "output_throughput_ratio",
-                           "gateway_cpu_ms_per_request", "engine_ttft_p50_ms", "gateway_ttft_p50_ms"):
+            for figure in (
+                "added_ttft_p50_ms",
+                "added_ttft_p99_ms",
+                "output_throughput_ratio",
+                "gateway_cpu_ms_per_request",
+                "engine_ttft_p50_ms",
+                "gateway_ttft_p50_ms",
+            ):
                 assert _number(row[figure]), (key, row["label"], figure, row[figure])
             assert row["gateway_cpu_ms_per_request"] > 0
 
@@ -85,8 +113,13 @@ def test_kb_questions_are_answered_by_the_kb_and_long_answers_are_generated_to_l
 
 def test_the_bench_database_is_gone_after_no_keep(quick_run):
     name = f"bench_gateway_{settings.DATABASES['default']['NAME']}"
-    with psycopg.connect(url_with_database(settings.DATABASE_URL, "postgres"), connect_timeout=10) as server:
-        assert server.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None
+    with psycopg.connect(
+        url_with_database(settings.DATABASE_URL, "postgres"), connect_timeout=10
+    ) as server:
+        assert (
+            server.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+            is None
+        )
 
 
 def test_case_variants_are_distinct_texts_that_read_the_same_to_an_uncased_model():

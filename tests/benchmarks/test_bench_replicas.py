@@ -11,13 +11,34 @@ from tests.conftest import BASE_DIR
 
 def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
     done = subprocess.run(
-        [sys.executable, "manage.py", "bench_replicas", "--rounds", "1", "--requests", "12", "--concurrency", "4",
-         "--max-tokens", "4"],
-        cwd=BASE_DIR, env=child_env, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "manage.py",
+            "bench_replicas",
+            "--rounds",
+            "1",
+            "--requests",
+            "12",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "4",
+        ],
+        cwd=BASE_DIR,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
-    rows = {m.group(1): m for m in re.finditer(
-        r"^(least_busy|round_robin) +([\d.]+) +([\d.]+) +(\d+) +(\d+)  (\d+)% / (\d+)% / (\d+)%$", done.stdout, re.M)}
+    rows = {
+        m.group(1): m
+        for m in re.finditer(
+            r"^(least_busy|round_robin) +([\d.]+) +([\d.]+) +(\d+) +(\d+)  (\d+)% / (\d+)% / (\d+)%$",
+            done.stdout,
+            re.M,
+        )
+    }
     assert set(rows) == {"least_busy", "round_robin"}, done.stdout
     for row in rows.values():
         assert row.group(5) == "0" and sum(int(row.group(n)) for n in (6, 7, 8)) in (99, 100, 101)
@@ -25,6 +46,15 @@ def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
 
 
 def test_an_unknown_mode_is_refused_before_anything_starts(child_env):
-    done = subprocess.run([sys.executable, "manage.py", "bench_replicas", "--modes", "least_busy,fastest"],
-                          cwd=BASE_DIR, env=child_env, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "--modes: choose from least_busy, round_robin, queue_only" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "manage.py", "bench_replicas", "--modes", "least_busy,fastest"],
+        cwd=BASE_DIR,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        done.returncode != 0
+        and "--modes: choose from least_busy, round_robin, queue_only" in done.stderr
+    )

@@ -39,8 +39,12 @@ def fake_tree(tmp_path):
     script.write_text(FAKE)
 
     def start(*args):
-        return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     tree = start("devtools.devserver")
     stranger = start("daphne")  # another checkout's web process on the same machine
@@ -70,8 +74,11 @@ def test_by_default_it_measures_the_process_tree_that_serves_the_url(fake_tree):
 def test_a_port_served_by_something_else_and_a_remote_url_measure_nothing(fake_tree):
     assert probe_for(base_url="http://192.0.2.1:8000/v1") is None
     assert probe_for(base_url="http://localhost:9/v1") is None  # no listener at all
-    engine = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
-                              stdout=subprocess.PIPE, text=True)
+    engine = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = engine.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N ..."
         engine_port = int(line.split(" port ")[1].split()[0])

@@ -19,14 +19,28 @@ TOKENS = 8
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     report_path = tmp_path_factory.mktemp("bench_inprocess") / "report.json"
     out = io.StringIO()
-    call_command("bench_inprocess", "--tokens", str(TOKENS), "--rounds", "1", "--json", str(report_path), stdout=out)
+    call_command(
+        "bench_inprocess",
+        "--tokens",
+        str(TOKENS),
+        "--rounds",
+        "1",
+        "--json",
+        str(report_path),
+        stdout=out,
+    )
     return out.getvalue(), json.loads(report_path.read_text())
 
 
@@ -35,7 +49,11 @@ def test_a_tiny_run_prints_both_sides_and_the_ratios(tiny_run):
     printed, report = tiny_run
     assert "load average" in printed and "at the start" in printed
     assert "torch threads 1 (--threads)" in printed
-    for line in ("before: in-process generate() under a lock", "after:  vLLM server over HTTP", "before / after"):
+    for line in (
+        "before: in-process generate() under a lock",
+        "after:  vLLM server over HTTP",
+        "before / after",
+    ):
         assert line in printed
     figures = report["summary"]
     for side in ("before", "after"):
@@ -55,7 +73,9 @@ def test_both_sides_answer_the_same_prompts_with_every_token_asked(tiny_run):
     # One answer alone, then two at once, on each side.
     assert len(before["answers"]) == len(after["answers"]) == 3
     assert all(answer["output_tokens"] == TOKENS for answer in before["answers"] + after["answers"])
-    assert [a["prompt_tokens"] for a in before["answers"]] == [a["prompt_tokens"] for a in after["answers"]]
+    assert [a["prompt_tokens"] for a in before["answers"]] == [
+        a["prompt_tokens"] for a in after["answers"]
+    ]
     assert "prompt tokens differ" not in printed
     assert before["torch_threads"] == 1 and before["torch"].startswith("2.")
 
@@ -66,13 +86,16 @@ def test_the_vllm_server_it_started_is_gone_when_it_ends(tiny_run):
     assert session_processes(report["vllm"]["pid"]) == []
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--tokens", "0"], "must be at least 1"),
-    (["--rounds", "0"], "must be at least 1"),
-    (["--tokens", "4000"], "does not fit"),
-    (["--threads", "999"], "more than this machine's"),
-    (["--timeout", "0"], "must be above 0"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tokens", "0"], "must be at least 1"),
+        (["--rounds", "0"], "must be at least 1"),
+        (["--tokens", "4000"], "does not fit"),
+        (["--threads", "999"], "more than this machine's"),
+        (["--timeout", "0"], "must be above 0"),
+    ],
+)
 def test_a_bad_flag_is_refused_before_anything_starts(flags, message):
     with pytest.raises(CommandError, match=message):
         call_command("bench_inprocess", *flags, stdout=io.StringIO())

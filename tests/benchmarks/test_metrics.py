@@ -9,8 +9,17 @@ from benchmarks.stats import percentile
 
 
 def completed(index, chunk_times, end, tokens, *, usage=True, route=None):
-    return RequestResult(index=index, start=0.0, ok=True, chunk_times=chunk_times, end=end, output_tokens=tokens,
-                         input_tokens=10 if usage else None, tokens_from_usage=usage, route=route)
+    return RequestResult(
+        index=index,
+        start=0.0,
+        ok=True,
+        chunk_times=chunk_times,
+        end=end,
+        output_tokens=tokens,
+        input_tokens=10 if usage else None,
+        tokens_from_usage=usage,
+        route=route,
+    )
 
 
 def failed(index, error):

@@ -41,11 +41,15 @@ def test_the_simulator_serves_inside_the_block_and_is_gone_after_it():
 
 def test_stopping_a_group_kills_a_child_that_ignores_sigterm():
     # A leader that exits on SIGTERM and a child that ignores it: only SIGKILL to the group ends both.
-    script = ("import subprocess, sys, time\n"
-              "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
-              "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); time.sleep(60)'])\n"
-              "time.sleep(60)\n")
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); time.sleep(60)'])\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
     child = int(process.stdout.readline())  # the child is up and ignoring SIGTERM
     stop_group(process, timeout=5)
     assert process.returncode == -signal.SIGTERM
@@ -53,8 +57,12 @@ def test_stopping_a_group_kills_a_child_that_ignores_sigterm():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_gateway_answers_healthz_with_production_settings_and_stops(test_database_url, tmp_path):
-    env = gateway_env(database_url=test_database_url, redis_url=settings.REDIS_URL, secret_key="x" * 50)
+def test_the_gateway_answers_healthz_with_production_settings_and_stops(
+    test_database_url, tmp_path
+):
+    env = gateway_env(
+        database_url=test_database_url, redis_url=settings.REDIS_URL, secret_key="x" * 50
+    )
     with gateway(env=env, log_path=tmp_path / "daphne.log") as server:
         with urllib.request.urlopen(f"{server.url}/healthz", timeout=5) as response:
             assert response.status == 200
@@ -63,8 +71,12 @@ def test_the_gateway_answers_healthz_with_production_settings_and_stops(test_dat
 
 
 def test_a_gateway_that_cannot_start_raises_with_its_log(tmp_path):
-    env = gateway_env(database_url="postgres://nobody@127.0.0.1:1/none", redis_url=settings.REDIS_URL,
-                      secret_key="", DJANGO_SETTINGS_MODULE="no_such_settings")
+    env = gateway_env(
+        database_url="postgres://nobody@127.0.0.1:1/none",
+        redis_url=settings.REDIS_URL,
+        secret_key="",
+        DJANGO_SETTINGS_MODULE="no_such_settings",
+    )
     with pytest.raises(RuntimeError, match="daphne exited"):
         with gateway(env=env, log_path=tmp_path / "daphne.log", start_timeout=30):
             pass

@@ -15,14 +15,23 @@ from tests.conftest import BASE_DIR
 
 
 def test_a_short_soak_loses_reorders_and_misstores_nothing(child_env):
-    done = subprocess.run([sys.executable, "manage.py", "soak_chat", "--sockets", "24", "--seconds", "6"],
-                          cwd=BASE_DIR, env=child_env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "soak_chat", "--sockets", "24", "--seconds", "6"],
+        cwd=BASE_DIR,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     lines = done.stdout.splitlines()
     answers = next(line for line in lines if line.startswith("answers: "))
     assert int(answers.split()[1]) >= 24  # every socket answered at least once
     assert "errors: 0" in lines
-    assert "answers that differ from what the engine sent (lost, reordered or duplicated tokens): 0" in lines
+    assert (
+        "answers that differ from what the engine sent (lost, reordered or duplicated tokens): 0"
+        in lines
+    )
     assert "answers stored differently from what the socket showed: 0" in lines
     assert any(line.startswith("gateway memory (RSS): ") for line in lines)
 
@@ -34,16 +43,32 @@ def test_the_check_counts_a_lost_or_reordered_token_and_a_misstored_answer(djang
     user = django_user_model.objects.create_user("soaker")
     session = ChatSession.objects.create(user=user, title="soak")
     Message.objects.create(session=session, role=Message.Role.ASSISTANT, content="a b c")
-    Message.objects.create(session=session, role=Message.Role.ASSISTANT, content="a c")  # stored short
+    Message.objects.create(
+        session=session, role=Message.Role.ASSISTANT, content="a c"
+    )  # stored short
 
     def answer(index, parts, asked):
-        return chat_ws.Answer(socket=0, index=index, end=1.0, ttft=0.1, tokens=3, asked=asked, parts=parts,
-                              session=session.pk)
+        return chat_ws.Answer(
+            socket=0,
+            index=index,
+            end=1.0,
+            ttft=0.1,
+            tokens=3,
+            asked=asked,
+            parts=parts,
+            session=session.pk,
+        )
 
-    level = chat_ws.Level(sockets=1, makespan=2.0, answers=[
-        answer(0, ["a", " b", " c"], "a b c"),  # right, stored right
-        answer(1, ["a", " c", " b"], "a b c"),  # reordered, and stored differently from what was shown
-    ])
+    level = chat_ws.Level(
+        sockets=1,
+        makespan=2.0,
+        answers=[
+            answer(0, ["a", " b", " c"], "a b c"),  # right, stored right
+            answer(
+                1, ["a", " c", " b"], "a b c"
+            ),  # reordered, and stored differently from what was shown
+        ],
+    )
     command = Command(stdout=io.StringIO())
     assert command.report(level, memory=_NoMemory(), before=None) == 2
     out = command.stdout.getvalue()

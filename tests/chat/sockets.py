@@ -7,7 +7,9 @@ from django.test import Client
 from config.asgi import application
 
 
-async def socket_for(user=None, origin="http://testserver", *, connect: bool = False) -> WebsocketCommunicator:
+async def socket_for(
+    user=None, origin="http://testserver", *, connect: bool = False
+) -> WebsocketCommunicator:
     headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
     if user is not None:
         client = Client()

@@ -10,14 +10,14 @@ from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staf
 pytestmark = pytest.mark.django_db
 
 
-
-
 def test_a_view_only_staff_user_cannot_revoke_another_users_key(alice):
     key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
     viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
     page = viewer.get("/admin/chat/apikey/").content.decode()
     assert "laptop" in page and "Revoke selected keys" not in page
-    response = viewer.post("/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    response = viewer.post(
+        "/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]}
+    )
     assert response.status_code == 200 and shown_messages(response) == []
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None
     assert apikey_authenticate(raw) is not None
@@ -27,7 +27,9 @@ def test_staff_who_may_change_keys_revoke_one_and_it_stops_working(alice):
     key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
     assert apikey_authenticate(raw) is not None  # now in this process's cache of recent keys
     curator = client_of(staff_user("keeper", verbs=NO_DELETE))
-    response = curator.post("/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    response = curator.post(
+        "/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]}
+    )
     assert shown_messages(response) == ["1 key(s) revoked."]
     assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
     assert apikey_authenticate(raw) is None
@@ -38,11 +40,20 @@ def test_a_revoked_key_cannot_be_brought_back_or_renamed_from_the_change_form(al
     apikey_revoke(key=key)
     revoked_at = ApiKey.objects.get(pk=key.pk).revoked_at
     page = admin_client.get(f"/admin/chat/apikey/{key.pk}/change/").content.decode()
-    assert 'name="_save"' not in page and 'name="name"' not in page and 'name="revoked_at' not in page
+    assert (
+        'name="_save"' not in page and 'name="name"' not in page and 'name="revoked_at' not in page
+    )
 
-    response = admin_client.post(f"/admin/chat/apikey/{key.pk}/change/", {
-        "name": "other client", "revoked_at_0": "", "revoked_at_1": "", "user": alice.pk, "scopes": "chat,kb",
-    })
+    response = admin_client.post(
+        f"/admin/chat/apikey/{key.pk}/change/",
+        {
+            "name": "other client",
+            "revoked_at_0": "",
+            "revoked_at_1": "",
+            "user": alice.pk,
+            "scopes": "chat,kb",
+        },
+    )
     assert response.status_code == 403
     key.refresh_from_db()
     assert (key.name, key.revoked_at, key.scopes) == ("laptop", revoked_at, ["chat"])

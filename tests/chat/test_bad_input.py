@@ -28,7 +28,15 @@ OPENAI_SHAPE = {"message", "type", "param", "code"}
 GATEWAY_SHAPE = {"code", "message", "fields"}
 
 
-def send(url, body: bytes | None, *, method="POST", key=None, content_type="application/json", headers=None):
+def send(
+    url,
+    body: bytes | None,
+    *,
+    method="POST",
+    key=None,
+    content_type="application/json",
+    headers=None,
+):
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if content_type:
         request.add_header("Content-Type", content_type)
@@ -51,6 +59,7 @@ def v1(**fields) -> bytes:
 
 # --- /v1/chat/completions ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -58,21 +67,60 @@ def v1(**fields) -> bytes:
         (b"[]", None),
         (b'"hello"', None),
         (b"42", None),
-        (b'{"model": "auto", "messages": [{"role": "user", "content": "caf\xe9"}]}', None),  # Latin-1, not UTF-8
+        (
+            b'{"model": "auto", "messages": [{"role": "user", "content": "caf\xe9"}]}',
+            None,
+        ),  # Latin-1, not UTF-8
         (b'{"model": "auto", "messages": [{"role": "user", "content": "\xff\xfe\xfd"}]}', None),
         (json.dumps({"model": 7, "messages": ASK}).encode(), "model"),
         (json.dumps({"model": "auto", "messages": "hello"}).encode(), "messages"),
         (json.dumps({"model": "auto", "messages": {"role": "user"}}).encode(), "messages"),
         (json.dumps({"model": "auto", "messages": ["hello"]}).encode(), "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "wizard", "content": "hi"}]}).encode(), "messages[0]"),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "wizard", "content": "hi"}]}
+            ).encode(),
+            "messages[0]",
+        ),
         (json.dumps({"model": "auto", "messages": [{"content": "hi"}]}).encode(), "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": None}]}).encode(), "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": ["hi"]}]}).encode(), "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://e.com/x.png"}}]}]}).encode(), "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": "\n\t \r\n"}]}).encode(), "messages"),
-        (json.dumps({"model": "auto", "messages": [*ASK, {"role": "assistant", "content": "ok"}]}).encode(),
-         "messages"),
+        (
+            json.dumps({"model": "auto", "messages": [{"role": "user", "content": None}]}).encode(),
+            "messages[0]",
+        ),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "user", "content": ["hi"]}]}
+            ).encode(),
+            "messages[0]",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "auto",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": "https://e.com/x.png"}}
+                            ],
+                        }
+                    ],
+                }
+            ).encode(),
+            "messages[0]",
+        ),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "user", "content": "\n\t \r\n"}]}
+            ).encode(),
+            "messages",
+        ),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [*ASK, {"role": "assistant", "content": "ok"}]}
+            ).encode(),
+            "messages",
+        ),
         (v1(max_tokens=0), "max_tokens"),
         (v1(max_tokens=10**12), "max_tokens"),
         (v1(max_tokens="5"), "max_tokens"),
@@ -88,24 +136,36 @@ def v1(**fields) -> bytes:
         (v1(stream=True, stream_options=["include_usage"]), "stream_options"),
     ],
 )
-def test_v1_refuses_bad_bodies_with_a_400_in_openais_shape(asgi_server, alice_key, product, body, param):
+def test_v1_refuses_bad_bodies_with_a_400_in_openais_shape(
+    asgi_server, alice_key, product, body, param
+):
     before = stored()
     status, headers, raw = send(f"{asgi_server}/v1/chat/completions", body, key=alice_key)
     assert status == 400, raw
     assert headers["Content-Type"] == "application/json"
     error = json.loads(raw)["error"]
-    assert set(error) == OPENAI_SHAPE and error["type"] == "invalid_request_error" and error["message"]
+    assert (
+        set(error) == OPENAI_SHAPE and error["type"] == "invalid_request_error" and error["message"]
+    )
     assert error["param"] == param
     assert stored() == before
 
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405), ("POST", "/v1/completions", 404),
-     ("POST", "/v1/chat/completions/", 404)],
+    [
+        ("GET", "/v1/chat/completions", 405),
+        ("POST", "/v1/models", 405),
+        ("POST", "/v1/completions", 404),
+        ("POST", "/v1/chat/completions/", 404),
+    ],
 )
-def test_v1_answers_wrong_methods_and_paths_in_openais_shape(asgi_server, alice_key, method, path, status):
-    code, _, raw = send(f"{asgi_server}{path}", v1() if method == "POST" else None, method=method, key=alice_key)
+def test_v1_answers_wrong_methods_and_paths_in_openais_shape(
+    asgi_server, alice_key, method, path, status
+):
+    code, _, raw = send(
+        f"{asgi_server}{path}", v1() if method == "POST" else None, method=method, key=alice_key
+    )
     assert code == status, raw
     assert set(json.loads(raw)["error"]) == OPENAI_SHAPE
 
@@ -113,17 +173,26 @@ def test_v1_answers_wrong_methods_and_paths_in_openais_shape(asgi_server, alice_
 HOSTILE = '<script>alert("q")</script><img src=x onerror=alert(1)> & "quotes" \u202e'
 
 
-def test_v1_takes_html_and_script_as_text_and_stores_them_as_sent(asgi_server, alice_key, alice, product):
+def test_v1_takes_html_and_script_as_text_and_stores_them_as_sent(
+    asgi_server, alice_key, alice, product
+):
     session = ChatSession.objects.create(user=alice, title="mine")
-    status, headers, raw = send(f"{asgi_server}/v1/chat/completions", v1(
-        messages=[{"role": "user", "content": HOSTILE}], max_tokens=3), key=alice_key,
-        headers={"X-Session-Id": str(session.pk)})
+    status, headers, raw = send(
+        f"{asgi_server}/v1/chat/completions",
+        v1(messages=[{"role": "user", "content": HOSTILE}], max_tokens=3),
+        key=alice_key,
+        headers={"X-Session-Id": str(session.pk)},
+    )
     assert status == 200, raw
-    assert headers["Content-Type"] == "application/json" and headers["X-Content-Type-Options"] == "nosniff"
+    assert (
+        headers["Content-Type"] == "application/json"
+        and headers["X-Content-Type-Options"] == "nosniff"
+    )
     assert Message.objects.get(session__user=alice, role="user").content == HOSTILE
 
 
 # --- the DRF chat API ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def session(alice):
@@ -142,19 +211,52 @@ def session(alice):
         (json.dumps({"content": ["hello"]}).encode(), "application/json", 400, "content"),
         (json.dumps({"content": None}).encode(), "application/json", 400, "content"),
         (json.dumps({"content": {"text": "hi"}}).encode(), "application/json", 400, "content"),
-        (json.dumps({"content": "hi", "max_tokens": 10**12}).encode(), "application/json", 400, "max_tokens"),
-        (json.dumps({"content": "hi", "max_tokens": 0}).encode(), "application/json", 400, "max_tokens"),
-        (json.dumps({"content": "hi", "max_tokens": True}).encode(), "application/json", 400, "max_tokens"),
-        (json.dumps({"content": "hi", "max_tokens": "many"}).encode(), "application/json", 400, "max_tokens"),
-        (json.dumps({"content": "hi", "temperature": 9}).encode(), "application/json", 400, "temperature"),
-        (json.dumps({"content": "hi", "temperature": "warm"}).encode(), "application/json", 400, "temperature"),
+        (
+            json.dumps({"content": "hi", "max_tokens": 10**12}).encode(),
+            "application/json",
+            400,
+            "max_tokens",
+        ),
+        (
+            json.dumps({"content": "hi", "max_tokens": 0}).encode(),
+            "application/json",
+            400,
+            "max_tokens",
+        ),
+        (
+            json.dumps({"content": "hi", "max_tokens": True}).encode(),
+            "application/json",
+            400,
+            "max_tokens",
+        ),
+        (
+            json.dumps({"content": "hi", "max_tokens": "many"}).encode(),
+            "application/json",
+            400,
+            "max_tokens",
+        ),
+        (
+            json.dumps({"content": "hi", "temperature": 9}).encode(),
+            "application/json",
+            400,
+            "temperature",
+        ),
+        (
+            json.dumps({"content": "hi", "temperature": "warm"}).encode(),
+            "application/json",
+            400,
+            "temperature",
+        ),
     ],
 )
 def test_the_chat_api_refuses_bad_messages_in_its_shape_and_stores_nothing(
-        asgi_server, alice_key, session, product, stream, body, content_type, status, field):
+    asgi_server, alice_key, session, product, stream, body, content_type, status, field
+):
     before = stored()
     path = f"/api/chat/sessions/{session.pk}/messages/" + ("stream" if stream else "")
-    code, headers, raw = send(f"{asgi_server}{path}", body, key=alice_key, content_type=content_type)
+    code, headers, raw = send(
+        f"{asgi_server}{path}", body, key=alice_key, content_type=content_type
+    )
     assert code == status, raw
     assert headers["Content-Type"] == "application/json"
     error = json.loads(raw)["error"]
@@ -172,14 +274,24 @@ def test_the_chat_api_refuses_bad_messages_in_its_shape_and_stores_nothing(
         ("PATCH", "/api/chat/sessions/{sid}/", {"title": ["a", "list"]}, 400),
         ("PATCH", "/api/chat/sessions/{sid}/", {"title": "x" * 201}, 400),
         ("PUT", "/api/chat/sessions/{sid}/messages/", {"content": "hi"}, 405),
-        ("POST", "/api/keys/", {"name": "k", "scopes": "chat"}, 403),  # keys are managed from a browser session
+        (
+            "POST",
+            "/api/keys/",
+            {"name": "k", "scopes": "chat"},
+            403,
+        ),  # keys are managed from a browser session
     ],
 )
-def test_the_chat_api_answers_wrong_ids_types_and_methods_in_its_shape(asgi_server, alice_key, session, method,
-                                                                      path, body, status):
+def test_the_chat_api_answers_wrong_ids_types_and_methods_in_its_shape(
+    asgi_server, alice_key, session, method, path, body, status
+):
     before = stored()
-    code, _, raw = send(f"{asgi_server}{path.format(sid=session.pk)}",
-                        None if body is None else json.dumps(body).encode(), method=method, key=alice_key)
+    code, _, raw = send(
+        f"{asgi_server}{path.format(sid=session.pk)}",
+        None if body is None else json.dumps(body).encode(),
+        method=method,
+        key=alice_key,
+    )
     assert code == status, raw
     assert set(json.loads(raw)["error"]) == GATEWAY_SHAPE
     assert stored() == before
@@ -187,8 +299,11 @@ def test_the_chat_api_answers_wrong_ids_types_and_methods_in_its_shape(asgi_serv
 
 
 def test_the_chat_api_takes_html_and_script_as_text(asgi_server, alice_key, session, product):
-    code, _, raw = send(f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
-                        json.dumps({"content": HOSTILE, "max_tokens": 3}).encode(), key=alice_key)
+    code, _, raw = send(
+        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
+        json.dumps({"content": HOSTILE, "max_tokens": 3}).encode(),
+        key=alice_key,
+    )
     assert code == 201, raw
     assert json.loads(raw)["user_message"]["content"] == HOSTILE
     assert Message.objects.get(session=session, role="user").content == HOSTILE
@@ -196,11 +311,14 @@ def test_the_chat_api_takes_html_and_script_as_text(asgi_server, alice_key, sess
 
 # --- the KB API ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def curator_key(django_user_model):
     from chat.services import apikey_create
 
-    curator = staff_user("curator", verbs=EVERY_VERB)  # the KB API needs the entry model's permissions
+    curator = staff_user(
+        "curator", verbs=EVERY_VERB
+    )  # the KB API needs the entry model's permissions
     return apikey_create(user=curator, name="kb", scopes=["kb"])[1]
 
 
@@ -224,7 +342,9 @@ GOOD_ENTRY = {"question": "Do you ship to Chile?", "answer": "Yes."}
         (json.dumps({**GOOD_ENTRY, "active": "maybe"}).encode(), "active"),
     ],
 )
-def test_the_kb_api_refuses_bad_entries_in_its_shape_and_writes_nothing(asgi_server, curator_key, body, field):
+def test_the_kb_api_refuses_bad_entries_in_its_shape_and_writes_nothing(
+    asgi_server, curator_key, body, field
+):
     before = stored()
     code, _, raw = send(f"{asgi_server}/api/kb/entries/", body, key=curator_key)
     assert code == 400, raw
@@ -235,23 +355,34 @@ def test_the_kb_api_refuses_bad_entries_in_its_shape_and_writes_nothing(asgi_ser
     assert stored() == before
 
 
-@pytest.mark.parametrize("query", ["", "q=", "q=%20%20", "q=" + "x" * 2001, "q=hi&k=0", "q=hi&k=99", "q=hi&k=two"])
+@pytest.mark.parametrize(
+    "query", ["", "q=", "q=%20%20", "q=" + "x" * 2001, "q=hi&k=0", "q=hi&k=99", "q=hi&k=two"]
+)
 def test_the_kb_search_refuses_bad_queries_in_its_shape(asgi_server, curator_key, query):
-    code, _, raw = send(f"{asgi_server}/api/kb/search?{query}", None, method="GET", key=curator_key,
-                        content_type=None)
+    code, _, raw = send(
+        f"{asgi_server}/api/kb/search?{query}",
+        None,
+        method="GET",
+        key=curator_key,
+        content_type=None,
+    )
     assert code == 400, raw
     assert set(json.loads(raw)["error"]) == GATEWAY_SHAPE
 
 
 def test_the_kb_stores_html_in_an_answer_as_sent(asgi_server, curator_key):
-    code, headers, raw = send(f"{asgi_server}/api/kb/entries/", json.dumps(
-        {"question": "What about <b>bold</b>?", "answer": HOSTILE}).encode(), key=curator_key)
+    code, headers, raw = send(
+        f"{asgi_server}/api/kb/entries/",
+        json.dumps({"question": "What about <b>bold</b>?", "answer": HOSTILE}).encode(),
+        key=curator_key,
+    )
     assert code == 201, raw
     assert headers["Content-Type"] == "application/json"
     assert json.loads(raw)["answer"] == HOSTILE and Entry.objects.get().answer == HOSTILE
 
 
 # --- the chat socket ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 async def close_executor_connections():
@@ -276,14 +407,21 @@ async def close_executor_connections():
     ],
 )
 async def test_bad_socket_frames_get_an_error_frame_store_nothing_and_the_socket_stays(
-        alice, product, close_executor_connections, frame, code):
+    alice, product, close_executor_connections, frame, code
+):
     from config.asgi import application
 
     client = Client()
     await sync_to_async(client.force_login)(alice)
-    socket = WebsocketCommunicator(application, "/ws/chat/", headers=[
-        (b"host", b"testserver"), (b"origin", b"http://testserver"),
-        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())])
+    socket = WebsocketCommunicator(
+        application,
+        "/ws/chat/",
+        headers=[
+            (b"host", b"testserver"),
+            (b"origin", b"http://testserver"),
+            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        ],
+    )
     assert (await socket.connect())[0]
     await socket.send_to(text_data=frame)
     reply = await socket.receive_json_from(timeout=10)
@@ -299,9 +437,15 @@ async def test_a_binary_socket_frame_gets_an_error_frame(alice, close_executor_c
 
     client = Client()
     await sync_to_async(client.force_login)(alice)
-    socket = WebsocketCommunicator(application, "/ws/chat/", headers=[
-        (b"host", b"testserver"), (b"origin", b"http://testserver"),
-        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())])
+    socket = WebsocketCommunicator(
+        application,
+        "/ws/chat/",
+        headers=[
+            (b"host", b"testserver"),
+            (b"origin", b"http://testserver"),
+            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        ],
+    )
     assert (await socket.connect())[0]
     await socket.send_to(bytes_data=b'{"type": "message", "session": null, "content": "hi"}')
     reply = await socket.receive_json_from(timeout=10)

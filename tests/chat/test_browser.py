@@ -27,13 +27,22 @@ from tests.inference_ops.simulator_process import start_simulator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PASSWORD = "pw-browser-123456"
 KB_QUESTION = "How do I reset my password?"
 XSS_QUESTION = "What does the markup canary say?"
-XSS_ANSWER = ('Careful: <script>alert(1)</script> and <img src=x onerror="alert(2)"> '
-              "and [a link](javascript:alert(3)) stay text; **this is bold**.")
+XSS_ANSWER = (
+    'Careful: <script>alert(1)</script> and <img src=x onerror="alert(2)"> '
+    "and [a link](javascript:alert(3)) stay text; **this is bold**."
+)
 # A first answer may wait for daphne to load the embedding model.
 ANSWER_TIMEOUT = 60_000
 
@@ -48,8 +57,20 @@ def server(asgi_server):
 @pytest.fixture(scope="module")
 def slow_sim():
     """A simulated local engine writing random words at 50 ms a token: slow enough to watch and to stop."""
-    sim = start_simulator("serve", "acme/local", "--max-num-seqs", "8", "--time-to-first-token", "5",
-                          "--inter-token-latency", "50", "--mode", "random", "--seed", "7")
+    sim = start_simulator(
+        "serve",
+        "acme/local",
+        "--max-num-seqs",
+        "8",
+        "--time-to-first-token",
+        "5",
+        "--inter-token-latency",
+        "50",
+        "--mode",
+        "random",
+        "--seed",
+        "7",
+    )
     yield sim
     sim.stop()
 
@@ -65,7 +86,9 @@ def browser():
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
             yield browser
             browser.close()
     finally:
@@ -138,7 +161,9 @@ def open_page(browser, server):
 def user(name):
     # The test settings hash with MD5, which the server's settings do not accept: store a
     # PBKDF2 hash (few iterations, for speed; the server re-hashes it at the first login).
-    password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
+    password = PBKDF2PasswordHasher().encode(
+        PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000
+    )
     return get_user_model().objects.create(username=name, password=password)
 
 
@@ -192,11 +217,20 @@ def requests_running(sim) -> float:
 def kb_and_slow_engine(slow_sim):
     """Two KB entries, the slow local engine, a default rule with short answers and an
     `essay` rule with long ones."""
-    entry = entry_create(question=KB_QUESTION, answer="Use **Forgot password** on the login page.", embed="sync")
+    entry = entry_create(
+        question=KB_QUESTION, answer="Use **Forgot password** on the login page.", embed="sync"
+    )
     canary = entry_create(question=XSS_QUESTION, answer=XSS_ANSWER, embed="sync")
     local = endpoint("local", slow_sim)
     rule("default", local, is_default=True, use_kb_context=False, max_tokens=40)
-    rule("long answers", local, keywords=["essay"], priority=10, use_kb_context=False, max_tokens=2000)
+    rule(
+        "long answers",
+        local,
+        keywords=["essay"],
+        priority=10,
+        use_kb_context=False,
+        max_tokens=2000,
+    )
     return {"entry": entry, "canary": canary}
 
 
@@ -213,7 +247,9 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     assert kb.get_attribute("data-status") == "complete"
     expect(kb.locator(".badge")).to_have_attribute("data-road", "kb")
     expect(kb.locator(".badge")).to_have_text("KB")
-    expect(kb.locator(".badge")).to_have_attribute("title", "Answered from the knowledge base")  # a user's reason
+    expect(kb.locator(".badge")).to_have_attribute(
+        "title", "Answered from the knowledge base"
+    )  # a user's reason
     expect(kb.locator(".target")).to_have_text(f"KB#{kb_and_slow_engine['entry'].pk}")
     expect(kb.locator(".bubble strong")).to_have_text("Forgot password")
     assert "**" not in kb.locator(".bubble").inner_text()
@@ -222,7 +258,8 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     expect(page).to_have_url(re.compile(r"\?session=\d+$"))
     session_id = int(page.url.rsplit("=", 1)[1])
     expect(page.locator(f'#sessions .session[data-session-id="{session_id}"]')).to_have_attribute(
-        "aria-current", "true")
+        "aria-current", "true"
+    )
 
     # A generated answer arrives token by token over the socket.
     generated = ask(page, "Tell me something about the sea")
@@ -250,15 +287,25 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
 
     # Markup in KB text (or model output) is shown as text and never runs.
     canary = finished(ask(page, XSS_QUESTION))
-    expect(canary.locator(".bubble")).to_contain_text('<script>alert(1)</script> and <img src=x onerror="alert(2)">')
+    expect(canary.locator(".bubble")).to_contain_text(
+        '<script>alert(1)</script> and <img src=x onerror="alert(2)">'
+    )
     expect(canary.locator(".bubble strong")).to_have_text("this is bold")
     assert page.locator("#messages script, #messages img, #messages [onerror]").count() == 0
     assert page.locator('#messages a[href^="javascript"]').count() == 0
     assert watched.dialogs == []
 
-    stored = list(Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")
-                  .values_list("status", "road"))
-    assert stored == [("complete", "kb"), ("complete", "local"), ("cancelled", "local"), ("complete", "kb")]
+    stored = list(
+        Message.objects.filter(session_id=session_id, role="assistant")
+        .order_by("pk")
+        .values_list("status", "road")
+    )
+    assert stored == [
+        ("complete", "kb"),
+        ("complete", "local"),
+        ("cancelled", "local"),
+        ("complete", "kb"),
+    ]
 
     # After a reload the whole conversation comes back from the database.
     page.reload()
@@ -266,12 +313,21 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     answers = page.locator(".message.assistant")
     expect(answers).to_have_count(4)
     assert [answers.nth(i).get_attribute("data-status") for i in range(4)] == [
-        "complete", "complete", "cancelled", "complete"]
+        "complete",
+        "complete",
+        "cancelled",
+        "complete",
+    ]
     assert [answers.nth(i).locator(".badge").get_attribute("data-road") for i in range(4)] == [
-        "kb", "local", "local", "kb"]
+        "kb",
+        "local",
+        "local",
+        "kb",
+    ]
     expect(answers.nth(0).locator(".bubble strong")).to_have_text("Forgot password")
     expect(answers.nth(1).locator(".bubble")).to_have_text(
-        Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")[1].content)
+        Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")[1].content
+    )
     expect(answers.nth(2).locator(".status-note")).to_contain_text("Stopped")
     expect(answers.nth(3).locator(".bubble")).to_contain_text("<script>alert(1)</script>")
     expect(page.locator(".message.user").nth(1)).to_have_text("Tell me something about the sea")
@@ -321,14 +377,18 @@ def test_the_renderer_and_its_sanitizer_show_only_allowed_markup_in_chromium(bro
         for script in MARKDOWN_SCRIPTS:
             page.add_script_tag(path=str(BASE_DIR / "chat/static/chat" / script))
         assert page.evaluate("(source) => GatewayMarkdown.render(source)", "Use **this**.") == (
-            "<p>Use <strong>this</strong>.</p>\n")
-        sources = HOSTILE + [EXPLOIT[:i] for i in range(len(EXPLOIT))] + random_sources(1500, seed=7)
+            "<p>Use <strong>this</strong>.</p>\n"
+        )
+        sources = (
+            HOSTILE + [EXPLOIT[:i] for i in range(len(EXPLOIT))] + random_sources(1500, seed=7)
+        )
         assert page.evaluate(CHECK_RENDERED, sources) == []
         # Without the sanitizer (a vendored file failed to load) the text is shown escaped, never raw.
         page.evaluate("delete window.GatewayMarkdown; window.DOMPurify = undefined")
         page.add_script_tag(path=str(BASE_DIR / "chat/static/chat/markdown.js"))
         assert page.evaluate("(source) => GatewayMarkdown.render(source)", "<b>x</b> **y**") == (
-            "<p>&lt;b&gt;x&lt;/b&gt; **y**</p>")
+            "<p>&lt;b&gt;x&lt;/b&gt; **y**</p>"
+        )
     finally:
         page.close()
 
@@ -354,17 +414,28 @@ def assert_nothing_ran(watched):
     page.wait_for_timeout(200)
     assert page.evaluate("window.pwned") is None
     assert watched.dialogs == []
-    assert messages.evaluate("""(root) => [...root.querySelectorAll("*")].flatMap((node) =>
-        [...node.attributes].filter((a) => a.name.startsWith("on")).map((a) => node.tagName + " " + a.name))""") == []
+    assert (
+        messages.evaluate("""(root) => [...root.querySelectorAll("*")].flatMap((node) =>
+        [...node.attributes].filter((a) => a.name.startsWith("on")).map((a) => node.tagName + " " + a.name))""")
+        == []
+    )
     assert messages.locator("script, img, svg, iframe, style, object, embed").count() == 0
-    hrefs = messages.evaluate("(root) => [...root.querySelectorAll('a')].map((a) => a.getAttribute('href'))")
+    hrefs = messages.evaluate(
+        "(root) => [...root.querySelectorAll('a')].map((a) => a.getAttribute('href'))"
+    )
     assert hrefs and all(re.match(r"https?://", href) for href in hrefs), hrefs
 
 
 def test_a_hostile_answer_from_the_kb_or_a_model_is_shown_and_runs_nothing(open_page, local_sim):
     hostile = "\n\n".join(PWNING)
     entry_create(question=HOSTILE_QUESTION, answer=hostile, embed="sync")
-    rule("default", endpoint("local", local_sim), is_default=True, use_kb_context=False, max_tokens=2000)
+    rule(
+        "default",
+        endpoint("local", local_sim),
+        is_default=True,
+        use_kb_context=False,
+        max_tokens=2000,
+    )
     user("mallory")
     watched = open_page()
     page = watched.page
@@ -396,8 +467,14 @@ def test_the_chat_page_enforces_its_content_security_policy(open_page):
     log_in(page, "alice")
     response = page.goto("/")
     policy = response.headers["content-security-policy"]
-    assert "script-src 'self'" in policy and "object-src 'none'" in policy and "unsafe-inline" not in policy
-    expect(page.locator("#connection")).to_have_attribute("data-state", "open")  # its WebSocket is allowed
+    assert (
+        "script-src 'self'" in policy
+        and "object-src 'none'" in policy
+        and "unsafe-inline" not in policy
+    )
+    expect(page.locator("#connection")).to_have_attribute(
+        "data-state", "open"
+    )  # its WebSocket is allowed
     assert watched.violations() == []
 
     # Markup put into the page by any other way than the renderer still runs nothing: the policy refuses it.
@@ -429,9 +506,15 @@ def test_the_admin_and_the_api_docs_work_under_the_policy(open_page, server):
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     expect(page.locator("#site-name")).to_be_visible()
-    for url in ["/admin/", "/admin/knowledge/entry/", "/admin/knowledge/entry/add/",
-                f"/admin/knowledge/entry/{entry.pk}/change/", "/admin/knowledge/entry/try/?q=password",
-                "/admin/routing/routingrule/tester/", "/admin/auth/user/"]:
+    for url in [
+        "/admin/",
+        "/admin/knowledge/entry/",
+        "/admin/knowledge/entry/add/",
+        f"/admin/knowledge/entry/{entry.pk}/change/",
+        "/admin/knowledge/entry/try/?q=password",
+        "/admin/routing/routingrule/tester/",
+        "/admin/auth/user/",
+    ]:
         response = page.goto(url)
         assert response.status == 200, url
         assert "script-src 'self'" in response.headers["content-security-policy"], url
@@ -450,7 +533,9 @@ def test_the_admin_and_the_api_docs_work_under_the_policy(open_page, server):
     # Swagger UI renders the schema from the page's own script files.
     response = page.goto("/api/docs/")
     assert "script-src 'self'" in response.headers["content-security-policy"]
-    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Answering gateway API", timeout=30_000)
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text(
+        "Answering gateway API", timeout=30_000
+    )
     expect(page.locator(".swagger-ui .opblock").first).to_be_visible()
     assert watched.violations() == []
 
@@ -468,12 +553,16 @@ def test_the_enter_that_confirms_an_ime_composition_does_not_send(open_page, kb_
     composer.evaluate("""(el) => el.dispatchEvent(new KeyboardEvent("keydown",
         {key: "Enter", code: "Enter", keyCode: 229, bubbles: true, cancelable: true}))""")
     # Between compositionstart and compositionend no Enter sends either.
-    composer.evaluate("(el) => el.dispatchEvent(new CompositionEvent('compositionstart', {data: ''}))")
+    composer.evaluate(
+        "(el) => el.dispatchEvent(new CompositionEvent('compositionstart', {data: ''}))"
+    )
     composer.press("Enter")
     page.wait_for_timeout(300)
     expect(page.locator(".message")).to_have_count(0)
     assert Message.objects.count() == 0
-    composer.evaluate("(el) => el.dispatchEvent(new CompositionEvent('compositionend', {data: '密码'}))")
+    composer.evaluate(
+        "(el) => el.dispatchEvent(new CompositionEvent('compositionend', {data: '密码'}))"
+    )
 
     # Shift+Enter adds a line; a plain Enter then sends.
     composer.press("End")
@@ -511,7 +600,9 @@ def test_at_phone_width_the_composer_shows_and_the_sessions_sit_behind_a_button(
     page.locator("#sessions-toggle").click()
     expect(page.locator("#sessions-toggle")).to_have_attribute("aria-expanded", "true")
     expect(page.get_by_role("button", name="Earlier chat", exact=True)).to_be_visible()
-    page.get_by_role("button", name="Earlier chat", exact=True).click()  # opening a chat folds the list away
+    page.get_by_role(
+        "button", name="Earlier chat", exact=True
+    ).click()  # opening a chat folds the list away
     expect(page.locator("#sessions")).to_be_hidden()
     expect(page.locator("#conversation-title")).to_have_text("Earlier chat")
 
@@ -522,8 +613,16 @@ def test_a_user_renames_and_deletes_sessions_and_a_second_user_sees_none_of_them
     first = ChatSession.objects.create(user=alice, title="First chat")
     second = ChatSession.objects.create(user=alice, title="Second chat")
     Message.objects.create(session=first, role="user", content="hello there")
-    Message.objects.create(session=first, role="assistant", content="*Hi*", status="complete", road="kb",
-                           target="KB#1", ttft_ms=3.0, latency_ms=3.0)
+    Message.objects.create(
+        session=first,
+        role="assistant",
+        content="*Hi*",
+        status="complete",
+        road="kb",
+        target="KB#1",
+        ttft_ms=3.0,
+        latency_ms=3.0,
+    )
     page = open_page().page
     log_in(page, "alice")
     items = page.locator("#sessions .session")
@@ -566,7 +665,9 @@ def test_a_user_renames_and_deletes_sessions_and_a_second_user_sees_none_of_them
     expect(other.locator("#sessions .session")).to_have_count(0)
 
 
-def test_a_dropped_connection_reconnects_and_shows_the_answer_from_the_database(open_page, kb_and_slow_engine):
+def test_a_dropped_connection_reconnects_and_shows_the_answer_from_the_database(
+    open_page, kb_and_slow_engine
+):
     user("alice")
     page = open_page().page
     routes = []

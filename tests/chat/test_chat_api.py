@@ -33,20 +33,33 @@ def test_sessions_crud(api):
     assert created.status_code == 201
     sid = created.json()["id"]
     assert api.get("/api/chat/sessions/").json()["results"][0]["title"] == "Trip planning"
-    assert api.patch(f"/api/chat/sessions/{sid}/", {"title": "Holidays"}, format="json").json()["title"] == "Holidays"
-    assert api.patch(f"/api/chat/sessions/{sid}/", {"title": "  "}, format="json").status_code == 400
+    assert (
+        api.patch(f"/api/chat/sessions/{sid}/", {"title": "Holidays"}, format="json").json()[
+            "title"
+        ]
+        == "Holidays"
+    )
+    assert (
+        api.patch(f"/api/chat/sessions/{sid}/", {"title": "  "}, format="json").status_code == 400
+    )
     assert api.delete(f"/api/chat/sessions/{sid}/").status_code == 204
     assert api.get(f"/api/chat/sessions/{sid}/").status_code == 404
 
 
 def test_sending_a_message_returns_the_finished_turn(api, product):
     sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
-    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
-                        format="json")
+    response = api.post(
+        f"/api/chat/sessions/{sid}/messages/",
+        {"content": "How do I reset my password?"},
+        format="json",
+    )
     assert response.status_code == 201
     body = response.json()
     assert body["user_message"]["content"] == "How do I reset my password?"
-    assert body["assistant_message"]["status"] == "complete" and body["assistant_message"]["road"] == "kb"
+    assert (
+        body["assistant_message"]["status"] == "complete"
+        and body["assistant_message"]["road"] == "kb"
+    )
     messages = api.get(f"/api/chat/sessions/{sid}/messages/").json()["results"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
 
@@ -57,9 +70,13 @@ def test_the_streaming_variant_sends_server_sent_events(asgi_server, alice, alic
 
     session = ChatSession.objects.create(user=alice)
     request = urllib.request.Request(
-        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/stream", method="POST",
-        data=json.dumps({"content": "Tell me a long story about the sea", "max_tokens": 4}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"})
+        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/stream",
+        method="POST",
+        data=json.dumps(
+            {"content": "Tell me a long story about the sea", "max_tokens": 4}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/event-stream")
         text = response.read().decode()
@@ -95,7 +112,9 @@ def test_malformed_json_is_a_400(api):
 def test_a_body_over_the_upload_limit_is_a_413(api, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
-    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "x" * 5000}, format="json")
+    response = api.post(
+        f"/api/chat/sessions/{sid}/messages/", {"content": "x" * 5000}, format="json"
+    )
     assert response.status_code == 413
 
 
@@ -103,23 +122,47 @@ def test_the_rate_limit_answers_429_with_retry_after(api, product, settings):
     settings.CHAT_RATE_LIMIT = 2
     sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
     for _ in range(2):
-        assert api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
-                        format="json").status_code == 201
-    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"},
-                        format="json")
+        assert (
+            api.post(
+                f"/api/chat/sessions/{sid}/messages/",
+                {"content": "How do I reset my password?"},
+                format="json",
+            ).status_code
+            == 201
+        )
+    response = api.post(
+        f"/api/chat/sessions/{sid}/messages/",
+        {"content": "How do I reset my password?"},
+        format="json",
+    )
     assert response.status_code == 429
-    assert int(response["Retry-After"]) >= 1 and "Too many questions" in response.json()["error"]["message"]
+    assert (
+        int(response["Retry-After"]) >= 1
+        and "Too many questions" in response.json()["error"]["message"]
+    )
 
 
 def test_a_user_sees_nothing_of_another_users_sessions(api, bob_api, product):
     sid = api.post("/api/chat/sessions/", {"title": "mine"}, format="json").json()["id"]
-    api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "How do I reset my password?"}, format="json")
+    api.post(
+        f"/api/chat/sessions/{sid}/messages/",
+        {"content": "How do I reset my password?"},
+        format="json",
+    )
     assert bob_api.get("/api/chat/sessions/").json()["count"] == 0
     assert bob_api.get(f"/api/chat/sessions/{sid}/").status_code == 404
     assert bob_api.get(f"/api/chat/sessions/{sid}/messages/").status_code == 404
-    assert bob_api.patch(f"/api/chat/sessions/{sid}/", {"title": "x"}, format="json").status_code == 404
+    assert (
+        bob_api.patch(f"/api/chat/sessions/{sid}/", {"title": "x"}, format="json").status_code
+        == 404
+    )
     assert bob_api.delete(f"/api/chat/sessions/{sid}/").status_code == 404
-    assert bob_api.post(f"/api/chat/sessions/{sid}/messages/", {"content": "hi"}, format="json").status_code == 404
+    assert (
+        bob_api.post(
+            f"/api/chat/sessions/{sid}/messages/", {"content": "hi"}, format="json"
+        ).status_code
+        == 404
+    )
     assert ChatSession.objects.get(pk=sid).title == "mine"
 
 
@@ -143,52 +186,78 @@ def test_users_create_list_and_revoke_their_keys_and_see_the_key_once(api, bob_a
     bearer = APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert bearer.get("/api/chat/sessions/").status_code == 200
     assert ApiKey.objects.get().last_used_at is not None
-    assert bearer.post("/api/keys/", {"name": "minted"}, format="json").status_code == 403  # keys cannot mint keys
+    assert (
+        bearer.post("/api/keys/", {"name": "minted"}, format="json").status_code == 403
+    )  # keys cannot mint keys
 
     foreign = bob_api.delete(f"/api/keys/{listing[0]['id']}/")
     assert foreign.status_code == 404
-    assert foreign.json() == {"error": {"code": "not_found", "message": f"No API key {listing[0]['id']}.",
-                                        "fields": {}}}
+    assert foreign.json() == {
+        "error": {"code": "not_found", "message": f"No API key {listing[0]['id']}.", "fields": {}}
+    }
     assert api.delete(f"/api/keys/{listing[0]['id']}/").status_code == 204
     assert bearer.get("/api/chat/sessions/").status_code == 401
 
 
 def test_key_validation(api, alice):
-    assert api.post("/api/keys/", {"name": "", "scopes": ["chat"]}, format="json").status_code == 400
-    assert api.post("/api/keys/", {"name": "x", "scopes": ["root"]}, format="json").status_code == 400
+    assert (
+        api.post("/api/keys/", {"name": "", "scopes": ["chat"]}, format="json").status_code == 400
+    )
+    assert (
+        api.post("/api/keys/", {"name": "x", "scopes": ["root"]}, format="json").status_code == 400
+    )
     response = api.post("/api/keys/", {"name": "x", "scopes": ["kb"]}, format="json")
     assert response.status_code == 400 and "staff" in json.dumps(response.json())
     api.post("/api/keys/", {"name": "dup", "scopes": ["chat"]}, format="json")
-    assert api.post("/api/keys/", {"name": "dup", "scopes": ["chat"]}, format="json").status_code == 400
+    assert (
+        api.post("/api/keys/", {"name": "dup", "scopes": ["chat"]}, format="json").status_code
+        == 400
+    )
 
 
 def test_scopes_gate_the_apis(alice, django_user_model, kb_staff_key=None):
     chat_only = apikey_create(user=alice, name="chat", scopes=["chat"])[1]
-    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {chat_only}").get("/api/kb/entries/").status_code == 403
-    curator = staff_user("curator", verbs=EVERY_VERB)  # the KB API needs the entry model's permissions
+    assert (
+        APIClient(HTTP_AUTHORIZATION=f"Bearer {chat_only}").get("/api/kb/entries/").status_code
+        == 403
+    )
+    curator = staff_user(
+        "curator", verbs=EVERY_VERB
+    )  # the KB API needs the entry model's permissions
     kb_key = apikey_create(user=curator, name="kb", scopes=["kb"])[1]
-    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/kb/entries/").status_code == 200
-    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/chat/sessions/").status_code == 403
+    assert (
+        APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/kb/entries/").status_code == 200
+    )
+    assert (
+        APIClient(HTTP_AUTHORIZATION=f"Bearer {kb_key}").get("/api/chat/sessions/").status_code
+        == 403
+    )
 
 
 def test_createapikey_prints_only_the_key_on_its_last_line(alice, capsys):
     call_command("createapikey", "--user", "alice", "--scope", "chat")
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[-1].startswith("gw_")
-    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {out[-1]}").get("/api/chat/sessions/").status_code == 200
+    assert (
+        APIClient(HTTP_AUTHORIZATION=f"Bearer {out[-1]}").get("/api/chat/sessions/").status_code
+        == 200
+    )
     with pytest.raises(CommandError, match="no user named 'nobody'"):
         call_command("createapikey", "--user", "nobody")
 
 
 def test_the_api_schema_and_docs_are_served(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
-    assert {"/api/chat/sessions/", "/api/chat/sessions/{id}/messages/", "/api/keys/"} <= set(schema["paths"])
+    assert {"/api/chat/sessions/", "/api/chat/sessions/{id}/messages/", "/api/keys/"} <= set(
+        schema["paths"]
+    )
     assert client.get("/api/docs/").status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_got(asgi_server, alice, alice_key,
-                                                                                     product):
+def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_got(
+    asgi_server, alice, alice_key, product
+):
     import http.client
     import time
     import urllib.request
@@ -197,9 +266,12 @@ def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_
     session = ChatSession.objects.create(user=alice)
     url = urlsplit(asgi_server)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    connection.request("POST", f"/api/chat/sessions/{session.pk}/messages/stream",
-                       body=json.dumps({"content": "Tell me a long story about the sea", "max_tokens": 2000}),
-                       headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"})
+    connection.request(
+        "POST",
+        f"/api/chat/sessions/{session.pk}/messages/stream",
+        body=json.dumps({"content": "Tell me a long story about the sea", "max_tokens": 2000}),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"},
+    )
     response = connection.getresponse()
     assert response.status == 200
     received = b""
@@ -215,10 +287,15 @@ def test_a_client_that_hangs_up_mid_stream_leaves_a_cancelled_turn_with_what_it_
     assert message.status == "cancelled"
     assert message.content  # what was generated before the hang-up is kept
     # The server goes on serving on the same pool of request threads.
-    request = urllib.request.Request(f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
-                                     headers={"Authorization": f"Bearer {alice_key}"})
+    request = urllib.request.Request(
+        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
+        headers={"Authorization": f"Bearer {alice_key}"},
+    )
     with urllib.request.urlopen(request, timeout=30) as history:
-        assert [m["status"] for m in json.loads(history.read())["results"]] == ["complete", "cancelled"]
+        assert [m["status"] for m in json.loads(history.read())["results"]] == [
+            "complete",
+            "cancelled",
+        ]
 
 
 def _rate_count(user) -> int:
@@ -230,13 +307,21 @@ def _rate_count(user) -> int:
     return sum(int(core_redis.client().get(key) or 0) for key in keys)
 
 
-@pytest.mark.parametrize("content", ["reset my\x00 password", "reset my \ud800 password", "ring \x1b[31m red"])
+@pytest.mark.parametrize(
+    "content", ["reset my\x00 password", "reset my \ud800 password", "ring \x1b[31m red"]
+)
 @pytest.mark.parametrize("path", ["messages/", "messages/stream"])
-def test_text_that_cannot_be_stored_is_a_400_and_costs_no_rate_limit(api, alice, product, content, path):
+def test_text_that_cannot_be_stored_is_a_400_and_costs_no_rate_limit(
+    api, alice, product, content, path
+):
     sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
     # Sent as ASCII JSON: the lone surrogate travels as the escape "\ud800", as a client sends it.
-    response = api.generic("POST", f"/api/chat/sessions/{sid}/{path}", json.dumps({"content": content}),
-                           content_type="application/json")
+    response = api.generic(
+        "POST",
+        f"/api/chat/sessions/{sid}/{path}",
+        json.dumps({"content": content}),
+        content_type="application/json",
+    )
     assert response.status_code == 400, response.content
     assert response.json()["error"]["message"]
     assert not Message.objects.exists()
@@ -244,7 +329,11 @@ def test_text_that_cannot_be_stored_is_a_400_and_costs_no_rate_limit(api, alice,
 
 
 def test_a_session_title_that_cannot_be_stored_is_a_400(api):
-    response = api.generic("POST", "/api/chat/sessions/", json.dumps({"title": "trip \ud800"}),
-                           content_type="application/json")
+    response = api.generic(
+        "POST",
+        "/api/chat/sessions/",
+        json.dumps({"title": "trip \ud800"}),
+        content_type="application/json",
+    )
     assert response.status_code == 400, response.content
     assert not ChatSession.objects.exists()

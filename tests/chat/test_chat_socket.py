@@ -46,20 +46,30 @@ async def running(sim) -> float:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         async with session.get(f"{sim.url}/metrics") as response:
             text = await response.text()
-    return float(next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(" ", 1)[1])
+    return float(
+        next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(
+            " ", 1
+        )[1]
+    )
 
 
 async def test_a_kb_question_gets_session_route_token_done_and_is_stored(alice, product):
     socket = await socket_for(alice)
     assert (await socket.connect())[0]
-    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
     frames = await frames_until_end(socket)
     assert [f["type"] for f in frames] == ["session", "route", "token", "done"]
     session, route, token, done = frames
     assert route["road"] == "kb" and token["text"] == "Use **Forgot password**."
     assert done["status"] == "complete" and done["message_id"] == session["message_id"]
     message = await Message.objects.aget(pk=done["message_id"])
-    assert (message.status, message.road, message.content) == ("complete", "kb", "Use **Forgot password**.")
+    assert (message.status, message.road, message.content) == (
+        "complete",
+        "kb",
+        "Use **Forgot password**.",
+    )
     assert await ChatSession.objects.filter(pk=session["id"], user=alice).aexists()
     await socket.disconnect()
 
@@ -67,8 +77,13 @@ async def test_a_kb_question_gets_session_route_token_done_and_is_stored(alice, 
 async def test_a_generated_answer_streams_and_continues_the_same_session(alice, product):
     socket = await socket_for(alice)
     await socket.connect()
-    await socket.send_json_to({"type": "message", "session": None,
-                               "content": "Tell me a long story about the sea and its lighthouses"})
+    await socket.send_json_to(
+        {
+            "type": "message",
+            "session": None,
+            "content": "Tell me a long story about the sea and its lighthouses",
+        }
+    )
     frames = await frames_until_end(socket)
     tokens = [f for f in frames if f["type"] == "token"]
     assert frames[1]["road"] == "local" and tokens and frames[-1]["type"] == "done"
@@ -78,7 +93,9 @@ async def test_a_generated_answer_streams_and_continues_the_same_session(alice, 
     assert "".join(f["text"] for f in tokens) == answer.content != ""
     assert frames[-1]["ttft_ms"] > 0 and frames[-1]["usage"]["completion_tokens"] >= len(tokens)
     session_id = frames[0]["id"]
-    await socket.send_json_to({"type": "message", "session": session_id, "content": "And then what happened?"})
+    await socket.send_json_to(
+        {"type": "message", "session": session_id, "content": "And then what happened?"}
+    )
     again = await frames_until_end(socket)
     assert again[0]["id"] == session_id
     assert await Message.objects.filter(session_id=session_id).acount() == 4
@@ -89,7 +106,9 @@ async def test_a_group_rule_routes_a_members_new_and_continued_conversations(ali
     from django.contrib.auth.models import Group
 
     staff = await Group.objects.acreate(name="staff")
-    staff_rule = await sync_to_async(rule)("staff-external", product["external"], priority=10, use_kb_context=False)
+    staff_rule = await sync_to_async(rule)(
+        "staff-external", product["external"], priority=10, use_kb_context=False
+    )
     await staff_rule.groups.aadd(staff)
     await bob.groups.aadd(staff)
     await asyncio.sleep(1.1)  # the process rereads the rules within a second
@@ -100,7 +119,9 @@ async def test_a_group_rule_routes_a_members_new_and_continued_conversations(ali
         seen, session_id = [], None
         # Both turns: the groups come with the turn's own statement, a new session's and a continued one's.
         for question in ("Tell me about lighthouses", "And then what happened?"):
-            await socket.send_json_to({"type": "message", "session": session_id, "content": question})
+            await socket.send_json_to(
+                {"type": "message", "session": session_id, "content": question}
+            )
             frames = await frames_until_end(socket)
             assert frames[-1]["type"] == "done", frames[-1]
             session_id = frames[0]["id"]
@@ -110,18 +131,26 @@ async def test_a_group_rule_routes_a_members_new_and_continued_conversations(ali
 
     assert await targets(bob) == ["external", "external"]
     assert await targets(alice) == ["local", "local"]
-    assert await Message.objects.filter(session__user=bob, role="assistant", target="external",
-                                        status="complete").acount() == 2
+    assert (
+        await Message.objects.filter(
+            session__user=bob, role="assistant", target="external", status="complete"
+        ).acount()
+        == 2
+    )
 
 
 async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow_sim):
     local_sim = slow_sim
     slow = await sync_to_async(endpoint)("slow", local_sim)
-    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    await sync_to_async(rule)(
+        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
+    )
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
-    frames = [await socket.receive_json_from(timeout=10) for _ in range(4)]  # session, route, 2 tokens
+    frames = [
+        await socket.receive_json_from(timeout=10) for _ in range(4)
+    ]  # session, route, 2 tokens
     assert frames[2]["type"] == "token"
     assert await running(local_sim) >= 1
     await socket.send_json_to({"type": "stop"})
@@ -141,7 +170,9 @@ async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow
 async def test_a_dropped_socket_stops_generation_and_the_turn_is_not_lost(alice, slow_sim):
     local_sim = slow_sim
     slow = await sync_to_async(endpoint)("slow", local_sim)
-    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    await sync_to_async(rule)(
+        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
+    )
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
@@ -160,7 +191,9 @@ async def test_a_dropped_socket_stops_generation_and_the_turn_is_not_lost(alice,
 
 async def test_one_answer_at_a_time_per_socket(alice, slow_sim):
     slow = await sync_to_async(endpoint)("slow", slow_sim)
-    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=1000)
+    await sync_to_async(rule)(
+        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
+    )
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
@@ -184,8 +217,14 @@ async def test_one_answer_at_a_time_per_socket(alice, slow_sim):
         ({"type": "message", "session": None, "content": "   "}, "invalid_message"),
         ({"type": "message", "session": None, "content": 42}, "invalid_message"),
         ({"type": "message", "session": None, "content": "x" * 20000}, "message_too_large"),
-        ({"type": "message", "session": None, "content": "reset my\x00 password"}, "invalid_message"),
-        ({"type": "message", "session": None, "content": "reset my \ud800 password"}, "invalid_message"),
+        (
+            {"type": "message", "session": None, "content": "reset my\x00 password"},
+            "invalid_message",
+        ),
+        (
+            {"type": "message", "session": None, "content": "reset my \ud800 password"},
+            "invalid_message",
+        ),
         ({"type": "message", "session": None, "content": "ring \x07 the bell"}, "invalid_message"),
     ],
 )
@@ -198,10 +237,14 @@ async def test_bad_frames_get_an_error_frame_and_the_socket_stays_open(alice, pr
         await socket.send_json_to(frame)
     reply = await socket.receive_json_from(timeout=10)
     assert reply["type"] == "error" and reply["code"] == code and reply["message"]
-    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
     assert (await frames_until_end(socket))[-1]["type"] == "done"
     # Only the good question was stored, and only it counted against the rate limit.
-    assert [m.content async for m in Message.objects.filter(role="user")] == ["How do I reset my password?"]
+    assert [m.content async for m in Message.objects.filter(role="user")] == [
+        "How do I reset my password?"
+    ]
     assert await sync_to_async(_rate_count)(alice) == 1
     await socket.disconnect()
 
@@ -230,7 +273,9 @@ async def test_anonymous_and_foreign_origin_sockets_are_rejected(alice):
     anonymous = await socket_for()
     connected, code = await anonymous.connect()
     assert connected is False and code == 4401
-    await anonymous.disconnect()  # lets the rejected application instance finish before the loop closes
+    await (
+        anonymous.disconnect()
+    )  # lets the rejected application instance finish before the loop closes
     foreign = await socket_for(alice, origin="http://evil.example")
     connected, _ = await foreign.connect()
     assert connected is False
@@ -241,8 +286,11 @@ async def _logged_in_socket(user) -> tuple[WebsocketCommunicator, AsyncClient]:
     """A socket and the browser (its session cookie) that opened it."""
     client = AsyncClient()
     await client.aforce_login(user)
-    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver"),
-               (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+    headers = [
+        (b"host", b"testserver"),
+        (b"origin", b"http://testserver"),
+        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+    ]
     socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
     connected, _ = await socket.connect()
     assert connected
@@ -267,20 +315,31 @@ async def _log_out(client):
     ("end_login", "code"),
     [
         (lambda user, client: _log_out(client), "logged_out"),  # in another tab of the same browser
-        (lambda user, client: _change_password(user), "logged_out"),  # every other session ends, as Django's
+        (
+            lambda user, client: _change_password(user),
+            "logged_out",
+        ),  # every other session ends, as Django's
         (lambda user, client: _deactivate(user), "account_inactive"),
     ],
 )
-async def test_a_socket_whose_login_ended_says_so_answers_nothing_and_closes(alice, product, end_login, code):
+async def test_a_socket_whose_login_ended_says_so_answers_nothing_and_closes(
+    alice, product, end_login, code
+):
     socket, client = await _logged_in_socket(alice)
-    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
     assert (await frames_until_end(socket))[-1]["type"] == "done"
 
     await end_login(alice, client)
-    await socket.send_json_to({"type": "message", "session": None, "content": "What are your opening hours?"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "What are your opening hours?"}
+    )
     reply = await socket.receive_json_from(timeout=10)
     assert reply["type"] == "error" and reply["code"] == code and "log in" in reply["message"]
     closed = await socket.receive_output(timeout=10)
     assert closed == {"type": "websocket.close", "code": 4401}
-    assert [m.content async for m in Message.objects.filter(role="user")] == ["How do I reset my password?"]
+    assert [m.content async for m in Message.objects.filter(role="user")] == [
+        "How do I reset my password?"
+    ]
     await socket.disconnect()

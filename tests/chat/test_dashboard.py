@@ -35,22 +35,62 @@ SVG = "{http://www.w3.org/2000/svg}"
 def the_traffic():
     """Ten requests a minute ago: four KB answers (three exact, one by vector), four local answers,
     and two to a named external model (no KB check): an answer, and a failure after a fallback."""
-    rows = [record(road="kb", rule="faq", target=f"KB#{i}", kb_method="exact" if i < 3 else "vector", kb_hit=True,
-                   kb_entry_id=i, kb_score=0.9, ttft_ms=4.0, latency_ms=5.0, overhead_ms=5.0, ago=timedelta(minutes=1))
-            for i in range(4)]
-    rows += [record(road="local", target="local", ttft_ms=t, latency_ms=t * 10, overhead_ms=t / 10,
-                    ago=timedelta(minutes=1)) for t in (100.0, 200.0, 300.0, 400.0)]
-    rows += [record(road="external", target="external", kb_method="", ttft_ms=50.0, latency_ms=500.0,
-                    interface="v1", ago=timedelta(minutes=1)),
-             record(road="external", target="external", kb_method="", status="failed", error_code="engine_timeout",
-                    ttft_ms=None, latency_ms=30000.0, overhead_ms=None, fell_back_from=("local",),
-                    ago=timedelta(minutes=1))]
+    rows = [
+        record(
+            road="kb",
+            rule="faq",
+            target=f"KB#{i}",
+            kb_method="exact" if i < 3 else "vector",
+            kb_hit=True,
+            kb_entry_id=i,
+            kb_score=0.9,
+            ttft_ms=4.0,
+            latency_ms=5.0,
+            overhead_ms=5.0,
+            ago=timedelta(minutes=1),
+        )
+        for i in range(4)
+    ]
+    rows += [
+        record(
+            road="local",
+            target="local",
+            ttft_ms=t,
+            latency_ms=t * 10,
+            overhead_ms=t / 10,
+            ago=timedelta(minutes=1),
+        )
+        for t in (100.0, 200.0, 300.0, 400.0)
+    ]
+    rows += [
+        record(
+            road="external",
+            target="external",
+            kb_method="",
+            ttft_ms=50.0,
+            latency_ms=500.0,
+            interface="v1",
+            ago=timedelta(minutes=1),
+        ),
+        record(
+            road="external",
+            target="external",
+            kb_method="",
+            status="failed",
+            error_code="engine_timeout",
+            ttft_ms=None,
+            latency_ms=30000.0,
+            overhead_ms=None,
+            fell_back_from=("local",),
+            ago=timedelta(minutes=1),
+        ),
+    ]
     return write(*rows)
 
 
 def fragment(html: str, start: str, end: str) -> str:
     begin = html.index(start)
-    return html[begin:html.index(end, begin) + len(end)]
+    return html[begin : html.index(end, begin) + len(end)]
 
 
 def figure(html: str, name: str) -> str:
@@ -61,14 +101,18 @@ def target_row(html: str, name: str) -> dict[str, str]:
     table = ET.fromstring(fragment(html, '<table id="targets">', "</table>"))
     for row in table.iter("tr"):
         if row.get("data-target") == name:
-            return {cell.get("class"): "".join(cell.itertext()).strip() for cell in row.iter("td") if cell.get("class")}
+            return {
+                cell.get("class"): "".join(cell.itertext()).strip()
+                for cell in row.iter("td")
+                if cell.get("class")
+            }
     raise AssertionError(f"no row for {name}")
 
 
 def chart(html: str, css: str) -> ET.Element:
     marked = html.index(f'class="{css}"')
     start = html.rindex("<svg", 0, marked)
-    return ET.fromstring(html[start:html.index("</svg>", marked) + len("</svg>")])
+    return ET.fromstring(html[start : html.index("</svg>", marked) + len("</svg>")])
 
 
 def marks(svg: ET.Element) -> list[str]:
@@ -83,18 +127,38 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
     html = response.content.decode()
 
     assert figure(html, "requests") == "10"
-    assert [figure(html, f"road-{road}") for road in ("kb", "local", "external", "none")] == ["4", "4", "2", "0"]
+    assert [figure(html, f"road-{road}") for road in ("kb", "local", "external", "none")] == [
+        "4",
+        "4",
+        "2",
+        "0",
+    ]
     assert figure(html, "hit-ratio") == "50%"  # 4 hits of the 8 questions the KB looked at
     assert (figure(html, "hits-exact"), figure(html, "hits-vector")) == ("3", "1")
     assert (figure(html, "failed"), figure(html, "fell-back")) == ("1", "1")
 
     local = target_row(html, "local")
-    assert local == {"requests": "4", "ttft-p50": "250", "ttft-p95": "385", "latency-p50": "2500",
-                     "latency-p95": "3850", "overhead-p50": "25", "overhead-p95": "38.5", "failed": "0",
-                     "fallbacks": "0"}
+    assert local == {
+        "requests": "4",
+        "ttft-p50": "250",
+        "ttft-p95": "385",
+        "latency-p50": "2500",
+        "latency-p95": "3850",
+        "overhead-p50": "25",
+        "overhead-p95": "38.5",
+        "failed": "0",
+        "fallbacks": "0",
+    }
     external = target_row(html, "external")
-    assert (external["requests"], external["ttft-p50"], external["latency-p50"]) == ("2", "50", "500")
-    assert (external["failed"], external["fallbacks"]) == ("1", "1")  # the failure's 30 s is not a latency
+    assert (external["requests"], external["ttft-p50"], external["latency-p50"]) == (
+        "2",
+        "50",
+        "500",
+    )
+    assert (external["failed"], external["fallbacks"]) == (
+        "1",
+        "1",
+    )  # the failure's 30 s is not a latency
     kb = target_row(html, "knowledge base")  # one row for every entry that answered
     assert (kb["requests"], kb["ttft-p50"]) == ("4", "4")
 
@@ -105,7 +169,10 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
     slot = timezone.localtime(written[0].at)
     slot_label = slot.replace(minute=slot.minute - slot.minute % 5).strftime("%H:%M")
     roads = marks(chart(html, "chart-roads"))
-    assert f"{slot_label} · knowledge base: 4 requests" in roads and f"{slot_label} · local model: 4 requests" in roads
+    assert (
+        f"{slot_label} · knowledge base: 4 requests" in roads
+        and f"{slot_label} · local model: 4 requests" in roads
+    )
     assert f"{slot_label} · external model: 2 requests" in roads and len(roads) == 3
     assert marks(chart(html, "chart-hits")) == [f"{slot_label} · KB hit ratio: 50.0%"]
     assert f"{slot_label} · failed: 1 requests" in marks(chart(html, "chart-errors"))
@@ -114,26 +181,42 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
 
 
 def test_each_period_counts_its_own_rows(operator_client):
-    write(record(ago=timedelta(minutes=10)), record(ago=timedelta(hours=5)), record(ago=timedelta(days=3)),
-          record(ago=timedelta(days=9)))
-    counts = {name: figure(operator_client.get(DASHBOARD, {"period": name}).content.decode(), "requests")
-              for name in PERIODS}
+    write(
+        record(ago=timedelta(minutes=10)),
+        record(ago=timedelta(hours=5)),
+        record(ago=timedelta(days=3)),
+        record(ago=timedelta(days=9)),
+    )
+    counts = {
+        name: figure(operator_client.get(DASHBOARD, {"period": name}).content.decode(), "requests")
+        for name in PERIODS
+    }
     assert counts == {"hour": "1", "day": "2", "week": "3"}
-    assert figure(operator_client.get(DASHBOARD).content.decode(), "requests") == "2"  # the last day unless asked
+    assert (
+        figure(operator_client.get(DASHBOARD).content.decode(), "requests") == "2"
+    )  # the last day unless asked
 
 
 def test_each_period_is_cut_into_its_slots():
     now = timezone.now()
     for name, (span, slot) in PERIODS.items():
         period = period_at(name, now=now)
-        assert period.end - period.start == span and period.start <= now - span + slot and now < period.end
-        assert len(period.slots) == span / slot and all((s - period.start) % slot == timedelta(0)
-                                                        for s in period.slots)
+        assert (
+            period.end - period.start == span
+            and period.start <= now - span + slot
+            and now < period.end
+        )
+        assert len(period.slots) == span / slot and all(
+            (s - period.start) % slot == timedelta(0) for s in period.slots
+        )
 
 
 def test_the_period_selector_links_each_period_and_the_matching_log(operator_client):
     html = operator_client.get(DASHBOARD, {"period": "week"}).content.decode()
-    assert '<a href="?period=hour">last hour</a>' in html and '<a href="?period=day">last day</a>' in html
+    assert (
+        '<a href="?period=hour">last hour</a>' in html
+        and '<a href="?period=day">last day</a>' in html
+    )
     assert '<strong aria-current="page">last week</strong>' in html
     assert 'href="/admin/chat/requestlog/?period=week"' in html
 
@@ -145,34 +228,69 @@ def test_an_unknown_period_is_refused_with_a_message(operator_client):
 
 
 def test_the_engines_states_through_the_period_are_drawn(operator_client):
-    gpu = EngineProcess.objects.create(name="gpu-1", endpoint=endpoint("local", url="http://127.0.0.1:9/v1"),
-                                       model="acme/local", port=8101, status=EngineProcess.Status.READY)
+    gpu = EngineProcess.objects.create(
+        name="gpu-1",
+        endpoint=endpoint("local", url="http://127.0.0.1:9/v1"),
+        model="acme/local",
+        port=8101,
+        status=EngineProcess.Status.READY,
+    )
     now = timezone.now()
-    for status, ago in (("ready", timedelta(hours=3)), ("crashed", timedelta(minutes=30)),
-                        ("restarting", timedelta(minutes=29)), ("ready", timedelta(minutes=20))):
+    for status, ago in (
+        ("ready", timedelta(hours=3)),
+        ("crashed", timedelta(minutes=30)),
+        ("restarting", timedelta(minutes=29)),
+        ("ready", timedelta(minutes=20)),
+    ):
         event = EngineEvent.objects.create(engine=gpu, status=status, reason=f"went {status}")
         EngineEvent.objects.filter(pk=event.pk).update(at=now - ago)
     html = operator_client.get(DASHBOARD, {"period": "hour"}).content.decode()
 
     bands = marks(chart(html, "chart-engines"))
-    assert [band.split(" from ")[0] for band in bands] == ["gpu-1: ready", "gpu-1: crashed", "gpu-1: restarting",
-                                                           "gpu-1: ready"]
+    assert [band.split(" from ")[0] for band in bands] == [
+        "gpu-1: ready",
+        "gpu-1: crashed",
+        "gpu-1: restarting",
+        "gpu-1: ready",
+    ]
     crashed_at = timezone.localtime(now - timedelta(minutes=30)).strftime("%H:%M")
-    assert bands[1] == f"gpu-1: crashed from {crashed_at} to " + \
-        timezone.localtime(now - timedelta(minutes=29)).strftime("%H:%M")
+    assert bands[1] == f"gpu-1: crashed from {crashed_at} to " + timezone.localtime(
+        now - timedelta(minutes=29)
+    ).strftime("%H:%M")
     recent = fragment(html, '<table id="engine-events">', "</table>")
-    assert recent.count("<tr>") == 4 and "went crashed" in recent  # the three of the hour, and the header
-    assert "went ready" in recent and f'href="/admin/inference_ops/engineprocess/{gpu.pk}/change/"' in html
+    assert (
+        recent.count("<tr>") == 4 and "went crashed" in recent
+    )  # the three of the hour, and the header
+    assert (
+        "went ready" in recent
+        and f'href="/admin/inference_ops/engineprocess/{gpu.pk}/change/"' in html
+    )
 
 
-def _misses(question: str, *, answer: str = "A generated answer.", recent: int, older: int = 0, **fields):
+def _misses(
+    question: str, *, answer: str = "A generated answer.", recent: int, older: int = 0, **fields
+):
     """A group of misses as the grouping leaves it: its head and members, `recent` of them in the
     last hour and `older` before the week."""
     now = timezone.now()
-    head = Miss.objects.create(question=question, normalized=question.lower(), answer=answer, count=recent + older,
-                               grouped_at=now, **fields)
-    members = [Miss.objects.create(question=question, normalized=question.lower(), answer=answer, group=head,
-                                   grouped_at=now) for _ in range(recent + older - 1)]
+    head = Miss.objects.create(
+        question=question,
+        normalized=question.lower(),
+        answer=answer,
+        count=recent + older,
+        grouped_at=now,
+        **fields,
+    )
+    members = [
+        Miss.objects.create(
+            question=question,
+            normalized=question.lower(),
+            answer=answer,
+            group=head,
+            grouped_at=now,
+        )
+        for _ in range(recent + older - 1)
+    ]
     for miss in ([head, *members])[recent:]:
         Miss.objects.filter(pk=miss.pk).update(created_at=now - timedelta(days=10))
     return head
@@ -182,44 +300,67 @@ def test_the_most_asked_missed_questions_lead_to_turning_one_into_an_entry(admin
     often = _misses("Can I pay by invoice?", recent=2, older=5)
     _misses("Do you ship to Mars?", recent=3)
     _misses("How do I export my data?", answer="", recent=1)
-    done = _misses("Where is my order?", recent=9, resolved_by=Entry.objects.create(question="Where?", answer="Here."))
+    done = _misses(
+        "Where is my order?",
+        recent=9,
+        resolved_by=Entry.objects.create(question="Where?", answer="Here."),
+    )
     Miss.objects.create(question="Still waiting", normalized="still waiting")  # not grouped yet
 
     html = admin_client.get(DASHBOARD, {"period": "hour"}).content.decode()
     table = fragment(html, '<table id="misses">', "</table>")
-    assert re.findall(r'data-miss="(\d+)"', table)[0] == str(often.pk)  # the most asked of all first
-    assert table.index("Can I pay by invoice?") < table.index("Do you ship to Mars?") < table.index("export my data")
+    assert re.findall(r'data-miss="(\d+)"', table)[0] == str(
+        often.pk
+    )  # the most asked of all first
+    assert (
+        table.index("Can I pay by invoice?")
+        < table.index("Do you ship to Mars?")
+        < table.index("export my data")
+    )
     assert f'data-miss="{done.pk}"' not in table  # has its entry already
     row = fragment(table, f'data-miss="{often.pk}"', "</tr>")
     assert '<td class="asked">7</td>' in row and '<td class="asked-in-period">2</td>' in row
     assert "no generated answer" in fragment(table, "export my data", "</tr>")
     assert "1 more misses wait to be grouped" in html
 
-    response = admin_client.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": often.pk,
-                                                            "index": 0}, follow=True)
+    response = admin_client.post(
+        "/admin/knowledge/miss/",
+        {"action": "make_entry", "_selected_action": often.pk, "index": 0},
+        follow=True,
+    )
     entry = Entry.objects.get(question="Can I pay by invoice?")
     assert response.redirect_chain[-1][0] == f"/admin/knowledge/entry/{entry.pk}/change/"
     assert entry.answer == "A generated answer."
-    assert "Can I pay by invoice?" not in fragment(admin_client.get(DASHBOARD).content.decode(), '<table id="misses">',
-                                                   "</table>")
+    assert "Can I pay by invoice?" not in fragment(
+        admin_client.get(DASHBOARD).content.decode(), '<table id="misses">', "</table>"
+    )
 
 
 def test_the_turn_into_entry_button_posts_the_miss_to_the_misses_admin(admin_client):
     head = _misses("Can I pay by invoice?", recent=1)
     html = admin_client.get(DASHBOARD).content.decode()
     form = fragment(fragment(html, f'data-miss="{head.pk}"', "</tr>"), "<form", "</form>")
-    assert 'method="post" action="/admin/knowledge/miss/"' in form and 'name="csrfmiddlewaretoken"' in form
-    assert 'name="action" value="make_entry"' in form and f'name="_selected_action" value="{head.pk}"' in form
+    assert (
+        'method="post" action="/admin/knowledge/miss/"' in form
+        and 'name="csrfmiddlewaretoken"' in form
+    )
+    assert (
+        'name="action" value="make_entry"' in form
+        and f'name="_selected_action" value="{head.pk}"' in form
+    )
 
 
 def test_staff_who_cannot_see_misses_get_the_dashboard_without_them(operator_client):
     _misses("Can I pay by invoice?", recent=1)
     html = operator_client.get(DASHBOARD).content.decode()
-    assert 'id="targets"' in html and 'id="misses"' not in html and "Can I pay by invoice?" not in html
+    assert (
+        'id="targets"' in html and 'id="misses"' not in html and "Can I pay by invoice?" not in html
+    )
 
 
 def test_the_dashboard_refuses_anonymous_users_users_who_are_not_staff_and_staff_without_the_log(
-        client, user_client, curator_client):
+    client, user_client, curator_client
+):
     for outsider in (client, user_client):
         response = outsider.get(DASHBOARD)
         assert response.status_code == 302
@@ -227,10 +368,15 @@ def test_the_dashboard_refuses_anonymous_users_users_who_are_not_staff_and_staff
     assert curator_client.get(DASHBOARD).status_code == 403
 
 
-def test_the_admin_index_links_the_dashboard_for_those_who_may_read_it(operator_client, curator_client):
+def test_the_admin_index_links_the_dashboard_for_those_who_may_read_it(
+    operator_client, curator_client
+):
     assert f'<a href="{DASHBOARD}">Dashboard</a>' in operator_client.get("/admin/").content.decode()
     assert DASHBOARD not in curator_client.get("/admin/").content.decode()
-    assert f'<a href="{DASHBOARD}">Dashboard</a>' in operator_client.get("/admin/chat/requestlog/").content.decode()
+    assert (
+        f'<a href="{DASHBOARD}">Dashboard</a>'
+        in operator_client.get("/admin/chat/requestlog/").content.decode()
+    )
 
 
 def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_client):
@@ -243,16 +389,26 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
     the_traffic()
     write(*[record(target=f"endpoint-{i}", ago=timedelta(days=i)) for i in range(6)])
     for i in range(3):
-        engine = EngineProcess.objects.create(name=f"gpu-{i}", endpoint=endpoint(f"e{i}", url="http://127.0.0.1:9/v1"),
-                                              model="acme/local", port=8200 + i)
+        engine = EngineProcess.objects.create(
+            name=f"gpu-{i}",
+            endpoint=endpoint(f"e{i}", url="http://127.0.0.1:9/v1"),
+            model="acme/local",
+            port=8200 + i,
+        )
         EngineEvent.objects.create(engine=engine, status="ready")
     for i in range(4):
         _misses(f"Question {i}?", recent=2)
     busy = queries()
     assert len(busy) == len(empty)
-    reads = [sql for sql in busy if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql]
+    reads = [
+        sql
+        for sql in busy
+        if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql
+    ]
     assert len(reads) == 6  # traffic, targets, errors, engines, their events, misses
-    assert all("at >= " in sql for sql in busy if "chat_requestlog" in sql)  # each bounded by the period
+    assert all(
+        "at >= " in sql for sql in busy if "chat_requestlog" in sql
+    )  # each bounded by the period
 
 
 def test_the_dashboard_holds_nothing_the_content_security_policy_refuses(admin_client):
@@ -269,26 +425,49 @@ def test_every_chart_scales_to_the_width_of_a_phone(admin_client):
     html = admin_client.get(DASHBOARD).content.decode()
     for css in ("chart-roads", "chart-hits", "chart-errors", "chart-latency", "chart-engines"):
         svg = chart(html, css)
-        assert svg.get("viewBox").startswith("0 0 480 ") and svg.get("width") is None and svg.get("height") is None
+        assert (
+            svg.get("viewBox").startswith("0 0 480 ")
+            and svg.get("width") is None
+            and svg.get("height") is None
+        )
 
 
 def test_the_charts_escape_their_text_and_stay_well_formed():
     hostile = '<script>alert("x")</script> & co'
     for svg in (
-        charts.bars_over_time(["10:00", "<b>"], [charts.Series(hostile, "#000", [1, 2])], label=hostile),
-        charts.lines_over_time(["10:00", "11:00"], [charts.Series(hostile, "#000", [0.5, None])], label=hostile,
-                               percent=True),
-        charts.percentile_bars([(hostile, [("TTFT", 1.0, 2.0)])], measures=[("TTFT", "#000")], label=hostile),
-        charts.timeline([(hostile, [(0.0, 1.0, "#000", hostile)])], ticks=[(0.5, hostile)], keys=[(hostile, "#000")],
-                        label=hostile),
+        charts.bars_over_time(
+            ["10:00", "<b>"], [charts.Series(hostile, "#000", [1, 2])], label=hostile
+        ),
+        charts.lines_over_time(
+            ["10:00", "11:00"],
+            [charts.Series(hostile, "#000", [0.5, None])],
+            label=hostile,
+            percent=True,
+        ),
+        charts.percentile_bars(
+            [(hostile, [("TTFT", 1.0, 2.0)])], measures=[("TTFT", "#000")], label=hostile
+        ),
+        charts.timeline(
+            [(hostile, [(0.0, 1.0, "#000", hostile)])],
+            ticks=[(0.5, hostile)],
+            keys=[(hostile, "#000")],
+            label=hostile,
+        ),
     ):
-        assert "<script>" not in svg and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in svg
+        assert (
+            "<script>" not in svg
+            and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in svg
+        )
         ET.fromstring(svg)
 
 
 def test_an_empty_period_says_so_in_every_chart(admin_client):
     html = admin_client.get(DASHBOARD).content.decode()
-    for css in ("chart-roads", "chart-hits", "chart-latency"):  # no error is a figure: 0 in each slot
+    for css in (
+        "chart-roads",
+        "chart-hits",
+        "chart-latency",
+    ):  # no error is a figure: 0 in each slot
         texts = [t.text for t in chart(html, css).iter(f"{SVG}text")]
         assert "Nothing in this period" in texts, css
     assert "No requests in this period." in html and "No errors in this period." in html

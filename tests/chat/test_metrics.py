@@ -27,8 +27,22 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "scrape-token-for-the-tests-0123456789"
 ASK = [{"role": "user", "content": "Tell me a long story about the sea and its lighthouses"}]
 # Every label a series may carry; none of them names a user, key, question, session or KB entry.
-LABELS = {"interface", "road", "rule", "target", "status", "code", "method", "result", "passed_over", "endpoint",
-          "kind", "engine", "state", "le"}
+LABELS = {
+    "interface",
+    "road",
+    "rule",
+    "target",
+    "status",
+    "code",
+    "method",
+    "result",
+    "passed_over",
+    "endpoint",
+    "kind",
+    "engine",
+    "state",
+    "le",
+}
 
 
 class Scrape(dict):
@@ -66,8 +80,16 @@ def slow_sim():
     """A simulator slow enough that an answer is still streaming while the test scrapes."""
     from tests.inference_ops.simulator_process import start_simulator
 
-    sim = start_simulator("serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency", "50",
-                          "--mode", "random")
+    sim = start_simulator(
+        "serve",
+        "acme/local",
+        "--time-to-first-token",
+        "5",
+        "--inter-token-latency",
+        "50",
+        "--mode",
+        "random",
+    )
     yield sim
     sim.stop()
 
@@ -77,62 +99,107 @@ def sdk(asgi_server, key):
 
 
 def dead_endpoint(name="dead"):
-    return endpoint(name, url=f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there: connection refused
+    return endpoint(
+        name, url=f"http://127.0.0.1:{free_port()}/v1"
+    )  # nothing listens there: connection refused
 
 
 # --- what requests leave ------------------------------------------------------------------------------
 
 
-def test_a_kb_answer_counts_as_a_hit_on_the_kb_road_without_its_entry(asgi_server, alice_key, product, scrape):
+def test_a_kb_answer_counts_as_a_hit_on_the_kb_road_without_its_entry(
+    asgi_server, alice_key, product, scrape
+):
     before = scrape()
     raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}]
+    )
     assert raw.headers["X-Route"] == "kb"
     after = scrape()
     kb = {"interface": "v1", "road": "kb", "target": "kb"}
     assert after.since(before, "gateway_requests_total", **kb, rule="", status="complete") == 1
     assert after.since(before, "gateway_kb_lookups_total", method="exact", result="hit") == 1
     assert after.since(before, "gateway_time_to_first_token_seconds_count", **kb) == 1
-    assert after.since(before, "gateway_request_duration_seconds_count", **kb, status="complete") == 1
+    assert (
+        after.since(before, "gateway_request_duration_seconds_count", **kb, status="complete") == 1
+    )
     assert after.since(before, "gateway_overhead_seconds_count", **kb) == 1
     assert after.since(before, "gateway_completion_tokens_total", **kb) == 0  # no model ran
     assert not any(value.startswith("KB#") for _, labels in after for _, value in labels)
 
 
-def test_a_generated_answer_counts_its_tokens_and_times_by_target(asgi_server, alice_key, product, scrape):
+def test_a_generated_answer_counts_its_tokens_and_times_by_target(
+    asgi_server, alice_key, product, scrape
+):
     before = scrape()
-    completion = sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=5)
+    completion = sdk(asgi_server, alice_key).chat.completions.create(
+        model="auto", messages=ASK, max_tokens=5
+    )
     after = scrape()
     local = {"interface": "v1", "road": "local", "target": "local"}
-    assert after.since(before, "gateway_requests_total", **local, rule="default", status="complete") == 1
-    assert after.since(before, "gateway_prompt_tokens_total", **local) == completion.usage.prompt_tokens > 0
+    assert (
+        after.since(before, "gateway_requests_total", **local, rule="default", status="complete")
+        == 1
+    )
+    assert (
+        after.since(before, "gateway_prompt_tokens_total", **local)
+        == completion.usage.prompt_tokens
+        > 0
+    )
     assert after.since(before, "gateway_completion_tokens_total", **local) == 5
     assert after.since(before, "gateway_time_to_first_token_seconds_count", **local) == 1
-    assert after.since(before, "gateway_request_duration_seconds_count", **local, status="complete") == 1
+    assert (
+        after.since(before, "gateway_request_duration_seconds_count", **local, status="complete")
+        == 1
+    )
     assert after.since(before, "gateway_overhead_seconds_count", **local) == 1
-    misses = after.summed("gateway_kb_lookups_total", result="miss") - before.summed("gateway_kb_lookups_total",
-                                                                                      result="miss")
+    misses = after.summed("gateway_kb_lookups_total", result="miss") - before.summed(
+        "gateway_kb_lookups_total", result="miss"
+    )
     assert misses == 1
-    assert after.summed("gateway_kb_lookups_total", result="hit") == before.summed("gateway_kb_lookups_total",
-                                                                                   result="hit")
+    assert after.summed("gateway_kb_lookups_total", result="hit") == before.summed(
+        "gateway_kb_lookups_total", result="hit"
+    )
 
 
-def test_a_fallback_counts_the_endpoint_passed_over_and_the_one_that_answered(asgi_server, alice_key, local_sim,
-                                                                              scrape):
-    rule("dead-first", dead_endpoint(), endpoint("local", local_sim), is_default=True, use_kb_context=False)
+def test_a_fallback_counts_the_endpoint_passed_over_and_the_one_that_answered(
+    asgi_server, alice_key, local_sim, scrape
+):
+    rule(
+        "dead-first",
+        dead_endpoint(),
+        endpoint("local", local_sim),
+        is_default=True,
+        use_kb_context=False,
+    )
     before = scrape()
-    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(model="auto", messages=ASK,
-                                                                               max_tokens=3)
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=3
+    )
     assert raw.headers["X-Route-Target"] == "local"
     after = scrape()
     assert after.since(before, "gateway_fallbacks_total", passed_over="dead", target="local") == 1
-    assert after.since(before, "gateway_requests_total", interface="v1", road="local", rule="dead-first",
-                       target="local", status="complete") == 1
-    assert after.at("gateway_breaker_failures", endpoint="dead") == 1  # one failure, read from Redis at the scrape
+    assert (
+        after.since(
+            before,
+            "gateway_requests_total",
+            interface="v1",
+            road="local",
+            rule="dead-first",
+            target="local",
+            status="complete",
+        )
+        == 1
+    )
+    assert (
+        after.at("gateway_breaker_failures", endpoint="dead") == 1
+    )  # one failure, read from Redis at the scrape
     assert after.at("gateway_breaker_state", endpoint="dead", state="closed") == 1
 
 
-def test_a_failure_counts_its_error_code_and_the_status_the_client_got(asgi_server, alice_key, scrape):
+def test_a_failure_counts_its_error_code_and_the_status_the_client_got(
+    asgi_server, alice_key, scrape
+):
     rule("dead-only", dead_endpoint(), is_default=True, use_kb_context=False)
     before = scrape()
     body = json.dumps({"model": "auto", "messages": ASK}).encode()
@@ -140,20 +207,41 @@ def test_a_failure_counts_its_error_code_and_the_status_the_client_got(asgi_serv
     assert (status, body["error"]["code"]) == (503, "connect")
     after = scrape()
     failed = {"interface": "v1", "road": "", "target": ""}
-    assert after.since(before, "gateway_requests_total", **failed, rule="dead-only", status="failed") == 1
+    assert (
+        after.since(before, "gateway_requests_total", **failed, rule="dead-only", status="failed")
+        == 1
+    )
     assert after.since(before, "gateway_request_errors_total", **failed, code="connect") == 1
-    assert after.since(before, "gateway_error_responses_total", interface="v1", status="503", code="connect") == 1
+    assert (
+        after.since(
+            before, "gateway_error_responses_total", interface="v1", status="503", code="connect"
+        )
+        == 1
+    )
     assert after.since(before, "gateway_fallbacks_total", passed_over="dead", target="") == 1
-    assert after.since(before, "gateway_time_to_first_token_seconds_count", **failed) == 0  # no token came
+    assert (
+        after.since(before, "gateway_time_to_first_token_seconds_count", **failed) == 0
+    )  # no token came
 
 
 def test_a_refused_request_counts_by_status_and_code(asgi_server, scrape):
     before = scrape()
-    status, _ = raw_post(f"{asgi_server}/v1/chat/completions", json.dumps({"model": "auto", "messages": ASK}).encode())
+    status, _ = raw_post(
+        f"{asgi_server}/v1/chat/completions",
+        json.dumps({"model": "auto", "messages": ASK}).encode(),
+    )
     assert status == 401
     after = scrape()
-    assert after.since(before, "gateway_error_responses_total", interface="v1", status="401",
-                       code="invalid_api_key") == 1
+    assert (
+        after.since(
+            before,
+            "gateway_error_responses_total",
+            interface="v1",
+            status="401",
+            code="invalid_api_key",
+        )
+        == 1
+    )
 
 
 def test_an_unknown_error_code_is_counted_as_other(scrape):
@@ -161,15 +249,26 @@ def test_an_unknown_error_code_is_counted_as_other(scrape):
     metrics.response_refused("v1", 400, "a code nobody listed")
     metrics.response_refused("somewhere", 999, "")
     after = scrape()
-    assert after.since(before, "gateway_error_responses_total", interface="v1", status="400", code="other") == 1
-    assert after.since(before, "gateway_error_responses_total", interface="other", status="other", code="") == 1
+    assert (
+        after.since(
+            before, "gateway_error_responses_total", interface="v1", status="400", code="other"
+        )
+        == 1
+    )
+    assert (
+        after.since(
+            before, "gateway_error_responses_total", interface="other", status="other", code=""
+        )
+        == 1
+    )
 
 
 def test_an_answer_is_in_flight_until_it_ends(asgi_server, alice_key, slow_sim, scrape):
     rule("slow", endpoint("slow", slow_sim), is_default=True, use_kb_context=False)
     before = scrape()
-    stream = sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=40,
-                                                                 stream=True)
+    stream = sdk(asgi_server, alice_key).chat.completions.create(
+        model="auto", messages=ASK, max_tokens=40, stream=True
+    )
     chunks = iter(stream)
     next(chunks)
     assert scrape().since(before, "gateway_requests_in_flight", interface="v1") == 1
@@ -177,56 +276,108 @@ def test_an_answer_is_in_flight_until_it_ends(asgi_server, alice_key, slow_sim, 
     assert scrape().since(before, "gateway_requests_in_flight", interface="v1") == 0
 
 
-def test_no_label_names_a_user_key_question_or_session(asgi_server, alice_key, alice, product, scrape):
+def test_no_label_names_a_user_key_question_or_session(
+    asgi_server, alice_key, alice, product, scrape
+):
     session = ChatSession.objects.create(user=alice, title="integration", source="api")
     client = sdk(asgi_server, alice_key)
-    client.chat.completions.create(model="auto", messages=ASK, max_tokens=3,
-                                   extra_headers={"X-Session-Id": str(session.pk)})
-    client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+    client.chat.completions.create(
+        model="auto", messages=ASK, max_tokens=3, extra_headers={"X-Session-Id": str(session.pk)}
+    )
+    client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}]
+    )
     samples = scrape()
     names = {name for _, labels in samples for name, _ in labels}
     assert names <= LABELS, names - LABELS
     values = {value for _, labels in samples for _, value in labels}
-    for secret in ("alice", alice_key, alice_key[:12], ASK[0]["content"], "reset my password", "KB#"):
+    for secret in (
+        "alice",
+        alice_key,
+        alice_key[:12],
+        ASK[0]["content"],
+        "reset my password",
+        "KB#",
+    ):
         assert not any(secret in value for value in values), secret
-    assert samples.at("gateway_requests_total", interface="v1", road="local", rule="default", target="local",
-                      status="complete") >= 1
+    assert (
+        samples.at(
+            "gateway_requests_total",
+            interface="v1",
+            road="local",
+            rule="default",
+            target="local",
+            status="complete",
+        )
+        >= 1
+    )
 
 
 # --- what the worker and the stores hold, read at scrape time -------------------------------------------
 
 
-def test_an_engine_check_in_the_worker_shows_its_count_and_the_engines_gauges(celery_worker, local_sim, scrape):
+def test_an_engine_check_in_the_worker_shows_its_count_and_the_engines_gauges(
+    celery_worker, local_sim, scrape
+):
     served = endpoint("local", local_sim)
     engine = EngineProcess.objects.create(
-        name="local-sim", endpoint=served, kind="simulator", model="acme/local", port=local_sim.port,
-        pid=local_sim.process.pid, status="ready", desired_state="running")
+        name="local-sim",
+        endpoint=served,
+        kind="simulator",
+        model="acme/local",
+        port=local_sim.port,
+        pid=local_sim.process.pid,
+        status="ready",
+        desired_state="running",
+    )
     before = scrape()
     assert engine_check_task.apply_async((engine.pk,), queue="ops").get(timeout=30) is None
     after = scrape()
-    assert after.since(before, "gateway_engine_checks_total", engine="local-sim", result="healthy") == 1
-    assert after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="ready") == 1
-    assert after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="crashed") == 0
+    assert (
+        after.since(before, "gateway_engine_checks_total", engine="local-sim", result="healthy")
+        == 1
+    )
+    assert (
+        after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="ready") == 1
+    )
+    assert (
+        after.at("gateway_engine_status", engine="local-sim", endpoint="local", status="crashed")
+        == 0
+    )
     assert after.at("gateway_endpoint_status", endpoint="local", kind="vllm", status="ready") == 1
     assert ("gateway_endpoint_requests_running", frozenset({("endpoint", "local")})) in after
     assert ("gateway_endpoint_kv_cache_usage_ratio", frozenset({("endpoint", "local")})) in after
     served.refresh_from_db()
-    assert after.at("gateway_endpoint_checked_timestamp_seconds", endpoint="local") == pytest.approx(
-        served.checked_at.timestamp())
+    assert after.at(
+        "gateway_endpoint_checked_timestamp_seconds", endpoint="local"
+    ) == pytest.approx(served.checked_at.timestamp())
 
 
 def test_endpoint_gauges_and_an_open_breaker_are_read_at_scrape_time(settings, scrape):
-    ModelEndpoint.objects.create(name="busy", kind="vllm", base_url="http://127.0.0.1:9/v1", model="m",
-                                 status="unhealthy", requests_running=3, requests_waiting=7, kv_cache_usage=0.5)
-    ModelEndpoint.objects.create(name="retired", kind="vllm", base_url="http://127.0.0.1:9/v1", model="m",
-                                 active=False)
+    ModelEndpoint.objects.create(
+        name="busy",
+        kind="vllm",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        status="unhealthy",
+        requests_running=3,
+        requests_waiting=7,
+        kv_cache_usage=0.5,
+    )
+    ModelEndpoint.objects.create(
+        name="retired", kind="vllm", base_url="http://127.0.0.1:9/v1", model="m", active=False
+    )
     for _ in range(settings.ROUTING_BREAKER_FAILURES):
         async_to_sync(breaker.failure)("busy")
     samples = scrape()
     assert samples.at("gateway_breaker_state", endpoint="busy", state="open") == 1
     assert samples.at("gateway_breaker_state", endpoint="busy", state="closed") == 0
-    assert samples.at("gateway_breaker_failures", endpoint="busy") == settings.ROUTING_BREAKER_FAILURES
-    assert samples.at("gateway_endpoint_status", endpoint="busy", kind="vllm", status="unhealthy") == 1
+    assert (
+        samples.at("gateway_breaker_failures", endpoint="busy") == settings.ROUTING_BREAKER_FAILURES
+    )
+    assert (
+        samples.at("gateway_endpoint_status", endpoint="busy", kind="vllm", status="unhealthy") == 1
+    )
     assert samples.at("gateway_endpoint_requests_running", endpoint="busy") == 3
     assert samples.at("gateway_endpoint_requests_waiting", endpoint="busy") == 7
     assert samples.at("gateway_endpoint_kv_cache_usage_ratio", endpoint="busy") == 0.5
@@ -240,8 +391,12 @@ def test_endpoint_gauges_and_an_open_breaker_are_read_at_scrape_time(settings, s
 def test_metrics_refuses_a_missing_or_wrong_token(client, settings):
     settings.METRICS_TOKEN = TOKEN
     settings.DEBUG = True  # a token, once set, is required from loopback too
-    for header in ({}, {"HTTP_AUTHORIZATION": "Bearer not-the-token"}, {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"},
-                   {"HTTP_AUTHORIZATION": TOKEN}):
+    for header in (
+        {},
+        {"HTTP_AUTHORIZATION": "Bearer not-the-token"},
+        {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"},
+        {"HTTP_AUTHORIZATION": TOKEN},
+    ):
         response = client.get("/metrics", **header)
         assert response.status_code == 401, header
         assert response["WWW-Authenticate"].startswith("Bearer")
@@ -250,12 +405,17 @@ def test_metrics_refuses_a_missing_or_wrong_token(client, settings):
 
 def test_metrics_answers_the_token_in_the_format_the_scraper_asks_for(client, settings):
     settings.METRICS_TOKEN = TOKEN
-    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", REMOTE_ADDR="203.0.113.7")
+    response = client.get(
+        "/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", REMOTE_ADDR="203.0.113.7"
+    )
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     assert b"gateway_state_read_ok 1.0" in response.content
-    openmetrics = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
-                             HTTP_ACCEPT="application/openmetrics-text; version=1.0.0")
+    openmetrics = client.get(
+        "/metrics",
+        HTTP_AUTHORIZATION=f"Bearer {TOKEN}",
+        HTTP_ACCEPT="application/openmetrics-text; version=1.0.0",
+    )
     assert openmetrics["Content-Type"].startswith("application/openmetrics-text")
     assert openmetrics.content.endswith(b"# EOF\n")
 

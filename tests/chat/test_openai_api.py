@@ -18,11 +18,15 @@ ASK = [{"role": "user", "content": "Tell me a long story about the sea and its l
 
 
 def sdk(asgi_server, key, **kwargs):
-    return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30, **kwargs)
+    return openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30, **kwargs
+    )
 
 
 def raw_post(url, body: bytes, key=None, content_type="application/json"):
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type}
+    )
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
@@ -39,62 +43,99 @@ def test_models_lists_auto_and_the_routable_targets(asgi_server, alice_key, prod
 
 def test_a_kb_answer_comes_back_as_a_normal_completion(asgi_server, alice_key, product):
     raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}])
+        model="auto", messages=[{"role": "user", "content": "how do I reset my password?"}]
+    )
     completion = raw.parse()
     assert completion.choices[0].message.content == "Use **Forgot password**."
     assert completion.choices[0].finish_reason == "stop"
-    assert raw.headers["X-Route"] == "kb" and raw.headers["X-Route-Target"] == f"KB#{product['entry'].pk}"
+    assert (
+        raw.headers["X-Route"] == "kb"
+        and raw.headers["X-Route-Target"] == f"KB#{product['entry'].pk}"
+    )
 
 
 def test_a_generated_answer_without_streaming(asgi_server, alice_key, product):
     raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="auto", messages=ASK, max_tokens=5)
+        model="auto", messages=ASK, max_tokens=5
+    )
     completion = raw.parse()
     assert (raw.headers["X-Route"], raw.headers["X-Route-Rule"], raw.headers["X-Route-Target"]) == (
-        "local", "default", "local")
-    assert completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
+        "local",
+        "default",
+        "local",
+    )
+    assert (
+        completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
+    )
     assert completion.choices[0].message.content.strip()
 
 
 async def test_the_async_sdk_streams_with_usage(asgi_server, alice_key, product):
-    client = openai.AsyncOpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=30)
-    stream = await client.chat.completions.create(model="auto", messages=ASK, max_tokens=6, stream=True,
-                                                  stream_options={"include_usage": True})
+    client = openai.AsyncOpenAI(
+        base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=30
+    )
+    stream = await client.chat.completions.create(
+        model="auto",
+        messages=ASK,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ] == ["length"]
     await client.close()
 
 
 def test_a_named_model_forces_that_target_and_skips_the_kb(asgi_server, alice_key, product):
     raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="external", messages=[{"role": "user", "content": "how do I reset my password?"}], max_tokens=3)
+        model="external",
+        messages=[{"role": "user", "content": "how do I reset my password?"}],
+        max_tokens=3,
+    )
     assert raw.headers["X-Route"] == "external" and raw.headers["X-Route-Target"] == "external"
 
 
-def test_an_api_call_stores_no_chat_session_unless_it_names_one(asgi_server, alice_key, alice, product):
+def test_an_api_call_stores_no_chat_session_unless_it_names_one(
+    asgi_server, alice_key, alice, product
+):
     sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
     assert not ChatSession.objects.filter(user=alice).exists() and not Message.objects.exists()
 
 
 def test_an_api_call_naming_its_session_is_stored_there(asgi_server, alice_key, alice, product):
     session = ChatSession.objects.create(user=alice, title="integration", source="api")
-    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
-                                                        extra_headers={"X-Session-Id": str(session.pk)})
+    sdk(asgi_server, alice_key).chat.completions.create(
+        model="auto", messages=ASK, max_tokens=3, extra_headers={"X-Session-Id": str(session.pk)}
+    )
     user, assistant = Message.objects.filter(session=session).order_by("pk")
     assert (user.role, user.content) == ("user", ASK[0]["content"])
-    assert assistant.status == "complete" and assistant.completion_tokens == 3 and assistant.road == "local"
+    assert (
+        assistant.status == "complete"
+        and assistant.completion_tokens == 3
+        and assistant.road == "local"
+    )
 
 
-@pytest.mark.parametrize(("header", "status", "code"), [("12x", 400, "invalid_session"), ("-1", 400, "invalid_session"),
-                                                      ("999999", 404, "session_not_found")])
-def test_a_session_header_that_names_no_session_of_the_caller_is_refused(asgi_server, alice_key, product, header,
-                                                                        status, code):
+@pytest.mark.parametrize(
+    ("header", "status", "code"),
+    [
+        ("12x", 400, "invalid_session"),
+        ("-1", 400, "invalid_session"),
+        ("999999", 404, "session_not_found"),
+    ],
+)
+def test_a_session_header_that_names_no_session_of_the_caller_is_refused(
+    asgi_server, alice_key, product, header, status, code
+):
     with pytest.raises(openai.APIStatusError) as info:
-        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
-                                                            extra_headers={"X-Session-Id": header})
+        sdk(asgi_server, alice_key).chat.completions.create(
+            model="auto", messages=ASK, max_tokens=3, extra_headers={"X-Session-Id": header}
+        )
     assert info.value.status_code == status and info.value.body["code"] == code
     assert not Message.objects.exists()
 
@@ -102,8 +143,9 @@ def test_a_session_header_that_names_no_session_of_the_caller_is_refused(asgi_se
 def test_another_users_session_is_not_found_and_gets_nothing(asgi_server, alice_key, bob, product):
     theirs = ChatSession.objects.create(user=bob, title="bob's")
     with pytest.raises(openai.NotFoundError):
-        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3,
-                                                            extra_headers={"X-Session-Id": str(theirs.pk)})
+        sdk(asgi_server, alice_key).chat.completions.create(
+            model="auto", messages=ASK, max_tokens=3, extra_headers={"X-Session-Id": str(theirs.pk)}
+        )
     assert not Message.objects.filter(session=theirs).exists()
 
 
@@ -119,8 +161,9 @@ def test_a_keys_last_use_is_recorded_behind_the_answer(asgi_server, alice_key, a
     assert ApiKey.objects.get(user=alice).last_used_at is not None
 
 
-def test_a_rule_for_a_group_routes_its_members_api_calls(asgi_server, alice_key, alice, django_user_model,
-                                                         product):
+def test_a_rule_for_a_group_routes_its_members_api_calls(
+    asgi_server, alice_key, alice, django_user_model, product
+):
     from django.contrib.auth.models import Group
 
     from tests.factories import rule
@@ -133,14 +176,17 @@ def test_a_rule_for_a_group_routes_its_members_api_calls(asgi_server, alice_key,
 
     def road(key) -> str:
         for _ in range(30):  # the gateway rereads the rules within a second
-            raw = sdk(asgi_server, key).chat.completions.with_raw_response.create(model="auto", messages=ASK,
-                                                                                 max_tokens=2)
+            raw = sdk(asgi_server, key).chat.completions.with_raw_response.create(
+                model="auto", messages=ASK, max_tokens=2
+            )
             if raw.headers["X-Route-Rule"] == "staff-external" or key == alice_key:
                 return raw.headers["X-Route-Target"]
             time.sleep(0.1)
         return raw.headers["X-Route-Target"]
 
-    assert road(bob_key) == "external"  # the group came with the key; the answer did not wait for the rows
+    assert (
+        road(bob_key) == "external"
+    )  # the group came with the key; the answer did not wait for the rows
     assert road(alice_key) == "local"
 
 
@@ -176,13 +222,36 @@ def test_a_key_without_the_chat_scope_is_refused(asgi_server, django_user_model,
         (b"{not json", 400, None),
         (json.dumps({"model": "auto"}).encode(), 400, "messages"),
         (json.dumps({"messages": ASK}).encode(), 400, "model"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": 42}]}).encode(), 400, "messages[0]"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": "   "}]}).encode(), 400, "messages"),
-        (json.dumps({"model": "auto", "messages": ASK, "max_tokens": -1}).encode(), 400, "max_tokens"),
-        (json.dumps({"model": "auto", "messages": ASK, "temperature": "hot"}).encode(), 400, "temperature"),
+        (
+            json.dumps({"model": "auto", "messages": [{"role": "user", "content": 42}]}).encode(),
+            400,
+            "messages[0]",
+        ),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "user", "content": "   "}]}
+            ).encode(),
+            400,
+            "messages",
+        ),
+        (
+            json.dumps({"model": "auto", "messages": ASK, "max_tokens": -1}).encode(),
+            400,
+            "max_tokens",
+        ),
+        (
+            json.dumps({"model": "auto", "messages": ASK, "temperature": "hot"}).encode(),
+            400,
+            "temperature",
+        ),
         (json.dumps({"model": "nope", "messages": ASK}).encode(), 404, "model"),
-        (json.dumps({"model": "auto", "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode(),
-         413, None),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "user", "content": "x" * 2_000_000}]}
+            ).encode(),
+            413,
+            None,
+        ),
     ],
 )
 def test_bad_input_gets_an_openai_shaped_4xx(asgi_server, alice_key, product, body, status, param):
@@ -218,15 +287,29 @@ def rate_count(user) -> int:
         ([{"role": "user", "content": "reset my \ud800 password"}], "messages[0]", "surrogate"),
         ([{"role": "user", "content": "ring the \x07 bell"}], "messages[0]", "control character"),
         ([{"role": "system", "content": "be\x00 brief"}, *ASK], "messages[0]", "NUL"),
-        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\udfff"}, *ASK], "messages[1]",
-         "surrogate"),
-        ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b\x00"}]}],
-         "messages[0]", "NUL"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\udfff"}, *ASK],
+            "messages[1]",
+            "surrogate",
+        ),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b\x00"}],
+                }
+            ],
+            "messages[0]",
+            "NUL",
+        ),
     ],
 )
 def test_text_that_cannot_be_stored_is_a_400_that_stores_nothing_and_spends_no_rate_limit(
-        asgi_server, alice_key, alice, product, messages, param, words):
-    body = json.dumps({"model": "auto", "messages": messages}).encode()  # ASCII: "\ud800" travels as an escape
+    asgi_server, alice_key, alice, product, messages, param, words
+):
+    body = json.dumps(
+        {"model": "auto", "messages": messages}
+    ).encode()  # ASCII: "\ud800" travels as an escape
     code, payload = raw_post(f"{asgi_server}/v1/chat/completions", body, key=alice_key)
     assert code == 400, payload
     assert payload["error"]["param"] == param and payload["error"]["code"] == "invalid_text"
@@ -235,5 +318,6 @@ def test_text_that_cannot_be_stored_is_a_400_that_stores_nothing_and_spends_no_r
     assert rate_count(alice) == 0
     # Tab, line feed and carriage return are text like any other.
     ok = sdk(asgi_server, alice_key).chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "how do I\treset my\r\npassword?"}])
+        model="auto", messages=[{"role": "user", "content": "how do I\treset my\r\npassword?"}]
+    )
     assert ok.choices[0].message.content

@@ -30,38 +30,60 @@ def sdk(asgi_server, key):
 def test_a_key_cannot_name_a_model_its_rule_does_not_list(asgi_server, intern_key, alice_key):
     with pytest.raises(openai.PermissionDeniedError) as info:
         sdk(asgi_server, intern_key).chat.completions.create(
-            model="external", messages=[{"role": "user", "content": "Draft a press release"}], max_tokens=3)
+            model="external",
+            messages=[{"role": "user", "content": "Draft a press release"}],
+            max_tokens=3,
+        )
     error = info.value.body
     assert info.value.status_code == 403
-    assert (error["code"], error["param"], error["type"]) == ("model_not_allowed", "model", "permission_error")
-    assert error["message"] == ("Rule 'interns' routes this question and does not list 'external'; "
-                                "it allows: local, or auto.")
+    assert (error["code"], error["param"], error["type"]) == (
+        "model_not_allowed",
+        "model",
+        "permission_error",
+    )
+    assert error["message"] == (
+        "Rule 'interns' routes this question and does not list 'external'; "
+        "it allows: local, or auto."
+    )
 
     allowed = sdk(asgi_server, intern_key).chat.completions.with_raw_response.create(
-        model="local", messages=[{"role": "user", "content": "Draft a press release"}], max_tokens=3)
+        model="local", messages=[{"role": "user", "content": "Draft a press release"}], max_tokens=3
+    )
     assert (allowed.headers["X-Route"], allowed.headers["X-Route-Rule"]) == ("local", "interns")
     others = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="external", messages=[{"role": "user", "content": "Draft a press release"}], max_tokens=3)
+        model="external",
+        messages=[{"role": "user", "content": "Draft a press release"}],
+        max_tokens=3,
+    )
     assert (others.headers["X-Route"], others.headers["X-Route-Rule"]) == ("external", "default")
 
 
 def test_the_model_list_shows_what_the_key_may_name(asgi_server, intern_key, alice_key):
     assert [m.id for m in sdk(asgi_server, intern_key).models.list()] == ["auto", "local"]
-    assert [m.id for m in sdk(asgi_server, alice_key).models.list()] == ["auto", "external", "local"]
+    assert [m.id for m in sdk(asgi_server, alice_key).models.list()] == [
+        "auto",
+        "external",
+        "local",
+    ]
 
 
 def test_an_engine_asking_to_wait_gives_a_503_that_says_how_long(asgi_server, alice_key, product):
     """Every target answers 429 with Retry-After: the client learns when to come back."""
     from inference_ops.models import ModelEndpoint
 
-    ModelEndpoint.objects.update(extra_headers={"X-Sim-Fail": "429"})  # the simulators send Retry-After: 1
+    ModelEndpoint.objects.update(
+        extra_headers={"X-Sim-Fail": "429"}
+    )  # the simulators send Retry-After: 1
     from routing.rules import rules_changed
 
     rules_changed()
     time.sleep(1.1)  # the gateway's processes reread the rules within a second
     with pytest.raises(openai.InternalServerError) as info:
         sdk(asgi_server, alice_key).chat.completions.create(
-            model="auto", messages=[{"role": "user", "content": "Tell me about the sea"}], max_tokens=3)
+            model="auto",
+            messages=[{"role": "user", "content": "Tell me about the sea"}],
+            max_tokens=3,
+        )
     assert info.value.status_code == 503
     assert info.value.response.headers["Retry-After"] == "1"
     assert info.value.body["code"] == "rate_limited"

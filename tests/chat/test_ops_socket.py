@@ -36,8 +36,15 @@ async def _connect(username: str, *, perms: tuple[str, ...]):
     client = Client()
     await client.aforce_login(user)
     session_key = client.cookies["sessionid"].value
-    socket = WebsocketCommunicator(application, "/ws/ops/", headers=[
-        (b"host", b"testserver"), (b"origin", b"http://testserver"), (b"cookie", f"sessionid={session_key}".encode())])
+    socket = WebsocketCommunicator(
+        application,
+        "/ws/ops/",
+        headers=[
+            (b"host", b"testserver"),
+            (b"origin", b"http://testserver"),
+            (b"cookie", f"sessionid={session_key}".encode()),
+        ],
+    )
     return socket, user, session_key
 
 
@@ -63,7 +70,11 @@ async def _refused_with(socket, code: str) -> str:
 async def test_staff_get_engine_events_while_their_login_holds():
     socket, _, _ = await _opened("ops")
     await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {"type": "event", "kind": "engine.status", "data": EVENT}
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "event",
+        "kind": "engine.status",
+        "data": EVENT,
+    }
     await socket.disconnect()
 
 
@@ -79,7 +90,10 @@ async def test_a_logged_out_staff_user_gets_no_more_engine_events():
     socket, _, session_key = await _opened("ops")
     await Session.objects.filter(session_key=session_key).adelete()  # what a logout elsewhere does
     await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await _refused_with(socket, "logged_out") == "You have been logged out; log in again to continue."
+    assert (
+        await _refused_with(socket, "logged_out")
+        == "You have been logged out; log in again to continue."
+    )
 
 
 async def test_a_deactivated_staff_user_is_refused_at_the_next_ping():
@@ -97,17 +111,29 @@ async def test_a_staff_user_who_may_not_view_the_engines_is_refused_before_accep
 
 
 async def test_a_superuser_needs_no_permission_of_their_own():
-    user = await sync_to_async(get_user_model().objects.create_superuser)("root", password="pw-123456789")
+    user = await sync_to_async(get_user_model().objects.create_superuser)(
+        "root", password="pw-123456789"
+    )
     client = Client()
     await client.aforce_login(user)
-    socket = WebsocketCommunicator(application, "/ws/ops/", headers=[
-        (b"host", b"testserver"), (b"origin", b"http://testserver"),
-        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())])
+    socket = WebsocketCommunicator(
+        application,
+        "/ws/ops/",
+        headers=[
+            (b"host", b"testserver"),
+            (b"origin", b"http://testserver"),
+            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
+        ],
+    )
     connected, _ = await socket.connect(timeout=10)
     assert connected
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "root"}
     await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {"type": "event", "kind": "engine.status", "data": EVENT}
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "event",
+        "kind": "engine.status",
+        "data": EVENT,
+    }
     await socket.disconnect()
 
 
@@ -126,7 +152,11 @@ async def test_staff_who_may_view_the_engines_through_a_group_get_engine_events(
     assert connected
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "grouped"}
     await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {"type": "event", "kind": "engine.status", "data": EVENT}
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "event",
+        "kind": "engine.status",
+        "data": EVENT,
+    }
     await socket.disconnect()
 
 
@@ -134,8 +164,11 @@ def _grant_through_a_group(user):
     from django.contrib.auth.models import Group, Permission
 
     group = Group.objects.create(name="operators")
-    group.permissions.add(Permission.objects.get(content_type__app_label="inference_ops",
-                                                 codename="view_engineprocess"))
+    group.permissions.add(
+        Permission.objects.get(
+            content_type__app_label="inference_ops", codename="view_engineprocess"
+        )
+    )
     user.groups.add(group)
 
 

@@ -35,16 +35,30 @@ QUESTION = "How do I reset my password?"  # the KB answers it: no rules or engin
 class Service:
     """A process on a fixed port that a test stops and starts again."""
 
-    def __init__(self, name: str, command: list[str], port: int, log_dir: Path, env: dict | None = None):
-        self.name, self.command, self.port, self.log_dir, self.env = name, command, port, log_dir, env
+    def __init__(
+        self, name: str, command: list[str], port: int, log_dir: Path, env: dict | None = None
+    ):
+        self.name, self.command, self.port, self.log_dir, self.env = (
+            name,
+            command,
+            port,
+            log_dir,
+            env,
+        )
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"{self.name}.{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
-        self.process = subprocess.Popen(self.command, cwd=BASE_DIR, env=self.env, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=BASE_DIR,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -64,7 +78,9 @@ class Service:
         stop_process_group(self.process, timeout=0)
 
     def log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}.*.log")))
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}.*.log"))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -72,24 +88,71 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
     """A daphne gateway whose Redis and PostgreSQL this module may take away."""
     logs = tmp_path_factory.mktemp("outages")
     redis_port, pg_port, web_port = free_port(), free_port(), free_port()
-    redis = Service("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--dir", str(logs)], redis_port, logs)
+    redis = Service(
+        "redis",
+        [
+            "redis-server",
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(logs),
+        ],
+        redis_port,
+        logs,
+    )
     database = settings.DATABASES["default"]
     host, port = database["HOST"] or "127.0.0.1", database["PORT"] or "5432"
-    target = str(Path(host) / f".s.PGSQL.{port}") if host.startswith("/") else f"{host}:{port}"  # unix socket or TCP
-    postgres = Service("pgproxy", [sys.executable, "tests/tcp_proxy.py", str(pg_port), target], pg_port, logs)
+    target = (
+        str(Path(host) / f".s.PGSQL.{port}") if host.startswith("/") else f"{host}:{port}"
+    )  # unix socket or TCP
+    postgres = Service(
+        "pgproxy", [sys.executable, "tests/tcp_proxy.py", str(pg_port), target], pg_port, logs
+    )
     redis.start()
     postgres.start()
     user = database["USER"] or "postgres"
     password = f":{database['PASSWORD']}" if database["PASSWORD"] else ""
-    database_url = url_with_database(f"postgresql://{user}{password}@127.0.0.1:{pg_port}/x", database["NAME"])
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
-           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "WARNING",
-           "STATIC_ROOT": str(logs / "static"), "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-           "DATABASE_URL": database_url, "DATABASE_POOL_TIMEOUT": "2", "DATABASE_CONNECT_TIMEOUT": "2",
-           "REDIS_TIMEOUT": "2", "API_KEY_CACHE_SECONDS": "0"}
-    web = Service("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
-                             "config.asgi:application"], web_port, logs, env=env)
+    database_url = url_with_database(
+        f"postgresql://{user}{password}@127.0.0.1:{pg_port}/x", database["NAME"]
+    )
+    env = {
+        **child_env,
+        "DEBUG": "false",
+        "SECURE_SSL_REDIRECT": "false",
+        "SESSION_COOKIE_SECURE": "false",
+        "CSRF_COOKIE_SECURE": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "WARNING",
+        "STATIC_ROOT": str(logs / "static"),
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "DATABASE_URL": database_url,
+        "DATABASE_POOL_TIMEOUT": "2",
+        "DATABASE_CONNECT_TIMEOUT": "2",
+        "REDIS_TIMEOUT": "2",
+        "API_KEY_CACHE_SECONDS": "0",
+    }
+    web = Service(
+        "daphne",
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(web_port),
+            "config.asgi:application",
+        ],
+        web_port,
+        logs,
+        env=env,
+    )
     web.start()
     url = f"http://127.0.0.1:{web_port}"
     _wait(lambda: http_get(f"{url}/healthz")[0] == 200, 60, web)
@@ -113,8 +176,12 @@ def _wait(condition, seconds: float, service: Service) -> float:
 
 
 def _post(url: str, body: dict, key: str) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, dict(response.headers), json.loads(response.read())
@@ -123,8 +190,11 @@ def _post(url: str, body: dict, key: str) -> tuple[int, dict, dict]:
 
 
 def _ask(gateway, key) -> tuple[int, dict, dict]:
-    return _post(f"{gateway['url']}/v1/chat/completions",
-                 {"model": "auto", "messages": [{"role": "user", "content": QUESTION}]}, key)
+    return _post(
+        f"{gateway['url']}/v1/chat/completions",
+        {"model": "auto", "messages": [{"role": "user", "content": QUESTION}]},
+        key,
+    )
 
 
 def _assert_unavailable(status, headers, body, *, names: str, shape: set[str]):
@@ -149,8 +219,13 @@ async def _socket(gateway, user):
     client = Client()
     await sync_to_async(client.force_login)(user)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-    ws = await session.ws_connect(f"{gateway['url']}/ws/chat/", headers={
-        "Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": gateway["url"]})
+    ws = await session.ws_connect(
+        f"{gateway['url']}/ws/chat/",
+        headers={
+            "Cookie": f"sessionid={client.cookies['sessionid'].value}",
+            "Origin": gateway["url"],
+        },
+    )
     return session, ws
 
 
@@ -166,7 +241,8 @@ async def _socket_ask(ws) -> list[dict]:
 
 @pytest.mark.parametrize(("service", "names"), [("redis", "Redis"), ("postgres", "database")])
 async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_returns_with_it(
-        outage_gateway, kb, alice, alice_key, service, names):
+    outage_gateway, kb, alice, alice_key, service, names
+):
     """Redis stopped (and started again empty, as after a restart without persistence), or
     PostgreSQL cut off at its proxy (and restored)."""
     gateway, dependency = outage_gateway, outage_gateway[service]
@@ -179,11 +255,20 @@ async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_r
         stored = await Message.objects.acount()
 
         dependency.kill()
-        _assert_unavailable(*await sync_to_async(_ask)(gateway, alice_key), names=names, shape=OPENAI_SHAPE)
-        _assert_unavailable(*await sync_to_async(_post)(messages_url, {"content": QUESTION}, alice_key),
-                            names=names, shape=GATEWAY_SHAPE)
+        _assert_unavailable(
+            *await sync_to_async(_ask)(gateway, alice_key), names=names, shape=OPENAI_SHAPE
+        )
+        _assert_unavailable(
+            *await sync_to_async(_post)(messages_url, {"content": QUESTION}, alice_key),
+            names=names,
+            shape=GATEWAY_SHAPE,
+        )
         frame = (await _socket_ask(ws))[-1]
-        assert frame["type"] == "error" and frame["code"] == "unavailable" and names in frame["message"]
+        assert (
+            frame["type"] == "error"
+            and frame["code"] == "unavailable"
+            and names in frame["message"]
+        )
         assert frame["retry_after"] == 5
         assert await Message.objects.acount() == stored  # nothing stored half-way
         if service == "postgres":  # a page reads the session from the database
@@ -197,7 +282,9 @@ async def test_a_dependency_gone_is_a_503_and_an_unavailable_frame_and_service_r
         status, _, body = await sync_to_async(_post)(messages_url, {"content": QUESTION}, alice_key)
         assert status == 201, body
         assert (await _socket_ask(ws))[-1]["type"] == "done"  # the same socket, still open
-        assert gateway["web"].starts == 1 and gateway["web"].process.poll() is None  # never restarted
+        assert (
+            gateway["web"].starts == 1 and gateway["web"].process.poll() is None
+        )  # never restarted
     finally:
         await ws.close()
         await http.close()
@@ -208,8 +295,9 @@ def _page(gateway, user) -> tuple[int, dict, str]:
     """The chat page as a logged-in browser asks for it."""
     client = Client()
     client.force_login(user)
-    request = urllib.request.Request(f"{gateway['url']}/", headers={
-        "Cookie": f"sessionid={client.cookies['sessionid'].value}"})
+    request = urllib.request.Request(
+        f"{gateway['url']}/", headers={"Cookie": f"sessionid={client.cookies['sessionid'].value}"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, dict(response.headers), response.read().decode()
@@ -224,10 +312,19 @@ async def _ops_hello(gateway, user) -> str:
     await sync_to_async(client.force_login)(user)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         try:
-            async with session.ws_connect(f"{gateway['url']}/ws/ops/", headers={
-                    "Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": gateway["url"]}) as ws:
+            async with session.ws_connect(
+                f"{gateway['url']}/ws/ops/",
+                headers={
+                    "Cookie": f"sessionid={client.cookies['sessionid'].value}",
+                    "Origin": gateway["url"],
+                },
+            ) as ws:
                 message = await ws.receive(timeout=10)
-                return json.loads(message.data)["type"] if message.type == aiohttp.WSMsgType.TEXT else "closed"
+                return (
+                    json.loads(message.data)["type"]
+                    if message.type == aiohttp.WSMsgType.TEXT
+                    else "closed"
+                )
         except aiohttp.WSServerHandshakeError as exc:
             return f"refused {exc.status}"
 
@@ -238,9 +335,13 @@ async def test_the_operations_feed_comes_back_after_redis_restarts(outage_gatewa
     try:
         assert await _ops_hello(gateway, staff) == "hello"
         redis.kill()
-        assert await _ops_hello(gateway, staff) != "hello"  # no group to join: no feed, and no crash
+        assert (
+            await _ops_hello(gateway, staff) != "hello"
+        )  # no group to join: no feed, and no crash
         redis.start()
-        await sync_to_async(_wait)(lambda: async_to_sync(_ops_hello)(gateway, staff) == "hello", 15, gateway["web"])
+        await sync_to_async(_wait)(
+            lambda: async_to_sync(_ops_hello)(gateway, staff) == "hello", 15, gateway["web"]
+        )
         assert gateway["web"].process.poll() is None  # the same process: no crash loop, no restart
     finally:
         redis.ensure_running()

@@ -12,8 +12,15 @@ import pytest
 from django.db import connection
 
 from chat.models import ChatSession, RequestLog
-from chat.requestlog import (RequestRecord, partition_name, partitions, request_buffer_stats, request_flush,
-                             request_note, requestlog_prune)
+from chat.requestlog import (
+    RequestRecord,
+    partition_name,
+    partitions,
+    request_buffer_stats,
+    request_flush,
+    request_note,
+    requestlog_prune,
+)
 from tests.chat.sockets import socket_for
 from tests.factories import endpoint, rule
 
@@ -38,9 +45,16 @@ def logged(count=1, timeout=10.0) -> list[RequestLog]:
 
 
 def post(url, body: dict, key: str, headers=None):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
-                                              **(headers or {})})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {key}",
+            **(headers or {}),
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.headers, response.read()
@@ -48,25 +62,42 @@ def post(url, body: dict, key: str, headers=None):
         return exc.code, exc.headers, exc.read()
 
 
-def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(asgi_server, alice, alice_key,
-                                                                                product):
-    status, headers, raw = post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key)
+def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(
+    asgi_server, alice, alice_key, product
+):
+    status, headers, raw = post(
+        f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key
+    )
     assert status == 200
     [row] = logged()
     entry = product["entry"]
-    assert (row.interface, row.user_id, row.road, row.target, row.status) == ("v1", alice.pk, "kb", f"KB#{entry.pk}",
-                                                                               "complete")
+    assert (row.interface, row.user_id, row.road, row.target, row.status) == (
+        "v1",
+        alice.pk,
+        "kb",
+        f"KB#{entry.pk}",
+        "complete",
+    )
     assert row.api_key.user_id == alice.pk and row.session_id is None
-    assert (row.kb_method, row.kb_hit, row.kb_entry_id, row.kb_score) == ("exact", True, entry.pk, 1.0)
-    assert row.ttft_ms <= row.latency_ms and row.overhead_ms == pytest.approx(row.latency_ms, abs=1.0)
+    assert (row.kb_method, row.kb_hit, row.kb_entry_id, row.kb_score) == (
+        "exact",
+        True,
+        entry.pk,
+        1.0,
+    )
+    assert row.ttft_ms <= row.latency_ms and row.overhead_ms == pytest.approx(
+        row.latency_ms, abs=1.0
+    )
     assert row.prompt_tokens is None and row.error_code == "" and row.fallbacks == 0
     assert float(headers["X-Gateway-Overhead-Ms"]) >= 0
 
 
-def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left_out(asgi_server, alice, alice_key,
-                                                                                     product):
+def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left_out(
+    asgi_server, alice, alice_key, product
+):
     response = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="auto", messages=ASK, max_tokens=4)
+        model="auto", messages=ASK, max_tokens=4
+    )
     completion = response.parse()
     [row] = logged()
     assert (row.road, row.rule, row.target, row.status) == ("local", "default", "local", "complete")
@@ -74,12 +105,17 @@ def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left
     assert row.kb_hit is False and row.kb_method in ("vector", "none")
     # The simulator takes its time to first token and between tokens: that is the engine's, not ours.
     assert 0 <= row.overhead_ms < row.latency_ms and row.ttft_ms <= row.latency_ms
-    assert float(response.headers["X-Gateway-Overhead-Ms"]) == pytest.approx(row.overhead_ms, abs=5.0)
+    assert float(response.headers["X-Gateway-Overhead-Ms"]) == pytest.approx(
+        row.overhead_ms, abs=5.0
+    )
 
 
-def test_a_streamed_answer_says_the_gateways_overhead_in_its_last_chunk(asgi_server, alice_key, product):
+def test_a_streamed_answer_says_the_gateways_overhead_in_its_last_chunk(
+    asgi_server, alice_key, product
+):
     stream = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
-        model="auto", messages=ASK, max_tokens=3, stream=True)
+        model="auto", messages=ASK, max_tokens=3, stream=True
+    )
     assert float(stream.headers["X-Gateway-Overhead-Ms"]) >= 0  # so far: up to the first token
     chunks = list(stream.parse())
     last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
@@ -93,22 +129,36 @@ def test_a_fallback_is_logged_with_the_target_that_answered(asgi_server, alice_k
     rule("default", dead, external, is_default=True, use_kb_context=False)
     sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
     [row] = logged()
-    assert (row.road, row.target, row.status, row.fallbacks) == ("external", "external", "complete", 1)
+    assert (row.road, row.target, row.status, row.fallbacks) == (
+        "external",
+        "external",
+        "complete",
+        1,
+    )
 
 
 def test_a_failure_is_logged_with_its_error_code_and_what_was_tried(asgi_server, alice_key):
     dead = endpoint("local", url="http://127.0.0.1:9/v1")
     rule("default", dead, is_default=True, use_kb_context=False)
     with pytest.raises(openai.APIStatusError) as info:
-        sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+        sdk(asgi_server, alice_key).chat.completions.create(
+            model="auto", messages=ASK, max_tokens=3
+        )
     [row] = logged()
     assert info.value.status_code == 503
-    assert (row.status, row.error_code, row.rule, row.fallbacks) == ("failed", "connect", "default", 1)
+    assert (row.status, row.error_code, row.rule, row.fallbacks) == (
+        "failed",
+        "connect",
+        "default",
+        1,
+    )
     assert row.completion_tokens is None and row.overhead_ms is None
 
 
 def test_refused_input_is_no_answered_request(asgi_server, alice_key, product):
-    status, headers, _ = post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": []}, alice_key)
+    status, headers, _ = post(
+        f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": []}, alice_key
+    )
     assert status == 400 and float(headers["X-Gateway-Overhead-Ms"]) >= 0
     sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=RESET)
     assert [row.road for row in logged()] == ["kb"]
@@ -116,18 +166,40 @@ def test_refused_input_is_no_answered_request(asgi_server, alice_key, product):
 
 def test_a_call_in_a_named_session_is_logged_with_it(asgi_server, alice, alice_key, product):
     session = ChatSession.objects.create(user=alice, title="integration")
-    post(f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key,
-         headers={"X-Session-Id": str(session.pk)})
+    post(
+        f"{asgi_server}/v1/chat/completions",
+        {"model": "auto", "messages": RESET},
+        alice_key,
+        headers={"X-Session-Id": str(session.pk)},
+    )
     assert [row.session_id for row in logged()] == [session.pk]
 
 
 # --- the batch writer and retention ---------------------------------------------------------------------
 
+
 def record(at: datetime, **fields) -> RequestRecord:
-    values = dict(at=at, interface="v1", user_id=None, api_key_id=None, session_id=None, road="local", rule="default",
-                  target="local", status="complete", error_code="", ttft_ms=10.0, latency_ms=20.0, overhead_ms=1.0,
-                  prompt_tokens=5, completion_tokens=7, kb_method="vector", kb_hit=False, kb_entry_id=None,
-                  kb_score=0.5)
+    values = dict(
+        at=at,
+        interface="v1",
+        user_id=None,
+        api_key_id=None,
+        session_id=None,
+        road="local",
+        rule="default",
+        target="local",
+        status="complete",
+        error_code="",
+        ttft_ms=10.0,
+        latency_ms=20.0,
+        overhead_ms=1.0,
+        prompt_tokens=5,
+        completion_tokens=7,
+        kb_method="vector",
+        kb_hit=False,
+        kb_entry_id=None,
+        kb_score=0.5,
+    )
     return RequestRecord(**{**values, **fields})
 
 
@@ -159,8 +231,12 @@ def test_retention_drops_the_days_past_the_limit_and_keeps_the_rest(settings):
     days = partitions()
     assert (now + timedelta(days=1)).date() in days  # made ahead of tomorrow's traffic
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s)", [partition_name((now - timedelta(days=45)).date())])
-        assert cursor.fetchone()[0] is None  # the space went with the table: no dead rows left behind
+        cursor.execute(
+            "SELECT to_regclass(%s)", [partition_name((now - timedelta(days=45)).date())]
+        )
+        assert (
+            cursor.fetchone()[0] is None
+        )  # the space went with the table: no dead rows left behind
 
 
 def test_a_day_dropped_elsewhere_is_made_again_when_a_row_for_it_comes(settings):
@@ -175,6 +251,7 @@ def test_a_day_dropped_elsewhere_is_made_again_when_a_row_for_it_comes(settings)
 
 
 # --- the browser's socket -----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def slow_sim():
@@ -202,29 +279,45 @@ async def _rows():
     return [row async for row in RequestLog.objects.order_by("at")]
 
 
-async def test_a_socket_answer_says_its_overhead_and_is_logged_with_its_session(alice, product,
-                                                                             close_executor_connections):
+async def test_a_socket_answer_says_its_overhead_and_is_logged_with_its_session(
+    alice, product, close_executor_connections
+):
     socket = await socket_for(alice, connect=True)
-    await socket.send_json_to({"type": "message", "session": None, "content": "How do I reset my password?"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
     frames = []
     while not frames or frames[-1]["type"] not in ("done", "error"):
         frames.append(await socket.receive_json_from(timeout=20))
     await socket.disconnect()
     done = frames[-1]
     [row] = await _rows()
-    assert (row.interface, row.road, row.session_id, row.user_id) == ("web", "kb", frames[0]["id"], alice.pk)
-    assert done["overhead_ms"] == row.overhead_ms and "kb" not in done  # the KB's scores are not the user's
+    assert (row.interface, row.road, row.session_id, row.user_id) == (
+        "web",
+        "kb",
+        frames[0]["id"],
+        alice.pk,
+    )
+    assert (
+        done["overhead_ms"] == row.overhead_ms and "kb" not in done
+    )  # the KB's scores are not the user's
 
 
-async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it_had(alice, slow_sim,
-                                                                                    close_executor_connections):
+async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it_had(
+    alice, slow_sim, close_executor_connections
+):
     from asgiref.sync import sync_to_async
 
     local = await sync_to_async(endpoint)("local", slow_sim)
     await sync_to_async(rule)("default", local, is_default=True, use_kb_context=False)
     socket = await socket_for(alice, connect=True)
-    await socket.send_json_to({"type": "message", "session": None,
-                               "content": "Tell me a long story about the sea and its lighthouses"})
+    await socket.send_json_to(
+        {
+            "type": "message",
+            "session": None,
+            "content": "Tell me a long story about the sea and its lighthouses",
+        }
+    )
     while (await socket.receive_json_from(timeout=20))["type"] != "token":
         pass
     await socket.send_json_to({"type": "stop"})
@@ -232,15 +325,28 @@ async def test_an_answer_stopped_by_its_user_is_logged_as_cancelled_with_what_it
         pass
     await socket.disconnect()
     [row] = await _rows()
-    assert (row.status, row.road, row.target, row.error_code) == ("cancelled", "local", "local", "cancelled")
+    assert (row.status, row.road, row.target, row.error_code) == (
+        "cancelled",
+        "local",
+        "local",
+        "cancelled",
+    )
     assert row.ttft_ms is not None and row.ttft_ms <= row.latency_ms
 
 
 def test_a_chat_api_turn_is_logged_with_its_key_and_session(asgi_server, alice, alice_key, product):
     session = ChatSession.objects.create(user=alice, title="integration")
-    status, _, raw = post(f"{asgi_server}/api/chat/sessions/{session.pk}/messages/", {"content": RESET[0]["content"]},
-                          alice_key)
+    status, _, raw = post(
+        f"{asgi_server}/api/chat/sessions/{session.pk}/messages/",
+        {"content": RESET[0]["content"]},
+        alice_key,
+    )
     assert status == 201, raw
     [row] = logged()
-    assert (row.interface, row.session_id, row.road, row.status) == ("api", session.pk, "kb", "complete")
+    assert (row.interface, row.session_id, row.road, row.status) == (
+        "api",
+        session.pk,
+        "kb",
+        "complete",
+    )
     assert row.api_key.name == "laptop" and row.user_id == alice.pk

@@ -39,9 +39,24 @@ def _rows_by_hand(settings, db):
 def record(*, ago: timedelta = timedelta(minutes=2), **fields) -> RequestRecord:
     """A request as the request path records it: a local answer `ago` before now, unless told."""
     values = dict(
-        at=timezone.now() - ago, interface="web", user_id=None, api_key_id=None, session_id=None, road="local",
-        rule="default", target="local", status="complete", error_code="", ttft_ms=120.0, latency_ms=900.0,
-        overhead_ms=8.0, prompt_tokens=40, completion_tokens=60, kb_method="none", kb_hit=False, kb_entry_id=None,
+        at=timezone.now() - ago,
+        interface="web",
+        user_id=None,
+        api_key_id=None,
+        session_id=None,
+        road="local",
+        rule="default",
+        target="local",
+        status="complete",
+        error_code="",
+        ttft_ms=120.0,
+        latency_ms=900.0,
+        overhead_ms=8.0,
+        prompt_tokens=40,
+        completion_tokens=60,
+        kb_method="none",
+        kb_hit=False,
+        kb_entry_id=None,
         kb_score=None,
     )
     values.update(fields)
@@ -74,7 +89,9 @@ def laptop(alice):
 @pytest.fixture
 def operator(django_user_model):
     """Staff who may read the request log, and nothing else."""
-    user = django_user_model.objects.create_user("operator", password="pw-operator-123456", is_staff=True)
+    user = django_user_model.objects.create_user(
+        "operator", password="pw-operator-123456", is_staff=True
+    )
     user.user_permissions.set(Permission.objects.filter(codename="view_requestlog"))
     return user
 
@@ -87,7 +104,9 @@ def operator_client(operator):
 @pytest.fixture
 def curator_client(django_user_model):
     """Staff with every permission of the knowledge app and none of the log's."""
-    curator = django_user_model.objects.create_user("curator", password="pw-curator-123456", is_staff=True)
+    curator = django_user_model.objects.create_user(
+        "curator", password="pw-curator-123456", is_staff=True
+    )
     curator.user_permissions.set(Permission.objects.filter(content_type__app_label="knowledge"))
     return client_of(curator)
 
@@ -105,7 +124,11 @@ def column(response, name) -> list[str]:
 def result_rows(response) -> list[str]:
     """The changelist's rows, one string of HTML each."""
     html = response.content.decode()
-    body = html[html.index('<table id="result_list">'):html.index("</table>", html.index('<table id="result_list">'))]
+    body = html[
+        html.index('<table id="result_list">') : html.index(
+            "</table>", html.index('<table id="result_list">')
+        )
+    ]
     return body.split("<tr")[2:]  # the header row first
 
 
@@ -116,32 +139,85 @@ def exported(response) -> list[dict]:
 
 @pytest.mark.django_db
 def test_a_row_lists_what_its_user_saw(operator_client, alice, laptop):
-    entry = entry_create(question="How do I reset my password?", answer="Use the link.", embed="none")
-    write(record(interface="v1", user_id=alice.pk, api_key_id=laptop.pk, road="kb", rule="faq",
-                 target=f"KB#{entry.pk}", ttft_ms=3.5, latency_ms=4.5, overhead_ms=4.5, prompt_tokens=None,
-                 completion_tokens=None, kb_method="exact", kb_hit=True, kb_entry_id=entry.pk, kb_score=1.0))
+    entry = entry_create(
+        question="How do I reset my password?", answer="Use the link.", embed="none"
+    )
+    write(
+        record(
+            interface="v1",
+            user_id=alice.pk,
+            api_key_id=laptop.pk,
+            road="kb",
+            rule="faq",
+            target=f"KB#{entry.pk}",
+            ttft_ms=3.5,
+            latency_ms=4.5,
+            overhead_ms=4.5,
+            prompt_tokens=None,
+            completion_tokens=None,
+            kb_method="exact",
+            kb_hit=True,
+            kb_entry_id=entry.pk,
+            kb_score=1.0,
+        )
+    )
     response = operator_client.get(LIST)
     assert response.status_code == 200
     [row] = result_rows(response)
     assert f'href="/admin/auth/user/{alice.pk}/change/">alice</a>' in row
     assert f"laptop ({laptop.prefix}…)" in row
     assert f'href="/admin/knowledge/entry/{entry.pk}/change/">KB#{entry.pk}</a>' in row
-    for shown in ("/v1 API", ">kb<", ">faq<", f">KB#{entry.pk}<", ">complete<", ">3.5<", ">4.5<", ">1.0<"):
+    for shown in (
+        "/v1 API",
+        ">kb<",
+        ">faq<",
+        f">KB#{entry.pk}<",
+        ">complete<",
+        ">3.5<",
+        ">4.5<",
+        ">1.0<",
+    ):
         assert shown in row
     html = response.content.decode()
-    for heading in ("Time", "Interface", "User", "API key", "Road", "Rule", "Target", "Status", "Error code",
-                    "TTFT ms", "Latency ms", "Gateway ms", "Tokens in", "Tokens out", "KB entry", "KB score",
-                    "Fallbacks"):
+    for heading in (
+        "Time",
+        "Interface",
+        "User",
+        "API key",
+        "Road",
+        "Rule",
+        "Target",
+        "Status",
+        "Error code",
+        "TTFT ms",
+        "Latency ms",
+        "Gateway ms",
+        "Tokens in",
+        "Tokens out",
+        "KB entry",
+        "KB score",
+        "Fallbacks",
+    ):
         assert f">{heading}</" in html, heading
 
 
 @pytest.mark.django_db
 def test_the_list_filters_by_road_target_status_interface_and_kb_answer(operator_client):
-    write(record(road="kb", target="KB#1", kb_method="exact", kb_hit=True, rule="kb-rule"),
-          record(road="local", target="local", rule="local-rule"),
-          record(road="external", target="external", status="failed", error_code="engine_timeout",
-                 rule="external-rule", interface="v1"),
-          record(road="", target="", rule="", status="failed", error_code="no_target", interface="api"))
+    write(
+        record(road="kb", target="KB#1", kb_method="exact", kb_hit=True, rule="kb-rule"),
+        record(road="local", target="local", rule="local-rule"),
+        record(
+            road="external",
+            target="external",
+            status="failed",
+            error_code="engine_timeout",
+            rule="external-rule",
+            interface="v1",
+        ),
+        record(
+            road="", target="", rule="", status="failed", error_code="no_target", interface="api"
+        ),
+    )
 
     def rules(**query):
         return sorted(column(operator_client.get(LIST, query), "rule"))
@@ -158,8 +234,12 @@ def test_the_list_filters_by_road_target_status_interface_and_kb_answer(operator
 @pytest.mark.django_db
 def test_the_list_shows_the_last_day_unless_asked_for_another_period(operator_client):
     now = timezone.localtime()
-    write(record(rule="minutes-ago", ago=timedelta(minutes=10)), record(rule="hours-ago", ago=timedelta(hours=3)),
-          record(rule="days-ago", ago=timedelta(days=3)), record(rule="weeks-ago", ago=timedelta(days=20)))
+    write(
+        record(rule="minutes-ago", ago=timedelta(minutes=10)),
+        record(rule="hours-ago", ago=timedelta(hours=3)),
+        record(rule="days-ago", ago=timedelta(days=3)),
+        record(rule="weeks-ago", ago=timedelta(days=20)),
+    )
 
     def rules(**query):
         return set(column(operator_client.get(LIST, query), "rule"))
@@ -170,8 +250,12 @@ def test_the_list_shows_the_last_day_unless_asked_for_another_period(operator_cl
     assert rules(period="all") == {"minutes-ago", "hours-ago", "days-ago", "weeks-ago"}
     three_days_ago = (now - timedelta(days=3)).date()
     assert rules(since=three_days_ago.isoformat(), until=three_days_ago.isoformat()) == {"days-ago"}
-    assert rules(since=(now - timedelta(days=30)).date().isoformat()) == {"minutes-ago", "hours-ago", "days-ago",
-                                                                            "weeks-ago"}
+    assert rules(since=(now - timedelta(days=30)).date().isoformat()) == {
+        "minutes-ago",
+        "hours-ago",
+        "days-ago",
+        "weeks-ago",
+    }
 
 
 @pytest.mark.django_db
@@ -186,8 +270,11 @@ def test_a_date_that_is_not_a_date_is_ignored_and_said_so(operator_client):
 
 @pytest.mark.django_db
 def test_search_finds_rows_by_rule_target_error_code_and_user_name(operator_client, alice, bob):
-    write(record(rule="billing", user_id=alice.pk), record(rule="refunds", target="gpu-box", user_id=bob.pk),
-          record(rule="other", status="failed", error_code="rate_limited"))
+    write(
+        record(rule="billing", user_id=alice.pk),
+        record(rule="refunds", target="gpu-box", user_id=bob.pk),
+        record(rule="other", status="failed", error_code="rate_limited"),
+    )
 
     def found(term):
         return set(column(operator_client.get(LIST, {"q": term}), "rule"))
@@ -200,12 +287,31 @@ def test_search_finds_rows_by_rule_target_error_code_and_user_name(operator_clie
 
 @pytest.mark.django_db
 def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_client, alice, laptop):
-    kept = write(record(road="external", target="external", status="failed", error_code="engine_timeout",
-                        user_id=alice.pk, api_key_id=laptop.pk, ttft_ms=None, latency_ms=2500.5, overhead_ms=None,
-                        prompt_tokens=None, completion_tokens=None, fell_back_from=("local",), interface="v1"))[0]
-    write(record(road="external", target="external", status="complete"), record(road="local", status="failed"),
-          record(road="external", status="failed", ago=timedelta(days=2)))
-    page = operator_client.get(LIST, {"road": "external", "status__exact": "failed"}).content.decode()
+    kept = write(
+        record(
+            road="external",
+            target="external",
+            status="failed",
+            error_code="engine_timeout",
+            user_id=alice.pk,
+            api_key_id=laptop.pk,
+            ttft_ms=None,
+            latency_ms=2500.5,
+            overhead_ms=None,
+            prompt_tokens=None,
+            completion_tokens=None,
+            fell_back_from=("local",),
+            interface="v1",
+        )
+    )[0]
+    write(
+        record(road="external", target="external", status="complete"),
+        record(road="local", status="failed"),
+        record(road="external", status="failed", ago=timedelta(days=2)),
+    )
+    page = operator_client.get(
+        LIST, {"road": "external", "status__exact": "failed"}
+    ).content.decode()
     assert 'href="/admin/chat/requestlog/export.csv?road=external&amp;status__exact=failed"' in page
 
     response = operator_client.get(EXPORT, {"road": "external", "status__exact": "failed"})
@@ -215,11 +321,28 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
     [row] = exported(response)
     assert list(row) == [heading for heading, _ in EXPORT_COLUMNS]
     assert row == {
-        "time": kept.at.astimezone(UTC).isoformat(), "interface": "v1", "user_id": str(alice.pk), "user": "alice",
-        "api_key_id": str(laptop.pk), "api_key": "laptop", "session_id": "", "road": "external",
-        "rule": "default", "target": "external", "status": "failed", "error_code": "engine_timeout", "ttft_ms": "",
-        "latency_ms": "2500.5", "overhead_ms": "", "prompt_tokens": "", "completion_tokens": "",
-        "kb_method": "none", "kb_hit": "False", "kb_entry_id": "", "kb_score": "", "fallbacks": "1",
+        "time": kept.at.astimezone(UTC).isoformat(),
+        "interface": "v1",
+        "user_id": str(alice.pk),
+        "user": "alice",
+        "api_key_id": str(laptop.pk),
+        "api_key": "laptop",
+        "session_id": "",
+        "road": "external",
+        "rule": "default",
+        "target": "external",
+        "status": "failed",
+        "error_code": "engine_timeout",
+        "ttft_ms": "",
+        "latency_ms": "2500.5",
+        "overhead_ms": "",
+        "prompt_tokens": "",
+        "completion_tokens": "",
+        "kb_method": "none",
+        "kb_hit": "False",
+        "kb_entry_id": "",
+        "kb_score": "",
+        "fallbacks": "1",
         "request_key": str(kept.key),
     }
     everything = exported(operator_client.get(EXPORT, {"period": "all"}))
@@ -228,9 +351,9 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
 
 @pytest.mark.django_db
 def test_the_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula(operator_client):
-    write(record(rule="=HYPERLINK(\"http://evil.example\")", target="@SUM(A1)"))
+    write(record(rule='=HYPERLINK("http://evil.example")', target="@SUM(A1)"))
     [row] = exported(operator_client.get(EXPORT))
-    assert row["rule"] == "'=HYPERLINK(\"http://evil.example\")" and row["target"] == "'@SUM(A1)"
+    assert row["rule"] == '\'=HYPERLINK("http://evil.example")' and row["target"] == "'@SUM(A1)"
 
 
 @pytest.mark.django_db
@@ -241,18 +364,28 @@ def test_the_log_cannot_be_added_to_changed_or_deleted(admin_client):
     assert "/admin/chat/requestlog/add/" not in changelist and 'name="action"' not in changelist
     assert admin_client.get(f"{LIST}add/").status_code == 403
     view = admin_client.get(f"{LIST}{pk}/change/")
-    assert view.status_code == 200 and "kept" in view.content.decode() and 'name="_save"' not in view.content.decode()
+    assert (
+        view.status_code == 200
+        and "kept" in view.content.decode()
+        and 'name="_save"' not in view.content.decode()
+    )
     assert admin_client.post(f"{LIST}{pk}/change/", {"rule": "changed"}).status_code == 403
     assert admin_client.post(f"{LIST}{pk}/delete/", {"post": "yes"}).status_code == 403
     assert RequestLog.objects.get(pk=pk).rule == "kept"
 
 
 @pytest.mark.django_db
-def test_a_row_whose_user_key_and_entry_are_gone_still_lists_and_exports(operator_client, django_user_model):
+def test_a_row_whose_user_key_and_entry_are_gone_still_lists_and_exports(
+    operator_client, django_user_model
+):
     gone = django_user_model.objects.create_user("gone", password="pw-gone-123456")
     key = apikey_create(user=gone, name="old", scopes=["chat"])[0]
     entry = entry_create(question="Old question?", answer="Old answer.", embed="none")
-    [row] = write(record(user_id=gone.pk, api_key_id=key.pk, kb_entry_id=entry.pk, kb_score=0.71, rule="orphan"))
+    [row] = write(
+        record(
+            user_id=gone.pk, api_key_id=key.pk, kb_entry_id=entry.pk, kb_score=0.71, rule="orphan"
+        )
+    )
     ids = (gone.pk, key.pk, entry.pk)
     entry.delete()
     gone.delete()  # its keys go with it; the log keeps the ids
@@ -266,17 +399,24 @@ def test_a_row_whose_user_key_and_entry_are_gone_still_lists_and_exports(operato
     detail = operator_client.get(f"{LIST}{pk}/change/")
     assert detail.status_code == 200 and f"#{ids[0]} (deleted)" in detail.content.decode()
     [exported_row] = exported(operator_client.get(EXPORT))
-    assert (exported_row["user_id"], exported_row["user"], exported_row["api_key"]) == (str(ids[0]), "", "")
+    assert (exported_row["user_id"], exported_row["user"], exported_row["api_key"]) == (
+        str(ids[0]),
+        "",
+        "",
+    )
 
 
 @pytest.mark.django_db
-def test_only_staff_with_the_view_permission_read_or_export_the_log(operator_client, curator_client, user_client,
-                                                                    client):
+def test_only_staff_with_the_view_permission_read_or_export_the_log(
+    operator_client, curator_client, user_client, client
+):
     write(record(rule="secret-rule"))
     for url in (LIST, EXPORT):
         for outsider in (client, user_client):
             response = outsider.get(url)
-            assert response.status_code == 302 and response["Location"].startswith("/admin/login/?next=")
+            assert response.status_code == 302 and response["Location"].startswith(
+                "/admin/login/?next="
+            )
         assert curator_client.get(url).status_code == 403
         assert operator_client.get(url).status_code == 200
     assert "secret-rule" in b"".join(operator_client.get(EXPORT).streaming_content).decode()
@@ -292,7 +432,8 @@ def test_a_count_that_would_take_too_long_gives_way_to_the_planners_estimate():
         cursor.execute("SHOW statement_timeout")
         before = cursor.fetchone()[0]
     slow = CountOrEstimatePaginator(
-        RequestLog.objects.extra(where=["(SELECT true FROM pg_sleep(0.2))"]).order_by("-at"), 100)
+        RequestLog.objects.extra(where=["(SELECT true FROM pg_sleep(0.2))"]).order_by("-at"), 100
+    )
     slow.timeout_ms = 20
     assert isinstance(slow.count, int) and slow.estimated
     with connection.cursor() as cursor:
@@ -319,8 +460,13 @@ def test_the_export_streams_from_the_asgi_server(asgi_server, operator, written_
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
         # Sent as it is read: no length known up front.
-        assert response.headers["Transfer-Encoding"] == "chunked" and "Content-Length" not in response.headers
+        assert (
+            response.headers["Transfer-Encoding"] == "chunked"
+            and "Content-Length" not in response.headers
+        )
         lines = list(csv.DictReader(io.StringIO(response.read().decode())))
-    assert [line["rule"] for line in lines] == [f"rule-{i}" for i in reversed(range(5))]  # by time, oldest first
+    assert [line["rule"] for line in lines] == [
+        f"rule-{i}" for i in reversed(range(5))
+    ]  # by time, oldest first
     assert {uuid.UUID(line["request_key"]) for line in lines} == {r.key for r in rows}
     assert datetime.fromisoformat(lines[0]["time"]).tzinfo is not None

@@ -75,9 +75,17 @@ def capped_gateway(child_env, tmp_path_factory):
     """A gateway process whose users may hold CAP answers in flight."""
     from benchmarks.servers import gateway
 
-    env = {**child_env, "DEBUG": "false", "SECURE_SSL_REDIRECT": "false", "SESSION_COOKIE_SECURE": "false",
-           "CSRF_COOKIE_SECURE": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "WARNING",
-           "CHAT_MAX_STREAMS_PER_USER": str(CAP), "CHAT_RATE_LIMIT": "1000"}
+    env = {
+        **child_env,
+        "DEBUG": "false",
+        "SECURE_SSL_REDIRECT": "false",
+        "SESSION_COOKIE_SECURE": "false",
+        "CSRF_COOKIE_SECURE": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "LOG_LEVEL": "WARNING",
+        "CHAT_MAX_STREAMS_PER_USER": str(CAP),
+        "CHAT_RATE_LIMIT": "1000",
+    }
     with gateway(env=env, log_path=tmp_path_factory.mktemp("capped") / "daphne.log") as server:
         yield server.url
 
@@ -112,8 +120,12 @@ def v1_client(base, key):
 
 
 def post_json(url, body: dict, key: str):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, dict(response.headers), response.read().decode()
@@ -146,29 +158,43 @@ def paid_rule(external_sim):
     return rule("default", paid, is_default=True, use_kb_context=False, max_tokens=5)
 
 
-async def test_v1_gives_a_client_asking_for_more_than_the_rules_max_tokens_the_rules(asgi_server, alice_key,
-                                                                                    paid_rule):
+async def test_v1_gives_a_client_asking_for_more_than_the_rules_max_tokens_the_rules(
+    asgi_server, alice_key, paid_rule
+):
     client = v1_client(asgi_server, alice_key)
     completion = await client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "Write me a very long essay"}], max_tokens=4000)
-    assert completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
+        model="auto",
+        messages=[{"role": "user", "content": "Write me a very long essay"}],
+        max_tokens=4000,
+    )
+    assert (
+        completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
+    )
     stream = await client.chat.completions.create(
-        model="paid", messages=[{"role": "user", "content": "Write me a very long essay"}], stream=True,
-        max_completion_tokens=4000, stream_options={"include_usage": True})
+        model="paid",
+        messages=[{"role": "user", "content": "Write me a very long essay"}],
+        stream=True,
+        max_completion_tokens=4000,
+        stream_options={"include_usage": True},
+    )
     chunks = [chunk async for chunk in stream]
     assert chunks[-1].usage.completion_tokens == 5
     small = await client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "Write me a line"}], max_tokens=3)
+        model="auto", messages=[{"role": "user", "content": "Write me a line"}], max_tokens=3
+    )
     assert small.usage.completion_tokens == 3
     await client.close()
 
 
 async def test_the_drf_stream_gives_a_client_asking_for_more_than_the_rules_max_tokens_the_rules(
-        asgi_server, alice, alice_key, paid_rule):
+    asgi_server, alice, alice_key, paid_rule
+):
     session = await ChatSession.objects.acreate(user=alice)
     status, _, text = await sync_to_async(post_json)(
         f"{asgi_server}/api/chat/sessions/{session.pk}/messages/stream",
-        {"content": "Write me a very long essay", "max_tokens": 4000}, alice_key)
+        {"content": "Write me a very long essay", "max_tokens": 4000},
+        alice_key,
+    )
     assert status == 200, text
     name, done = sse_events(text)[-1]
     assert name == "done" and done["usage"]["completion_tokens"] == 5
@@ -176,18 +202,24 @@ async def test_the_drf_stream_gives_a_client_asking_for_more_than_the_rules_max_
 
 async def test_the_socket_answers_with_the_rules_max_tokens(alice, paid_rule):
     socket = await socket_for(alice, connect=True)
-    await socket.send_json_to({"type": "message", "session": None, "content": "Write me a very long essay"})
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "Write me a very long essay"}
+    )
     done = await frame_of_type(socket, "done", "error")
     assert done["type"] == "done" and done["usage"]["completion_tokens"] == 5
     await socket.disconnect()
 
 
-async def test_the_engine_is_sent_the_rules_max_tokens_when_a_client_asks_for_more(asgi_server, alice_key, gated,
-                                                                                    held_rule):
+async def test_the_engine_is_sent_the_rules_max_tokens_when_a_client_asks_for_more(
+    asgi_server, alice_key, gated, held_rule
+):
     gated.release("How many tokens may I have?")
     client = v1_client(asgi_server, alice_key)
     await client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "How many tokens may I have?"}], max_tokens=32768)
+        model="auto",
+        messages=[{"role": "user", "content": "How many tokens may I have?"}],
+        max_tokens=32768,
+    )
     assert gated.max_tokens["How many tokens may I have?"] == 64
     await client.close()
 
@@ -196,12 +228,14 @@ async def test_the_engine_is_sent_the_rules_max_tokens_when_a_client_asks_for_mo
 
 
 async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets_one_back_when_one_ends(
-        capped_gateway, capped_here, alice, alice_key, bob_key, gated, held_rule):
+    capped_gateway, capped_here, alice, alice_key, bob_key, gated, held_rule
+):
     client = v1_client(capped_gateway, alice_key)
 
     # One answer in flight through the gateway process, one through this process's socket.
-    first = await client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "first"}],
-                                                 stream=True)
+    first = await client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "first"}], stream=True
+    )
     assert (await anext(aiter(first))).choices is not None  # the turn started: its slot is taken
     socket = await socket_for(alice, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": "second"})
@@ -209,8 +243,9 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
 
     # The third is refused, on every interface, in its own shape.
     with pytest.raises(openai.RateLimitError) as refused:
-        await client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "third"}],
-                                             stream=True)
+        await client.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": "third"}], stream=True
+        )
     error = refused.value.body
     assert error["code"] == "too_many_streams" and error["type"] == "rate_limit_error"
     assert f"at most {CAP}" in error["message"]
@@ -218,28 +253,40 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
 
     session = await ChatSession.objects.acreate(user=alice)
     status, headers, text = await sync_to_async(post_json)(
-        f"{capped_gateway}/api/chat/sessions/{session.pk}/messages/stream", {"content": "third"}, alice_key)
+        f"{capped_gateway}/api/chat/sessions/{session.pk}/messages/stream",
+        {"content": "third"},
+        alice_key,
+    )
     assert status == 429 and json.loads(text)["error"]["code"] == "too_many_streams"
     assert int(headers["Retry-After"]) >= 1
 
     other = await socket_for(alice, connect=True)
     await other.send_json_to({"type": "message", "session": None, "content": "third"})
     frame = await frame_of_type(other, "error", "token")
-    assert frame["type"] == "error" and frame["code"] == "too_many_streams" and frame["retry_after"] >= 1
+    assert (
+        frame["type"] == "error"
+        and frame["code"] == "too_many_streams"
+        and frame["retry_after"] >= 1
+    )
 
     # Another user is not held back by alice's streams.
     bob_client = v1_client(capped_gateway, bob_key)
-    bobs = await bob_client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "bob's"}],
-                                                    stream=True)
+    bobs = await bob_client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "bob's"}], stream=True
+    )
     await anext(aiter(bobs))
     gated.release("bob's")
     [chunk async for chunk in bobs]
 
     # One of alice's answers ends: she may start another one.
     gated.release("first")
-    assert "".join([c.choices[0].delta.content or "" async for c in first if c.choices]) == "held done"
+    assert (
+        "".join([c.choices[0].delta.content or "" async for c in first if c.choices]) == "held done"
+    )
     gated.release("fourth")
-    fourth = await client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "fourth"}])
+    fourth = await client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "fourth"}]
+    )
     assert fourth.choices[0].message.content == "held done"
 
     gated.release("second")
@@ -250,7 +297,9 @@ async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets
     await bob_client.close()
 
 
-async def test_a_stream_stopped_by_its_user_gives_its_slot_back(capped_here, alice, gated, held_rule):
+async def test_a_stream_stopped_by_its_user_gives_its_slot_back(
+    capped_here, alice, gated, held_rule
+):
     socket = await socket_for(alice, connect=True)
     for _ in range(CAP + 1):  # more stops than slots: each stop gave its slot back
         await socket.send_json_to({"type": "message", "session": None, "content": "stopped"})
@@ -263,7 +312,9 @@ async def test_a_stream_stopped_by_its_user_gives_its_slot_back(capped_here, ali
     await socket.disconnect()
 
 
-async def test_a_socket_that_goes_away_mid_answer_gives_its_slot_back(capped_here, alice, gated, held_rule):
+async def test_a_socket_that_goes_away_mid_answer_gives_its_slot_back(
+    capped_here, alice, gated, held_rule
+):
     for _ in range(CAP + 1):
         socket = await socket_for(alice, connect=True)
         await socket.send_json_to({"type": "message", "session": None, "content": "abandoned"})
@@ -276,13 +327,18 @@ async def test_a_socket_that_goes_away_mid_answer_gives_its_slot_back(capped_her
     await socket.disconnect()
 
 
-async def test_a_v1_client_that_hangs_up_mid_stream_gives_its_slot_back(capped_gateway, alice_key, gated, held_rule):
+async def test_a_v1_client_that_hangs_up_mid_stream_gives_its_slot_back(
+    capped_gateway, alice_key, gated, held_rule
+):
     body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hung up"}]}
 
     async def hang_up_mid_answer() -> int:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            async with http.post(f"{capped_gateway}/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {alice_key}"}) as response:
+            async with http.post(
+                f"{capped_gateway}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {alice_key}"},
+            ) as response:
                 if response.status == 200:
                     await response.content.readline()  # the first chunk: the answer is running
                 else:
@@ -304,13 +360,24 @@ async def test_a_v1_client_that_hangs_up_mid_stream_gives_its_slot_back(capped_g
 # --- the settings, parsed strictly ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("variables", "message"), [
-    ({"CHAT_MAX_STREAMS_PER_USER": "0"}, "CHAT_MAX_STREAMS_PER_USER must be at least 1"),
-    ({"CHAT_MAX_STREAMS_PER_USER": "many"}, "CHAT_MAX_STREAMS_PER_USER must be a whole number"),
-    ({"ROUTING_MAX_TOKENS_CEILING": "256", "ROUTING_DEFAULT_MAX_TOKENS": "512"},
-     "ROUTING_MAX_TOKENS_CEILING (256) must be at least ROUTING_DEFAULT_MAX_TOKENS (512)"),
-])
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"CHAT_MAX_STREAMS_PER_USER": "0"}, "CHAT_MAX_STREAMS_PER_USER must be at least 1"),
+        ({"CHAT_MAX_STREAMS_PER_USER": "many"}, "CHAT_MAX_STREAMS_PER_USER must be a whole number"),
+        (
+            {"ROUTING_MAX_TOKENS_CEILING": "256", "ROUTING_DEFAULT_MAX_TOKENS": "512"},
+            "ROUTING_MAX_TOKENS_CEILING (256) must be at least ROUTING_DEFAULT_MAX_TOKENS (512)",
+        ),
+    ],
+)
 def test_a_limit_that_makes_no_sense_stops_start_up_naming_it(child_env, variables, message):
-    result = subprocess.run([sys.executable, "-c", "import config.settings"], cwd=settings.BASE_DIR,
-                            env={**child_env, **variables}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", "import config.settings"],
+        cwd=settings.BASE_DIR,
+        env={**child_env, **variables},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -34,10 +34,12 @@ def test_the_limit_holds_across_connections_and_a_slot_given_back_is_free_again(
 
 
 def test_a_process_that_dies_holding_slots_loses_them_when_their_lease_ends(key):
-    script = ("import os, redis; from core import slots; "
-              f"pipe = redis.Redis.from_url({settings.REDIS_URL!r}).pipeline(transaction=False); "
-              f"[slots.take(pipe, key={key!r}, holder=h, limit=2, lease=1) for h in ('x', 'y')]; "
-              "assert pipe.execute() == [1, 1]; os._exit(9)")
+    script = (
+        "import os, redis; from core import slots; "
+        f"pipe = redis.Redis.from_url({settings.REDIS_URL!r}).pipeline(transaction=False); "
+        f"[slots.take(pipe, key={key!r}, holder=h, limit=2, lease=1) for h in ('x', 'y')]; "
+        "assert pipe.execute() == [1, 1]; os._exit(9)"
+    )
     died = subprocess.run([sys.executable, "-c", script], cwd=settings.BASE_DIR, timeout=60)
     assert died.returncode == 9  # gone without giving anything back
     client = redis.Redis.from_url(settings.REDIS_URL)

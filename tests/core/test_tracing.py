@@ -81,14 +81,21 @@ def collector():
                 resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        received.spans.append(ReceivedSpan(
-                            name=span.name, kind=span.kind, trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            attributes={a.key: _value(a.value) for a in span.attributes},
-                            events=[e.name for e in span.events], status=span.status.code,
-                            start=span.start_time_unix_nano,
-                            seconds=(span.end_time_unix_nano - span.start_time_unix_nano) / 1e9,
-                            service=resource.get("service.name")))
+                        received.spans.append(
+                            ReceivedSpan(
+                                name=span.name,
+                                kind=span.kind,
+                                trace_id=span.trace_id.hex(),
+                                span_id=span.span_id.hex(),
+                                parent_id=span.parent_span_id.hex(),
+                                attributes={a.key: _value(a.value) for a in span.attributes},
+                                events=[e.name for e in span.events],
+                                status=span.status.code,
+                                start=span.start_time_unix_nano,
+                                seconds=(span.end_time_unix_nano - span.start_time_unix_nano) / 1e9,
+                                service=resource.get("service.name"),
+                            )
+                        )
             reply = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
@@ -111,8 +118,14 @@ def collector():
 def run_pipeline(child_env: dict, otel: dict, *questions: dict) -> tuple[list[list[dict]], dict]:
     """Each question's events, and what the process loaded of OpenTelemetry; `otel`: its OTEL_* variables."""
     env = {key: value for key, value in child_env.items() if not key.startswith("OTEL_")} | otel
-    done = subprocess.run([sys.executable, "-m", "tests.core.traced_pipeline", json.dumps(list(questions))],
-                          cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.core.traced_pipeline", json.dumps(list(questions))],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith(("[", "{"))]
     return lines[:-1], lines[-1]
@@ -146,11 +159,29 @@ def rows(django_db_setup, django_db_blocker, local_sim):
         broken_a = endpoint("tr-broken-a", local_sim, extra_headers={"X-Sim-Fail": "500"})
         broken_b = endpoint("tr-broken-b", local_sim, extra_headers={"X-Sim-Fail": "500"})
         made = {
-            "entry": entry_create(question="How do I reset my password?", answer="Use *Forgot password*.",
-                                  embed="none"),
-            "rules": [rule("tr-default", local, is_default=True, priority=1000, use_kb_context=False),
-                      rule("tr-fallback", broken_a, local, keywords=["lighthouse"], priority=1, use_kb_context=False),
-                      rule("tr-hopeless", broken_b, keywords=["shipwreck"], priority=2, use_kb_context=False)],
+            "entry": entry_create(
+                question="How do I reset my password?",
+                answer="Use *Forgot password*.",
+                embed="none",
+            ),
+            "rules": [
+                rule("tr-default", local, is_default=True, priority=1000, use_kb_context=False),
+                rule(
+                    "tr-fallback",
+                    broken_a,
+                    local,
+                    keywords=["lighthouse"],
+                    priority=1,
+                    use_kb_context=False,
+                ),
+                rule(
+                    "tr-hopeless",
+                    broken_b,
+                    keywords=["shipwreck"],
+                    priority=2,
+                    use_kb_context=False,
+                ),
+            ],
         }
     yield made
     with django_db_blocker.unblock():
@@ -162,12 +193,23 @@ def rows(django_db_setup, django_db_blocker, local_sim):
 @pytest.fixture(scope="module")
 def traces(rows, child_env, collector) -> dict[str, Trace]:
     """Every case asked in one traced process: each case's events and the spans of its trace."""
-    answers, _ = run_pipeline(child_env, {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}, *CASES.values())
+    answers, _ = run_pipeline(
+        child_env, {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}, *CASES.values()
+    )
     roots = sorted((s for s in collector.spans if not s.parent_id), key=lambda s: s.start)
     assert len(roots) == len(CASES), [r.name for r in roots]
-    return {case: Trace(events=events, root=root, children=[
-                s for s in collector.spans if s.parent_id == root.span_id and s.trace_id == root.trace_id])
-            for case, events, root in zip(CASES, answers, roots, strict=True)}
+    return {
+        case: Trace(
+            events=events,
+            root=root,
+            children=[
+                s
+                for s in collector.spans
+                if s.parent_id == root.span_id and s.trace_id == root.trace_id
+            ],
+        )
+        for case, events, root in zip(CASES, answers, roots, strict=True)
+    }
 
 
 def test_a_kb_answer_is_one_request_span_with_its_kb_match(traces, rows, collector):
@@ -175,14 +217,22 @@ def test_a_kb_answer_is_one_request_span_with_its_kb_match(traces, rows, collect
     assert [e["type"] for e in kb.events] == ["route", "token", "done"]
     root = kb.root
     assert root.name == "answer kb" and root.service == "answering-gateway"
-    assert root.attributes["gateway.road"] == "kb" and root.attributes["gateway.target"] == f"KB#{entry.pk}"
+    assert (
+        root.attributes["gateway.road"] == "kb"
+        and root.attributes["gateway.target"] == f"KB#{entry.pk}"
+    )
     assert root.events == ["first_token"]
     assert [s.name for s in kb.children] == ["retrieval kb"]
     match = kb.child("retrieval kb")
     assert match.kind == ProtoSpan.SPAN_KIND_CLIENT
-    assert match.attributes == {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "kb",
-                                "gateway.kb.hit": True, "gateway.kb.method": "exact", "gateway.kb.entry_id": entry.pk,
-                                "gateway.kb.score": 1.0}
+    assert match.attributes == {
+        "gen_ai.operation.name": "retrieval",
+        "gen_ai.data_source.id": "kb",
+        "gateway.kb.hit": True,
+        "gateway.kb.method": "exact",
+        "gateway.kb.entry_id": entry.pk,
+        "gateway.kb.score": 1.0,
+    }
     assert set(collector.posts) == {"/v1/traces"}
 
 
@@ -193,8 +243,15 @@ def test_a_generated_answer_has_a_chat_span_with_the_genai_attributes(traces, lo
     root = generated.root
     assert root.name == "answer local"
     assert {k: root.attributes[k] for k in ("gateway.road", "gateway.rule", "gateway.target")} == {
-        "gateway.road": "local", "gateway.rule": "tr-default", "gateway.target": "tr-local"}
-    assert sorted(s.name for s in generated.children) == ["chat acme/local", "match rule", "retrieval kb"]
+        "gateway.road": "local",
+        "gateway.rule": "tr-default",
+        "gateway.target": "tr-local",
+    }
+    assert sorted(s.name for s in generated.children) == [
+        "chat acme/local",
+        "match rule",
+        "retrieval kb",
+    ]
     assert generated.child("retrieval kb").attributes["gateway.kb.hit"] is False
     assert generated.child("match rule").attributes["gateway.rule"] == "tr-default"
     chat = generated.child("chat acme/local")
@@ -202,26 +259,41 @@ def test_a_generated_answer_has_a_chat_span_with_the_genai_attributes(traces, lo
     ttft = chat.attributes.pop("gen_ai.response.time_to_first_chunk")
     assert 0 < ttft <= chat.seconds
     assert chat.attributes == {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "acme/local",
-        "gen_ai.request.stream": True, "gen_ai.request.max_tokens": 6, "gen_ai.request.temperature": 0.5,
-        "server.address": "127.0.0.1", "server.port": int(local_sim.url.rsplit(":", 1)[1]),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "acme/local",
+        "gen_ai.request.stream": True,
+        "gen_ai.request.max_tokens": 6,
+        "gen_ai.request.temperature": 0.5,
+        "server.address": "127.0.0.1",
+        "server.port": int(local_sim.url.rsplit(":", 1)[1]),
         "gen_ai.response.finish_reasons": ["length"],
-        "gen_ai.usage.input_tokens": done["usage"]["prompt_tokens"], "gen_ai.usage.output_tokens": 6,
+        "gen_ai.usage.input_tokens": done["usage"]["prompt_tokens"],
+        "gen_ai.usage.output_tokens": 6,
     }
 
 
 def test_no_span_carries_the_question(traces, collector):
     spoken = [v for s in collector.spans for v in s.attributes.values() if isinstance(v, str)]
-    assert spoken and not [v for v in spoken if "harbour" in v or "lighthouse" in v or "password" in v]
+    assert spoken and not [
+        v for v in spoken if "harbour" in v or "lighthouse" in v or "password" in v
+    ]
 
 
 def test_a_failed_attempt_is_a_failed_chat_span_before_the_one_that_answers(traces):
     fallback = traces["fallback"]
-    assert fallback.events[-1]["type"] == "done" and fallback.events[-1]["fell_back_from"] == ["tr-broken-a"]
+    assert fallback.events[-1]["type"] == "done" and fallback.events[-1]["fell_back_from"] == [
+        "tr-broken-a"
+    ]
     assert fallback.root.name == "answer local" and fallback.root.status != Status.STATUS_CODE_ERROR
     assert fallback.root.attributes["gateway.fell_back_from"] == ["tr-broken-a"]
-    failed, answered = sorted((s for s in fallback.children if s.name == "chat acme/local"), key=lambda s: s.start)
-    assert failed.attributes["error.type"] == "server_error" and failed.status == Status.STATUS_CODE_ERROR
+    failed, answered = sorted(
+        (s for s in fallback.children if s.name == "chat acme/local"), key=lambda s: s.start
+    )
+    assert (
+        failed.attributes["error.type"] == "server_error"
+        and failed.status == Status.STATUS_CODE_ERROR
+    )
     assert failed.attributes["gen_ai.response.finish_reasons"] == ["error"]
     assert "error.type" not in answered.attributes and answered.status != Status.STATUS_CODE_ERROR
     assert answered.attributes["gen_ai.response.finish_reasons"] == ["length"]
@@ -229,7 +301,9 @@ def test_a_failed_attempt_is_a_failed_chat_span_before_the_one_that_answers(trac
 
 def test_a_request_no_target_can_answer_is_an_error_span(traces):
     unanswerable = traces["unanswerable"]
-    assert [e["type"] for e in unanswerable.events] == ["error"] and unanswerable.events[0]["code"] == "server_error"
+    assert [e["type"] for e in unanswerable.events] == ["error"] and unanswerable.events[0][
+        "code"
+    ] == "server_error"
     root = unanswerable.root
     assert root.name == "answer" and root.status == Status.STATUS_CODE_ERROR
     assert root.attributes["error.type"] == "server_error"
@@ -248,21 +322,32 @@ def test_a_client_that_leaves_mid_answer_still_gets_every_span_ended(traces):
 
 
 def test_without_an_endpoint_no_span_is_made_and_the_tracing_sdk_is_not_loaded(rows, child_env):
-    (events,), loaded = run_pipeline(child_env, {"OTEL_SERVICE_NAME": "gw-under-test"},
-                                     {"text": QUESTION, "max_tokens": 3})
+    (events,), loaded = run_pipeline(
+        child_env, {"OTEL_SERVICE_NAME": "gw-under-test"}, {"text": QUESTION, "max_tokens": 3}
+    )
 
     assert events[-1]["type"] == "done"
     assert loaded["wrapped"] is False  # `answer` is the pipeline's own generator
-    assert not [m for m in loaded["modules"] if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter"))]
+    assert not [
+        m
+        for m in loaded["modules"]
+        if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter"))
+    ]
 
 
 def test_an_unreachable_collector_does_not_change_the_answer(rows, child_env):
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
-            "OTEL_SERVICE_NAME": "gw-under-test"}
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        "OTEL_SERVICE_NAME": "gw-under-test",
+    }
     (events,), loaded = run_pipeline(child_env, otel, {"text": QUESTION, "max_tokens": 3})
 
     assert [events[0]["type"], events[-1]["type"]] == ["route", "done"]
-    assert "".join(e["text"] for e in events if e["type"] == "token") and events[-1]["usage"]["completion_tokens"] == 3
+    assert (
+        "".join(e["text"] for e in events if e["type"] == "token")
+        and events[-1]["usage"]["completion_tokens"] == 3
+    )
     assert loaded["wrapped"] is True
 
 
@@ -286,9 +371,17 @@ call("in-parent")
 
 def test_a_forked_process_sends_its_own_spans(collector):
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")} | {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    done = subprocess.run([sys.executable, "-c", FORKING], cwd=settings.BASE_DIR, env=env, capture_output=True,
-                          text=True, timeout=60)
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     expected = ["chat before-fork", "chat in-child", "chat in-parent"]
     assert sorted(s.name for s in collector.spans if s.name in expected) == expected

@@ -34,8 +34,15 @@ async def _main(questions: list[dict]) -> None:
     with db.unbound():  # as the /v1 API and the socket run a turn
         for question in questions:
             print(json.dumps(await _ask(pipeline, question), default=str), flush=True)
-    print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
-                      "wrapped": hasattr(pipeline.answer, "__wrapped__")}), flush=True)
+    print(
+        json.dumps(
+            {
+                "modules": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
+                "wrapped": hasattr(pipeline.answer, "__wrapped__"),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

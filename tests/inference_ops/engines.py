@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from benchmarks.engines import bundled_vllm_fields, engine_command, engine_run
 from inference_ops import vllm_engine
 
@@ -41,17 +39,33 @@ def _adapters(kind: str, folder: Path) -> tuple[Path, Path]:
     if kind == "vllm":
         model = vllm_engine.model_path(BASE)
         for seed, out in enumerate((static, runtime)):
-            subprocess.run([str(vllm_engine.python_path()), str(MAKE_LORA), str(model), str(out), str(seed)],
-                           check=True, timeout=300, capture_output=True)
+            subprocess.run(
+                [str(vllm_engine.python_path()), str(MAKE_LORA), str(model), str(out), str(seed)],
+                check=True,
+                timeout=300,
+                capture_output=True,
+            )
     return static, runtime
 
 
 def _fields(kind: str) -> dict:
-    common = dict(max_num_seqs=4, max_model_len=MAX_MODEL_LEN, enable_lora=True, max_loras=2,
-                  max_lora_rank=8, runtime_lora_updating=True, enable_prefix_caching=True)
+    common = dict(
+        max_num_seqs=4,
+        max_model_len=MAX_MODEL_LEN,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        runtime_lora_updating=True,
+        enable_prefix_caching=True,
+    )
     if kind == "vllm":
         return bundled_vllm_fields(kv_cache_mb=256, **common)
-    return {**common, "kind": kind, "model": BASE, "extra_args": ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"]}
+    return {
+        **common,
+        "kind": kind,
+        "model": BASE,
+        "extra_args": ["--time-to-first-token", "5", "--inter-token-latency", "10", "--seed", "3"],
+    }
 
 
 @contextlib.contextmanager
@@ -59,8 +73,17 @@ def start_engine(kind: str, folder: Path, django_db_blocker=None) -> Iterator[En
     """Start `kind` ("simulator" or "vllm") from an engine row's argv and stop it on exit."""
     static, runtime = _adapters(kind, folder)
     with django_db_blocker.unblock() if django_db_blocker is not None else contextlib.nullcontext():
-        command = engine_command(fields=_fields(kind), adapters={STATIC_ADAPTER: str(static)}, name=f"contract-{kind}")
-    with engine_run(command=command, log_path=folder / "engine.log",
-                    start_timeout=600 if kind == "vllm" else 30) as running:
-        yield Engine(kind=kind, url=running.url, port=running.port, pid=running.pid,
-                     runtime_adapter_path=str(runtime), real=kind == "vllm")
+        command = engine_command(
+            fields=_fields(kind), adapters={STATIC_ADAPTER: str(static)}, name=f"contract-{kind}"
+        )
+    with engine_run(
+        command=command, log_path=folder / "engine.log", start_timeout=600 if kind == "vllm" else 30
+    ) as running:
+        yield Engine(
+            kind=kind,
+            url=running.url,
+            port=running.port,
+            pid=running.pid,
+            runtime_adapter_path=str(runtime),
+            real=kind == "vllm",
+        )

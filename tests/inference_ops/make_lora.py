@@ -17,7 +17,11 @@ RANK = 8
 
 def main(model: Path, out: Path, seed: int = 0) -> None:
     config = json.loads((model / "config.json").read_text())
-    hidden, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hidden, heads, kv_heads = (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    )
     head_dim = config.get("head_dim") or hidden // heads
     shapes = {"q_proj": heads * head_dim, "v_proj": kv_heads * head_dim}
     generator = torch.Generator().manual_seed(seed)
@@ -25,15 +29,36 @@ def main(model: Path, out: Path, seed: int = 0) -> None:
     for layer in range(config["num_hidden_layers"]):
         for module, out_features in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, hidden, generator=generator) * 0.05
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, RANK, generator=generator) * 0.05
+            tensors[f"{prefix}.lora_A.weight"] = (
+                torch.randn(RANK, hidden, generator=generator) * 0.05
+            )
+            tensors[f"{prefix}.lora_B.weight"] = (
+                torch.randn(out_features, RANK, generator=generator) * 0.05
+            )
     out.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(out / "adapter_model.safetensors"))
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": 2 * RANK, "lora_dropout": 0.0,
-        "bias": "none", "target_modules": list(shapes), "base_model_name_or_path": str(model),
-        "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False, "use_dora": False,
-    }, indent=1))
+    save_file(
+        {name: t.contiguous() for name, t in tensors.items()},
+        str(out / "adapter_model.safetensors"),
+    )
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": RANK,
+                "lora_alpha": 2 * RANK,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "target_modules": list(shapes),
+                "base_model_name_or_path": str(model),
+                "fan_in_fan_out": False,
+                "modules_to_save": None,
+                "use_rslora": False,
+                "use_dora": False,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def launch_simulator(*args: str, env: dict[str, str] | None = None) -> subproces
     )
 
 
-def start_simulator(*args: str, env: dict[str, str] | None = None, timeout: float = 15) -> RunningSimulator:
+def start_simulator(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 15
+) -> RunningSimulator:
     """Start the simulator on a free port and wait for its ready line."""
     process = launch_simulator(*args, "--host", "127.0.0.1", "--port", "0", env=env)
     output: list[str] = []

@@ -18,16 +18,33 @@ ASK = [{"role": "user", "content": "Tell me about lighthouses."}]
 
 @pytest.fixture(scope="module")
 def sim():
-    server = start_simulator("serve", "acme/base", "--max-num-seqs", "2", "--time-to-first-token", "10",
-                             "--inter-token-latency", "10")
+    server = start_simulator(
+        "serve",
+        "acme/base",
+        "--max-num-seqs",
+        "2",
+        "--time-to-first-token",
+        "10",
+        "--inter-token-latency",
+        "10",
+    )
     yield server
     server.stop()
 
 
 def config_for(url: str, **overrides) -> EndpointConfig:
-    return EndpointConfig(**{"name": "local", "base_url": f"{url}/v1", "model": "acme/base",
-                             "connect_timeout": 1, "first_token_timeout": 2, "idle_timeout": 2,
-                             "total_timeout": 20, **overrides})
+    return EndpointConfig(
+        **{
+            "name": "local",
+            "base_url": f"{url}/v1",
+            "model": "acme/base",
+            "connect_timeout": 1,
+            "first_token_timeout": 2,
+            "idle_timeout": 2,
+            "total_timeout": 20,
+            **overrides,
+        }
+    )
 
 
 async def collect(config, **kwargs):
@@ -84,9 +101,14 @@ async def test_one_pooled_sdk_client_per_endpoint_is_reused(sim):
     ],
 )
 async def test_each_engine_failure_becomes_one_typed_error(sim, fault, kind, retryable, produced):
-    error, events = await failure(config_for(sim.url, first_token_timeout=1), max_tokens=40,
-                                  extra_headers={"X-Sim-Fail": fault})
-    assert (error.kind, error.retryable, error.produced_tokens) == (kind, retryable, produced), error
+    error, events = await failure(
+        config_for(sim.url, first_token_timeout=1),
+        max_tokens=40,
+        extra_headers={"X-Sim-Fail": fault},
+    )
+    assert (error.kind, error.retryable, error.produced_tokens) == (kind, retryable, produced), (
+        error
+    )
     assert bool(events) == produced
     assert error.endpoint == "local"
 
@@ -132,6 +154,7 @@ async def test_cancelling_the_consumer_closes_the_upstream_stream(sim):
 
 # -- a misbehaving server, for what the simulator does not do ------------------------------------------
 
+
 @pytest.fixture
 async def stub():
     """Serves /v1/chat/completions per `stub.mode`: malformed JSON, a stall between tokens, or a clean close."""
@@ -140,8 +163,10 @@ async def stub():
     async def chat(request):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        chunk = b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",' \
-                b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        chunk = (
+            b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+            b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        )
         if state["mode"] == "malformed":
             await response.write(b"data: {not json\n\n")
         elif state["mode"] == "stall":
@@ -154,10 +179,17 @@ async def stub():
 
     async def gzipped(request):
         # An engine behind a proxy that compresses its stream.
-        finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
-        body = b'data: {"choices":[{"index":0,"delta":{"content":"squeezed"},"finish_reason":null}]}\n\n' + finish
-        return web.Response(body=gzip.compress(body), headers={"Content-Type": "text/event-stream",
-                                                               "Content-Encoding": "gzip"})
+        finish = (
+            b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        )
+        body = (
+            b'data: {"choices":[{"index":0,"delta":{"content":"squeezed"},"finish_reason":null}]}\n\n'
+            + finish
+        )
+        return web.Response(
+            body=gzip.compress(body),
+            headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"},
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -188,7 +220,9 @@ async def test_a_slow_consumer_is_not_an_engine_stall(sim):
     # The idle budget counts from the start of each read: time the caller spends with a token
     # (a slow client downstream) is not the engine's silence.
     events = []
-    async with contextlib.aclosing(stream_chat(config_for(sim.url, idle_timeout=0.15), ASK, max_tokens=4)) as stream:
+    async with contextlib.aclosing(
+        stream_chat(config_for(sim.url, idle_timeout=0.15), ASK, max_tokens=4)
+    ) as stream:
         async for event in stream:
             events.append(event)
             await asyncio.sleep(0.3)
@@ -221,6 +255,7 @@ async def test_a_stream_without_a_finish_reason_is_truncated(stub):
 
 # -- a stream known to the byte ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def engine():
     from tests.stub_engine import StubEngine
@@ -239,7 +274,10 @@ async def test_chunks_read_together_leave_together_with_nothing_lost_reordered_o
     assert sum(t.chunks for t in tokens) == finish.tokens == TOKENS
     assert len(tokens) < TOKENS  # bursts arrived as fewer, larger events
     assert (finish.finish_reason, finish.usage.prompt_tokens, finish.usage.completion_tokens) == (
-        "length", PROMPT_TOKENS, TOKENS)
+        "length",
+        PROMPT_TOKENS,
+        TOKENS,
+    )
 
 
 async def test_an_error_event_mid_stream_keeps_what_came_before_it(engine):

@@ -23,16 +23,28 @@ def router():
     """Streams slowly (100 ms a token), so requests are in flight when the check scrapes."""
     from tests.inference_ops.simulator_process import start_simulator
 
-    sim = start_simulator("serve", "acme/local", "--mode", "echo", "--inter-token-latency", "100",
-                          "--max-num-seqs", "2")
+    sim = start_simulator(
+        "serve",
+        "acme/local",
+        "--mode",
+        "echo",
+        "--inter-token-latency",
+        "100",
+        "--max-num-seqs",
+        "2",
+    )
     yield sim
     sim.stop()
 
 
 def _stream_for_a_while(url: str, done: threading.Event) -> None:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
-    stream = client.chat.completions.create(model="acme/local", stream=True, max_tokens=40,
-                                            messages=[{"role": "user", "content": "one two three four five " * 8}])
+    stream = client.chat.completions.create(
+        model="acme/local",
+        stream=True,
+        max_tokens=40,
+        messages=[{"role": "user", "content": "one two three four five " * 8}],
+    )
     for _ in stream:
         if done.is_set():
             break
@@ -42,14 +54,18 @@ def _stream_for_a_while(url: str, done: threading.Event) -> None:
 def test_a_router_is_checked_and_its_load_lands_on_the_endpoint_row(router):
     target = endpoint("router", router)
     done = threading.Event()
-    streams = [threading.Thread(target=_stream_for_a_while, args=(router.url, done)) for _ in range(4)]
+    streams = [
+        threading.Thread(target=_stream_for_a_while, args=(router.url, done)) for _ in range(4)
+    ]
     for thread in streams:
         thread.start()
     try:
         for _ in range(50):  # until the four requests are in (two run, two wait: --max-num-seqs 2)
             with urllib.request.urlopen(f"{router.url}/metrics", timeout=5) as response:
-                if "vllm:num_requests_waiting" in (text := response.read().decode()) and \
-                        'vllm:num_requests_waiting{model_name="acme/local"} 2.0' in text:
+                if (
+                    "vllm:num_requests_waiting" in (text := response.read().decode())
+                    and 'vllm:num_requests_waiting{model_name="acme/local"} 2.0' in text
+                ):
                     break
             threading.Event().wait(0.05)
         assert endpoint_check(endpoint_id=target.pk) == "ready"

@@ -18,7 +18,14 @@ import pytest
 
 from inference_ops import supervisor
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
-from tests.inference_ops.engines import BASE, COUNTING, MAX_MODEL_LEN, STATIC_ADAPTER, Engine, start_engine
+from tests.inference_ops.engines import (
+    BASE,
+    COUNTING,
+    MAX_MODEL_LEN,
+    STATIC_ADAPTER,
+    Engine,
+    start_engine,
+)
 
 HTTP = aiohttp.ClientTimeout(total=120)
 
@@ -28,8 +35,11 @@ def engine(request, django_db_setup, tmp_path_factory):
     if request.param == "vllm":
         yield request.getfixturevalue("real_vllm")  # one real vLLM for the whole run
         return
-    with start_engine("simulator", tmp_path_factory.mktemp("contract-simulator"),
-                      request.getfixturevalue("django_db_blocker")) as running:
+    with start_engine(
+        "simulator",
+        tmp_path_factory.mktemp("contract-simulator"),
+        request.getfixturevalue("django_db_blocker"),
+    ) as running:
         yield running
 
 
@@ -62,19 +72,23 @@ async def _events(engine: Engine, path: str, body: dict) -> list:
             async for line in response.content:
                 line = line.decode().strip()
                 if line.startswith("data: "):
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{.*\})? (\S+)')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{.*\})? (\S+)")
 
 
 async def _metric(engine: Engine, name: str) -> float:
     """A metric summed over its labels (the real vLLM labels by engine and model, the simulator by model)."""
     status, text = await _get(engine, "/metrics")
     assert status == 200
-    values = [float(m.group(3)) for line in text.splitlines() if (m := _SAMPLE.match(line)) and m.group(1) == name]
+    values = [
+        float(m.group(3))
+        for line in text.splitlines()
+        if (m := _SAMPLE.match(line)) and m.group(1) == name
+    ]
     assert values, f"{name} is not among the engine's metrics"
     return sum(values)
 
@@ -94,8 +108,12 @@ async def test_health_answers_200_and_models_lists_the_base_model_and_its_adapte
     cards = {card["id"]: card for card in json.loads(models)["data"]}
     assert set(cards) == {BASE, STATIC_ADAPTER}
     base, adapter = cards[BASE], cards[STATIC_ADAPTER]
-    assert (base["object"], base["owned_by"], base["parent"], base["max_model_len"]) == ("model", "vllm", None,
-                                                                                          MAX_MODEL_LEN)
+    assert (base["object"], base["owned_by"], base["parent"], base["max_model_len"]) == (
+        "model",
+        "vllm",
+        None,
+        MAX_MODEL_LEN,
+    )
     assert adapter["parent"] == BASE and adapter["root"].endswith("static")
 
 
@@ -103,9 +121,16 @@ async def test_health_answers_200_and_models_lists_the_base_model_and_its_adapte
 
 
 async def test_a_chat_streams_the_role_first_then_content_then_usage_then_done(engine):
-    events = await _events(engine, "/v1/chat/completions", _greedy(
-        model=BASE, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8,
-        stream_options={"include_usage": True}))
+    events = await _events(
+        engine,
+        "/v1/chat/completions",
+        _greedy(
+            model=BASE,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8,
+            stream_options={"include_usage": True},
+        ),
+    )
     assert events[-1] == "[DONE]"
     chunks, usage = events[:-2], events[-2]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -116,12 +141,18 @@ async def test_a_chat_streams_the_role_first_then_content_then_usage_then_done(e
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text.strip()
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
-    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 8 and usage["usage"]["prompt_tokens"] > 5
+    assert (
+        usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 8
+        and usage["usage"]["prompt_tokens"] > 5
+    )
 
 
 async def test_a_completion_streams_text_then_usage_then_done(engine):
-    events = await _events(engine, "/v1/completions", _greedy(
-        model=BASE, prompt=COUNTING, max_tokens=6, stream_options={"include_usage": True}))
+    events = await _events(
+        engine,
+        "/v1/completions",
+        _greedy(model=BASE, prompt=COUNTING, max_tokens=6, stream_options={"include_usage": True}),
+    )
     assert events[-1] == "[DONE]"
     chunks, usage = events[:-2], events[-2]
     assert all(c["object"] == "text_completion" for c in chunks)
@@ -133,16 +164,22 @@ async def test_a_completion_streams_text_then_usage_then_done(engine):
 
 
 async def test_a_stop_sequence_ends_the_answer_before_it_and_is_named_as_the_stop_reason(engine):
-    status, free = await _post(engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12))
+    status, free = await _post(
+        engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12)
+    )
     assert status == 200
     text = free["choices"][0]["text"]
     words = text.split()
     stop = " " + words[len(words) // 2]  # a word from the middle of what the engine says anyway
-    status, stopped = await _post(engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12,
-                                                                      stop=[stop]))
+    status, stopped = await _post(
+        engine, "/v1/completions", _greedy(model=BASE, prompt=COUNTING, max_tokens=12, stop=[stop])
+    )
     choice = stopped["choices"][0]
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
-        text[:text.index(stop)], "stop", stop)
+        text[: text.index(stop)],
+        "stop",
+        stop,
+    )
     assert stop not in choice["text"]
 
 
@@ -150,8 +187,12 @@ async def test_a_stop_sequence_ends_the_answer_before_it_and_is_named_as_the_sto
 
 
 async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
-    body = _greedy(model=BASE, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=400,
-                   stream=True)
+    body = _greedy(
+        model=BASE,
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=400,
+        stream=True,
+    )
     async with aiohttp.ClientSession(timeout=HTTP) as session:
         async with session.post(engine.v1 + "/chat/completions", json=body) as response:
             async for line in response.content:
@@ -160,7 +201,9 @@ async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
             assert await _metric(engine, "vllm:num_requests_running") == 1
     # The connection is closed: the engine stops generating for it.
     deadline = time.monotonic() + 15
-    while (running := await _metric(engine, "vllm:num_requests_running")) and time.monotonic() < deadline:
+    while (
+        running := await _metric(engine, "vllm:num_requests_running")
+    ) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert running == 0
 
@@ -169,18 +212,29 @@ async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
 
 
 async def test_an_unknown_model_is_a_404_in_openais_error_shape(engine):
-    status, body = await _post(engine, "/v1/chat/completions", {
-        "model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    status, body = await _post(
+        engine,
+        "/v1/chat/completions",
+        {"model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert status == 404
-    assert body == {"error": {"message": f"The model `nope` does not exist. Valid aliases: {BASE}.",
-                              "type": "NotFoundError", "param": "model", "code": 404}}
+    assert body == {
+        "error": {
+            "message": f"The model `nope` does not exist. Valid aliases: {BASE}.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_a_prompt_beyond_the_context_window_is_a_400_bad_request(engine, path):
     long = "word " * (MAX_MODEL_LEN + 50)
     body = {"model": BASE, "max_tokens": 4}
-    body.update({"messages": [{"role": "user", "content": long}]} if "chat" in path else {"prompt": long})
+    body.update(
+        {"messages": [{"role": "user", "content": long}]} if "chat" in path else {"prompt": long}
+    )
     status, answer = await _post(engine, path, body)
     assert status == 400
     error = answer["error"]
@@ -197,28 +251,49 @@ async def test_a_static_adapter_answers_under_its_own_name(engine):
     status, adapted = await _post(engine, "/v1/completions", {**body, "model": STATIC_ADAPTER})
     assert status == 200 and adapted["model"] == STATIC_ADAPTER
     if engine.real:
-        assert adapted["choices"][0]["text"] != base["choices"][0]["text"]  # the adapter's weights count
+        assert (
+            adapted["choices"][0]["text"] != base["choices"][0]["text"]
+        )  # the adapter's weights count
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_adapter_loads_and_unloads_at_run_time_through_the_admin_and_the_engines_queue(
-        engine, celery_worker, client, django_user_model):
+    engine, celery_worker, client, django_user_model
+):
     from inference_ops.tasks import adapter_load_task  # noqa: F401 - the worker runs it; imported for its queue
 
     admin = django_user_model.objects.create_superuser("root", password="x")
     client.force_login(admin)
-    endpoint = ModelEndpoint.objects.create(name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE)
-    row = EngineProcess.objects.create(name="contract", endpoint=endpoint, kind=engine.kind, model=BASE,
-                                       port=engine.port, pid=engine.pid, status="ready", desired_state="running", enable_lora=True,
-                                       runtime_lora_updating=True)
-    adapter = LoraAdapter.objects.create(engine=row, name="support", path=engine.runtime_adapter_path, static=False)
+    endpoint = ModelEndpoint.objects.create(
+        name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE
+    )
+    row = EngineProcess.objects.create(
+        name="contract",
+        endpoint=endpoint,
+        kind=engine.kind,
+        model=BASE,
+        port=engine.port,
+        pid=engine.pid,
+        status="ready",
+        desired_state="running",
+        enable_lora=True,
+        runtime_lora_updating=True,
+    )
+    adapter = LoraAdapter.objects.create(
+        engine=row, name="support", path=engine.runtime_adapter_path, static=False
+    )
 
     def act(action: str, state: str) -> LoraAdapter:
-        response = client.post("/admin/inference_ops/loraadapter/", {"action": action,
-                                                                    "_selected_action": [adapter.pk]}, follow=True)
+        response = client.post(
+            "/admin/inference_ops/loraadapter/",
+            {"action": action, "_selected_action": [adapter.pk]},
+            follow=True,
+        )
         assert f"{action} queued on {row.queue}" in response.content.decode()
         deadline = time.monotonic() + 120
-        while (current := LoraAdapter.objects.get(pk=adapter.pk)).state != state and time.monotonic() < deadline:
+        while (
+            current := LoraAdapter.objects.get(pk=adapter.pk)
+        ).state != state and time.monotonic() < deadline:
             time.sleep(0.2)
         assert current.state == state, current.error
         return current
@@ -226,13 +301,16 @@ def test_an_adapter_loads_and_unloads_at_run_time_through_the_admin_and_the_engi
     act("load", "loaded")
     listed = asyncio.run(_get(engine, "/v1/models"))[1]
     assert "support" in {card["id"] for card in json.loads(listed)["data"]}
-    status, answer = asyncio.run(_post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING,
-                                                                          max_tokens=4)))
+    status, answer = asyncio.run(
+        _post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING, max_tokens=4))
+    )
     assert status == 200 and answer["model"] == "support"
     act("unload", "unloaded")
     listed = asyncio.run(_get(engine, "/v1/models"))[1]
     assert "support" not in {card["id"] for card in json.loads(listed)["data"]}
-    status, _ = asyncio.run(_post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING, max_tokens=4)))
+    status, _ = asyncio.run(
+        _post(engine, "/v1/completions", _greedy(model="support", prompt=COUNTING, max_tokens=4))
+    )
     assert status == 404
 
 
@@ -241,13 +319,27 @@ def test_an_adapter_loads_and_unloads_at_run_time_through_the_admin_and_the_engi
 
 @pytest.mark.django_db
 def test_a_health_check_scrapes_the_engines_gauges_into_the_rows(engine):
-    endpoint = ModelEndpoint.objects.create(name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE)
-    row = EngineProcess.objects.create(name="contract", endpoint=endpoint, kind=engine.kind, model=BASE,
-                                       port=engine.port, pid=engine.pid, status="ready", desired_state="running")
+    endpoint = ModelEndpoint.objects.create(
+        name="contract", kind="vllm", base_url=f"{engine.v1}", model=BASE
+    )
+    row = EngineProcess.objects.create(
+        name="contract",
+        endpoint=endpoint,
+        kind=engine.kind,
+        model=BASE,
+        port=engine.port,
+        pid=engine.pid,
+        status="ready",
+        desired_state="running",
+    )
     supervisor.engine_check(engine_id=row.pk)
     row.refresh_from_db()
     endpoint.refresh_from_db()
-    assert row.status == "ready" and row.last_check_ok and {"running", "waiting", "kv_cache_usage"} <= set(row.metrics)
+    assert (
+        row.status == "ready"
+        and row.last_check_ok
+        and {"running", "waiting", "kv_cache_usage"} <= set(row.metrics)
+    )
     assert (endpoint.requests_running, endpoint.requests_waiting) == (0, 0)
     assert 0 <= endpoint.kv_cache_usage <= 1
     assert {"prefix_cache_queries", "prefix_cache_hits"} <= set(row.metrics)
@@ -256,14 +348,20 @@ def test_a_health_check_scrapes_the_engines_gauges_into_the_rows(engine):
 async def test_a_repeated_prompt_moves_the_prefix_cache_counters(engine):
     # Longer than two KV blocks (the CPU backend's are 128 tokens), different from other tests' prompts.
     prompt = " ".join(f"item{i}" for i in range(150)) + f" {engine.kind} end"
-    queries, hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
-                     await _metric(engine, "vllm:prefix_cache_hits_total"))
+    queries, hits = (
+        await _metric(engine, "vllm:prefix_cache_queries_total"),
+        await _metric(engine, "vllm:prefix_cache_hits_total"),
+    )
     await _post(engine, "/v1/completions", {"model": BASE, "prompt": prompt, "max_tokens": 1})
-    first_queries, first_hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
-                                 await _metric(engine, "vllm:prefix_cache_hits_total"))
+    first_queries, first_hits = (
+        await _metric(engine, "vllm:prefix_cache_queries_total"),
+        await _metric(engine, "vllm:prefix_cache_hits_total"),
+    )
     assert first_queries > queries and first_hits == hits  # asked, nothing cached yet
     await _post(engine, "/v1/completions", {"model": BASE, "prompt": prompt, "max_tokens": 1})
-    second_queries, second_hits = (await _metric(engine, "vllm:prefix_cache_queries_total"),
-                                   await _metric(engine, "vllm:prefix_cache_hits_total"))
+    second_queries, second_hits = (
+        await _metric(engine, "vllm:prefix_cache_queries_total"),
+        await _metric(engine, "vllm:prefix_cache_hits_total"),
+    )
     assert second_queries - first_queries == first_queries - queries  # the same prompt asks as much
     assert second_hits - first_hits >= 128  # and now finds at least a block of it

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db
 
 
 def external(**fields) -> ModelEndpoint:
-    return ModelEndpoint(name="ext", kind="external", base_url="https://llm.example.com/v1", model="big",
-                         **fields)
+    return ModelEndpoint(
+        name="ext", kind="external", base_url="https://llm.example.com/v1", model="big", **fields
+    )
 
 
 def field_errors(instance) -> dict[str, list[str]]:
@@ -61,8 +62,13 @@ def test_even_the_operator_cannot_allow_the_secret_key(settings):
 
 def test_a_row_written_before_the_rule_sends_no_key_and_says_why(monkeypatch, caplog):
     monkeypatch.setenv("DATABASE_URL", "postgres://gateway:hunter2@db/gateway")
-    endpoint = ModelEndpoint.objects.create(name="old", kind="external", base_url="https://evil.example/v1",
-                                            model="m", api_key_env="DATABASE_URL")
+    endpoint = ModelEndpoint.objects.create(
+        name="old",
+        kind="external",
+        base_url="https://evil.example/v1",
+        model="m",
+        api_key_env="DATABASE_URL",
+    )
     with caplog.at_level(logging.ERROR, logger="inference_ops.models"):
         config = EndpointConfig.from_endpoint(endpoint)
     assert config.api_key == ""
@@ -71,11 +77,23 @@ def test_a_row_written_before_the_rule_sends_no_key_and_says_why(monkeypatch, ca
 
 
 def test_the_admin_form_names_the_rule(superuser_client):
-    response = superuser_client.post("/admin/inference_ops/modelendpoint/add/", {
-        "name": "evil", "kind": "external", "active": "on", "base_url": "https://evil.example/v1",
-        "api_key_env": "SECRET_KEY", "model": "m", "context_window": 4096, "max_concurrency": 64,
-        "connect_timeout": 3, "first_token_timeout": 30, "idle_timeout": 15, "total_timeout": 300,
-    })
+    response = superuser_client.post(
+        "/admin/inference_ops/modelendpoint/add/",
+        {
+            "name": "evil",
+            "kind": "external",
+            "active": "on",
+            "base_url": "https://evil.example/v1",
+            "api_key_env": "SECRET_KEY",
+            "model": "m",
+            "context_window": 4096,
+            "max_concurrency": 64,
+            "connect_timeout": 3,
+            "first_token_timeout": 30,
+            "idle_timeout": 15,
+            "total_timeout": 300,
+        },
+    )
     assert response.status_code == 200
     assert "may not hold an endpoint key" in response.content.decode()
     assert not ModelEndpoint.objects.filter(name="evil").exists()
@@ -101,40 +119,82 @@ def test_a_running_engine_process_does_not_see_the_gateways_secrets(monkeypatch)
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     environ = Path(f"/proc/{engine.pid}/environ").read_bytes().split(b"\0")
     names = {item.split(b"=", 1)[0] for item in environ if item}
-    assert b"SECRET_KEY" not in names and b"GW_KEY_ACME" not in names and b"DATABASE_URL" not in names
+    assert (
+        b"SECRET_KEY" not in names and b"GW_KEY_ACME" not in names and b"DATABASE_URL" not in names
+    )
     assert b"PATH" in names
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "PYTHONSTARTUP",
-                                  "BASH_ENV", "SECRET_KEY", "HF_ENDPOINT", "no spaces allowed"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "BASH_ENV",
+        "SECRET_KEY",
+        "HF_ENDPOINT",
+        "no spaces allowed",
+    ],
+)
 def test_an_engine_environment_refuses_what_would_run_other_code(name):
     engine = make_engine(environment={name: "/tmp/x"})
     errors = field_errors(engine)
     assert name in errors["environment"][0]
 
 
-@pytest.mark.parametrize("kind,args", [
-    ("vllm", ["--trust-remote-code"]),
-    ("vllm", ["--middleware", "evil.Middleware"]),
-    ("vllm", ["--tool-parser-plugin", "/tmp/evil.py"]),
-    ("vllm", ["--host", "0.0.0.0"]),
-    ("simulator", ["stray-positional"]),
-    ("cpu", ["--path", "/"]),
-    ("cpu", ["--slot-save-path", "/etc"]),
-    ("cpu", ["--log-file", "/etc/passwd"]),
-])
+@pytest.mark.parametrize(
+    "kind,args",
+    [
+        ("vllm", ["--trust-remote-code"]),
+        ("vllm", ["--middleware", "evil.Middleware"]),
+        ("vllm", ["--tool-parser-plugin", "/tmp/evil.py"]),
+        ("vllm", ["--host", "0.0.0.0"]),
+        ("simulator", ["stray-positional"]),
+        ("cpu", ["--path", "/"]),
+        ("cpu", ["--slot-save-path", "/etc"]),
+        ("cpu", ["--log-file", "/etc/passwd"]),
+    ],
+)
 def test_extra_arguments_outside_the_kinds_allow_list_are_refused(kind, args):
     engine = make_engine(kind=kind, extra_args=args)
     errors = field_errors(engine)
     assert "extra_args" in errors and "not allowed" in errors["extra_args"][0]
 
 
-@pytest.mark.parametrize("kind,args", [
-    ("simulator", ["--time-to-first-token", "5", "--inter-token-latency", "2", "--seed", "1"]),
-    ("simulator", ["--max-num-seqs", "0"]),
-    ("vllm", ["--seed", "1", "--enforce-eager", "--kv-cache-dtype=fp8", "--chat-template", "{files}/t.jinja"]),
-    ("cpu", ["--threads", "1", "--seed", 7, "--chat-template-file", "{files}/t.jinja", "--temp", "-1"]),
-])
+@pytest.mark.parametrize(
+    "kind,args",
+    [
+        ("simulator", ["--time-to-first-token", "5", "--inter-token-latency", "2", "--seed", "1"]),
+        ("simulator", ["--max-num-seqs", "0"]),
+        (
+            "vllm",
+            [
+                "--seed",
+                "1",
+                "--enforce-eager",
+                "--kv-cache-dtype=fp8",
+                "--chat-template",
+                "{files}/t.jinja",
+            ],
+        ),
+        (
+            "cpu",
+            [
+                "--threads",
+                "1",
+                "--seed",
+                7,
+                "--chat-template-file",
+                "{files}/t.jinja",
+                "--temp",
+                "-1",
+            ],
+        ),
+    ],
+)
 def test_the_arguments_in_use_today_are_allowed(settings, kind, args):
     settings.ENGINE_FILES_DIR = "/srv/engine-files"
     args = [a.format(files=settings.ENGINE_FILES_DIR) if isinstance(a, str) else a for a in args]
@@ -147,22 +207,25 @@ def test_the_arguments_in_use_today_are_allowed(settings, kind, args):
 FILES = "/srv/engine-files"
 
 
-@pytest.mark.parametrize("kind,args", [
-    ("vllm", ["--chat-template", "/etc/passwd"]),
-    ("vllm", ["--chat-template=/home/gpu/.ssh/id_ed25519"]),
-    ("vllm", ["--chat-template", "t.jinja"]),
-    ("vllm", ["--chat-template", f"{FILES}/../../etc/shadow"]),
-    ("simulator", ["--chat-template", "/etc/passwd"]),
-    ("cpu", ["--chat-template-file", "/etc/passwd"]),
-    ("cpu", ["--chat-template-file=/proc/self/environ"]),
-    ("vllm", ["--download-dir", "/etc/cron.d"]),
-    ("vllm", ["--download-dir", "/srv/engine-files-and-more"]),
-    ("vllm", ["--tokenizer", "/root/tokenizer"]),
-    ("vllm", ["--tokenizer", "../../etc"]),
-    ("vllm", ["--tokenizer", "~/models/tok"]),
-    ("vllm", ["--generation-config", "/etc"]),
-    ("vllm", ["--enforce-eager", "--generation-config=/var/lib/secrets"]),
-])
+@pytest.mark.parametrize(
+    "kind,args",
+    [
+        ("vllm", ["--chat-template", "/etc/passwd"]),
+        ("vllm", ["--chat-template=/home/gpu/.ssh/id_ed25519"]),
+        ("vllm", ["--chat-template", "t.jinja"]),
+        ("vllm", ["--chat-template", f"{FILES}/../../etc/shadow"]),
+        ("simulator", ["--chat-template", "/etc/passwd"]),
+        ("cpu", ["--chat-template-file", "/etc/passwd"]),
+        ("cpu", ["--chat-template-file=/proc/self/environ"]),
+        ("vllm", ["--download-dir", "/etc/cron.d"]),
+        ("vllm", ["--download-dir", "/srv/engine-files-and-more"]),
+        ("vllm", ["--tokenizer", "/root/tokenizer"]),
+        ("vllm", ["--tokenizer", "../../etc"]),
+        ("vllm", ["--tokenizer", "~/models/tok"]),
+        ("vllm", ["--generation-config", "/etc"]),
+        ("vllm", ["--enforce-eager", "--generation-config=/var/lib/secrets"]),
+    ],
+)
 def test_a_flag_naming_a_host_path_outside_the_engine_files_folder_is_refused(settings, kind, args):
     settings.ENGINE_FILES_DIR = FILES
     errors = field_errors(make_engine(kind=kind, extra_args=args))
@@ -170,21 +233,24 @@ def test_a_flag_naming_a_host_path_outside_the_engine_files_folder_is_refused(se
     assert any(FILES in message for message in errors["extra_args"]), errors
 
 
-@pytest.mark.parametrize("kind,args", [
-    ("vllm", ["--chat-template", f"{FILES}/qwen.jinja"]),
-    ("vllm", ["--chat-template=" + FILES + "/templates/qwen.jinja"]),
-    ("vllm", ["--chat-template", "{% for m in messages %}{{ m.content }}\n{% endfor %}"]),
-    ("vllm", ["--download-dir", f"{FILES}/hf"]),
-    ("vllm", ["--download-dir", FILES]),
-    ("vllm", ["--tokenizer", "Qwen/Qwen2.5-7B-Instruct"]),
-    ("vllm", ["--tokenizer", "gpt2"]),
-    ("vllm", ["--tokenizer", f"{FILES}/tokenizer"]),
-    ("vllm", ["--generation-config", "vllm"]),
-    ("vllm", ["--generation-config", "auto"]),
-    ("vllm", ["--generation-config", f"{FILES}/generation"]),
-    ("cpu", ["--chat-template", "chatml"]),
-    ("cpu", ["--chat-template-file", f"{FILES}/t.jinja"]),
-])
+@pytest.mark.parametrize(
+    "kind,args",
+    [
+        ("vllm", ["--chat-template", f"{FILES}/qwen.jinja"]),
+        ("vllm", ["--chat-template=" + FILES + "/templates/qwen.jinja"]),
+        ("vllm", ["--chat-template", "{% for m in messages %}{{ m.content }}\n{% endfor %}"]),
+        ("vllm", ["--download-dir", f"{FILES}/hf"]),
+        ("vllm", ["--download-dir", FILES]),
+        ("vllm", ["--tokenizer", "Qwen/Qwen2.5-7B-Instruct"]),
+        ("vllm", ["--tokenizer", "gpt2"]),
+        ("vllm", ["--tokenizer", f"{FILES}/tokenizer"]),
+        ("vllm", ["--generation-config", "vllm"]),
+        ("vllm", ["--generation-config", "auto"]),
+        ("vllm", ["--generation-config", f"{FILES}/generation"]),
+        ("cpu", ["--chat-template", "chatml"]),
+        ("cpu", ["--chat-template-file", f"{FILES}/t.jinja"]),
+    ],
+)
 def test_paths_inside_the_folder_names_and_inline_templates_are_allowed(settings, kind, args):
     settings.ENGINE_FILES_DIR = FILES
     make_engine(kind=kind, extra_args=args).full_clean()
@@ -205,50 +271,72 @@ def test_the_demos_engine_rows_pass_the_policy(settings, template):
     from inference_ops import demo
 
     settings.ENGINE_FILES_DIR = FILES
-    settings.LOCAL_VLLM_URL, settings.CPU_ENGINE_MODEL, settings.CPU_ENGINE_CHAT_TEMPLATE = None, "", template
+    settings.LOCAL_VLLM_URL, settings.CPU_ENGINE_MODEL, settings.CPU_ENGINE_CHAT_TEMPLATE = (
+        None,
+        "",
+        template,
+    )
     settings.LOCAL_ENGINE = "cpu"
     demo.demo_engine_ensure().full_clean()
     settings.LOCAL_ENGINE = "vllm"
     demo.demo_engine_ensure().full_clean()
 
 
-def test_the_supervisor_refuses_a_template_outside_the_folder_in_a_row_written_past_the_admin(settings):
+def test_the_supervisor_refuses_a_template_outside_the_folder_in_a_row_written_past_the_admin(
+    settings,
+):
     settings.ENGINE_FILES_DIR = FILES
     engine = make_engine(extra_args=["--chat-template", "/etc/passwd"])
     with pytest.raises(SupervisorError, match="--chat-template"):
         supervisor.command_line(engine)
 
 
-@pytest.mark.parametrize("name,value", [
-    ("NCCL_NET_PLUGIN", "/tmp/libevil.so"),
-    ("NCCL_TUNER_PLUGIN", "/tmp/libevil.so"),
-    ("NCCL_PROFILER_PLUGIN", "evil"),
-    ("NCCL_DEBUG_FILE", "/etc/cron.d/x"),
-    ("TRITON_LIBCUDA_PATH", "/tmp/evil"),
-    ("TRITON_PTXAS_PATH", "/tmp/evil"),
-    ("TRITON_CACHE_DIR", "/tmp/kernels"),
-    ("TORCHINDUCTOR_CACHE_DIR", "/tmp/kernels"),
-    ("TORCH_EXTENSIONS_DIR", "/tmp/ext"),
-    ("CUDA_HOME", "/tmp/cuda"),
-    ("GGML_BACKEND_PATH", "/tmp/libevil.so"),
-    ("LLAMA_ARG_PATH", "/"),
-    ("LLAMA_ARG_SLOT_SAVE_PATH", "/etc"),
-    ("VLLM_CACHE_ROOT", "/tmp/cache"),
-])
-def test_an_engine_environment_refuses_variables_that_load_code_or_name_host_paths(settings, name, value):
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("NCCL_NET_PLUGIN", "/tmp/libevil.so"),
+        ("NCCL_TUNER_PLUGIN", "/tmp/libevil.so"),
+        ("NCCL_PROFILER_PLUGIN", "evil"),
+        ("NCCL_DEBUG_FILE", "/etc/cron.d/x"),
+        ("TRITON_LIBCUDA_PATH", "/tmp/evil"),
+        ("TRITON_PTXAS_PATH", "/tmp/evil"),
+        ("TRITON_CACHE_DIR", "/tmp/kernels"),
+        ("TORCHINDUCTOR_CACHE_DIR", "/tmp/kernels"),
+        ("TORCH_EXTENSIONS_DIR", "/tmp/ext"),
+        ("CUDA_HOME", "/tmp/cuda"),
+        ("GGML_BACKEND_PATH", "/tmp/libevil.so"),
+        ("LLAMA_ARG_PATH", "/"),
+        ("LLAMA_ARG_SLOT_SAVE_PATH", "/etc"),
+        ("VLLM_CACHE_ROOT", "/tmp/cache"),
+    ],
+)
+def test_an_engine_environment_refuses_variables_that_load_code_or_name_host_paths(
+    settings, name, value
+):
     errors = field_errors(make_engine(environment={name: value}))
     assert name in errors["environment"][0]
     settings.ENGINE_ENV_ALLOWED = [name]  # not even the operator's list lets a row set them
-    assert name in field_errors(make_engine(name="again", environment={name: value}))["environment"][0]
+    assert (
+        name in field_errors(make_engine(name="again", environment={name: value}))["environment"][0]
+    )
 
 
 def test_tuning_variables_stay_allowed():
-    make_engine(environment={"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "TRITON_PRINT_AUTOTUNING": "1",
-                             "VLLM_CPU_KVCACHE_SPACE": "4", "LLAMA_LOG_VERBOSITY": "1", "HF_HOME": "/data/hf"}
-                ).full_clean()
+    make_engine(
+        environment={
+            "NCCL_DEBUG": "INFO",
+            "NCCL_P2P_DISABLE": "1",
+            "TRITON_PRINT_AUTOTUNING": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "4",
+            "LLAMA_LOG_VERBOSITY": "1",
+            "HF_HOME": "/data/hf",
+        }
+    ).full_clean()
 
 
-@pytest.mark.parametrize("field", ["model", "served_model_name", "quantization", "dtype", "bind_host"])
+@pytest.mark.parametrize(
+    "field", ["model", "served_model_name", "quantization", "dtype", "bind_host"]
+)
 def test_a_value_that_would_become_a_flag_is_refused(field):
     engine = make_engine(**{field: "--trust-remote-code"})
     assert "must not start with" in field_errors(engine)[field][0]
@@ -261,7 +349,9 @@ def test_an_adapter_path_that_would_become_a_flag_is_refused():
 
 
 def test_the_supervisor_refuses_to_start_a_bad_row_and_says_why():
-    engine = make_engine(environment={"LD_PRELOAD": "/tmp/evil.so"}, extra_args=["--trust-remote-code"])
+    engine = make_engine(
+        environment={"LD_PRELOAD": "/tmp/evil.so"}, extra_args=["--trust-remote-code"]
+    )
     with pytest.raises(EngineStartRefused, match="LD_PRELOAD"):
         supervisor.engine_start(engine_id=engine.pk)
     engine.refresh_from_db()
@@ -295,11 +385,24 @@ def test_staff_can_view_engines_and_endpoints_but_not_change_them(staff_client):
     engine = make_engine()
     page = f"/admin/inference_ops/engineprocess/{engine.pk}/change/"
     assert staff_client.get(page).status_code == 200
-    assert staff_client.get(f"/admin/inference_ops/modelendpoint/{engine.endpoint.pk}/change/").status_code == 200
+    assert (
+        staff_client.get(
+            f"/admin/inference_ops/modelendpoint/{engine.endpoint.pk}/change/"
+        ).status_code
+        == 200
+    )
     assert staff_client.get("/admin/inference_ops/engineprocess/add/").status_code == 403
     assert staff_client.get("/admin/inference_ops/modelendpoint/add/").status_code == 403
-    response = staff_client.post(page, {"name": engine.name, "model": "evil", "kind": "simulator",
-                                        "port": engine.port, "endpoint": engine.endpoint.pk})
+    response = staff_client.post(
+        page,
+        {
+            "name": engine.name,
+            "model": "evil",
+            "kind": "simulator",
+            "port": engine.port,
+            "endpoint": engine.endpoint.pk,
+        },
+    )
     assert response.status_code == 403
     engine.refresh_from_db()
     assert engine.model == "acme/base"
@@ -309,13 +412,26 @@ def test_staff_can_view_engines_and_endpoints_but_not_change_them(staff_client):
 
 def test_the_superuser_sees_why_an_engine_row_is_refused(superuser_client):
     engine = make_engine()
-    response = superuser_client.post(f"/admin/inference_ops/engineprocess/{engine.pk}/change/", {
-        "name": engine.name, "endpoint": engine.endpoint.pk, "kind": "simulator", "model": "acme/base",
-        "bind_host": "127.0.0.1", "port": engine.port, "desired_state": "stopped",
-        "extra_args": '["--trust-remote-code"]', "environment": '{"LD_PRELOAD": "/tmp/evil.so"}',
-        "startup_timeout": 30, "stop_timeout": 5,
-        "adapters-TOTAL_FORMS": 0, "adapters-INITIAL_FORMS": 0, "events-TOTAL_FORMS": 0, "events-INITIAL_FORMS": 0,
-    })
+    response = superuser_client.post(
+        f"/admin/inference_ops/engineprocess/{engine.pk}/change/",
+        {
+            "name": engine.name,
+            "endpoint": engine.endpoint.pk,
+            "kind": "simulator",
+            "model": "acme/base",
+            "bind_host": "127.0.0.1",
+            "port": engine.port,
+            "desired_state": "stopped",
+            "extra_args": '["--trust-remote-code"]',
+            "environment": '{"LD_PRELOAD": "/tmp/evil.so"}',
+            "startup_timeout": 30,
+            "stop_timeout": 5,
+            "adapters-TOTAL_FORMS": 0,
+            "adapters-INITIAL_FORMS": 0,
+            "events-TOTAL_FORMS": 0,
+            "events-INITIAL_FORMS": 0,
+        },
+    )
     assert response.status_code == 200
     html = response.content.decode()
     assert "LD_PRELOAD" in html and "--trust-remote-code" in html and "not allowed" in html

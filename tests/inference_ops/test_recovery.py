@@ -41,7 +41,10 @@ def test_an_engine_left_starting_by_a_lost_start_task_is_adopted_once_it_answers
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     # What a start task killed with its worker leaves behind: the row `starting`, the engine running.
     EngineProcess.objects.filter(pk=engine.pk).update(
-        status="starting", startup_timeout=1, status_changed_at=timezone.now() - timedelta(seconds=5))
+        status="starting",
+        startup_timeout=1,
+        status_changed_at=timezone.now() - timedelta(seconds=5),
+    )
     assert supervisor.engine_check(engine_id=engine.pk) is None
     current = EngineProcess.objects.get(pk=engine.pk)
     assert current.status == "ready" and current.pid == engine.pid
@@ -55,7 +58,10 @@ def test_an_engine_left_starting_that_never_answers_is_killed_and_restarted(sett
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     os.kill(engine.pid, signal.SIGSTOP)  # alive, never ready
     EngineProcess.objects.filter(pk=engine.pk).update(
-        status="starting", startup_timeout=1, status_changed_at=timezone.now() - timedelta(seconds=5))
+        status="starting",
+        startup_timeout=1,
+        status_changed_at=timezone.now() - timedelta(seconds=5),
+    )
     supervisor.engine_check(engine_id=engine.pk)
     current = EngineProcess.objects.get(pk=engine.pk)
     assert current.status == "restarting" and "start-up never finished" in current.status_reason
@@ -73,8 +79,23 @@ def celery_beat(child_env, tmp_path):
     """Celery beat with the production schedule: engine checks every ENGINE_CHECK_INTERVAL."""
     with open(tmp_path / "beat.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO", "-s", str(tmp_path / "schedule")],
-            cwd=BASE_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                "-l",
+                "INFO",
+                "-s",
+                str(tmp_path / "schedule"),
+            ],
+            cwd=BASE_DIR,
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     yield process
     stop_process_group(process)
@@ -102,8 +123,15 @@ def engine_row(request) -> EngineProcess:
         from tests.inference_ops.test_engine_contract import BASE
 
         # Installed and converted by `make test` before the suite (`manage.py vllm_engine_build`).
-        engine = make_engine(kind="vllm", model=BASE, max_num_seqs=4, max_model_len=1024, startup_timeout=600,
-                             stop_timeout=15, extra_args=["--kv-cache-memory-bytes", str(256 * 1024 * 1024)])
+        engine = make_engine(
+            kind="vllm",
+            model=BASE,
+            max_num_seqs=4,
+            max_model_len=1024,
+            startup_timeout=600,
+            stop_timeout=15,
+            extra_args=["--kv-cache-memory-bytes", str(256 * 1024 * 1024)],
+        )
         type(engine.endpoint).objects.filter(pk=engine.endpoint.pk).update(model=BASE)
         engine.endpoint.refresh_from_db()
         return engine
@@ -116,30 +144,45 @@ def engine_row(request) -> EngineProcess:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, celery_worker, celery_beat, external_sim,
-                                                                capsys, django_user_model):
+def test_a_sigkilled_engine_serves_again_soon_after_its_restart(
+    engine_row, celery_worker, celery_beat, external_sim, capsys, django_user_model
+):
     engine = engine_row
     EngineProcess.objects.filter(pk=engine.pk).update(desired_state="running")
     type(engine.endpoint).objects.filter(pk=engine.endpoint.pk).update(
-        connect_timeout=1, first_token_timeout=5, idle_timeout=2, total_timeout=60)
+        connect_timeout=1, first_token_timeout=5, idle_timeout=2, total_timeout=60
+    )
     fallback = endpoint("fallback", external_sim, kind="external")
     rule("default", engine.endpoint, fallback, is_default=True, use_kb_context=False)
-    assert engine_start_task.apply_async((engine.pk,), queue="ops").get(timeout=engine.startup_timeout + 30) == "ready"
+    assert (
+        engine_start_task.apply_async((engine.pk,), queue="ops").get(
+            timeout=engine.startup_timeout + 30
+        )
+        == "ready"
+    )
     engine.refresh_from_db()
 
     user = django_user_model.objects.create_user("ann", password="x")
     events, killed_at, killed_wall = async_to_sync(_stream_until_killed)(engine, user)
     # The user saw the first tokens, then an error event marked partial: no silent switch mid-answer.
     assert [e.type for e in events[:3]] == ["session", "route", "token"]
-    assert events[-1].type == "error" and events[-1].partial and events[-1].target == engine.endpoint.name
+    assert (
+        events[-1].type == "error"
+        and events[-1].partial
+        and events[-1].target == engine.endpoint.name
+    )
     # What they saw is stored, marked partial.
     stored = Message.objects.get(pk=events[0].message_id)
-    assert stored.status == "partial" and stored.content == "".join(e.text for e in events if e.type == "token")
+    assert stored.status == "partial" and stored.content == "".join(
+        e.text for e in events if e.type == "token"
+    )
     assert stored.content
 
     # Until the engine is back, answers come from the next target, and fast (the breaker opens).
     fallbacks, served_at = 0, None
-    deadline = killed_at + (300 if engine.kind == "vllm" else 60)  # vLLM loads and warms up its model again
+    deadline = killed_at + (
+        300 if engine.kind == "vllm" else 60
+    )  # vLLM loads and warms up its model again
     while time.monotonic() < deadline:
         answered = ask("hi", max_tokens=2)
         assert answered[-1].type == "done", answered
@@ -148,7 +191,9 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, cele
             break
         fallbacks += 1
         time.sleep(0.1)
-    assert served_at, list(EngineEvent.objects.filter(engine=engine).values_list("status", "reason"))
+    assert served_at, list(
+        EngineEvent.objects.filter(engine=engine).values_list("status", "reason")
+    )
     assert fallbacks > 0
 
     def restarted():
@@ -167,16 +212,20 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, cele
     noticed = (restarting.at - killed_wall).total_seconds()
     down = served_at - killed_at
     with capsys.disabled():
-        print(f"\n{engine.kind}: SIGKILL mid-stream -> served by the engine again after {down:.1f}s: noticed after "
-              f"{noticed:.1f}s, ready {(ready.at - restarting.at).total_seconds():.1f}s later "
-              f"(engine start-up {start_up:.1f}s, check interval {settings.ENGINE_CHECK_INTERVAL:g}s, "
-              f"first backoff {settings.ENGINE_BACKOFF_BASE:g}s, {fallbacks} answers from the fallback meanwhile)")
+        print(
+            f"\n{engine.kind}: SIGKILL mid-stream -> served by the engine again after {down:.1f}s: noticed after "
+            f"{noticed:.1f}s, ready {(ready.at - restarting.at).total_seconds():.1f}s later "
+            f"(engine start-up {start_up:.1f}s, check interval {settings.ENGINE_CHECK_INTERVAL:g}s, "
+            f"first backoff {settings.ENGINE_BACKOFF_BASE:g}s, {fallbacks} answers from the fallback meanwhile)"
+        )
     # The failing request asks for a check at once (no beat tick to wait for), and the breaker's
     # cool-down no longer keeps a restarted engine shut: serving again within the start-up and 5 s
     # (the first restart's backoff inside them; the tests' is shorter than the default 2 s).
     assert noticed < settings.ENGINE_CHECK_INTERVAL
     assert down < start_up + 5 + settings.ENGINE_BACKOFF_BASE
-    if start_up + 5 < settings.ROUTING_BREAKER_COOLDOWN:  # vLLM's start-up is longer than the cool-down anyway
+    if (
+        start_up + 5 < settings.ROUTING_BREAKER_COOLDOWN
+    ):  # vLLM's start-up is longer than the cool-down anyway
         assert down < settings.ROUTING_BREAKER_COOLDOWN
     assert len(_listening_on(engine.port)) == 1  # one engine process for the row, never two
     # Nothing of the killed engine's session is left (vLLM's EngineCore and workers outlive their
@@ -185,7 +234,9 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(engine_row, cele
 
 
 @pytest.mark.django_db
-def test_an_engine_seen_ready_closes_its_endpoints_breaker(settings, django_capture_on_commit_callbacks):
+def test_an_engine_seen_ready_closes_its_endpoints_breaker(
+    settings, django_capture_on_commit_callbacks
+):
     settings.ROUTING_BREAKER_FAILURES = 1
     engine = make_engine()
     async_to_sync(breaker.failure)(engine.endpoint.name)
@@ -199,19 +250,30 @@ def test_an_engine_seen_ready_closes_its_endpoints_breaker(settings, django_capt
 
 
 def _listening_on(port: int) -> set[int]:
-    return {c.pid for c in psutil.net_connections(kind="tcp")
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+    return {
+        c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
 
 
 def _connections_to(port: int) -> int:
-    return sum(1 for c in psutil.Process().net_connections(kind="tcp")
-               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+    return sum(
+        1
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
 
 
 async def _ask_all(count: int, max_tokens: int = 2) -> tuple[list[list], list[float]]:
     async def one():
         started = time.monotonic()
-        events = [event async for event in pipeline.answer(pipeline.RouteRequest(text="hi", max_tokens=max_tokens))]
+        events = [
+            event
+            async for event in pipeline.answer(
+                pipeline.RouteRequest(text="hi", max_tokens=max_tokens)
+            )
+        ]
         return events, time.monotonic() - started
 
     results = await asyncio.gather(*(one() for _ in range(count)))
@@ -223,8 +285,12 @@ async def _hung_engine_scenario(engine: EngineProcess, count: int) -> dict:
     first_wave = await _ask_all(count)
     second_wave = await _ask_all(count)  # the breaker is open now: no timeout paid
     await asyncio.sleep(0.2)
-    return {"first": first_wave, "second": second_wave, "tasks": (tasks_before, len(asyncio.all_tasks())),
-            "connections": (connections_before, _connections_to(engine.port))}
+    return {
+        "first": first_wave,
+        "second": second_wave,
+        "tasks": (tasks_before, len(asyncio.all_tasks())),
+        "connections": (connections_before, _connections_to(engine.port)),
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -232,7 +298,8 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
     settings.ROUTING_BREAKER_FAILURES = 3
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     type(engine.endpoint).objects.filter(pk=engine.endpoint.pk).update(
-        connect_timeout=1, first_token_timeout=1, idle_timeout=1, total_timeout=10)
+        connect_timeout=1, first_token_timeout=1, idle_timeout=1, total_timeout=10
+    )
     fallback = endpoint("fallback", external_sim, kind="external")
     rule("default", engine.endpoint, fallback, is_default=True, use_kb_context=False)
     assert ask("hi", max_tokens=2)[0].target == engine.endpoint.name
@@ -244,10 +311,15 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
     # Every request of the first wave waited one first-token timeout, then the fallback answered.
     assert all(events[-1].type == "done" and events[-1].target == "fallback" for events in answers)
     assert all("local-sim: timeout_first_token" in events[0].why for events in answers)
-    assert max(took) < 10, took  # the first-token timeout, not the total one (a loaded machine adds seconds)
+    assert max(took) < 10, (
+        took
+    )  # the first-token timeout, not the total one (a loaded machine adds seconds)
     answers, took = outcome["second"]
     # The breaker is open: the engine is not asked, so no timeout is paid (its reason says so).
-    assert all(events[-1].target == "fallback" and "local-sim: circuit open" in events[0].why for events in answers)
+    assert all(
+        events[-1].target == "fallback" and "local-sim: circuit open" in events[0].why
+        for events in answers
+    )
     # Nothing left behind: no task still waiting on the engine, no connection to it kept open.
     tasks_before, tasks_after = outcome["tasks"]
     assert tasks_after <= tasks_before
@@ -263,7 +335,9 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
 
 async def _stream_until_frozen(engine: EngineProcess) -> tuple[list, float]:
     events, frozen_at = [], None
-    async for event in pipeline.answer(pipeline.RouteRequest(text="tell me a long story", max_tokens=400)):
+    async for event in pipeline.answer(
+        pipeline.RouteRequest(text="tell me a long story", max_tokens=400)
+    ):
         events.append(event)
         if event.type == "token" and frozen_at is None:
             frozen_at = time.monotonic()
@@ -273,12 +347,21 @@ async def _stream_until_frozen(engine: EngineProcess) -> tuple[list, float]:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_engine_that_freezes_mid_answer_ends_it_at_the_idle_timeout(external_sim):
-    engine = supervisor.engine_start(engine_id=make_engine(
-        extra_args=["--time-to-first-token", "5", "--inter-token-latency", "20"]).pk)
+    engine = supervisor.engine_start(
+        engine_id=make_engine(
+            extra_args=["--time-to-first-token", "5", "--inter-token-latency", "20"]
+        ).pk
+    )
     type(engine.endpoint).objects.filter(pk=engine.endpoint.pk).update(
-        connect_timeout=1, first_token_timeout=1, idle_timeout=1, total_timeout=10)
-    rule("default", engine.endpoint, endpoint("fallback", external_sim, kind="external"), is_default=True,
-         use_kb_context=False)
+        connect_timeout=1, first_token_timeout=1, idle_timeout=1, total_timeout=10
+    )
+    rule(
+        "default",
+        engine.endpoint,
+        endpoint("fallback", external_sim, kind="external"),
+        is_default=True,
+        use_kb_context=False,
+    )
     events, waited = async_to_sync(_stream_until_frozen)(engine)
     # Tokens were out, so no fallback: the answer ends with a partial error after the idle timeout.
     assert events[-1].type == "error" and events[-1].code == "timeout_idle" and events[-1].partial
@@ -295,9 +378,28 @@ def _own_worker(child_env, log_path, queue: str) -> subprocess.Popen:
     hostname = f"restart-{os.getpid()}-{time.monotonic_ns()}@%h"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-c", "1", "-l", "INFO",
-             "-n", hostname], cwd=BASE_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                queue,
+                "-c",
+                "1",
+                "-l",
+                "INFO",
+                "-n",
+                hostname,
+            ],
+            cwd=BASE_DIR,
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     expected = hostname.replace("%h", os.uname().nodename)
     deadline = time.monotonic() + 60
     while not any(expected in reply for reply in app.control.ping(timeout=0.5)):
@@ -313,7 +415,9 @@ def _kill_worker(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that_died(child_env, tmp_path):
+def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that_died(
+    child_env, tmp_path
+):
     engine = make_engine(host="restart-test")
     EngineProcess.objects.filter(pk=engine.pk).update(desired_state="running")
     from inference_ops.tasks import engine_check_task
@@ -321,7 +425,10 @@ def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that
     log = tmp_path / "worker.log"
     worker = _own_worker(child_env, log, engine.queue)
     try:
-        assert engine_start_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) == "ready"
+        assert (
+            engine_start_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60)
+            == "ready"
+        )
         engine.refresh_from_db()
         first = engine.pid
 
@@ -330,7 +437,9 @@ def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that
         _kill_worker(worker)
         assert supervisor.process_alive(first)
         worker = _own_worker(child_env, log, engine.queue)
-        assert engine_check_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) is None
+        assert (
+            engine_check_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) is None
+        )
         engine.refresh_from_db()
         assert (engine.status, engine.pid) == ("ready", first)
         assert _listening_on(engine.port) == {first}
@@ -348,6 +457,8 @@ def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that
             time.sleep(0.5)
         assert engine.status == "ready" and engine.pid != first, log.read_text()[-3000:]
         assert _listening_on(engine.port) == {engine.pid}
-        assert EngineEvent.objects.filter(engine=engine, status="starting").count() == 2  # one restart
+        assert (
+            EngineEvent.objects.filter(engine=engine, status="starting").count() == 2
+        )  # one restart
     finally:
         _kill_worker(worker)

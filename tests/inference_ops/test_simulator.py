@@ -28,7 +28,9 @@ def sdk(sim: RunningSimulator, timeout: float = 10) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="x", timeout=timeout, max_retries=0)
 
 
-async def post(sim: RunningSimulator, path: str, body, headers: dict | None = None) -> tuple[int, object]:
+async def post(
+    sim: RunningSimulator, path: str, body, headers: dict | None = None
+) -> tuple[int, object]:
     async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
         kwargs = {"data": body} if isinstance(body, (str, bytes)) else {"json": body}
         async with session.post(sim.url + path, headers=headers, **kwargs) as response:
@@ -76,16 +78,26 @@ async def test_it_lists_the_base_models_and_the_adapters_with_root_and_parent(si
         models = await client.models.list()
     cards = {card.id: card for card in models.data}
     assert set(cards) == {"base", "base-alias", "sql", "legal"}
-    assert (cards["base"].root, cards["base"].parent, cards["base"].max_model_len) == ("acme/base-7b", None, 256)
+    assert (cards["base"].root, cards["base"].parent, cards["base"].max_model_len) == (
+        "acme/base-7b",
+        None,
+        256,
+    )
     assert (cards["base-alias"].root, cards["base-alias"].parent) == ("acme/base-7b", None)
     assert (cards["sql"].root, cards["sql"].parent) == ("/adapters/sql", "base")
     assert (cards["legal"].root, cards["legal"].parent) == ("/adapters/legal", "base")
 
 
-async def test_it_streams_a_chat_with_the_role_first_exactly_max_tokens_and_a_usage_chunk(simulator):
+async def test_it_streams_a_chat_with_the_role_first_exactly_max_tokens_and_a_usage_chunk(
+    simulator,
+):
     async with sdk(simulator) as client:
         chunks = await stream_chat(
-            client, model="base", messages=STORY, max_tokens=17, stream_options={"include_usage": True}
+            client,
+            model="base",
+            messages=STORY,
+            max_tokens=17,
+            stream_options={"include_usage": True},
         )
     assert {chunk.object for chunk in chunks} == {"chat.completion.chunk"}
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -103,7 +115,12 @@ async def test_it_streams_a_chat_with_the_role_first_exactly_max_tokens_and_a_us
 
 
 async def test_the_raw_stream_is_server_sent_events_ending_with_done(simulator):
-    body = {"messages": STORY, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": STORY,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
         async with session.post(simulator.url + "/v1/chat/completions", json=body) as response:
             assert response.status == 200
@@ -115,12 +132,16 @@ async def test_the_raw_stream_is_server_sent_events_ending_with_done(simulator):
     assert events[-1] == "data: [DONE]"
     usage_chunk = json.loads(events[-2].removeprefix("data: "))
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 4
-    assert json.loads(events[0].removeprefix("data: "))["model"] == "base"  # no model: the primary name
+    assert (
+        json.loads(events[0].removeprefix("data: "))["model"] == "base"
+    )  # no model: the primary name
 
 
 async def test_it_answers_a_chat_without_streaming_under_the_primary_name_like_vllm(simulator):
     async with sdk(simulator) as client:
-        response = await client.chat.completions.create(model="base-alias", messages=STORY, max_completion_tokens=9)
+        response = await client.chat.completions.create(
+            model="base-alias", messages=STORY, max_completion_tokens=9
+        )
     assert response.object == "chat.completion"
     assert response.model == "base"
     choice = response.choices[0]
@@ -139,7 +160,9 @@ async def test_without_max_tokens_it_stops_by_itself_after_a_plausible_length(si
 async def test_the_same_seed_generates_the_same_text(simulator):
     async with sdk(simulator) as client:
         first, second = [
-            await client.chat.completions.create(model="base", messages=STORY, max_tokens=12, seed=42)
+            await client.chat.completions.create(
+                model="base", messages=STORY, max_tokens=12, seed=42
+            )
             for _ in range(2)
         ]
     assert first.choices[0].message.content == second.choices[0].message.content
@@ -147,9 +170,15 @@ async def test_the_same_seed_generates_the_same_text(simulator):
 
 async def test_it_serves_text_completions_streamed_and_not_through_an_adapter(simulator):
     async with sdk(simulator) as client:
-        response = await client.completions.create(model="sql", prompt="SELECT the answer", max_tokens=6)
+        response = await client.completions.create(
+            model="sql", prompt="SELECT the answer", max_tokens=6
+        )
         stream = await client.completions.create(
-            model="sql", prompt="SELECT", max_tokens=5, stream=True, stream_options={"include_usage": True}
+            model="sql",
+            prompt="SELECT",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         chunks = [chunk async for chunk in stream]
     assert (response.object, response.model) == ("text_completion", "sql")
@@ -169,7 +198,9 @@ async def test_in_echo_mode_it_repeats_the_last_user_message_cut_at_max_tokens(e
     ]
     async with sdk(echo_simulator) as client:
         whole = await client.chat.completions.create(model="acme/echo", messages=messages)
-        cut = await client.chat.completions.create(model="acme/echo", messages=messages, max_tokens=3)
+        cut = await client.chat.completions.create(
+            model="acme/echo", messages=messages, max_tokens=3
+        )
     assert whole.choices[0].message.content == "The quick brown fox, it jumps."
     assert (whole.choices[0].finish_reason, whole.usage.completion_tokens) == ("stop", 8)
     assert cut.choices[0].message.content == "The quick brown"
@@ -179,8 +210,12 @@ async def test_in_echo_mode_it_repeats_the_last_user_message_cut_at_max_tokens(e
 async def test_a_stop_string_ends_generation_and_never_shows_even_across_tokens(echo_simulator):
     messages = [{"role": "user", "content": "alpha beta STOP gamma delta"}]
     async with sdk(echo_simulator) as client:
-        response = await client.chat.completions.create(model="acme/echo", messages=messages, stop="STOP")
-        chunks = await stream_chat(client, model="acme/echo", messages=messages, stop=["zzz", "a ST"])
+        response = await client.chat.completions.create(
+            model="acme/echo", messages=messages, stop="STOP"
+        )
+        chunks = await stream_chat(
+            client, model="acme/echo", messages=messages, stop=["zzz", "a ST"]
+        )
     assert response.choices[0].message.content == "alpha beta "
     assert response.choices[0].finish_reason == "stop"
     assert response.choices[0].model_extra["stop_reason"] == "STOP"
@@ -202,8 +237,12 @@ async def test_a_pooling_model_serves_embeddings_in_float_and_base64():
     try:
         async with sdk(sim) as client:
             # The SDK asks for base64 by default and decodes it.
-            response = await client.embeddings.create(model="acme/embed", input=["hello world", "hello there"])
-            floats = await client.embeddings.create(model="acme/embed", input="hello world", encoding_format="float")
+            response = await client.embeddings.create(
+                model="acme/embed", input=["hello world", "hello there"]
+            )
+            floats = await client.embeddings.create(
+                model="acme/embed", input="hello world", encoding_format="float"
+            )
         assert [len(item.embedding) for item in response.data] == [64, 64]
         assert response.usage.prompt_tokens > 0
         assert floats.data[0].embedding == pytest.approx(response.data[0].embedding, abs=1e-6)
@@ -276,13 +315,17 @@ async def test_malformed_requests_are_400_bad_request(simulator, body, fragment)
 
 
 async def test_tokenize_counts_a_prompt_and_chat_messages(simulator):
-    status, prompt = await post(simulator, "/tokenize", {"model": "base", "prompt": "Hello, world!"})
+    status, prompt = await post(
+        simulator, "/tokenize", {"model": "base", "prompt": "Hello, world!"}
+    )
     assert status == 200
     assert prompt["count"] == 4 and len(prompt["tokens"]) == 4
     assert all(isinstance(t, int) for t in prompt["tokens"])
     assert prompt["max_model_len"] == 256
     status, chat = await post(simulator, "/tokenize", {"messages": STORY})
-    assert chat["count"] > await token_count(simulator, STORY[0]["content"])  # the chat template counts too
+    assert chat["count"] > await token_count(
+        simulator, STORY[0]["content"]
+    )  # the chat template counts too
 
 
 async def test_version_and_health_answer(simulator):
@@ -298,7 +341,11 @@ async def test_version_and_health_answer(simulator):
 
 async def test_metrics_use_vllm_names_and_the_counters_grow_with_traffic(simulator):
     before = await metrics(simulator)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    ):
         sample(before, name, model_name="base")
     for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
         sample(before, f"{name}_bucket", model_name="base", le="+Inf")
@@ -327,7 +374,9 @@ async def prefix_cache(sim: RunningSimulator, model_name: str) -> tuple[float, f
     )
 
 
-async def complete_and_count(sim: RunningSimulator, model: str, prompt: str, model_name: str) -> tuple[float, float]:
+async def complete_and_count(
+    sim: RunningSimulator, model: str, prompt: str, model_name: str
+) -> tuple[float, float]:
     """Complete `prompt` and say how much it moved the prefix-cache counters."""
     queries, hits = await prefix_cache(sim, model_name)
     async with sdk(sim) as client:
@@ -341,7 +390,10 @@ async def test_a_repeated_prompt_hits_its_whole_blocks_but_never_its_last_token(
     prompt = " ".join(f"beacon{words}x{i}" for i in range(words))
     tokens = await token_count(simulator, prompt)
     assert tokens == words
-    assert await complete_and_count(simulator, "base", prompt, "base") == (tokens, 0)  # nothing cached yet
+    assert await complete_and_count(simulator, "base", prompt, "base") == (
+        tokens,
+        0,
+    )  # nothing cached yet
     # Blocks of 16; a prompt of exactly 6 blocks computes its last token again, and so the whole last block.
     expected_hits = (tokens - 1) // 16 * 16
     assert expected_hits == {96: 80, 100: 96}[words]
@@ -372,8 +424,11 @@ async def test_the_next_turn_of_a_chat_hits_the_blocks_of_the_previous_answer(ec
     first_turn = [{"role": "user", "content": " ".join(f"lamp{i}" for i in range(40))}]
     async with sdk(echo_simulator) as client:
         answer = await client.chat.completions.create(model="acme/echo", messages=first_turn)
-        second_turn = [*first_turn, {"role": "assistant", "content": answer.choices[0].message.content},
-                       {"role": "user", "content": "And then?"}]
+        second_turn = [
+            *first_turn,
+            {"role": "assistant", "content": answer.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ]
         queries, hits = await prefix_cache(echo_simulator, "acme/echo")
         await client.chat.completions.create(model="acme/echo", messages=second_turn, max_tokens=1)
     after_queries, after_hits = await prefix_cache(echo_simulator, "acme/echo")
@@ -386,7 +441,9 @@ async def test_the_next_turn_of_a_chat_hits_the_blocks_of_the_previous_answer(ec
 
 
 async def test_with_prefix_caching_off_the_counters_stay_at_zero():
-    sim = start_simulator("serve", "acme/nocache", "--no-enable-prefix-caching", "--time-to-first-token", "1")
+    sim = start_simulator(
+        "serve", "acme/nocache", "--no-enable-prefix-caching", "--time-to-first-token", "1"
+    )
     try:
         prompt = " ".join(f"fog{i}" for i in range(50))
         for _ in range(2):
@@ -422,15 +479,21 @@ def test_the_prefix_cache_is_bounded_and_evicts_a_prompts_tail_before_its_head()
 
 
 async def test_adapters_load_and_unload_at_runtime_like_vllm(simulator):
-    status, text = await post(simulator, "/v1/load_lora_adapter", {"lora_name": "support", "lora_path": "/a/support"})
+    status, text = await post(
+        simulator, "/v1/load_lora_adapter", {"lora_name": "support", "lora_path": "/a/support"}
+    )
     assert (status, text) == (200, "Success: LoRA adapter 'support' added successfully.")
     async with sdk(simulator) as client:
         cards = {card.id: card for card in (await client.models.list()).data}
         assert (cards["support"].root, cards["support"].parent) == ("/a/support", "base")
-        response = await client.chat.completions.create(model="support", messages=STORY, max_tokens=3)
+        response = await client.chat.completions.create(
+            model="support", messages=STORY, max_tokens=3
+        )
         assert response.model == "support"
 
-        status, again = await post(simulator, "/v1/load_lora_adapter", {"lora_name": "support", "lora_path": "/b"})
+        status, again = await post(
+            simulator, "/v1/load_lora_adapter", {"lora_name": "support", "lora_path": "/b"}
+        )
         assert status == 400 and "has already been loaded" in again["error"]["message"]
         status, missing = await post(simulator, "/v1/load_lora_adapter", {"lora_name": "x"})
         assert status == 400 and missing["error"]["type"] == "InvalidUserInput"
@@ -444,7 +507,9 @@ async def test_adapters_load_and_unload_at_runtime_like_vllm(simulator):
 
 
 async def test_runtime_adapter_routes_do_not_exist_without_the_vllm_env_var(echo_simulator):
-    status, body = await post(echo_simulator, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"})
+    status, body = await post(
+        echo_simulator, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"}
+    )
     assert (status, body) == (404, {"detail": "Not Found"})
 
 
@@ -458,7 +523,11 @@ async def test_connection_faults_reach_the_client_as_connection_errors(simulator
     async with sdk(simulator, timeout=1.0) as client:
         with pytest.raises(openai.APIConnectionError):
             response = await client.chat.completions.create(
-                model="base", messages=STORY, max_tokens=5, stream=stream, extra_headers={"X-Sim-Fail": fault}
+                model="base",
+                messages=STORY,
+                max_tokens=5,
+                stream=stream,
+                extra_headers={"X-Sim-Fail": fault},
             )
             if stream:
                 async for chunk in response:
@@ -469,14 +538,18 @@ async def test_connection_faults_reach_the_client_as_connection_errors(simulator
 async def test_a_500_fault_is_an_internal_server_error(simulator):
     async with sdk(simulator) as client:
         with pytest.raises(openai.InternalServerError) as info:
-            await client.chat.completions.create(model="base", messages=STORY, extra_headers={"X-Sim-Fail": "500"})
+            await client.chat.completions.create(
+                model="base", messages=STORY, extra_headers={"X-Sim-Fail": "500"}
+            )
     assert info.value.body["type"] == "InternalServerError"
 
 
 async def test_a_429_fault_is_a_rate_limit_error_with_retry_after(simulator):
     async with sdk(simulator) as client:
         with pytest.raises(openai.RateLimitError) as info:
-            await client.completions.create(model="base", prompt="hi", extra_headers={"X-Sim-Fail": "429"})
+            await client.completions.create(
+                model="base", prompt="hi", extra_headers={"X-Sim-Fail": "429"}
+            )
     assert info.value.response.headers["retry-after"] == "1"
 
 
@@ -485,7 +558,11 @@ async def test_a_mid_stream_fault_sends_some_tokens_then_an_error_event(simulato
     async with sdk(simulator) as client:
         with pytest.raises(openai.APIError) as info:
             stream = await client.chat.completions.create(
-                model="base", messages=STORY, max_tokens=20, stream=True, extra_headers={"X-Sim-Fail": "mid-stream"}
+                model="base",
+                messages=STORY,
+                max_tokens=20,
+                stream=True,
+                extra_headers={"X-Sim-Fail": "mid-stream"},
             )
             async for chunk in stream:
                 received.append(chunk.choices[0].delta.content)
@@ -505,7 +582,10 @@ async def test_a_failure_rate_of_one_fails_every_request_with_some_fault():
     try:
         async with sdk(sim, timeout=0.5) as client:
             results = await asyncio.gather(
-                *[client.chat.completions.create(messages=STORY, model="acme/flaky", max_tokens=3) for _ in range(8)],
+                *[
+                    client.chat.completions.create(messages=STORY, model="acme/flaky", max_tokens=3)
+                    for _ in range(8)
+                ],
                 return_exceptions=True,
             )
     finally:
@@ -539,13 +619,17 @@ async def test_requests_beyond_max_num_seqs_wait_for_a_slot(paced_simulator):
     async with sdk(paced_simulator) as client:
 
         async def one() -> int:
-            response = await client.chat.completions.create(model="acme/paced", messages=STORY, max_tokens=15)
+            response = await client.chat.completions.create(
+                model="acme/paced", messages=STORY, max_tokens=15
+            )
             return response.usage.completion_tokens
 
         requests = asyncio.gather(*[one() for _ in range(4)])
         while not requests.done():
             samples = await metrics(paced_simulator)
-            waiting_seen.append(sample(samples, "vllm:num_requests_waiting", model_name="acme/paced"))
+            waiting_seen.append(
+                sample(samples, "vllm:num_requests_waiting", model_name="acme/paced")
+            )
             await asyncio.sleep(0.03)
         assert await requests == [15, 15, 15, 15]
     assert 0 < max(waiting_seen) <= 2  # two run, the others wait their turn
@@ -560,10 +644,14 @@ async def test_a_client_that_disconnects_frees_its_slot_at_once(paced_simulator)
         async for chunk in stream:
             if chunk.choices[0].delta.content:
                 break
-        running = sample(await metrics(paced_simulator), "vllm:num_requests_running", model_name="acme/paced")
+        running = sample(
+            await metrics(paced_simulator), "vllm:num_requests_running", model_name="acme/paced"
+        )
         assert running == 1
         await stream.close()
-        deadline = time.monotonic() + 10  # a wait, not a target: on a loaded machine the abort comes later
+        deadline = (
+            time.monotonic() + 10
+        )  # a wait, not a target: on a loaded machine the abort comes later
         while running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
             after = await metrics(paced_simulator)
@@ -580,7 +668,14 @@ async def test_a_client_that_disconnects_frees_its_slot_at_once(paced_simulator)
 async def test_health_does_not_answer_until_the_startup_duration_is_over():
     port = free_port()
     process = launch_simulator(
-        "serve", "acme/slow", "--startup-duration", "1.5", "--host", "127.0.0.1", "--port", str(port)
+        "serve",
+        "acme/slow",
+        "--startup-duration",
+        "1.5",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     )
     sim = RunningSimulator(process=process, port=port)
     refused, status, body = 0, None, None
@@ -610,7 +705,9 @@ def test_the_simulator_ignores_unmodelled_vllm_flags_and_logs_requests(simulator
 
 
 def test_a_value_after_an_unknown_flag_is_never_taken_for_the_model():
-    served = parse_args(["serve", "org/m", "--dtype", "auto", "--enable-prefix-caching", "--port", "9"], environ={})
+    served = parse_args(
+        ["serve", "org/m", "--dtype", "auto", "--enable-prefix-caching", "--port", "9"], environ={}
+    )
     assert (served.model, served.port) == ("org/m", 9)
     assert parse_args(["--dtype", "auto", "--model", "org/m"], environ={}).model == "org/m"
     config = parse_args(["--tensor-parallel-size", "2", "--max_model_len", "4K"], environ={})

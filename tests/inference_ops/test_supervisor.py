@@ -18,10 +18,17 @@ from inference_ops.tasks import engine_check_task, engine_start_task
 
 def make_engine(name="local-sim", **fields) -> EngineProcess:
     port = fields.pop("port", None) or free_port()
-    endpoint = ModelEndpoint.objects.create(name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
-                                            model="acme/base")
-    defaults = dict(kind="simulator", model="acme/base", port=port, startup_timeout=30, stop_timeout=5,
-                    extra_args=["--time-to-first-token", "5", "--inter-token-latency", "2"])
+    endpoint = ModelEndpoint.objects.create(
+        name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1", model="acme/base"
+    )
+    defaults = dict(
+        kind="simulator",
+        model="acme/base",
+        port=port,
+        startup_timeout=30,
+        stop_timeout=5,
+        extra_args=["--time-to-first-token", "5", "--inter-token-latency", "2"],
+    )
     return EngineProcess.objects.create(name=name, endpoint=endpoint, **{**defaults, **fields})
 
 
@@ -29,7 +36,11 @@ def processes_on(port: int) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "inference_ops.simulator" in cmdline and str(port) in cmdline and process.status() != "zombie":
+        if (
+            "inference_ops.simulator" in cmdline
+            and str(port) in cmdline
+            and process.status() != "zombie"
+        ):
             found.append(process)
     return found
 
@@ -63,21 +74,63 @@ def wait_until(predicate, timeout=30.0, step=0.1):
 def test_the_vllm_command_line_is_built_from_the_row(settings):
     settings.VLLM_EXECUTABLE = "/opt/vllm/bin/vllm"
     engine = make_engine(
-        kind="vllm", model="Qwen/Qwen3-8B", served_model_name="qwen3", port=8001, bind_host="0.0.0.0",
-        max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=128, tensor_parallel_size=2,
-        quantization="awq", dtype="bfloat16", enable_prefix_caching=True, enable_lora=True, max_loras=4,
-        max_lora_rank=64, extra_args=["--seed", "1"], runtime_lora_updating=True, environment={"HF_HOME": "/data"},
+        kind="vllm",
+        model="Qwen/Qwen3-8B",
+        served_model_name="qwen3",
+        port=8001,
+        bind_host="0.0.0.0",
+        max_model_len=8192,
+        gpu_memory_utilization=0.9,
+        max_num_seqs=128,
+        tensor_parallel_size=2,
+        quantization="awq",
+        dtype="bfloat16",
+        enable_prefix_caching=True,
+        enable_lora=True,
+        max_loras=4,
+        max_lora_rank=64,
+        extra_args=["--seed", "1"],
+        runtime_lora_updating=True,
+        environment={"HF_HOME": "/data"},
     )
     LoraAdapter.objects.create(engine=engine, name="sql", path="/adapters/sql")
-    LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", base_model="qwen3")
+    LoraAdapter.objects.create(
+        engine=engine, name="legal", path="/adapters/legal", base_model="qwen3"
+    )
     LoraAdapter.objects.create(engine=engine, name="later", path="/adapters/later", static=False)
     assert supervisor.command_line(engine) == [
-        "/opt/vllm/bin/vllm", "serve", "Qwen/Qwen3-8B", "--host", "0.0.0.0", "--port", "8001",
-        "--served-model-name", "qwen3", "--max-model-len", "8192", "--gpu-memory-utilization", "0.9",
-        "--max-num-seqs", "128", "--tensor-parallel-size", "2", "--quantization", "awq", "--dtype", "bfloat16",
-        "--enable-prefix-caching", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64",
-        "--lora-modules", '{"name":"legal","path":"/adapters/legal","base_model_name":"qwen3"}',
-        '{"name":"sql","path":"/adapters/sql"}', "--seed", "1",
+        "/opt/vllm/bin/vllm",
+        "serve",
+        "Qwen/Qwen3-8B",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8001",
+        "--served-model-name",
+        "qwen3",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--max-num-seqs",
+        "128",
+        "--tensor-parallel-size",
+        "2",
+        "--quantization",
+        "awq",
+        "--dtype",
+        "bfloat16",
+        "--enable-prefix-caching",
+        "--enable-lora",
+        "--max-loras",
+        "4",
+        "--max-lora-rank",
+        "64",
+        "--lora-modules",
+        '{"name":"legal","path":"/adapters/legal","base_model_name":"qwen3"}',
+        '{"name":"sql","path":"/adapters/sql"}',
+        "--seed",
+        "1",
     ]
     env = supervisor.environment(engine)
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HOME"] == "/data"
@@ -86,12 +139,21 @@ def test_the_vllm_command_line_is_built_from_the_row(settings):
 @pytest.mark.django_db
 def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
     settings.VLLM_EXECUTABLE = "vllm"
-    engine = make_engine(kind="vllm", model="meta-llama/Llama-3.1-8B-Instruct", port=8002, extra_args=[])
+    engine = make_engine(
+        kind="vllm", model="meta-llama/Llama-3.1-8B-Instruct", port=8002, extra_args=[]
+    )
     assert supervisor.command_line(engine) == [
-        "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8002",
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8002",
     ]
-    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in supervisor.environment(engine) or \
-        os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in supervisor.environment(
+        engine
+    ) or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
 
 
 @pytest.mark.django_db
@@ -100,24 +162,50 @@ def test_the_simulator_gets_the_same_vllm_arguments():
     LoraAdapter.objects.create(engine=engine, name="sql", path="/adapters/sql")
     argv = supervisor.command_line(engine)
     assert argv[1:3] == ["-m", "inference_ops.simulator"]
-    assert argv[3:] == ["serve", "acme/base", "--host", "127.0.0.1", "--port", "8003", "--max-num-seqs", "4",
-                        "--enable-lora", "--lora-modules", '{"name":"sql","path":"/adapters/sql"}']
+    assert argv[3:] == [
+        "serve",
+        "acme/base",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8003",
+        "--max-num-seqs",
+        "4",
+        "--enable-lora",
+        "--lora-modules",
+        '{"name":"sql","path":"/adapters/sql"}',
+    ]
 
 
 def test_metrics_of_vllm_and_llama_cpp_map_to_the_same_gauges():
-    vllm = ('vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
-            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n# HELP x\nvllm:prompt_tokens_total 10\n')
+    vllm = (
+        'vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n# HELP x\nvllm:prompt_tokens_total 10\n'
+    )
     llama = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\nllamacpp:kv_cache_usage_ratio 0.5\n"
-    assert supervisor.parse_metrics(vllm) == {"running": 3.0, "waiting": 1.0, "kv_cache_usage": 0.25}
-    assert supervisor.parse_metrics(llama) == {"running": 2.0, "waiting": 0.0, "kv_cache_usage": 0.5}
+    assert supervisor.parse_metrics(vllm) == {
+        "running": 3.0,
+        "waiting": 1.0,
+        "kv_cache_usage": 0.25,
+    }
+    assert supervisor.parse_metrics(llama) == {
+        "running": 2.0,
+        "waiting": 0.0,
+        "kv_cache_usage": 0.5,
+    }
 
 
 def test_metrics_with_timestamps_and_labels_holding_spaces_are_read_right():
     """Hand-parsed, the timestamp was taken for the value and a label with a space cut the line."""
-    text = ('vllm:num_requests_running{model_name="a b"} 3 1764600000000\n'
-            'vllm:num_requests_waiting{model_name="a b",note="x } y"} 1.0\n')
+    text = (
+        'vllm:num_requests_running{model_name="a b"} 3 1764600000000\n'
+        'vllm:num_requests_waiting{model_name="a b",note="x } y"} 1.0\n'
+    )
     assert supervisor.parse_metrics(text) == {"running": 3.0, "waiting": 1.0}
-    assert supervisor.parse_metrics(text + "this is not a metric {\n") == {"running": 3.0, "waiting": 1.0}
+    assert supervisor.parse_metrics(text + "this is not a metric {\n") == {
+        "running": 3.0,
+        "waiting": 1.0,
+    }
 
 
 # --- start and stop ------------------------------------------------------------------------------------------
@@ -137,7 +225,10 @@ def test_start_waits_for_readiness_and_stop_leaves_no_process():
     assert not any(p.is_running() and p.status() != "zombie" for p in session)
     assert not processes_on(engine.port)
     assert [e.status for e in EngineEvent.objects.filter(engine=engine).order_by("pk")] == [
-        "starting", "ready", "stopped"]
+        "starting",
+        "ready",
+        "stopped",
+    ]
 
 
 @pytest.mark.django_db
@@ -205,16 +296,21 @@ def test_a_killed_engine_is_restarted_by_the_worker_and_ready_again(celery_worke
 
     current = wait_until(restarted, timeout=60, step=0.3)
     assert current, list(EngineEvent.objects.filter(engine=engine).values_list("status", "reason"))
-    statuses = list(EngineEvent.objects.filter(engine=engine).order_by("pk").values_list("status", flat=True))
+    statuses = list(
+        EngineEvent.objects.filter(engine=engine).order_by("pk").values_list("status", flat=True)
+    )
     assert statuses[-3:] == ["restarting", "starting", "ready"]
-    assert "the process exited; automatic restart 1/5" in EngineEvent.objects.get(
-        engine=engine, status="restarting").reason
+    assert (
+        "the process exited; automatic restart 1/5"
+        in EngineEvent.objects.get(engine=engine, status="restarting").reason
+    )
     assert len(processes_on(engine.port)) == 1
 
 
 def _check_until(engine, wanted, timeout=30):
     """Run checks (and the restarts they ask for) until the engine reaches `wanted`
     with a process other than the one it had (for "ready")."""
+
     def reached():
         if supervisor.engine_check(engine_id=engine.pk) == "restart":
             supervisor.engine_start(engine_id=engine.pk, reason="automatic restart")
@@ -255,7 +351,13 @@ def test_checks_scrape_metrics_onto_the_engine_and_its_endpoint():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     supervisor.engine_check(engine_id=engine.pk)
     engine.refresh_from_db()
-    assert set(engine.metrics) == {"running", "waiting", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits"}
+    assert set(engine.metrics) == {
+        "running",
+        "waiting",
+        "kv_cache_usage",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+    }
     engine.endpoint.refresh_from_db()
     assert engine.endpoint.requests_running == 0 and engine.endpoint.checked_at is not None
 
@@ -284,7 +386,9 @@ def test_the_restart_budget_stops_automatic_restarts(settings):
 @pytest.mark.django_db
 def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart():
     engine = make_engine(enable_lora=True, runtime_lora_updating=True)
-    adapter = LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", static=False)
+    adapter = LoraAdapter.objects.create(
+        engine=engine, name="legal", path="/adapters/legal", static=False
+    )
     engine = supervisor.engine_start(engine_id=engine.pk)
 
     supervisor.adapter_load(adapter=adapter)
@@ -313,6 +417,8 @@ def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart()
 @pytest.mark.django_db
 def test_loading_at_run_time_needs_the_engine_to_allow_it():
     engine = make_engine(enable_lora=True)
-    adapter = LoraAdapter.objects.create(engine=engine, name="legal", path="/adapters/legal", static=False)
+    adapter = LoraAdapter.objects.create(
+        engine=engine, name="legal", path="/adapters/legal", static=False
+    )
     with pytest.raises(SupervisorError, match="does not allow runtime LoRA updates"):
         supervisor.adapter_load(adapter=adapter)

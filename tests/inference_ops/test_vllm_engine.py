@@ -15,7 +15,9 @@ def _venv(tmp_path, *, complete: bool):
     return python
 
 
-def test_a_finished_install_is_used_as_it_is_and_starts_the_openai_server_module(settings, tmp_path):
+def test_a_finished_install_is_used_as_it_is_and_starts_the_openai_server_module(
+    settings, tmp_path
+):
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     python = _venv(tmp_path, complete=True)
     said = []
@@ -33,20 +35,41 @@ def test_an_interrupted_install_does_not_count_as_installed(settings, tmp_path):
 def _engine():
     from inference_ops.models import EngineProcess, ModelEndpoint
 
-    endpoint = ModelEndpoint.objects.create(name="real-vllm", kind="vllm", base_url="http://127.0.0.1:8002/v1",
-                                            model="gemma")
-    return EngineProcess.objects.create(name="real-vllm", endpoint=endpoint, kind="vllm", model="/models/gemma",
-                                        served_model_name="gemma", port=8002, max_num_seqs=8)
+    endpoint = ModelEndpoint.objects.create(
+        name="real-vllm", kind="vllm", base_url="http://127.0.0.1:8002/v1", model="gemma"
+    )
+    return EngineProcess.objects.create(
+        name="real-vllm",
+        endpoint=endpoint,
+        kind="vllm",
+        model="/models/gemma",
+        served_model_name="gemma",
+        port=8002,
+        max_num_seqs=8,
+    )
 
 
 @pytest.mark.django_db
-def test_with_no_vllm_executable_the_engine_venv_serves_the_row_with_the_model_as_a_flag(settings, tmp_path):
+def test_with_no_vllm_executable_the_engine_venv_serves_the_row_with_the_model_as_a_flag(
+    settings, tmp_path
+):
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     settings.VLLM_EXECUTABLE = "project"
     python = _venv(tmp_path, complete=True)
     assert supervisor.command_line(_engine()) == [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/gemma",
-        "--host", "127.0.0.1", "--port", "8002", "--served-model-name", "gemma", "--max-num-seqs", "8",
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/gemma",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8002",
+        "--served-model-name",
+        "gemma",
+        "--max-num-seqs",
+        "8",
     ]
 
 
@@ -64,7 +87,8 @@ def test_a_start_before_the_install_names_the_command_that_installs_it(settings,
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("lora", [False, True], ids=["base", "adapter"])
 def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answer_template(
-        real_vllm, asgi_server, alice_key, lora):
+    real_vllm, asgi_server, alice_key, lora
+):
     """A base model has no chat template: the converted model carries the Q/A one, so a chat through
     `/v1` gets the model's real answer, ended at its blank line, and an adapter answers too (it shares
     its base model's tokenizer and template)."""
@@ -73,13 +97,25 @@ def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answe
     from tests.factories import endpoint, rule
     from tests.inference_ops.engines import BASE, STATIC_ADAPTER
 
-    local = endpoint("local", real_vllm, model=BASE, lora_adapter=STATIC_ADAPTER if lora else "",
-                     first_token_timeout=60, idle_timeout=30, total_timeout=120)
+    local = endpoint(
+        "local",
+        real_vllm,
+        model=BASE,
+        lora_adapter=STATIC_ADAPTER if lora else "",
+        first_token_timeout=60,
+        idle_timeout=30,
+        total_timeout=120,
+    )
     rule("default", local, is_default=True, use_kb_context=False)
-    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120
+    )
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", temperature=0, max_tokens=48,
-        messages=[{"role": "user", "content": "What is the largest planet in the solar system?"}])
+        model="auto",
+        temperature=0,
+        max_tokens=48,
+        messages=[{"role": "user", "content": "What is the largest planet in the solar system?"}],
+    )
     completion = raw.parse()
     assert raw.headers["X-Route"] == "local"
     answer = completion.choices[0].message.content.strip()
@@ -92,21 +128,36 @@ def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answe
 
 
 @pytest.mark.django_db(transaction=True)
-def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(real_vllm, asgi_server, alice_key):
+def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(
+    real_vllm, asgi_server, alice_key
+):
     """vLLM's extension, as benchmarks send it for answers of a known length; a wrong type is a 400."""
     import openai
 
     from tests.factories import endpoint, rule
     from tests.inference_ops.engines import BASE
 
-    local = endpoint("local", real_vllm, model=BASE, first_token_timeout=60, idle_timeout=30, total_timeout=120)
+    local = endpoint(
+        "local", real_vllm, model=BASE, first_token_timeout=60, idle_timeout=30, total_timeout=120
+    )
     rule("default", local, is_default=True, use_kb_context=False)
-    client = openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120
+    )
     question = [{"role": "user", "content": "What is the largest planet in the solar system?"}]
-    free = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=question)
+    free = client.chat.completions.create(
+        model="auto", temperature=0, max_tokens=40, messages=question
+    )
     assert free.choices[0].finish_reason == "stop" and free.usage.completion_tokens < 40
-    long = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=question,
-                                          extra_body={"ignore_eos": True})
+    long = client.chat.completions.create(
+        model="auto",
+        temperature=0,
+        max_tokens=40,
+        messages=question,
+        extra_body={"ignore_eos": True},
+    )
     assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 40
     with pytest.raises(openai.BadRequestError, match="ignore_eos"):
-        client.chat.completions.create(model="auto", max_tokens=4, messages=question, extra_body={"ignore_eos": "yes"})
+        client.chat.completions.create(
+            model="auto", max_tokens=4, messages=question, extra_body={"ignore_eos": "yes"}
+        )

@@ -13,11 +13,19 @@ def staff(admin_user):
 
 
 FAQ = [
-    ("How do I cancel my order?", ["cancel an order"], "Open **Orders**, pick the order and press *Cancel*."),
+    (
+        "How do I cancel my order?",
+        ["cancel an order"],
+        "Open **Orders**, pick the order and press *Cancel*.",
+    ),
     ("How do I cancel my subscription?", [], "Go to Settings → Billing → Cancel subscription."),
     ("What is LoRA?", [], "Low-Rank Adaptation: small trainable matrices added to a frozen model."),
     ("What is QLoRA?", [], "LoRA trained on top of a 4-bit quantized base model."),
-    ("How do I reset my password?", ["forgot password"], "Use *Forgot password* on the login page."),
+    (
+        "How do I reset my password?",
+        ["forgot password"],
+        "Use *Forgot password* on the login page.",
+    ),
     ("What are your opening hours?", [], "Monday to Friday, 9:00 to 18:00."),
     ("如何取消订单？", ["怎样取消订单"], "在订单页面点击取消。"),
     ("如何取消订阅？", [], "在账户设置中取消订阅。"),
@@ -54,7 +62,11 @@ def vector_point(settings):
 def kb(db):
     entries = {}
     for question, aliases, answer in FAQ:
-        entries[question] = entry_create(question=question, aliases=aliases, answer=answer, embed="sync")
+        entries[question] = entry_create(
+            question=question, aliases=aliases, answer=answer, embed="sync"
+        )
     entries["refund"] = entry_create(kind="rule", question=RULE[0], answer=RULE[1], embed="sync")
-    entries["handbook"] = entry_create(kind="document", question="Shipping handbook", answer=HANDBOOK, embed="sync")
+    entries["handbook"] = entry_create(
+        kind="document", question="Shipping handbook", answer=HANDBOOK, embed="sync"
+    )
     return entries

@@ -1,11 +1,10 @@
 import pytest
 from django.utils import timezone
 
-from knowledge.embeddings import embed_query
+from knowledge.embeddings import embed_query, spec_of
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model
-from knowledge.embeddings import spec_of
 from knowledge.services import entry_create
 from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
@@ -19,7 +18,9 @@ def staff_client(client, admin_user):
 
 
 def test_the_try_tool_shows_matches_scores_margin_and_verdict(staff_client, kb, vector_point):
-    response = staff_client.get("/admin/knowledge/entry/try/", {"q": "how can I cancel an order I placed"})
+    response = staff_client.get(
+        "/admin/knowledge/entry/try/", {"q": "how can I cancel an order I placed"}
+    )
     html = response.content.decode()
     assert response.status_code == 200
     assert "Answered directly (vector)" in html
@@ -27,16 +28,28 @@ def test_the_try_tool_shows_matches_scores_margin_and_verdict(staff_client, kb, 
     assert f"KB#{kb['How do I cancel my order?'].pk}" in html
     assert f"KB#{kb['How do I cancel my subscription?'].pk}" in html  # the runner-up is listed too
 
-    html = staff_client.get("/admin/knowledge/entry/try/", {"q": "How do I cancel my membership?"}).content.decode()
+    html = staff_client.get(
+        "/admin/knowledge/entry/try/", {"q": "How do I cancel my membership?"}
+    ).content.decode()
     assert "Not answered directly" in html and "too close" in html
 
 
-def test_adding_an_entry_in_the_admin_goes_through_the_service(staff_client, django_capture_on_commit_callbacks):
+def test_adding_an_entry_in_the_admin_goes_through_the_service(
+    staff_client, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        response = staff_client.post("/admin/knowledge/entry/add/", {
-            "kind": "faq", "question": "Is there a student discount?", "aliases": "student price\nstudents",
-            "answer": "Yes, 20%.", "tags": "pricing, students", "active": "on", "threshold": "",
-        })
+        response = staff_client.post(
+            "/admin/knowledge/entry/add/",
+            {
+                "kind": "faq",
+                "question": "Is there a student discount?",
+                "aliases": "student price\nstudents",
+                "answer": "Yes, 20%.",
+                "tags": "pricing, students",
+                "active": "on",
+                "threshold": "",
+            },
+        )
     assert response.status_code == 302, response.content.decode()[:2000]
     entry = Entry.objects.get(question="Is there a student discount?")
     assert entry.aliases == ["student price", "students"] and entry.tags == ["pricing", "students"]
@@ -45,11 +58,22 @@ def test_adding_an_entry_in_the_admin_goes_through_the_service(staff_client, dja
 
 
 def test_the_admin_rejects_an_empty_answer_with_a_message(staff_client):
-    response = staff_client.post("/admin/knowledge/entry/add/", {
-        "kind": "faq", "question": "Anything?", "answer": "   ", "aliases": "", "tags": "", "threshold": "",
-    })
+    response = staff_client.post(
+        "/admin/knowledge/entry/add/",
+        {
+            "kind": "faq",
+            "question": "Anything?",
+            "answer": "   ",
+            "aliases": "",
+            "tags": "",
+            "threshold": "",
+        },
+    )
     assert response.status_code == 200
-    assert "This field is required." in response.content.decode() or "must not be empty" in response.content.decode()
+    assert (
+        "This field is required." in response.content.decode()
+        or "must not be empty" in response.content.decode()
+    )
     assert not Entry.objects.exists()
 
 
@@ -69,9 +93,13 @@ def test_the_changelist_searches_aliases_and_filters_by_tag(staff_client, kb):
 
 def test_the_import_form_reports_bad_lines(staff_client, tmp_path):
     upload = tmp_path / "kb.jsonl"
-    upload.write_text('{"question": "Q1?", "answer": "A1."}\n{"question": "Q2?"}\n', encoding="utf-8")
+    upload.write_text(
+        '{"question": "Q1?", "answer": "A1."}\n{"question": "Q2?"}\n', encoding="utf-8"
+    )
     with open(upload, "rb") as handle:
-        response = staff_client.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "sync"})
+        response = staff_client.post(
+            "/admin/knowledge/entry/import/", {"file": handle, "embed": "sync"}
+        )
     html = response.content.decode()
     assert "1 created, 0 updated, 0 unchanged, 1 rejected" in html
     assert "answer: must not be empty" in html
@@ -81,15 +109,29 @@ def test_the_import_form_reports_bad_lines(staff_client, tmp_path):
 
 def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client, kb, settings):
     # As the pipeline does: each question embedded once by the serving model, noted after the answer.
-    settings.KB_RECORD_MISSES, settings.KB_MISS_FLUSH_SECONDS = True, 3600  # written below, in this test
+    settings.KB_RECORD_MISSES, settings.KB_MISS_FLUSH_SECONDS = (
+        True,
+        3600,
+    )  # written below, in this test
     model = serving_model()
-    for question, answer in [("Do you have gift cards?", "Yes, from 10 to 200 euros."),
-                             ("do you have gift cards", "Yes."), ("Can I buy a gift card?", "Yes."),
-                             ("What is your phone number?", "+1 555 0100")]:
-        miss_note(question=question, answer=answer, best_entry_id=None, best_score=None, model_id=model.pk,
-                  vector=embed_query(spec_of(model), question))
+    for question, answer in [
+        ("Do you have gift cards?", "Yes, from 10 to 200 euros."),
+        ("do you have gift cards", "Yes."),
+        ("Can I buy a gift card?", "Yes."),
+        ("What is your phone number?", "+1 555 0100"),
+    ]:
+        miss_note(
+            question=question,
+            answer=answer,
+            best_entry_id=None,
+            best_score=None,
+            model_id=model.pk,
+            vector=embed_query(spec_of(model), question),
+        )
     miss_flush()
-    assert not Miss.objects.filter(grouped_at__isnull=False).exists()  # grouping waits for a curator or beat
+    assert not Miss.objects.filter(
+        grouped_at__isnull=False
+    ).exists()  # grouping waits for a curator or beat
 
     html = staff_client.get("/admin/knowledge/miss/").content.decode()
     first = Miss.objects.get(question="Do you have gift cards?")
@@ -98,9 +140,13 @@ def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client,
     assert "Can I buy a gift card?" not in html  # a member shows through its group's count
     assert "2 KB misses" in html
 
-    response = staff_client.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [first.pk]})
+    response = staff_client.post(
+        "/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [first.pk]}
+    )
     entry = Entry.objects.get(question="Do you have gift cards?")
-    assert response.status_code == 302 and response["Location"].endswith(f"/entry/{entry.pk}/change/")
+    assert response.status_code == 302 and response["Location"].endswith(
+        f"/entry/{entry.pk}/change/"
+    )
     assert entry.answer == "Yes, from 10 to 200 euros."
     assert Miss.objects.filter(resolved_by=entry).count() == 3
 
@@ -113,22 +159,33 @@ def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_mod
 # --- who may use the curation tools: Django's model permissions, action by action ----------------
 
 
-
-
 def _grouped_miss(question="Do you sell gift cards?", answer="Yes, from 10 to 200 euros.") -> Miss:
-    return Miss.objects.create(question=question, normalized=question.lower(), answer=answer, count=3,
-                               grouped_at=timezone.now())
+    return Miss.objects.create(
+        question=question,
+        normalized=question.lower(),
+        answer=answer,
+        count=3,
+        grouped_at=timezone.now(),
+    )
 
 
 def test_a_view_only_curator_cannot_activate_deactivate_or_reembed_entries():
     live = entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
-    idle = entry_create(question="What is QLoRA?", answer="LoRA on a 4-bit base.", active=False, embed="none")
+    idle = entry_create(
+        question="What is QLoRA?", answer="LoRA on a 4-bit base.", active=False, embed="none"
+    )
     viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
     page = viewer.get("/admin/knowledge/entry/").content.decode()
-    assert "What is LoRA?" in page and "Deactivate selected entries" not in page and "Re-embed" not in page
+    assert (
+        "What is LoRA?" in page
+        and "Deactivate selected entries" not in page
+        and "Re-embed" not in page
+    )
     for action in ("activate", "deactivate", "reembed_selected", "reembed_everything"):
         # As if the form still offered it: the list again, and no word of it having run.
-        response = viewer.post("/admin/knowledge/entry/", {"action": action, "_selected_action": [live.pk, idle.pk]})
+        response = viewer.post(
+            "/admin/knowledge/entry/", {"action": action, "_selected_action": [live.pk, idle.pk]}
+        )
         assert response.status_code == 200 and shown_messages(response) == [], action
     assert Entry.objects.get(pk=live.pk).active and not Entry.objects.get(pk=idle.pk).active
 
@@ -136,7 +193,9 @@ def test_a_view_only_curator_cannot_activate_deactivate_or_reembed_entries():
 def test_a_curator_who_may_change_entries_deactivates_them():
     entry = entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
     curator = client_of(staff_user("editor", verbs=NO_DELETE))
-    response = curator.post("/admin/knowledge/entry/", {"action": "deactivate", "_selected_action": [entry.pk]})
+    response = curator.post(
+        "/admin/knowledge/entry/", {"action": "deactivate", "_selected_action": [entry.pk]}
+    )
     assert shown_messages(response) == ["1 entries deactivated."]
     assert not Entry.objects.get(pk=entry.pk).active
 
@@ -144,57 +203,106 @@ def test_a_curator_who_may_change_entries_deactivates_them():
 def test_a_view_only_curator_cannot_turn_a_miss_into_an_entry():
     miss = _grouped_miss()
     viewer = client_of(staff_user("viewer", verbs=VIEW_ONLY))
-    assert "Turn the generated answer into a KB entry" not in viewer.get("/admin/knowledge/miss/").content.decode()
-    response = viewer.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    assert (
+        "Turn the generated answer into a KB entry"
+        not in viewer.get("/admin/knowledge/miss/").content.decode()
+    )
+    response = viewer.post(
+        "/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]}
+    )
     assert response.status_code == 200 and shown_messages(response) == []
     assert not Entry.objects.exists() and Miss.objects.get(pk=miss.pk).resolved_by is None
 
 
 def test_turning_a_miss_into_an_entry_needs_the_permission_to_add_entries():
     miss = _grouped_miss()
-    triager = client_of(staff_user("triager", perms=("knowledge.view_miss", "knowledge.change_miss",
-                                                     "knowledge.view_entry", "knowledge.change_entry")))
-    assert "Turn the generated answer into a KB entry" not in triager.get("/admin/knowledge/miss/").content.decode()
-    response = triager.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    triager = client_of(
+        staff_user(
+            "triager",
+            perms=(
+                "knowledge.view_miss",
+                "knowledge.change_miss",
+                "knowledge.view_entry",
+                "knowledge.change_entry",
+            ),
+        )
+    )
+    assert (
+        "Turn the generated answer into a KB entry"
+        not in triager.get("/admin/knowledge/miss/").content.decode()
+    )
+    response = triager.post(
+        "/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]}
+    )
     assert response.status_code == 200 and shown_messages(response) == []
     assert not Entry.objects.exists()
 
     curator = client_of(staff_user("editor", verbs=NO_DELETE))
-    response = curator.post("/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]})
+    response = curator.post(
+        "/admin/knowledge/miss/", {"action": "make_entry", "_selected_action": [miss.pk]}
+    )
     entry = Entry.objects.get(question="Do you sell gift cards?")
-    assert response.status_code == 302 and response["Location"].endswith(f"/entry/{entry.pk}/change/")
+    assert response.status_code == 302 and response["Location"].endswith(
+        f"/entry/{entry.pk}/change/"
+    )
 
 
 def test_staff_without_permissions_cannot_import_entries(tmp_path):
     upload = tmp_path / "kb.csv"
-    upload.write_text("question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
-                      encoding="utf-8")
+    upload.write_text(
+        "question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
+        encoding="utf-8",
+    )
     bare = client_of(staff_user("bare"))
     assert bare.get("/admin/knowledge/entry/import/").status_code == 403
     with open(upload, "rb") as handle:
-        assert bare.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}).status_code == 403
+        assert (
+            bare.post(
+                "/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}
+            ).status_code
+            == 403
+        )
     assert not Entry.objects.exists()
 
 
 def test_importing_needs_the_permission_to_change_entries_as_well_as_to_add_them(tmp_path):
     # An import updates the entry that already has a row's question: it is an edit as well.
-    entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="none")
+    entry_create(
+        question="What is the refund policy?", answer="Refunds within 30 days.", embed="none"
+    )
     upload = tmp_path / "kb.csv"
-    upload.write_text("question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
-                      encoding="utf-8")
+    upload.write_text(
+        "question,answer\nWhat is the refund policy?,Refunds are wired to this account.\n",
+        encoding="utf-8",
+    )
     adder = client_of(staff_user("adder", perms=("knowledge.view_entry", "knowledge.add_entry")))
     with open(upload, "rb") as handle:
-        assert adder.post("/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}).status_code == 403
+        assert (
+            adder.post(
+                "/admin/knowledge/entry/import/", {"file": handle, "embed": "async"}
+            ).status_code
+            == 403
+        )
     assert Entry.objects.get().answer == "Refunds within 30 days."
     page = adder.get("/admin/knowledge/entry/").content.decode()
     assert "/admin/knowledge/entry/try/" in page
 
 
 def test_trying_a_question_needs_the_permission_to_view_entries():
-    entry_create(question="What is the refund policy?", answer="Refunds within 30 days.", embed="none")
-    assert client_of(staff_user("bare")).get("/admin/knowledge/entry/try/", {"q": "refund"}).status_code == 403
+    entry_create(
+        question="What is the refund policy?", answer="Refunds within 30 days.", embed="none"
+    )
+    assert (
+        client_of(staff_user("bare"))
+        .get("/admin/knowledge/entry/try/", {"q": "refund"})
+        .status_code
+        == 403
+    )
     viewer = client_of(staff_user("viewer", perms=("knowledge.view_entry",)))
-    assert viewer.get("/admin/knowledge/entry/try/", {"q": "What is the refund policy?"}).status_code == 200
+    assert (
+        viewer.get("/admin/knowledge/entry/try/", {"q": "What is the refund policy?"}).status_code
+        == 200
+    )
 
 
 IMPORT_LINK = 'href="/admin/knowledge/entry/import/"'
@@ -203,13 +311,23 @@ TRY_LINK = 'href="/admin/knowledge/entry/try/"'
 
 def test_a_view_only_curator_is_not_offered_the_import_they_may_not_run():
     entry_create(question="What is LoRA?", answer="Low-rank adaptation.", embed="none")
-    page = client_of(staff_user("viewer", verbs=VIEW_ONLY)).get("/admin/knowledge/entry/").content.decode()
+    page = (
+        client_of(staff_user("viewer", verbs=VIEW_ONLY))
+        .get("/admin/knowledge/entry/")
+        .content.decode()
+    )
     assert "What is LoRA?" in page and TRY_LINK in page  # trying a question only reads entries
     assert IMPORT_LINK not in page
     adder = client_of(staff_user("adder", perms=("knowledge.view_entry", "knowledge.add_entry")))
-    assert IMPORT_LINK not in adder.get("/admin/knowledge/entry/").content.decode()  # an import edits too
+    assert (
+        IMPORT_LINK not in adder.get("/admin/knowledge/entry/").content.decode()
+    )  # an import edits too
 
 
 def test_a_curator_is_offered_the_import_and_the_try_tool():
-    page = client_of(staff_user("editor", verbs=NO_DELETE)).get("/admin/knowledge/entry/").content.decode()
+    page = (
+        client_of(staff_user("editor", verbs=NO_DELETE))
+        .get("/admin/knowledge/entry/")
+        .content.decode()
+    )
     assert IMPORT_LINK in page and TRY_LINK in page

@@ -9,15 +9,24 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def user(django_user_model):
     client = APIClient()
-    client.force_authenticate(django_user_model.objects.create_user("user", password="pw-123456789"))
+    client.force_authenticate(
+        django_user_model.objects.create_user("user", password="pw-123456789")
+    )
     return client
 
 
 def test_staff_create_read_update_and_delete_entries(staff, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        response = staff.post("/api/kb/entries/", {"question": "Do you ship to Chile?", "answer": "Yes.",
-                                                   "aliases": ["delivery to Chile"], "tags": ["Shipping"]},
-                              format="json")
+        response = staff.post(
+            "/api/kb/entries/",
+            {
+                "question": "Do you ship to Chile?",
+                "answer": "Yes.",
+                "aliases": ["delivery to Chile"],
+                "tags": ["Shipping"],
+            },
+            format="json",
+        )
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["kind"] == "faq" and body["tags"] == ["shipping"] and body["version"] == 1
@@ -80,10 +89,15 @@ def test_search_rejects_an_empty_or_oversized_query(staff):
 
 def test_users_without_kb_access_are_refused(user, client, kb):
     assert user.get("/api/kb/search", {"q": "cancel"}).status_code == 403
-    assert user.post("/api/kb/entries/", {"question": "Q?", "answer": "A"}, format="json").status_code == 403
+    assert (
+        user.post("/api/kb/entries/", {"question": "Q?", "answer": "A"}, format="json").status_code
+        == 403
+    )
     assert client.get("/api/kb/entries/").status_code == 401
 
 
 def test_the_kb_api_is_in_the_openapi_schema(client):
     schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
-    assert {"/api/kb/entries/", "/api/kb/entries/{id}/", "/api/kb/search", "/api/kb/answer"} <= set(schema["paths"])
+    assert {"/api/kb/entries/", "/api/kb/entries/{id}/", "/api/kb/search", "/api/kb/answer"} <= set(
+        schema["paths"]
+    )

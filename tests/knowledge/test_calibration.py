@@ -14,12 +14,26 @@ pytestmark = pytest.mark.django_db
 
 def _labelled(kb):
     return [
-        {"question": "how do I cancel my order", "expected": kb["How do I cancel my order?"].pk, "kind": "exact"},
-        {"question": "how can I cancel an order I placed", "expected": kb["How do I cancel my order?"].pk,
-         "kind": "paraphrase"},
-        {"question": "cancel my subscription plan", "expected": kb["How do I cancel my subscription?"].pk,
-         "kind": "paraphrase"},
-        {"question": "I forgot my password", "expected": kb["How do I reset my password?"].pk, "kind": "paraphrase"},
+        {
+            "question": "how do I cancel my order",
+            "expected": kb["How do I cancel my order?"].pk,
+            "kind": "exact",
+        },
+        {
+            "question": "how can I cancel an order I placed",
+            "expected": kb["How do I cancel my order?"].pk,
+            "kind": "paraphrase",
+        },
+        {
+            "question": "cancel my subscription plan",
+            "expected": kb["How do I cancel my subscription?"].pk,
+            "kind": "paraphrase",
+        },
+        {
+            "question": "I forgot my password",
+            "expected": kb["How do I reset my password?"].pk,
+            "kind": "paraphrase",
+        },
         {"question": "explain LoRA", "expected": kb["What is LoRA?"].pk, "kind": "paraphrase"},
         {"question": "怎么取消订单呢", "expected": kb["如何取消订单？"].pk, "kind": "paraphrase"},
         {"question": "How do I cancel my membership?", "expected": None, "kind": "near_miss"},
@@ -31,7 +45,9 @@ def _labelled(kb):
 
 def _file(tmp_path, rows):
     path = tmp_path / "labelled.jsonl"
-    path.write_text("\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n", encoding="utf-8")
+    path.write_text(
+        "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n", encoding="utf-8"
+    )
     return path
 
 
@@ -43,14 +59,20 @@ def test_the_replayed_verdict_is_the_live_verdict_at_every_operating_point(kb, s
         for evidence in result.evidence:
             live = direct_answer(evidence.item.question)
             assert evidence.answer(threshold, margin) == (live.entry.pk if live.hit else None), (
-                threshold, margin, evidence.item.question, live.reason)
+                threshold,
+                margin,
+                evidence.item.question,
+                live.reason,
+            )
 
 
 def test_the_recommendation_is_the_best_recall_at_the_target_precision():
-    points = [Point(0.9, 0.0, precision=0.90, recall=0.9, answered=10, correct=9),
-              Point(0.95, 0.0, precision=1.0, recall=0.6, answered=6, correct=6),
-              Point(0.97, 0.0, precision=1.0, recall=0.6, answered=6, correct=6),
-              Point(0.99, 0.0, precision=1.0, recall=0.2, answered=2, correct=2)]
+    points = [
+        Point(0.9, 0.0, precision=0.90, recall=0.9, answered=10, correct=9),
+        Point(0.95, 0.0, precision=1.0, recall=0.6, answered=6, correct=6),
+        Point(0.97, 0.0, precision=1.0, recall=0.6, answered=6, correct=6),
+        Point(0.99, 0.0, precision=1.0, recall=0.2, answered=2, correct=2),
+    ]
     assert recommend(points, 0.98) == points[2]  # the same recall: the stricter point
     assert recommend(points, 0.85) == points[0]
     assert recommend([points[0]], 0.98) is None
@@ -62,7 +84,12 @@ def test_the_command_prints_the_curve_and_recommends_and_applies_a_point(kb, tmp
     assert "10 questions, 6 answerable" in out
     assert "recommended for precision >= 0.98" in out and "applied:" in out
     run = Calibration.objects.get()
-    assert run.applied and run.precision >= 0.98 and run.curve and run.by_kind["paraphrase"]["asked"] == 5
+    assert (
+        run.applied
+        and run.precision >= 0.98
+        and run.curve
+        and run.by_kind["paraphrase"]["asked"] == 5
+    )
     serving_model_forget()
     model = serving_model()
     assert (model.direct_threshold, model.direct_margin) == (run.threshold, run.margin)
@@ -75,14 +102,27 @@ def test_the_command_prints_the_curve_and_recommends_and_applies_a_point(kb, tmp
 def test_the_command_names_every_bad_line_and_changes_nothing(kb, tmp_path):
     rows = _labelled(kb)
     path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join([json.dumps(rows[0]), "not json", json.dumps({"question": "  "}),
-                               json.dumps({"question": "x", "expected": "no-such-entry"}),
-                               json.dumps({"question": "y", "expected": True})]), encoding="utf-8")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps(rows[0]),
+                "not json",
+                json.dumps({"question": "  "}),
+                json.dumps({"question": "x", "expected": "no-such-entry"}),
+                json.dumps({"question": "y", "expected": True}),
+            ]
+        ),
+        encoding="utf-8",
+    )
     with pytest.raises(CommandError) as caught:
         call_command("kb_calibrate", str(path), "--apply")
     message = str(caught.value)
-    for expected in ("line 2: not JSON", "line 3: needs a non-empty string", "line 4: no FAQ entry 'no-such-entry'",
-                     "line 5: `expected` must be"):
+    for expected in (
+        "line 2: not JSON",
+        "line 3: needs a non-empty string",
+        "line 4: no FAQ entry 'no-such-entry'",
+        "line 5: `expected` must be",
+    ):
         assert expected in message
     assert not Calibration.objects.exists() and serving_model().direct_threshold is None
 

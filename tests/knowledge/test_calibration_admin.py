@@ -16,7 +16,10 @@ from tests.test_security_headers import InlineCode
 pytestmark = pytest.mark.django_db
 
 SVG = "{http://www.w3.org/2000/svg}"
-CURVE = [[round(0.70 + 0.01 * i, 3), 0.01, round(0.80 + 0.01 * i, 4), round(0.95 - 0.03 * i, 4)] for i in range(20)]
+CURVE = [
+    [round(0.70 + 0.01 * i, 3), 0.01, round(0.80 + 0.01 * i, 4), round(0.95 - 0.03 * i, 4)]
+    for i in range(20)
+]
 
 
 @pytest.fixture
@@ -39,7 +42,9 @@ def superuser_client(admin_user):
 @pytest.fixture
 def curator_client(django_user_model):
     """Staff with every permission of the knowledge app, but not a superuser."""
-    curator = django_user_model.objects.create_user("curator", password="pw-curator-123456", is_staff=True)
+    curator = django_user_model.objects.create_user(
+        "curator", password="pw-curator-123456", is_staff=True
+    )
     curator.user_permissions.set(Permission.objects.filter(content_type__app_label="knowledge"))
     return _client(curator)
 
@@ -51,13 +56,40 @@ def user_client(django_user_model):
 
 def _run(model, **fields):
     defaults = dict(
-        model=model, source="labelled.jsonl", target=0.98, questions=40, answerable=30,
-        threshold=0.85, margin=0.01, precision=0.95, recall=0.5, curve=CURVE,
-        wrong=[{"line": 7, "question": "Can I <b>cancel</b> my plan?", "kind": "near_miss", "expected": None,
-                "expected_question": "", "got": 12, "got_question": "How do I cancel my order?", "score": 0.861,
-                "lead": 0.0123, "guard": ""}],
-        by_kind={"paraphrase": {"asked": 30, "answerable": 30, "answered": 16, "correct": 15, "wrong": 1},
-                 "out_of_domain": {"asked": 10, "answerable": 0}},
+        model=model,
+        source="labelled.jsonl",
+        target=0.98,
+        questions=40,
+        answerable=30,
+        threshold=0.85,
+        margin=0.01,
+        precision=0.95,
+        recall=0.5,
+        curve=CURVE,
+        wrong=[
+            {
+                "line": 7,
+                "question": "Can I <b>cancel</b> my plan?",
+                "kind": "near_miss",
+                "expected": None,
+                "expected_question": "",
+                "got": 12,
+                "got_question": "How do I cancel my order?",
+                "score": 0.861,
+                "lead": 0.0123,
+                "guard": "",
+            }
+        ],
+        by_kind={
+            "paraphrase": {
+                "asked": 30,
+                "answerable": 30,
+                "answered": 16,
+                "correct": 15,
+                "wrong": 1,
+            },
+            "out_of_domain": {"asked": 10, "answerable": 0},
+        },
     )
     return Calibration.objects.create(**(defaults | fields))
 
@@ -70,27 +102,33 @@ def _apply_url(run):
     return f"/admin/knowledge/calibration/{run.pk}/apply/"
 
 
-def test_the_change_page_draws_the_curve_marks_both_points_and_lists_the_wrong_answers(superuser_client, model):
+def test_the_change_page_draws_the_curve_marks_both_points_and_lists_the_wrong_answers(
+    superuser_client, model
+):
     run = _run(model)
     response = superuser_client.get(_change_url(run))
     html = response.content.decode()
     assert response.status_code == 200
     start = html.index('<svg xmlns="http://www.w3.org/2000/svg"')
-    svg = html[start:html.index("</svg>", start) + len("</svg>")]
+    svg = html[start : html.index("</svg>", start) + len("</svg>")]
     chart = ET.fromstring(svg)
     lines = {line.get("class"): line for line in chart.iter(f"{SVG}polyline")}
     assert set(lines) == {"precision", "recall"}
     assert all(len(line.get("points").split()) == len(CURVE) for line in lines.values())
     assert chart.find(f"{SVG}line[@class='recommended']") is not None
-    assert chart.find(f"{SVG}line[@class='current']") is not None  # the model serves at its default, not 0.85
+    assert (
+        chart.find(f"{SVG}line[@class='current']") is not None
+    )  # the model serves at its default, not 0.85
     assert "recommended 0.850 / 0.010" in svg
     assert f"current {model.threshold:.3f} / {model.margin:.3f}" in svg
     assert "threshold 0.850" in html and "recall 0.500" in html
 
-    by_kind = html[html.index('id="by-kind"'):]
+    by_kind = html[html.index('id="by-kind"') :]
     assert "<td>paraphrase</td><td>30</td><td>30</td><td>16</td>" in by_kind
-    assert "<td>out_of_domain</td><td>10</td><td>0</td><td>0</td>" in by_kind  # counts it never had are 0
-    wrong = html[html.index('id="wrong"'):]
+    assert (
+        "<td>out_of_domain</td><td>10</td><td>0</td><td>0</td>" in by_kind
+    )  # counts it never had are 0
+    wrong = html[html.index('id="wrong"') :]
     assert "Can I &lt;b&gt;cancel&lt;/b&gt; my plan?" in wrong and "<b>cancel" not in wrong
     assert 'href="/admin/knowledge/entry/12/change/">KB#12</a> How do I cancel my order?' in wrong
     assert "none (no answer expected)" in wrong and "0.861" in wrong and "0.012" in wrong
@@ -123,7 +161,9 @@ def test_users_without_staff_are_refused_the_runs_and_the_apply(user_client, cli
     assert model.direct_threshold is None
 
 
-def test_a_superuser_applies_the_runs_point_from_its_page_and_serving_uses_it_at_once(superuser_client, model):
+def test_a_superuser_applies_the_runs_point_from_its_page_and_serving_uses_it_at_once(
+    superuser_client, model
+):
     run = _run(model)
     assert serving_model().threshold != 0.85  # cached by this process before the change
     response = superuser_client.post(_apply_url(run), follow=True)
@@ -138,8 +178,11 @@ def test_a_superuser_applies_the_runs_point_from_its_page_and_serving_uses_it_at
 def test_a_superuser_applies_a_run_with_the_changelist_action(superuser_client, model):
     run = _run(model, threshold=0.9, margin=0.02)
     assert 'value="apply"' in superuser_client.get("/admin/knowledge/calibration/").content.decode()
-    response = superuser_client.post("/admin/knowledge/calibration/",
-                                     {"action": "apply", "_selected_action": [run.pk]}, follow=True)
+    response = superuser_client.post(
+        "/admin/knowledge/calibration/",
+        {"action": "apply", "_selected_action": [run.pk]},
+        follow=True,
+    )
     assert response.status_code == 200
     model.refresh_from_db()
     assert (model.direct_threshold, model.direct_margin) == (0.9, 0.02)
@@ -148,14 +191,19 @@ def test_a_superuser_applies_a_run_with_the_changelist_action(superuser_client, 
 
 def test_two_runs_of_one_model_are_not_applied_together(superuser_client, model):
     runs = [_run(model, threshold=0.9), _run(model, threshold=0.8)]
-    response = superuser_client.post("/admin/knowledge/calibration/",
-                                     {"action": "apply", "_selected_action": [r.pk for r in runs]}, follow=True)
+    response = superuser_client.post(
+        "/admin/knowledge/calibration/",
+        {"action": "apply", "_selected_action": [r.pk for r in runs]},
+        follow=True,
+    )
     assert "Select one calibration per model" in response.content.decode()
     model.refresh_from_db()
     assert model.direct_threshold is None and not Calibration.objects.filter(applied=True).exists()
 
 
-def test_staff_who_are_not_superusers_read_the_run_but_cannot_apply_or_delete_it(curator_client, model):
+def test_staff_who_are_not_superusers_read_the_run_but_cannot_apply_or_delete_it(
+    curator_client, model
+):
     run = _run(model)
     page = curator_client.get(_change_url(run))
     assert page.status_code == 200 and "<svg" in page.content.decode()
@@ -163,9 +211,16 @@ def test_staff_who_are_not_superusers_read_the_run_but_cannot_apply_or_delete_it
     changelist = curator_client.get("/admin/knowledge/calibration/").content.decode()
     assert 'value="apply"' not in changelist and 'value="delete_selected"' not in changelist
 
-    curator_client.post("/admin/knowledge/calibration/", {"action": "apply", "_selected_action": [run.pk]})
+    curator_client.post(
+        "/admin/knowledge/calibration/", {"action": "apply", "_selected_action": [run.pk]}
+    )
     assert curator_client.post(_apply_url(run)).status_code == 403
-    assert curator_client.post(f"/admin/knowledge/calibration/{run.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert (
+        curator_client.post(
+            f"/admin/knowledge/calibration/{run.pk}/delete/", {"post": "yes"}
+        ).status_code
+        == 403
+    )
     model.refresh_from_db()
     assert model.direct_threshold is None and not Calibration.objects.get(pk=run.pk).applied
 
@@ -173,13 +228,24 @@ def test_staff_who_are_not_superusers_read_the_run_but_cannot_apply_or_delete_it
 def test_a_run_without_a_recommended_point_cannot_be_applied(superuser_client, model):
     run = _run(model, threshold=None, margin=None, precision=None, recall=None, wrong=[])
     html = superuser_client.get(_change_url(run)).content.decode()
-    assert "No operating point reaches precision 0.98" in html and "Apply this operating point" not in html
-    assert 'class="recommended"' not in html and 'class="current"' in html  # the model's own point still shows
+    assert (
+        "No operating point reaches precision 0.98" in html
+        and "Apply this operating point" not in html
+    )
+    assert (
+        'class="recommended"' not in html and 'class="current"' in html
+    )  # the model's own point still shows
 
     response = superuser_client.post(_apply_url(run), follow=True)
-    assert "reached no operating point at precision 0.98: there is nothing to apply" in response.content.decode()
-    response = superuser_client.post("/admin/knowledge/calibration/",
-                                     {"action": "apply", "_selected_action": [run.pk]}, follow=True)
+    assert (
+        "reached no operating point at precision 0.98: there is nothing to apply"
+        in response.content.decode()
+    )
+    response = superuser_client.post(
+        "/admin/knowledge/calibration/",
+        {"action": "apply", "_selected_action": [run.pk]},
+        follow=True,
+    )
     assert "there is nothing to apply" in response.content.decode()
     model.refresh_from_db()
     assert model.direct_threshold is None and not Calibration.objects.get(pk=run.pk).applied
@@ -190,7 +256,12 @@ def test_runs_come_from_the_command_only_and_a_superuser_may_delete_one(superuse
     assert superuser_client.get("/admin/knowledge/calibration/add/").status_code == 403
     assert superuser_client.post(_change_url(run), {"threshold": "0.1"}).status_code == 403
     assert superuser_client.get(_apply_url(run)).status_code == 405
-    assert superuser_client.post(f"/admin/knowledge/calibration/{run.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert (
+        superuser_client.post(
+            f"/admin/knowledge/calibration/{run.pk}/delete/", {"post": "yes"}
+        ).status_code
+        == 302
+    )
     assert not Calibration.objects.filter(pk=run.pk).exists()
 
 
@@ -200,22 +271,33 @@ def test_the_changelist_lists_runs_and_filters_by_model(superuser_client, model)
     _run(other, threshold=0.905)
     html = superuser_client.get("/admin/knowledge/calibration/").content.decode()
     assert "0.855" in html and "0.905" in html
-    html = superuser_client.get("/admin/knowledge/calibration/", {"model__id__exact": other.pk}).content.decode()
+    html = superuser_client.get(
+        "/admin/knowledge/calibration/", {"model__id__exact": other.pk}
+    ).content.decode()
     assert "0.905" in html and "0.855" not in html
 
 
-def test_the_embedding_model_list_shows_the_effective_point_and_links_the_latest_run(superuser_client, model):
+def test_the_embedding_model_list_shows_the_effective_point_and_links_the_latest_run(
+    superuser_client, model
+):
     _run(model)
     latest = _run(model)
     html = superuser_client.get("/admin/knowledge/embeddingmodel/").content.decode()
     assert f"{model.threshold:.3f} / {model.margin:.3f} (default)" in html
-    assert f'href="/admin/knowledge/calibration/{latest.pk}/change/">calibration #{latest.pk}</a>' in html
+    assert (
+        f'href="/admin/knowledge/calibration/{latest.pk}/change/">calibration #{latest.pk}</a>'
+        in html
+    )
 
     EmbeddingModel.objects.filter(pk=model.pk).update(direct_threshold=0.875, direct_margin=0.015)
     html = superuser_client.get("/admin/knowledge/embeddingmodel/").content.decode()
     assert "0.875 / 0.015 (own)" in html
-    assert "0.875 / 0.015 (own)" in superuser_client.get(
-        f"/admin/knowledge/embeddingmodel/{model.pk}/change/").content.decode()
+    assert (
+        "0.875 / 0.015 (own)"
+        in superuser_client.get(
+            f"/admin/knowledge/embeddingmodel/{model.pk}/change/"
+        ).content.decode()
+    )
 
 
 def test_the_chart_escapes_its_text():
@@ -235,8 +317,11 @@ def test_the_chart_of_an_empty_curve_says_so_and_still_draws_its_axes():
 
 def test_the_chart_spans_the_marked_points_outside_the_curve():
     chart = ET.fromstring(calibration_chart(CURVE, current=(0.3, 0.05)))
-    ticks = [float(text.text) for text in chart.iter(f"{SVG}text") if text.get("text-anchor") == "middle"
-             and text.text.replace(".", "").isdigit()]
+    ticks = [
+        float(text.text)
+        for text in chart.iter(f"{SVG}text")
+        if text.get("text-anchor") == "middle" and text.text.replace(".", "").isdigit()
+    ]
     assert min(ticks) <= 0.3 and max(ticks) >= CURVE[-1][0]
     current = chart.find(f"{SVG}line[@class='current']")
     assert 40 <= float(current.get("x1")) <= 480 - 20  # inside the plot

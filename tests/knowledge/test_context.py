@@ -18,7 +18,9 @@ def test_rules_come_back_as_context_with_a_citation_label(kb):
 
 def test_a_long_document_is_retrieved_by_the_paragraph_that_matters(db, settings):
     settings.KB_PASSAGE_CHARS = 120
-    entry = entry_create(kind="document", question="Shipping handbook", answer=HANDBOOK, embed="sync")
+    entry = entry_create(
+        kind="document", question="Shipping handbook", answer=HANDBOOK, embed="sync"
+    )
     assert entry.passages.count() == 4
     top = context_passages("How long does international delivery take?", k=2)[0]
     assert "International shipping takes between five and twelve days" in top.text
@@ -32,7 +34,9 @@ def test_context_respects_k_the_score_floor_and_the_active_flag(kb):
     assert context_passages("quantum chromodynamics of gluons") == []  # below the model's floor
     assert context_passages("quantum chromodynamics of gluons", min_score=0.0)  # the floor did it
     entry_update(entry=kb["refund"], active=False)
-    assert all(p.entry_id != kb["refund"].pk for p in context_passages("When do I get my money back?"))
+    assert all(
+        p.entry_id != kb["refund"].pk for p in context_passages("When do I get my money back?")
+    )
 
 
 def test_passages_split_at_paragraphs_and_sentence_ends():
@@ -40,4 +44,6 @@ def test_passages_split_at_paragraphs_and_sentence_ends():
     pieces = split_passages(text, 100)
     assert pieces[0].startswith("First paragraph.")
     assert all(len(piece) <= 100 for piece in pieces)
-    assert "".join(pieces).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(" ", "")
+    assert "".join(pieces).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(
+        " ", ""
+    )

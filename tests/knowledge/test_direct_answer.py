@@ -57,7 +57,9 @@ def test_exact_match_on_question_and_aliases_answers_directly(kb, question, expe
         ("怎么取消订单呢", "如何取消订单？"),
     ],
 )
-def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(kb, vector_point, question, expected):
+def test_a_paraphrase_is_a_vector_hit_with_score_runner_up_and_reason(
+    kb, vector_point, question, expected
+):
     result = direct_answer(question)
     assert result.hit, result.reason
     assert result.method == "vector"
@@ -93,8 +95,17 @@ def test_near_misses_never_hit_the_wrong_entry(kb, vector_point, question, wrong
 def test_the_words_overrule_the_embedding_when_they_clearly_prefer_the_runner_up(kb):
     # 订阅 and 订单 share a character; an embedding may rank them either way, the words cannot.
     order, subscription = kb["如何取消订单？"], kb["如何取消订阅？"]
-    matches = [Match(entry=order, score=0.97, phrasing=order.question, texts=(order.question, "怎样取消订单")),
-               Match(entry=subscription, score=0.90, phrasing=subscription.question, texts=(subscription.question,))]
+    matches = [
+        Match(
+            entry=order, score=0.97, phrasing=order.question, texts=(order.question, "怎样取消订单")
+        ),
+        Match(
+            entry=subscription,
+            score=0.90,
+            phrasing=subscription.question,
+            texts=(subscription.question,),
+        ),
+    ]
     verdict = vector_verdict("怎么取消订阅", matches, threshold=0.9, margin=0.05)
     assert not verdict.hit and "words match" in verdict.reason
     # A hair's difference in the words is noise: the embedding's choice stands.
@@ -105,8 +116,10 @@ def test_the_words_overrule_the_embedding_when_they_clearly_prefer_the_runner_up
 def test_the_words_check_leaves_a_cross_lingual_match_to_the_vectors(kb):
     # A Chinese question has no words in common with an English-only entry: no words verdict.
     english, chinese = kb["How do I cancel my subscription?"], kb["如何取消订单？"]
-    matches = [Match(entry=english, score=0.97, phrasing=english.question, texts=(english.question,)),
-               Match(entry=chinese, score=0.90, phrasing=chinese.question, texts=(chinese.question,))]
+    matches = [
+        Match(entry=english, score=0.97, phrasing=english.question, texts=(english.question,)),
+        Match(entry=chinese, score=0.90, phrasing=chinese.question, texts=(chinese.question,)),
+    ]
     verdict = vector_verdict("怎么取消订阅", matches, threshold=0.9, margin=0.05)
     assert verdict.hit and verdict.entry == english, verdict.reason
 
@@ -121,10 +134,17 @@ def test_a_score_below_the_threshold_is_a_miss_that_names_it(kb, vector_point):
 def test_the_default_operating_point_is_the_serving_models_calibrated_one(kb):
     model = serving_model()
     assert model.name == E5_SMALL and model.direct_threshold is None
-    assert (model.threshold, model.margin) == (operating_point(E5_SMALL).threshold, operating_point(E5_SMALL).margin)
+    assert (model.threshold, model.margin) == (
+        operating_point(E5_SMALL).threshold,
+        operating_point(E5_SMALL).margin,
+    )
     # At the default, precision first: the exact and the very close answer, the near misses do not.
     assert direct_answer("怎么取消订单呢").hit
-    for question in ("How do I cancel my membership?", "when are you open on sunday", "tell me about LoRA adapters"):
+    for question in (
+        "How do I cancel my membership?",
+        "when are you open on sunday",
+        "tell me about LoRA adapters",
+    ):
         assert not direct_answer(question).hit, question
 
 
@@ -166,8 +186,12 @@ def test_an_entry_without_a_current_embedding_is_never_a_vector_hit(kb):
 
 def test_an_edited_entry_stops_serving_its_old_wording_and_answer(kb):
     entry = kb["What are your opening hours?"]
-    entry_update(entry=entry, question="When is the support line open?", answer="Every day, 8:00 to 20:00.",
-                 embed="none")
+    entry_update(
+        entry=entry,
+        question="When is the support line open?",
+        answer="Every day, 8:00 to 20:00.",
+        embed="none",
+    )
     assert not direct_answer("What are your opening hours?").hit
     assert not PhrasingVector.objects.filter(phrasing__entry=entry).exists()
     result = direct_answer("when is the support line open")
@@ -191,10 +215,13 @@ def test_document_and_rule_entries_have_no_phrasings(kb):
     assert kb["refund"].kind == Entry.Kind.RULE
 
 
-@pytest.mark.parametrize(("entry", "question"), [
-    ("How do I turn on notifications?", "How do I turn off notifications?"),
-    ("How do I enable two-factor login?", "How do I disable two-factor login?"),
-])
+@pytest.mark.parametrize(
+    ("entry", "question"),
+    [
+        ("How do I turn on notifications?", "How do I turn off notifications?"),
+        ("How do I enable two-factor login?", "How do I disable two-factor login?"),
+    ],
+)
 def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(vector_point, entry, question):
     """Their vectors are close enough to answer (GPTCache #694: "turn on" answered "turn off")."""
     entry_create(question=entry, answer="Settings → Notifications.", embed="sync")
@@ -204,15 +231,20 @@ def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(vector_point, en
     assert "a near miss of KB#" in verdict.reason
 
 
-
-def test_a_long_prompt_is_embedded_by_its_beginning_and_never_answered_directly(kb, vector_point, settings):
+def test_a_long_prompt_is_embedded_by_its_beginning_and_never_answered_directly(
+    kb, vector_point, settings
+):
     from knowledge.embeddings import embed_query, query_text, spec_of
 
     prompt = "How can I cancel an order I placed? " + "Here is the whole story of my week. " * 40
-    assert len(query_text(prompt)) <= settings.KB_QUERY_EMBED_CHARS and prompt.startswith(query_text(prompt))
+    assert len(query_text(prompt)) <= settings.KB_QUERY_EMBED_CHARS and prompt.startswith(
+        query_text(prompt)
+    )
     assert query_text("short question") == "short question"
     model = serving_model()
     assert embed_query(spec_of(model), prompt) == embed_query(spec_of(model), query_text(prompt))
     verdict = direct_answer(prompt)
     assert not verdict.hit and "KB_DIRECT_MAX_CHARS" in verdict.reason
-    assert verdict.entry == kb["How do I cancel my order?"]  # the match is still there, for the context
+    assert (
+        verdict.entry == kb["How do I cancel my order?"]
+    )  # the match is still there, for the context

@@ -14,9 +14,18 @@ from knowledge.e5_onnx import ENGINE_AGREEMENT, e5_encoder
 from knowledge.embeddings import E5_SMALL, PASSAGE, QUERY, E5Embedder, EmbeddingSpec
 
 MODEL_FILE = Path(_core._MODELS["original"])
-TEXTS = ["How do I cancel my order?", "订单怎么取消？", "ＬｏＲＡ 是什么", "  several   spaces\tand a tab ",
-         "Émile's café — naïve résumé", "70B 模型需要多少显存", "😀 an emoji", "", "退款一般几天能到账",
-         "I placed an order yesterday but changed my mind, can I still cancel it?"]
+TEXTS = [
+    "How do I cancel my order?",
+    "订单怎么取消？",
+    "ＬｏＲＡ 是什么",
+    "  several   spaces\tand a tab ",
+    "Émile's café — naïve résumé",
+    "70B 模型需要多少显存",
+    "😀 an emoji",
+    "",
+    "退款一般几天能到账",
+    "I placed an order yesterday but changed my mind, can I still cancel it?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +44,17 @@ def test_the_tokenizer_gives_the_engine_its_token_counts(engine, is_query):
     tokenizer = e5_file.read(MODEL_FILE).tokenizer
     prefix = "query: " if is_query else "passage: "
     for text in TEXTS:
-        assert len(tokenizer.content_ids(prefix + text)) + 2 == engine.token_count(text, is_query), text
+        assert len(tokenizer.content_ids(prefix + text)) + 2 == engine.token_count(
+            text, is_query
+        ), text
 
 
 @pytest.mark.parametrize("is_query", [True, False])
 def test_the_int8_graph_gives_the_engines_vectors(built, engine, is_query):
     _, encoder = built
-    texts = [text for text in TEXTS if text]  # an empty question is never embedded (0.987 when it is)
+    texts = [
+        text for text in TEXTS if text
+    ]  # an empty question is never embedded (0.987 when it is)
     ours = encoder.encode(texts, is_query=is_query)
     theirs = np.asarray(engine.encode(texts, is_query=is_query))
     agreement = np.sum(ours * theirs, axis=1)
@@ -59,8 +72,13 @@ def test_a_text_gets_the_same_vector_whatever_it_is_embedded_with(built):
 
 def test_a_process_after_the_build_checks_the_graph_against_its_manifest(built, engine):
     cache, _ = built
-    again = e5_encoder(MODEL_FILE, cache_dir=cache, threads=1, engine=lambda: pytest.fail("built once only"))
-    assert float(again.encode(["a"], is_query=True)[0] @ engine.encode("a", is_query=True)) >= ENGINE_AGREEMENT
+    again = e5_encoder(
+        MODEL_FILE, cache_dir=cache, threads=1, engine=lambda: pytest.fail("built once only")
+    )
+    assert (
+        float(again.encode(["a"], is_query=True)[0] @ engine.encode("a", is_query=True))
+        >= ENGINE_AGREEMENT
+    )
     (manifest,) = cache.glob("*.json")
     data = json.loads(manifest.read_text())
     data["probes"] = [list(-np.asarray(p)) for p in data["probes"]]

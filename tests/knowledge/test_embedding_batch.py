@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 from django.db import connection
 
-from knowledge.embeddings import MINILM, EmbeddingSpec, batcher_for, embed_texts, query_cache, vector_literal
-from knowledge.embeddings import aembed_query
+from knowledge.embeddings import (
+    MINILM,
+    EmbeddingSpec,
+    aembed_query,
+    batcher_for,
+    embed_texts,
+    query_cache,
+    vector_literal,
+)
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
 QUESTIONS = [
@@ -23,7 +30,9 @@ QUESTIONS = [
 
 
 def cosine(a, b) -> float:
-    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b)
+    )
 
 
 def test_concurrent_questions_share_model_calls_and_get_their_single_call_vectors():
@@ -60,10 +69,14 @@ def test_a_failing_model_call_reaches_every_waiter():
     broken = EmbeddingSpec(name="/no/such/model", backend="local", dimensions=384)
 
     async def ask():
-        return await asyncio.gather(*(aembed_query(broken, f"q{i}") for i in range(3)), return_exceptions=True)
+        return await asyncio.gather(
+            *(aembed_query(broken, f"q{i}") for i in range(3)), return_exceptions=True
+        )
 
     results = asyncio.run(ask())
-    assert len(results) == 3 and all(isinstance(r, Exception) and "neither" in str(r) for r in results)
+    assert len(results) == 3 and all(
+        isinstance(r, Exception) and "neither" in str(r) for r in results
+    )
 
 
 @pytest.mark.django_db

@@ -23,12 +23,21 @@ def embedding_server():
 
 
 def _spec(server, **overrides):
-    return EmbeddingSpec(**{"name": "sim/embed-256", "backend": "openai", "dimensions": 256,
-                            "base_url": f"{server.url}/v1", **overrides})
+    return EmbeddingSpec(
+        **{
+            "name": "sim/embed-256",
+            "backend": "openai",
+            "dimensions": 256,
+            "base_url": f"{server.url}/v1",
+            **overrides,
+        }
+    )
 
 
 def test_the_openai_backend_embeds_over_http(embedding_server):
-    vectors = embed_texts(_spec(embedding_server), ["cancel my order", "cancel an order", "opening hours"])
+    vectors = embed_texts(
+        _spec(embedding_server), ["cancel my order", "cancel an order", "opening hours"]
+    )
     assert [len(v) for v in vectors] == [256, 256, 256]
     assert all(math.isclose(sum(x * x for x in v), 1.0, rel_tol=1e-5) for v in vectors)
     similar = sum(a * b for a, b in zip(vectors[0], vectors[1]))
@@ -51,8 +60,9 @@ def _use_model(settings, server):
 
 
 @pytest.mark.django_db
-def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb, embedding_server, settings,
-                                                                             vector_point):
+def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(
+    kb, embedding_server, settings, vector_point
+):
     old = serving_model()
     assert old.name == "multilingual-e5-small" and old.dimensions == 384
     _use_model(settings, embedding_server)
@@ -65,7 +75,9 @@ def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb
         seen_during_build.append((serving_model().name, result.hit))
 
     new = kb_reembed(batch_size=4, progress=progress)
-    assert seen_during_build and all(seen == ("multilingual-e5-small", True) for seen in seen_during_build)
+    assert seen_during_build and all(
+        seen == ("multilingual-e5-small", True) for seen in seen_during_build
+    )
 
     serving_model_forget()
     assert new.name == "sim/embed-256" and serving_model() == new
@@ -74,8 +86,10 @@ def test_a_model_change_reembeds_everything_while_the_old_model_keeps_serving(kb
     assert PhrasingVector.objects.filter(model=new).count() == Phrasing.objects.count()
     assert not PassageVector.objects.exclude(model__in=[old, new]).exists()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-                       [f"knowledge_phrasingvector_hnsw_m{new.pk}"])
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            [f"knowledge_phrasingvector_hnsw_m{new.pk}"],
+        )
         assert "vector(256)" in cursor.fetchone()[0]
 
     assert direct_answer("How do I cancel my order").hit  # exact
@@ -92,4 +106,6 @@ def test_the_reembed_command_reports_the_switch(kb, embedding_server, settings, 
     _use_model(settings, embedding_server)
     call_command("kb_reembed")
     out = capsys.readouterr().out
-    assert "serving now: multilingual-e5-small" in out and out.rstrip().endswith("serving: sim/embed-256")
+    assert "serving now: multilingual-e5-small" in out and out.rstrip().endswith(
+        "serving: sim/embed-256"
+    )

@@ -17,14 +17,24 @@ def _wait_for(condition, timeout=90.0):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_new_entry_is_embedded_by_a_worker_after_commit_and_then_answers(celery_worker, vector_point):
-    entry = entry_create(question="Do you ship to Iceland?", answer="Yes, twice a week.")  # embed="async"
+def test_a_new_entry_is_embedded_by_a_worker_after_commit_and_then_answers(
+    celery_worker, vector_point
+):
+    entry = entry_create(
+        question="Do you ship to Iceland?", answer="Yes, twice a week."
+    )  # embed="async"
     # Committed, but no vector yet: exact match works at once, a paraphrase cannot hit.
     assert direct_answer("do you ship to iceland").hit
 
-    assert _wait_for(lambda: PhrasingVector.objects.filter(phrasing__entry=entry).exists()), "no worker embedded it"
+    assert _wait_for(lambda: PhrasingVector.objects.filter(phrasing__entry=entry).exists()), (
+        "no worker embedded it"
+    )
     assert PassageVector.objects.filter(passage__entry=entry).exists()
-    entry_create(question="What payment methods do you accept?", answer="Cards and bank transfer.", embed="sync")
+    entry_create(
+        question="What payment methods do you accept?",
+        answer="Cards and bank transfer.",
+        embed="sync",
+    )
     result = direct_answer("do you also ship to iceland?")
     assert result.hit and result.method == "vector" and result.entry == entry
 

@@ -13,9 +13,14 @@ from django.conf import settings as django_settings
 from knowledge.embeddings import MINILM, EmbeddingSpec, LocalEmbedder
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
-TEXTS = ["How do I cancel my order?", "cancel my subscription plan", "如何取消订阅？", "a",
-         "a much longer question about the return policy of a dishwasher that I bought last year " * 3,
-         "  past the model's 256 tokens, where truncation decides the vector " * 40]
+TEXTS = [
+    "How do I cancel my order?",
+    "cancel my subscription plan",
+    "如何取消订阅？",
+    "a",
+    "a much longer question about the return policy of a dishwasher that I bought last year " * 3,
+    "  past the model's 256 tokens, where truncation decides the vector " * 40,
+]
 
 
 @pytest.fixture
@@ -53,9 +58,20 @@ print(json.dumps({"runtime": embedder.runtime, "vectors": vectors, "libraries": 
 
 
 def _embed_in_a_new_process(cache_dir, texts: list[str]) -> dict:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "KB_EMBEDDING_CACHE_DIR": str(cache_dir)}
-    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(texts)], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=django_settings.BASE_DIR, check=True)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "KB_EMBEDDING_CACHE_DIR": str(cache_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(texts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=django_settings.BASE_DIR,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -70,7 +86,9 @@ def test_a_process_after_the_export_embeds_without_loading_pytorch(cache_dir):
 
 def test_an_export_whose_check_vectors_disagree_is_not_trusted(cache_dir, caplog):
     LocalEmbedder(SPEC, runtime="onnx").embed(["export it"])
-    (manifest_path,) = [p for p in cache_dir.glob("*.json") if not p.name.endswith(".tokenizer.json")]
+    (manifest_path,) = [
+        p for p in cache_dir.glob("*.json") if not p.name.endswith(".tokenizer.json")
+    ]
     manifest = json.loads(manifest_path.read_text())
     for text, vector in manifest["probes"].items():
         manifest["probes"][text] = [-x for x in vector]  # as if the graph had drifted from PyTorch

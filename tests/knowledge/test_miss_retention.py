@@ -30,16 +30,20 @@ def _misses_recorded_in_the_test_thread(settings):
 
 @pytest.fixture
 def model():
-    return EmbeddingModel.objects.create(name="tiny", backend="local", dimensions=4,
-                                         state=EmbeddingModel.State.SERVING)
+    return EmbeddingModel.objects.create(
+        name="tiny", backend="local", dimensions=4, state=EmbeddingModel.State.SERVING
+    )
 
 
 def aged(question: str, days: float) -> None:
-    Miss.objects.filter(question=question).update(created_at=timezone.now() - timezone.timedelta(days=days))
+    Miss.objects.filter(question=question).update(
+        created_at=timezone.now() - timezone.timedelta(days=days)
+    )
 
 
 def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_their_groups_stay_whole(
-        settings, model):
+    settings, model
+):
     from config.celery import app
 
     settings.REQUEST_LOG_DAYS = 30
@@ -55,9 +59,13 @@ def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_
     note("Do you deliver on Sundays?")
     miss_flush()
     assert heads() == {"Do you have gift cards?": 4, "What is your phone number?": 2}
-    for question, days in [("Do you have gift cards?", 45), ("do you have GIFT cards", 40),
-                           ("Can I buy a gift card?", 2), ("what is your phone number", 31),
-                           ("Where is your office?", 60)]:
+    for question, days in [
+        ("Do you have gift cards?", 45),
+        ("do you have GIFT cards", 40),
+        ("Can I buy a gift card?", 2),
+        ("what is your phone number", 31),
+        ("Where is your office?", 60),
+    ]:
         aged(question, days)
 
     # The request log's retention task, as the beat schedules it, prunes the misses too.
@@ -66,7 +74,11 @@ def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_
     app.tasks[scheduled["task"]].apply().get()
 
     assert sorted(Miss.objects.values_list("question", flat=True)) == [
-        "Can I buy a gift card?", "Do you deliver on Sundays?", "Gift card prices?", "What is your phone number?"]
+        "Can I buy a gift card?",
+        "Do you deliver on Sundays?",
+        "Gift card prices?",
+        "What is your phone number?",
+    ]
     # A group whose first miss expired is headed by its oldest remaining one; counts are what is left.
     assert heads() == {"Can I buy a gift card?": 2, "What is your phone number?": 1}
     with connection.cursor() as cursor:
@@ -75,19 +87,26 @@ def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_
     note("GIFT CARD PRICES?!", vector=NEAR, model=model)
     miss_flush()
     misses_group()
-    assert heads() == {"Can I buy a gift card?": 3, "What is your phone number?": 1, "Do you deliver on Sundays?": 1}
+    assert heads() == {
+        "Can I buy a gift card?": 3,
+        "What is your phone number?": 1,
+        "Do you deliver on Sundays?": 1,
+    }
 
 
 def v1_ask(key: str, question: str, *, session: int | None = None):
     headers = {"authorization": f"Bearer {key}"}
     if session is not None:
         headers["x-session-id"] = str(session)
-    body = json.dumps({"model": "auto", "max_tokens": 3, "messages": [{"role": "user", "content": question}]})
+    body = json.dumps(
+        {"model": "auto", "max_tokens": 3, "messages": [{"role": "user", "content": question}]}
+    )
     return async_to_sync(chat_completions)(headers, body.encode(), time.monotonic())
 
 
-def test_a_v1_call_that_stores_nothing_leaves_no_kb_miss_and_one_naming_its_session_does(local_sim, alice,
-                                                                                           alice_key):
+def test_a_v1_call_that_stores_nothing_leaves_no_kb_miss_and_one_naming_its_session_does(
+    local_sim, alice, alice_key
+):
     rule("default", endpoint("local", local_sim), is_default=True, use_kb_context=False)
     unstored = v1_ask(alice_key, "Do you ship gift cards to Iceland?")
     assert unstored.status == 200 and unstored.body["choices"][0]["message"]["content"]
@@ -98,4 +117,6 @@ def test_a_v1_call_that_stores_nothing_leaves_no_kb_miss_and_one_naming_its_sess
     assert stored.status == 200 and session.messages.count() == 2
 
     miss_flush()
-    assert list(Miss.objects.values_list("question", flat=True)) == ["Do you ship gift cards to Greenland?"]
+    assert list(Miss.objects.values_list("question", flat=True)) == [
+        "Do you ship gift cards to Greenland?"
+    ]

@@ -32,19 +32,32 @@ def _buffer_in_the_test_thread(settings):
 
 @pytest.fixture
 def model():
-    return EmbeddingModel.objects.create(name="tiny", backend="local", dimensions=4,
-                                         state=EmbeddingModel.State.SERVING)
+    return EmbeddingModel.objects.create(
+        name="tiny", backend="local", dimensions=4, state=EmbeddingModel.State.SERVING
+    )
 
 
 def note(question, *, vector=None, model=None, answer="An answer.", entry=None, score=None):
-    miss_note(question=question, answer=answer, best_entry_id=entry.pk if entry else None, best_score=score,
-              model_id=model.pk if model else None, vector=vector)
+    miss_note(
+        question=question,
+        answer=answer,
+        best_entry_id=entry.pk if entry else None,
+        best_score=score,
+        model_id=model.pk if model else None,
+        vector=vector,
+    )
 
 
 def test_noted_misses_become_rows_in_one_insert_when_flushed(model):
     entry = Entry.objects.create(question="How do I cancel my order?", answer="Open Orders.")
-    note("  Can I CANCEL a gift card?  ", vector=NEAR, model=model, entry=entry, score=0.61,
-         answer="Yes, within 14 days.")
+    note(
+        "  Can I CANCEL a gift card?  ",
+        vector=NEAR,
+        model=model,
+        entry=entry,
+        score=0.61,
+        answer="Yes, within 14 days.",
+    )
     note("What is your phone number?", answer="+1 555 0100")
     assert not Miss.objects.exists()  # nothing is written while the request runs
 
@@ -55,9 +68,19 @@ def test_noted_misses_become_rows_in_one_insert_when_flushed(model):
 
     first, second = Miss.objects.order_by("id")
     assert (first.question, first.normalized, first.answer) == (
-        "Can I CANCEL a gift card?", "can i cancel a gift card", "Yes, within 14 days.")
-    assert (first.best_entry, first.best_score, first.count, first.grouped_at) == (entry, 0.61, 1, None)
-    assert first.created_at <= second.created_at < flushed_at  # when the request noted it, not when written
+        "Can I CANCEL a gift card?",
+        "can i cancel a gift card",
+        "Yes, within 14 days.",
+    )
+    assert (first.best_entry, first.best_score, first.count, first.grouped_at) == (
+        entry,
+        0.61,
+        1,
+        None,
+    )
+    assert (
+        first.created_at <= second.created_at < flushed_at
+    )  # when the request noted it, not when written
     # The vector the request passed, with its model: no embedding ran for the miss.
     assert first.model == model and list(first.embedding) == list(NEAR)
     assert (second.model, second.embedding, second.best_entry) == (None, None, None)
@@ -80,7 +103,10 @@ def test_a_full_buffer_drops_the_oldest_misses_and_counts_them(settings):
     assert stats.buffered == 3 and stats.dropped == before.dropped + 2
     miss_flush()
     assert list(Miss.objects.order_by("id").values_list("question", flat=True)) == [
-        "question 2", "question 3", "question 4"]
+        "question 2",
+        "question 3",
+        "question 4",
+    ]
     assert miss_buffer_stats().written == before.written + 3
 
 
@@ -97,7 +123,10 @@ def test_a_batch_survives_a_deleted_entry_or_model_and_a_nul_character(model):
 
 
 def heads():
-    return {m.question: m.count for m in Miss.objects.filter(group__isnull=True, grouped_at__isnull=False)}
+    return {
+        m.question: m.count
+        for m in Miss.objects.filter(group__isnull=True, grouped_at__isnull=False)
+    }
 
 
 def test_grouping_joins_the_same_question_and_near_vectors_and_leaves_distant_ones_alone(model):
@@ -106,12 +135,17 @@ def test_grouping_joins_the_same_question_and_near_vectors_and_leaves_distant_on
     note("do you have GIFT cards", vector=None)  # the same normalized question, no vector
     note("Can I buy a gift card?", vector=NEARER, model=model)
     note("What is your phone number?", vector=FAR, model=model)
-    note("Gift cards, from the other model?", vector=NEAR, model=other)  # vectors of two models never compare
+    note(
+        "Gift cards, from the other model?", vector=NEAR, model=other
+    )  # vectors of two models never compare
     miss_flush()
 
     assert misses_group() == 5
-    assert heads() == {"Do you have gift cards?": 3, "What is your phone number?": 1,
-                       "Gift cards, from the other model?": 1}
+    assert heads() == {
+        "Do you have gift cards?": 3,
+        "What is your phone number?": 1,
+        "Gift cards, from the other model?": 1,
+    }
     assert not Miss.objects.filter(grouped_at__isnull=True).exists()
 
     # Later misses join the groups already there.
@@ -120,11 +154,19 @@ def test_grouping_joins_the_same_question_and_near_vectors_and_leaves_distant_on
     note("Where is your office?", vector=(0.0, 0.0, 0.0, 1.0), model=model)
     miss_flush()
     assert misses_group() == 3
-    assert heads() == {"Do you have gift cards?": 5, "What is your phone number?": 1,
-                       "Gift cards, from the other model?": 1, "Where is your office?": 1}
+    assert heads() == {
+        "Do you have gift cards?": 5,
+        "What is your phone number?": 1,
+        "Gift cards, from the other model?": 1,
+        "Where is your office?": 1,
+    }
     head = Miss.objects.get(question="Do you have gift cards?")
     assert set(head.members.values_list("question", flat=True)) == {
-        "do you have GIFT cards", "Can I buy a gift card?", "DO YOU HAVE GIFT CARDS?!", "Gift card prices?"}
+        "do you have GIFT cards",
+        "Can I buy a gift card?",
+        "DO YOU HAVE GIFT CARDS?!",
+        "Gift card prices?",
+    }
 
 
 def test_grouping_twice_changes_nothing(model):
@@ -134,7 +176,10 @@ def test_grouping_twice_changes_nothing(model):
     misses_group()
     before = list(Miss.objects.order_by("id").values_list("id", "group_id", "count", "grouped_at"))
     assert misses_group() == 0
-    assert list(Miss.objects.order_by("id").values_list("id", "group_id", "count", "grouped_at")) == before
+    assert (
+        list(Miss.objects.order_by("id").values_list("id", "group_id", "count", "grouped_at"))
+        == before
+    )
 
 
 def test_a_resolved_group_takes_no_new_members(model):
@@ -146,7 +191,9 @@ def test_a_resolved_group_takes_no_new_members(model):
     note("do you have gift cards", vector=NEARER, model=model)
     miss_flush()
     misses_group()
-    assert Miss.objects.get(question="do you have gift cards").group is None  # a new group of its own
+    assert (
+        Miss.objects.get(question="do you have gift cards").group is None
+    )  # a new group of its own
 
 
 def test_a_pass_stops_at_its_limit_and_the_next_one_goes_on(model):
@@ -226,4 +273,6 @@ def test_a_batch_written_again_after_a_lost_connection_stores_each_miss_once():
     assert miss_buffer_stats().buffered == 2  # back in the buffer, as after any lost database
     assert miss_flush() == 0
     assert sorted(Miss.objects.values_list("question", flat=True)) == [
-        "Do you ship to Mars?", "Do you ship to the Moon?"]
+        "Do you ship to Mars?",
+        "Do you ship to the Moon?",
+    ]

@@ -34,6 +34,7 @@ def _closing(call):
             return await call(*args)
         finally:
             await arerank_close()
+
     return run
 
 
@@ -62,13 +63,20 @@ def vector_only(settings, text):
         settings.KB_RERANK_BASE_URL = url
 
 
-@pytest.mark.parametrize(("question", "wrong"), [
-    ("How do I reset my router?", "How do I reset my password?"),
-    ("如何修改订单", "如何取消订单？"),  # "modify an order" is not "cancel an order"
-])
-def test_the_reranker_turns_a_near_miss_the_vector_road_answers_into_no_answer(kb, rerank_on, question, wrong):
+@pytest.mark.parametrize(
+    ("question", "wrong"),
+    [
+        ("How do I reset my router?", "How do I reset my password?"),
+        ("如何修改订单", "如何取消订单？"),  # "modify an order" is not "cancel an order"
+    ],
+)
+def test_the_reranker_turns_a_near_miss_the_vector_road_answers_into_no_answer(
+    kb, rerank_on, question, wrong
+):
     alone = vector_only(rerank_on, question)
-    assert alone.hit and alone.entry == kb[wrong], alone.reason  # the premise: vectors alone answer wrongly
+    assert alone.hit and alone.entry == kb[wrong], (
+        alone.reason
+    )  # the premise: vectors alone answer wrongly
 
     verdict = ask(question)
     assert not verdict.hit
@@ -80,7 +88,9 @@ def test_the_reranker_turns_a_near_miss_the_vector_road_answers_into_no_answer(k
 
 
 @pytest.mark.parametrize("question", ["I want to cancel my subscription", "cancel subscription"])
-def test_the_reranker_answers_a_paraphrase_the_vector_threshold_alone_would_not(kb, rerank_on, question):
+def test_the_reranker_answers_a_paraphrase_the_vector_threshold_alone_would_not(
+    kb, rerank_on, question
+):
     rerank_on.KB_DIRECT_THRESHOLD = 0.97
     alone = vector_only(rerank_on, question)
     assert not alone.hit and "below the threshold 0.970" in alone.reason
@@ -103,7 +113,9 @@ def test_the_reranker_refuses_when_its_top_two_are_too_close(kb, rerank_on):
 
 def test_a_near_miss_refused_by_the_guards_stays_refused_without_asking_the_reranker(rerank_on):
     # The simulated reranker reads only words, and these share all but one: asked, it would answer.
-    entry_create(question="How do I turn on notifications?", answer="Settings → Notifications.", embed="sync")
+    entry_create(
+        question="How do I turn on notifications?", answer="Settings → Notifications.", embed="sync"
+    )
     alone = vector_only(rerank_on, "How do I turn off notifications?")
     assert not alone.hit and "a near miss of KB#" in alone.reason
 
@@ -123,13 +135,24 @@ def test_a_question_under_the_floor_keeps_the_vector_verdict(kb, rerank_on):
 def test_without_a_reranker_every_verdict_is_the_vector_roads_own(kb, settings):
     assert not settings.KB_RERANK_BASE_URL  # off by default
     model = serving_model()
-    for question in ["How do I reset my router?", "I want to cancel my subscription", "I forgot my password",
-                     "如何修改订单", "what is the weather today"]:
+    for question in [
+        "How do I reset my router?",
+        "I want to cancel my subscription",
+        "I forgot my password",
+        "如何修改订单",
+        "what is the weather today",
+    ]:
         verdict = ask(question)
-        first = vector_verdict(question, verdict.matches, threshold=model.threshold, margin=model.margin)
+        first = vector_verdict(
+            question, verdict.matches, threshold=model.threshold, margin=model.margin
+        )
         assert verdict.method == "vector"
         assert (verdict.hit, verdict.reason, verdict.entry, verdict.score) == (
-            first.hit, first.reason, first.entry, first.score)
+            first.hit,
+            first.reason,
+            first.entry,
+            first.score,
+        )
 
 
 def test_the_sync_direct_answer_takes_the_second_stage_too(kb, rerank_on):
@@ -146,8 +169,16 @@ def test_the_sync_direct_answer_takes_the_second_stage_too(kb, rerank_on):
 @pytest.fixture(scope="module")
 def flaky_reranker():
     """Every request gets a fault: a dropped connection, a hang, a 500, a 429, ..."""
-    sim = start_simulator("serve", RERANKER, "--failure-injection-rate", "1", "--seed", "5",
-                          "--time-to-first-token", "1")
+    sim = start_simulator(
+        "serve",
+        RERANKER,
+        "--failure-injection-rate",
+        "1",
+        "--seed",
+        "5",
+        "--time-to-first-token",
+        "1",
+    )
     yield sim
     sim.stop()
 
@@ -159,7 +190,9 @@ def slow_reranker():
     sim.stop()
 
 
-def test_a_failing_reranker_gives_no_direct_answer_and_no_exception(kb, rerank_on, flaky_reranker, caplog):
+def test_a_failing_reranker_gives_no_direct_answer_and_no_exception(
+    kb, rerank_on, flaky_reranker, caplog
+):
     rerank_on.KB_RERANK_BASE_URL, rerank_on.KB_RERANK_TIMEOUT = flaky_reranker.url, 0.5
     with caplog.at_level(logging.WARNING, logger="knowledge.rerank"):
         verdicts = [ask("I forgot my password") for _ in range(6)]
@@ -181,7 +214,11 @@ def test_a_slow_reranker_is_cut_off_at_its_timeout(kb, rerank_on, slow_reranker)
 def test_a_reranker_that_is_not_one_or_serves_another_model_is_a_failure(kb, rerank_on, local_sim):
     rerank_on.KB_RERANK_MODEL = "nope"
     verdict = ask("I forgot my password")
-    assert not verdict.hit and "NotFoundError" in verdict.reason and "`nope` does not exist" in verdict.reason
+    assert (
+        not verdict.hit
+        and "NotFoundError" in verdict.reason
+        and "`nope` does not exist" in verdict.reason
+    )
 
     rerank_on.KB_RERANK_BASE_URL, rerank_on.KB_RERANK_MODEL = local_sim.url, "acme/local"
     verdict = ask("I forgot my password")
@@ -197,7 +234,9 @@ ODD_BODIES = {
     "index-out-of-range": {"results": [{"index": i, "relevance_score": 0.9} for i in range(1, 9)]},
     "index-twice": {"results": [{"index": 0, "relevance_score": 0.9}] * 5},
     "score-as-text": {"results": [{"index": i, "relevance_score": "high"} for i in range(5)]},
-    "score-not-finite": {"results": [{"index": i, "relevance_score": float("nan")} for i in range(5)]},
+    "score-not-finite": {
+        "results": [{"index": i, "relevance_score": float("nan")} for i in range(5)]
+    },
     "index-as-bool": {"results": [{"index": True, "relevance_score": 0.9}]},
 }
 
@@ -208,9 +247,14 @@ def odd_reranker():
         asked = await request.json()
         if asked["model"].startswith("prefer:"):
             words = asked["model"].removeprefix("prefer:")
-            return web.json_response({"results": [
-                {"index": i, "relevance_score": 0.99 if words in document else 0.01}
-                for i, document in enumerate(asked["documents"])]})
+            return web.json_response(
+                {
+                    "results": [
+                        {"index": i, "relevance_score": 0.99 if words in document else 0.01}
+                        for i, document in enumerate(asked["documents"])
+                    ]
+                }
+            )
         body = ODD_BODIES[asked["model"]]
         if isinstance(body, str):
             return web.Response(text=body)
@@ -240,19 +284,34 @@ def test_a_malformed_rerank_response_is_a_failure_not_a_crash(kb, rerank_on, odd
     assert verdict.reason.startswith("the reranker failed (_Malformed: ")
 
 
-def test_the_near_miss_guard_overrules_a_reranker_that_picks_the_opposite_action(rerank_on, odd_reranker):
+def test_the_near_miss_guard_overrules_a_reranker_that_picks_the_opposite_action(
+    rerank_on, odd_reranker
+):
     question = "How do I turn off notifications?"
-    entries = [entry_create(question=text, answer="…", embed="none") for text in
-               ("How can I mute alerts?", "What are your opening hours?", "How do I turn on notifications?")]
-    matches = [Match(entry=entry, score=score, phrasing=entry.question, texts=(entry.question,))
-               for entry, score in zip(entries, (0.95, 0.90, 0.88))]
+    entries = [
+        entry_create(question=text, answer="…", embed="none")
+        for text in (
+            "How can I mute alerts?",
+            "What are your opening hours?",
+            "How do I turn on notifications?",
+        )
+    ]
+    matches = [
+        Match(entry=entry, score=score, phrasing=entry.question, texts=(entry.question,))
+        for entry, score in zip(entries, (0.95, 0.90, 0.88))
+    ]
     verdict = vector_verdict(question, matches, threshold=0.8, margin=0.01)
-    assert verdict.hit and verdict.entry == entries[0]  # the premise: the guards let the best through
+    assert (
+        verdict.hit and verdict.entry == entries[0]
+    )  # the premise: the guards let the best through
 
     rerank_on.KB_RERANK_BASE_URL, rerank_on.KB_RERANK_MODEL = odd_reranker, "prefer:turn on"
     reranked = async_to_sync(_closing(arerank_verdict))(question, matches, verdict)
     assert not reranked.hit and reranked.entry == entries[2]
-    assert f"a near miss of KB#{entries[2].pk}: it asks 'off' where the entry says 'on'" in reranked.reason
+    assert (
+        f"a near miss of KB#{entries[2].pk}: it asks 'off' where the entry says 'on'"
+        in reranked.reason
+    )
 
 
 def test_a_key_variable_the_policy_refuses_is_never_sent(kb, rerank_on, caplog):

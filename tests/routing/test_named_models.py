@@ -28,12 +28,18 @@ def test_a_group_limited_to_the_local_model_cannot_name_the_external_one(roads):
     interns = rule("interns", local, priority=1, use_kb_context=False)
     interns.groups.create(name="interns")
 
-    (error,) = ask("Summarise this contract for me", model="external", groups=frozenset({"interns"}))
+    (error,) = ask(
+        "Summarise this contract for me", model="external", groups=frozenset({"interns"})
+    )
     assert error.type == "error" and error.code == "model_not_allowed" and error.rule == "interns"
-    assert error.message == ("Rule 'interns' routes this question and does not list 'external'; "
-                             "it allows: local, or auto.")
+    assert error.message == (
+        "Rule 'interns' routes this question and does not list 'external'; "
+        "it allows: local, or auto."
+    )
 
-    allowed = ask("Summarise this contract for me", model="local", groups=frozenset({"interns"}), max_tokens=2)
+    allowed = ask(
+        "Summarise this contract for me", model="local", groups=frozenset({"interns"}), max_tokens=2
+    )
     assert allowed[0].road == "local" and allowed[0].rule == "interns"
     others = ask("Summarise this contract for me", model="external", max_tokens=2)
     assert others[0].road == "external" and others[0].rule == "default"
@@ -57,7 +63,9 @@ def test_the_requested_models_condition_matches_a_named_model(local_sim, externa
     local = endpoint("local", local_sim)
     external = endpoint("external", external_sim, kind="external")
     rule("default", local, is_default=True, use_kb_context=False)
-    assert ask("Hello", model="external")[0].code == "model_not_allowed"  # the default lists only local
+    assert (
+        ask("Hello", model="external")[0].code == "model_not_allowed"
+    )  # the default lists only local
 
     rule("api external", external, requested_models=["external"], priority=1, use_kb_context=False)
     rules_changed()  # what the commit would do
@@ -76,7 +84,9 @@ def test_the_rules_prompt_and_limits_apply_to_a_named_model(local_sim):
     plain.save()
     rules_changed()
     long = ask(question, model="local")[-1]
-    assert long.usage["prompt_tokens"] > short.usage["prompt_tokens"] + 100  # the rule's prompt went along
+    assert (
+        long.usage["prompt_tokens"] > short.usage["prompt_tokens"] + 100
+    )  # the rule's prompt went along
 
 
 def test_a_target_drained_to_weight_zero_cannot_be_named(local_sim, external_sim):
@@ -88,7 +98,13 @@ def test_a_target_drained_to_weight_zero_cannot_be_named(local_sim, external_sim
 
 def test_choosing_asks_for_the_vector_only_when_an_intent_rule_could_match(local_sim):
     local = endpoint("local", local_sim)
-    rule("writing for the web", local, intent_examples=["Write a long essay"], clients=["web"], priority=1)
+    rule(
+        "writing for the web",
+        local,
+        intent_examples=["Write a long essay"],
+        clients=["web"],
+        priority=1,
+    )
     rule("default", local, is_default=True)
     snap = snapshot()
     asked = []
@@ -97,10 +113,14 @@ def test_choosing_asks_for_the_vector_only_when_an_intent_rule_could_match(local
         asked.append(1)
         return None
 
-    chosen, _ = async_to_sync(snap.choose)(Context(text="Write an essay", client="key:laptop"), vector)
+    chosen, _ = async_to_sync(snap.choose)(
+        Context(text="Write an essay", client="key:laptop"), vector
+    )
     assert chosen.name == "default" and asked == []  # the intent rule is for web clients only
     chosen, _ = async_to_sync(snap.choose)(Context(text="Write an essay", client="web"), vector)
-    assert chosen.name == "default" and asked == [1]  # asked once; no model serving, so no intent match
+    assert chosen.name == "default" and asked == [
+        1
+    ]  # asked once; no model serving, so no intent match
 
 
 def test_models_a_caller_may_name_follow_the_rules_that_admit_it(roads):
@@ -131,11 +151,14 @@ def test_a_catastrophic_pattern_answers_at_once(local_sim):
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize(("pattern", "why"), [
-    (r"(a)\1", "invalid escape sequence: \\1"),
-    (r"(?<=order )\d+", "invalid perl operator: (?<="),
-    (r"(?=x)", "invalid perl operator: (?="),
-])
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        (r"(a)\1", "invalid escape sequence: \\1"),
+        (r"(?<=order )\d+", "invalid perl operator: (?<="),
+        (r"(?=x)", "invalid perl operator: (?="),
+    ],
+)
 def test_patterns_re2_cannot_run_are_refused_with_the_reason(pattern, why):
     with pytest.raises(RuleInvalid) as info:
         rule_validate(fields={"regex": pattern})
@@ -149,19 +172,31 @@ def test_unicode_classes_match_chinese(local_sim):
     rule("chinese", local, regex=r"^\p{Han}+[？?]?$", priority=1)
     rule("default", local, is_default=True)
     snap = snapshot()
-    assert async_to_sync(snap.choose)(Context(text="订单怎么取消？"), lambda: None)[0].name == "chinese"
-    assert async_to_sync(snap.choose)(Context(text="How do I cancel?"), lambda: None)[0].name == "default"
+    assert (
+        async_to_sync(snap.choose)(Context(text="订单怎么取消？"), lambda: None)[0].name
+        == "chinese"
+    )
+    assert (
+        async_to_sync(snap.choose)(Context(text="How do I cancel?"), lambda: None)[0].name
+        == "default"
+    )
 
 
 def test_a_stored_pattern_re2_cannot_run_never_matches_and_says_why(local_sim):
     local = endpoint("local", local_sim)
-    rule("old python pattern", local, regex=r"(?<=ORD-)\d+", priority=1)  # written before RE2, unvalidated
+    rule(
+        "old python pattern", local, regex=r"(?<=ORD-)\d+", priority=1
+    )  # written before RE2, unvalidated
     rule("default", local, is_default=True)
     snap = snapshot()
     matched, _ = async_to_sync(snap.choose)(Context(text="Where is ORD-123?"), lambda: None)
     assert matched.name == "default"
     broken = snap.rules[0]
-    assert broken.evaluate(Context(text="Where is ORD-123?")) == (False, [
-        "✗ regex /(?<=ORD-)\\d+/ is not a valid RE2 regular expression (invalid perl operator: (?<=); "
-        "RE2 has no backreferences or lookaround, and \\w, \\d, \\b are ASCII (use \\p{L}, \\p{Han}, \\p{N} "
-        "for other scripts): the rule never matches until it is fixed"])
+    assert broken.evaluate(Context(text="Where is ORD-123?")) == (
+        False,
+        [
+            "✗ regex /(?<=ORD-)\\d+/ is not a valid RE2 regular expression (invalid perl operator: (?<=); "
+            "RE2 has no backreferences or lookaround, and \\w, \\d, \\b are ASCII (use \\p{L}, \\p{Han}, \\p{N} "
+            "for other scripts): the rule never matches until it is fixed"
+        ],
+    )

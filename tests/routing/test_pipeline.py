@@ -28,7 +28,9 @@ def roads(local_sim, external_sim):
 
 
 def test_a_kb_question_is_answered_from_the_kb_without_a_model(roads):
-    entry = entry_create(question="How do I reset my password?", answer="Use *Forgot password*.", embed="sync")
+    entry = entry_create(
+        question="How do I reset my password?", answer="Use *Forgot password*.", embed="sync"
+    )
     events = ask("how do i reset my password")
     assert kinds(events) == ["route", "token", "done"]
     route, token, done = events
@@ -66,7 +68,9 @@ def test_it_falls_back_before_the_first_token(local_sim, external_sim, fault):
     if fault == "connect-refused":
         broken = endpoint("broken", url="http://127.0.0.1:1/v1")
     else:
-        broken = endpoint("broken", local_sim, extra_headers={"X-Sim-Fail": fault}, first_token_timeout=0.5)
+        broken = endpoint(
+            "broken", local_sim, extra_headers={"X-Sim-Fail": fault}, first_token_timeout=0.5
+        )
     external = endpoint("external", external_sim, kind="external")
     rule("default", broken, external, is_default=True, use_kb_context=False)
     events = ask("Summarise the plot of Hamlet", max_tokens=5)
@@ -121,8 +125,12 @@ def test_kb_only_rules_say_the_kb_has_no_answer(roads, settings):
 
 
 def test_kb_context_goes_into_the_prompt_with_citations(local_sim):
-    entry = entry_create(kind="rule", question="Refund policy", answer="Refunds within 30 days of delivery.",
-                         embed="sync")
+    entry = entry_create(
+        kind="rule",
+        question="Refund policy",
+        answer="Refunds within 30 days of delivery.",
+        embed="sync",
+    )
     local = endpoint("local", local_sim)
     rule("default", local, is_default=True, use_kb_context=True, context_k=2)
     done = ask("Can I get my money back?", max_tokens=3)[-1]
@@ -135,8 +143,10 @@ def test_history_is_trimmed_to_the_context_window(local_sim):
     rule("default", narrow, is_default=True, use_kb_context=False, max_tokens=50)
     history = []
     for i in range(30):
-        history += [{"role": "user", "content": f"question {i} " + "blah " * 10},
-                    {"role": "assistant", "content": f"answer {i} " + "blah " * 10}]
+        history += [
+            {"role": "user", "content": f"question {i} " + "blah " * 10},
+            {"role": "assistant", "content": f"answer {i} " + "blah " * 10},
+        ]
     events = ask("And the last one?", history=history, max_tokens=5)
     assert events[-1].type == "done"
     assert "oldest history message(s) left out" in events[0].why
@@ -146,7 +156,9 @@ def test_history_is_trimmed_to_the_context_window(local_sim):
 # --- circuit breaker ---------------------------------------------------------------------------------------
 
 
-def test_the_breaker_opens_skips_the_target_then_probes_and_closes(local_sim, external_sim, settings):
+def test_the_breaker_opens_skips_the_target_then_probes_and_closes(
+    local_sim, external_sim, settings
+):
     settings.ROUTING_BREAKER_FAILURES = 2
     settings.ROUTING_BREAKER_COOLDOWN = 0.5
     down = endpoint("down", local_sim, extra_headers={"X-Sim-Fail": "500"})
@@ -159,6 +171,7 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(local_sim, ex
     assert "down: circuit open" in ask("hi", max_tokens=2)[0].why  # skipped, no request sent
 
     import time
+
     time.sleep(0.6)
     assert async_to_sync(breaker.state)("down").state == "half_open"
     # The probe goes to the (still failing) endpoint and re-opens the breaker.
@@ -167,6 +180,7 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(local_sim, ex
 
     type(down).objects.filter(pk=down.pk).update(extra_headers={})
     from routing.rules import rules_changed
+
     rules_changed()
     time.sleep(0.6)
     events = ask("hi", max_tokens=2)
@@ -177,10 +191,14 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(local_sim, ex
 def test_the_breaker_is_shared_by_processes(child_env, settings):
     settings.ROUTING_BREAKER_FAILURES = 1
     async_to_sync(breaker.failure)("shared")
-    script = ("import asyncio, django; django.setup(); from routing import breaker; "
-              "print(asyncio.run(breaker.allow('shared')))")
+    script = (
+        "import asyncio, django; django.setup(); from routing import breaker; "
+        "print(asyncio.run(breaker.allow('shared')))"
+    )
     env = {**child_env, "ROUTING_BREAKER_FAILURES": "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -191,7 +209,11 @@ async def _running(sim) -> float:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         async with session.get(f"{sim.url}/metrics") as response:
             text = await response.text()
-    return float(next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(" ", 1)[1])
+    return float(
+        next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(
+            " ", 1
+        )[1]
+    )
 
 
 def test_cancelling_the_answer_stops_the_upstream_generation(local_sim):
@@ -202,7 +224,9 @@ def test_cancelling_the_answer_stops_the_upstream_generation(local_sim):
         first = asyncio.Event()
 
         async def consume():
-            async for event in pipeline.answer(pipeline.RouteRequest(text="word " * 200, max_tokens=400)):
+            async for event in pipeline.answer(
+                pipeline.RouteRequest(text="word " * 200, max_tokens=400)
+            ):
                 if event.type == "token":
                     first.set()
 
@@ -231,7 +255,9 @@ def test_concurrent_questions_are_concurrent_upstream_streams(local_sim):
 
         async def one(i):
             first = None
-            async for event in pipeline.answer(pipeline.RouteRequest(text=f"story {i} " * 30, max_tokens=40)):
+            async for event in pipeline.answer(
+                pipeline.RouteRequest(text=f"story {i} " * 30, max_tokens=40)
+            ):
                 if event.type == "token" and first is None:
                     first = loop.time()
             return first, loop.time(), event.type
@@ -253,7 +279,9 @@ def test_a_warm_pipeline_runs_no_rule_query(roads):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_generated_answer_is_recorded_as_a_kb_miss_by_the_worker(local_sim, celery_worker, settings):
+def test_a_generated_answer_is_recorded_as_a_kb_miss_by_the_worker(
+    local_sim, celery_worker, settings
+):
     import time
 
     from knowledge.models import Miss
@@ -276,8 +304,10 @@ def test_a_follow_up_in_a_conversation_is_not_answered_from_the_kb(roads):
     entry_create(question="And how long does that take?", answer="About a week.", embed="sync")
     alone = ask("And how long does that take?")
     assert alone[0].road == "kb"  # asked on its own, the entry answers
-    history = [{"role": "user", "content": "Can I change the name on my invoice?"},
-               {"role": "assistant", "content": "Yes, from the billing page."}]
+    history = [
+        {"role": "user", "content": "Can I change the name on my invoice?"},
+        {"role": "assistant", "content": "Yes, from the billing page."},
+    ]
     events = ask("And how long does that take?", history=history, max_tokens=3)
     assert events[0].road == "local" and events[-1].type == "done"
     chinese = entry_create(question="那要多久？", answer="大约一周。", embed="sync")

@@ -38,9 +38,11 @@ def reported(**loads):
     """What the health checks found on each replica just now: its waiting requests, or its gauges."""
     for name, load in loads.items():
         gauges = load if isinstance(load, dict) else {"requests_waiting": load}
-        ModelEndpoint.objects.filter(name=name).update(**{"requests_waiting": 0, "requests_running": 0,
-                                                          "kv_cache_usage": 0.0, **gauges},
-                                                       checked_at=timezone.now(), status="ready")
+        ModelEndpoint.objects.filter(name=name).update(
+            **{"requests_waiting": 0, "requests_running": 0, "kv_cache_usage": 0.0, **gauges},
+            checked_at=timezone.now(),
+            status="ready",
+        )
     async_to_sync(replicas.loads_refresh)()
 
 
@@ -57,11 +59,16 @@ def test_the_least_busy_replica_answers(pool):
     assert answered_by() == "r1"
 
 
-def test_among_replicas_with_a_queue_a_waiting_request_weighs_more_than_a_running_one(pool, settings):
+def test_among_replicas_with_a_queue_a_waiting_request_weighs_more_than_a_running_one(
+    pool, settings
+):
     settings.ROUTING_AFFINITY_SLACK = 0
     # All three full. r1: 3 waiting + 4 running x 0.25 = 4; r2: 1 + 16 x 0.25 = 5; r3: 3 + 4 = 7.
-    reported(r1={"requests_waiting": 3, "requests_running": 4}, r2={"requests_waiting": 1, "requests_running": 16},
-             r3={"requests_waiting": 3, "requests_running": 16})
+    reported(
+        r1={"requests_waiting": 3, "requests_running": 4},
+        r2={"requests_waiting": 1, "requests_running": 16},
+        r3={"requests_waiting": 3, "requests_running": 16},
+    )
     assert answered_by() == "r1"
     settings.ROUTING_RUNNING_WEIGHT = 0.1  # now r1 is 3.4, r2 2.6
     assert answered_by() == "r2"
@@ -74,15 +81,23 @@ def test_a_nearly_full_kv_cache_sends_the_request_elsewhere(pool):
 
 def test_a_replica_with_a_queue_goes_after_one_with_a_free_slot_however_busy(pool):
     # r1 runs 40 (its batch has room), r2 runs 8 with one waiting: a request sent there would wait.
-    reported(r1={"requests_running": 40}, r2={"requests_running": 8, "requests_waiting": 1},
-             r3={"requests_running": 60})
+    reported(
+        r1={"requests_running": 40},
+        r2={"requests_running": 8, "requests_waiting": 1},
+        r3={"requests_running": 60},
+    )
     assert answered_by() == "r1"
 
 
-def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_it_full(pool, settings):
+def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_it_full(
+    pool, settings
+):
     settings.ROUTING_AFFINITY_SLACK = 0
-    reported(r1={"requests_running": 2, "requests_waiting": 1}, r2={"requests_running": 30},
-             r3={"requests_running": 30})
+    reported(
+        r1={"requests_running": 2, "requests_waiting": 1},
+        r2={"requests_running": 30},
+        r3={"requests_running": 30},
+    )
     assert replicas._slots[ModelEndpoint.objects.get(name="r1").pk] == 2
     reported(r1={"requests_running": 0}, r2={"requests_running": 30}, r3={"requests_running": 30})
     r1 = ModelEndpoint.objects.get(name="r1").pk
@@ -101,7 +116,9 @@ def test_a_replica_whose_slots_in_this_process_are_taken_is_full(local_sim, sett
     narrow = endpoint("narrow", local_sim, replica_group="pool", max_concurrency=1)
     wide = endpoint("wide", local_sim, replica_group="pool")
     rule("default", narrow, is_default=True, use_kb_context=False)
-    reported(narrow={"requests_running": 0}, wide={"requests_running": 16})  # narrow is the less busy
+    reported(
+        narrow={"requests_running": 0}, wide={"requests_running": 16}
+    )  # narrow is the less busy
     assert answered_by() == "narrow"
     replicas.started(narrow.pk)  # its one slot here taken: a request would wait for it
     assert answered_by() == "wide"
@@ -109,13 +126,20 @@ def test_a_replica_whose_slots_in_this_process_are_taken_is_full(local_sim, sett
 
 
 def test_a_conversation_leaves_its_replica_when_that_one_is_full(pool):
-    history = [{"role": "user", "content": "My order 1234 has not arrived"},
-               {"role": "assistant", "content": "Let me look."}]
+    history = [
+        {"role": "user", "content": "My order 1234 has not arrived"},
+        {"role": "assistant", "content": "Let me look."},
+    ]
     reported(r1=0, r2=0, r3=0)
     home = answered_by("And when will it?", history=history)
     others = [m.name for m in pool if m.name != home]
-    reported(**{home: {"requests_running": 4, "requests_waiting": 1}, others[0]: {"requests_running": 12},
-                others[1]: {"requests_running": 16}})  # busier than home by the gauges, but with room
+    reported(
+        **{
+            home: {"requests_running": 4, "requests_waiting": 1},
+            others[0]: {"requests_running": 12},
+            others[1]: {"requests_running": 16},
+        }
+    )  # busier than home by the gauges, but with room
     assert answered_by("Can you check again?", history=history) == others[0]
 
 
@@ -128,7 +152,9 @@ def test_a_replica_a_fresh_check_found_down_goes_last(pool):
 
 def test_gauges_older_than_their_freshness_are_not_trusted(pool, settings):
     reported(r1=0, r2=9, r3=9)
-    ModelEndpoint.objects.update(checked_at=timezone.now() - timedelta(seconds=settings.ROUTING_LOAD_FRESH_SECONDS + 5))
+    ModelEndpoint.objects.update(
+        checked_at=timezone.now() - timedelta(seconds=settings.ROUTING_LOAD_FRESH_SECONDS + 5)
+    )
     async_to_sync(replicas.loads_refresh)()
     # Nothing trusted, nothing in flight: every question goes to its conversation's own replica.
     homes = {answered_by(f"question number {n}") for n in range(12)}
@@ -137,8 +163,10 @@ def test_gauges_older_than_their_freshness_are_not_trusted(pool, settings):
 
 def test_a_conversation_keeps_its_replica_while_loads_are_close(pool, settings):
     settings.ROUTING_AFFINITY_SLACK = 2
-    history = [{"role": "user", "content": "My order 1234 has not arrived"},
-               {"role": "assistant", "content": "Let me look."}]
+    history = [
+        {"role": "user", "content": "My order 1234 has not arrived"},
+        {"role": "assistant", "content": "Let me look."},
+    ]
     reported(r1=0, r2=0, r3=0)
     home = answered_by("And when will it?", history=history)
     others = [m.name for m in pool if m.name != home]
@@ -151,9 +179,15 @@ def test_a_conversation_keeps_its_replica_while_loads_are_close(pool, settings):
 
 
 def test_requests_in_flight_spread_over_the_replicas(slow_pool, settings):
-    settings.ROUTING_AFFINITY_SLACK = 0  # no conversation to keep: the next request goes where fewest are
+    settings.ROUTING_AFFINITY_SLACK = (
+        0  # no conversation to keep: the next request goes where fewest are
+    )
+
     async def many():
-        streams = [pipeline.answer(pipeline.RouteRequest(text=f"story {n}", max_tokens=20)) for n in range(6)]
+        streams = [
+            pipeline.answer(pipeline.RouteRequest(text=f"story {n}", max_tokens=20))
+            for n in range(6)
+        ]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams))
         for stream in streams:
             await stream.aclose()
@@ -190,8 +224,19 @@ def test_a_named_endpoint_is_the_one_that_answers(pool):
 def slow_pool():
     from tests.inference_ops.simulator_process import start_simulator
 
-    sims = [start_simulator("serve", "acme/local", "--mode", "echo", "--time-to-first-token", "200",
-                            "--inter-token-latency", "50") for _ in range(3)]
+    sims = [
+        start_simulator(
+            "serve",
+            "acme/local",
+            "--mode",
+            "echo",
+            "--time-to-first-token",
+            "200",
+            "--inter-token-latency",
+            "50",
+        )
+        for _ in range(3)
+    ]
     members = [endpoint(f"s{n}", sim, replica_group="pool") for n, sim in enumerate(sims, start=1)]
     rule("default", members[0], is_default=True, use_kb_context=False)
     yield members

@@ -15,8 +15,12 @@ from tests.routing.conftest import ask
 pytestmark = pytest.mark.django_db
 
 
-def test_a_429_with_retry_after_rests_the_endpoint_and_the_next_target_answers(local_sim, external_sim):
-    busy = endpoint("busy", local_sim, extra_headers={"X-Sim-Fail": "429"})  # the simulator sends Retry-After: 1
+def test_a_429_with_retry_after_rests_the_endpoint_and_the_next_target_answers(
+    local_sim, external_sim
+):
+    busy = endpoint(
+        "busy", local_sim, extra_headers={"X-Sim-Fail": "429"}
+    )  # the simulator sends Retry-After: 1
     spare = endpoint("spare", external_sim, kind="external")
     rule("default", busy, spare, is_default=True, use_kb_context=False)
 
@@ -52,14 +56,17 @@ def test_a_retry_after_beyond_the_cap_rests_only_the_cap(settings):
     assert 4 < async_to_sync(breaker.state)("slow").retry_in <= 5
 
 
-@pytest.mark.parametrize(("headers", "seconds"), [
-    ({"retry-after": "7"}, 7.0),
-    ({"retry-after": "2.5"}, 2.5),
-    ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
-    ({"retry-after": "-3"}, 0.0),
-    ({"retry-after": "soon"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"retry-after": "7"}, 7.0),
+        ({"retry-after": "2.5"}, 2.5),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
+        ({"retry-after": "-3"}, 0.0),
+        ({"retry-after": "soon"}, None),
+        ({}, None),
+    ],
+)
 def test_retry_after_reads_seconds_and_milliseconds(headers, seconds):
     assert retry_after(headers) == seconds
 
@@ -67,4 +74,6 @@ def test_retry_after_reads_seconds_and_milliseconds(headers, seconds):
 def test_retry_after_reads_an_http_date():
     in_a_minute = email.utils.formatdate(time.time() + 60, usegmt=True)
     assert 55 < retry_after({"retry-after": in_a_minute}) <= 60
-    assert retry_after({"retry-after": email.utils.formatdate(time.time() - 60, usegmt=True)}) == 0.0
+    assert (
+        retry_after({"retry-after": email.utils.formatdate(time.time() - 60, usegmt=True)}) == 0.0
+    )

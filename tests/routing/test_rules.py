@@ -27,7 +27,9 @@ def local(local_sim):
 
 def chosen(text, **ctx):
     """The rule production chooses (`Snapshot.choose`, as the pipeline calls it)."""
-    matched, _ = async_to_sync(snapshot().choose)(Context(text=text, **ctx), lambda: query_vector(text))
+    matched, _ = async_to_sync(snapshot().choose)(
+        Context(text=text, **ctx), lambda: query_vector(text)
+    )
     return matched.name if matched else None
 
 
@@ -62,7 +64,9 @@ def test_regex_length_group_client_and_model_conditions(local):
     assert chosen("Where is ORD-12 now?") == "default"
     assert chosen("hi there") == "short"
     assert chosen("x " * 150) == "long"
-    assert chosen("What is on the roadmap for 2027?", groups=frozenset({"staff"})) == "staff-roadmap"
+    assert (
+        chosen("What is on the roadmap for 2027?", groups=frozenset({"staff"})) == "staff-roadmap"
+    )
     assert chosen("What is on the roadmap for 2027?", groups=frozenset({"users"})) == "default"
     assert chosen("Tell me something about shipping", client="key:mobile-app") == "mobile"
     assert chosen("Tell me something about shipping", client="web") == "default"
@@ -71,10 +75,16 @@ def test_regex_length_group_client_and_model_conditions(local):
 
 def test_semantic_intent_matches_by_similarity_to_examples(local):
     entry_create(question="Seed the embedding model", answer="x", embed="sync")
-    rule("writing", local, intent_examples=["Write a detailed essay about the history of printing",
-                                            "Draft a long report on quarterly sales"],
-         intent_threshold=operating_point(E5_SMALL).intent,
-         priority=10)
+    rule(
+        "writing",
+        local,
+        intent_examples=[
+            "Write a detailed essay about the history of printing",
+            "Draft a long report on quarterly sales",
+        ],
+        intent_threshold=operating_point(E5_SMALL).intent,
+        priority=10,
+    )
     rule("default", local, is_default=True)
     assert chosen("Could you write an essay on the history of the printing press?") == "writing"
     assert chosen("What are your opening hours?") == "default"
@@ -135,21 +145,38 @@ def test_validation_refuses_rules_that_can_never_match(fields, targets, field):
 def test_validation_refuses_a_chain_with_an_inactive_endpoint(local_sim):
     retired = endpoint("retired", local_sim, active=False)
     with pytest.raises(RuleInvalid, match="inactive endpoint\\(s\\) in the chain: retired"):
-        rule_validate(fields={"action": "generate"}, targets=[{"endpoint": retired, "position": 1, "weight": 100}])
+        rule_validate(
+            fields={"action": "generate"},
+            targets=[{"endpoint": retired, "position": 1, "weight": 100}],
+        )
 
 
 def test_the_admin_refuses_an_invalid_rule_with_a_message(admin_client, local_sim):
     retired = endpoint("retired", local_sim, active=False)
-    response = admin_client.post("/admin/routing/routingrule/add/", {
-        "name": "bad", "priority": 1, "active": "on", "action": "generate", "intent_threshold": 0.6,
-        "context_k": 4, "use_kb_context": "on", "min_length": 50, "max_length": 10,
-        "targets-TOTAL_FORMS": 1, "targets-INITIAL_FORMS": 0,
-        "targets-0-position": 1, "targets-0-endpoint": retired.pk, "targets-0-weight": 100,
-    })
+    response = admin_client.post(
+        "/admin/routing/routingrule/add/",
+        {
+            "name": "bad",
+            "priority": 1,
+            "active": "on",
+            "action": "generate",
+            "intent_threshold": 0.6,
+            "context_k": 4,
+            "use_kb_context": "on",
+            "min_length": 50,
+            "max_length": 10,
+            "targets-TOTAL_FORMS": 1,
+            "targets-INITIAL_FORMS": 0,
+            "targets-0-position": 1,
+            "targets-0-endpoint": retired.pk,
+            "targets-0-weight": 100,
+        },
+    )
     html = response.content.decode()
     assert response.status_code == 200
     assert "could never match" in html
     from routing.models import RoutingRule
+
     assert not RoutingRule.objects.exists()
 
 
@@ -175,19 +202,33 @@ def test_explain_shows_the_decision_every_rule_the_kb_and_the_chain(local_sim, e
 
     client = APIClient()
     from django.contrib.auth import get_user_model
-    client.force_authenticate(get_user_model().objects.create_superuser("ops", password="pw-123456789"))
-    body = client.post("/api/routing/explain", {"text": "Please translate my order"}, format="json").json()
+
+    client.force_authenticate(
+        get_user_model().objects.create_superuser("ops", password="pw-123456789")
+    )
+    body = client.post(
+        "/api/routing/explain", {"text": "Please translate my order"}, format="json"
+    ).json()
     assert body["decision"] == {"road": "external", "rule": "heavy", "reason": "rule heavy"}
     assert [(r["rule"], r["matched"], r["chosen"]) for r in body["rules"]] == [
-        ("heavy", True, True), ("default", True, False)]
+        ("heavy", True, True),
+        ("default", True, False),
+    ]
     assert body["rules"][0]["why"] == ["✓ keywords: translate"]
-    assert body["kb"]["hit"] is False and body["kb"]["matches"][0]["question"] == "How do I cancel my order?"
+    assert (
+        body["kb"]["hit"] is False
+        and body["kb"]["matches"][0]["question"] == "How do I cancel my order?"
+    )
     assert [(c["position"], c["endpoint"], c["road"]) for c in body["chain"]] == [
-        (1, "external", "external"), (2, "local", "local")]
+        (1, "external", "external"),
+        (2, "local", "local"),
+    ]
     assert body["chain"][0]["breaker"] == "closed" and body["chain"][0]["breaker_failures"] == 1
     assert body["chain"][1]["health"] == "unknown"
 
-    kb = client.post("/api/routing/explain", {"text": "how do I cancel my order"}, format="json").json()
+    kb = client.post(
+        "/api/routing/explain", {"text": "how do I cancel my order"}, format="json"
+    ).json()
     assert kb["decision"]["road"] == "kb" and kb["decision"]["entry_id"]
 
 
@@ -196,7 +237,9 @@ def test_explain_is_for_staff_and_validates_input(client, django_user_model):
     api.force_authenticate(django_user_model.objects.create_user("u", password="pw-123456789"))
     assert api.post("/api/routing/explain", {"text": "x"}, format="json").status_code == 403
     admin = APIClient()
-    admin.force_authenticate(django_user_model.objects.create_superuser("a", password="pw-123456789"))
+    admin.force_authenticate(
+        django_user_model.objects.create_superuser("a", password="pw-123456789")
+    )
     assert admin.post("/api/routing/explain", {}, format="json").status_code == 400
     response = admin.post("/api/routing/explain", {"text": "x", "user": "nobody"}, format="json")
     assert response.status_code == 400 and "no user named" in str(response.json())
@@ -205,6 +248,8 @@ def test_explain_is_for_staff_and_validates_input(client, django_user_model):
 def test_the_route_tester_page_renders_the_explanation(admin_client, local_sim):
     local = endpoint("local", local_sim)
     rule("default", local, is_default=True)
-    html = admin_client.get("/admin/routing/routingrule/tester/", {"text": "hello", "client": "web"}).content.decode()
+    html = admin_client.get(
+        "/admin/routing/routingrule/tester/", {"text": "hello", "client": "web"}
+    ).content.decode()
     assert "Decision: local (rule default)" in html
     assert "default rule: catches everything" in html

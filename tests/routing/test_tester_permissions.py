@@ -33,26 +33,38 @@ def api_of(user) -> APIClient:
 
 def test_staff_without_the_routing_view_permission_cannot_open_the_route_tester(rules, alice):
     staff = client_of(staff_user("kb-only", perms=("knowledge.view_entry",)))
-    response = staff.get("/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "alice"})
+    response = staff.get(
+        "/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "alice"}
+    )
     assert response.status_code == 403
     assert "invoice" not in response.content.decode()
 
 
-def test_the_route_tester_opens_for_staff_who_may_view_rules_and_lists_no_usernames(rules, alice, bob):
+def test_the_route_tester_opens_for_staff_who_may_view_rules_and_lists_no_usernames(
+    rules, alice, bob
+):
     viewer = client_of(staff_user("rules-viewer", perms=VIEW_RULES))
     page = viewer.get("/admin/routing/routingrule/tester/").content.decode()
     assert "alice" not in page and "bob" not in page
 
-    html = viewer.get("/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "alice"}).content.decode()
+    html = viewer.get(
+        "/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "alice"}
+    ).content.decode()
     assert "Decision: local (rule vip)" in html
-    html = viewer.get("/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "nobody"}).content.decode()
+    html = viewer.get(
+        "/admin/routing/routingrule/tester/", {"text": "my invoice", "user": "nobody"}
+    ).content.decode()
     assert "There is no user with this username." in html
 
 
 def test_staff_without_the_routing_view_permission_cannot_explain_a_route(rules):
-    response = api_of(staff_user("bare")).post("/api/routing/explain", {"text": "my invoice"}, format="json")
+    response = api_of(staff_user("bare")).post(
+        "/api/routing/explain", {"text": "my invoice"}, format="json"
+    )
     assert response.status_code == 403
-    assert response.json()["error"]["message"] == "This needs the routing.view_routingrule permission."
+    assert (
+        response.json()["error"]["message"] == "This needs the routing.view_routingrule permission."
+    )
 
 
 def test_staff_who_may_view_rules_explain_a_route_by_session_or_kb_key(rules):
@@ -64,7 +76,13 @@ def test_staff_who_may_view_rules_explain_a_route_by_session_or_kb_key(rules):
     chat_key = apikey_create(user=viewer, name="laptop", scopes=["chat"])[1]
     by_key = APIClient()
     by_key.credentials(HTTP_AUTHORIZATION=f"Bearer {kb_key}")
-    assert by_key.post("/api/routing/explain", {"text": "my invoice"}, format="json").status_code == 200
+    assert (
+        by_key.post("/api/routing/explain", {"text": "my invoice"}, format="json").status_code
+        == 200
+    )
     by_key.credentials(HTTP_AUTHORIZATION=f"Bearer {chat_key}")
     response = by_key.post("/api/routing/explain", {"text": "my invoice"}, format="json")
-    assert response.status_code == 403 and response.json()["error"]["message"] == "This API key lacks the kb scope."
+    assert (
+        response.status_code == 403
+        and response.json()["error"]["message"] == "This API key lacks the kb scope."
+    )

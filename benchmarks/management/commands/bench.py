@@ -60,107 +60,237 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         target = parser.add_argument_group("target")
-        target.add_argument("--base-url", default="http://127.0.0.1:8000/v1",
-                            help="OpenAI-compatible base URL, up to /v1 (default: the local gateway)")
-        target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                            help="sent as a bearer token (default: $OPENAI_API_KEY)")
-        target.add_argument("--model", default="auto",
-                            help="model name; auto (default) is the gateway's routing, or the first model "
-                                 "/models lists where auto is not served")
-        target.add_argument("--header", action="append", default=[], type=_header, metavar="'NAME: VALUE'",
-                            help="an extra request header, repeatable (e.g. 'X-Sim-Fail: 429' for the simulator)")
+        target.add_argument(
+            "--base-url",
+            default="http://127.0.0.1:8000/v1",
+            help="OpenAI-compatible base URL, up to /v1 (default: the local gateway)",
+        )
+        target.add_argument(
+            "--api-key",
+            default=os.environ.get("OPENAI_API_KEY"),
+            help="sent as a bearer token (default: $OPENAI_API_KEY)",
+        )
+        target.add_argument(
+            "--model",
+            default="auto",
+            help="model name; auto (default) is the gateway's routing, or the first model "
+            "/models lists where auto is not served",
+        )
+        target.add_argument(
+            "--header",
+            action="append",
+            default=[],
+            type=_header,
+            metavar="'NAME: VALUE'",
+            help="an extra request header, repeatable (e.g. 'X-Sim-Fail: 429' for the simulator)",
+        )
         load = parser.add_argument_group("load")
-        load.add_argument("--concurrency", type=_ints, default=None,
-                          help="levels of requests in flight, closed loop (default 1,16,64,256)")
-        load.add_argument("--request-rate", type=_rates, default=None,
-                          help="levels of request rate in req/s (inf: all at once), instead of --concurrency")
-        load.add_argument("--burstiness", type=float, default=1.0,
-                          help="with --request-rate: gamma shape of the gaps; 1 is Poisson (default)")
-        load.add_argument("--max-concurrency", type=int, default=None,
-                          help="with --request-rate: a cap on requests in flight")
-        load.add_argument("--num-requests", type=int, default=None,
-                          help="requests per level (default: max(4 x concurrency, 32); 10 s worth at a rate)")
-        load.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default 128)")
-        load.add_argument("--ignore-eos", action="store_true",
-                          help="send ignore_eos (vLLM's extension) so every answer is max_tokens long")
-        load.add_argument("--timeout", type=float, default=120.0, help="per request, whole stream, s (default 120)")
-        load.add_argument("--max-duration", type=float, default=300.0,
-                          help="per level, s: requests still in flight then are cut and counted unfinished "
-                               "(default 300)")
-        load.add_argument("--warmup", type=int, default=1, help="uncounted requests per target first (default 1)")
-        load.add_argument("--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)")
-        load.add_argument("--seed", type=int, default=0, help="order of prompts and arrival times (default 0)")
+        load.add_argument(
+            "--concurrency",
+            type=_ints,
+            default=None,
+            help="levels of requests in flight, closed loop (default 1,16,64,256)",
+        )
+        load.add_argument(
+            "--request-rate",
+            type=_rates,
+            default=None,
+            help="levels of request rate in req/s (inf: all at once), instead of --concurrency",
+        )
+        load.add_argument(
+            "--burstiness",
+            type=float,
+            default=1.0,
+            help="with --request-rate: gamma shape of the gaps; 1 is Poisson (default)",
+        )
+        load.add_argument(
+            "--max-concurrency",
+            type=int,
+            default=None,
+            help="with --request-rate: a cap on requests in flight",
+        )
+        load.add_argument(
+            "--num-requests",
+            type=int,
+            default=None,
+            help="requests per level (default: max(4 x concurrency, 32); 10 s worth at a rate)",
+        )
+        load.add_argument(
+            "--max-tokens", type=int, default=128, help="max_tokens per request (default 128)"
+        )
+        load.add_argument(
+            "--ignore-eos",
+            action="store_true",
+            help="send ignore_eos (vLLM's extension) so every answer is max_tokens long",
+        )
+        load.add_argument(
+            "--timeout",
+            type=float,
+            default=120.0,
+            help="per request, whole stream, s (default 120)",
+        )
+        load.add_argument(
+            "--max-duration",
+            type=float,
+            default=300.0,
+            help="per level, s: requests still in flight then are cut and counted unfinished "
+            "(default 300)",
+        )
+        load.add_argument(
+            "--warmup", type=int, default=1, help="uncounted requests per target first (default 1)"
+        )
+        load.add_argument(
+            "--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)"
+        )
+        load.add_argument(
+            "--seed", type=int, default=0, help="order of prompts and arrival times (default 0)"
+        )
         prompts = parser.add_argument_group("prompts")
-        prompts.add_argument("--dataset", choices=sorted(DATASETS), default="kb",
-                             help="built-in prompts: kb (factual support questions, default), chat (short "
-                                  "messages), long (long inputs and long-form writing)")
-        prompts.add_argument("--dataset-path", type=Path, default=None,
-                             help='JSONL, one {"prompt": ...} or {"messages": [...]} per line')
-        prompts.add_argument("--repeat-prompts", action="store_true",
-                             help="send the base prompts as they are (by default each request's is made unique "
-                                  "so caches of earlier answers do not flatter the figures)")
+        prompts.add_argument(
+            "--dataset",
+            choices=sorted(DATASETS),
+            default="kb",
+            help="built-in prompts: kb (factual support questions, default), chat (short "
+            "messages), long (long inputs and long-form writing)",
+        )
+        prompts.add_argument(
+            "--dataset-path",
+            type=Path,
+            default=None,
+            help='JSONL, one {"prompt": ...} or {"messages": [...]} per line',
+        )
+        prompts.add_argument(
+            "--repeat-prompts",
+            action="store_true",
+            help="send the base prompts as they are (by default each request's is made unique "
+            "so caches of earlier answers do not flatter the figures)",
+        )
         compare = parser.add_argument_group("comparison")
-        compare.add_argument("--compare", metavar="URL", default=None,
-                             help="a second base URL given the same load, interleaved round by round")
+        compare.add_argument(
+            "--compare",
+            metavar="URL",
+            default=None,
+            help="a second base URL given the same load, interleaved round by round",
+        )
         compare.add_argument("--compare-api-key", default=None, help="its key (default: --api-key)")
         compare.add_argument("--compare-model", default="auto", help="its model (default auto)")
-        compare.add_argument("--rounds", type=int, default=None,
-                             help="times each level runs per target (default 3 with --compare, else 1)")
+        compare.add_argument(
+            "--rounds",
+            type=int,
+            default=None,
+            help="times each level runs per target (default 3 with --compare, else 1)",
+        )
         cpu = parser.add_argument_group("server CPU (processes on this machine)")
-        cpu.add_argument("--cpu-pids", type=_ints, default=None,
-                         help="measure these processes and their children (for --base-url; a --compare URL "
-                              "gets the default)")
-        cpu.add_argument("--cpu-match", default=None, metavar="REGEX",
-                         help="measure processes whose command line matches (default for a loopback URL: "
-                              f"the process tree matching {DEFAULT_MATCH!r} that serves its port)")
+        cpu.add_argument(
+            "--cpu-pids",
+            type=_ints,
+            default=None,
+            help="measure these processes and their children (for --base-url; a --compare URL "
+            "gets the default)",
+        )
+        cpu.add_argument(
+            "--cpu-match",
+            default=None,
+            metavar="REGEX",
+            help="measure processes whose command line matches (default for a loopback URL: "
+            f"the process tree matching {DEFAULT_MATCH!r} that serves its port)",
+        )
         output = parser.add_argument_group("output")
-        output.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
-        output.add_argument("--save-requests", action="store_true", help="with --json: every request's raw figures")
-        output.add_argument("--plot", type=Path, default=None, help="write a PNG: TTFT and throughput per level")
+        output.add_argument(
+            "--json", type=Path, default=None, help="write the whole report as JSON"
+        )
+        output.add_argument(
+            "--save-requests", action="store_true", help="with --json: every request's raw figures"
+        )
+        output.add_argument(
+            "--plot", type=Path, default=None, help="write a PNG: TTFT and throughput per level"
+        )
         output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     def handle(self, *args, **o):
         if o["concurrency"] and o["request_rate"]:
-            raise CommandError("--concurrency and --request-rate are two ways to set the load: give one "
-                               "(--max-concurrency caps a rate)")
+            raise CommandError(
+                "--concurrency and --request-rate are two ways to set the load: give one "
+                "(--max-concurrency caps a rate)"
+            )
         for name in ("max_tokens", "warmup", "num_requests", "max_concurrency", "rounds"):
             if o[name] is not None and o[name] < (0 if name == "warmup" else 1):
                 raise CommandError(f"--{name.replace('_', '-')} is too small: {o[name]}")
         if min(o["timeout"], o["max_duration"], o["burstiness"]) <= 0 or o["cooldown"] < 0:
             raise CommandError("--timeout, --max-duration and --burstiness must be above 0")
         if o["request_rate"]:
-            levels = [Level(request_rate=r, burstiness=o["burstiness"], max_concurrency=o["max_concurrency"])
-                      for r in o["request_rate"]]
+            levels = [
+                Level(
+                    request_rate=r, burstiness=o["burstiness"], max_concurrency=o["max_concurrency"]
+                )
+                for r in o["request_rate"]
+            ]
         else:
             levels = [Level(concurrency=c) for c in (o["concurrency"] or [1, 16, 64, 256])]
         try:
             if o["dataset_path"]:
-                prompts = prompts_load(path=o["dataset_path"], repeat=o["repeat_prompts"], seed=o["seed"])
+                prompts = prompts_load(
+                    path=o["dataset_path"], repeat=o["repeat_prompts"], seed=o["seed"]
+                )
             else:
-                prompts = prompts_builtin(name=o["dataset"], repeat=o["repeat_prompts"], seed=o["seed"])
+                prompts = prompts_builtin(
+                    name=o["dataset"], repeat=o["repeat_prompts"], seed=o["seed"]
+                )
         except PromptError as exc:
             raise CommandError(str(exc)) from None
         headers = tuple(o["header"])
-        targets = [Target(base_url=o["base_url"], api_key=o["api_key"], model=o["model"], name="A", headers=headers,
-                          cpu=probe_for(base_url=o["base_url"], pids=o["cpu_pids"], match=o["cpu_match"]))]
+        targets = [
+            Target(
+                base_url=o["base_url"],
+                api_key=o["api_key"],
+                model=o["model"],
+                name="A",
+                headers=headers,
+                cpu=probe_for(base_url=o["base_url"], pids=o["cpu_pids"], match=o["cpu_match"]),
+            )
+        ]
         if o["compare"]:
-            targets.append(Target(base_url=o["compare"], api_key=o["compare_api_key"] or o["api_key"],
-                                  model=o["compare_model"], name="B", headers=headers,
-                                  cpu=probe_for(base_url=o["compare"])))
+            targets.append(
+                Target(
+                    base_url=o["compare"],
+                    api_key=o["compare_api_key"] or o["api_key"],
+                    model=o["compare_model"],
+                    name="B",
+                    headers=headers,
+                    cpu=probe_for(base_url=o["compare"]),
+                )
+            )
         rounds = o["rounds"] or (3 if o["compare"] else 1)
-        options = LoadOptions(max_tokens=o["max_tokens"], num_requests=o["num_requests"], timeout=o["timeout"],
-                              max_duration=o["max_duration"], ignore_eos=o["ignore_eos"], seed=o["seed"],
-                              cooldown=o["cooldown"], warmup=o["warmup"], progress=not o["no_progress"])
-        self.stdout.write(f"bench: {len(levels)} levels x {rounds} rounds x {len(targets)} targets; "
-                          f"prompts {prompts.name}, max_tokens {options.max_tokens}, timeout {options.timeout:g} s")
+        options = LoadOptions(
+            max_tokens=o["max_tokens"],
+            num_requests=o["num_requests"],
+            timeout=o["timeout"],
+            max_duration=o["max_duration"],
+            ignore_eos=o["ignore_eos"],
+            seed=o["seed"],
+            cooldown=o["cooldown"],
+            warmup=o["warmup"],
+            progress=not o["no_progress"],
+        )
+        self.stdout.write(
+            f"bench: {len(levels)} levels x {rounds} rounds x {len(targets)} targets; "
+            f"prompts {prompts.name}, max_tokens {options.max_tokens}, timeout {options.timeout:g} s"
+        )
         for target in targets:
             if target.cpu is None:
                 self.stdout.write(f"{target.name}: no local process to measure the CPU of")
         try:
-            report = asyncio.run(benchmark_run(
-                targets=targets, levels=levels, prompts=prompts, options=options, rounds=rounds,
-                on_run=lambda run: self.stdout.write(bench_report.level_table(run)),
-                on_note=self.stdout.write))
+            report = asyncio.run(
+                benchmark_run(
+                    targets=targets,
+                    levels=levels,
+                    prompts=prompts,
+                    options=options,
+                    rounds=rounds,
+                    on_run=lambda run: self.stdout.write(bench_report.level_table(run)),
+                    on_note=self.stdout.write,
+                )
+            )
         except BenchError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write("")

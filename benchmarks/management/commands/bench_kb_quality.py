@@ -32,9 +32,15 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--set", default=str(SET), help="directory with entries.jsonl and questions.jsonl")
-        parser.add_argument("--models", default=f"{E5_SMALL},{MINILM}", help="local models, comma-separated")
-        parser.add_argument("--target", type=float, default=0.98, help="precision to reach (default 0.98)")
+        parser.add_argument(
+            "--set", default=str(SET), help="directory with entries.jsonl and questions.jsonl"
+        )
+        parser.add_argument(
+            "--models", default=f"{E5_SMALL},{MINILM}", help="local models, comma-separated"
+        )
+        parser.add_argument(
+            "--target", type=float, default=0.98, help="precision to reach (default 0.98)"
+        )
         parser.add_argument("--show", type=int, default=10, help="wrong answers to list per model")
 
     def handle(self, *args, set, models, target, show, **options):
@@ -55,8 +61,10 @@ class Command(BaseCommand):
             if report.errors:
                 raise CommandError(f"the set's entries do not import: {report.errors[:3]}")
             items = labelled_read(questions)
-            self.out(f"{folder.name}: {report.created} entries, {len(items)} questions, "
-                     f"{sum(i.expected is not None for i in items)} answerable")
+            self.out(
+                f"{folder.name}: {report.created} entries, {len(items)} questions, "
+                f"{sum(i.expected is not None for i in items)} answerable"
+            )
             results = []
             for row in rows:
                 started = time.perf_counter()
@@ -80,43 +88,70 @@ class Command(BaseCommand):
             started = time.perf_counter()
             embed_texts(spec, [text])
             times.append(time.perf_counter() - started)
-        self.out(f"\n== {result.model.name}: KB embedded in {embedded:.1f}s; one question embedded in "
-                 f"{1000 * stats.percentile(times, 0.5):.1f} ms p50 ({len(times)} questions, "
-                 f"{settings.KB_EMBEDDING_THREADS} thread(s))")
+        self.out(
+            f"\n== {result.model.name}: KB embedded in {embedded:.1f}s; one question embedded in "
+            f"{1000 * stats.percentile(times, 0.5):.1f} ms p50 ({len(times)} questions, "
+            f"{settings.KB_EMBEDDING_THREADS} thread(s))"
+        )
         shipped = operating_point(result.model.name)
-        at_shipped = next((p for p in result.points if (p.threshold, p.margin) == (shipped.threshold, shipped.margin)),
-                          None)
+        at_shipped = next(
+            (
+                p
+                for p in result.points
+                if (p.threshold, p.margin) == (shipped.threshold, shipped.margin)
+            ),
+            None,
+        )
         if at_shipped:
-            self.out(f"at the shipped default (threshold {shipped.threshold:.3f}, margin {shipped.margin:.3f}): "
-                     f"precision {at_shipped.precision:.3f}, recall {at_shipped.recall:.3f}")
+            self.out(
+                f"at the shipped default (threshold {shipped.threshold:.3f}, margin {shipped.margin:.3f}): "
+                f"precision {at_shipped.precision:.3f}, recall {at_shipped.recall:.3f}"
+            )
         chosen = result.chosen
         if chosen is None:
             best = max(result.points, key=lambda p: (p.precision, p.recall))
-            self.out(f"no point reaches precision {result.target:.2f}; best {best.precision:.3f} at recall "
-                     f"{best.recall:.3f}")
+            self.out(
+                f"no point reaches precision {result.target:.2f}; best {best.precision:.3f} at recall "
+                f"{best.recall:.3f}"
+            )
             return
-        self.out(f"recommended for precision >= {result.target:.2f}: threshold {chosen.threshold:.3f}, "
-                 f"margin {chosen.margin:.3f}: precision {chosen.precision:.3f}, recall {chosen.recall:.3f}")
+        self.out(
+            f"recommended for precision >= {result.target:.2f}: threshold {chosen.threshold:.3f}, "
+            f"margin {chosen.margin:.3f}: precision {chosen.precision:.3f}, recall {chosen.recall:.3f}"
+        )
         for kind, row in sorted(result.by_kind().items()):
             answerable = row.get("answerable", 0)
-            recall = f"recall {row.get('correct', 0) / answerable:.2f}" if answerable else "          "
+            recall = (
+                f"recall {row.get('correct', 0) / answerable:.2f}" if answerable else "          "
+            )
             self.out(f"  {kind:<14} {row['asked']:4d} asked  {recall}  {row.get('wrong', 0)} wrong")
         for row in result.wrong[:show]:
-            self.out(f"  wrong: {row['question'][:60]!r} -> {row['got_question'][:40]!r} "
-                     f"(want {row['expected_question'][:40]!r})")
+            self.out(
+                f"  wrong: {row['question'][:60]!r} -> {row['got_question'][:40]!r} "
+                f"(want {row['expected_question'][:40]!r})"
+            )
         grid = {(p.threshold, p.margin): p for p in result.points}
-        near = [round(chosen.threshold + step, 3) for step in (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02)]
-        self.out(f"  at margin {chosen.margin:.3f}, threshold: precision/recall: " + ", ".join(
-            f"{t:.3f}: {grid[(t, chosen.margin)].precision:.2f}/{grid[(t, chosen.margin)].recall:.2f}"
-            for t in near if (t, chosen.margin) in grid))
+        near = [
+            round(chosen.threshold + step, 3) for step in (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02)
+        ]
+        self.out(
+            f"  at margin {chosen.margin:.3f}, threshold: precision/recall: "
+            + ", ".join(
+                f"{t:.3f}: {grid[(t, chosen.margin)].precision:.2f}/{grid[(t, chosen.margin)].recall:.2f}"
+                for t in near
+                if (t, chosen.margin) in grid
+            )
+        )
 
     def summary(self, results: list[Result]) -> None:
         self.out("\nmodel                    threshold margin precision recall")
         for result in results:
             chosen = result.chosen
             if chosen:
-                self.out(f"{result.model.name:<24} {chosen.threshold:9.3f} {chosen.margin:6.3f} "
-                         f"{chosen.precision:9.3f} {chosen.recall:6.3f}")
+                self.out(
+                    f"{result.model.name:<24} {chosen.threshold:9.3f} {chosen.margin:6.3f} "
+                    f"{chosen.precision:9.3f} {chosen.recall:6.3f}"
+                )
             else:
                 self.out(f"{result.model.name:<24} (no point reaches the target)")
 

@@ -48,8 +48,12 @@ MODES = {
 def _served(url: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "vllm:request_success_total")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:request_success_total"
+    )
 
 
 class Command(BaseCommand):
@@ -61,13 +65,26 @@ class Command(BaseCommand):
         parser.add_argument("--requests", type=int, default=256, help="per run")
         parser.add_argument("--max-tokens", type=int, default=64)
         parser.add_argument("--rounds", type=int, default=2, help="runs of each mode, alternating")
-        parser.add_argument("--ttft", type=float, default=100.0, help="the simulators' time to first token, ms")
-        parser.add_argument("--check-interval", type=float, default=1.0,
-                            help="seconds between the health checks of the replicas (production: ENGINE_CHECK_INTERVAL, 5)")
-        parser.add_argument("--web-concurrency", type=int, default=None,
-                            help="daphne processes of the gateway, through config.web (default: one, directly)")
-        parser.add_argument("--modes", default="least_busy,round_robin",
-                            help=f"comma-separated, run in turn each round: {', '.join(MODES)}")
+        parser.add_argument(
+            "--ttft", type=float, default=100.0, help="the simulators' time to first token, ms"
+        )
+        parser.add_argument(
+            "--check-interval",
+            type=float,
+            default=1.0,
+            help="seconds between the health checks of the replicas (production: ENGINE_CHECK_INTERVAL, 5)",
+        )
+        parser.add_argument(
+            "--web-concurrency",
+            type=int,
+            default=None,
+            help="daphne processes of the gateway, through config.web (default: one, directly)",
+        )
+        parser.add_argument(
+            "--modes",
+            default="least_busy,round_robin",
+            help=f"comma-separated, run in turn each round: {', '.join(MODES)}",
+        )
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -79,8 +96,10 @@ class Command(BaseCommand):
             raise CommandError(f"--modes: choose from {', '.join(MODES)}")
         name = f"bench_replicas_{settings.DATABASES['default']['NAME']}"
         load = os.getloadavg()
-        self.out(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; replicas (ITL ms, max-num-seqs): "
-                 + ", ".join(f"{n} {itl}/{seqs}" for n, (itl, seqs) in REPLICAS.items()))
+        self.out(
+            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; replicas (ITL ms, max-num-seqs): "
+            + ", ".join(f"{n} {itl}/{seqs}" for n, (itl, seqs) in REPLICAS.items())
+        )
         rows = []
         try:
             with stack_session(drop=name, say=self.out):
@@ -89,50 +108,106 @@ class Command(BaseCommand):
                     for mode in order:
                         rows.append(self.run(name=name, mode=mode, o=o))
         except KeyboardInterrupt:
-            raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
+            raise CommandError(
+                "interrupted; the servers started here were stopped", returncode=130
+            ) from None
         except (StackError, BenchError) as exc:
             raise CommandError(str(exc)) from None
-        self.out("\nmode          TTFT p50    p99 ms   tok/s  failed  served by " + " / ".join(REPLICAS))
+        self.out(
+            "\nmode          TTFT p50    p99 ms   tok/s  failed  served by " + " / ".join(REPLICAS)
+        )
         for mode, metrics, shares in rows:
-            self.out(f"{mode:12} {metrics['median_ttft_ms']:9.1f} {metrics['p99_ttft_ms']:9.1f} "
-                     f"{metrics['output_throughput']:7.0f} {metrics['failed']:7}  "
-                     + " / ".join(f"{share:.0%}" for share in shares))
+            self.out(
+                f"{mode:12} {metrics['median_ttft_ms']:9.1f} {metrics['p99_ttft_ms']:9.1f} "
+                f"{metrics['output_throughput']:7.0f} {metrics['failed']:7}  "
+                + " / ".join(f"{share:.0%}" for share in shares)
+            )
 
     def run(self, *, name: str, mode: str, o: dict):
         with contextlib.ExitStack() as stack:
             urls = {}
             for replica, (itl, seqs) in list(REPLICAS.items())[1:]:
-                urls[replica] = stack.enter_context(servers.simulator(model=MODEL, args=[
-                    "--max-num-seqs", str(seqs), "--time-to-first-token", str(o["ttft"]),
-                    "--inter-token-latency", str(itl), "--seed", "0"]))
+                urls[replica] = stack.enter_context(
+                    servers.simulator(
+                        model=MODEL,
+                        args=[
+                            "--max-num-seqs",
+                            str(seqs),
+                            "--time-to-first-token",
+                            str(o["ttft"]),
+                            "--inter-token-latency",
+                            str(itl),
+                            "--seed",
+                            "0",
+                        ],
+                    )
+                )
             itl, seqs = REPLICAS["local"]
-            sim_args = ["--max-num-seqs", str(seqs), "--time-to-first-token", str(o["ttft"]),
-                        "--inter-token-latency", str(itl), "--seed", "0"]
-            run = stack.enter_context(stack_run(
-                name=name, sim_args=sim_args, setup=lambda: self.group(urls),
-                gateway_extra={**MODES[mode], "CHAT_RATE_LIMIT": "1000000", "CHAT_MAX_STREAMS_PER_USER": "1000000",
-                              "ROUTING_LOAD_SECONDS": "0.5"},
-                local_max_concurrency=max(o["concurrency"], 2), web_concurrency=o["web_concurrency"]))
+            sim_args = [
+                "--max-num-seqs",
+                str(seqs),
+                "--time-to-first-token",
+                str(o["ttft"]),
+                "--inter-token-latency",
+                str(itl),
+                "--seed",
+                "0",
+            ]
+            run = stack.enter_context(
+                stack_run(
+                    name=name,
+                    sim_args=sim_args,
+                    setup=lambda: self.group(urls),
+                    gateway_extra={
+                        **MODES[mode],
+                        "CHAT_RATE_LIMIT": "1000000",
+                        "CHAT_MAX_STREAMS_PER_USER": "1000000",
+                        "ROUTING_LOAD_SECONDS": "0.5",
+                    },
+                    local_max_concurrency=max(o["concurrency"], 2),
+                    web_concurrency=o["web_concurrency"],
+                )
+            )
             urls["local"] = run.simulator_url
             stop = threading.Event()
-            checker = threading.Thread(target=self.check, args=(stop, o["check_interval"]), daemon=True)
+            checker = threading.Thread(
+                target=self.check, args=(stop, o["check_interval"]), daemon=True
+            )
             checker.start()
             before = [_served(urls[r]) for r in REPLICAS]
             try:
-                report = asyncio.run(benchmark_run(
-                    targets=[Target(base_url=f"{run.gateway.url}/v1", api_key=bench_api_key(
-                        username="bench-replicas", name="bench_replicas"), model="auto", name=mode)],
-                    levels=[Level(concurrency=o["concurrency"])], prompts=prompts_builtin(name="chat"),
-                    options=LoadOptions(max_tokens=o["max_tokens"], num_requests=o["requests"], ignore_eos=True,
-                                        progress=False)))
+                report = asyncio.run(
+                    benchmark_run(
+                        targets=[
+                            Target(
+                                base_url=f"{run.gateway.url}/v1",
+                                api_key=bench_api_key(
+                                    username="bench-replicas", name="bench_replicas"
+                                ),
+                                model="auto",
+                                name=mode,
+                            )
+                        ],
+                        levels=[Level(concurrency=o["concurrency"])],
+                        prompts=prompts_builtin(name="chat"),
+                        options=LoadOptions(
+                            max_tokens=o["max_tokens"],
+                            num_requests=o["requests"],
+                            ignore_eos=True,
+                            progress=False,
+                        ),
+                    )
+                )
             finally:
                 stop.set()
                 checker.join(timeout=10)
             served = [_served(urls[r]) - b for r, b in zip(REPLICAS, before, strict=True)]
         metrics = report["summary"][0]
         total = sum(served) or 1
-        self.out(f"{mode}: TTFT p50 {metrics['median_ttft_ms']:.1f} p99 {metrics['p99_ttft_ms']:.1f} ms, "
-                 f"{metrics['output_throughput']:.0f} tok/s, {metrics['failed']} failed")
+        self.out(
+            f"{mode}: TTFT p50 {metrics['median_ttft_ms']:.1f} p99 {metrics['p99_ttft_ms']:.1f} ms, "
+            f"{metrics['output_throughput']:.0f} tok/s, {metrics['failed']} failed"
+        )
         return mode, metrics, [s / total for s in served]
 
     def group(self, urls: dict[str, str]) -> None:
@@ -143,9 +218,17 @@ class Command(BaseCommand):
         local.replica_group = "pool"
         local.save()
         for replica, url in urls.items():
-            ModelEndpoint.objects.update_or_create(name=replica, defaults={
-                "kind": local.kind, "base_url": f"{url}/v1", "model": local.model, "replica_group": "pool",
-                "max_concurrency": local.max_concurrency, "context_window": local.context_window})
+            ModelEndpoint.objects.update_or_create(
+                name=replica,
+                defaults={
+                    "kind": local.kind,
+                    "base_url": f"{url}/v1",
+                    "model": local.model,
+                    "replica_group": "pool",
+                    "max_concurrency": local.max_concurrency,
+                    "context_window": local.context_window,
+                },
+            )
 
     def check(self, stop: threading.Event, interval: float) -> None:
         from django.db import connection

@@ -34,7 +34,11 @@ from knowledge.embeddings import query_cache
 from knowledge.models import Entry
 from knowledge.rerank import arerank_close
 from knowledge.selectors import adirect_answer, serving_model_forget
-from knowledge.services import embedding_model_ensure, embedding_model_index_ensure, missing_vectors_embed
+from knowledge.services import (
+    embedding_model_ensure,
+    embedding_model_index_ensure,
+    missing_vectors_embed,
+)
 
 RERANKER = "BAAI/bge-reranker-v2-m3"
 VARIANTS = ("off", "on")
@@ -48,39 +52,73 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--entries", type=int, default=300,
-                            help=f"FAQ entries in the synthetic KB (20 to {kb_data.faq_capacity()}; default 300)")
-        parser.add_argument("--queries", type=int, default=150, help="vector-hit questions wanted (default 150)")
-        parser.add_argument("--rounds", type=int, default=3,
-                            help="times each question is asked per variant (default 3)")
-        parser.add_argument("--reranker-ms", type=float, default=0.0,
-                            help="the simulated reranker's forward pass in milliseconds (default 0: the stage's "
-                                 "own cost, HTTP and all)")
-        parser.add_argument("--threshold", type=float, default=None,
-                            help="the vector road's threshold (KB_DIRECT_THRESHOLD; default: the model's)")
-        parser.add_argument("--margin", type=float, default=None,
-                            help="the vector road's margin (KB_DIRECT_MARGIN; default: the model's)")
-        parser.add_argument("--seed", type=int, default=7, help="seed of the question set (default 7)")
+        parser.add_argument(
+            "--entries",
+            type=int,
+            default=300,
+            help=f"FAQ entries in the synthetic KB (20 to {kb_data.faq_capacity()}; default 300)",
+        )
+        parser.add_argument(
+            "--queries", type=int, default=150, help="vector-hit questions wanted (default 150)"
+        )
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=3,
+            help="times each question is asked per variant (default 3)",
+        )
+        parser.add_argument(
+            "--reranker-ms",
+            type=float,
+            default=0.0,
+            help="the simulated reranker's forward pass in milliseconds (default 0: the stage's "
+            "own cost, HTTP and all)",
+        )
+        parser.add_argument(
+            "--threshold",
+            type=float,
+            default=None,
+            help="the vector road's threshold (KB_DIRECT_THRESHOLD; default: the model's)",
+        )
+        parser.add_argument(
+            "--margin",
+            type=float,
+            default=None,
+            help="the vector road's margin (KB_DIRECT_MARGIN; default: the model's)",
+        )
+        parser.add_argument(
+            "--seed", type=int, default=7, help="seed of the question set (default 7)"
+        )
 
-    def handle(self, *args, entries, queries, rounds, reranker_ms, threshold, margin, seed, **options):
+    def handle(
+        self, *args, entries, queries, rounds, reranker_ms, threshold, margin, seed, **options
+    ):
         if not 20 <= entries <= kb_data.faq_capacity():
             raise CommandError(f"--entries must be between 20 and {kb_data.faq_capacity()}")
         if queries < 10 or rounds < 1 or reranker_ms < 0:
-            raise CommandError("--queries must be at least 10, --rounds at least 1, --reranker-ms not negative")
+            raise CommandError(
+                "--queries must be at least 10, --rounds at least 1, --reranker-ms not negative"
+            )
         name = f"bench_rerank_{settings.DATABASES['default']['NAME']}"
         try:
             with stack.stack_session(drop=name, say=self.out):
                 stack.database_prepare(name=name, pool_size=4)
-                self.out(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
-                         "machine shows up in every figure)")
-                logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per request otherwise
+                self.out(
+                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
+                    "machine shows up in every figure)"
+                )
+                logging.getLogger("httpx2").setLevel(
+                    logging.WARNING
+                )  # a line per request otherwise
                 settings.KB_RERANK_BASE_URL = ""  # the vector hits are the vector road's own
                 if threshold is not None:
                     settings.KB_DIRECT_THRESHOLD = threshold
                 if margin is not None:
                     settings.KB_DIRECT_MARGIN = margin
                 hits = self.build(entries=entries, queries=queries, seed=seed)
-                with servers.simulator(model=RERANKER, args=["--time-to-first-token", f"{reranker_ms:g}"]) as url:
+                with servers.simulator(
+                    model=RERANKER, args=["--time-to-first-token", f"{reranker_ms:g}"]
+                ) as url:
                     settings.KB_RERANK_MODEL = RERANKER
                     times, outcomes = asyncio.run(self.measure(hits, url=url, rounds=rounds))
                 self.report(times, outcomes, hits=hits, rounds=rounds, reranker_ms=reranker_ms)
@@ -100,18 +138,26 @@ class Command(BaseCommand):
         missing_vectors_embed(model=model, batch_size=256)
         embedding_model_index_ensure(model=model)
         kb_data.analyze()
-        self.out(f"KB: {entries} FAQ entries embedded by {model.name} in {time.perf_counter() - began:.1f} s "
-                 f"(threshold {model.threshold:.2f}, margin {model.margin:.2f})")
+        self.out(
+            f"KB: {entries} FAQ entries embedded by {model.name} in {time.perf_counter() - began:.1f} s "
+            f"(threshold {model.threshold:.2f}, margin {model.margin:.2f})"
+        )
         pk_of = dict(Entry.objects.filter(kind=Entry.Kind.FAQ).values_list("question", "pk"))
-        found = kb_data.paraphrases_classify(kb_data.paraphrase_attempts(specs, random.Random(seed)), pk_of, queries)
+        found = kb_data.paraphrases_classify(
+            kb_data.paraphrase_attempts(specs, random.Random(seed)), pk_of, queries
+        )
         hits = found.hits[:queries]
         self.out(f"vector hits: {len(hits)} of {found.tried} paraphrases tried")
         if len(hits) < 10:
-            raise CommandError("fewer than 10 vector hits: try more --entries, or a lower --threshold")
+            raise CommandError(
+                "fewer than 10 vector hits: try more --entries, or a lower --threshold"
+            )
         return hits
 
     async def measure(self, hits: list[str], *, url: str, rounds: int):
-        times: dict[tuple[str, str], list[float]] = {(v, t): [] for v in VARIANTS for t in TEMPERATURES}
+        times: dict[tuple[str, str], list[float]] = {
+            (v, t): [] for v in VARIANTS for t in TEMPERATURES
+        }
         outcomes: Counter = Counter()
         urls = {"off": "", "on": url}
         with db.unbound():
@@ -136,22 +182,36 @@ class Command(BaseCommand):
         settings.KB_RERANK_BASE_URL = ""
         return times, outcomes
 
-    def report(self, times, outcomes: Counter, *, hits: list[str], rounds: int, reranker_ms: float) -> None:
-        self.out(f"\nadirect_answer on {len(hits)} vector hits, {rounds} round(s) each, concurrency 1; simulated "
-                 f"reranker forward pass {reranker_ms:g} ms")
+    def report(
+        self, times, outcomes: Counter, *, hits: list[str], rounds: int, reranker_ms: float
+    ) -> None:
+        self.out(
+            f"\nadirect_answer on {len(hits)} vector hits, {rounds} round(s) each, concurrency 1; simulated "
+            f"reranker forward pass {reranker_ms:g} ms"
+        )
         self.out(f"{'':<38}{'p50 ms':>9}{'p95 ms':>9}{'mean ms':>9}")
-        for temperature, label in (("cold", "embedded afresh (cold)"), ("warm", "vector from the LRU (warm)")):
+        for temperature, label in (
+            ("cold", "embedded afresh (cold)"),
+            ("warm", "vector from the LRU (warm)"),
+        ):
             figures = {}
             for variant in VARIANTS:
                 values = [1000 * t for t in times[(variant, temperature)]]
-                figures[variant] = (stats.percentile(values, 0.5), stats.percentile(values, 0.95),
-                                    sum(values) / len(values))
-                self.out(f"{label if variant == 'off' else '':<28}reranker {variant:<3}"
-                         + "".join(f"{value:9.2f}" for value in figures[variant]))
+                figures[variant] = (
+                    stats.percentile(values, 0.5),
+                    stats.percentile(values, 0.95),
+                    sum(values) / len(values),
+                )
+                self.out(
+                    f"{label if variant == 'off' else '':<28}reranker {variant:<3}"
+                    + "".join(f"{value:9.2f}" for value in figures[variant])
+                )
             added = [on - off for on, off in zip(figures["on"], figures["off"])]
             self.out(f"{'':<28}{'added':<12}" + "".join(f"{value:+9.2f}" for value in added))
-        self.out("\nthe reranker's verdicts on the vector hits (the simulator's lexical relevance, not a model's): "
-                 + ", ".join(f"{count} {what}" for what, count in outcomes.most_common()))
+        self.out(
+            "\nthe reranker's verdicts on the vector hits (the simulator's lexical relevance, not a model's): "
+            + ", ".join(f"{count} {what}" for what, count in outcomes.most_common())
+        )
 
 
 def _outcome(verdict) -> str:

@@ -64,32 +64,65 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--sockets", type=int, default=200, help="concurrent sockets (default 200)")
-        parser.add_argument("--seconds", type=float, default=60.0, help="how long they ask (default 60)")
-        parser.add_argument("--ttft", type=float, default=100.0, help="the simulator's time to first token, ms")
-        parser.add_argument("--itl", type=float, default=13.0, help="the simulator's inter-token latency, ms")
-        parser.add_argument("--timeout", type=float, default=60.0,
-                            help="seconds one answer may take before it counts as failed (default 60)")
-        parser.add_argument("--keep", action="store_true", help="keep the soak database for the next run")
+        parser.add_argument(
+            "--sockets", type=int, default=200, help="concurrent sockets (default 200)"
+        )
+        parser.add_argument(
+            "--seconds", type=float, default=60.0, help="how long they ask (default 60)"
+        )
+        parser.add_argument(
+            "--ttft", type=float, default=100.0, help="the simulator's time to first token, ms"
+        )
+        parser.add_argument(
+            "--itl", type=float, default=13.0, help="the simulator's inter-token latency, ms"
+        )
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=60.0,
+            help="seconds one answer may take before it counts as failed (default 60)",
+        )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the soak database for the next run"
+        )
 
     def handle(self, *args, sockets, seconds, ttft, itl, timeout, keep, **options):
         if sockets < 1 or seconds <= 0 or timeout <= 0:
             raise CommandError("--sockets must be at least 1, --seconds and --timeout positive")
         name = f"soak_chat_{settings.DATABASES['default']['NAME']}"
-        sim_args = engine.simulator_args(max_num_seqs=sockets, ttft=ttft, itl=itl) + ["--mode", "echo"]
+        sim_args = engine.simulator_args(max_num_seqs=sockets, ttft=ttft, itl=itl) + [
+            "--mode",
+            "echo",
+        ]
         try:
-            with stack_session(drop=None if keep else name, say=self.out), \
-                    stack_run(name=name, sim_args=sim_args, local_max_concurrency=sockets,
-                              gateway_extra={"CHAT_RATE_LIMIT": "1000000000"}) as stack:
-                self.out(f"{sockets} sockets for {seconds:g} s; simulator in echo mode (TTFT {ttft:g} ms, ITL "
-                         f"{itl:g} ms); gateway pid {stack.gateway_pid}; {os.cpu_count()} CPUs, load average "
-                         f"{os.getloadavg()[0]:.2f}")
-                failed = self.soak(url=stack.gateway.url, pid=stack.gateway_pid, sockets=sockets, seconds=seconds,
-                                   timeout=timeout, log=stack.gateway.log_path)
+            with (
+                stack_session(drop=None if keep else name, say=self.out),
+                stack_run(
+                    name=name,
+                    sim_args=sim_args,
+                    local_max_concurrency=sockets,
+                    gateway_extra={"CHAT_RATE_LIMIT": "1000000000"},
+                ) as stack,
+            ):
+                self.out(
+                    f"{sockets} sockets for {seconds:g} s; simulator in echo mode (TTFT {ttft:g} ms, ITL "
+                    f"{itl:g} ms); gateway pid {stack.gateway_pid}; {os.cpu_count()} CPUs, load average "
+                    f"{os.getloadavg()[0]:.2f}"
+                )
+                failed = self.soak(
+                    url=stack.gateway.url,
+                    pid=stack.gateway_pid,
+                    sockets=sockets,
+                    seconds=seconds,
+                    timeout=timeout,
+                    log=stack.gateway.log_path,
+                )
         except StackError as exc:
             raise CommandError(str(exc)) from None
         except KeyboardInterrupt:
-            raise CommandError("interrupted; the servers started here were stopped", returncode=130) from None
+            raise CommandError(
+                "interrupted; the servers started here were stopped", returncode=130
+            ) from None
         if failed:
             raise CommandError(f"{failed} answer(s) failed, lost, reordered or stored wrong")
 
@@ -100,17 +133,34 @@ class Command(BaseCommand):
     def soak(self, *, url, pid, sockets, seconds, timeout, log) -> int:
         users = [bench_user(username=f"soak-chat-{i:03d}") for i in range(sockets)]
         cookies = [session_cookie(user=user) for user in users]
-        warm = asyncio.run(chat_ws.run_level(base_url=url, cookies=cookies[:1], answers=1,
-                                             question=lambda s, n: "Warm up: say anything.", timeout=timeout))
+        warm = asyncio.run(
+            chat_ws.run_level(
+                base_url=url,
+                cookies=cookies[:1],
+                answers=1,
+                question=lambda s, n: "Warm up: say anything.",
+                timeout=timeout,
+            )
+        )
         if not warm.completed:
-            raise CommandError(f"the warm-up answer failed: {dict(warm.errors) or 'no answer'}\n"
-                               f"daphne log (tail):\n{servers.log_tail(log)}")
+            raise CommandError(
+                f"the warm-up answer failed: {dict(warm.errors) or 'no answer'}\n"
+                f"daphne log (tail):\n{servers.log_tail(log)}"
+            )
         memory = _Memory(pid)
         before = memory.rss_mb()
         memory.start()
         try:
-            level = asyncio.run(chat_ws.run_level(base_url=url, cookies=cookies, answers=0, question=question,
-                                                  timeout=timeout, seconds=seconds))
+            level = asyncio.run(
+                chat_ws.run_level(
+                    base_url=url,
+                    cookies=cookies,
+                    answers=0,
+                    question=question,
+                    timeout=timeout,
+                    seconds=seconds,
+                )
+            )
         finally:
             memory.stop()
         return self.report(level, memory, before)
@@ -121,21 +171,29 @@ class Command(BaseCommand):
         stored = self.stored_mismatches(done)
         ttfts = [a.ttft for a in done if a.ttft is not None]
         tokens = sum(a.tokens or 0 for a in done)
-        self.out(f"answers: {len(done)} completed in {level.makespan:.1f} s ({len(done) / level.makespan:.1f}/s, "
-                 f"{tokens / level.makespan:.0f} tokens/s); first token p50 {1000 * stats.percentile(ttfts, 0.5):.0f} "
-                 f"ms, p99 {1000 * stats.percentile(ttfts, 0.99):.0f} ms")
+        self.out(
+            f"answers: {len(done)} completed in {level.makespan:.1f} s ({len(done) / level.makespan:.1f}/s, "
+            f"{tokens / level.makespan:.0f} tokens/s); first token p50 {1000 * stats.percentile(ttfts, 0.5):.0f} "
+            f"ms, p99 {1000 * stats.percentile(ttfts, 0.99):.0f} ms"
+        )
         errors = level.errors
         self.out(f"errors: {sum(errors.values())}" + (f" ({dict(errors)})" if errors else ""))
-        self.out(f"answers that differ from what the engine sent (lost, reordered or duplicated tokens): {len(wrong)}")
+        self.out(
+            f"answers that differ from what the engine sent (lost, reordered or duplicated tokens): {len(wrong)}"
+        )
         for answer in wrong[:3]:
-            self.out(f"  socket {answer.socket} answer {answer.index}: {answer.text!r} != {answer.asked!r}")
+            self.out(
+                f"  socket {answer.socket} answer {answer.index}: {answer.text!r} != {answer.asked!r}"
+            )
         self.out(f"answers stored differently from what the socket showed: {stored}")
         if memory.samples:
             rss = [value for _, value in memory.samples]
             half = rss[len(rss) // 2]
-            self.out(f"gateway memory (RSS): {before:.0f} MB after the warm-up, {half:.0f} MB at half time, "
-                     f"{rss[-1]:.0f} MB at the end, {max(rss):.0f} MB at most; second half "
-                     f"{rss[-1] - half:+.0f} MB")
+            self.out(
+                f"gateway memory (RSS): {before:.0f} MB after the warm-up, {half:.0f} MB at half time, "
+                f"{rss[-1]:.0f} MB at the end, {max(rss):.0f} MB at most; second half "
+                f"{rss[-1] - half:+.0f} MB"
+            )
         return sum(errors.values()) + len(wrong) + stored
 
     def stored_mismatches(self, answers: list[chat_ws.Answer]) -> int:
@@ -146,11 +204,17 @@ class Command(BaseCommand):
             by_session.setdefault(answer.session, []).append(answer)
         mismatches = 0
         stored = {}
-        for message in (Message.objects.filter(session_id__in=[s for s in by_session if s is not None],
-                                               role=Message.Role.ASSISTANT).order_by("session_id", "pk")
-                        .values("session_id", "content")):
+        for message in (
+            Message.objects.filter(
+                session_id__in=[s for s in by_session if s is not None], role=Message.Role.ASSISTANT
+            )
+            .order_by("session_id", "pk")
+            .values("session_id", "content")
+        ):
             stored.setdefault(message["session_id"], []).append(message["content"])
         for session, shown in by_session.items():
             kept = stored.get(session, [])
-            mismatches += sum(1 for i, answer in enumerate(shown) if i >= len(kept) or kept[i] != answer.text)
+            mismatches += sum(
+                1 for i, answer in enumerate(shown) if i >= len(kept) or kept[i] != answer.text
+            )
         return mismatches

@@ -10,9 +10,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--user", required=True)
-        parser.add_argument("--name", default="cli", help="a name to recognise the key by (default: cli)")
-        parser.add_argument("--scope", action="append", choices=["chat", "kb"], dest="scopes",
-                            help="repeatable; default: chat")
+        parser.add_argument(
+            "--name", default="cli", help="a name to recognise the key by (default: cli)"
+        )
+        parser.add_argument(
+            "--scope",
+            action="append",
+            choices=["chat", "kb"],
+            dest="scopes",
+            help="repeatable; default: chat",
+        )
 
     def handle(self, *args, user, name, scopes, **options):
         account = get_user_model().objects.filter(username=user).first()
@@ -22,5 +29,7 @@ class Command(BaseCommand):
             key, raw = apikey_create(user=account, name=name, scopes=scopes or ["chat"])
         except ApiKeyInvalid as exc:
             raise CommandError(str(exc)) from None
-        self.stderr.write(f"created key {key.name!r} ({', '.join(key.scopes)}) for {account.username}")
+        self.stderr.write(
+            f"created key {key.name!r} ({', '.join(key.scopes)}) for {account.username}"
+        )
         self.stdout.write(raw)

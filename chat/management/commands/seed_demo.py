@@ -23,7 +23,11 @@ class Command(BaseCommand):
         engine = engine_demo.demo_engine_ensure()
         if engine is not None and engine_demo.missing(engine):
             # Not built yet: `make run` builds it in the background and starts it then.
-            EngineProcess.objects.filter(pk=engine.pk).update(desired_state=EngineProcess.Desired.STOPPED)
-        created = demo_rules_ensure(local=ModelEndpoint.objects.get(name="local"), external=external_endpoint_ensure())
+            EngineProcess.objects.filter(pk=engine.pk).update(
+                desired_state=EngineProcess.Desired.STOPPED
+            )
+        created = demo_rules_ensure(
+            local=ModelEndpoint.objects.get(name="local"), external=external_endpoint_ensure()
+        )
         if created:
             self.stdout.write(f"demo routing rules: {', '.join(created)}")

@@ -6,11 +6,15 @@ from inference_ops.models import EngineProcess
 
 
 class Command(BaseCommand):
-    help = "Operate an engine on this host: start, stop, restart (waiting for the result) or status."
+    help = (
+        "Operate an engine on this host: start, stop, restart (waiting for the result) or status."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=["start", "stop", "restart", "status"])
-        parser.add_argument("name", nargs="?", help="engine name; status without a name lists them all")
+        parser.add_argument(
+            "name", nargs="?", help="engine name; status without a name lists them all"
+        )
 
     def handle(self, *args, action, name, **options):
         if action == "status" and not name:

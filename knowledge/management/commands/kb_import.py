@@ -11,9 +11,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("file")
-        parser.add_argument("--format", choices=["jsonl", "csv"], help="default: from the file name")
         parser.add_argument(
-            "--embed", choices=["sync", "async", "none"], default="sync",
+            "--format", choices=["jsonl", "csv"], help="default: from the file name"
+        )
+        parser.add_argument(
+            "--embed",
+            choices=["sync", "async", "none"],
+            default="sync",
             help="sync (default): entries answer as soon as the command returns; async: Celery embeds them",
         )
 
@@ -29,6 +33,10 @@ class Command(BaseCommand):
         report = kb_import(text=text, fmt=fmt, embed=embed)
         for line, message in report.errors:
             self.stderr.write(f"{path.name}:{line}: {message}")
-        self.stdout.write(report.summary() + (f"; {report.embedded} vectors computed" if report.embedded else ""))
+        self.stdout.write(
+            report.summary() + (f"; {report.embedded} vectors computed" if report.embedded else "")
+        )
         if report.errors:
-            raise CommandError(f"{len(report.errors)} row(s) rejected; the other rows were imported")
+            raise CommandError(
+                f"{len(report.errors)} row(s) rejected; the other rows were imported"
+            )
