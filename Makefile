@@ -1,6 +1,6 @@
 # Two commands: `make run` (the product, in the foreground) and `make test` (the suite).
-# Both create .venv and install requirements.txt on first use; nothing else is needed
-# but Python 3.11.
+# Both create .venv and install requirements-dev.txt (the runtime set, requirements.txt, plus the
+# tests' and tools') on first use; nothing else is needed but Python 3.11.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -11,10 +11,10 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
 	@touch $(STAMP)
 
 # exec: make's child is the runner itself, so SIGTERM to make reaches it (see devtools/devserver.py).
