@@ -168,7 +168,8 @@ async def _socket(
                 ws, answer, session_id=session_id, content=question(index, number), timeout=timeout
             )
             if answer.error == "timeout" or ws.closed:
-                # A timed-out answer may still be streaming: the next question would only be refused.
+                # A timed-out answer may still be streaming: the next question would only be
+                # refused.
                 return
     finally:
         if ws is not None:

@@ -23,7 +23,8 @@ from typing import NamedTuple
 from core.processes import free_port, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
-# The simulator prints this once its port is open; with --port 0 it is the only way to learn the port.
+# The simulator prints this once its port is open; with --port 0 it is the only way to learn the
+# port.
 READY = re.compile(r"simulator ready on [\w.\-:]+:(\d+) ")
 
 

@@ -328,7 +328,8 @@ def _streamed(request, chunks: Iterator[str]):
             while (chunk := await read(chunks, None)) is not None:
                 yield chunk
         finally:
-            # A client gone mid-file: the cursor is closed now, not left open on a pooled connection.
+            # A client gone mid-file: the cursor is closed now, not left open on a pooled
+            # connection.
             await sync_to_async(chunks.close, thread_sensitive=True)()
 
     return pull()

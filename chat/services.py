@@ -237,7 +237,8 @@ def _turn_start_statement(
             "VALUES (%(user)s, %(title)s, %(source)s, %(now)s, %(now)s) RETURNING id, title"
         )
     else:
-        # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE did.
+        # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE
+        # did.
         the_session = (
             f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
             "RETURNING id, title"

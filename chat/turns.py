@@ -81,8 +81,8 @@ def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
     )
 
 
-# A route's details (KB scores and thresholds, rule conditions, the endpoints and how they failed) are
-# for the staff who may read the routing rules, as the route explainer requires; everyone else
+# A route's details (KB scores and thresholds, rule conditions, the endpoints and how they failed)
+# are for the staff who may read the routing rules, as the route explainer requires; everyone else
 # reads the road and a plain reason (pipeline.Event.as_dict). The stored turn keeps the details.
 ROUTE_DETAILS_PERMISSION = "routing.view_routingrule"
 
@@ -179,9 +179,9 @@ async def run_turn(
         _running.add(task)
         if not admitted:
             content = services.message_validate(content)
-            # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop) and
-            # one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
-            # request's thread elsewhere).
+            # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop)
+            # and one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in
+            # the request's thread elsewhere).
             slot = await services.aquestion_admit(user_id=user.pk)
         starting = (
             services.aturn_start(
@@ -225,7 +225,8 @@ async def run_turn(
         nonlocal saved, slot
         saved = True
         if cancelled and _ending:
-            # Cut by the process's end, not by the user, even where its last event could not be sent.
+            # Cut by the process's end, not by the user, even where its last event could not be
+            # sent.
             final, cancelled = _shutdown(route, bool(parts)), False
         error = final if isinstance(final, pipeline.Error) else None
         if cancelled:
@@ -263,7 +264,8 @@ async def run_turn(
                 services.astream_slot_release(slot=slot)
             )  # beside the row's write, not after it
             slot = None
-        # Shielded: the row must be written and the slot given back even while this task is being cancelled.
+        # Shielded: the row must be written and the slot given back even while this task is being
+        # cancelled.
         if len(ending) == 1:
             await asyncio.shield(ending[0])
         elif ending:

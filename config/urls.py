@@ -25,7 +25,8 @@ urlpatterns = [
     # The schema and its page are public: they read no credentials (a bad key there would
     # otherwise fail inside the page's template, a 500).
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[]), name="api-schema"),
-    # The split view serves the page's script from ?script, not inline: the CSP allows no inline script.
+    # The split view serves the page's script from ?script, not inline: the CSP allows no inline
+    # script.
     path(
         "api/docs/",
         SpectacularSwaggerSplitView.as_view(url_name="api-schema", authentication_classes=[]),

@@ -121,7 +121,8 @@ def _drf_error(exc) -> dict:
 
 
 def api_exception_handler(exc, context):
-    # Imported here: DRF's settings import the apps' authentication classes, which import this module.
+    # Imported here: DRF's settings import the apps' authentication classes, which import this
+    # module.
     from django.core.exceptions import RequestDataTooBig
     from rest_framework.exceptions import APIException
     from rest_framework.response import Response

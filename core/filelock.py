@@ -13,7 +13,8 @@ from filelock import FileLock, Timeout
 def exclusive(path: Path, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold `path` locked (creating its folder); `on_wait` runs once if another holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # The file stays: removing it on release would let a waiter and a newcomer lock two inodes at once.
+    # The file stays: removing it on release would let a waiter and a newcomer lock two inodes at
+    # once.
     lock = FileLock(path, thread_local=False, preserve_lock_file=True)
     try:
         lock.acquire(blocking=False)

@@ -115,7 +115,8 @@ def _vllm_engine(endpoint_defaults: dict) -> EngineProcess:
                 "--kv-cache-memory-bytes",
                 str(settings.VLLM_ENGINE_KV_CACHE_MB * 1024 * 1024),
             ],
-            # The first start compiles the model (about a minute on 2 cores); a loaded machine doubles it.
+            # The first start compiles the model (about a minute on 2 cores); a loaded machine
+            # doubles it.
             startup_timeout=600,
             stop_timeout=15,
             desired_state=EngineProcess.Desired.RUNNING,

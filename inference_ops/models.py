@@ -92,7 +92,8 @@ class ModelEndpoint(models.Model):
     def api_key(self) -> str:
         if not self.api_key_env:
             return ""
-        # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
+        # Checked again at use: a row written before the rule, or by the ORM, must not leak a
+        # secret.
         if problem := key_env_problem(self.api_key_env):
             logger.error("endpoint %s: %s Sending no key.", self.name, problem)
             return ""

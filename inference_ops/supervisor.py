@@ -36,7 +36,8 @@ from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
-# Counted by the worker that runs the checks; /metrics adds up every process's counts (config.metrics).
+# Counted by the worker that runs the checks; /metrics adds up every process's counts
+# (config.metrics).
 CHECKS = Counter(
     "gateway_engine_checks_total", "Engine health checks by result.", ["engine", "result"]
 )
@@ -216,7 +217,8 @@ def port_in_use(host: str, port: int) -> bool:
     with socket.socket(
         socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
     ) as sock:
-        # SO_REUSEADDR: a port in TIME_WAIT from the last run is free; only a listener makes it taken.
+        # SO_REUSEADDR: a port in TIME_WAIT from the last run is free; only a listener makes it
+        # taken.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))

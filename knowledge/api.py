@@ -63,7 +63,8 @@ class EntrySerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        # Review ends only by activating the entry (knowledge.services.entry_update), never by a write of its own.
+        # Review ends only by activating the entry (knowledge.services.entry_update), never by a
+        # write of its own.
         read_only_fields = [
             "id",
             "needs_review",

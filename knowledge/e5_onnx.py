@@ -34,8 +34,8 @@ from knowledge.onnx_encoder import OPSET, _atomic_write, _partial, _session
 
 log = logging.getLogger(__name__)
 
-# The int8 graph against the C engine (cosine): 0.995 measured; the same graph in two processes agrees
-# to float rounding.
+# The int8 graph against the C engine (cosine): 0.995 measured; the same graph in two processes
+# agrees to float rounding.
 ENGINE_AGREEMENT = 0.99
 SELF_AGREEMENT = 0.9999
 _PROBES = (

@@ -276,7 +276,8 @@ class OpenAIEmbedder:
         self.spec = spec
         api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         if problem := key_env_problem(spec.api_key_env):
-            # Checked again at use: a row written before the rule, or by the ORM, must not leak a secret.
+            # Checked again at use: a row written before the rule, or by the ORM, must not leak a
+            # secret.
             log.error("embedding model %s: %s Sending no key.", spec.name, problem)
             api_key = ""
         self._client = OpenAI(

@@ -121,7 +121,8 @@ _OPPOSITE_WORDS = re.compile(
 )
 _CJK = re.compile(f"[{CJK_RANGES}]")
 _WORD = re.compile(r"[^\W_]+(?:'[a-z]+)?", re.I)
-# A number with its unit ("7B", "70B", "16G", "v2"): a question about another number is another question.
+# A number with its unit ("7B", "70B", "16G", "v2"): a question about another number is another
+# question.
 _NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:\.\d+)?[a-z]*", re.I)
 
 

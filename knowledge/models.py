@@ -277,7 +277,8 @@ class Miss(models.Model):
                 condition=models.Q(group__isnull=True, grouped_at__isnull=False),
                 name="miss_group_heads",
             ),
-            # The grouping pass reads the waiting rows in order; they are few next to the grouped ones.
+            # The grouping pass reads the waiting rows in order; they are few next to the grouped
+            # ones.
             models.Index(
                 fields=["id"], condition=models.Q(grouped_at__isnull=True), name="miss_ungrouped"
             ),

@@ -37,7 +37,8 @@ from core.filelock import exclusive
 log = logging.getLogger(__name__)
 
 OPSET = 17
-# Vectors from the graph and from PyTorch must agree this well (cosine); the export agrees far closer.
+# Vectors from the graph and from PyTorch must agree this well (cosine); the export agrees far
+# closer.
 AGREEMENT = 0.9999
 # Probes for both checks: English, Chinese, one character, and one past the truncation length.
 _PROBES = (

@@ -143,7 +143,8 @@ class RoutingRuleAdmin(admin.ModelAdmin):
         ] + super().get_urls()
 
     def tester_view(self, request):
-        # It lists every rule's conditions, the KB's matches and the endpoints' failures: reading rules.
+        # It lists every rule's conditions, the KB's matches and the endpoints' failures: reading
+        # rules.
         if not self.has_view_permission(request):
             raise PermissionDenied
         form = TesterForm(request.GET or None)

@@ -566,7 +566,8 @@ async def _soonest(endpoints: list[str]) -> float | None:
     return round(min(waits), 1) if waits else None
 
 
-# Failures that say the engine process itself may be gone (not busy): its supervisor should look now.
+# Failures that say the engine process itself may be gone (not busy): its supervisor should look
+# now.
 _ENGINE_GONE = frozenset({"connect", "timeout_connect", "stream_truncated"})
 _suspected_at: dict[int, float] = {}
 _suspicions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-suspect")

@@ -156,7 +156,8 @@ def _healthy(endpoint_id: int) -> bool:
 
 
 def _rendezvous(key: str, name: str) -> int:
-    # Highest random weight: a replica added or removed moves only the conversations it takes or had.
+    # Highest random weight: a replica added or removed moves only the conversations it takes or
+    # had.
     return int.from_bytes(
         hashlib.blake2b(f"{name}\x00{key}".encode(), digest_size=8).digest(), "big"
     )

@@ -117,10 +117,10 @@ def admin_page(bare, viewer, no_delete, curator, superuser):
 ENTRY = '{"question": "Can I return a gift?", "answer": "Yes, within 30 days."}'
 
 # (method, path, JSON body) → the status each caller gets. None: not asked (it would change the data
-# the other rows need). {U}, {S} and {K} are the user, their chat session and API key, {E} a KB entry,
-# {X} an id no entry has, {C} a calibration run. Pages answer a key with the login redirect (keys
-# are for APIs); APIs answer a missing or bad key with 401, a caller without the right with 403,
-# another user's object with 404.
+# the other rows need). {U}, {S} and {K} are the user, their chat session and API key, {E} a KB
+# entry, {X} an id no entry has, {C} a calibration run. Pages answer a key with the login redirect
+# (keys are for APIs); APIs answer a missing or bad key with 401, a caller without the right with
+# 403, another user's object with 404.
 MATRIX = {
     #                                       anon user other | bare view nodel cur super
     ("GET", "/", None): page(302, 200, 200, 200, 200, 200, 200, 200),
@@ -130,7 +130,8 @@ MATRIX = {
     ("GET", "/healthz", None): row(*[200] * 15),
     # No METRICS_TOKEN and DEBUG off: nobody scrapes, whoever they are logged in as.
     ("GET", "/metrics", None): row(*[403] * 15),
-    # 200 or 503 by whether a Celery worker runs (another test may have started one): the same for all.
+    # 200 or 503 by whether a Celery worker runs (another test may have started one): the same for
+    # all.
     ("GET", "/readyz", None): row(*[SAME] * 15),
     ("GET", "/admin/", None): admin_page(200, 200, 200, 200, 200),
     # The admin's sign-in page (its own URL: throttled failures answer 429); staff are sent on.
@@ -224,8 +225,8 @@ MATRIX = {
 # The sockets: accepted, or closed with the code the page shows. Keys do not open sockets.
 SOCKETS = {
     "/ws/chat/": dict(zip(SESSIONS, ("closed 4401", *["accepted"] * 7))),
-    # The operations feed is for staff who may view the engines (tests/chat/test_ops_socket.py: until
-    # their login or that permission ends).
+    # The operations feed is for staff who may view the engines (tests/chat/test_ops_socket.py:
+    # until their login or that permission ends).
     "/ws/ops/": dict(
         zip(
             SESSIONS,
@@ -572,7 +573,8 @@ def test_every_kind_of_staff_runs_only_the_admin_actions_its_permissions_allow(w
             assert rows[label] is not None, (
                 f"{label}: the world has no row for its actions to select"
             )
-            # A client of its own: an earlier action's message, still unread, would speak for this one.
+            # A client of its own: an earlier action's message, still unread, would speak for this
+            # one.
             client = _client(world["users"][caller])
             got[(label, action, caller)] = _action_outcome(client, label, action, rows[label].pk)
             expected[(label, action, caller)] = outcomes[caller_index]

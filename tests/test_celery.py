@@ -60,7 +60,8 @@ def test_the_broker_never_hands_a_running_task_to_a_second_worker():
     app.loader.import_default_modules()
     visibility = app.conf.broker_transport_options["visibility_timeout"]
     limits = {name: task.time_limit or app.conf.task_time_limit for name, task in app.tasks.items()}
-    # The long ones are there: an engine start waits for vLLM to load weights, the re-embed is the KB.
+    # The long ones are there: an engine start waits for vLLM to load weights, the re-embed is the
+    # KB.
     assert (
         limits["inference_ops.tasks.engine_start"] > 3600
         and limits["knowledge.tasks.kb_reembed"] > 3600

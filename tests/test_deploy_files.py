@@ -41,7 +41,8 @@ VLLM_IMAGE = "vllm/vllm-openai"
 # them: the supervisor's SIGKILL must come later still, so that the launcher is the one to report
 # a process that hangs.
 DRAIN_DEFAULT = 30
-# The oldest Kubernetes release the manifests are meant for, and the newest whose schemas are bundled.
+# The oldest Kubernetes release the manifests are meant for, and the newest whose schemas are
+# bundled.
 K8S_VERSIONS = ("1.30.0", latest_version())
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|TOKEN|API_KEY")
 # A whole value taken from the environment or .env: `${NAME}`, `${NAME:?message}`, `${NAME:-}`.
@@ -278,7 +279,8 @@ def test_the_kubernetes_manifests_follow_the_kubernetes_schemas(version):
     for name, resource in k8s_documents():
         where = f"{name}: {resource.get('kind')}/{resource.get('metadata', {}).get('name')}"
         try:
-            # Strict: an unknown field (a typo, a field of another release) is an error, not ignored.
+            # Strict: an unknown field (a typo, a field of another release) is an error, not
+            # ignored.
             kubernetes_validate.validate(resource, version, strict=True)
         except kubernetes_validate.ValidationError as error:
             problems.append(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
@@ -703,7 +705,8 @@ def test_no_container_can_gain_privileges_or_write_its_image():
 
 
 def test_no_pod_gets_a_service_account_token():
-    # Nothing here talks to the Kubernetes API; a token in the pod is a credential for whoever gets in.
+    # Nothing here talks to the Kubernetes API; a token in the pod is a credential for whoever gets
+    # in.
     for workload in k8s_workloads():
         assert pod_spec(workload).get("automountServiceAccountToken") is False, (
             f"{workload['metadata']['name']}: automountServiceAccountToken not false"

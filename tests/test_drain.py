@@ -167,7 +167,8 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
     child_env, tmp_path, alice_key, session, cookie
 ):  # noqa: F811
     bearer = {"Authorization": f"Bearer {alice_key}"}
-    # A drain far longer than the stream: the processes exit when it is done, not when the drain ends.
+    # A drain far longer than the stream: the processes exit when it is done, not when the drain
+    # ends.
     with web(child_env, tmp_path, processes=2, WEB_DRAIN_SECONDS="60") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=80)
@@ -211,7 +212,8 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
         assert server.process.returncode == 0, server.log_path.read_text()
     *_, finish, usage, done = stream.events
     assert done == "[DONE]" and finish["choices"][0]["finish_reason"] == "length"
-    # Tokens that arrive together may share a chunk (under load they do): the engine's count is the usage's.
+    # Tokens that arrive together may share a chunk (under load they do): the engine's count is the
+    # usage's.
     assert usage["usage"]["completion_tokens"] == 80
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("complete", stream.text)

@@ -483,7 +483,8 @@ class Simulator:
         message = f"The model `{name}` does not exist."
         if not pooling:
             # vLLM's check for generation and /tokenize names the base model's served names (never
-            # the adapters); its pooling routes (embeddings, rerank, score) fail later, without them.
+            # the adapters); its pooling routes (embeddings, rerank, score) fail later, without
+            # them.
             message += f" Valid aliases: {', '.join(self.served_names)}."
         raise APIError(message, err_type="NotFoundError", status=404, param="model")
 

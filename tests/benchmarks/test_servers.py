@@ -40,7 +40,8 @@ def test_the_simulator_serves_inside_the_block_and_is_gone_after_it():
 
 
 def test_stopping_a_group_kills_a_child_that_ignores_sigterm():
-    # A leader that exits on SIGTERM and a child that ignores it: only SIGKILL to the group ends both.
+    # A leader that exits on SIGTERM and a child that ignores it: only SIGKILL to the group ends
+    # both.
     script = (
         "import subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "

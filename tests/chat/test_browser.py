@@ -383,7 +383,8 @@ def test_the_renderer_and_its_sanitizer_show_only_allowed_markup_in_chromium(bro
             HOSTILE + [EXPLOIT[:i] for i in range(len(EXPLOIT))] + random_sources(1500, seed=7)
         )
         assert page.evaluate(CHECK_RENDERED, sources) == []
-        # Without the sanitizer (a vendored file failed to load) the text is shown escaped, never raw.
+        # Without the sanitizer (a vendored file failed to load) the text is shown escaped, never
+        # raw.
         page.evaluate("delete window.GatewayMarkdown; window.DOMPurify = undefined")
         page.add_script_tag(path=str(BASE_DIR / "chat/static/chat/markdown.js"))
         assert page.evaluate("(source) => GatewayMarkdown.render(source)", "<b>x</b> **y**") == (
@@ -448,7 +449,8 @@ def test_a_hostile_answer_from_the_kb_or_a_model_is_shown_and_runs_nothing(open_
     expect(kb.locator(".bubble")).to_contain_text('<img src=x onerror="window.pwned=2">')
     assert_nothing_ran(watched)
 
-    # The echoing engine streams the same text back token by token: every partial render is safe too.
+    # The echoing engine streams the same text back token by token: every partial render is safe
+    # too.
     generated = finished(ask(page, hostile))
     assert generated.get_attribute("data-status") == "complete"
     expect(generated.locator(".badge")).to_have_attribute("data-road", "local")
@@ -477,7 +479,8 @@ def test_the_chat_page_enforces_its_content_security_policy(open_page):
     )  # its WebSocket is allowed
     assert watched.violations() == []
 
-    # Markup put into the page by any other way than the renderer still runs nothing: the policy refuses it.
+    # Markup put into the page by any other way than the renderer still runs nothing: the policy
+    # refuses it.
     page.evaluate("""() => {
         const box = document.createElement("div");
         box.innerHTML = '<img src="data:," onerror="window.pwned = 1"><a href="#" onclick="window.pwned = 2">x</a>';

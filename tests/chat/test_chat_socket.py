@@ -117,7 +117,8 @@ async def test_a_group_rule_routes_a_members_new_and_continued_conversations(ali
         socket = await socket_for(user)
         assert (await socket.connect())[0]
         seen, session_id = [], None
-        # Both turns: the groups come with the turn's own statement, a new session's and a continued one's.
+        # Both turns: the groups come with the turn's own statement, a new session's and a continued
+        # one's.
         for question in ("Tell me about lighthouses", "And then what happened?"):
             await socket.send_json_to(
                 {"type": "message", "session": session_id, "content": question}

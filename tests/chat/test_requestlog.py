@@ -103,7 +103,8 @@ def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left
     assert (row.road, row.rule, row.target, row.status) == ("local", "default", "local", "complete")
     assert (row.prompt_tokens, row.completion_tokens) == (completion.usage.prompt_tokens, 4)
     assert row.kb_hit is False and row.kb_method in ("vector", "none")
-    # The simulator takes its time to first token and between tokens: that is the engine's, not ours.
+    # The simulator takes its time to first token and between tokens: that is the engine's, not
+    # ours.
     assert 0 <= row.overhead_ms < row.latency_ms and row.ttft_ms <= row.latency_ms
     assert float(response.headers["X-Gateway-Overhead-Ms"]) == pytest.approx(
         row.overhead_ms, abs=5.0

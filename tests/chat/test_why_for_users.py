@@ -23,7 +23,8 @@ from tests.personas import staff_user
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DEAD = "http://127.0.0.1:1/v1"  # nothing listens there: a connection refused at once
-# What only operators may read: the failed endpoint's name and failure, a rule's condition, KB scores.
+# What only operators may read: the failed endpoint's name and failure, a rule's condition, KB
+# scores.
 DETAILS = (
     "broken",
     "connect",

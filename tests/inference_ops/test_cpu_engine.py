@@ -202,7 +202,8 @@ def test_the_cpu_engine_streams_real_answers_batches_two_requests_reports_metric
         assert supervisor.session_processes(pid)
         config = EndpointConfig.from_endpoint(engine.endpoint)
 
-        # The question/answer template and the engine's own stops: a short answer, then a clean stop.
+        # The question/answer template and the engine's own stops: a short answer, then a clean
+        # stop.
         answer = asyncio.run(
             _answer(config, "What is the capital of France?", max_tokens=32, temperature=0.0)
         )

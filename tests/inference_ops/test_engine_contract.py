@@ -346,7 +346,8 @@ def test_a_health_check_scrapes_the_engines_gauges_into_the_rows(engine):
 
 
 async def test_a_repeated_prompt_moves_the_prefix_cache_counters(engine):
-    # Longer than two KV blocks (the CPU backend's are 128 tokens), different from other tests' prompts.
+    # Longer than two KV blocks (the CPU backend's are 128 tokens), different from other tests'
+    # prompts.
     prompt = " ".join(f"item{i}" for i in range(150)) + f" {engine.kind} end"
     queries, hits = (
         await _metric(engine, "vllm:prefix_cache_queries_total"),

@@ -39,7 +39,8 @@ from tests.routing.conftest import ask
 def test_an_engine_left_starting_by_a_lost_start_task_is_adopted_once_it_answers(settings):
     settings.ENGINE_START_GRACE = 1
     engine = supervisor.engine_start(engine_id=make_engine().pk)
-    # What a start task killed with its worker leaves behind: the row `starting`, the engine running.
+    # What a start task killed with its worker leaves behind: the row `starting`, the engine
+    # running.
     EngineProcess.objects.filter(pk=engine.pk).update(
         status="starting",
         startup_timeout=1,
@@ -164,7 +165,8 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(
 
     user = django_user_model.objects.create_user("ann", password="x")
     events, killed_at, killed_wall = async_to_sync(_stream_until_killed)(engine, user)
-    # The user saw the first tokens, then an error event marked partial: no silent switch mid-answer.
+    # The user saw the first tokens, then an error event marked partial: no silent switch
+    # mid-answer.
     assert [e.type for e in events[:3]] == ["session", "route", "token"]
     assert (
         events[-1].type == "error"
@@ -326,7 +328,8 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
     connections_before, connections_after = outcome["connections"]
     assert connections_after <= connections_before, outcome["connections"]
 
-    # The supervisor's probes time out as well; the engine is killed and restarted, and serves again.
+    # The supervisor's probes time out as well; the engine is killed and restarted, and serves
+    # again.
     restarted = _check_until(engine, "ready", timeout=60)
     assert restarted and restarted.pid != engine.pid
     assert EngineEvent.objects.filter(engine=engine, reason__contains="killed").exists()

@@ -394,7 +394,8 @@ async def test_a_repeated_prompt_hits_its_whole_blocks_but_never_its_last_token(
         tokens,
         0,
     )  # nothing cached yet
-    # Blocks of 16; a prompt of exactly 6 blocks computes its last token again, and so the whole last block.
+    # Blocks of 16; a prompt of exactly 6 blocks computes its last token again, and so the whole
+    # last block.
     expected_hits = (tokens - 1) // 16 * 16
     assert expected_hits == {96: 80, 100: 96}[words]
     assert await complete_and_count(simulator, "base", prompt, "base") == (tokens, expected_hits)

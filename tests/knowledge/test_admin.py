@@ -108,7 +108,8 @@ def test_the_import_form_reports_bad_lines(staff_client, tmp_path):
 
 
 def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client, kb, settings):
-    # As the pipeline does: each question embedded once by the serving model, noted after the answer.
+    # As the pipeline does: each question embedded once by the serving model, noted after the
+    # answer.
     settings.KB_RECORD_MISSES, settings.KB_MISS_FLUSH_SECONDS = (
         True,
         3600,

@@ -24,7 +24,8 @@ def test_a_long_document_is_retrieved_by_the_paragraph_that_matters(db, settings
     assert entry.passages.count() == 4
     top = context_passages("How long does international delivery take?", k=2)[0]
     assert "International shipping takes between five and twelve days" in top.text
-    # (e5-small ranks "broken" level with the dispatch paragraph: 0.856 and 0.852, a tie, not a test)
+    # (e5-small ranks "broken" level with the dispatch paragraph: 0.856 and 0.852, a tie, not a
+    # test)
     top = context_passages("my parcel arrived damaged", k=2)[0]
     assert "arrives damaged" in top.text
 

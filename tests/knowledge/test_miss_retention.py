@@ -79,7 +79,8 @@ def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_
         "Gift card prices?",
         "What is your phone number?",
     ]
-    # A group whose first miss expired is headed by its oldest remaining one; counts are what is left.
+    # A group whose first miss expired is headed by its oldest remaining one; counts are what is
+    # left.
     assert heads() == {"Can I buy a gift card?": 2, "What is your phone number?": 1}
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no miss points at a deleted group

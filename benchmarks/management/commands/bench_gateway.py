@@ -42,7 +42,8 @@ from benchmarks.loadgen import BenchError
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
 # Far above anything a run sends: the per-user limits (questions per window, answers at once) are
-# the product's defence against one client, and the bench is one client sending thousands of questions.
+# the product's defence against one client, and the bench is one client sending thousands of
+# questions.
 RATE_LIMIT = "1000000000"
 WEB_LAUNCHER = importlib.util.find_spec("config.web") is not None
 

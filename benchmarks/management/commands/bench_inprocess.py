@@ -291,7 +291,8 @@ class Command(BaseCommand):
         }
 
     def check_prompts(self, results: dict) -> None:
-        # Both sides must have been given the same prompt, token for token, or the comparison is off.
+        # Both sides must have been given the same prompt, token for token, or the comparison is
+        # off.
         before = [a["prompt_tokens"] for a in results["before"]["answers"]]
         after = [a["prompt_tokens"] for a in results["after"]["answers"]]
         if before != after:
