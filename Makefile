@@ -51,7 +51,7 @@ clean: stop
 # The production files alone (Dockerfile, docker-compose.yml, deploy/k8s), validated offline;
 # `make test` runs the same checks with the rest.
 check-deploy: $(STAMP)
-	DJANGO_SETTINGS_MODULE=tests.settings $(PY) -m pytest -q tests/test_deploy_files.py
+	DJANGO_SETTINGS_MODULE=tests.settings $(PY) -m pytest -q tests/deploy/test_deploy_files.py
 
 # Known vulnerabilities in the pinned requirements (pip-audit, in its own venv so it pins nothing
 # of ours). It asks PyPI's and OSV's vulnerability services, which these development machines

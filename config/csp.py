@@ -7,7 +7,7 @@ Referrer-Policy, XFrameOptionsMiddleware X-Frame-Options.
 
 The policy is what stops an injected script even if one got into a page: `script-src 'self'`
 runs only the site's own script files, never an inline script or an onclick= attribute, so no
-template may hold one (tests/test_security_headers.py checks every page).
+template may hold one (tests/config/test_security_headers.py checks every page).
 """
 
 from django.conf import settings

@@ -24,13 +24,13 @@ from chat.services import apikey_create, apikey_revoke
 from inference_ops.models import EngineProcess, LoraAdapter
 from knowledge.models import Calibration, EmbeddingModel, Miss
 from knowledge.services import entry_create
-from tests.factories import endpoint, rule
-from tests.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
+from tests.support.factories import endpoint, rule
+from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Staff, from least to most: is_staff and no permission at all; the view permission of what
-# curators look after (tests.personas.CURATED); every permission there but delete; all of them.
+# curators look after (tests.support.personas.CURATED); every permission there but delete; all of them.
 STAFF = (
     "staff without permissions",
     "view-only staff",

@@ -1,7 +1,7 @@
 import pytest
 
 from knowledge.services import entry_create
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 
 @pytest.fixture

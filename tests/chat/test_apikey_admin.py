@@ -5,7 +5,7 @@ import pytest
 
 from chat.models import ApiKey
 from chat.services import apikey_authenticate, apikey_create, apikey_revoke
-from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
+from tests.support.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from django.test import Client
 
 from chat.models import ChatSession, Message
 from knowledge.models import Entry
-from tests.personas import EVERY_VERB, staff_user
+from tests.support.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from chat.models import ApiKey, ChatSession, Message
 from chat.services import apikey_create
-from tests.personas import EVERY_VERB, staff_user
+from tests.support.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.test import AsyncClient
 from chat.models import ChatSession, Message
 from config.asgi import application
 from tests.chat.sockets import socket_for
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ from tests.chat.test_requestlog_admin import (  # noqa: F401, F811 - the persona
     user_client,
     write,
 )
-from tests.factories import endpoint
-from tests.test_security_headers import InlineCode
+from tests.config.test_security_headers import InlineCode
+from tests.support.factories import endpoint
 
 pytestmark = pytest.mark.django_db
 

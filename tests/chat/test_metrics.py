@@ -20,7 +20,7 @@ from inference_ops.models import EngineProcess, ModelEndpoint
 from inference_ops.tasks import engine_check_task
 from routing import breaker
 from tests.chat.test_openai_api import raw_post
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

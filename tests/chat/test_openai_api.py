@@ -166,7 +166,7 @@ def test_a_rule_for_a_group_routes_its_members_api_calls(
 ):
     from django.contrib.auth.models import Group
 
-    from tests.factories import rule
+    from tests.support.factories import rule
 
     staff = Group.objects.create(name="staff")
     rule("staff-external", product["external"], priority=10, use_kb_context=False).groups.add(staff)

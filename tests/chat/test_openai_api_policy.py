@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Group
 
 from chat.services import apikey_create
-from tests.factories import rule
+from tests.support.factories import rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from django.test import Client
 from chat.models import ChatSession, Message
 from core.processes import free_port
 from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
-from tests.personas import staff_user
+from tests.support.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,7 +112,7 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
         str(Path(host) / f".s.PGSQL.{port}") if host.startswith("/") else f"{host}:{port}"
     )  # unix socket or TCP
     postgres = Service(
-        "pgproxy", [sys.executable, "tests/tcp_proxy.py", str(pg_port), target], pg_port, logs
+        "pgproxy", [sys.executable, "tests/support/tcp_proxy.py", str(pg_port), target], pg_port, logs
     )
     redis.start()
     postgres.start()

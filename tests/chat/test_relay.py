@@ -2,7 +2,7 @@
 order, the usage and a mid-stream error come through, and streams do not hold database
 connections (N concurrent streams on a pool smaller than N).
 
-The engine is a stub whose stream is known to the byte (tests/stub_engine.py): bursts of many
+The engine is a stub whose stream is known to the byte (tests/support/stub_engine.py): bursts of many
 chunks in one write, chunks cut across writes, CRLF line ends.
 """
 
@@ -15,8 +15,8 @@ import pytest
 from django.test import Client
 
 from chat.models import ChatSession, Message
-from tests.factories import endpoint, rule
-from tests.stub_engine import (
+from tests.support.factories import endpoint, rule
+from tests.support.stub_engine import (
     BROKEN_AFTER,
     PROMPT_TOKENS,
     SLOW_TOKENS,

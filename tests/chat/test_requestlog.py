@@ -22,7 +22,7 @@ from chat.requestlog import (
     requestlog_prune,
 )
 from tests.chat.sockets import socket_for
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from chat.services import apikey_create
-from tests.personas import EVERY_VERB, staff_user
+from tests.support.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

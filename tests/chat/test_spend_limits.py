@@ -23,8 +23,8 @@ from django.db import connections
 
 from chat.models import ChatSession
 from tests.chat.sockets import socket_for
-from tests.factories import endpoint, rule
-from tests.stub_engine import StubEngine, _chunk, _event
+from tests.support.factories import endpoint, rule
+from tests.support.stub_engine import StubEngine, _chunk, _event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,8 @@ from chat.models import ChatSession, Message
 from chat.services import apikey_create
 from config.asgi import application
 from knowledge.services import entry_create
-from tests.factories import endpoint, rule
-from tests.personas import staff_user
+from tests.support.factories import endpoint, rule
+from tests.support.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,7 +28,7 @@ from inference_ops.models import ModelEndpoint
 from knowledge.models import Entry
 from knowledge.services import entry_create
 from routing.models import RoutingRule
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 # Every test asks for the database, also those that only read the shared run's spans: pytest-django
 # sets up the test database only for a session with a test that asks, and the shared rows must

@@ -258,7 +258,7 @@ async def test_a_stream_without_a_finish_reason_is_truncated(stub):
 
 @pytest.fixture(scope="module")
 def engine():
-    from tests.stub_engine import StubEngine
+    from tests.support.stub_engine import StubEngine
 
     server = StubEngine().start()
     yield server
@@ -266,7 +266,7 @@ def engine():
 
 
 async def test_chunks_read_together_leave_together_with_nothing_lost_reordered_or_doubled(engine):
-    from tests.stub_engine import PROMPT_TOKENS, TOKENS, expected_text
+    from tests.support.stub_engine import PROMPT_TOKENS, TOKENS, expected_text
 
     events = await collect(config_for(engine.url, model="burst"))
     tokens, finish = events[:-1], events[-1]
@@ -281,7 +281,7 @@ async def test_chunks_read_together_leave_together_with_nothing_lost_reordered_o
 
 
 async def test_an_error_event_mid_stream_keeps_what_came_before_it(engine):
-    from tests.stub_engine import BROKEN_AFTER, expected_text
+    from tests.support.stub_engine import BROKEN_AFTER, expected_text
 
     error, events = await failure(config_for(engine.url, model="broken"))
     assert (error.kind, error.retryable, error.produced_tokens) == ("stream_error", True, True)

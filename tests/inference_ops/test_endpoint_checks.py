@@ -13,7 +13,7 @@ from inference_ops.models import EngineProcess, ModelEndpoint
 from inference_ops.supervisor import endpoint_check
 from inference_ops.tasks import endpoints_check_all
 from routing import breaker
-from tests.factories import endpoint
+from tests.support.factories import endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,7 +22,6 @@ from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
 from routing import breaker, pipeline
 from tests.conftest import BASE_DIR, stop_process_group
-from tests.factories import endpoint, rule
 from tests.inference_ops.test_supervisor import (  # noqa: F401
     _check_until,
     make_engine,
@@ -31,6 +30,7 @@ from tests.inference_ops.test_supervisor import (  # noqa: F401
     wait_until,
 )
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 # --- a start task that died ------------------------------------------------------------------------------
 

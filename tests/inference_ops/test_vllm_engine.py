@@ -94,8 +94,8 @@ def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answe
     its base model's tokenizer and template)."""
     import openai
 
-    from tests.factories import endpoint, rule
     from tests.inference_ops.engines import BASE, STATIC_ADAPTER
+    from tests.support.factories import endpoint, rule
 
     local = endpoint(
         "local",
@@ -134,8 +134,8 @@ def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(
     """vLLM's extension, as benchmarks send it for answers of a known length; a wrong type is a 400."""
     import openai
 
-    from tests.factories import endpoint, rule
     from tests.inference_ops.engines import BASE
+    from tests.support.factories import endpoint, rule
 
     local = endpoint(
         "local", real_vllm, model=BASE, first_token_timeout=60, idle_timeout=30, total_timeout=120

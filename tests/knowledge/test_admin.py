@@ -6,7 +6,7 @@ from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model
 from knowledge.services import entry_create
-from tests.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
+from tests.support.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db
 

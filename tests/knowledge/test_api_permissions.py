@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from chat.services import apikey_create
 from knowledge.models import Entry
 from knowledge.services import entry_create
-from tests.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
+from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from knowledge.charts import calibration_chart
 from knowledge.models import Calibration, EmbeddingModel
 from knowledge.selectors import serving_model
 from knowledge.services import embedding_model_ensure
-from tests.test_security_headers import InlineCode
+from tests.config.test_security_headers import InlineCode
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from chat.openai_api import chat_completions
 from knowledge.misses import miss_flush
 from knowledge.models import EmbeddingModel, Miss
 from knowledge.services import misses_group
-from tests.factories import endpoint, rule
 from tests.knowledge.test_misses import FAR, NEAR, NEARER, heads, note
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

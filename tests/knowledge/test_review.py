@@ -11,7 +11,7 @@ from knowledge.exceptions import EntryInvalid
 from knowledge.models import Entry, Miss
 from knowledge.selectors import direct_answer
 from knowledge.services import entries_set_active, entry_create, miss_to_entry
-from tests.personas import NO_DELETE, staff_user
+from tests.support.personas import NO_DELETE, staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from asgiref.sync import async_to_sync
 from routing.exceptions import RuleInvalid
 from routing.models import RoutingRule
 from routing.rules import Context, rule_validate, rules_changed, snapshot
-from tests.factories import endpoint, rule
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

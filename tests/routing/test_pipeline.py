@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from knowledge.services import entry_create
 from routing import breaker, pipeline
-from tests.factories import endpoint, rule
 from tests.routing.conftest import answer_text, ask, kinds
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 from knowledge.misses import miss_flush
 from knowledge.models import Entry, Miss
 from knowledge.services import entry_create
-from tests.factories import endpoint, rule
-from tests.stub_engine import StubEngine
+from tests.support.factories import endpoint, rule
+from tests.support.stub_engine import StubEngine
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from inference_ops.models import ModelEndpoint
 from routing import pipeline, replicas
-from tests.factories import endpoint, rule
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

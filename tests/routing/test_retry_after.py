@@ -9,8 +9,8 @@ from asgiref.sync import async_to_sync
 
 from inference_ops.client import retry_after
 from routing import breaker
-from tests.factories import endpoint, rule
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from routing import breaker
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
 from routing.rules import Context, query_vector, rule_validate, snapshot
-from tests.factories import endpoint, rule
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from chat.services import apikey_create
-from tests.factories import endpoint, rule
-from tests.personas import staff_user
+from tests.support.factories import endpoint, rule
+from tests.support.personas import staff_user
 
 pytestmark = pytest.mark.django_db
 

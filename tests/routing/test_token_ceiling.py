@@ -5,8 +5,8 @@ The external simulator generates exactly the max_tokens it is sent, so the answe
 
 import pytest
 
-from tests.factories import endpoint, rule
 from tests.routing.conftest import ask
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db
 

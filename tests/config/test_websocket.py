@@ -9,7 +9,7 @@ from django.test import Client
 
 from config.asgi import application
 from core.events import ops_event_abroadcast
-from tests.personas import staff_user
+from tests.support.personas import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,12 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_slow_reader_gets_every_byte_of_many_small_writes_in_order():
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "twisted_writer.py"), str(ROOT)],
+        [sys.executable, str(ROOT / "tests" / "support" / "twisted_writer.py"), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=120,

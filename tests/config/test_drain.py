@@ -17,7 +17,7 @@ from django.test import Client
 
 from benchmarks.servers import gateway
 from chat.models import ChatSession, Message, RequestLog
-from tests.factories import endpoint, rule
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -138,7 +138,7 @@ def test_the_login_pages_redirects_and_error_pages_send_the_policy(client):
 
 
 def test_a_server_error_page_sends_the_policy(client, settings):
-    settings.ROOT_URLCONF = "tests.failing_urls"
+    settings.ROOT_URLCONF = "tests.support.failing_urls"
     client.raise_request_exception = False
     response = client.get("/boom/")
     assert response.status_code == 500

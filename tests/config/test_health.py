@@ -38,7 +38,7 @@ def test_readyz_is_ready_with_database_redis_and_a_live_worker(admin_client, cel
 def test_readyz_says_when_this_process_has_not_warmed(admin_client, settings, celery_worker):
     client = admin_client
     # The test client does not import config.asgi: nothing warmed here, and that is no failure.
-    # What a daphne process warms is tested over HTTP in tests/test_web.py.
+    # What a daphne process warms is tested over HTTP in tests/config/test_web.py.
     settings.WEB_WARMUP = True  # as in production (tests/settings.py turns it off for this process)
     body = client.get("/readyz").json()
     assert body["checks"]["warm"] == {
