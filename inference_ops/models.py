@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from core.keys import key_env_problem
+from core.key_env import key_env_problem
 from inference_ops import policy
 
 logger = logging.getLogger(__name__)

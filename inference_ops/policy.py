@@ -31,8 +31,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from core.keys import ENV_NAME as _ENV_NAME
-from core.keys import GATEWAY_SECRETS
+from core.key_env import ENV_NAME as _ENV_NAME
+from core.key_env import GATEWAY_SECRETS
 from inference_ops.cpu_engine import QA_TEMPLATE
 
 _NUMBER = re.compile(r"^-\d+(\.\d+)?([eE][-+]?\d+)?$")

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from core.keys import key_env_problem
+from core.key_env import key_env_problem
 from knowledge.exceptions import EmbeddingError
 
 MINILM = "all-MiniLM-L6-v2"

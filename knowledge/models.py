@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from pgvector.django import VectorField
 
-from core.keys import key_env_problem
+from core.key_env import key_env_problem
 from knowledge.embeddings import operating_point
 
 

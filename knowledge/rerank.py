@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import openai
 from django.conf import settings
 
-from core.keys import key_env_problem
+from core.key_env import key_env_problem
 from core.loops import PerLoop
 from knowledge.guards import near_miss
 
