@@ -63,7 +63,8 @@ def error_response(path: bytes, limit: int) -> bytes:
     body = json.dumps(shaped).encode()
     head = (
         "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "X-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
 

@@ -20,9 +20,9 @@ class SyncStackASGIHandler(ASGIHandler):
 
     Nothing else changes. A request still has one thread of its own for its sync work (a
     thread serves one request at a time), sync views run in it, and async views (the streaming
-    DRF chat API; /v1 is an ASGI app of its own, chat.openai_api) still run on the event loop: Django wraps them in async_to_sync, which
-    hands the coroutine to the loop while the request's thread waits for its response. A
-    streaming body is sent from the loop.
+    DRF chat API; /v1 is an ASGI app of its own, chat.openai_api) still run on the event loop:
+    Django wraps them in async_to_sync, which hands the coroutine to the loop while the
+    request's thread waits for its response. A streaming body is sent from the loop.
     """
 
     def load_middleware(self, is_async=False):

@@ -62,7 +62,10 @@ def _check_database() -> str:
 
 @functools.lru_cache(maxsize=2)
 def _redis_client(url: str, timeout: float) -> redis.Redis:
-    """One connection kept for the checks, not one per check. Named, so that CLIENT LIST shows it."""
+    """One connection kept for the checks, not one per check.
+
+    Named, so that CLIENT LIST shows it.
+    """
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=timeout,

@@ -95,7 +95,7 @@ def _loopback(address: str) -> bool:
         return False
 
 
-# --- state, read at scrape time ----------------------------------------------------------------------
+# --- state, read at scrape time ------------------------------------------------------------------
 
 
 @dataclass

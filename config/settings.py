@@ -149,8 +149,8 @@ def _embedded(what: str) -> str:
     production process never starts a database of its own under var/ by accident."""
     if not DEBUG:
         raise ImproperlyConfigured(
-            f"Environment variable {what} must be set when DEBUG is off (the embedded server under var/ "
-            "is for development and tests)."
+            f"Environment variable {what} must be set when DEBUG is off "
+            "(the embedded server under var/ is for development and tests)."
         )
     from devtools import embedded
 
@@ -216,7 +216,7 @@ CHANNEL_LAYERS = {
     }
 }
 
-# --- Routing ------------------------------------------------------------------------------------------
+# --- Routing -------------------------------------------------------------------------------------
 
 ROUTING_BREAKER_FAILURES = env_int("ROUTING_BREAKER_FAILURES", 5, minimum=1)  # in a row, to open
 # A process trusts a breaker it found closed and clean this long without asking Redis again.
@@ -254,8 +254,10 @@ ROUTING_MAX_TOKENS_CEILING = env_int(
 )
 if ROUTING_MAX_TOKENS_CEILING < ROUTING_DEFAULT_MAX_TOKENS:
     raise ImproperlyConfigured(
-        f"Environment variable ROUTING_MAX_TOKENS_CEILING ({ROUTING_MAX_TOKENS_CEILING}) must be at least "
-        f"ROUTING_DEFAULT_MAX_TOKENS ({ROUTING_DEFAULT_MAX_TOKENS}): the default answer length is under the ceiling."
+        "Environment variable ROUTING_MAX_TOKENS_CEILING "
+        f"({ROUTING_MAX_TOKENS_CEILING}) must be at least "
+        f"ROUTING_DEFAULT_MAX_TOKENS ({ROUTING_DEFAULT_MAX_TOKENS}): "
+        "the default answer length is under the ceiling."
     )
 ROUTING_KB_NO_ANSWER = env_str(
     "ROUTING_KB_NO_ANSWER", "Sorry, the knowledge base has no answer to that question yet."
@@ -317,7 +319,8 @@ LOCAL_VLLM_MODEL = env_str("LOCAL_VLLM_MODEL", "")
 LOCAL_VLLM_CONTEXT = env_int("LOCAL_VLLM_CONTEXT", 4096, minimum=256)
 if LOCAL_VLLM_URL and not LOCAL_VLLM_MODEL:
     raise ImproperlyConfigured(
-        "Environment variable LOCAL_VLLM_MODEL must name the served model when LOCAL_VLLM_URL is set."
+        "Environment variable LOCAL_VLLM_MODEL must name the served model "
+        "when LOCAL_VLLM_URL is set."
     )
 # The variable holding the key that server requires (vLLM's --api-key / VLLM_API_KEY): `seed_demo`
 # makes it the `local` endpoint's key variable, so it must be one an endpoint may name.
@@ -330,7 +333,7 @@ if LOCAL_VLLM_KEY_ENV and not re.fullmatch(
         f"{ENDPOINT_KEY_ENV_PREFIX}; got {LOCAL_VLLM_KEY_ENV!r}."
     )
 
-# --- Chat ---------------------------------------------------------------------------------------------
+# --- Chat ----------------------------------------------------------------------------------------
 
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16000, minimum=100)  # longer: 413
 CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per user per window
@@ -411,7 +414,8 @@ CELERY_TASK_TIME_LIMIT = env_int(
 )
 if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
     raise ImproperlyConfigured(
-        "Environment variable CELERY_TASK_TIME_LIMIT must be greater than CELERY_TASK_SOFT_TIME_LIMIT."
+        "Environment variable CELERY_TASK_TIME_LIMIT must be greater than "
+        "CELERY_TASK_SOFT_TIME_LIMIT."
     )
 # Tasks are idempotent (they re-read their rows), so a task lost with its worker runs again.
 CELERY_TASK_ACKS_LATE = True
@@ -555,7 +559,9 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Answering gateway API",
-    "DESCRIPTION": "Knowledge base, chat sessions and routing. The OpenAI-compatible API lives under /v1.",
+    "DESCRIPTION": (
+        "Knowledge base, chat sessions and routing. The OpenAI-compatible API lives under /v1."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -711,7 +717,8 @@ try:
     METRICS_DIR.mkdir(parents=True, exist_ok=True)
 except OSError as _exc:
     raise ImproperlyConfigured(
-        f"Environment variable PROMETHEUS_MULTIPROC_DIR must name a folder that can be created; {_exc}."
+        "Environment variable PROMETHEUS_MULTIPROC_DIR must name a folder that can be created; "
+        f"{_exc}."
     ) from None
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
 # A scraper reaches each host directly, as the probes do, not through the TLS proxy in front.

@@ -17,7 +17,8 @@ cProfile on the live process), two of Twisted's habits cost more than parts of t
    less gateway CPU per 128-token streamed answer (README, Figures).
 3. `twisted.web.http` is a module behind Twisted's deprecation proxy, and daphne writes each
    body chunk with `http.Request.write(...)`: every chunk of every stream looked `Request` up
-   through the proxy's Python `__getattribute__`, visible in a profile at 64 streams. Daphne's module now holds the module itself; the names it uses are not deprecated.
+   through the proxy's Python `__getattribute__`, visible in a profile at 64 streams. Daphne's
+   module now holds the module itself; the names it uses are not deprecated.
 
 `tune()` is idempotent; config.asgi calls it, so every daphne process has it.
 """

@@ -147,7 +147,8 @@ def main(argv: list[str]) -> int:
     finally:
         if stop_signal:
             log(
-                f"{signal.Signals(stop_signal[0]).name}: stopping {len(children)} daphne process(es); "
+                f"{signal.Signals(stop_signal[0]).name}: "
+                f"stopping {len(children)} daphne process(es); "
                 f"their streams have {drain:g} s to finish"
             )
         stop_groups(children, grace=drain + STOP_GRACE, say=log)

@@ -84,7 +84,10 @@ def _wait_ready(url: str, deadline: float, stop: threading.Event) -> dict | None
 
 
 def prepare() -> dict[str, str]:
-    """Migrate, collect static files and load demo data. Returns the environment for the children."""
+    """Migrate, collect static files and load demo data.
+
+    Returns the environment for the children.
+    """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     # A metrics folder named by the caller's environment is the caller's to empty (a test run's
     # own processes count in it); the default one belongs to this run alone.
@@ -213,7 +216,8 @@ def _announce(host: str, port: int, started_at: float, stop: threading.Event) ->
     if body and body.get("status") == "ok":
         log(
             "run",
-            f"ready in {time.monotonic() - started_at:.1f}s: {base}/  (admin: {base}/admin/, login printed above)",
+            f"ready in {time.monotonic() - started_at:.1f}s: {base}/  "
+            f"(admin: {base}/admin/, login printed above)",
         )
     else:
         log("run", f"not ready after 90s: {json.dumps(body)}")

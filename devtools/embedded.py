@@ -117,7 +117,7 @@ def redis_answers(host: str, port: int, timeout: float = 0.3) -> bool:
 def redis_url() -> str:
     """A Redis already answering on 127.0.0.1:6379, else an embedded Valkey under var/."""
     if redis_answers(*DEFAULT_REDIS):
-        return "redis://%s:%d/0" % DEFAULT_REDIS
+        return f"redis://{DEFAULT_REDIS[0]}:{DEFAULT_REDIS[1]}/0"
     port = int(os.environ.get("EMBEDDED_REDIS_PORT") or 6390)
     with _locked("redis"):
         redis_start(port=port, data_dir=var_dir() / "redis")
