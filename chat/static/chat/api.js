@@ -5,7 +5,7 @@ window.GatewayApi = (function () {
   "use strict";
 
   function csrfToken(fallback) {
-    var match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
+    const match = /(?:^|;\s*)csrftoken=([^;]+)/.exec(document.cookie);
     return match ? decodeURIComponent(match[1]) : fallback;
   }
 
@@ -17,7 +17,7 @@ window.GatewayApi = (function () {
   }
 
   function failure(status, message) {
-    var error = new Error(message);
+    const error = new Error(message);
     error.status = status;
     return error;
   }
@@ -26,10 +26,10 @@ window.GatewayApi = (function () {
    * options.onFailure(status, data): called before an HTTP error is thrown. */
   async function request(method, url, body, options) {
     options = options || {};
-    var headers = { Accept: "application/json" };
+    const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (method !== "GET") headers["X-CSRFToken"] = csrfToken(options.csrfToken);
-    var response;
+    let response;
     try {
       response = await fetch(url, {
         method: method,
@@ -37,14 +37,14 @@ window.GatewayApi = (function () {
         credentials: "same-origin",
         body: body === undefined ? undefined : JSON.stringify(body),
       });
-    } catch (err) {
+    } catch {
       throw failure(0, "The server cannot be reached. Check the connection and try again.");
     }
     if (response.status === 204) return null;
-    var data = null;
+    let data;
     try {
       data = await response.json();
-    } catch (err) {
+    } catch {
       data = null;
     }
     if (!response.ok) {

@@ -1,14 +1,13 @@
 /* The user's own API keys: list, create (the raw key is shown once), revoke.
- * Server text reaches the page through textContent only. */
-(function () {
-  "use strict";
+ * Server text reaches the page through textContent only. templates/chat/keys.html loads it as
+ * a module, after api.js. */
 
-  var root = document.getElementById("keys-app");
-  if (!root || !window.GatewayApi) return;
+import { byId } from "./dom.js";
 
-  function byId(id) { return document.getElementById(id); }
+const root = byId("keys-app");
 
-  var ui = {
+function start() {
+  const ui = {
     error: byId("keys-error"),
     form: byId("key-form"),
     name: byId("key-name"),
@@ -21,7 +20,7 @@
     table: byId("keys-table"),
     rows: byId("keys"),
   };
-  var keysUrl = root.dataset.keysUrl;
+  const keysUrl = root.dataset.keysUrl;
 
   function api(method, url, body) {
     return window.GatewayApi.request(method, url, body, { csrfToken: root.dataset.csrfToken });
@@ -38,7 +37,7 @@
   }
 
   function cell(text, className) {
-    var td = document.createElement("td");
+    const td = document.createElement("td");
     if (className) td.className = className;
     if (text !== undefined) td.textContent = text;
     return td;
@@ -46,32 +45,32 @@
 
   function when(value) {
     if (!value) return "never";
-    var date = new Date(value);
+    const date = new Date(value);
     return isNaN(date) ? String(value) : date.toLocaleString();
   }
 
   function row(key) {
-    var tr = document.createElement("tr");
+    const tr = document.createElement("tr");
     tr.dataset.keyId = key.id;
     tr.dataset.revoked = key.revoked_at ? "true" : "false";
     tr.appendChild(cell(key.name, "key-name"));
-    var prefix = cell(undefined, "key-prefix");
-    var code = document.createElement("code");
+    const prefix = cell(undefined, "key-prefix");
+    const code = document.createElement("code");
     code.textContent = key.prefix + "…";
     prefix.appendChild(code);
     tr.appendChild(prefix);
     tr.appendChild(cell((key.scopes || []).join(", "), "key-scopes"));
     tr.appendChild(cell(when(key.created_at)));
     tr.appendChild(cell(key.last_used_at ? when(key.last_used_at) : "never"));
-    var status = cell(undefined);
-    var badge = document.createElement("span");
+    const status = cell(undefined);
+    const badge = document.createElement("span");
     badge.className = "state " + (key.revoked_at ? "revoked" : "active");
     badge.textContent = key.revoked_at ? "revoked " + when(key.revoked_at) : "active";
     status.appendChild(badge);
     tr.appendChild(status);
-    var actions = cell(undefined);
+    const actions = cell(undefined);
     if (!key.revoked_at) {
-      var revoke = document.createElement("button");
+      const revoke = document.createElement("button");
       revoke.type = "button";
       revoke.className = "small-button";
       revoke.dataset.action = "revoke";
@@ -92,7 +91,7 @@
 
   async function load() {
     try {
-      var data = await api("GET", keysUrl);
+      const data = await api("GET", keysUrl);
       render(data.results || []);
     } catch (err) {
       showError("Your keys could not be loaded: " + err.message);
@@ -102,7 +101,7 @@
   ui.form.addEventListener("submit", async function (event) {
     event.preventDefault();
     hideError();
-    var name = ui.name.value.trim();
+    const name = ui.name.value.trim();
     if (!name) {
       showError("Give the key a name.");
       ui.name.setAttribute("aria-invalid", "true");
@@ -110,7 +109,7 @@
       return;
     }
     ui.name.removeAttribute("aria-invalid");
-    var scopes = Array.prototype.map.call(ui.form.querySelectorAll('input[name="scopes"]:checked'),
+    const scopes = Array.prototype.map.call(ui.form.querySelectorAll('input[name="scopes"]:checked'),
       function (box) { return box.value; });
     if (!scopes.length) {
       showError("Choose at least one scope.");
@@ -118,7 +117,7 @@
     }
     ui.create.disabled = true;
     try {
-      var created = await api("POST", keysUrl, { name: name, scopes: scopes });
+      const created = await api("POST", keysUrl, { name: name, scopes: scopes });
       ui.newKeyValue.value = created.key;
       ui.newKey.hidden = false;
       ui.copied.hidden = true;
@@ -137,7 +136,7 @@
     ui.newKeyValue.select();
     try {
       await navigator.clipboard.writeText(ui.newKeyValue.value);
-    } catch (err) {
+    } catch {
       // No clipboard API (plain HTTP): the key is selected for Ctrl+C instead.
       if (!document.execCommand || !document.execCommand("copy")) {
         ui.copied.textContent = "Selected: press Ctrl+C (⌘C) to copy.";
@@ -150,7 +149,7 @@
   });
 
   ui.rows.addEventListener("click", async function (event) {
-    var button = event.target.closest('button[data-action="revoke"]');
+    const button = event.target.closest('button[data-action="revoke"]');
     if (!button) return;
     // Two clicks, no dialog: the first arms the button for a few seconds.
     if (!button.classList.contains("armed")) {
@@ -175,4 +174,6 @@
   });
 
   load();
-})();
+}
+
+if (root && window.GatewayApi) start();

@@ -19,11 +19,11 @@
   "use strict";
 
   // The tags the chat shows, each with the attributes (and the values) it may keep.
-  var LANG = /^[A-Za-z0-9_+#.-]{1,32}$/;
-  var ALIGN = { left: "align-left", center: "align-center", right: "align-right" };
-  var ALIGN_CLASS = /^align-(left|center|right)$/;
-  var HTTP = /^https?:\/\//i;
-  var ALLOWED = {
+  const LANG = /^[A-Za-z0-9_+#.-]{1,32}$/;
+  const ALIGN = { left: "align-left", center: "align-center", right: "align-right" };
+  const ALIGN_CLASS = /^align-(left|center|right)$/;
+  const HTTP = /^https?:\/\//i;
+  const ALLOWED = {
     p: {}, br: {}, strong: {}, em: {}, s: {}, pre: {}, blockquote: {}, hr: {},
     h3: {}, h4: {}, h5: {}, h6: {}, ul: {}, li: {},
     table: {}, thead: {}, tbody: {}, tr: {},
@@ -34,16 +34,16 @@
     a: { href: HTTP, title: /[^]*/, rel: /^noopener noreferrer$/, target: /^_blank$/ },
   };
   // Inside a chat bubble, # is the largest heading an answer may have.
-  var HEADING_SHIFT = 2;
+  const HEADING_SHIFT = 2;
 
-  var ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
   function escapeHtml(text) {
     return String(text).replace(/[&<>"']/g, function (ch) { return ESCAPES[ch]; });
   }
 
   function makeRenderer(markdownit) {
-    var md = markdownit("default", { html: false, linkify: true, breaks: true, typographer: false });
+    const md = markdownit("default", { html: false, linkify: true, breaks: true, typographer: false });
     md.disable(["image"]);
     // Only scheme-prefixed URLs become links: with fuzzy matching `manage.py` would be one.
     md.linkify.set({ fuzzyLink: false, fuzzyEmail: false, fuzzyIP: false });
@@ -56,7 +56,7 @@
           token.tag = "h" + Math.min(6, Number(token.tag.slice(1)) + HEADING_SHIFT);
         } else if (token.type === "th_open" || token.type === "td_open") {
           // The page's CSP allows no inline style: alignment becomes a class of chat.css.
-          var align = /text-align:\s*(left|center|right)/.exec(token.attrGet("style") || "");
+          const align = /text-align:\s*(left|center|right)/.exec(token.attrGet("style") || "");
           token.attrs = align ? [["class", ALIGN[align[1]]]] : null;
         }
       });
@@ -68,10 +68,10 @@
       return self.renderToken(tokens, idx, options);
     };
     md.renderer.rules.fence = function (tokens, idx) {
-      var token = tokens[idx];
-      var lang = token.info.trim().split(/\s+/)[0];
+      const token = tokens[idx];
+      const lang = token.info.trim().split(/\s+/)[0];
       // Only a plain name: the attribute then holds nothing an escaper would have to handle.
-      var attribute = LANG.test(lang) ? ' data-lang="' + lang + '"' : "";
+      const attribute = LANG.test(lang) ? ' data-lang="' + lang + '"' : "";
       return "<pre><code" + attribute + ">" + md.utils.escapeHtml(token.content) + "</code></pre>\n";
     };
     return md;
@@ -79,17 +79,17 @@
 
   function makeSanitizer(createDOMPurify) {
     // An instance of our own, so its hooks touch no other user of DOMPurify on the page.
-    var purify = createDOMPurify(root);
+    const purify = createDOMPurify(root);
     if (!purify.isSupported) return null;
-    var attributes = {};
+    const attributes = {};
     Object.keys(ALLOWED).forEach(function (tag) {
       Object.keys(ALLOWED[tag]).forEach(function (name) { attributes[name] = true; });
     });
     purify.addHook("uponSanitizeAttribute", function (node, data) {
-      var rule = (ALLOWED[node.nodeName.toLowerCase()] || {})[data.attrName];
+      const rule = (ALLOWED[node.nodeName.toLowerCase()] || {})[data.attrName];
       if (!rule || !rule.test(data.attrValue)) data.keepAttr = false;
     });
-    var config = {
+    const config = {
       ALLOWED_TAGS: Object.keys(ALLOWED),
       ALLOWED_ATTR: Object.keys(attributes),
       ALLOWED_URI_REGEXP: HTTP,
@@ -102,18 +102,18 @@
     return function (html) { return purify.sanitize(html, config); };
   }
 
-  var md = root.markdownit ? makeRenderer(root.markdownit) : null;
-  var sanitize = root.DOMPurify ? makeSanitizer(root.DOMPurify) : null;
+  const md = root.markdownit ? makeRenderer(root.markdownit) : null;
+  const sanitize = root.DOMPurify ? makeSanitizer(root.DOMPurify) : null;
 
   /* The renderer's HTML before the sanitizer: for the tests in node, which have no DOM. */
   function toHtml(source) {
-    return md.render(String(source == null ? "" : source));
+    return md.render(String(source ?? ""));
   }
 
   /* What the page puts in innerHTML. Without both libraries (a file failed to load) the text
    * is shown escaped, unformatted: never unsanitized. */
   function render(source) {
-    if (!md || !sanitize) return "<p>" + escapeHtml(source == null ? "" : source) + "</p>";
+    if (!md || !sanitize) return "<p>" + escapeHtml(source ?? "") + "</p>";
     return sanitize(toHtml(source));
   }
 

@@ -16,7 +16,7 @@ function autosize() {
 }
 
 function submit() {
-  var text = ui.composer.value;
+  const text = ui.composer.value;
   if (!text.trim() || state.generation) return;
   if (!socketOpen()) {
     showBanner("Not connected. The page is reconnecting; your question is kept.", "connection");
@@ -24,7 +24,7 @@ function submit() {
   }
   hideBanner();
   ui.welcome.hidden = true;
-  var li = assistantElement();
+  const li = assistantElement();
   state.generation = {
     el: li, text: "", view: state.view, sessionId: state.sessionId, messageId: null, stopping: false, frame: 0,
   };
@@ -38,7 +38,7 @@ function submit() {
 }
 
 function stop() {
-  var generation = state.generation;
+  const generation = state.generation;
   if (!generation || generation.stopping) return;
   generation.stopping = true;
   sendFrame({ type: "stop" });
@@ -93,10 +93,10 @@ function listenToSidebar() {
     if (state.sessionsNext) loadSessions(state.sessionsNext);
   });
   ui.sessions.addEventListener("click", function (event) {
-    var button = event.target.closest("button[data-action]");
+    const button = event.target.closest("button[data-action]");
     if (!button) return;
-    var li = button.closest(".session");
-    var action = button.dataset.action;
+    const li = button.closest(".session");
+    const action = button.dataset.action;
     if (action === "open") {
       hideBanner();
       openSession(li.dataset.sessionId);
@@ -110,7 +110,7 @@ function listenToSidebar() {
 
 function listenToWindow() {
   window.addEventListener("popstate", function () {
-    var id = new URLSearchParams(location.search).get("session");
+    const id = new URLSearchParams(location.search).get("session");
     if (id && /^\d+$/.test(id)) {
       openSession(id, { url: false });
     } else {
@@ -131,7 +131,7 @@ function start() {
   updateControls();
   connect();
   loadSessions();
-  var initial = new URLSearchParams(location.search).get("session");
+  const initial = new URLSearchParams(location.search).get("session");
   if (initial && /^\d+$/.test(initial)) {
     openSession(initial, { url: false });
   } else {

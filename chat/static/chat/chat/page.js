@@ -1,12 +1,12 @@
 /* What every part of the chat page shares: its DOM handles, config and state, the REST
  * helper, the banner, the connection status and the Send/Stop buttons. */
 
-export var app = document.getElementById("app");
-export var markdown = window.GatewayMarkdown;
+import { byId } from "../dom.js";
 
-function byId(id) { return document.getElementById(id); }
+export const app = byId("app");
+export const markdown = window.GatewayMarkdown;
 
-export var ui = {
+export const ui = {
   sidebar: byId("sidebar"),
   toggle: byId("sessions-toggle"),
   backdrop: byId("backdrop"),
@@ -26,15 +26,15 @@ export var ui = {
   stop: byId("stop"),
 };
 
-var dataset = app ? app.dataset : {};
-export var config = {
+const dataset = app ? app.dataset : {};
+export const config = {
   wsPath: dataset.wsPath,
   sessionsUrl: dataset.sessionsUrl,
   loginUrl: dataset.loginUrl,
   csrfToken: dataset.csrfToken,
 };
 
-export var state = {
+export const state = {
   sessionId: null, // the session on screen; null for a new chat not yet sent
   view: 0, // bumped whenever the screen switches sessions, to drop late responses
   sessions: new Map(), // id -> {id, title, ...}
@@ -54,8 +54,8 @@ export var state = {
 function isSignedOutResponse(status, data) {
   if (status === 401) return true;
   if (status !== 403 || !data) return false;
-  var code = (data.error && data.error.code) || data.code || "";
-  var detail = String(data.detail || (data.error && data.error.message) || "");
+  const code = (data.error && data.error.code) || data.code || "";
+  const detail = String(data.detail || (data.error && data.error.message) || "");
   return code === "not_authenticated" || /credentials were not provided|not authenticated/i.test(detail);
 }
 
@@ -88,7 +88,7 @@ export function showSignedOut() {
   state.signedOut = true;
   clearTimeout(state.reconnectTimer);
   ui.banner.textContent = "You are signed out. ";
-  var link = document.createElement("a");
+  const link = document.createElement("a");
   link.href = config.loginUrl + "?next=" + encodeURIComponent(location.pathname + location.search);
   link.textContent = "Sign in again";
   ui.banner.appendChild(link);
@@ -107,7 +107,7 @@ export function socketOpen() {
 }
 
 export function updateControls() {
-  var generation = state.generation;
+  const generation = state.generation;
   ui.send.hidden = !!generation;
   ui.stop.hidden = !generation;
   ui.stop.disabled = !!(generation && generation.stopping);

@@ -4,8 +4,8 @@
 import { api, app, config, hideBanner, sessionUrl, showBanner, state, ui } from "./page.js";
 import { element, messageElement, nearBottom, scrollToBottom } from "./thread.js";
 
-var POLL_EVERY_MS = 1500;
-var POLL_TRIES = 40;
+const POLL_EVERY_MS = 1500;
+const POLL_TRIES = 40;
 
 // --- Session list -------------------------------------------------------------------
 
@@ -14,7 +14,7 @@ function sessionTitle(session) {
 }
 
 function sessionElement(session) {
-  var li = element("li", "session");
+  const li = element("li", "session");
   li.dataset.sessionId = session.id;
   fillSessionElement(li, session);
   return li;
@@ -22,17 +22,17 @@ function sessionElement(session) {
 
 function fillSessionElement(li, session) {
   li.textContent = "";
-  var open = element("button", "session-open", sessionTitle(session));
+  const open = element("button", "session-open", sessionTitle(session));
   open.type = "button";
   open.title = sessionTitle(session);
   open.dataset.action = "open";
-  var actions = element("span", "session-actions");
-  var rename = element("button", null, "✎");
+  const actions = element("span", "session-actions");
+  const rename = element("button", null, "✎");
   rename.type = "button";
   rename.dataset.action = "rename";
   rename.setAttribute("aria-label", "Rename chat: " + sessionTitle(session));
   rename.title = "Rename";
-  var remove = element("button", null, "✕");
+  const remove = element("button", null, "✕");
   remove.type = "button";
   remove.dataset.action = "delete";
   remove.setAttribute("aria-label", "Delete chat: " + sessionTitle(session));
@@ -56,7 +56,7 @@ function sessionItem(id) {
 
 export function refreshCurrent() {
   Array.prototype.forEach.call(ui.sessions.children, markCurrent);
-  var session = state.sessions.get(String(state.sessionId));
+  const session = state.sessions.get(String(state.sessionId));
   ui.title.textContent = state.sessionId === null ? "New chat" : sessionTitle(session);
   document.title = (state.sessionId === null ? "New chat" : sessionTitle(session)) + " · Answering gateway";
 }
@@ -66,11 +66,11 @@ function updateSessionsEmpty() {
 }
 
 export function upsertSession(session, toTop) {
-  var key = String(session.id);
-  var known = state.sessions.get(key) || {};
-  var merged = Object.assign({}, known, session);
+  const key = String(session.id);
+  const known = state.sessions.get(key) || {};
+  const merged = Object.assign({}, known, session);
   state.sessions.set(key, merged);
-  var li = sessionItem(session.id);
+  let li = sessionItem(session.id);
   if (li && li.querySelector("form")) {
     // Being renamed: leave the form alone.
   } else if (li) {
@@ -86,7 +86,7 @@ export function upsertSession(session, toTop) {
 
 export async function loadSessions(url) {
   try {
-    var page = await api("GET", url || config.sessionsUrl);
+    const page = await api("GET", url || config.sessionsUrl);
     (page.results || []).forEach(function (session) { upsertSession(session, false); });
     state.sessionsNext = page.next || null;
     ui.sessionsMore.hidden = !state.sessionsNext;
@@ -97,20 +97,20 @@ export async function loadSessions(url) {
 }
 
 export function startRename(li) {
-  var id = li.dataset.sessionId;
-  var session = state.sessions.get(String(id));
+  const id = li.dataset.sessionId;
+  const session = state.sessions.get(String(id));
   li.textContent = "";
-  var form = element("form", "session-rename");
-  var label = element("label", "visually-hidden", "New title");
-  var input = element("input");
+  const form = element("form", "session-rename");
+  const label = element("label", "visually-hidden", "New title");
+  const input = element("input");
   input.type = "text";
   input.maxLength = 200;
   input.value = session ? session.title || "" : "";
   input.id = "rename-" + id;
   label.htmlFor = input.id;
-  var save = element("button", "small-button", "Save");
+  const save = element("button", "small-button", "Save");
   save.type = "submit";
-  var cancel = element("button", "small-button", "Cancel");
+  const cancel = element("button", "small-button", "Cancel");
   cancel.type = "button";
   form.append(label, input, save, cancel);
   li.appendChild(form);
@@ -127,10 +127,10 @@ export function startRename(li) {
   });
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
-    var title = input.value.trim();
+    const title = input.value.trim();
     save.disabled = true;
     try {
-      var updated = await api("PATCH", sessionUrl(id), { title: title });
+      const updated = await api("PATCH", sessionUrl(id), { title: title });
       state.sessions.set(String(id), Object.assign({}, session, updated || { title: title }));
       restore();
       refreshCurrent();
@@ -145,7 +145,7 @@ export function startRename(li) {
 export async function deleteSession(li, button) {
   // Two clicks, no dialog: the first arms the button for a few seconds.
   if (!button.classList.contains("armed")) {
-    var label = button.getAttribute("aria-label");
+    const label = button.getAttribute("aria-label");
     button.classList.add("armed");
     button.textContent = "Delete?";
     button.setAttribute("aria-label", "Press again to delete this chat");
@@ -158,7 +158,7 @@ export async function deleteSession(li, button) {
   }
   clearTimeout(button._disarm);
   button.disabled = true;
-  var id = li.dataset.sessionId;
+  const id = li.dataset.sessionId;
   try {
     await api("DELETE", sessionUrl(id));
   } catch (err) {
@@ -180,7 +180,7 @@ export function openSidebar() {
   app.classList.add("sidebar-open");
   ui.toggle.setAttribute("aria-expanded", "true");
   ui.backdrop.hidden = false;
-  var first = ui.sidebar.querySelector("button");
+  const first = ui.sidebar.querySelector("button");
   if (first) first.focus();
 }
 
@@ -194,7 +194,7 @@ export function closeSidebar() {
 // --- Opening a session ----------------------------------------------------------------
 
 export function setUrl(id, replace) {
-  var url = id === null ? location.pathname : location.pathname + "?session=" + encodeURIComponent(id);
+  const url = id === null ? location.pathname : location.pathname + "?session=" + encodeURIComponent(id);
   if (url === location.pathname + location.search) return;
   history[replace ? "replaceState" : "pushState"]({ session: id }, "", url);
 }
@@ -228,11 +228,11 @@ export function openSession(id, options) {
 }
 
 async function fetchMessages(id) {
-  var url = sessionUrl(id) + "messages/";
-  var all = [];
+  let url = sessionUrl(id) + "messages/";
+  let all = [];
   // Oldest first; follow the pages to the newest.
-  for (var pages = 0; url && pages < 40; pages++) {
-    var page = await api("GET", url);
+  for (let pages = 0; url && pages < 40; pages++) {
+    const page = await api("GET", url);
     all = all.concat(page.results || []);
     url = page.next || null;
   }
@@ -240,14 +240,14 @@ async function fetchMessages(id) {
 }
 
 export async function loadMessages(id, view, pollTry) {
-  var list;
+  let list;
   try {
     list = await fetchMessages(id);
   } catch (err) {
     if (view !== state.view) return;
     if (err.status === 404) {
       state.sessions.delete(String(id));
-      var gone = sessionItem(id);
+      const gone = sessionItem(id);
       if (gone) gone.remove();
       newChat(true);
       showBanner("That chat does not exist (any more).");
@@ -257,11 +257,11 @@ export async function loadMessages(id, view, pollTry) {
     return;
   }
   if (view !== state.view) return;
-  var live = state.generation && state.generation.sessionId === id ? state.generation : null;
+  const live = state.generation && state.generation.sessionId === id ? state.generation : null;
   if (live) live.attached = false;
-  var stickToBottom = pollTry === 0 || nearBottom();
+  const stickToBottom = pollTry === 0 || nearBottom();
   ui.messages.textContent = "";
-  var stillWriting = false;
+  let stillWriting = false;
   list.forEach(function (message) {
     // An answer this page is streaming right now: show the live element, not the stored start.
     if (live && message.role === "assistant" && (message.id === live.messageId ||

@@ -9,8 +9,8 @@ import {
 import { loadMessages, loadSessions, refreshCurrent, setUrl, upsertSession } from "./sessions.js";
 import { endGeneration, flushGeneration, scheduleRender, setCitations, setRoute, setStatus, setTimings } from "./thread.js";
 
-var RECONNECT_BASE_MS = 500;
-var RECONNECT_MAX_MS = 15000;
+const RECONNECT_BASE_MS = 500;
+const RECONNECT_MAX_MS = 15000;
 
 function socketUrl() {
   return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + config.wsPath;
@@ -20,8 +20,8 @@ export function connect() {
   clearTimeout(state.reconnectTimer);
   if (state.signedOut || state.socket) return;
   setConnection("connecting", state.everOpened ? "Reconnecting…" : "Connecting…");
-  var socket = new WebSocket(socketUrl());
-  var opened = false;
+  const socket = new WebSocket(socketUrl());
+  let opened = false;
   state.socket = socket;
   socket.addEventListener("open", function () {
     if (socket !== state.socket) return;
@@ -29,17 +29,17 @@ export function connect() {
     state.reconnectAttempt = 0;
     setConnection("open", "Connected");
     if (ui.banner.dataset.kind === "connection") hideBanner();
-    var reconnected = state.everOpened;
+    const reconnected = state.everOpened;
     state.everOpened = true;
     updateControls();
     if (reconnected) afterReconnect();
   });
   socket.addEventListener("message", function (event) {
     if (socket !== state.socket) return;
-    var frame;
+    let frame;
     try {
       frame = JSON.parse(event.data);
-    } catch (err) {
+    } catch {
       return;
     }
     if (frame && typeof frame === "object") handleFrame(frame);
@@ -52,7 +52,7 @@ export function connect() {
 }
 
 function connectionLost(code, opened) {
-  var generation = state.generation;
+  const generation = state.generation;
   if (generation) {
     flushGeneration();
     setStatus(generation.el, "streaming", "Connection lost. The answer is shown once the page reconnects.");
@@ -66,7 +66,7 @@ function connectionLost(code, opened) {
   if (!opened) {
     // A refused handshake looks like any network failure to the page (code 1006):
     // ask the API whether the session is still signed in before retrying.
-    api("GET", config.sessionsUrl + "?page_size=1").then(scheduleReconnect, function (err) {
+    api("GET", config.sessionsUrl + "?page_size=1").then(scheduleReconnect, function () {
       if (!state.signedOut) scheduleReconnect();
     });
     return;
@@ -77,7 +77,7 @@ function connectionLost(code, opened) {
 function scheduleReconnect() {
   if (state.signedOut) return;
   clearTimeout(state.reconnectTimer);
-  var delay = Math.min(RECONNECT_MAX_MS, RECONNECT_BASE_MS * Math.pow(2, state.reconnectAttempt));
+  let delay = Math.min(RECONNECT_MAX_MS, RECONNECT_BASE_MS * Math.pow(2, state.reconnectAttempt));
   delay = Math.round(delay * (0.75 + Math.random() * 0.5)); // jitter: tabs do not reconnect in step
   state.reconnectAttempt++;
   setConnection("closed", "Disconnected, retrying in " + Math.max(1, Math.round(delay / 1000)) + " s");
@@ -100,7 +100,7 @@ export function sendFrame(frame) {
 // --- Frames ---------------------------------------------------------------------------
 
 function handleFrame(frame) {
-  var generation = state.generation;
+  const generation = state.generation;
   switch (frame.type) {
     case "session":
       upsertSession({ id: frame.id, title: frame.title }, true);
@@ -129,16 +129,17 @@ function handleFrame(frame) {
       generation.text += frame.text || "";
       scheduleRender();
       return;
-    case "done":
+    case "done": {
       if (!generation) return;
       setRoute(generation.el, frame.road, frame.target);
-      var usage = frame.usage || {};
+      const usage = frame.usage || {};
       setTimings(generation.el, frame.ttft_ms, frame.latency_ms, usage.completion_tokens);
       setCitations(generation.el, frame.citations);
       flushGeneration();
       setStatus(generation.el, frame.status || "complete");
       endGeneration();
       return;
+    }
     case "error":
       handleError(frame);
       return;
@@ -148,14 +149,14 @@ function handleFrame(frame) {
 }
 
 function handleError(frame) {
-  var generation = state.generation;
-  var message = frame.message || frame.code || "Something went wrong.";
+  const generation = state.generation;
+  const message = frame.message || frame.code || "Something went wrong.";
   if (frame.code === "busy" || !generation) {
     // Not about the answer on screen (or no answer is running): say it above the thread.
     showBanner(message);
     return;
   }
-  var status = frame.status || (generation.text ? "partial" : "failed");
+  let status = frame.status || (generation.text ? "partial" : "failed");
   if (frame.code === "cancelled") status = "cancelled";
   flushGeneration();
   setStatus(generation.el, status, message);

@@ -5,12 +5,12 @@
 
 import { markdown, state, ui, updateControls } from "./page.js";
 
-var ROADS = { kb: "KB", local: "local", external: "external" };
+const ROADS = { kb: "KB", local: "local", external: "external" };
 
 // --- Messages -----------------------------------------------------------------------
 
 export function element(tag, className, text) {
-  var node = document.createElement(tag);
+  const node = document.createElement(tag);
   if (className) node.className = className;
   if (text !== undefined && text !== null) node.textContent = text;
   return node;
@@ -25,21 +25,21 @@ export function scrollToBottom() {
 }
 
 export function userElement(text, id) {
-  var li = element("li", "message user");
+  const li = element("li", "message user");
   if (id) li.dataset.messageId = id;
   li.appendChild(element("div", "bubble", text));
   return li;
 }
 
 export function assistantElement() {
-  var li = element("li", "message assistant");
+  const li = element("li", "message assistant");
   li.dataset.status = "streaming";
   li.setAttribute("aria-busy", "true");
-  var meta = element("div", "meta");
-  var bubble = element("div", "bubble markdown");
-  var citations = element("div", "citations");
+  const meta = element("div", "meta");
+  const bubble = element("div", "bubble markdown");
+  const citations = element("div", "citations");
   citations.hidden = true;
-  var note = element("p", "status-note");
+  const note = element("p", "status-note");
   note.hidden = true;
   li.append(meta, bubble, citations, note);
   return li;
@@ -50,8 +50,8 @@ function part(li, selector) { return li.querySelector(selector); }
 // `why`: the route frame's reason (a plain one for users, the details for the staff who may read
 // the routing rules); a stored message has none, and the road says it in general.
 export function setRoute(li, road, target, why) {
-  var meta = part(li, ".meta");
-  var badge = part(meta, ".badge");
+  const meta = part(li, ".meta");
+  let badge = part(meta, ".badge");
   if (road) {
     if (!badge) {
       badge = element("span", "badge");
@@ -66,7 +66,7 @@ export function setRoute(li, road, target, why) {
     }
   }
   if (target) {
-    var targetEl = part(meta, ".target") || meta.appendChild(element("span", "target"));
+    const targetEl = part(meta, ".target") || meta.appendChild(element("span", "target"));
     targetEl.textContent = target;
   }
 }
@@ -77,9 +77,9 @@ function milliseconds(value) {
 }
 
 export function setTimings(li, ttft, latency, tokens) {
-  var meta = part(li, ".meta");
-  var timings = part(meta, ".timings") || meta.appendChild(element("span", "timings"));
-  var pieces = [];
+  const meta = part(li, ".meta");
+  const timings = part(meta, ".timings") || meta.appendChild(element("span", "timings"));
+  const pieces = [];
   if (milliseconds(ttft)) pieces.push("first token " + milliseconds(ttft));
   if (milliseconds(latency)) pieces.push("total " + milliseconds(latency));
   if (tokens) pieces.push(tokens + " tokens");
@@ -89,16 +89,16 @@ export function setTimings(li, ttft, latency, tokens) {
 }
 
 export function setCitations(li, citations) {
-  var box = part(li, ".citations");
+  const box = part(li, ".citations");
   box.textContent = "";
   if (!citations || !citations.length) {
     box.hidden = true;
     return;
   }
   box.appendChild(element("span", "citations-label", "Sources: "));
-  var list = element("ul");
+  const list = element("ul");
   citations.forEach(function (citation) {
-    var item = element("li", null, citation.label || "KB#" + citation.entry_id);
+    const item = element("li", null, citation.label || "KB#" + citation.entry_id);
     if (citation.entry_id !== undefined) item.dataset.entryId = citation.entry_id;
     list.appendChild(item);
   });
@@ -112,7 +112,7 @@ function setContent(li, text) {
   part(li, ".bubble").innerHTML = markdown.render(text);
 }
 
-var STATUS_NOTES = {
+const STATUS_NOTES = {
   cancelled: "Stopped.",
   partial: "The answer was cut off",
   failed: "No answer",
@@ -125,8 +125,8 @@ export function setStatus(li, status, message) {
   } else {
     li.removeAttribute("aria-busy");
   }
-  var note = part(li, ".status-note");
-  var text = "";
+  const note = part(li, ".status-note");
+  let text = "";
   if (status === "streaming") {
     text = message || "";
   } else if (STATUS_NOTES[status]) {
@@ -142,7 +142,7 @@ export function setStatus(li, status, message) {
 
 export function messageElement(message) {
   if (message.role === "user") return userElement(message.content, message.id);
-  var li = assistantElement();
+  const li = assistantElement();
   li.dataset.messageId = message.id;
   setRoute(li, message.road, message.target);
   setContent(li, message.content || "");
@@ -158,11 +158,11 @@ export function messageElement(message) {
 // --- The answer being streamed ------------------------------------------------------
 
 function renderGeneration() {
-  var generation = state.generation;
+  const generation = state.generation;
   if (!generation) return;
   generation.frame = 0;
-  var stick = nearBottom();
-  var started = performance.now();
+  const stick = nearBottom();
+  const started = performance.now();
   setContent(generation.el, generation.text);
   generation.renderedAt = performance.now();
   generation.renderCost = generation.renderedAt - started;
@@ -170,12 +170,12 @@ function renderGeneration() {
 }
 
 export function scheduleRender() {
-  var generation = state.generation;
+  const generation = state.generation;
   if (!generation || generation.frame || generation.timer) return;
   // Each render parses and sanitizes the whole answer again, so it costs more as the answer
   // grows: the next one waits four times the last one's cost, which keeps rendering to about
   // a fifth of the main thread however fast tokens come.
-  var wait = (generation.renderedAt || 0) + 4 * (generation.renderCost || 0) - performance.now();
+  const wait = (generation.renderedAt || 0) + 4 * (generation.renderCost || 0) - performance.now();
   if (wait > 0) {
     generation.timer = setTimeout(function () {
       generation.timer = 0;
@@ -187,7 +187,7 @@ export function scheduleRender() {
 }
 
 export function flushGeneration() {
-  var generation = state.generation;
+  const generation = state.generation;
   if (generation.frame) cancelAnimationFrame(generation.frame);
   if (generation.timer) clearTimeout(generation.timer);
   generation.timer = 0;
