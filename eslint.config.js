@@ -24,10 +24,10 @@ module.exports = [
     },
   },
   {
-    // The pages' scripts. api.js and markdown.js are classic scripts that publish one global on
-    // window each (markdown.js also runs in node's vm, for tests/chat/test_markdown.py); the
-    // rest are ES modules.
-    files: ["chat/static/**/*.js"],
+    // The pages' scripts, in every app's static/. api.js and markdown.js are classic scripts
+    // that publish one global on window each (markdown.js also runs in node's vm, for
+    // tests/chat/test_markdown.py); the chat's others are ES modules.
+    files: ["*/static/**/*.js"],
     languageOptions: { sourceType: "script", globals: globals.browser },
   },
   {
