@@ -1,4 +1,5 @@
-"""The bench database: a database of its own on the configured server, never the developer's data."""
+"""The bench database: a database of its own on the configured server, never the developer's
+data."""
 
 from __future__ import annotations
 

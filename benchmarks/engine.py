@@ -136,9 +136,11 @@ def simulator_args(*, max_num_seqs: int, ttft: float, itl: float) -> list[str]:
 
 async def bench(args: argparse.Namespace, url: str) -> None:
     print(
-        f"simulator: TTFT {args.ttft:g} ms, ITL {args.itl:g} ms, {args.max_tokens} tokens per request, "
-        f"max-num-seqs {max(args.concurrency)}.\nTTFT and ITL percentiles are what the client sees; "
-        "'srv' columns are the engine's own means from /metrics (the gap is HTTP and client overhead)."
+        f"simulator: TTFT {args.ttft:g} ms, ITL {args.itl:g} ms, "
+        f"{args.max_tokens} tokens per request, max-num-seqs {max(args.concurrency)}.\n"
+        "TTFT and ITL percentiles are what the client sees; "
+        "'srv' columns are the engine's own means from /metrics "
+        "(the gap is HTTP and client overhead)."
     )
     header = (
         f"{'conc':>5} {'makespan s':>10} {'x single':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
@@ -162,15 +164,17 @@ async def bench(args: argparse.Namespace, url: str) -> None:
         gaps = [g * 1000 for r in results for g in r.gaps]
         chunk_ratio = sum(r.chunks for r in results) / sum(r.tokens for r in results)
         print(
-            f"{concurrency:>5} {makespan:>10.3f} {makespan / single:>8.2f}x {percentile(ttfts, 0.5):>9.1f} "
-            f"{percentile(ttfts, 0.99):>9.1f} {percentile(gaps, 0.5):>8.1f} {percentile(gaps, 0.99):>8.1f} "
+            f"{concurrency:>5} {makespan:>10.3f} {makespan / single:>8.2f}x "
+            f"{percentile(ttfts, 0.5):>9.1f} {percentile(ttfts, 0.99):>9.1f} "
+            f"{percentile(gaps, 0.5):>8.1f} {percentile(gaps, 0.99):>8.1f} "
             f"{server_ttft:>9.1f} {server_itl:>8.1f} {chunk_ratio:>10.2f}",
             flush=True,
         )
         await asyncio.sleep(0.5)  # let the engine go idle between levels
     ideal = (args.ttft + args.itl * (args.max_tokens - 1)) / 1000
     print(
-        f"ideal single-request makespan: {ideal:.3f} s (configured TTFT {args.ttft:g} ms, ITL {args.itl:g} ms)"
+        f"ideal single-request makespan: {ideal:.3f} s "
+        f"(configured TTFT {args.ttft:g} ms, ITL {args.itl:g} ms)"
     )
 
 

@@ -45,8 +45,9 @@ class RunningEngine:
 def engine_command(
     *, fields: dict, adapters: dict[str, str] | None = None, name: str = "bench-engine"
 ) -> EngineCommand:
-    """The argv and environment of an EngineProcess row with `fields` (kind, model, max_num_seqs, ...)
-    and `adapters` (name: path) as its static LoRA adapters, on a free port. Needs the database."""
+    """The argv and environment of an EngineProcess row with `fields` (kind, model,
+    max_num_seqs, ...) and `adapters` (name: path) as its static LoRA adapters, on a free port.
+    Needs the database."""
     port = free_port()
     with override_settings(VLLM_EXECUTABLE=vllm_engine.PROJECT_VENV), transaction.atomic():
         endpoint = ModelEndpoint.objects.create(
@@ -120,8 +121,8 @@ def bundled_vllm_fields(
 def bundled_cpu_fields(
     *, max_num_seqs: int | None = None, max_model_len: int | None = None, **more
 ) -> dict:
-    """llama.cpp's llama-server serving the bundled Gemma 3 270M GGUF, as `make run`'s demo row has it
-    with LOCAL_ENGINE=cpu; `more` adds or replaces row fields."""
+    """llama.cpp's llama-server serving the bundled Gemma 3 270M GGUF, as `make run`'s demo row
+    has it with LOCAL_ENGINE=cpu; `more` adds or replaces row fields."""
     return {
         "kind": EngineProcess.Kind.CPU,
         "model": cpu_engine.BUNDLED_MODEL,

@@ -433,20 +433,20 @@ def targets_evaluate(*, report: dict) -> list[dict]:
             f"{model}: added TTFT p50 <= {p50} ms at c=64",
             row.get("added_ttft_p50_ms"),
             "ms",
-            lambda v: v <= p50,
+            lambda v, p50=p50: v <= p50,
         )
         if p99 is not None:
             add(
                 f"{model}: added TTFT p99 <= {p99} ms at c=64",
                 row.get("added_ttft_p99_ms"),
                 "ms",
-                lambda v: v <= p99,
+                lambda v, p99=p99: v <= p99,
             )
         add(
             f"{model}: throughput >= {ratio:.2f}x direct at c=64",
             row.get("output_throughput_ratio"),
             "x",
-            lambda v: v >= ratio,
+            lambda v, ratio=ratio: v >= ratio,
         )
     for key, model in (("named", "local"), ("auto", "auto")):
         row = _level(report, key, 256)
@@ -513,7 +513,8 @@ def run_line(run: dict) -> str:
     cpu = run["cpu"]["gateway_cpu_ms_per_request"] if run.get("cpu") else None
     return (
         f"  {run['target']:<14} {run['label']:<6} round {run['round']}: {m['completed']} ok, "
-        f"{m['failed'] + m['unfinished']} failed; TTFT p50 {_n(m['median_ttft_ms'])} p99 {_n(m['p99_ttft_ms'])} ms; "
+        f"{m['failed'] + m['unfinished']} failed; "
+        f"TTFT p50 {_n(m['median_ttft_ms'])} p99 {_n(m['p99_ttft_ms'])} ms; "
         f"{_n(m['output_throughput'], 0)} tok/s"
         + (f"; gateway CPU {_n(cpu, 2)} ms/req" if cpu is not None else "")
         + (f"; errors {_counts(m['errors'])}" if m["errors"] else "")
@@ -530,19 +531,24 @@ def summary_text(*, report: dict) -> str:
         sweep = report["sweep"][key]
         lines += [
             "",
-            f"Concurrency sweep: the gateway with {title} against the engine directly; {plan['max_tokens']} "
-            f"tokens per answer, medians over {plan['rounds']} round(s)",
+            (
+                f"Concurrency sweep: the gateway with {title} against the engine directly; "
+                f"{plan['max_tokens']} tokens per answer, medians over {plan['rounds']} round(s)"
+            ),
         ]
         header = (
-            f"{'level':<7} {'TTFT p50 eng':>12} {'gw':>7} {'+p50 ms':>8} {'+p99 ms':>8} {'tok/s eng':>9} "
-            f"{'gw':>7} {'ratio':>6} {'failed gw/eng':>13} {'CPU ms/req':>10}  X-Route"
+            f"{'level':<7} {'TTFT p50 eng':>12} {'gw':>7} {'+p50 ms':>8} {'+p99 ms':>8} "
+            f"{'tok/s eng':>9} {'gw':>7} {'ratio':>6} {'failed gw/eng':>13} "
+            f"{'CPU ms/req':>10}  X-Route"
         )
         lines += [header, "-" * len(header)]
         for row in sweep["levels"]:
             lines.append(
-                f"{row['label']:<7} {_n(row['engine_ttft_p50_ms']):>12} {_n(row['gateway_ttft_p50_ms']):>7} "
+                f"{row['label']:<7} {_n(row['engine_ttft_p50_ms']):>12} "
+                f"{_n(row['gateway_ttft_p50_ms']):>7} "
                 f"{_n(row['added_ttft_p50_ms']):>8} {_n(row['added_ttft_p99_ms']):>8} "
-                f"{_n(row['engine_output_throughput'], 0):>9} {_n(row['gateway_output_throughput'], 0):>7} "
+                f"{_n(row['engine_output_throughput'], 0):>9} "
+                f"{_n(row['gateway_output_throughput'], 0):>7} "
                 f"{_n(row['output_throughput_ratio'], 3):>6} "
                 f"{str(row['gateway_failed']) + '/' + str(row['engine_failed']):>13} "
                 f"{_n(row['gateway_cpu_ms_per_request'], 2):>10}  {_counts(row['routes'])}"
@@ -553,7 +559,10 @@ def summary_text(*, report: dict) -> str:
     kb, first = report["kb"], report["first_question"]
     lines += [
         "",
-        "KB hits against a generated long answer through /v1, one request at a time (end-to-end, ms)",
+        (
+            "KB hits against a generated long answer through /v1, one request at a time "
+            "(end-to-end, ms)"
+        ),
     ]
     header = f"{'':<34} {'ok/asked':>9} {'p50':>8} {'p99':>8}  X-Route"
     lines += [header, "-" * len(header)]
@@ -563,8 +572,8 @@ def summary_text(*, report: dict) -> str:
             lines.append(f"{label:<34} {'not run':>9}")
             return
         lines.append(
-            f"{label:<34} {str(row['completed']) + '/' + str(row['requests']):>9} {_n(row['p50_ms']):>8} "
-            f"{_n(row['p99_ms']):>8}  {_counts(row['routes'])}"
+            f"{label:<34} {str(row['completed']) + '/' + str(row['requests']):>9} "
+            f"{_n(row['p50_ms']):>8} {_n(row['p99_ms']):>8}  {_counts(row['routes'])}"
         )
 
     kb_line(
@@ -581,22 +590,27 @@ def summary_text(*, report: dict) -> str:
     pair = report["pair"]
     lines += [
         "",
-        f"Two concurrent {pair['long_tokens']}-token answers against one, through the gateway: makespan "
-        f"{_n(pair['two_s'], 2)} s against {_n(pair['one_s'], 2)} s, {_n(pair['ratio'], 3)}x "
-        f"(continuous batching: close to 1.0x); {pair['failed']} failed",
+        (
+            f"Two concurrent {pair['long_tokens']}-token answers against one, through the gateway: "
+            f"makespan {_n(pair['two_s'], 2)} s against {_n(pair['one_s'], 2)} s, "
+            f"{_n(pair['ratio'], 3)}x (continuous batching: close to 1.0x); {pair['failed']} failed"
+        ),
     ]
     lines += ["", "Targets"]
     width = max(len(row["target"]) for row in report["targets"]) + 2
     for row in report["targets"]:
         verdict = "not run" if row["met"] is None else ("met" if row["met"] else "MISSED")
-        value = f"{_n(row['value'], 0 if row['unit'] == 'failed' else 2 if row['unit'] == 'x' else 1)} {row['unit']}"
+        digits = 0 if row["unit"] == "failed" else 2 if row["unit"] == "x" else 1
+        value = f"{_n(row['value'], digits)} {row['unit']}"
         lines.append(f"  {row['target']:<{width}} {value:>14}  {verdict}")
     start, end = report["load_average_start"], report["load_average_end"]
     lines += [
         "",
-        f"load average at the start {start[0]:.2f} {start[1]:.2f} {start[2]:.2f}, at the end "
-        f"{end[0]:.2f} {end[1]:.2f} {end[2]:.2f} on {report['cpus']} CPUs (the machine is shared: other "
-        "work shows up in every figure)",
+        (
+            f"load average at the start {start[0]:.2f} {start[1]:.2f} {start[2]:.2f}, at the end "
+            f"{end[0]:.2f} {end[1]:.2f} {end[2]:.2f} on {report['cpus']} CPUs "
+            "(the machine is shared: other work shows up in every figure)"
+        ),
     ]
     return "\n".join(lines)
 

@@ -126,7 +126,9 @@ def measure(*, model: LockedModel, conversations: list[list[dict]], tokens: int)
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
             )
-        except BaseException as exc:  # reported by the main thread, which exits non-zero
+        except BaseException as exc:  # noqa: BLE001 - the main thread raises it again
+            # Every failure, not only Exception: one escaping a thread is only printed. The main
+            # thread raises the first one again, so the run exits non-zero with its cause.
             errors.append(exc)
 
     threads = [
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# --- the report, shared with manage.py bench_inprocess ---------------------------------------------------
+# --- the report, shared with manage.py bench_inprocess --------------------------------------------
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -286,13 +288,25 @@ def summary_text(*, figures: dict, tokens: int, rounds: int) -> str:
     before, after = figures["before"], figures["after"]
     return "\n".join(
         [
-            f"{tokens}-token answers, medians of {rounds} round(s)        1 alone    2 at once   2 at once / 1 alone",
-            f"  before: in-process generate() under a lock   {seconds(before['one_s'])}  {seconds(before['two_s'])}"
-            f"   {times(before['two_over_one'])}",
-            f"  after:  vLLM server over HTTP                {seconds(after['one_s'])}  {seconds(after['two_s'])}"
-            f"   {times(after['two_over_one'])}",
-            f"  before / after                               {times(figures['one_before_over_after']):>9}"
-            f"  {times(figures['two_before_over_after']):>9}",
+            (
+                f"{tokens}-token answers, medians of {rounds} round(s)"
+                "        1 alone    2 at once   2 at once / 1 alone"
+            ),
+            (
+                "  before: in-process generate() under a lock   "
+                f"{seconds(before['one_s'])}  {seconds(before['two_s'])}"
+                f"   {times(before['two_over_one'])}"
+            ),
+            (
+                "  after:  vLLM server over HTTP                "
+                f"{seconds(after['one_s'])}  {seconds(after['two_s'])}"
+                f"   {times(after['two_over_one'])}"
+            ),
+            (
+                "  before / after                               "
+                f"{times(figures['one_before_over_after']):>9}"
+                f"  {times(figures['two_before_over_after']):>9}"
+            ),
         ]
     )
 

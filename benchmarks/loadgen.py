@@ -9,7 +9,8 @@ ends by itself (its request count, then its time budget).
 In process:
 
     report = asyncio.run(benchmark_run(targets=[Target(base_url=..., api_key=...)],
-                                       levels=[Level(concurrency=16)], prompts=prompts_builtin(name="kb"),
+                                       levels=[Level(concurrency=16)],
+                                       prompts=prompts_builtin(name="kb"),
                                        options=LoadOptions(max_tokens=64)))
 
 `level_run` runs one level against one target and returns its figures; `benchmark_run` runs
@@ -47,7 +48,8 @@ READ_BUFFER = (
 
 
 class BenchError(Exception):
-    """The benchmark cannot run: the target is unreachable, refuses the key, or the input is wrong."""
+    """The benchmark cannot run: the target is unreachable, refuses the key, or the input is
+    wrong."""
 
 
 @dataclass(frozen=True)

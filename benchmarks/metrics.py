@@ -7,9 +7,9 @@
 
 Percentiles interpolate linearly between closest ranks (benchmarks.stats: numpy's default,
 which vLLM uses). Only completed requests enter the latency figures; failed ones are counted
-by error kind. Throughputs are over the level's duration: from its first request sent to its last one ended.
-The JSON keys are vLLM's (`mean_ttft_ms`, `p99_itl_ms`, `output_throughput`, ...), so
-tooling written for `vllm bench serve` results reads these too.
+by error kind. Throughputs are over the level's duration: from its first request sent to its
+last one ended. The JSON keys are vLLM's (`mean_ttft_ms`, `p99_itl_ms`, `output_throughput`,
+...), so tooling written for `vllm bench serve` results reads these too.
 """
 
 from __future__ import annotations

@@ -56,30 +56,32 @@ CHAT_MESSAGES = [
 ]
 
 _PASSAGES = [
-    "Our returns policy covers every product bought in the online shop or in a store. A product can be "
-    "returned within thirty days of delivery, unused and in its original packaging, with the order number. "
-    "Products made to measure, opened software and gift cards cannot be returned. Returns are free inside "
-    "the European Union; from other countries the customer pays the postage. The refund goes to the original "
-    "payment method within fourteen days of the return reaching the warehouse; a partial refund applies when "
-    "a product comes back damaged or incomplete. Exchanges are handled as a return and a new order, so the "
-    "new product ships as soon as it is ordered, without waiting for the return. Customers with a business "
-    "account can return products within sixty days and may ask for a collection from their premises.",
-    "The subscription has three plans. Starter is for one person and includes the assistant, the knowledge "
-    "base and e-mail support. Team adds up to twenty members, shared sessions, an admin console, usage "
-    "reports and support by chat on working days. Enterprise adds single sign-on, a dedicated instance, a "
-    "service-level agreement with credits for downtime, audit logs kept for a year and a named contact. "
-    "Plans are billed monthly or yearly; a yearly plan costs ten months. Changing to a larger plan takes "
-    "effect at once and is charged pro rata; changing to a smaller one takes effect at the next renewal. A "
-    "cancelled subscription keeps working until the end of the paid period, and its data can be exported "
-    "for ninety days after that, then it is deleted.",
-    "Incident report. At the start of the evening peak the answer latency of the assistant rose from under "
-    "a second to about eight seconds, and some answers failed. The local model server had been restarted "
-    "with a smaller memory budget after a configuration change, so it could batch fewer requests at once and "
-    "the rest queued. The gateway's circuit breaker opened after repeated timeouts and sent new requests to "
-    "the external model, which kept the service up but raised costs. The configuration was rolled back within "
-    "forty minutes and latency returned to normal. Follow-ups: alert on queue length, not only on errors; "
-    "test configuration changes under load before the evening; document the memory budget next to the "
-    "model's settings.",
+    "Our returns policy covers every product bought in the online shop or in a store. A product "
+    "can be returned within thirty days of delivery, unused and in its original packaging, with "
+    "the order number. Products made to measure, opened software and gift cards cannot be "
+    "returned. Returns are free inside the European Union; from other countries the customer pays "
+    "the postage. The refund goes to the original payment method within fourteen days of the "
+    "return reaching the warehouse; a partial refund applies when a product comes back damaged or "
+    "incomplete. Exchanges are handled as a return and a new order, so the new product ships as "
+    "soon as it is ordered, without waiting for the return. Customers with a business account can "
+    "return products within sixty days and may ask for a collection from their premises.",
+    "The subscription has three plans. Starter is for one person and includes the assistant, the "
+    "knowledge base and e-mail support. Team adds up to twenty members, shared sessions, an admin "
+    "console, usage reports and support by chat on working days. Enterprise adds single sign-on, "
+    "a dedicated instance, a service-level agreement with credits for downtime, audit logs kept "
+    "for a year and a named contact. Plans are billed monthly or yearly; a yearly plan costs ten "
+    "months. Changing to a larger plan takes effect at once and is charged pro rata; changing to "
+    "a smaller one takes effect at the next renewal. A cancelled subscription keeps working until "
+    "the end of the paid period, and its data can be exported for ninety days after that, then it "
+    "is deleted.",
+    "Incident report. At the start of the evening peak the answer latency of the assistant rose "
+    "from under a second to about eight seconds, and some answers failed. The local model server "
+    "had been restarted with a smaller memory budget after a configuration change, so it could "
+    "batch fewer requests at once and the rest queued. The gateway's circuit breaker opened after "
+    "repeated timeouts and sent new requests to the external model, which kept the service up but "
+    "raised costs. The configuration was rolled back within forty minutes and latency returned to "
+    "normal. Follow-ups: alert on queue length, not only on errors; test configuration changes "
+    "under load before the evening; document the memory budget next to the model's settings.",
 ]
 _TASKS = [
     "Summarize the text above in five bullet points for a customer.",
@@ -88,7 +90,10 @@ _TASKS = [
     "List every rule in the text above, then explain the reason a business might have for each.",
 ]
 LONG_PROMPTS = [f"{passage}\n\n{task}" for passage in _PASSAGES for task in _TASKS] + [
-    "Write a detailed, step-by-step guide to moving a small web shop from shared hosting to a cloud provider.",
+    (
+        "Write a detailed, step-by-step guide to moving a small web shop from shared hosting to "
+        "a cloud provider."
+    ),
     "Write a long story about a lighthouse keeper who finds a message in a bottle.",
     "Explain in depth how a search engine ranks pages, for a reader with no technical background.",
     "Write an essay on the advantages and the risks of working from home, with examples.",

@@ -1,4 +1,5 @@
-"""What a benchmark report looks like: tables for a terminal, JSON for machines, a PNG for people."""
+"""What a benchmark report looks like: tables for a terminal, JSON for machines, a PNG for
+people."""
 
 from __future__ import annotations
 
@@ -37,7 +38,10 @@ def level_table(run: dict) -> str:
     row("Duration (s)", _num(m["duration"], 2))
     tokens = f"{m['total_output_tokens']} out, {m['total_input_tokens']} in"
     if m["tokens_counted_from_chunks"]:
-        tokens += f" ({m['tokens_counted_from_chunks']} requests had no usage chunk: counted content chunks)"
+        tokens += (
+            f" ({m['tokens_counted_from_chunks']} requests had no usage chunk: "
+            "counted content chunks)"
+        )
     row("Tokens", tokens)
     row("Request throughput (req/s)", _num(m["request_throughput"], 2))
     row("Output token throughput (tok/s)", _num(m["output_throughput"], 1))
@@ -64,7 +68,8 @@ def level_table(run: dict) -> str:
             ", ".join(f"{kind} {_num(v, 2)}" for kind, v in sorted(per.items())) or "no process"
         )
         lines.append(
-            f"gateway processes in all: {_num(cpu['gateway_cpu_ms_per_request'], 2)} ms per request, "
+            "gateway processes in all: "
+            f"{_num(cpu['gateway_cpu_ms_per_request'], 2)} ms per request, "
             f"over {cpu['requests']} requests (counters tick every {cpu['tick_ms']:g} ms); "
             f"{cpu['exited']} tracked processes exited during the level (their CPU is lost)"
         )
@@ -137,12 +142,16 @@ def compare_table(report: dict) -> str:
     a, b = (t["name"] for t in report["targets"])
     by = {(row["target"], row["label"]): row for row in report["summary"]}
     header = (
-        f"{'level':<14} {'rounds':>6} {a + ' TTFT p50':>12} {b + ' TTFT p50':>12} {'added p50':>10} "
-        f"{'added p99':>10} {'out tok/s ' + a + '/' + b:>16}"
+        f"{'level':<14} {'rounds':>6} {a + ' TTFT p50':>12} {b + ' TTFT p50':>12} "
+        f"{'added p50':>10} {'added p99':>10} {'out tok/s ' + a + '/' + b:>16}"
     )
     lines = [
-        f"{a} = {report['targets'][0]['base_url']}  vs  {b} = {report['targets'][1]['base_url']}: "
-        f"the TTFT {a} adds over {b} and {a}'s output throughput over {b}'s (medians over rounds, ms)",
+        (
+            f"{a} = {report['targets'][0]['base_url']}  vs  "
+            f"{b} = {report['targets'][1]['base_url']}: "
+            f"the TTFT {a} adds over {b} and {a}'s output throughput over {b}'s "
+            "(medians over rounds, ms)"
+        ),
         header,
         "-" * len(header),
     ]

@@ -133,8 +133,8 @@ def stack_run(
     engine_fields: dict | None = None,
 ) -> Iterator[Stack]:
     """Database `name` prepared, the simulator with `sim_args`, the demo data, then the gateway
-    with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT, ...).
-    `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
+    with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT,
+    ...). `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
 
     `engine_fields`: instead of the simulator, the engine an engine row with these fields runs (the
     real vLLM: benchmarks.engines.bundled_vllm_fields), started from the row's own argv; `model` is
