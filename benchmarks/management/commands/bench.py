@@ -54,7 +54,10 @@ def _header(text: str) -> tuple[str, str]:
 
 
 class Command(BaseCommand):
-    help = "Load-test an OpenAI-compatible chat API by concurrency or request rate, like `vllm bench serve`."
+    help = (
+        "Load-test an OpenAI-compatible chat API by concurrency or request rate, "
+        "like `vllm bench serve`."
+    )
     # Nothing here touches the database: no checks (they may connect), no migrations needed.
     requires_system_checks = []
 
@@ -274,7 +277,8 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             f"bench: {len(levels)} levels x {rounds} rounds x {len(targets)} targets; "
-            f"prompts {prompts.name}, max_tokens {options.max_tokens}, timeout {options.timeout:g} s"
+            f"prompts {prompts.name}, max_tokens {options.max_tokens}, "
+            f"timeout {options.timeout:g} s"
         )
         for target in targets:
             if target.cpu is None:

@@ -52,7 +52,10 @@ def question(socket: int, number: int) -> str:
 
 
 class Command(BaseCommand):
-    help = "Benchmark the browser chat: N logged-in WebSockets asking in turn, against the engine alone."
+    help = (
+        "Benchmark the browser chat: N logged-in WebSockets asking in turn, "
+        "against the engine alone."
+    )
     # Checks may connect to the database; nothing may connect before we point at the bench database.
     requires_system_checks = []
 
@@ -176,16 +179,17 @@ class Command(BaseCommand):
                 gateway_extra={"ROUTING_DEFAULT_MAX_TOKENS": str(max_tokens)},
             ) as stack:
                 self.out(
-                    f"database {name} ({'created' if stack.created else 'existing'}); {os.cpu_count()} CPUs, "
-                    f"load average {os.getloadavg()[0]:.2f} (other work on this machine shows up in every "
-                    "figure)"
+                    f"database {name} ({'created' if stack.created else 'existing'}); "
+                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} "
+                    "(other work on this machine shows up in every figure)"
                 )
                 if stack.demo_kb:
                     self.out(f"demo knowledge base: {stack.demo_kb}")
                 self.out(
-                    f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, max-num-seqs "
-                    f"{max(sockets)}); gateway {stack.gateway.url} (pid {stack.gateway_pid}), {max_tokens} "
-                    "tokens per answer"
+                    f"simulator {stack.simulator_url} (TTFT {ttft:g} ms, ITL {itl:g} ms, "
+                    f"max-num-seqs {max(sockets)}); "
+                    f"gateway {stack.gateway.url} (pid {stack.gateway_pid}), "
+                    f"{max_tokens} tokens per answer"
                 )
                 try:
                     self.run(
@@ -233,12 +237,13 @@ class Command(BaseCommand):
             raise CommandError(f"the warm-up answer failed: {dict(level.errors) or 'no answer'}")
 
         header = (
-            f"{'sockets':>7} {'answers':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'end p50':>8} {'end p99':>8} "
-            f"{'makespan':>9} {'tok/ans':>8} {'frames/ans':>10} {'engine':>8} {'ratio':>6}"
+            f"{'sockets':>7} {'answers':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'end p50':>8} {'end p99':>8} {'makespan':>9} "
+            f"{'tok/ans':>8} {'frames/ans':>10} {'engine':>8} {'ratio':>6}"
         )
         self.out(
-            f"\n{questions} question(s) per socket; times in ms, makespans in s; 'engine': the same "
-            "streams straight to the engine"
+            f"\n{questions} question(s) per socket; times in ms, makespans in s; "
+            "'engine': the same streams straight to the engine"
         )
         self.out(header)
         self.out("-" * len(header))
@@ -291,8 +296,10 @@ class Command(BaseCommand):
             else f"{'-':>8} {'-':>6}"
         )
         self.out(
-            f"{level.sockets:>7} {len(done):>4}/{asked:<3} {ms(ttfts, 0.5):>9.1f} {ms(ttfts, 0.99):>9.1f} "
-            f"{ms(ends, 0.5):>8.0f} {ms(ends, 0.99):>8.0f} {level.makespan:>9.2f} {per_answer(tokens):>8.1f} "
+            f"{level.sockets:>7} {len(done):>4}/{asked:<3} "
+            f"{ms(ttfts, 0.5):>9.1f} {ms(ttfts, 0.99):>9.1f} "
+            f"{ms(ends, 0.5):>8.0f} {ms(ends, 0.99):>8.0f} {level.makespan:>9.2f} "
+            f"{per_answer(tokens):>8.1f} "
             f"{per_answer([a.frames for a in done]):>10.1f} {engine_text}"
         )
         roads = Counter(a.road for a in done)
@@ -303,5 +310,6 @@ class Command(BaseCommand):
         skipped = asked - len(level.answers)
         if skipped:
             self.out(
-                f"{'':>7}   ! {skipped} questions not asked: their socket failed to open or timed out before"
+                f"{'':>7}   ! {skipped} questions not asked: "
+                "their socket failed to open or timed out before"
             )

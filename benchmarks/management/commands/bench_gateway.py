@@ -1,8 +1,10 @@
-"""Measure the gateway's claims on a stack of its own: what it adds over the engine, KB hits, batching.
+"""Measure the gateway's claims on a stack of its own: what it adds over the engine, KB hits,
+batching.
 
     python manage.py bench_gateway [--concurrency 1,16,64,256] [--max-tokens 64] [--rounds 3]
         [--num-requests N] [--ttft 100] [--itl 13] [--max-num-seqs 512] [--web-concurrency N]
-        [--kb-requests 50] [--long-requests 5] [--long-tokens 512] [--json FILE] [--quick] [--no-keep]
+        [--kb-requests 50] [--long-requests 5] [--long-tokens 512] [--json FILE] [--quick]
+        [--no-keep]
 
 It starts the vLLM simulator with vLLM-like latencies, and the gateway with production
 settings on `bench_gateway_<database>` (benchmarks.stack: the demo KB and routing, `local` on the
@@ -69,7 +71,10 @@ def _positive(kind):
 
 
 class Command(BaseCommand):
-    help = "Reproduce the gateway's concurrency and KB figures on a stack of its own, with each target met or MISSED."
+    help = (
+        "Reproduce the gateway's concurrency and KB figures on a stack of its own, "
+        "with each target met or MISSED."
+    )
     # Checks may connect to the database; nothing may connect before we point at the bench database.
     requires_system_checks = []
 
@@ -92,7 +97,9 @@ class Command(BaseCommand):
             "--rounds",
             type=_positive(int),
             default=plan.rounds,
-            help=f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})",
+            help=(
+                f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})"
+            ),
         )
         sweep.add_argument(
             "--num-requests",
@@ -179,7 +186,9 @@ class Command(BaseCommand):
             "--max-duration",
             type=_positive(float),
             default=300.0,
-            help="per level and run, s: requests still in flight then count as failed (default 300)",
+            help=(
+                "per level and run, s: requests still in flight then count as failed (default 300)"
+            ),
         )
         run.add_argument(
             "--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)"
@@ -188,8 +197,10 @@ class Command(BaseCommand):
         run.add_argument(
             "--quick",
             action="store_true",
-            help="a short run of every part, for a test: levels 1,4, 8 requests of 8 tokens, 1 round, "
-            "5 KB questions, one 32-token long answer (overrides the sizes above)",
+            help=(
+                "a short run of every part, for a test: levels 1,4, 8 requests of 8 tokens, "
+                "1 round, 5 KB questions, one 32-token long answer (overrides the sizes above)"
+            ),
         )
         run.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
         run.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -221,8 +232,8 @@ class Command(BaseCommand):
             }[o["engine"]]
         if max(plan.levels) > o["max_num_seqs"]:
             self.out(
-                f"note: the simulator decodes {o['max_num_seqs']} sequences at once; levels above it queue "
-                "in the engine, on both roads alike"
+                f"note: the simulator decodes {o['max_num_seqs']} sequences at once; "
+                "levels above it queue in the engine, on both roads alike"
             )
         web_concurrency = o.get("web_concurrency")
         name = f"bench_gateway_{settings.DATABASES['default']['NAME']}"
@@ -263,7 +274,8 @@ class Command(BaseCommand):
     ) -> None:
         load = os.getloadavg()
         self.out(
-            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
+            f"{os.cpu_count()} CPUs, "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
             "(the machine is shared: other work shows up in every figure)"
         )
         sim_args = engine.simulator_args(max_num_seqs=max_num_seqs, ttft=ttft, itl=itl)
@@ -309,8 +321,8 @@ class Command(BaseCommand):
                 )
                 self.out(
                     f"database {name} ({'created' if stack.created else 'existing'}); {served}; "
-                    f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; endpoint local "
-                    f"max_concurrency {stack.local_max_concurrency}"
+                    f"gateway {stack.gateway.url}, {processes}, pid {stack.gateway_pid}; "
+                    f"endpoint local max_concurrency {stack.local_max_concurrency}"
                 )
                 if stack.demo_kb:
                     self.out(f"demo knowledge base: {stack.demo_kb}")

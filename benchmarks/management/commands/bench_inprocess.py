@@ -166,7 +166,8 @@ class Command(BaseCommand):
     ) -> dict:
         load = os.getloadavg()
         self.out(
-            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
+            f"{os.cpu_count()} CPUs, "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start "
             "(the machine is shared: other work shows up in every figure)"
         )
         model_dir = vllm_engine.model_path(vllm_engine.BUNDLED_MODEL)
@@ -184,13 +185,15 @@ class Command(BaseCommand):
             cores = _bound_cores(log_path)
             report["vllm"] = {"url": server.url, "pid": server.pid, "omp_cores": cores}
             self.out(
-                f"vLLM {vllm_engine.VLLM_CPU_VERSION} at {server.url} (pid {server.pid}), OpenMP bound to "
-                f"{len(cores) if cores is not None else '?'} core(s) {cores}; in-process side: torch "
-                f"threads {threads} (--threads)"
+                f"vLLM {vllm_engine.VLLM_CPU_VERSION} at {server.url} (pid {server.pid}), "
+                f"OpenMP bound to {len(cores) if cores is not None else '?'} core(s) {cores}; "
+                f"in-process side: torch threads {threads} (--threads)"
             )
             self.out(
-                f"{tokens}-token greedy answers (ignore_eos / min_new_tokens), long-answer prompts, "
-                f"warm-up of {min(tokens, inprocess.WARMUP_TOKENS)} tokens per side and round, not counted"
+                f"{tokens}-token greedy answers (ignore_eos / min_new_tokens), "
+                "long-answer prompts, "
+                f"warm-up of {min(tokens, inprocess.WARMUP_TOKENS)} tokens per side and round, "
+                "not counted"
             )
             for number in range(1, rounds + 1):
                 conversations = _round_conversations(number=number)
@@ -452,8 +455,8 @@ async def _ask(*, client: openai.AsyncOpenAI, messages: list[dict], tokens: int)
 def _round_line(*, number: int, side: str, result: dict) -> str:
     pair = ", ".join(f"{answer['seconds']:.2f}" for answer in result["answers"][1:])
     line = (
-        f"round {number} {side:<6}  1 alone {result['one_s']:6.2f} s   2 at once {result['two_s']:6.2f} s"
-        f" (the two done at {pair} s)"
+        f"round {number} {side:<6}  1 alone {result['one_s']:6.2f} s   "
+        f"2 at once {result['two_s']:6.2f} s (the two done at {pair} s)"
     )
     if side == "before":
         line += (

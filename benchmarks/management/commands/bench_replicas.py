@@ -1,9 +1,9 @@
 """Benchmark replica picking: three simulator replicas of unequal speed behind one replica group,
 the gateway picking the least busy against plain round-robin.
 
-    python manage.py bench_replicas [--concurrency 32] [--requests 256] [--max-tokens 64] [--rounds 2]
-                                    [--modes least_busy,round_robin,queue_only] [--check-interval 1]
-                                    [--web-concurrency N]
+    python manage.py bench_replicas [--concurrency 32] [--requests 256] [--max-tokens 64]
+                                    [--rounds 2] [--modes least_busy,round_robin,queue_only]
+                                    [--check-interval 1] [--web-concurrency N]
 
 Each run starts its own stack (a database of its own, the demo KB and routing, the gateway with
 production settings): the demo's `local` endpoint and two more, all in the group `pool`, on three
@@ -57,7 +57,10 @@ def _served(url: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Benchmark the least-busy replica pick against round-robin, three simulators of unequal speed."
+    help = (
+        "Benchmark the least-busy replica pick against round-robin, "
+        "three simulators of unequal speed."
+    )
     requires_system_checks = []
 
     def add_arguments(self, parser):
@@ -72,7 +75,10 @@ class Command(BaseCommand):
             "--check-interval",
             type=float,
             default=1.0,
-            help="seconds between the health checks of the replicas (production: ENGINE_CHECK_INTERVAL, 5)",
+            help=(
+                "seconds between the health checks of the replicas "
+                "(production: ENGINE_CHECK_INTERVAL, 5)"
+            ),
         )
         parser.add_argument(
             "--web-concurrency",
@@ -97,7 +103,8 @@ class Command(BaseCommand):
         name = f"bench_replicas_{settings.DATABASES['default']['NAME']}"
         load = os.getloadavg()
         self.out(
-            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; replicas (ITL ms, max-num-seqs): "
+            f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; "
+            "replicas (ITL ms, max-num-seqs): "
             + ", ".join(f"{n} {itl}/{seqs}" for n, (itl, seqs) in REPLICAS.items())
         )
         rows = []
@@ -205,13 +212,15 @@ class Command(BaseCommand):
         metrics = report["summary"][0]
         total = sum(served) or 1
         self.out(
-            f"{mode}: TTFT p50 {metrics['median_ttft_ms']:.1f} p99 {metrics['p99_ttft_ms']:.1f} ms, "
+            f"{mode}: TTFT p50 {metrics['median_ttft_ms']:.1f} "
+            f"p99 {metrics['p99_ttft_ms']:.1f} ms, "
             f"{metrics['output_throughput']:.0f} tok/s, {metrics['failed']} failed"
         )
         return mode, metrics, [s / total for s in served]
 
     def group(self, urls: dict[str, str]) -> None:
-        """The demo's `local` endpoint and two like it on the other simulators, one replica group."""
+        """The demo's `local` endpoint and two like it on the other simulators, one replica
+        group."""
         from inference_ops.models import ModelEndpoint
 
         local = ModelEndpoint.objects.get(name="local")

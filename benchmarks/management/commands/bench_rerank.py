@@ -47,7 +47,10 @@ WARMUP = 10
 
 
 class Command(BaseCommand):
-    help = "Latency of adirect_answer on KB vector hits with the reranker and without, in bench_rerank_<db>."
+    help = (
+        "Latency of adirect_answer on KB vector hits with the reranker and without, "
+        "in bench_rerank_<db>."
+    )
     # Checks may connect to the database; nothing may connect before we point at the bench database.
     requires_system_checks = []
 
@@ -104,8 +107,8 @@ class Command(BaseCommand):
             with stack.stack_session(drop=name, say=self.out):
                 stack.database_prepare(name=name, pool_size=4)
                 self.out(
-                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
-                    "machine shows up in every figure)"
+                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} "
+                    "(other work on this machine shows up in every figure)"
                 )
                 logging.getLogger("httpx2").setLevel(
                     logging.WARNING
@@ -139,7 +142,8 @@ class Command(BaseCommand):
         embedding_model_index_ensure(model=model)
         kb_data.analyze()
         self.out(
-            f"KB: {entries} FAQ entries embedded by {model.name} in {time.perf_counter() - began:.1f} s "
+            f"KB: {entries} FAQ entries embedded by {model.name} "
+            f"in {time.perf_counter() - began:.1f} s "
             f"(threshold {model.threshold:.2f}, margin {model.margin:.2f})"
         )
         pk_of = dict(Entry.objects.filter(kind=Entry.Kind.FAQ).values_list("question", "pk"))
@@ -186,8 +190,8 @@ class Command(BaseCommand):
         self, times, outcomes: Counter, *, hits: list[str], rounds: int, reranker_ms: float
     ) -> None:
         self.out(
-            f"\nadirect_answer on {len(hits)} vector hits, {rounds} round(s) each, concurrency 1; simulated "
-            f"reranker forward pass {reranker_ms:g} ms"
+            f"\nadirect_answer on {len(hits)} vector hits, {rounds} round(s) each, concurrency 1; "
+            f"simulated reranker forward pass {reranker_ms:g} ms"
         )
         self.out(f"{'':<38}{'p50 ms':>9}{'p95 ms':>9}{'mean ms':>9}")
         for temperature, label in (
@@ -209,7 +213,8 @@ class Command(BaseCommand):
             added = [on - off for on, off in zip(figures["on"], figures["off"])]
             self.out(f"{'':<28}{'added':<12}" + "".join(f"{value:+9.2f}" for value in added))
         self.out(
-            "\nthe reranker's verdicts on the vector hits (the simulator's lexical relevance, not a model's): "
+            "\nthe reranker's verdicts on the vector hits "
+            "(the simulator's lexical relevance, not a model's): "
             + ", ".join(f"{count} {what}" for what, count in outcomes.most_common())
         )
 

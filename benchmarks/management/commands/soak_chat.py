@@ -29,7 +29,10 @@ from benchmarks.users import bench_user, session_cookie
 
 def question(socket: int, number: int) -> str:
     # Distinct, in no KB, short enough to come back whole within the answer's token limit.
-    return f"Soak check {number + 1} of socket {socket + 1}: how do the tides move near lighthouse {socket + 1}?"
+    return (
+        f"Soak check {number + 1} of socket {socket + 1}: "
+        f"how do the tides move near lighthouse {socket + 1}?"
+    )
 
 
 class _Memory(threading.Thread):
@@ -60,7 +63,10 @@ class _Memory(threading.Thread):
 
 
 class Command(BaseCommand):
-    help = "Soak the browser chat: N WebSockets asking for a while, every token checked against the engine."
+    help = (
+        "Soak the browser chat: N WebSockets asking for a while, "
+        "every token checked against the engine."
+    )
     requires_system_checks = []
 
     def add_arguments(self, parser):
@@ -105,9 +111,10 @@ class Command(BaseCommand):
                 ) as stack,
             ):
                 self.out(
-                    f"{sockets} sockets for {seconds:g} s; simulator in echo mode (TTFT {ttft:g} ms, ITL "
-                    f"{itl:g} ms); gateway pid {stack.gateway_pid}; {os.cpu_count()} CPUs, load average "
-                    f"{os.getloadavg()[0]:.2f}"
+                    f"{sockets} sockets for {seconds:g} s; "
+                    f"simulator in echo mode (TTFT {ttft:g} ms, ITL {itl:g} ms); "
+                    f"gateway pid {stack.gateway_pid}; {os.cpu_count()} CPUs, "
+                    f"load average {os.getloadavg()[0]:.2f}"
                 )
                 failed = self.soak(
                     url=stack.gateway.url,
@@ -172,27 +179,30 @@ class Command(BaseCommand):
         ttfts = [a.ttft for a in done if a.ttft is not None]
         tokens = sum(a.tokens or 0 for a in done)
         self.out(
-            f"answers: {len(done)} completed in {level.makespan:.1f} s ({len(done) / level.makespan:.1f}/s, "
-            f"{tokens / level.makespan:.0f} tokens/s); first token p50 {1000 * stats.percentile(ttfts, 0.5):.0f} "
-            f"ms, p99 {1000 * stats.percentile(ttfts, 0.99):.0f} ms"
+            f"answers: {len(done)} completed in {level.makespan:.1f} s "
+            f"({len(done) / level.makespan:.1f}/s, {tokens / level.makespan:.0f} tokens/s); "
+            f"first token p50 {1000 * stats.percentile(ttfts, 0.5):.0f} ms, "
+            f"p99 {1000 * stats.percentile(ttfts, 0.99):.0f} ms"
         )
         errors = level.errors
         self.out(f"errors: {sum(errors.values())}" + (f" ({dict(errors)})" if errors else ""))
         self.out(
-            f"answers that differ from what the engine sent (lost, reordered or duplicated tokens): {len(wrong)}"
+            "answers that differ from what the engine sent "
+            f"(lost, reordered or duplicated tokens): {len(wrong)}"
         )
         for answer in wrong[:3]:
             self.out(
-                f"  socket {answer.socket} answer {answer.index}: {answer.text!r} != {answer.asked!r}"
+                f"  socket {answer.socket} answer {answer.index}: "
+                f"{answer.text!r} != {answer.asked!r}"
             )
         self.out(f"answers stored differently from what the socket showed: {stored}")
         if memory.samples:
             rss = [value for _, value in memory.samples]
             half = rss[len(rss) // 2]
             self.out(
-                f"gateway memory (RSS): {before:.0f} MB after the warm-up, {half:.0f} MB at half time, "
-                f"{rss[-1]:.0f} MB at the end, {max(rss):.0f} MB at most; second half "
-                f"{rss[-1] - half:+.0f} MB"
+                f"gateway memory (RSS): {before:.0f} MB after the warm-up, "
+                f"{half:.0f} MB at half time, {rss[-1]:.0f} MB at the end, "
+                f"{max(rss):.0f} MB at most; second half {rss[-1] - half:+.0f} MB"
             )
         return sum(errors.values()) + len(wrong) + stored
 
