@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test engines stop install check-deploy clean audit
+.PHONY: run test test-fast lint lint-py lint-js engines stop install check-deploy clean audit
 
 install: $(STAMP)
 
@@ -32,6 +32,27 @@ test: $(STAMP)
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
 	$(MAKE) --no-print-directory engines
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The suite without its slow parts (a real browser, real processes started and stopped, real
+# engines): what to run while working; `make test` runs everything.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not browser and not processes and not engines" $(PYTEST_ARGS)
+
+# Lint, format and types (pyproject.toml), then the JavaScript (eslint.config.js). CI runs it
+# before the tests.
+lint: lint-py lint-js
+
+lint-py: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+lint-js: node_modules/.installed
+	node_modules/.bin/eslint .
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 # The engines the suite runs for real, prepared once per machine into ~/.cache/answering-gateway:
 # llama.cpp's llama-server (a compile, CPU-bound) and vLLM (a pip install into its own venv, then
