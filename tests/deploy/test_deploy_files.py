@@ -147,7 +147,8 @@ def k8s_environment(container: dict) -> dict[str, dict]:
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
         assert name in maps, (
-            f"deploy/k8s: container {container['name']} reads ConfigMap {name}, which no file defines"
+            f"deploy/k8s: container {container['name']} reads ConfigMap {name}, "
+            "which no file defines"
         )
         variables.update({key: {"name": key, "value": value} for key, value in maps[name].items()})
     variables.update({entry["name"]: entry for entry in container.get("env", [])})
@@ -182,15 +183,15 @@ def dockerfile_environment() -> dict[str, str]:
 
 
 def readme_variables() -> set[str]:
-    """The variables named in the first column of the README's Configuration table."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    """The variables named in the first column of the tables of docs/configuration.md."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text
     names = set()
     for line in section.splitlines():
         if line.startswith("| `"):
             first_cell = line.split("|")[1]
             names.update(re.findall(r"`([A-Z][A-Z0-9_]*)`", first_cell))
-    assert len(names) > 50, "the README's Configuration table was not found"
+    assert len(names) > 50, "the tables of docs/configuration.md were not found"
     return names
 
 
@@ -366,7 +367,8 @@ def test_every_probe_of_the_gateway_sends_a_host_the_gateway_serves():
                     for h in container[kind]["httpGet"].get("httpHeaders", [])
                 }
                 assert headers.get("host") in allowed, (
-                    f"{workload['metadata']['name']}: {kind} sends Host {headers.get('host')!r}, not in {allowed}"
+                    f"{workload['metadata']['name']}: {kind} sends Host "
+                    f"{headers.get('host')!r}, not in {allowed}"
                 )
     for name, service in compose_services(GATEWAY_IMAGE).items():
         if "healthcheck" in service:
@@ -391,7 +393,8 @@ def test_a_stopping_web_pod_has_time_to_finish_its_streams():
     grace = pod_spec(workload)["terminationGracePeriodSeconds"]
     assert grace > float(pre_stop[1]) + drain + STOP_GRACE, (
         f"web: terminationGracePeriodSeconds {grace}, not more "
-        f"than preStop {pre_stop[1]} + WEB_DRAIN_SECONDS {drain:g} + the launcher's STOP_GRACE {STOP_GRACE:g}"
+        f"than preStop {pre_stop[1]} + WEB_DRAIN_SECONDS {drain:g} "
+        f"+ the launcher's STOP_GRACE {STOP_GRACE:g}"
     )
 
     _, service = compose_service(GATEWAY_IMAGE, "config.web")
@@ -499,7 +502,7 @@ def test_every_variable_the_files_set_is_documented_in_the_readme():
     }
     undocumented = sorted(where for where in used if where.rsplit(": ", 1)[1] not in documented)
     assert not undocumented, (
-        "set in the files but not in the README's Configuration table:\n  "
+        "set in the files but not in docs/configuration.md:\n  "
         + "\n  ".join(undocumented)
     )
 
@@ -627,7 +630,8 @@ def test_vllm_requires_an_api_key_and_the_gateway_sends_it():
         variables = k8s_environment(container)
         name = variables.get("LOCAL_VLLM_KEY_ENV", {}).get("value")
         assert name and name.startswith(settings.ENDPOINT_KEY_ENV_PREFIX), (
-            f"deploy/k8s {component}: LOCAL_VLLM_KEY_ENV must name a {settings.ENDPOINT_KEY_ENV_PREFIX}* variable"
+            f"deploy/k8s {component}: LOCAL_VLLM_KEY_ENV must name a "
+            f"{settings.ENDPOINT_KEY_ENV_PREFIX}* variable"
         )
         sent = variables.get(name, {}).get("valueFrom", {}).get("secretKeyRef", {})
         assert (sent.get("name"), sent.get("key")) == (key["name"], key["key"]), (
