@@ -18,10 +18,11 @@ from rest_framework.views import APIView
 from chat import services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
-from chat.models import ApiKey, ChatSession, Message, RequestLog
+from chat.models import ApiKey, ChatSession, Message
 from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
 from core.errors import unavailable
 from core.fields import TextField
+from observability.models import RequestLog
 from routing.pipeline import message_for_users
 
 logger = logging.getLogger(__name__)

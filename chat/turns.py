@@ -22,11 +22,13 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from chat import metrics, services
+from chat import services
 from chat.exceptions import Draining
-from chat.models import ChatSession, Message, RequestLog
-from chat.requestlog import RequestRecord, request_note
+from chat.models import ChatSession, Message
 from core import db
+from observability import metrics
+from observability.models import RequestLog
+from observability.requestlog import RequestRecord, request_note
 from routing import pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,

@@ -1,8 +1,8 @@
 """/metrics: the gateway's counts for Prometheus, and the state of its targets read at scrape time.
 
-Counts (chat.metrics; the worker's engine checks in inference_ops.supervisor) are in every
-process's files in settings.METRICS_DIR, and a scrape adds them up. What is state rather than a
-count is read here, from where it is kept: each endpoint's status and the gauges its engine
+Counts (observability.metrics; the worker's engine checks in inference_ops.supervisor) are in
+every process's files in settings.METRICS_DIR, and a scrape adds them up. What is state rather
+than a count is read here, from where it is kept: each endpoint's status and the gauges its engine
 reported at its last health check, each engine's status (one query), each breaker (Redis). So it
 is right whichever process or host wrote it, and a request pays nothing for it.
 

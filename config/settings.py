@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "knowledge",
     "routing",
     "chat",
+    "observability",
     "benchmarks",  # manage.py bench and bench_kb; no models, nothing at run time imports it
 ]
 
@@ -459,7 +460,7 @@ CELERY_BEAT_SCHEDULE = {
     "fail-stale-chat-turns": {"task": "chat.tasks.messages_fail_stale", "schedule": 300.0},
     # Drops the request log's days past REQUEST_LOG_DAYS, makes tomorrow's partition ahead.
     "prune-request-log": {
-        "task": "chat.tasks.requestlog_prune",
+        "task": "observability.tasks.requestlog_prune",
         "schedule": 3600.0,
         "options": {"expires": 3600.0},
     },
@@ -676,7 +677,7 @@ LOGGING = {
     },
 }
 
-# --- request log (chat.requestlog) ---------------------------------------------------------------
+# --- request log (observability.requestlog) ------------------------------------------------------
 # One row per answered request, written in batches by a thread of each process: every
 # REQUEST_LOG_FLUSH_SECONDS, or sooner when REQUEST_LOG_FLUSH_ROWS wait; at most
 # REQUEST_LOG_BUFFER_ROWS wait while the database is away. Days older than REQUEST_LOG_DAYS are
@@ -691,7 +692,7 @@ if REQUEST_LOG_BUFFER_ROWS < REQUEST_LOG_FLUSH_ROWS:
         "Environment variable REQUEST_LOG_BUFFER_ROWS must be at least REQUEST_LOG_FLUSH_ROWS."
     )
 
-# --- metrics (config.metrics, chat.metrics) ------------------------------------------------------
+# --- metrics (config.metrics, observability.metrics) ---------------------------------------------
 # /metrics, for Prometheus. With METRICS_TOKEN set a scraper sends `Authorization: Bearer <token>`
 # (401 without it); unset, only a loopback client with DEBUG on may scrape and anyone else gets 403.
 # Every process counts into files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess

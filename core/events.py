@@ -1,7 +1,7 @@
 """Operations events fanned out to staff WebSockets through the Redis channel layer.
 
 Lower layers call `ops_event_broadcast` (inside `transaction.on_commit`) when an
-engine changes state or a bulk job progresses; `chat.consumers.OpsConsumer`
+engine changes state or a bulk job progresses; `observability.consumers.OpsConsumer`
 relays the event to every connected staff browser.
 """
 

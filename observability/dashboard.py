@@ -1,7 +1,7 @@
-"""The operators' dashboard: the last hour, day or week of traffic, latency, errors, engine states
-and missed questions, drawn on the server (core.charts). The admin serves it (chat.admin), so
-it has the admin's login, staff check and layout; reading it also takes the request log's view
-permission, as its rows do."""
+"""The operators' dashboard: the last hour, day or week of traffic, latency, errors, engine
+states and missed questions, drawn on the server (core.charts). The admin serves it
+(observability.admin), so it has the admin's login, staff check and layout; reading it also takes
+the request log's view permission, as its rows do."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from chat import selectors
 from core import charts
 from inference_ops.models import EngineProcess
 from knowledge.models import Miss
+from observability import selectors
 
 ROADS = {
     "kb": ("knowledge base", "#2a9d4b"),
@@ -43,7 +43,7 @@ RECENT_EVENTS = 20
 
 
 def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
-    if not request.user.has_perm("chat.view_requestlog"):
+    if not request.user.has_perm("observability.view_requestlog"):
         raise PermissionDenied
     name = request.GET.get("period", "day")
     if name not in selectors.PERIODS:
@@ -128,13 +128,15 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
                     if t.ttft_p50 is not None or t.latency_p50 is not None
                 ],
                 measures=[("TTFT", TTFT), ("latency", LATENCY)],
-                label=f"Time to first token and latency per target, p50 and p95, {PERIOD_NAMES[name]}",
+                label=(
+                    f"Time to first token and latency per target, p50 and p95, {PERIOD_NAMES[name]}"
+                ),
                 css="chart-latency",
             )
         ),
         "engine_chart": mark_safe(_engine_chart(engines, period, now=now, cut=events_cut)),
     }
-    return TemplateResponse(request, "admin/dashboard.html", context)
+    return TemplateResponse(request, "admin/observability/dashboard.html", context)
 
 
 def _target_name(t: selectors.TargetLatency) -> str:
@@ -198,7 +200,8 @@ def _engine_chart(
                         at(since),
                         at(until),
                         colour,
-                        f"{engine.name}: {state or 'no record'} from {clock(since)} to {clock(until)}",
+                        f"{engine.name}: {state or 'no record'} "
+                        f"from {clock(since)} to {clock(until)}",
                     )
                 )
             if event is not None:

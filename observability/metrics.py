@@ -1,4 +1,5 @@
-"""The gateway's own Prometheus metrics, counted where requests are served (read at /metrics, config.metrics).
+"""The gateway's own Prometheus metrics, counted where requests are served (read at /metrics,
+config.metrics).
 
 Each process (every daphne, the Celery worker) keeps its counts in prometheus_client's
 multiprocess files in PROMETHEUS_MULTIPROC_DIR, which config.settings sets before any app
@@ -17,7 +18,8 @@ The KB hit ratio is hits over hits and misses, by method if wanted:
 Contract used by chat.turns and chat.openai_api; none of these raises into a request:
 - request_started(interface): a turn began (in-flight gauge up).
 - request_ended(record): the turn ended (in-flight down; counters and histograms from the record).
-- response_refused(interface, status, code): a /v1 reply with an error status (401, 400, 429, 502...).
+- response_refused(interface, status, code): a /v1 reply with an error status (401, 400, 429,
+  502...).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import os
 
 from prometheus_client import Counter, Gauge, Histogram, multiprocess, values
 
-from chat.models import RequestLog
-from chat.requestlog import RequestRecord
 from inference_ops.exceptions import EngineError
+from observability.models import RequestLog
+from observability.requestlog import RequestRecord
 
 logger = logging.getLogger(__name__)
 

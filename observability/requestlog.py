@@ -26,7 +26,7 @@ from core.batches import BatchWriter, BufferStats
 
 logger = logging.getLogger(__name__)
 
-TABLE = "chat_requestlog"
+TABLE = "chat_requestlog"  # RequestLog's table, named when the log was the chat app's
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +34,11 @@ class RequestRecord:
     """What one request did, as its user saw it."""
 
     at: datetime  # when the request arrived
-    interface: (
-        str  # web (the browser's socket) | api (the DRF chat API) | v1 (the OpenAI-compatible API)
-    )
+    # web (the browser's socket) | api (the DRF chat API) | v1 (the OpenAI-compatible API)
+    interface: str
     user_id: int | None
     api_key_id: int | None
-    session_id: (
-        int | None
-    )  # the chat session the turn was stored in; None for a /v1 call without one
+    session_id: int | None  # the chat session the turn was stored in; None for /v1 without one
     road: str  # kb | local | external | "" (failed before a road was chosen)
     rule: str
     target: str
@@ -52,7 +49,8 @@ class RequestRecord:
     overhead_ms: float | None  # the gateway's own share of latency_ms (the rest is the engine's)
     prompt_tokens: int | None
     completion_tokens: int | None
-    kb_method: str  # what the KB check did: exact | vector | none | follow_up | "" (no check: a named model)
+    # What the KB check did: exact | vector | none | follow_up | "" (no check: a named model).
+    kb_method: str
     kb_hit: bool
     kb_entry_id: int | None  # the entry that answered, or the best candidate that did not
     kb_score: float | None

@@ -247,7 +247,8 @@ class MissedQuestion:
 _MISSES_SQL = """
 SELECT w.waiting, h.id, h.question, h.answer <> '', h.count,
        (SELECT count(*) FROM knowledge_miss m
-        WHERE (m.id = h.id OR m.group_id = h.id) AND m.created_at >= %(start)s AND m.created_at < %(end)s),
+        WHERE (m.id = h.id OR m.group_id = h.id)
+          AND m.created_at >= %(start)s AND m.created_at < %(end)s),
        h.best_entry_id, h.best_score
 FROM (SELECT count(*) AS waiting FROM knowledge_miss WHERE grouped_at IS NULL) w
 LEFT JOIN LATERAL (

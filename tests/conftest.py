@@ -76,6 +76,44 @@ def alice_key(alice):
     return apikey_create(user=alice, name="laptop", scopes=["chat"])[1]
 
 
+# Signed-in clients, for the admin pages' tests.
+@pytest.fixture
+def curator_client(django_user_model):
+    """Staff with every permission of the knowledge app, and no other; not a superuser."""
+    from django.contrib.auth.models import Permission
+
+    from tests.support.personas import client_of
+
+    curator = django_user_model.objects.create_user(
+        "curator", password="pw-curator-123456", is_staff=True
+    )
+    curator.user_permissions.set(Permission.objects.filter(content_type__app_label="knowledge"))
+    return client_of(curator)
+
+
+@pytest.fixture
+def user_client(django_user_model):
+    """A user who is not staff."""
+    from tests.support.personas import client_of
+
+    return client_of(django_user_model.objects.create_user("user", password="pw-user-123456"))
+
+
+@pytest.fixture
+def product(local_sim, external_sim):
+    """A KB entry, a local and an external endpoint, and a default rule local → external."""
+    from knowledge.services import entry_create
+    from tests.support.factories import endpoint, rule
+
+    entry = entry_create(
+        question="How do I reset my password?", answer="Use **Forgot password**.", embed="sync"
+    )
+    local = endpoint("local", local_sim)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", local, external, is_default=True, use_kb_context=False)
+    return {"entry": entry, "local": local, "external": external}
+
+
 @pytest.fixture(scope="session")
 def test_database_url(django_db_setup) -> str:
     """A DATABASE_URL naming pytest-django's test database, for child processes."""
@@ -226,8 +264,8 @@ def _fresh_channel_layer():
 def _no_rows_of_earlier_tests():
     """The request log's and the KB misses' buffers start empty: what an earlier test's requests
     noted must not be written into this test's database by its flush (or the writer thread)."""
-    from chat.requestlog import _writer as request_rows
     from knowledge.misses import _writer as miss_rows
+    from observability.requestlog import _writer as request_rows
 
     for writer in (request_rows, miss_rows):
         writer.discard()

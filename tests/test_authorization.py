@@ -139,8 +139,12 @@ MATRIX = {
     #                                                      bare view nodel cur super
     # The request log needs its own view permission, which curators (of the KB, rules, engines
     # and keys) are not given.
-    ("GET", "/admin/chat/requestlog/dashboard/", None): admin_page(403, 403, 403, 403, 200),
-    ("GET", "/admin/chat/requestlog/export.csv", None): admin_page(403, 403, 403, 403, 200),
+    ("GET", "/admin/observability/requestlog/dashboard/", None): admin_page(
+        403, 403, 403, 403, 200
+    ),
+    ("GET", "/admin/observability/requestlog/export.csv", None): admin_page(
+        403, 403, 403, 403, 200
+    ),
     ("GET", "/admin/knowledge/entry/", None): admin_page(403, 200, 200, 200, 200),
     # The KB's tools: trying a question reads entries; an import adds and edits them.
     ("GET", "/admin/knowledge/entry/try/?q=refund", None): admin_page(403, 200, 200, 200, 200),
@@ -245,7 +249,7 @@ ADMIN_PAGES = {
     # Conversations and the request log are not the curators'.
     "chat.chatsession": ("", "", "", "", "vacd"),
     "chat.message": ("", "", "", "", "vcd"),
-    "chat.requestlog": ("", "", "", "", "v"),
+    "observability.requestlog": ("", "", "", "", "v"),
     # Keys are immutable but for revocation (an action): no one changes one in its form.
     "chat.apikey": ("", "v", "v", "vd", "vd"),
     "knowledge.entry": ("", "v", "vac", "vacd", "vacd"),

@@ -1,4 +1,5 @@
-"""The request log, partitioned by day on `at` (chat.requestlog makes and drops the partitions).
+"""The request log, partitioned by day on `at` (observability.requestlog makes and drops the
+partitions; the model is the observability app's since chat's migration 0003).
 
 A partitioned table's primary key and unique constraints must include the partition key, hence
 (id, at) and (request_key, at). The index on `at` serves the time ranges of the dashboard and

@@ -40,6 +40,7 @@ def test_a_worker_process_clears_expired_sessions_through_redis(celery_worker):
         ("inference_ops.tasks.engine_start", "ops"),
         ("knowledge.tasks.entry_embed", "embeddings"),
         ("chat.tasks.sessions_clear_expired", "default"),
+        ("observability.tasks.requestlog_prune", "default"),
     ],
 )
 def test_tasks_are_routed_to_their_queue_by_app(task, queue):
@@ -54,6 +55,14 @@ def test_the_beat_schedule_is_in_code():
     assert app.conf.task_serializer == "json"
     assert app.conf.accept_content == ["json"]
     assert app.conf.task_time_limit > app.conf.task_soft_time_limit
+
+
+def test_every_beat_entry_names_a_task_a_worker_knows():
+    # A task renamed or moved to another app leaves its old name in the schedule otherwise.
+    app.loader.import_default_modules()
+    scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert "observability.tasks.requestlog_prune" in scheduled
+    assert scheduled - set(app.tasks) == set()
 
 
 def test_the_broker_never_hands_a_running_task_to_a_second_worker():

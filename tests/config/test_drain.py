@@ -16,7 +16,8 @@ from django.db import connections
 from django.test import Client
 
 from benchmarks.servers import gateway
-from chat.models import ChatSession, Message, RequestLog
+from chat.models import ChatSession, Message
+from observability.models import RequestLog
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,14 +4,13 @@ recommended operating point applied to its model by a superuser only."""
 import xml.etree.ElementTree as ET
 
 import pytest
-from django.contrib.auth.models import Permission
-from django.test import Client
 
 from knowledge.charts import calibration_chart
 from knowledge.models import Calibration, EmbeddingModel
 from knowledge.selectors import serving_model
 from knowledge.services import embedding_model_ensure
 from tests.config.test_security_headers import InlineCode
+from tests.support.personas import client_of
 
 pytestmark = pytest.mark.django_db
 
@@ -28,30 +27,9 @@ def model():
     return embedding_model_ensure()
 
 
-def _client(user):
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.fixture
 def superuser_client(admin_user):
-    return _client(admin_user)
-
-
-@pytest.fixture
-def curator_client(django_user_model):
-    """Staff with every permission of the knowledge app, but not a superuser."""
-    curator = django_user_model.objects.create_user(
-        "curator", password="pw-curator-123456", is_staff=True
-    )
-    curator.user_permissions.set(Permission.objects.filter(content_type__app_label="knowledge"))
-    return _client(curator)
-
-
-@pytest.fixture
-def user_client(django_user_model):
-    return _client(django_user_model.objects.create_user("user", password="pw-user-123456"))
+    return client_of(admin_user)
 
 
 def _run(model, **fields):

@@ -10,25 +10,19 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat.selectors import PERIODS, period_at
 from core import charts
 from inference_ops.models import EngineEvent, EngineProcess
 from knowledge.models import Entry, Miss
-from tests.chat.test_requestlog_admin import (  # noqa: F401, F811 - the personas and the rows' helpers
-    _rows_by_hand,
-    curator_client,
-    operator,
-    operator_client,
-    record,
-    user_client,
-    write,
-)
+from observability.selectors import PERIODS, period_at
 from tests.config.test_security_headers import InlineCode
+from tests.observability.test_requestlog_admin import record, write
 from tests.support.factories import endpoint
 
-pytestmark = pytest.mark.django_db
+# Each test starts from an empty log and writes its rows itself (conftest.rows_by_hand).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rows_by_hand")]
 
-DASHBOARD = "/admin/chat/requestlog/dashboard/"
+LIST = "/admin/observability/requestlog/"
+DASHBOARD = f"{LIST}dashboard/"
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -218,7 +212,7 @@ def test_the_period_selector_links_each_period_and_the_matching_log(operator_cli
         and '<a href="?period=day">last day</a>' in html
     )
     assert '<strong aria-current="page">last week</strong>' in html
-    assert 'href="/admin/chat/requestlog/?period=week"' in html
+    assert f'href="{LIST}?period=week"' in html
 
 
 def test_an_unknown_period_is_refused_with_a_message(operator_client):
@@ -373,10 +367,7 @@ def test_the_admin_index_links_the_dashboard_for_those_who_may_read_it(
 ):
     assert f'<a href="{DASHBOARD}">Dashboard</a>' in operator_client.get("/admin/").content.decode()
     assert DASHBOARD not in curator_client.get("/admin/").content.decode()
-    assert (
-        f'<a href="{DASHBOARD}">Dashboard</a>'
-        in operator_client.get("/admin/chat/requestlog/").content.decode()
-    )
+    assert f'<a href="{DASHBOARD}">Dashboard</a>' in operator_client.get(LIST).content.decode()
 
 
 def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_client):
@@ -417,7 +408,7 @@ def test_the_dashboard_holds_nothing_the_content_security_policy_refuses(admin_c
     parser = InlineCode()
     parser.feed(response.content.decode())
     assert parser.found == []
-    assert "/static/chat/dashboard.css" in response.content.decode()
+    assert "/static/observability/dashboard.css" in response.content.decode()
 
 
 def test_every_chart_scales_to_the_width_of_a_phone(admin_client):

@@ -1,9 +1,11 @@
-"""/metrics: what a Prometheus scrape shows after real requests to daphne, to the worker and to the simulators.
+"""/metrics: what a Prometheus scrape shows after real requests to daphne, to the worker and to
+the simulators.
 
 The requests are served by the daphne process (and the Celery worker) that the tests start; the
 scrapes are served by this test process. That the counts add up across them is the point: every
-process writes its own files in PROMETHEUS_MULTIPROC_DIR and a scrape of any process reads them all.
-Counters only grow over a test run, so each test compares a scrape after its requests with one before.
+process writes its own files in PROMETHEUS_MULTIPROC_DIR and a scrape of any process reads them
+all. Counters only grow over a test run, so each test compares a scrape after its requests with
+one before.
 """
 
 import json
@@ -13,11 +15,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from prometheus_client.parser import text_string_to_metric_families
 
-from chat import metrics
 from chat.models import ChatSession
 from core.processes import free_port
 from inference_ops.models import EngineProcess, ModelEndpoint
 from inference_ops.tasks import engine_check_task
+from observability import metrics
 from routing import breaker
 from tests.chat.test_openai_api import raw_post
 from tests.support.factories import endpoint, rule
@@ -104,7 +106,7 @@ def dead_endpoint(name="dead"):
     )  # nothing listens there: connection refused
 
 
-# --- what requests leave ------------------------------------------------------------------------------
+# --- what requests leave --------------------------------------------------------------------------
 
 
 def test_a_kb_answer_counts_as_a_hit_on_the_kb_road_without_its_entry(
@@ -313,7 +315,7 @@ def test_no_label_names_a_user_key_question_or_session(
     )
 
 
-# --- what the worker and the stores hold, read at scrape time -------------------------------------------
+# --- what the worker and the stores hold, read at scrape time -------------------------------------
 
 
 def test_an_engine_check_in_the_worker_shows_its_count_and_the_engines_gauges(
@@ -385,7 +387,7 @@ def test_endpoint_gauges_and_an_open_breaker_are_read_at_scrape_time(settings, s
     assert not any(("endpoint", "retired") in labels for _, labels in samples)
 
 
-# --- who may scrape ----------------------------------------------------------------------------------------
+# --- who may scrape -------------------------------------------------------------------------------
 
 
 def test_metrics_refuses_a_missing_or_wrong_token(client, settings):

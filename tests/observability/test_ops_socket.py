@@ -31,7 +31,8 @@ async def close_executor_connections():
 
 
 async def _connect(username: str, *, perms: tuple[str, ...]):
-    """A staff user holding `perms`, their socket (connect asked, not yet answered) and session key."""
+    """A staff user holding `perms`, their socket (connect asked, not yet answered) and session
+    key."""
     user = await sync_to_async(staff_user)(username, perms=perms)
     client = Client()
     await client.aforce_login(user)
@@ -49,7 +50,8 @@ async def _connect(username: str, *, perms: tuple[str, ...]):
 
 
 async def _opened(username: str):
-    """The socket of a staff user who may view the engines, past its hello; the user and their session key."""
+    """The socket of a staff user who may view the engines, past its hello; the user and their
+    session key."""
     socket, user, session_key = await _connect(username, perms=(VIEW_ENGINES,))
     connected, _ = await socket.connect(timeout=10)
     assert connected
@@ -173,11 +175,12 @@ def _grant_through_a_group(user):
 
 
 def test_each_event_asks_about_staff_and_the_permission_in_one_statement():
-    """Beside the login's own statement (chat.auth): what was one lookup for is_staff stays one."""
+    """Beside the login's own statement (core.sockets): what was one lookup for is_staff stays
+    one."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from chat.consumers import _ops_refusal
+    from observability.consumers import _ops_refusal
 
     viewer, bare = staff_user("viewer", perms=(VIEW_ENGINES,)), staff_user("bare")
     with CaptureQueriesContext(connection) as queries:

@@ -11,8 +11,9 @@ import openai
 import pytest
 from django.db import connection
 
-from chat.models import ChatSession, RequestLog
-from chat.requestlog import (
+from chat.models import ChatSession
+from observability.models import RequestLog
+from observability.requestlog import (
     RequestRecord,
     partition_name,
     partitions,
@@ -176,7 +177,7 @@ def test_a_call_in_a_named_session_is_logged_with_it(asgi_server, alice, alice_k
     assert [row.session_id for row in logged()] == [session.pk]
 
 
-# --- the batch writer and retention ---------------------------------------------------------------------
+# --- the batch writer and retention ---------------------------------------------------------------
 
 
 def record(at: datetime, **fields) -> RequestRecord:
@@ -213,7 +214,7 @@ def test_a_batch_written_twice_is_stored_once():
 
 
 def test_discarded_rows_are_never_written():
-    from chat.requestlog import _writer
+    from observability.requestlog import _writer
 
     request_note(record(datetime.now(UTC), rule="left-by-an-earlier-test"))
     assert _writer.discard() == 1 and request_buffer_stats().buffered == 0
@@ -251,7 +252,7 @@ def test_a_day_dropped_elsewhere_is_made_again_when_a_row_for_it_comes(settings)
     assert list(RequestLog.objects.values_list("rule", flat=True)) == ["after"]
 
 
-# --- the browser's socket -----------------------------------------------------------------------------
+# --- the browser's socket -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -9,31 +9,21 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
-from django.test import Client
 from django.utils import timezone
 
-from chat.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
-from chat.models import RequestLog
-from chat.requestlog import RequestRecord, partition_ensure, request_flush, request_note
 from chat.services import apikey_create
 from knowledge.services import entry_create
+from observability.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
+from observability.models import RequestLog
+from observability.requestlog import RequestRecord, partition_ensure, request_flush, request_note
+from tests.support.personas import client_of
 
-LIST = "/admin/chat/requestlog/"
-EXPORT = "/admin/chat/requestlog/export.csv"
+LIST = "/admin/observability/requestlog/"
+EXPORT = "/admin/observability/requestlog/export.csv"
 
-
-@pytest.fixture(autouse=True)
-def _rows_by_hand(settings, db):
-    """Each test starts from an empty log and writes its rows with request_flush; the writer
-    thread must not take them first. The table is not Django's to flush between tests (it is
-    unmanaged), so rows a server wrote for an earlier test may still be there."""
-    settings.REQUEST_LOG = True
-    settings.REQUEST_LOG_FLUSH_SECONDS = 3600
-    settings.REQUEST_LOG_FLUSH_ROWS = 10000
-    settings.REQUEST_LOG_BUFFER_ROWS = 10000
-    RequestLog.objects.all().delete()
+# Each test starts from an empty log and writes its rows itself (conftest.rows_by_hand).
+pytestmark = pytest.mark.usefixtures("rows_by_hand")
 
 
 def record(*, ago: timedelta = timedelta(minutes=2), **fields) -> RequestRecord:
@@ -74,46 +64,10 @@ def write(*records: RequestRecord) -> list[RequestRecord]:
     return list(records)
 
 
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.fixture
 def laptop(alice):
     """Alice's API key."""
     return apikey_create(user=alice, name="laptop", scopes=["chat"])[0]
-
-
-@pytest.fixture
-def operator(django_user_model):
-    """Staff who may read the request log, and nothing else."""
-    user = django_user_model.objects.create_user(
-        "operator", password="pw-operator-123456", is_staff=True
-    )
-    user.user_permissions.set(Permission.objects.filter(codename="view_requestlog"))
-    return user
-
-
-@pytest.fixture
-def operator_client(operator):
-    return client_of(operator)
-
-
-@pytest.fixture
-def curator_client(django_user_model):
-    """Staff with every permission of the knowledge app and none of the log's."""
-    curator = django_user_model.objects.create_user(
-        "curator", password="pw-curator-123456", is_staff=True
-    )
-    curator.user_permissions.set(Permission.objects.filter(content_type__app_label="knowledge"))
-    return client_of(curator)
-
-
-@pytest.fixture
-def user_client(django_user_model):
-    return client_of(django_user_model.objects.create_user("user", password="pw-user-123456"))
 
 
 def column(response, name) -> list[str]:
@@ -312,7 +266,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
     page = operator_client.get(
         LIST, {"road": "external", "status__exact": "failed"}
     ).content.decode()
-    assert 'href="/admin/chat/requestlog/export.csv?road=external&amp;status__exact=failed"' in page
+    assert f'href="{EXPORT}?road=external&amp;status__exact=failed"' in page
 
     response = operator_client.get(EXPORT, {"road": "external", "status__exact": "failed"})
     assert response.status_code == 200 and response.streaming
@@ -361,7 +315,7 @@ def test_the_log_cannot_be_added_to_changed_or_deleted(admin_client):
     [row] = write(record(rule="kept"))
     pk = RequestLog.objects.get(request_key=row.key).pk
     changelist = admin_client.get(LIST).content.decode()
-    assert "/admin/chat/requestlog/add/" not in changelist and 'name="action"' not in changelist
+    assert f"{LIST}add/" not in changelist and 'name="action"' not in changelist
     assert admin_client.get(f"{LIST}add/").status_code == 403
     view = admin_client.get(f"{LIST}{pk}/change/")
     assert (

@@ -1,0 +1,74 @@
+"""The request log's rows (written by observability.requestlog, read by the admin and the
+dashboard)."""
+
+from django.conf import settings
+from django.db import models
+
+
+class RequestLog(models.Model):
+    """One row per answered request: what its user saw, in numbers and short names (see
+    observability.requestlog). The table is partitioned by day on `at` and its key is (id, at);
+    Django sees `id` alone, which its identity keeps unique. Rows are written by the request log's
+    batch writer, never through this model, and never changed; references are plain ids (no
+    foreign key), so deleting a user, key or entry keeps its history and costs no lookup in a table
+    this size."""
+
+    class Interface(models.TextChoices):
+        WEB = "web", "browser"
+        API = "api", "chat API"
+        V1 = "v1", "/v1 API"
+
+    class Status(models.TextChoices):
+        COMPLETE = "complete", "complete"
+        PARTIAL = "partial", "partial"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    id = models.BigIntegerField(primary_key=True)
+    at = models.DateTimeField("time")
+    interface = models.CharField(max_length=8, choices=Interface.choices)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    # Named by its label, not imported: the chat app writes rows through this app, never the
+    # other way round.
+    api_key = models.ForeignKey(
+        "chat.ApiKey", null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    session_id = models.BigIntegerField(null=True)
+    road = models.CharField(max_length=16, blank=True)
+    rule = models.CharField(max_length=100, blank=True)
+    target = models.CharField(max_length=100, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    error_code = models.CharField(max_length=40, blank=True)
+    ttft_ms = models.FloatField("TTFT ms", null=True)
+    latency_ms = models.FloatField("latency ms")
+    overhead_ms = models.FloatField("gateway ms", null=True)
+    prompt_tokens = models.IntegerField("tokens in", null=True)
+    completion_tokens = models.IntegerField("tokens out", null=True)
+    kb_method = models.CharField("KB match", max_length=16, blank=True)
+    kb_hit = models.BooleanField("KB answered", default=False)
+    kb_entry = models.ForeignKey(
+        "knowledge.Entry",
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    kb_score = models.FloatField("KB score", null=True)
+    fallbacks = models.SmallIntegerField(default=0)
+    request_key = models.UUIDField()
+
+    class Meta:
+        # A partitioned table: made by chat's migration 0002 (the log was chat's then, hence the
+        # name), its partitions kept by observability.requestlog.
+        db_table = "chat_requestlog"
+        ordering = ["-at"]
+        verbose_name = "request log row"
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.interface} {self.road or '-'} {self.status}"
