@@ -41,7 +41,8 @@ def _fresh_serving_model():
 
 
 def http_get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
-    """(status, body) of a GET, an HTTP error status included, for tests of a server in a process."""
+    """(status, body) of a GET, an HTTP error status included, for tests of a server in a
+    process."""
     request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -40,9 +40,9 @@ from config.settings import *  # noqa: E402,F403
 
 # Tests render templates without running collectstatic first.
 STORAGES = {
-    **STORAGES,
+    **STORAGES,  # noqa: F405 - from config.settings
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-}  # noqa: F405
+}
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when it is missing
 PASSWORD_HASHERS = [

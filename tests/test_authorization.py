@@ -30,7 +30,8 @@ from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Staff, from least to most: is_staff and no permission at all; the view permission of what
-# curators look after (tests.support.personas.CURATED); every permission there but delete; all of them.
+# curators look after (tests.support.personas.CURATED); every permission there but delete; all of
+# them.
 STAFF = (
     "staff without permissions",
     "view-only staff",
@@ -167,7 +168,7 @@ MATRIX = {
     ("POST", "/admin/knowledge/calibration/{C}/apply/", None): row(
         403, 302, 302, 403, 403, 403, 403, 302, 403, 403, 403, 403, 403, 403, 403
     ),
-    #                                      anon user other bare view nodel cur super | chat chatC kbC kbV kbEx inact rev
+    # anon user other bare view nodel cur super | chat chatC kbC kbV kbEx inact rev
     ("GET", "/api/kb/entries/", None): row(
         401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
     ),
@@ -222,7 +223,10 @@ MATRIX = {
     (
         "POST",
         "/v1/chat/completions",
-        '{"model": "auto", "messages": [{"role": "user", "content": "What is the refund policy?"}]}',
+        (
+            '{"model": "auto", '
+            '"messages": [{"role": "user", "content": "What is the refund policy?"}]}'
+        ),
     ): row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
 }
 
@@ -470,7 +474,8 @@ def _paths(patterns, prefix=""):
     for pattern in patterns:
         if isinstance(pattern, URLResolver):
             if str(pattern.pattern) == "admin/":
-                yield "/admin/"  # the admin site's own pages: covered by its rows above and its own checks
+                # The admin site's own pages: covered by its rows above and its own checks.
+                yield "/admin/"
                 yield from _admin_views()
                 continue
             yield from _paths(pattern.url_patterns, prefix + str(pattern.pattern))
@@ -479,8 +484,8 @@ def _paths(patterns, prefix=""):
 
 
 def _admin_views():
-    """The views a ModelAdmin adds to the standard ones (list, add, change, delete, history: those are
-    ADMIN_PAGES' business)."""
+    """The views a ModelAdmin adds to the standard ones (list, add, change, delete, history: those
+    are ADMIN_PAGES' business)."""
     for model, model_admin in admin.site._registry.items():
         standard = {str(p.pattern) for p in admin.ModelAdmin(model, admin.site).get_urls()}
         for pattern in model_admin.get_urls():

@@ -40,8 +40,8 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
     assert "admin login: admin / " in out
     assert "demo knowledge base: 10 created" in out
     assert (
-        "demo routing rules: local model by name, translation and analysis, long-form writing, default"
-        in out
+        "demo routing rules: local model by name, translation and analysis, "
+        "long-form writing, default" in out
     )
     assert direct_answer("I want to cancel my order").hit
     Entry.objects.filter(question="What is LoRA?").update(answer="edited by a curator")
@@ -52,7 +52,8 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
 
 def test_collected_chat_modules_import_each_other_by_their_hashed_names(child_env, tmp_path):
     """Django hashes the entry point the template names; each import inside it must name a hashed
-    file too, or a browser could pair a new boot.js with an old module cached from the last deploy."""
+    file too, or a browser could pair a new boot.js with an old module cached from the last
+    deploy."""
     import re
     import subprocess
     import sys

@@ -34,7 +34,10 @@ def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
     rows = {
         m.group(1): m
         for m in re.finditer(
-            r"^(least_busy|round_robin) +([\d.]+) +([\d.]+) +(\d+) +(\d+)  (\d+)% / (\d+)% / (\d+)%$",
+            (
+                r"^(least_busy|round_robin) +([\d.]+) +([\d.]+) +(\d+) +(\d+)"
+                r"  (\d+)% / (\d+)% / (\d+)%$"
+            ),
             done.stdout,
             re.M,
         )

@@ -17,7 +17,9 @@ FAKE = textwrap.dedent("""
     import socket, subprocess, sys, time
     role = sys.argv[1]
     if role == "devtools.devserver":
-        web = subprocess.Popen([sys.executable, __file__, "daphne"], stdout=subprocess.PIPE, text=True)
+        web = subprocess.Popen(
+            [sys.executable, __file__, "daphne"], stdout=subprocess.PIPE, text=True
+        )
         subprocess.Popen([sys.executable, __file__, "celery", "worker"])
         print(web.stdout.readline().strip(), flush=True)
     elif role == "daphne":

@@ -45,7 +45,8 @@ def test_stopping_a_group_kills_a_child_that_ignores_sigterm():
     script = (
         "import subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); time.sleep(60)'])\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
+        "time.sleep(60)'])\n"
         "time.sleep(60)\n"
     )
     process = subprocess.Popen(

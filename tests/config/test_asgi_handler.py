@@ -1,4 +1,5 @@
-"""config.handlers under daphne: request threads are reused, and nothing of one request reaches the next."""
+"""config.handlers under daphne: request threads are reused, and nothing of one request reaches
+the next."""
 
 import json
 import threading

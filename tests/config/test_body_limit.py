@@ -1,5 +1,5 @@
-"""Request bodies are capped where they arrive, in daphne, before anything authenticates or buffers them:
-a live daphne, raw sockets, bodies declared by Content-Length and sent chunked."""
+"""Request bodies are capped where they arrive, in daphne, before anything authenticates or
+buffers them: a live daphne, raw sockets, bodies declared by Content-Length and sent chunked."""
 
 import json
 import socket
@@ -176,8 +176,12 @@ def test_a_file_upload_may_be_larger_up_to_its_own_limit(asgi_server):
     body = part + f"\r\n--{boundary}--\r\n".encode()
     with _connect(asgi_server) as sock:
         sock.sendall(
-            f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            (
+                "POST /admin/knowledge/entry/import/ HTTP/1.1\r\n"
+                "Host: 127.0.0.1\r\nConnection: close\r\n"
+                f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
             + body
         )
         status, _, _ = _read_response(sock)
@@ -188,7 +192,8 @@ def test_a_file_upload_may_be_larger_up_to_its_own_limit(asgi_server):
         sock.sendall(
             f"POST /admin/knowledge/entry/import/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
-            f"Content-Length: {settings.WEB_MAX_UPLOAD_SIZE + 1}\r\nExpect: 100-continue\r\n\r\n".encode()
+            f"Content-Length: {settings.WEB_MAX_UPLOAD_SIZE + 1}\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
         )
         status, _, body = _read_response(sock)
     assert (

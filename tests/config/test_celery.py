@@ -93,6 +93,6 @@ def test_a_worker_refuses_to_start_when_a_task_could_outlive_the_visibility_time
     output = result.stdout + result.stderr
     assert "Raise CELERY_VISIBILITY_TIMEOUT" in output
     assert (
-        "knowledge.tasks.kb_reembed may run 3700 s, not less than the broker's visibility timeout of 3600 s"
-        in output
+        "knowledge.tasks.kb_reembed may run 3700 s, "
+        "not less than the broker's visibility timeout of 3600 s" in output
     )

@@ -49,7 +49,8 @@ def slow_engine():
 
 @pytest.fixture
 def session(alice, slow_engine):  # noqa: F811
-    """A chat session of alice's; every question goes to the slow engine, for LONG tokens unless asked."""
+    """A chat session of alice's; every question goes to the slow engine, for LONG tokens unless
+    asked."""
     local = endpoint("local", slow_engine, idle_timeout=5, total_timeout=60)
     rule("default", local, is_default=True, use_kb_context=False, max_tokens=LONG)
     return ChatSession.objects.create(user=alice)
@@ -267,7 +268,7 @@ async def test_a_second_signal_ends_the_running_stream_at_once(
     assert (stored.status, stored.content) == ("partial", stream.text)
 
 
-async def test_an_answer_still_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(
+async def test_an_answer_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(
     child_env, tmp_path, alice_key, session, cookie
 ):  # noqa: F811
     bearer = {"Authorization": f"Bearer {alice_key}"}

@@ -134,7 +134,7 @@ def test_readyz_names_the_database_when_postgres_refuses(child_env):
     assert "database" in result.stderr and "127.0.0.1" in result.stderr  # the detail is in the log
 
 
-# --- a probe that anyone may call is not an amplifier ----------------------------------------------------
+# --- a probe that anyone may call is not an amplifier --------------------------------------------
 
 METRICS_TOKEN = "scrape-token-for-the-health-tests-0123"
 

@@ -1,4 +1,5 @@
-"""core.db's statements on the event loop: its own pool, prepared statements, a whole pool at start-up."""
+"""core.db's statements on the event loop: its own pool, prepared statements, a whole pool at
+start-up."""
 
 import pytest
 

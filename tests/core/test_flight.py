@@ -24,7 +24,7 @@ async def test_concurrent_askers_of_one_key_share_one_call_and_its_answer():
     assert await flights.do("a", lambda: look("a")) == "answer a" and calls.count("a") == 2
 
 
-async def test_a_failure_reaches_every_waiter_and_a_cancelled_waiter_leaves_the_others_their_answer():
+async def test_a_failure_reaches_every_waiter_and_a_cancelled_one_leaves_the_others_their_answer():
     flights = SingleFlight()
 
     async def broken():

@@ -1,4 +1,5 @@
-"""core.loops.PerLoop: a value never crosses to another event loop, and a closed loop's is closed."""
+"""core.loops.PerLoop: a value never crosses to another event loop, and a closed loop's is
+closed."""
 
 import asyncio
 

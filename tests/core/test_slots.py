@@ -1,4 +1,5 @@
-"""Leased slots in real Redis: a limit shared by every connection, and no slot kept past its lease."""
+"""Leased slots in real Redis: a limit shared by every connection, and no slot kept past its
+lease."""
 
 import subprocess
 import sys

@@ -116,7 +116,8 @@ def collector():
 
 
 def run_pipeline(child_env: dict, otel: dict, *questions: dict) -> tuple[list[list[dict]], dict]:
-    """Each question's events, and what the process loaded of OpenTelemetry; `otel`: its OTEL_* variables."""
+    """Each question's events, and what the process loaded of OpenTelemetry; `otel`: its OTEL_*
+    variables."""
     env = {key: value for key, value in child_env.items() if not key.startswith("OTEL_")} | otel
     done = subprocess.run(
         [sys.executable, "-m", "tests.core.traced_pipeline", json.dumps(list(questions))],
@@ -356,7 +357,9 @@ import os, sys, time
 from core import tracing
 
 def call(model):
-    chat = tracing.Chat(model=model, base_url="http://127.0.0.1:8001/v1", max_tokens=1, temperature=None)
+    chat = tracing.Chat(
+        model=model, base_url="http://127.0.0.1:8001/v1", max_tokens=1, temperature=None
+    )
     chat.finished("stop", None)
 
 call("before-fork")

@@ -501,10 +501,8 @@ def test_every_variable_the_files_set_is_documented_in_the_readme():
         if not variable.startswith(("PYTHON", "PIP_"))
     }
     undocumented = sorted(where for where in used if where.rsplit(": ", 1)[1] not in documented)
-    assert not undocumented, (
-        "set in the files but not in docs/configuration.md:\n  "
-        + "\n  ".join(undocumented)
-    )
+    listed = "\n  ".join(undocumented)
+    assert not undocumented, f"set in the files but not in docs/configuration.md:\n  {listed}"
 
 
 def test_no_secret_is_written_in_the_files():

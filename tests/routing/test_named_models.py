@@ -136,7 +136,7 @@ def test_models_a_caller_may_name_follow_the_rules_that_admit_it(roads):
     assert snapshot().nameable(groups=frozenset(), client="key:laptop") == ["external"]
 
 
-# --- regular expressions in RE2 -------------------------------------------------------------------------
+# --- regular expressions in RE2 ------------------------------------------------------------------
 
 
 def test_a_catastrophic_pattern_answers_at_once(local_sim):
@@ -195,8 +195,10 @@ def test_a_stored_pattern_re2_cannot_run_never_matches_and_says_why(local_sim):
     assert broken.evaluate(Context(text="Where is ORD-123?")) == (
         False,
         [
-            "✗ regex /(?<=ORD-)\\d+/ is not a valid RE2 regular expression (invalid perl operator: (?<=); "
-            "RE2 has no backreferences or lookaround, and \\w, \\d, \\b are ASCII (use \\p{L}, \\p{Han}, \\p{N} "
-            "for other scripts): the rule never matches until it is fixed"
+            "✗ regex /(?<=ORD-)\\d+/ is not a valid RE2 regular expression "
+            "(invalid perl operator: (?<=); "
+            "RE2 has no backreferences or lookaround, and \\w, \\d, \\b are ASCII "
+            "(use \\p{L}, \\p{Han}, \\p{N} for other scripts): "
+            "the rule never matches until it is fixed"
         ],
     )

@@ -153,7 +153,7 @@ def test_history_is_trimmed_to_the_context_window(local_sim):
     assert events[-1].usage["prompt_tokens"] < 400
 
 
-# --- circuit breaker ---------------------------------------------------------------------------------------
+# --- circuit breaker -----------------------------------------------------------------------------
 
 
 def test_the_breaker_opens_skips_the_target_then_probes_and_closes(
@@ -202,18 +202,17 @@ def test_the_breaker_is_shared_by_processes(child_env, settings):
     assert result.stdout.strip() == "False", result.stderr
 
 
-# --- concurrency and cancellation ----------------------------------------------------------------------------
+# --- concurrency and cancellation ----------------------------------------------------------------
 
 
 async def _running(sim) -> float:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         async with session.get(f"{sim.url}/metrics") as response:
             text = await response.text()
-    return float(
-        next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(
-            " ", 1
-        )[1]
+    running = next(
+        line for line in text.splitlines() if line.startswith("vllm:num_requests_running")
     )
+    return float(running.rsplit(" ", 1)[1])
 
 
 def test_cancelling_the_answer_stops_the_upstream_generation(local_sim):

@@ -35,7 +35,8 @@ def pool(local_sim):
 
 
 def reported(**loads):
-    """What the health checks found on each replica just now: its waiting requests, or its gauges."""
+    """What the health checks found on each replica just now: its waiting requests, or its
+    gauges."""
     for name, load in loads.items():
         gauges = load if isinstance(load, dict) else {"requests_waiting": load}
         ModelEndpoint.objects.filter(name=name).update(

@@ -189,7 +189,7 @@ def test_a_rule_change_is_seen_by_the_next_request(local_sim, django_capture_on_
     assert ask("when do you ship?", max_tokens=2)[0].rule == "shipping"
 
 
-# --- explain ----------------------------------------------------------------------------------------
+# --- explain -------------------------------------------------------------------------------------
 
 
 def test_explain_shows_the_decision_every_rule_the_kb_and_the_chain(local_sim, external_sim):

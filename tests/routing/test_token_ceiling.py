@@ -1,6 +1,8 @@
-"""A rule's max_tokens (else the gateway's ceiling) caps what a client may ask for: spend stays the operator's call.
+"""A rule's max_tokens (else the gateway's ceiling) caps what a client may ask for: spend stays
+the operator's call.
 
-The external simulator generates exactly the max_tokens it is sent, so the answer's usage is what the engine was asked.
+The external simulator generates exactly the max_tokens it is sent, so the answer's usage is what
+the engine was asked.
 """
 
 import pytest

@@ -22,7 +22,8 @@ def endpoint(name, sim=None, *, kind="vllm", model=None, url=None, **fields):
 
 
 def rule(name, *targets, priority=100, **fields):
-    """A rule; each positional target is an endpoint, or a list of (endpoint, weight) at one position."""
+    """A rule; each positional target is an endpoint, or a list of (endpoint, weight) at one
+    position."""
     created = RoutingRule.objects.create(name=name, priority=priority, **fields)
     for position, spec in enumerate(targets, start=1):
         specs = spec if isinstance(spec, list) else [(spec, 100)]

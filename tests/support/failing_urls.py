@@ -1,4 +1,5 @@
-"""The site's URLs plus one view that fails: for the test that a 500 page carries the security headers."""
+"""The site's URLs plus one view that fails: for the test that a 500 page carries the security
+headers."""
 
 from django.urls import path
 

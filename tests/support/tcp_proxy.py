@@ -1,6 +1,7 @@
-"""A TCP proxy for fault tests: `python tests/support/tcp_proxy.py LISTEN_PORT TARGET`, where TARGET is
-HOST:PORT or the path of a unix socket. Killing it cuts every connection through it at once and
-refuses new ones, as a database that went away; starting it again on the same port restores it."""
+"""A TCP proxy for fault tests: `python tests/support/tcp_proxy.py LISTEN_PORT TARGET`, where
+TARGET is HOST:PORT or the path of a unix socket. Killing it cuts every connection through it at
+once and refuses new ones, as a database that went away; starting it again on the same port
+restores it."""
 
 import asyncio
 import sys
