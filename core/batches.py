@@ -73,7 +73,8 @@ class BatchWriter(Generic[Row]):
         self._thread: threading.Thread | None = None
 
     def note(self, row: Row) -> None:
-        """Keep `row` for the next batch. Safe on the event loop: it appends to memory and returns."""
+        """Keep `row` for the next batch. Safe on the event loop: it appends to memory and
+        returns."""
         capacity = self._capacity()
         with self._lock:
             if not self._buffer:

@@ -31,8 +31,8 @@ class Series:
 
 def svg_open(width: float, height: float, *, label: str, css: str) -> list[str]:
     return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:g} {height:g}" class="{escape(css)}" '
-        f'role="img" font-size="{FONT}" font-family="sans-serif">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:g} {height:g}" '
+        f'class="{escape(css)}" role="img" font-size="{FONT}" font-family="sans-serif">',
         f"<title>{escape(label)}</title>",
     ]
 
@@ -76,7 +76,8 @@ def circle(x, y, *, fill, r=3.5, title="", stroke="", css=""):
 def legend_row(
     entries: Sequence[tuple[str, str, str]], *, x: float, y: float, swatch: str = "line"
 ) -> list[str]:
-    """One row of (text, colour, dash) keys from (x, y): a short line (or a square) then the text."""
+    """One row of (text, colour, dash) keys from (x, y): a short line (or a square) then the
+    text."""
     out = []
     for label, colour, dash in entries:
         if swatch == "line":

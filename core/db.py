@@ -101,7 +101,7 @@ async def run(fn: Callable[..., T], /, *args, **kwargs) -> T:
     return await sync_to_async(_call, thread_sensitive=True)(fn, args, kwargs)
 
 
-# --- statements on the event loop -------------------------------------------------------------------
+# --- statements on the event loop -----------------------------------------------------------------
 
 
 def _close_stale(pool: AsyncConnectionPool) -> None:
@@ -124,7 +124,7 @@ def _conninfo() -> str:
         if isinstance(value, (str, int))
         and key not in ("cursor_factory", "context", "prepare_threshold")
     }
-    return psycopg.conninfo.make_conninfo(**keep)
+    return psycopg.conninfo.make_conninfo("", **keep)
 
 
 async def _open_pool(

@@ -16,6 +16,9 @@ request tries again, so service comes back by itself when the dependency does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 # Seconds a client is asked to wait after an outage of the database or Redis: about what a
 # restart or a failover takes, and short enough that nobody waits long after it.
 RETRY_AFTER = 5
@@ -93,6 +96,7 @@ def openai_error_body(
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
     """DRF's nested error detail as {"field" or "field.0.sub": "messages"}."""
+    items: Iterable[tuple[Any, Any]]
     if isinstance(detail, dict):
         items = detail.items()
     elif isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
@@ -134,9 +138,8 @@ def api_exception_handler(exc, context):
         )
     exc = unavailable(exc) or exc
     if isinstance(exc, DomainError):
-        headers = (
-            {"Retry-After": str(exc.retry_after)} if getattr(exc, "retry_after", None) else None
-        )
+        retry_after = getattr(exc, "retry_after", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after else None
         body = error_body(exc.code, str(exc), exc.fields)
         return Response(body, status=exc.status, headers=headers)
     response = drf_exception_handler(exc, context)
@@ -160,7 +163,8 @@ def server_error(request):
     if outage is None:
         return django_server_error(request)
     response = HttpResponse(
-        '<!doctype html><html lang="en"><meta charset="utf-8"><title>Temporarily unavailable</title>'
+        '<!doctype html><html lang="en"><meta charset="utf-8">'
+        "<title>Temporarily unavailable</title>"
         f"<h1>Temporarily unavailable</h1><p>{escape(str(outage))}</p></html>",
         status=503,
         content_type="text/html; charset=utf-8",

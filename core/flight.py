@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -21,7 +21,7 @@ class SingleFlight:
     def __init__(self) -> None:
         self._calls: dict[tuple[int, Hashable], asyncio.Task] = {}
 
-    async def do(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+    async def do(self, key: Hashable, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         loop = asyncio.get_running_loop()
         slot = (id(loop), key)
         task = self._calls.get(slot)

@@ -37,7 +37,8 @@ def key_env_problem(name: str) -> str | None:
         return None
     return (
         f"{name} may not hold an endpoint key: its value would be sent to this row's URL. "
-        f"Put the key in a variable whose name starts with {prefix} (e.g. {prefix}{_suggest(name)}), "
+        f"Put the key in a variable whose name starts with {prefix} "
+        f"(e.g. {prefix}{_suggest(name)}), "
         "or have the operator list the name in ENDPOINT_KEY_ENV_NAMES."
     )
 

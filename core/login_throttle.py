@@ -92,7 +92,7 @@ def _throttled_message(seconds: int) -> str:
     ) % {"n": minutes}
 
 
-class _Throttled:
+class _Throttled(AuthenticationForm):
     """The check before AuthenticationForm.clean authenticates, the count after it fails."""
 
     retry_after: int | None = None
@@ -115,7 +115,7 @@ class _Throttled:
         return cleaned
 
 
-class LoginForm(_Throttled, AuthenticationForm):
+class LoginForm(_Throttled):
     pass
 
 

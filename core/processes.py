@@ -27,7 +27,8 @@ def free_port() -> int:
 
 
 def stop_group(process: subprocess.Popen, *, timeout: float = 10.0) -> None:
-    """SIGTERM to the process's group, then SIGKILL to whatever of the group is left after `timeout`."""
+    """SIGTERM to the process's group, then SIGKILL to whatever of the group is left after
+    `timeout`."""
     stop_groups({"": process}, grace=timeout)
 
 
@@ -38,7 +39,8 @@ def stop_groups(
     say: Callable[[str], None] = lambda line: None,
 ) -> None:
     """SIGTERM the group of each process, wait up to `grace` in all, then SIGKILL what is left of
-    every group (even after a clean exit of the leader, a child that ignored SIGTERM may be there)."""
+    every group (even after a clean exit of the leader, a child that ignored SIGTERM may be there).
+    """
     for process in processes.values():
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -1,5 +1,5 @@
-"""Model instances from hand-written SQL, for the few hot paths where the ORM's query building
-costs more than the query itself (a one-row ORM `get` spends longer in Python than its round trip)."""
+"""Model instances from hand-written SQL, for the few hot paths where the ORM's query building costs
+more than the query itself (a one-row ORM `get` spends longer in Python than its round trip)."""
 
 from django.db import connection
 from django.db.models import Model
@@ -11,7 +11,8 @@ def columns(model: type[Model], alias: str) -> str:
 
 
 def instance(model: type[Model], row, start: int = 0) -> Model:
-    """The instance whose columns (as `columns` lists them) begin at `row[start]`, as the ORM builds it."""
+    """The instance whose columns (as `columns` lists them) begin at `row[start]`, as the ORM builds
+    it."""
     fields = model._meta.concrete_fields
     return model.from_db(
         connection.alias, [field.attname for field in fields], row[start : start + len(fields)]

@@ -43,7 +43,8 @@ def client() -> redis.Redis:
 
 
 def aclient() -> aioredis.Redis:
-    """For async code: the running loop's client (connections belong to the loop that opened them)."""
+    """For async code: the running loop's client (connections belong to the loop that opened
+    them)."""
     return _aclients.get(
         lambda: aioredis.Redis(
             connection_pool=aioredis.BlockingConnectionPool.from_url(

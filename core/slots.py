@@ -37,9 +37,10 @@ def holder() -> str:
 
 
 def take(pipe, *, key: str, holder: str, limit: int, lease: float) -> None:
-    """Queue the taking of a slot on `pipe`; its result (truthy when taken) is the pipeline's next one.
-    Sent as EVAL, not EVALSHA: a pipeline would otherwise ask Redis whether the script is loaded
-    each time, a round trip of its own, and Redis keeps the compiled script by its hash anyway."""
+    """Queue the taking of a slot on `pipe`; its result (truthy when taken) is the pipeline's next
+    one. Sent as EVAL, not EVALSHA: a pipeline would otherwise ask Redis whether the script is
+    loaded each time, a round trip of its own, and Redis keeps the compiled script by its hash
+    anyway."""
     pipe.eval(_TAKE, 1, key, limit, math.ceil(lease), holder)
 
 

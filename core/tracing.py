@@ -29,8 +29,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
@@ -53,12 +53,26 @@ SERVICE_NAME = (
 EXPORT_TIMEOUT = 5.0
 
 T = TypeVar("T")
+
+
+class _Verdict(Protocol):
+    """What `kb_match` reads of the KB's verdict (knowledge.selectors.DirectAnswer)."""
+
+    hit: bool
+    method: str
+    score: float | None
+    entry: Any
+
+
+V = TypeVar("V", bound=_Verdict)
+C = TypeVar("C", bound=tuple)
 _lock = threading.Lock()
 _tracer = None
 
 
 def setup() -> None:
-    """Configure the SDK now, at process start, instead of on the first request. Nothing when off."""
+    """Configure the SDK now, at process start, instead of on the first request. Nothing when
+    off."""
     if ENABLED:
         _get_tracer()
 
@@ -73,7 +87,8 @@ def _get_tracer():
 
 
 # The API's modules, bound by _start: imported here, they would load OpenTelemetry with tracing off.
-_context = _trace = None
+_context: Any = None
+_trace: Any = None
 
 
 def _start():
@@ -116,10 +131,12 @@ if ENABLED:
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-# --- the request span ------------------------------------------------------------------------------------
+# --- the request span ----------------------------------------------------------------------
 
 
-def answer_span(answer: Callable[..., AsyncIterator[T]]) -> Callable[..., AsyncIterator[T]]:
+def answer_span(
+    answer: Callable[..., AsyncGenerator[T, None]],
+) -> Callable[..., AsyncGenerator[T, None]]:
     """The pipeline's `answer` inside an `answer {road}` span; `answer` itself when tracing is off.
 
     The request span is the current span only while the pipeline runs a step, never across its
@@ -206,10 +223,10 @@ class _Request:
         self.span.end()
 
 
-# --- the steps inside it ----------------------------------------------------------------------------------
+# --- the steps inside it --------------------------------------------------------------------
 
 
-async def kb_match(lookup: Awaitable[T]) -> T:
+async def kb_match(lookup: Awaitable[V]) -> V:
     """`retrieval kb` around the KB check; reads the verdict's hit, method, score and entry."""
     span = _get_tracer().start_span(
         "retrieval kb",
@@ -232,7 +249,7 @@ async def kb_match(lookup: Awaitable[T]) -> T:
     return direct
 
 
-async def rule_match(choosing: Awaitable[T]) -> T:
+async def rule_match(choosing: Awaitable[C]) -> C:
     """`match rule` around the rule choice; reads the chosen rule's name and action."""
     span = _get_tracer().start_span("match rule")
     try:
@@ -285,7 +302,8 @@ class Chat:
         self._span.set_attribute("gen_ai.response.time_to_first_chunk", round(elapsed, 6))
 
     def finished(self, finish_reason: str, usage) -> None:
-        """The engine's last event: its finish reason and usage (prompt_tokens, completion_tokens) or None."""
+        """The engine's last event: its finish reason and usage (prompt_tokens, completion_tokens)
+        or None."""
         attributes = {"gen_ai.response.finish_reasons": [finish_reason]}
         if usage is not None:
             attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens

@@ -13,7 +13,7 @@ import asyncio
 import datetime
 import email.utils
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import httpx2
@@ -201,7 +201,7 @@ async def stream_chat(
     stop: list[str] | None = None,
     extra_body: dict | None = None,
     extra_headers: dict[str, str] | None = None,
-) -> AsyncIterator[Token | Finish]:
+) -> AsyncGenerator[Token | Finish, None]:
     """Yield Token events, then one Finish; raise EngineError on any failure.
 
     The SDK sends the request (`client.post`, the SDK's documented way to a raw response: its

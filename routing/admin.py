@@ -151,7 +151,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
         result = None
         if request.GET and form.is_valid():
             data = form.cleaned_data
-            groups = frozenset()
+            groups: frozenset[str] = frozenset()
             if data.get("user"):
                 groups = frozenset(data["user"].groups.values_list("name", flat=True))
             result = async_to_sync(route_explain)(

@@ -26,9 +26,9 @@ class ExplainRequestSerializer(serializers.Serializer):
 
 
 class ExplainPermission(KBPermission):
-    """Reading the rules: the explanation lists every rule's conditions and the endpoints'
-    failures, and runs nothing, so its POST needs the rules' view permission only. As for the KB
-    API: a staff session, or a staff user's key with the `kb` scope (a chat key reaches chat only)."""
+    """Reading the rules: the explanation lists every rule's conditions and the endpoints' failures,
+    and runs nothing, so its POST needs the rules' view permission only. As for the KB API: a staff
+    session, or a staff user's key with the `kb` scope (a chat key reaches chat only)."""
 
     model = RoutingRule
     perms_map = {**KBPermission.perms_map, "POST": KBPermission.VIEW}

@@ -1,8 +1,11 @@
 """Default routing for `make run`: KB first (the pipeline always asks it), long-form writing,
 translation and compare/analyse requests to the external model when one is configured (else the
-local one), everything else to the local engine with the external one as fallback. An API
-client that names the local model gets it without KB context (naming a model skips the KB, not
-the rules: see `routing.rules.named_refusal`). Only missing rows are created, so a curator's edits survive the next start."""
+local one), everything else to the local engine with the external one as fallback. An API client
+that names the local model gets it without KB context (naming a model skips the KB, not the rules:
+see `routing.rules.named_target`). Only missing rows are created, so a curator's edits survive the
+next start."""
+
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -65,7 +68,7 @@ def demo_rules_ensure(*, local: ModelEndpoint, external: ModelEndpoint | None) -
     """Create the default rules that do not exist yet; returns the names created."""
     created = []
     heavy = external or local
-    specs = [
+    specs: list[tuple[str, int, dict[str, Any], list[ModelEndpoint]]] = [
         # A client that names the local model gets it as it is: no KB context, no escalation.
         (
             "local model by name",

@@ -49,8 +49,9 @@ class RoutingRule(models.Model):
     intent_threshold = models.FloatField(
         default=0.86,
         validators=[MinValueValidator(0), MaxValueValidator(1)],
-        help_text="Similarity to an example, in the serving embedding model's scale: about 0.86 for "
-        "multilingual-e5-small, 0.55 for all-MiniLM-L6-v2. Try questions in the rule tester.",
+        help_text="Similarity to an example, in the serving embedding model's scale: "
+        "about 0.86 for multilingual-e5-small, 0.55 for all-MiniLM-L6-v2. "
+        "Try questions in the rule tester.",
     )
     min_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
     max_length = models.PositiveIntegerField(null=True, blank=True, help_text="In characters.")
@@ -117,4 +118,5 @@ class RouteTarget(models.Model):
         ordering = ["position", "-weight", "pk"]
 
     def __str__(self):
-        return f"{self.position}. {self.endpoint.name}{' + ' + self.lora_adapter if self.lora_adapter else ''}"
+        adapter = f" + {self.lora_adapter}" if self.lora_adapter else ""
+        return f"{self.position}. {self.endpoint.name}{adapter}"

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -39,7 +39,7 @@ from routing.rules import (
     Snapshot,
     Target,
     asnapshot,
-    named_refusal,
+    named_target,
     query_vector,
 )
 
@@ -61,10 +61,10 @@ class RouteRequest:
     ignore_eos: bool = (
         False  # vLLM's extension, for local engines only (an external API may refuse it)
     )
-    system: str = (
-        ""  # the client's own instructions (e.g. a system message sent to /v1), added to the rule's
-    )
-    store: bool = True  # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss
+    # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
+    system: str = ""
+    # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss.
+    store: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,9 @@ class Route(Event):
     road: str  # kb | local | external
     rule: str | None
     target: str | None
-    why: str  # the details: KB scores and thresholds, the rule's conditions, the endpoints passed over and why
+    # The details: KB scores and thresholds, the rule's conditions, the endpoints passed over and
+    # why.
+    why: str
     reason: str  # what a user reads instead: the road and a plain reason
     engine_ms: float | None = (
         None  # the engine's time up to its first token, as this gateway saw it
@@ -217,7 +219,7 @@ def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
 @tracing.answer_span
 async def answer(
     request: RouteRequest, *, rng: random.Random | None = None
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """Answer one question by the cheapest good road; see the module docstring for the events."""
     started = time.monotonic()
     rng = rng or _rng
@@ -243,12 +245,12 @@ async def answer(
             )
             return
         rule, why = await _match(snap, request, text, None)
-        refusal = named_refusal(rule, request.model)
-        if refusal:
+        target, refusal = named_target(rule, request.model)
+        if target is None:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
             return
         # The endpoint asked for, not its replica group's least busy member.
-        named = dataclasses.replace(rule.target_named(request.model), replicas=())
+        named = dataclasses.replace(target, replicas=())
         async for event in _generate(
             request,
             text,
@@ -265,6 +267,7 @@ async def answer(
     direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
     if direct.hit:
         entry = direct.entry
+        assert entry is not None  # a hit always carries its entry
         yield Route(
             road="kb",
             rule=None,
@@ -358,7 +361,7 @@ async def _generate(
     why: str,
     rng: random.Random,
     direct: DirectAnswer | None = None,
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     rule_name = rule.name if rule else None
     named = bool(request.model) and request.model != "auto"
     max_tokens = answer_budget(request.max_tokens, rule)
@@ -371,7 +374,7 @@ async def _generate(
     if rule is not None and rule.use_kb_context:
         query = (
             (direct.model, direct.vector)
-            if direct is not None and direct.vector is not None
+            if direct is not None and direct.model is not None and direct.vector is not None
             else None
         )
         passages = await acontext_passages(text, k=rule.context_k, query=query)
@@ -393,7 +396,8 @@ async def _generate(
         budget = target.context_window - max_tokens
         if approx_tokens(text) + system_cost + 8 > budget:
             attempts.append(
-                f"{target.endpoint}: the question does not fit its {target.context_window}-token window"
+                f"{target.endpoint}: the question does not fit its "
+                f"{target.context_window}-token window"
             )
             too_long = too_long or Error(
                 code="too_long",
@@ -401,7 +405,8 @@ async def _generate(
                 target=target.endpoint,
                 road=target.road,
                 message=(
-                    f"The question is about {approx_tokens(text)} tokens; {target.endpoint} accepts at most "
+                    f"The question is about {approx_tokens(text)} tokens; "
+                    f"{target.endpoint} accepts at most "
                     f"{target.context_window} tokens, {max_tokens} of them kept for the answer."
                 ),
             )
@@ -623,7 +628,10 @@ def _route(
         reason += ", as a fallback: the first choice could not answer"
     if dropped:
         notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
-        reason += "; the oldest messages of the conversation were left out to fit the model's context window"
+        reason += (
+            "; the oldest messages of the conversation were left out to fit the model's "
+            "context window"
+        )
     return Route(
         road=target.road,
         rule=rule,

@@ -115,7 +115,8 @@ class CompiledRule:
         )
 
     def target_named(self, model: str) -> Target | None:
-        """This rule's target for the endpoint a client named, when its chain lists it with a share."""
+        """This rule's target for the endpoint a client named, when its chain lists it with a
+        share."""
         for group in self.chain:
             for target in group:
                 if target.endpoint == model and target.weight > 0:
@@ -158,7 +159,8 @@ class CompiledRule:
                 check(
                     score >= self.intent_threshold,
                     f"intent: {score:.3f} to {self.intent_examples[best]!r} "
-                    f"({'≥' if score >= self.intent_threshold else '<'} {self.intent_threshold:.2f})",
+                    f"({'≥' if score >= self.intent_threshold else '<'} "
+                    f"{self.intent_threshold:.2f})",
                 )
         length = len(ctx.text)
         if self.min_length is not None:
@@ -242,22 +244,29 @@ class Snapshot:
         return sorted(names & self.targets_by_model.keys())
 
 
-def named_refusal(rule: CompiledRule | None, model: str) -> str:
-    """Why a client may not name `model` for a question the rule `rule` takes ("" when it may).
-    The policy: a named model is allowed where the rule that routes the question lists it."""
+def named_target(rule: CompiledRule | None, model: str) -> tuple[Target | None, str]:
+    """The target a client names as `model` for a question the rule `rule` takes, and "", or
+    None and why it may not name it. The policy: a named model is allowed where the rule that
+    routes the question lists it."""
     if rule is None:
-        return f"No routing rule takes this question, so no model may be named for it ({model!r})."
+        return None, (
+            f"No routing rule takes this question, so no model may be named for it ({model!r})."
+        )
     if rule.action != "generate":
-        return f"Rule {rule.name!r} answers this question from the knowledge base only; {model!r} may not be named."
-    if rule.target_named(model) is None:
+        return None, (
+            f"Rule {rule.name!r} answers this question from the knowledge base only; "
+            f"{model!r} may not be named."
+        )
+    target = rule.target_named(model)
+    if target is None:
         allowed = sorted({t.endpoint for group in rule.chain for t in group if t.weight > 0})
-        return f"Rule {rule.name!r} routes this question and does not list {model!r}" + (
+        return None, f"Rule {rule.name!r} routes this question and does not list {model!r}" + (
             f"; it allows: {', '.join(allowed)}, or auto." if allowed else "; use auto."
         )
-    return ""
+    return target, ""
 
 
-# --- building ---------------------------------------------------------------------------------------------
+# --- building -------------------------------------------------------------------------------------
 
 
 def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
@@ -310,7 +319,10 @@ def snapshot_build(version: str | None = None) -> Snapshot:
             try:
                 pattern = regex_compile(rule.regex)
             except RuleInvalid as exc:
-                broken = f"regex /{rule.regex}/ {exc.errors['regex']}: the rule never matches until it is fixed"
+                broken = (
+                    f"regex /{rule.regex}/ {exc.errors['regex']}: "
+                    "the rule never matches until it is fixed"
+                )
                 logger.error("routing rule %r: %s", rule.name, broken)
         positions = sorted({t.position for t in targets})
         chain = tuple(tuple(t for t in targets if t.position == p) for p in positions)
@@ -340,7 +352,7 @@ def snapshot_build(version: str | None = None) -> Snapshot:
                 chain=chain,
             )
         )
-    targets_by_model = {}
+    targets_by_model: dict[str, Target] = {}
     for endpoint in ModelEndpoint.objects.filter(active=True).order_by("name"):
         target = Target(
             endpoint_id=endpoint.pk,
@@ -409,7 +421,7 @@ def rules_changed() -> None:
         )
 
 
-# --- validation ---------------------------------------------------------------------------------------------
+# --- validation -----------------------------------------------------------------------------------
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the reason goes into the admin's message, not to stderr
@@ -417,9 +429,9 @@ _RE2_OPTIONS.log_errors = False  # the reason goes into the admin's message, not
 
 def regex_compile(pattern: str) -> re2._Regexp:
     """An admin's pattern in RE2, whose time is linear in the question's length: no pattern can
-    stall the event loop (Python's `re` backtracks exponentially on patterns such as `(\\w+\\s?)+$`).
-    RE2 has no backreferences or lookaround, and its \\w, \\d and \\b are ASCII: \\p{L}, \\p{Han}
-    and \\p{N} match other scripts."""
+    stall the event loop (Python's `re` backtracks exponentially on patterns such as
+    `(\\w+\\s?)+$`). RE2 has no backreferences or lookaround, and its \\w, \\d and \\b are ASCII:
+    \\p{L}, \\p{Han} and \\p{N} match other scripts."""
     try:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:

@@ -7,7 +7,7 @@ from asgiref.sync import sync_to_async
 from inference_ops.models import ModelEndpoint
 from knowledge.selectors import direct_answer
 from routing import breaker
-from routing.rules import Context, asnapshot, named_refusal, query_vector
+from routing.rules import Context, asnapshot, named_target, query_vector
 
 
 async def route_explain(
@@ -42,23 +42,23 @@ async def route_explain(
             chosen = rule
 
     if model and model != "auto":
-        refusal = (
-            f"no model named {model!r}"
-            if model not in snap.targets_by_model
-            else named_refusal(chosen, model)
+        target, refusal = (
+            named_target(chosen, model)
+            if model in snap.targets_by_model
+            else (None, f"no model named {model!r}")
         )
-        target = None if refusal else chosen.target_named(model)
+        rule_name = chosen.name if chosen else None
         decision = (
             {
                 "road": target.road,
-                "reason": f"model {model} requested, allowed by rule {chosen.name}",
-                "rule": chosen.name,
+                "reason": f"model {model} requested, allowed by rule {rule_name}",
+                "rule": rule_name,
             }
             if target
-            else {"road": None, "reason": refusal, "rule": chosen.name if chosen else None}
+            else {"road": None, "reason": refusal, "rule": rule_name}
         )
         chain_targets = [[target]] if target else []
-    elif kb.hit:
+    elif kb.hit and kb.entry is not None:
         decision = {"road": "kb", "reason": kb.reason, "rule": None, "entry_id": kb.entry.pk}
         chain_targets = [list(group) for group in chosen.chain] if chosen else []
     elif chosen is None:

@@ -41,7 +41,11 @@ def test_a_kb_question_is_answered_from_the_kb_without_a_model(roads):
 
 def test_other_questions_stream_from_the_local_engine(roads):
     events = ask("Tell me a long story about the old lighthouses of Brittany", max_tokens=6)
-    assert kinds(events) == ["route"] + ["token"] * 6 + ["done"]
+    # Chunks that arrive in one network read leave as one token event (inference_ops.client), so
+    # a loaded machine may show fewer than 6 events for the 6 tokens: the usage counts them.
+    tokens = kinds(events)[1:-1]
+    assert kinds(events)[0] == "route" and kinds(events)[-1] == "done"
+    assert 1 <= len(tokens) <= 6 and set(tokens) == {"token"} and answer_text(events)
     route, done = events[0], events[-1]
     assert (route.road, route.rule, route.target) == ("local", "default", "local")
     assert done.usage["completion_tokens"] == 6 and done.finish_reason == "length"
