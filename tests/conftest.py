@@ -21,6 +21,20 @@ def pytest_configure(config):
     embedded.hold()
 
 
+# A test that uses one of these fixtures is marked so (pytest.ini's markers; make test-fast).
+SLOW_FIXTURES = {
+    "real_vllm": "engines",
+    "celery_worker": "processes",
+    "asgi_server": "processes",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in SLOW_FIXTURES.keys() & set(item.fixturenames):
+            item.add_marker(SLOW_FIXTURES[fixture])
+
+
 def pytest_unconfigure(config):
     # The last holder out stops the embedded servers (a running `make run` keeps them).
     embedded.release()

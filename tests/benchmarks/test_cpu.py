@@ -11,6 +11,8 @@ import pytest
 
 from benchmarks.cpu import cpu_delta, probe_for
 
+pytestmark = pytest.mark.engines
+
 # Stand-ins named like make run's processes: a devserver whose children are a web process
 # listening on a port and a worker that spends some CPU.
 FAKE = textwrap.dedent("""

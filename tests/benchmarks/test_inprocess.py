@@ -15,6 +15,8 @@ from django.core.management.base import CommandError
 
 from inference_ops.supervisor import session_processes
 
+pytestmark = pytest.mark.engines
+
 TOKENS = 8
 
 

@@ -10,6 +10,8 @@ from django.conf import settings
 
 from benchmarks.servers import gateway, gateway_env, simulator, stop_group
 
+pytestmark = pytest.mark.processes
+
 
 def _running(pid: int) -> bool:
     """Is `pid` still running? A killed child whose parent died first stays a zombie until

@@ -24,7 +24,7 @@ from tests.conftest import BASE_DIR
 from tests.inference_ops.simulator_process import start_simulator
 from tests.support.factories import endpoint, rule
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -27,7 +27,7 @@ from core.processes import free_port
 from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
 from tests.support.personas import staff_user
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 QUESTION = "How do I reset my password?"  # the KB answers it: no rules or engines involved
 
@@ -112,7 +112,10 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
         str(Path(host) / f".s.PGSQL.{port}") if host.startswith("/") else f"{host}:{port}"
     )  # unix socket or TCP
     postgres = Service(
-        "pgproxy", [sys.executable, "tests/support/tcp_proxy.py", str(pg_port), target], pg_port, logs
+        "pgproxy",
+        [sys.executable, "tests/support/tcp_proxy.py", str(pg_port), target],
+        pg_port,
+        logs,
     )
     redis.start()
     postgres.start()

@@ -20,7 +20,7 @@ from chat.models import ChatSession, Message
 from observability.models import RequestLog
 from tests.support.factories import endpoint, rule
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 # The engine's pace: a long answer lasts seconds, and a test acts while it streams.
 TOKEN_MS = 50

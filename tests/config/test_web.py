@@ -21,6 +21,8 @@ from knowledge.models import EmbeddingModel
 from knowledge.services import embedding_model_ensure
 from tests.conftest import http_get
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def staff_cookie(django_user_model) -> str:

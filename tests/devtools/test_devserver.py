@@ -16,7 +16,7 @@ from core.processes import free_port
 from devtools import devserver
 from tests.conftest import http_get
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 
 def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_env, tmp_path):

@@ -1,9 +1,12 @@
 """The embedded Redis used where no Redis answers on 127.0.0.1:6379."""
 
+import pytest
 import redis
 
 from core.processes import free_port
 from devtools import embedded
+
+pytestmark = pytest.mark.processes
 
 
 def test_an_embedded_redis_starts_serves_and_stops(tmp_path):

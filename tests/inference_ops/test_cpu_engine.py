@@ -14,6 +14,8 @@ from inference_ops.client import EndpointConfig, Finish, Token, stream_chat
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
 
+pytestmark = pytest.mark.engines
+
 
 def make_cpu_engine(name="cpu-test", *, port=None, **fields) -> EngineProcess:
     port = port or free_port()

@@ -27,6 +27,8 @@ from tests.inference_ops.engines import (
     start_engine,
 )
 
+pytestmark = pytest.mark.engines
+
 HTTP = aiohttp.ClientTimeout(total=120)
 
 

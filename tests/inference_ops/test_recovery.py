@@ -32,6 +32,8 @@ from tests.inference_ops.test_supervisor import (  # noqa: F401
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
 
+pytestmark = pytest.mark.processes
+
 # --- a start task that died ------------------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
 
+pytestmark = pytest.mark.processes
+
 
 def make_engine(name="local-sim", **fields) -> EngineProcess:
     port = fields.pop("port", None) or free_port()

