@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from chat.models import ChatSession
-from chat.openai_api import chat_completions
+from chat.openai_api.handlers import chat_completions
 from knowledge.misses import miss_flush
 from knowledge.models import EmbeddingModel, Miss
 from knowledge.services import misses_group
@@ -41,7 +41,7 @@ def aged(question: str, days: float) -> None:
     )
 
 
-def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_their_groups_stay_whole(
+def test_misses_past_the_request_logs_retention_go_with_its_scheduled_prune_and_groups_stay_whole(
     settings, model
 ):
     from config.celery import app

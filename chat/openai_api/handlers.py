@@ -1,0 +1,148 @@
+"""The endpoints: `models` and `chat_completions`, each from the request's headers (and body) to
+a Reply. The key is checked first; a chat completion is one chat turn (chat.turns.run_turn)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from chat import services
+from chat.exceptions import ChatError, MessageTooLarge, RateLimited, SessionNotFound
+from chat.models import ApiKey, ChatSession
+from chat.openai_api.completion import completion_body, completion_stream
+from chat.openai_api.replies import (
+    OVERHEAD_HEADER,
+    Reply,
+    error_reply,
+    overhead_header,
+    pipeline_error_reply,
+    route_headers,
+)
+from chat.openai_api.schema import completion_request, session_named
+from chat.turns import SessionEvent, run_turn
+from observability.models import RequestLog
+from routing import pipeline
+from routing.rules import asnapshot
+
+
+async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
+    scheme, _, raw = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        return error_reply(
+            401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key"
+        )
+    key = await services.aapikey_authenticate(raw.strip())
+    if key is None:
+        return error_reply(401, "Incorrect or revoked API key.", code="invalid_api_key")
+    if ApiKey.Scope.CHAT not in key.scopes:
+        return error_reply(403, "This API key lacks the `chat` scope.", code="insufficient_scope")
+    return key
+
+
+async def models(headers: dict[str, str]) -> Reply:
+    key = await _authenticate(headers)
+    if isinstance(key, Reply):
+        return key
+    snap = await asnapshot()
+    created = int(time.time())
+    data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
+    # Only what a rule lets this key name (the rule that takes a question still decides).
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": snap.targets_by_model[name].road,
+        }
+        for name in snap.nameable(groups=key.group_names, client=key.client)
+    ]
+    return Reply(200, {"object": "list", "data": data})
+
+
+async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: float) -> Reply:
+    key = await _authenticate(headers)
+    if isinstance(key, Reply):
+        return key
+    parsed = completion_request(raw_body)
+    if isinstance(parsed, Reply):
+        return parsed
+    session_id = session_named(headers)
+    if isinstance(session_id, Reply):
+        return session_id
+    if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
+        return error_reply(
+            404,
+            f"The model `{parsed['model']}` does not exist; see /v1/models.",
+            code="model_not_found",
+            param="model",
+        )
+    # Stored as a chat turn only in a session the client names; the request log keeps every call.
+    turn = run_turn(
+        user=key.user,
+        content=parsed["question"],
+        client=key.client,
+        source=ChatSession.Source.API,
+        model=parsed["model"],
+        max_tokens=parsed.get("max_tokens"),
+        temperature=parsed.get("temperature"),
+        ignore_eos=parsed["ignore_eos"],
+        history=parsed["history"],
+        groups=key.group_names,
+        system=parsed["system"],
+        session_id=session_id,
+        store=session_id is not None,
+        interface=RequestLog.Interface.V1,
+        api_key_id=key.pk,
+        arrived=arrived,
+    )
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    # Read up to the route (or an error) first: the route headers go out before the body. The
+    # turn validates and counts the question before it stores anything.
+    route = None
+    try:
+        async for event in turn:
+            if isinstance(event, SessionEvent):
+                continue
+            if isinstance(event, pipeline.Error):
+                await turn.aclose()
+                return await pipeline_error_reply(event, key.user)
+            route = event
+            break
+    except RateLimited as exc:  # too many questions, or too many answers at once (TooManyStreams)
+        code = "rate_limit_exceeded" if exc.code == RateLimited.code else exc.code
+        return error_reply(429, str(exc), code=code, headers={"Retry-After": str(exc.retry_after)})
+    except MessageTooLarge as exc:
+        return error_reply(413, str(exc), code="message_too_large", param="messages")
+    except SessionNotFound as exc:
+        return error_reply(404, str(exc), code="session_not_found", param="X-Session-Id")
+    except ChatError as exc:
+        return error_reply(exc.status, str(exc), code=exc.code, param="messages")
+    model_name = (
+        parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
+    )
+    if parsed["stream"]:
+        reply = Reply(
+            200,
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                # So far: the stream's last chunk says it for the whole answer.
+                OVERHEAD_HEADER: overhead_header(arrived, route.engine_ms),
+            },
+            stream=completion_stream(
+                turn=turn,
+                completion_id=completion_id,
+                created=created,
+                model=model_name,
+                include_usage=parsed["include_usage"],
+                user=key.user,
+            ),
+        )
+    else:
+        reply = await completion_body(
+            turn=turn, completion_id=completion_id, created=created, model=model_name, user=key.user
+        )
+    reply.headers.update(route_headers(route))
+    return reply

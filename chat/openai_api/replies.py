@@ -1,0 +1,103 @@
+"""What a /v1 handler answers: a Reply, and every failure in OpenAI's error shape, in one place
+(a refused request, a pipeline error, an exception)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from chat.turns import areads_route_details, overhead_ms
+from core.errors import openai_error_body, unavailable
+from routing import pipeline
+
+logger = logging.getLogger(__name__)
+
+OVERHEAD_HEADER = "X-Gateway-Overhead-Ms"
+
+# Pipeline error codes → HTTP status for a request that failed before any token.
+_PIPELINE_STATUS = {
+    "empty": 400,
+    "too_long": 400,
+    "unknown_model": 404,
+    "model_not_allowed": 403,
+    "no_route": 503,
+    "no_target": 503,
+    "client_error": 502,
+    "rate_limited": 503,
+}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict | None = None  # JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[str | bytes] | None = None  # server-sent events, instead of a body
+
+
+def error_reply(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict | None = None,
+) -> Reply:
+    return Reply(
+        status, openai_error_body(status, message, code=code, param=param), dict(headers or {})
+    )
+
+
+def failure_reply(exc: Exception, *, method: str, path: str) -> Reply:
+    """An exception no handler expected, as the client sees it (the log gets the traceback)."""
+    # The database or Redis down: the client may retry, nothing is wrong with it.
+    outage = unavailable(exc)
+    if outage is not None:
+        logger.warning("%s %s: %s (%s: %s)", method, path, outage, type(exc).__name__, exc)
+        return error_reply(
+            503, str(outage), code=outage.code, headers={"Retry-After": str(outage.retry_after)}
+        )
+    logger.exception("%s %s failed", method, path)
+    return error_reply(500, "The server failed to answer this request.", code="internal_error")
+
+
+async def error_message_for(event: pipeline.Error, user) -> str:
+    """The error's message as this caller may read it: an engine failure's details are for the
+    staff who may read the routing rules (asked only on an error, never on an answer's way)."""
+    if await areads_route_details(user):
+        return event.message
+    return pipeline.message_for_users(event.code, event.message, partial=event.partial)
+
+
+async def pipeline_error_reply(event: pipeline.Error, user) -> Reply:
+    status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
+    code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(
+        event.code, event.code
+    )
+    param = {
+        "too_long": "messages",
+        "unknown_model": "model",
+        "model_not_allowed": "model",
+        "empty": "messages",
+    }.get(event.code)
+    headers = route_headers(None, event)
+    if event.retry_after is not None:  # an engine asked to be left alone: say when to come back
+        headers["Retry-After"] = str(max(1, math.ceil(event.retry_after)))
+    message = await error_message_for(event, user)
+    return error_reply(status, message, code=code, param=param, headers=headers)
+
+
+def route_headers(route: pipeline.Route | None, error: pipeline.Error | None = None) -> dict:
+    source = route or error
+    return {
+        "X-Route": (source.road if source else "") or "",
+        "X-Route-Rule": (source.rule if source else "") or "",
+        "X-Route-Target": (source.target if source else "") or "",
+    }
+
+
+def overhead_header(arrived: float, engine_ms: float | None) -> str:
+    """OVERHEAD_HEADER's value: the gateway's milliseconds since the request arrived."""
+    return f"{overhead_ms(arrived, engine_ms):.1f}"
