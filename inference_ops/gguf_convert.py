@@ -17,9 +17,11 @@ What the conversion must mend, found by trying (issue 25):
   no default stop strings from a model, but it does stop at every `eos_token_id` of the model's
   generation config: the newline-run tokens ("\\n\\n" and longer) are added there.
 
-The check: greedy tokens of the converted model for a few prompts, through transformers (the same
-weights and tokenizer vLLM loads), written next to the model for the caller to compare with
-llama.cpp's. A model whose prompts do not start with `<bos>` fails here.
+The check: for a few prompts, the converted model (through transformers: the same weights and
+tokenizer vLLM loads) reads llama.cpp's greedy continuation (`data/gemma3_270m_greedy.json`) one
+step at a time, and the report keeps, for each step, the token it would pick and how far
+llama.cpp's token is below it in logits; the caller judges them. A model whose prompts do not
+start with `<bos>` fails here.
 """
 
 from __future__ import annotations
@@ -31,15 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-# Prompts whose greedy continuations are compared with llama.cpp's (tests/inference_ops/data).
-CHECK_PROMPTS = (
-    "Question: What is the largest planet in the solar system?\nAnswer:",
-    "Question: 中国的首都是哪里？\nAnswer:",
-    "def fibonacci(n):",
-    "Water boils at",
-    "1, 2, 3, 4,",
-)
-CHECK_TOKENS = 16
+# llama.cpp's greedy continuations of a few prompts, recorded from llama-server.
+REFERENCE = Path(__file__).resolve().parent / "data" / "gemma3_270m_greedy.json"
 NEWLINE_RUNS = ("\n\n", "\n\n\n", "\n\n\n\n")
 
 
@@ -108,7 +103,7 @@ def convert(gguf: Path, out: Path, template: Path) -> dict:
         "loaded_seconds": round(loaded, 1),
         "bos_token_id": bos_id,
         "eos_token_ids": generation.eos_token_id,
-        "greedy": _greedy(partial),
+        "agreement": _agreement(partial),
     }
     (partial / "conversion.json").write_text(json.dumps(report, ensure_ascii=False, indent=2))
     shutil.rmtree(out, ignore_errors=True)
@@ -116,29 +111,34 @@ def convert(gguf: Path, out: Path, template: Path) -> dict:
     return report
 
 
-def _greedy(folder: Path) -> dict[str, list[int]]:
-    """The saved model's greedy tokens for CHECK_PROMPTS, loaded back as vLLM will load it."""
+def _agreement(folder: Path) -> dict[str, dict[str, list]]:
+    """For each prompt of the reference: the saved model (loaded back as vLLM will load it) fed
+    the prompt and llama.cpp's greedy tokens in one pass; at each step the token the model would
+    pick (`greedy`) and the logit gap from its pick down to llama.cpp's token (`gaps`, 0 where
+    they agree). Teacher-forced, so one near tie does not change every later step."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    reference = json.loads(REFERENCE.read_text())["tokens"]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
     found = {}
-    for prompt in CHECK_PROMPTS:
+    for prompt, expected in reference.items():
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         if ids[0, 0].item() != tokenizer.bos_token_id:
             raise SystemExit(
                 f"the converted tokenizer does not start {prompt!r} with {tokenizer.bos_token}"
             )
+        fed = torch.cat([ids, torch.tensor([expected[:-1]])], dim=1)
         with torch.no_grad():
-            output = model.generate(
-                ids,
-                max_new_tokens=CHECK_TOKENS,
-                do_sample=False,
-                eos_token_id=None,
-                attention_mask=torch.ones_like(ids),
-            )
-        found[prompt] = output[0, ids.shape[1] :].tolist()
+            logits = model(fed, attention_mask=torch.ones_like(fed)).logits[0].float()
+        steps = logits[ids.shape[1] - 1 :]
+        picks = steps.argmax(dim=-1)
+        chosen = steps[torch.arange(len(expected)), torch.tensor(expected)]
+        found[prompt] = {
+            "greedy": picks.tolist(),
+            "gaps": [round(g, 4) for g in (steps.max(dim=-1).values - chosen).tolist()],
+        }
     return found
 
 

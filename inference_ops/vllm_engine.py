@@ -12,9 +12,11 @@ is started directly instead (`python -m vllm.entrypoints.openai.api_server`).
 
 No model in Hugging Face's format can be had offline, so the bundled Gemma 3 270M GGUF (the CPU
 engine's) is converted once into a folder vLLM serves (`inference_ops.gguf_convert`, run by the
-venv's python), and checked: greedy tokens of the converted model on a few prompts must equal
-llama.cpp's (`data/gemma3_270m_greedy.json`, recorded from llama-server and checked against it by
-the contract suite), and its prompts start with `<bos>`.
+venv's python), and checked against llama.cpp's greedy tokens on a few prompts
+(`data/gemma3_270m_greedy.json`, recorded from llama-server and checked against it by the contract
+suite): fed llama.cpp's continuation, the converted model must rank each of its tokens first or
+within `GREEDY_TOLERANCE` logits of its own first choice (bf16 arithmetic differs a little from
+one CPU to another, enough to turn a near tie), and its prompts start with `<bos>`.
 
 Nothing here runs on the hot path or in a start: `manage.py vllm_engine_build` installs and
 converts, `make run` and `make test` call it; the supervisor only builds the command line.
@@ -134,17 +136,33 @@ def model_ready(model: str) -> bool:
     return not cpu_engine.is_bundled(model) or (model_path(model) / "conversion.json").is_file()
 
 
+# How far below its own first choice, in logits, the converted model may rank llama.cpp's token.
+# A near tie (a gap of a few tenths) is arithmetic; a broken conversion (weights, tokenizer,
+# template) puts llama.cpp's tokens whole logits down, at most steps.
+GREEDY_TOLERANCE = 1.0
+
+
 def greedy_reference() -> dict[str, list[int]]:
     return json.loads(GREEDY_REFERENCE.read_text())["tokens"]
 
 
-def greedy_mismatches(found: dict[str, list[int]]) -> list[str]:
-    """How greedy tokens differ from llama.cpp's, prompt by prompt (empty: they are equal)."""
+def greedy_mismatches(found: dict[str, dict[str, list]]) -> list[str]:
+    """Where the converted model departs from llama.cpp's greedy tokens by more than a near tie,
+    prompt by prompt (empty: it agrees)."""
     problems = []
     for prompt, expected in greedy_reference().items():
-        got = found.get(prompt)
-        if got != expected:
-            problems.append(f"{prompt!r}: llama.cpp {expected}, converted model {got}")
+        steps = found.get(prompt) or {}
+        gaps = steps.get("gaps") or []
+        if len(gaps) != len(expected):
+            problems.append(f"{prompt!r}: no agreement measured")
+            continue
+        far = [(i, gap) for i, gap in enumerate(gaps) if gap > GREEDY_TOLERANCE]
+        if far:
+            problems.append(
+                f"{prompt!r}: llama.cpp {expected}, converted model {steps.get('greedy')}; "
+                "logit gaps over the tolerance at steps "
+                + ", ".join(f"{i} ({gap:.2f})" for i, gap in far)
+            )
     return problems
 
 
@@ -180,14 +198,15 @@ def ensure_model(progress: Progress = print, *, force: bool = False) -> Path:
             env=env,
         )
         report = json.loads((target / "conversion.json").read_text())
-        if problems := greedy_mismatches(report["greedy"]):
+        if problems := greedy_mismatches(report["agreement"]):
             shutil.rmtree(target, ignore_errors=True)
             raise CpuEngineError(
-                "the converted model's greedy tokens differ from llama.cpp's:\n"
+                "the converted model departs from llama.cpp's greedy tokens:\n"
                 + "\n".join(problems)
             )
         progress(
             f"model converted and checked in {time.monotonic() - started:.0f}s "
-            f"(greedy tokens equal to llama.cpp's on {len(report['greedy'])} prompts): {target}"
+            f"(llama.cpp's greedy tokens ranked first or within {GREEDY_TOLERANCE} logits on "
+            f"{len(report['agreement'])} prompts): {target}"
         )
     return target
