@@ -23,7 +23,7 @@ from benchmarks.stats import percentile
 from benchmarks.users import bench_user, session_cookie
 from chat.models import ApiKey
 from chat.services import apikey_create
-from knowledge.embeddings import embed_texts, query_cache
+from knowledge.embedding import embed_texts, query_cache
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import _nearest, direct_answer, faq_matches
 
@@ -240,7 +240,7 @@ def embedding_options(spec, texts: list[str]) -> list[tuple[str, list[float], fl
     each choice costs. Settings take turns query by query, so a burst of load elsewhere hits
     them all alike. PyTorch's threads are process-wide: set before each of its calls.
     """
-    from knowledge.embeddings import E5Embedder, LocalEmbedder, embedder_for
+    from knowledge.embedding import E5Embedder, LocalEmbedder, embedder_for
 
     served = embedder_for(spec)
     served.embed(texts[:1])

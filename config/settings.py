@@ -605,7 +605,7 @@ if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING
 # margin: near-miss wordings with another meaning score high on both entries. Each model has its
 # own scale, so the operating point is the model's: its row's (set in the admin or by
 # `manage.py kb_calibrate --apply`), else these when set, else the model's calibrated default
-# (knowledge.embeddings.OPERATING_POINTS).
+# (knowledge.embedding.OPERATING_POINTS).
 KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", None, minimum=0.0)
 KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", None, minimum=0.0)
 # A second stage (knowledge.rerank), off while KB_RERANK_BASE_URL is empty: a cross-encoder served
@@ -623,11 +623,11 @@ KB_RERANK_MIN_SCORE = env_float("KB_RERANK_MIN_SCORE", 0.5, minimum=0.0)
 KB_RERANK_MARGIN = env_float("KB_RERANK_MARGIN", 0.1, minimum=0.0)
 KB_RERANK_FLOOR = env_float("KB_RERANK_FLOOR", 0.5, minimum=0.0)
 KB_CONTEXT_K = env_int("KB_CONTEXT_K", 4, minimum=1, maximum=50)
-# Unset: the serving model's own (knowledge.embeddings.OPERATING_POINTS), as for the two below.
+# Unset: the serving model's own (knowledge.embedding.OPERATING_POINTS), as for the two below.
 KB_CONTEXT_MIN_SCORE = env_float("KB_CONTEXT_MIN_SCORE", None, minimum=0.0)
 KB_PASSAGE_CHARS = env_int("KB_PASSAGE_CHARS", 800, minimum=100)
 KB_QUERY_CACHE_SIZE = env_int("KB_QUERY_CACHE_SIZE", 4096, minimum=0)
-# Characters of a question that are embedded (knowledge.embeddings.query_text), and the longest
+# Characters of a question that are embedded (knowledge.embedding.query_text), and the longest
 # question the vector road may answer directly: a long prompt is not an FAQ question, however
 # close its beginning comes to one (the exact road still answers a long FAQ question verbatim).
 KB_QUERY_EMBED_CHARS = env_int("KB_QUERY_EMBED_CHARS", 500, minimum=50)

@@ -81,7 +81,7 @@ def _cache() -> str:
 def _embedder() -> str:
     from django.db import connection
 
-    from knowledge.embeddings import embed_texts, embedder_for, spec_of
+    from knowledge.embedding import embed_texts, embedder_for, spec_of
     from knowledge.selectors import serving_model
 
     try:

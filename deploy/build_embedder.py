@@ -2,7 +2,7 @@
 
 Every machine otherwise exports it once, with PyTorch, on its first embedding; in containers each
 new container is a new machine, and every web pod would pay that before it listens. One real
-embedding builds and checks the graph exactly as a web process would (knowledge.embeddings).
+embedding builds and checks the graph exactly as a web process would (knowledge.embedding).
 
 Run from the Dockerfile, with the settings' placeholders: `python deploy/build_embedder.py`.
 """
@@ -18,7 +18,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from knowledge.embeddings import E5_SMALL, EmbeddingSpec, embed_texts, embedder_for  # noqa: E402
+from knowledge.embedding import E5_SMALL, EmbeddingSpec, embed_texts, embedder_for  # noqa: E402
 
 spec = EmbeddingSpec(name=E5_SMALL, backend="local", dimensions=384)
 embed_texts(spec, ["warm-up"])

@@ -23,7 +23,7 @@ from django.db import connection
 from django.utils import timezone
 
 from core.batches import BatchWriter, BufferStats
-from knowledge.embeddings import vector_literal
+from knowledge.embedding import vector_literal
 from knowledge.normalize import normalize
 
 

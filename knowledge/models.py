@@ -15,7 +15,7 @@ from django.db import models
 from pgvector.django import VectorField
 
 from core.key_env import key_env_problem
-from knowledge.embeddings import operating_point
+from knowledge.embedding import operating_point
 
 
 class EmbeddingModel(models.Model):
@@ -90,7 +90,7 @@ class EmbeddingModel(models.Model):
     @property
     def threshold(self) -> float:
         """The similarity a direct answer needs: this row's, else KB_DIRECT_THRESHOLD, else the
-        model's calibrated default (knowledge.embeddings.OPERATING_POINTS); likewise below."""
+        model's calibrated default (knowledge.embedding.OPERATING_POINTS); likewise below."""
         return self._point(self.direct_threshold, settings.KB_DIRECT_THRESHOLD, "threshold")
 
     @property

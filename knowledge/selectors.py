@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import connection
 
 from core import db, rawsql
-from knowledge.embeddings import aembed_query, embed_query, spec_of, vector_literal
+from knowledge.embedding import aembed_query, embed_query, spec_of, vector_literal
 from knowledge.guards import follow_up_marker, near_miss
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
 from knowledge.normalize import has_cjk, lexical_similarity, normalize

@@ -13,7 +13,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from core.text import text_problem
-from knowledge.embeddings import PASSAGE, EmbeddingSpec, embed_texts, spec_of
+from knowledge.embedding import PASSAGE, EmbeddingSpec, embed_texts, spec_of
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import (
     EmbeddingModel,

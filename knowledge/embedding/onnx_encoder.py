@@ -1,4 +1,4 @@
-"""ONNX Runtime for the local embedding model: the same weights and pipeline, a fraction of the time.
+"""ONNX Runtime for a local sentence-transformers model: the same weights and pipeline, faster.
 
 For a short question, PyTorch's eager mode spends most of its time in Python and operator
 dispatch around tiny matrices; ONNX Runtime runs the same graph in a fraction of that (the
@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -33,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from core.filelock import exclusive
+from knowledge.embedding import graphs
 
 log = logging.getLogger(__name__)
 
-OPSET = 17
 # Vectors from the graph and from PyTorch must agree this well (cosine); the export agrees far
 # closer.
 AGREEMENT = 0.9999
@@ -100,23 +99,6 @@ class _Tokenizer:
         }
 
 
-def _session(path: Path, threads: int):
-    import onnxruntime
-    from django.conf import settings
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # KB_EMBEDDING_THREADS: one gives the most questions per second when concurrent questions
-    # already fill the cores, and on some CPUs also the fastest lone question (README, Figures).
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    if not settings.KB_EMBEDDING_SPIN:
-        # Threads that spin after a call answer the next call sooner, but the spinning takes CPU
-        # from the event loop and the engine under concurrent load.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def _agreement(expected: np.ndarray, encoder: OnnxEncoder) -> float:
     return float(np.min(np.sum(expected * encoder.encode(list(_PROBES)), axis=1)))
 
@@ -129,7 +111,7 @@ def cached_encoder(model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEnc
     if not manifest_path.exists():
         return None
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    encoder = OnnxEncoder(_session(graph, threads), _Tokenizer.of(manifest, cache_dir))
+    encoder = OnnxEncoder(graphs.session(graph, threads), _Tokenizer.of(manifest, cache_dir))
     expected = np.array([manifest["probes"][text] for text in _PROBES], dtype=np.float32)
     agreement = _agreement(expected, encoder)
     if agreement < AGREEMENT:
@@ -140,12 +122,13 @@ def cached_encoder(model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEnc
 
 
 def onnx_encoder(model, model_dir: Path, *, cache_dir: Path, threads: int) -> OnnxEncoder:
-    """An ONNX Runtime encoder for a loaded SentenceTransformer; raises RuntimeError if none is safe.
+    """An ONNX Runtime encoder for a loaded SentenceTransformer; raises RuntimeError if none is
+    safe.
 
     Also writes what `cached_encoder` needs, once its tokenizer is checked too."""
     path, tokenizer_path, manifest_path = _files(model_dir, cache_dir)
     _export(model, path)
-    session = _session(path, threads)
+    session = graphs.session(path, threads)
     names = [item.name for item in session.get_inputs()]
     encoder = OnnxEncoder(
         session,
@@ -191,27 +174,15 @@ def _write_manifest(
         "pad_token": str(model.tokenizer.pad_token),
         "probes": {text: vector.tolist() for text, vector in zip(_PROBES, expected)},
     }
-    _atomic_write(tokenizer_path, model.tokenizer.backend_tokenizer.to_str())
+    graphs.atomic_write(tokenizer_path, model.tokenizer.backend_tokenizer.to_str())
     lean = OnnxEncoder(session, _Tokenizer.of(manifest, tokenizer_path.parent))
     agreement = _agreement(expected, lean)
     if agreement < AGREEMENT:
         raise RuntimeError(
-            f"its tokenizer on `tokenizers` alone disagrees with the library (cosine {agreement:.6f})"
+            "its tokenizer on `tokenizers` alone disagrees with the library "
+            f"(cosine {agreement:.6f})"
         )
-    _atomic_write(manifest_path, json.dumps(manifest))
-
-
-def _partial(path: Path) -> Path:
-    return path.with_name(f"{path.name}.{os.getpid()}.partial")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    partial = _partial(path)
-    try:
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)  # atomic: a reader sees no file or a whole one
-    finally:
-        partial.unlink(missing_ok=True)
+    graphs.atomic_write(manifest_path, json.dumps(manifest))
 
 
 def _export(model, path: Path) -> None:
@@ -222,7 +193,7 @@ def _export(model, path: Path) -> None:
     with exclusive(path.with_name(f"{path.name}.lock")):
         if path.exists():  # another process exported it while we waited
             return
-        partial = _partial(path)
+        partial = graphs.partial(path)
         try:
             _write_graph(model, partial)
             partial.replace(path)
@@ -256,7 +227,7 @@ def _write_graph(model, path: Path) -> None:
             input_names=names,
             output_names=["embedding"],
             dynamic_axes=axes,
-            opset_version=OPSET,
+            opset_version=graphs.OPSET,
             dynamo=False,
         )
 
@@ -268,7 +239,7 @@ def _key(model_dir: Path) -> str:
         f"{name} {metadata.version(name)}"
         for name in ("torch", "onnx", "sentence-transformers", "transformers", "tokenizers")
     )
-    digest = hashlib.sha256(f"{versions} opset {OPSET}".encode())
+    digest = hashlib.sha256(f"{versions} opset {graphs.OPSET}".encode())
     for file in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         stat = file.stat()
         digest.update(f"{file.relative_to(model_dir)} {stat.st_size} {stat.st_mtime_ns}\n".encode())

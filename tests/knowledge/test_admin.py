@@ -1,7 +1,7 @@
 import pytest
 from django.utils import timezone
 
-from knowledge.embeddings import embed_query, spec_of
+from knowledge.embedding import embed_query, spec_of
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import serving_model

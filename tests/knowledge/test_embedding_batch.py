@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from django.db import connection
 
-from knowledge.embeddings import (
+from knowledge.embedding import (
     MINILM,
     EmbeddingSpec,
     aembed_query,
-    batcher_for,
     embed_texts,
     query_cache,
     vector_literal,
 )
+from knowledge.embedding.queries import batcher_for
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
 QUESTIONS = [

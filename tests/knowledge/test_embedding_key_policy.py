@@ -4,7 +4,7 @@ names: the same rule as an endpoint's key, and only superusers edit the row."""
 import pytest
 from django.core.exceptions import ValidationError
 
-from knowledge.embeddings import EmbeddingSpec, OpenAIEmbedder
+from knowledge.embedding import EmbeddingSpec, OpenAIEmbedder
 from knowledge.models import EmbeddingModel
 
 pytestmark = pytest.mark.django_db

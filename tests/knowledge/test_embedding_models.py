@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from knowledge.embeddings import EmbeddingSpec, embed_texts
+from knowledge.embedding import EmbeddingSpec, embed_texts
 from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model, serving_model_forget

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from django.conf import settings as django_settings
 
-from knowledge.embeddings import MINILM, EmbeddingSpec, LocalEmbedder
+from knowledge.embedding import MINILM, EmbeddingSpec, LocalEmbedder
 
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
 TEXTS = [
@@ -49,7 +49,7 @@ _CHILD = """
 import json, sys
 import django
 django.setup()
-from knowledge.embeddings import MINILM, EmbeddingSpec, LocalEmbedder
+from knowledge.embedding import MINILM, EmbeddingSpec, LocalEmbedder
 embedder = LocalEmbedder(EmbeddingSpec(name=MINILM, backend="local", dimensions=384), runtime="onnx")
 vectors = embedder.embed(json.loads(sys.argv[1]))
 libraries = [name for name in ("torch", "transformers", "sentence_transformers") if name in sys.modules]
@@ -94,7 +94,7 @@ def test_an_export_whose_check_vectors_disagree_is_not_trusted(cache_dir, caplog
         manifest["probes"][text] = [-x for x in vector]  # as if the graph had drifted from PyTorch
     manifest_path.write_text(json.dumps(manifest))
     embedder = LocalEmbedder(SPEC, runtime="onnx")
-    with caplog.at_level(logging.WARNING, logger="knowledge.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="knowledge.embedding.backends"):
         embedder.embed(["How do I cancel my order?"])
     assert "the cached ONNX export is unusable (RuntimeError: the cached graph" in caplog.text
     assert embedder.runtime == "onnx"  # the library checked the graph itself, against PyTorch
@@ -116,7 +116,7 @@ def test_a_broken_cached_graph_falls_back_to_pytorch_with_a_warning(cache_dir, c
     (graph,) = cache_dir.glob("*.onnx")
     graph.write_bytes(b"not an onnx graph")
     embedder = LocalEmbedder(SPEC, runtime="onnx")
-    with caplog.at_level(logging.WARNING, logger="knowledge.embeddings"):
+    with caplog.at_level(logging.WARNING, logger="knowledge.embedding.backends"):
         (vector,) = embedder.embed(["How do I cancel my order?"])
     assert embedder.runtime == "torch"
     assert "ONNX Runtime unavailable" in caplog.text

@@ -8,7 +8,7 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
-from knowledge.embeddings import E5_SMALL, operating_point
+from knowledge.embedding import E5_SMALL, operating_point
 from knowledge.services import entry_create
 from routing import breaker
 from routing.exceptions import RuleInvalid

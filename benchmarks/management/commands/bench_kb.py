@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import kb, kb_data, servers, stack, stats
-from knowledge.embeddings import embed_texts, query_cache, spec_of
+from knowledge.embedding import embed_texts, query_cache, spec_of
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
 from knowledge.services import (

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import stack, stats
 from knowledge.calibration import Result, calibrate, labelled_read
-from knowledge.embeddings import E5_SMALL, MINILM, embed_texts, operating_point, spec_of
+from knowledge.embedding import E5_SMALL, MINILM, embed_texts, operating_point, spec_of
 from knowledge.importing import kb_import
 from knowledge.models import EmbeddingModel, Entry
 from knowledge.services import embedding_model_index_ensure, missing_vectors_embed

@@ -30,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import kb_data, servers, stack, stats
 from core import db
-from knowledge.embeddings import query_cache
+from knowledge.embedding import query_cache
 from knowledge.models import Entry
 from knowledge.rerank import arerank_close
 from knowledge.selectors import adirect_answer, serving_model_forget
