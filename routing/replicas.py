@@ -66,10 +66,23 @@ _loads: dict[int, Load] = {}  # endpoint id -> its last reported load
 _loaded_at = -1e9  # monotonic time of the last read
 _reading: asyncio.Task | None = None
 _in_flight: dict[int, int] = {}  # endpoint id -> this process's requests streaming from it
-_slots: dict[
-    int, float
-] = {}  # endpoint id -> requests it runs at once, as seen when it had a queue
+# endpoint id -> requests it runs at once, as seen when it had a queue
+_slots: dict[int, float] = {}
 _turns = itertools.count()  # round-robin's turn
+
+
+def slots_learned(endpoint_id: int) -> float | None:
+    """The requests `endpoint_id` runs at once as learned from its gauges, or None if unknown."""
+    return _slots.get(endpoint_id)
+
+
+def forget() -> None:
+    """This process's view of the replicas, emptied: no loads read, no streams counted, no batch
+    size learned (a test starts from it; a process starts with it)."""
+    global _loads, _loaded_at
+    _loads, _loaded_at = {}, -1e9
+    _in_flight.clear()
+    _slots.clear()
 
 
 def started(endpoint_id: int) -> None:

@@ -19,12 +19,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def fresh_counts():
-    replicas._in_flight.clear()
-    replicas._slots.clear()
-    replicas._loads = {}
+    replicas.forget()
     yield
-    replicas._in_flight.clear()
-    replicas._slots.clear()
+    replicas.forget()
 
 
 @pytest.fixture
@@ -99,7 +96,7 @@ def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_i
         r2={"requests_running": 30},
         r3={"requests_running": 30},
     )
-    assert replicas._slots[ModelEndpoint.objects.get(name="r1").pk] == 2
+    assert replicas.slots_learned(ModelEndpoint.objects.get(name="r1").pk) == 2
     reported(r1={"requests_running": 0}, r2={"requests_running": 30}, r3={"requests_running": 30})
     r1 = ModelEndpoint.objects.get(name="r1").pk
     assert answered_by() == "r1"  # idle now: the least busy
@@ -109,7 +106,7 @@ def test_a_replica_s_batch_size_is_learned_and_its_last_slot_filled_here_makes_i
     assert answered_by() != "r1"  # both: full, though its gauges say idle
     # Seen running more than that without a queue (restarted bigger): the size is forgotten.
     reported(r1={"requests_running": 3}, r2={"requests_running": 30}, r3={"requests_running": 30})
-    assert r1 not in replicas._slots
+    assert replicas.slots_learned(r1) is None
 
 
 def test_a_replica_whose_slots_in_this_process_are_taken_is_full(local_sim, settings):
