@@ -45,9 +45,8 @@ ENABLED = (
     and _env("OTEL_SDK_DISABLED").lower() != "true"
 )
 
-SERVICE_NAME = (
-    "answering-gateway"  # when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one
-)
+# when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one
+SERVICE_NAME = "answering-gateway"
 # Bounds one export, retries included, when no OTEL_EXPORTER_OTLP_*TIMEOUT says otherwise: a stalled
 # collector holds the SDK's export thread no longer, and atexit's final flush ends as soon.
 EXPORT_TIMEOUT = 5.0

@@ -53,14 +53,12 @@ class RouteRequest:
     user_id: int | None = None
     groups: frozenset[str] = frozenset()
     client: str = "web"
-    model: str | None = (
-        None  # a model name from /v1/models forces that target; None or "auto" routes
-    )
+    # a model name from /v1/models forces that target; None or "auto" routes
+    model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
-    ignore_eos: bool = (
-        False  # vLLM's extension, for local engines only (an external API may refuse it)
-    )
+    # vLLM's extension, for local engines only (an external API may refuse it)
+    ignore_eos: bool = False
     # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
     system: str = ""
     # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss.
@@ -114,9 +112,8 @@ class Route(Event):
     # why.
     why: str
     reason: str  # what a user reads instead: the road and a plain reason
-    engine_ms: float | None = (
-        None  # the engine's time up to its first token, as this gateway saw it
-    )
+    # the engine's time up to its first token, as this gateway saw it
+    engine_ms: float | None = None
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -144,16 +141,14 @@ class Done(Event):
     finish_reason: str
     citations: list[dict]
     kb_entry_id: int | None = None  # the entry that answered (the KB road)
-    engine_ms: float | None = (
-        None  # the engine's time, request to last byte; None when no engine ran
-    )
+    # the engine's time, request to last byte; None when no engine ran
+    engine_ms: float | None = None
     kb: KbLookup | None = None  # what the KB check found, also when it did not answer
     fell_back_from: tuple[
         str, ...
     ] = ()  # endpoints passed over (failed or resting) before the answer
-    overhead_ms: float | None = (
-        None  # the gateway's own time, set by the interface that times the request
-    )
+    # the gateway's own time, set by the interface that times the request
+    overhead_ms: float | None = None
     type: str = "done"
 
 

@@ -58,9 +58,8 @@ class Context:
     groups: frozenset[str] = frozenset()
     client: str = "web"
     model: str | None = None
-    vector: tuple[float, ...] | None = (
-        None  # the question's embedding, when an intent rule needs it
-    )
+    # the question's embedding, when an intent rule needs it
+    vector: tuple[float, ...] | None = None
 
     @functools.cached_property
     def normalized(self) -> str:

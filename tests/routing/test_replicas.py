@@ -177,9 +177,8 @@ def test_a_conversation_keeps_its_replica_while_loads_are_close(pool, settings):
 
 
 def test_requests_in_flight_spread_over_the_replicas(slow_pool, settings):
-    settings.ROUTING_AFFINITY_SLACK = (
-        0  # no conversation to keep: the next request goes where fewest are
-    )
+    # no conversation to keep: the next request goes where fewest are
+    settings.ROUTING_AFFINITY_SLACK = 0
 
     async def many():
         streams = [
