@@ -15,7 +15,7 @@ from django.utils.safestring import mark_safe
 
 from core.admin import SuperuserEdits
 from core.forms import LinesField
-from knowledge import services
+from knowledge import miss_groups, services
 from knowledge.calibration import calibration_apply
 from knowledge.charts import calibration_chart
 from knowledge.exceptions import EntryInvalid
@@ -303,7 +303,7 @@ class MissAdmin(admin.ModelAdmin):
     actions = ["make_entry"]
 
     def changelist_view(self, request, extra_context=None):
-        services.misses_group()
+        miss_groups.misses_group()
         return super().changelist_view(request, extra_context)
 
     def get_queryset(self, request):
@@ -337,7 +337,7 @@ class MissAdmin(admin.ModelAdmin):
                     messages.WARNING,
                 )
                 continue
-            created.append(services.miss_to_entry(miss=miss, author=request.user))
+            created.append(miss_groups.miss_to_entry(miss=miss, author=request.user))
         # A user's question and the answer they steered a model to: no one gets it unread.
         if len(created) == 1:
             self.message_user(

@@ -5,7 +5,7 @@ a bounded in-process buffer (`core.batches.BatchWriter`): no I/O, no embedding (
 passes the vector it already computed), no task. The buffer's thread writes one INSERT per
 batch, every `KB_MISS_FLUSH_SECONDS` or sooner when `KB_MISS_FLUSH_ROWS` wait, keeping at most
 `KB_MISS_BUFFER_ROWS` while the database is away. Grouping similar misses is a later, set-wise
-pass (`knowledge.services.misses_group`).
+pass (`knowledge.miss_groups.misses_group`).
 
 A batch is written at least once and stored once: each note carries a key of its own, and the
 INSERT skips keys already stored. A batch whose INSERT committed but whose answer was lost with

@@ -238,7 +238,7 @@ class Miss(models.Model):
     Misses are grouped by similarity (`group` points at the first miss of its
     group) so curators see the most-asked missing questions first. Requests only
     append rows (`knowledge.misses`); grouping runs later over many rows at once
-    (`knowledge.services.misses_group`), so a row waits with `grouped_at` empty.
+    (`knowledge.miss_groups.misses_group`), so a row waits with `grouped_at` empty.
     A head is a grouped row without a group.
     """
 

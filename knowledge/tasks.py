@@ -3,7 +3,8 @@ import time
 from celery import shared_task
 
 from knowledge.exceptions import EmbeddingError
-from knowledge.services import ENTRY_EMBED_TASK, entry_embed, kb_reembed, misses_group
+from knowledge.miss_groups import misses_group
+from knowledge.services import ENTRY_EMBED_TASK, entry_embed, kb_reembed
 
 
 @shared_task(

@@ -10,7 +10,7 @@ def requestlog_prune_task() -> list[str]:
     """Retention: drop the request log's days older than REQUEST_LOG_DAYS (whole partitions: no
     bloat), and the KB misses as old, which hold the question asked and the answer given. The
     days dropped."""
-    from knowledge.services import misses_prune
+    from knowledge.miss_groups import misses_prune
     from observability.requestlog import requestlog_prune
 
     now = timezone.now()

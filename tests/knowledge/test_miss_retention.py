@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from chat.models import ChatSession
 from chat.openai_api.handlers import chat_completions
+from knowledge.miss_groups import misses_group
 from knowledge.misses import miss_flush
 from knowledge.models import EmbeddingModel, Miss
-from knowledge.services import misses_group
 from tests.knowledge.test_misses import FAR, NEAR, NEARER, heads, note
 from tests.support.factories import endpoint, rule
 

@@ -7,9 +7,9 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from knowledge.miss_groups import misses_group
 from knowledge.misses import miss_buffer_stats, miss_flush, miss_note
 from knowledge.models import EmbeddingModel, Entry, Miss
-from knowledge.services import misses_group
 
 pytestmark = pytest.mark.django_db
 
