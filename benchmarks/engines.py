@@ -21,7 +21,9 @@ from django.test import override_settings
 
 from benchmarks.servers import wait_answering
 from core.processes import free_port, stop_group
-from inference_ops import cpu_engine, supervisor, vllm_engine
+from inference_ops import cpu_engine, vllm_engine
+from inference_ops.engine_command import command_line, environment
+from inference_ops.engine_processes import session_processes
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 
 
@@ -57,8 +59,8 @@ def engine_command(
         for adapter, path in (adapters or {}).items():
             LoraAdapter.objects.create(engine=engine, name=adapter, path=path, static=True)
         command = EngineCommand(
-            argv=supervisor.command_line(engine),
-            env=supervisor.environment(engine),
+            argv=command_line(engine),
+            env=environment(engine),
             model=engine.api_name,
             port=port,
         )
@@ -98,7 +100,7 @@ def engine_run(
     finally:
         stop_group(process, timeout=20)
         # What left the group but not the session (the supervisor stops engines the same way).
-        for leftover in supervisor.session_processes(process.pid):
+        for leftover in session_processes(process.pid):
             with contextlib.suppress(psutil.Error):
                 leftover.kill()
 

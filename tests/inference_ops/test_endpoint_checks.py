@@ -9,8 +9,8 @@ import openai
 import pytest
 from asgiref.sync import async_to_sync
 
+from inference_ops.endpoint_checks import endpoint_check
 from inference_ops.models import EngineProcess, ModelEndpoint
-from inference_ops.supervisor import endpoint_check
 from inference_ops.tasks import endpoints_check_all
 from routing import breaker
 from tests.support.factories import endpoint

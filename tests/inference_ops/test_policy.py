@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
 
-from inference_ops import supervisor
+from inference_ops import engine_command, supervisor
 from inference_ops.client import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, LoraAdapter, ModelEndpoint
@@ -108,7 +108,7 @@ def test_an_engine_gets_a_clean_environment_without_the_gateways_secrets(monkeyp
     monkeypatch.setenv("GW_KEY_ACME", "sk-acme")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     engine = make_engine(environment={"HF_HOME": "/data/hf"})
-    env = supervisor.environment(engine)
+    env = engine_command.environment(engine)
     assert not {"SECRET_KEY", "DATABASE_URL", "GW_KEY_ACME"} & set(env)
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["HF_HOME"] == "/data/hf" and env["PATH"]
 
@@ -288,7 +288,7 @@ def test_the_supervisor_refuses_a_template_outside_the_folder_in_a_row_written_p
     settings.ENGINE_FILES_DIR = FILES
     engine = make_engine(extra_args=["--chat-template", "/etc/passwd"])
     with pytest.raises(SupervisorError, match="--chat-template"):
-        supervisor.command_line(engine)
+        engine_command.command_line(engine)
 
 
 @pytest.mark.parametrize(
@@ -360,7 +360,7 @@ def test_the_supervisor_refuses_to_start_a_bad_row_and_says_why():
     assert EngineEvent.objects.filter(engine=engine, reason__contains="refused").exists()
     assert not processes_on(engine.port)
     with pytest.raises(SupervisorError, match="LD_PRELOAD"):
-        supervisor.command_line(engine)
+        engine_command.command_line(engine)
 
 
 # --- who may edit ------------------------------------------------------------------------------------------------

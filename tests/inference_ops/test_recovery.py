@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from chat.models import Message
 from chat.turns import run_turn
-from inference_ops import supervisor
+from inference_ops import engine_processes, supervisor
 from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
 from routing import breaker, pipeline
@@ -68,7 +68,7 @@ def test_an_engine_left_starting_that_never_answers_is_killed_and_restarted(sett
     supervisor.engine_check(engine_id=engine.pk)
     current = EngineProcess.objects.get(pk=engine.pk)
     assert current.status == "restarting" and "start-up never finished" in current.status_reason
-    assert not supervisor.process_alive(engine.pid)
+    assert not engine_processes.process_alive(engine.pid)
     EngineProcess.objects.filter(pk=engine.pk).update(startup_timeout=30)
     restarted = _check_until(engine, "ready")
     assert restarted and restarted.pid != engine.pid
@@ -234,7 +234,7 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(
     assert len(_listening_on(engine.port)) == 1  # one engine process for the row, never two
     # Nothing of the killed engine's session is left (vLLM's EngineCore and workers outlive their
     # API server's SIGKILL until the supervisor ends them).
-    assert supervisor.session_processes(engine.pid) == []
+    assert engine_processes.session_processes(engine.pid) == []
 
 
 @pytest.mark.django_db
@@ -440,7 +440,7 @@ def test_a_restarted_worker_keeps_the_engine_that_runs_and_restarts_the_one_that
         # The worker dies; the engine, in its own session, serves on. A new worker's check finds
         # the process it did not start and keeps it: no second process for the row.
         _kill_worker(worker)
-        assert supervisor.process_alive(first)
+        assert engine_processes.process_alive(first)
         worker = _own_worker(child_env, log, engine.queue)
         assert (
             engine_check_task.apply_async((engine.pk,), queue=engine.queue).get(timeout=60) is None

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from core.processes import free_port
-from inference_ops import supervisor
+from inference_ops import engine_command, engine_processes, lora, probes, supervisor
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
@@ -54,7 +54,7 @@ def stop_engines_afterwards(request):
         return
     for engine in EngineProcess.objects.all():
         if engine.pid:
-            supervisor._terminate_session(engine.pid, 2)
+            engine_processes.terminate_session(engine.pid, 2)
         for process in processes_on(engine.port):
             process.kill()
 
@@ -100,7 +100,7 @@ def test_the_vllm_command_line_is_built_from_the_row(settings):
         engine=engine, name="legal", path="/adapters/legal", base_model="qwen3"
     )
     LoraAdapter.objects.create(engine=engine, name="later", path="/adapters/later", static=False)
-    assert supervisor.command_line(engine) == [
+    assert engine_command.command_line(engine) == [
         "/opt/vllm/bin/vllm",
         "serve",
         "Qwen/Qwen3-8B",
@@ -134,7 +134,7 @@ def test_the_vllm_command_line_is_built_from_the_row(settings):
         "--seed",
         "1",
     ]
-    env = supervisor.environment(engine)
+    env = engine_command.environment(engine)
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HOME"] == "/data"
 
 
@@ -144,7 +144,7 @@ def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
     engine = make_engine(
         kind="vllm", model="meta-llama/Llama-3.1-8B-Instruct", port=8002, extra_args=[]
     )
-    assert supervisor.command_line(engine) == [
+    assert engine_command.command_line(engine) == [
         "vllm",
         "serve",
         "meta-llama/Llama-3.1-8B-Instruct",
@@ -153,7 +153,7 @@ def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
         "--port",
         "8002",
     ]
-    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in supervisor.environment(
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_command.environment(
         engine
     ) or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
 
@@ -162,7 +162,7 @@ def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
 def test_the_simulator_gets_the_same_vllm_arguments():
     engine = make_engine(port=8003, max_num_seqs=4, enable_lora=True, extra_args=[])
     LoraAdapter.objects.create(engine=engine, name="sql", path="/adapters/sql")
-    argv = supervisor.command_line(engine)
+    argv = engine_command.command_line(engine)
     assert argv[1:3] == ["-m", "inference_ops.simulator"]
     assert argv[3:] == [
         "serve",
@@ -185,12 +185,12 @@ def test_metrics_of_vllm_and_llama_cpp_map_to_the_same_gauges():
         'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n# HELP x\nvllm:prompt_tokens_total 10\n'
     )
     llama = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\nllamacpp:kv_cache_usage_ratio 0.5\n"
-    assert supervisor.parse_metrics(vllm) == {
+    assert probes.parse_metrics(vllm) == {
         "running": 3.0,
         "waiting": 1.0,
         "kv_cache_usage": 0.25,
     }
-    assert supervisor.parse_metrics(llama) == {
+    assert probes.parse_metrics(llama) == {
         "running": 2.0,
         "waiting": 0.0,
         "kv_cache_usage": 0.5,
@@ -203,8 +203,8 @@ def test_metrics_with_timestamps_and_labels_holding_spaces_are_read_right():
         'vllm:num_requests_running{model_name="a b"} 3 1764600000000\n'
         'vllm:num_requests_waiting{model_name="a b",note="x } y"} 1.0\n'
     )
-    assert supervisor.parse_metrics(text) == {"running": 3.0, "waiting": 1.0}
-    assert supervisor.parse_metrics(text + "this is not a metric {\n") == {
+    assert probes.parse_metrics(text) == {"running": 3.0, "waiting": 1.0}
+    assert probes.parse_metrics(text + "this is not a metric {\n") == {
         "running": 3.0,
         "waiting": 1.0,
     }
@@ -216,10 +216,10 @@ def test_metrics_with_timestamps_and_labels_holding_spaces_are_read_right():
 @pytest.mark.django_db
 def test_start_waits_for_readiness_and_stop_leaves_no_process():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
-    assert engine.status == "ready" and supervisor.process_alive(engine.pid)
+    assert engine.status == "ready" and engine_processes.process_alive(engine.pid)
     engine.endpoint.refresh_from_db()
     assert engine.endpoint.status == "ready"
-    session = supervisor.session_processes(engine.pid)
+    session = engine_processes.session_processes(engine.pid)
     assert session
 
     engine = supervisor.engine_stop(engine_id=engine.pk)
@@ -254,7 +254,7 @@ def test_an_engine_that_exits_during_start_up_is_crashed_with_its_log():
     engine.refresh_from_db()
     assert engine.status == "crashed"
     assert "--max-num-seqs must be at least 1" in engine.status_reason
-    assert "--max-num-seqs must be at least 1" in supervisor.log_tail(engine)
+    assert "--max-num-seqs must be at least 1" in engine_processes.log_tail(engine)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -329,7 +329,7 @@ def test_a_clean_exit_still_counts_as_a_failure():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     old_pid = engine.pid
     os.kill(old_pid, signal.SIGTERM)  # the simulator exits with status 0
-    wait_until(lambda: not supervisor.process_alive(old_pid))
+    wait_until(lambda: not engine_processes.process_alive(old_pid))
     assert _check_until(engine, "restarting")
     current = _check_until(engine, "ready")
     assert current and current.pid != old_pid
@@ -393,27 +393,27 @@ def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart()
     )
     engine = supervisor.engine_start(engine_id=engine.pk)
 
-    supervisor.adapter_load(adapter=adapter)
+    lora.adapter_load(adapter=adapter)
     assert adapter.state == "loaded"
-    _, body = supervisor._get(f"{engine.base_url}/v1/models", 2)
+    _, body = probes._get(f"{engine.base_url}/v1/models", 2)
     assert b'"legal"' in body
 
     with pytest.raises(SupervisorError, match="HTTP 400"):
-        supervisor.adapter_load(adapter=adapter)  # already loaded: the engine refuses
+        lora.adapter_load(adapter=adapter)  # already loaded: the engine refuses
     adapter.refresh_from_db()
     assert adapter.state == "error" and "HTTP 400" in adapter.error
 
     adapter.state = "loaded"
     adapter.save()
     engine = supervisor.engine_restart(engine_id=engine.pk)
-    _, body = supervisor._get(f"{engine.base_url}/v1/models", 2)
+    _, body = probes._get(f"{engine.base_url}/v1/models", 2)
     assert b'"legal"' in body  # reloaded after the restart
 
-    supervisor.adapter_unload(adapter=adapter)
+    lora.adapter_unload(adapter=adapter)
     assert adapter.state == "unloaded"
     ghost = LoraAdapter.objects.create(engine=engine, name="ghost", path="/x", static=False)
     with pytest.raises(SupervisorError, match="HTTP 404"):
-        supervisor.adapter_unload(adapter=ghost)
+        lora.adapter_unload(adapter=ghost)
 
 
 @pytest.mark.django_db
@@ -423,4 +423,4 @@ def test_loading_at_run_time_needs_the_engine_to_allow_it():
         engine=engine, name="legal", path="/adapters/legal", static=False
     )
     with pytest.raises(SupervisorError, match="does not allow runtime LoRA updates"):
-        supervisor.adapter_load(adapter=adapter)
+        lora.adapter_load(adapter=adapter)

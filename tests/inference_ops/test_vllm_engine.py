@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference_ops import supervisor, vllm_engine
+from inference_ops import engine_command, vllm_engine
 from inference_ops.exceptions import SupervisorError
 
 pytestmark = pytest.mark.engines
@@ -58,7 +58,7 @@ def test_with_no_vllm_executable_the_engine_venv_serves_the_row_with_the_model_a
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     settings.VLLM_EXECUTABLE = "project"
     python = _venv(tmp_path, complete=True)
-    assert supervisor.command_line(_engine()) == [
+    assert engine_command.command_line(_engine()) == [
         str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -80,7 +80,7 @@ def test_a_start_before_the_install_names_the_command_that_installs_it(settings,
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     settings.VLLM_EXECUTABLE = "project"
     with pytest.raises(SupervisorError, match="manage.py vllm_engine_build"):
-        supervisor.command_line(_engine())
+        engine_command.command_line(_engine())
 
 
 # --- the real engine behind the gateway ----------------------------------------------------------------------

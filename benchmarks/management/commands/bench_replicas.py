@@ -242,8 +242,8 @@ class Command(BaseCommand):
     def check(self, stop: threading.Event, interval: float) -> None:
         from django.db import connection
 
+        from inference_ops.endpoint_checks import endpoint_check
         from inference_ops.models import ModelEndpoint
-        from inference_ops.supervisor import endpoint_check
 
         ids = list(ModelEndpoint.objects.filter(replica_group="pool").values_list("pk", flat=True))
         while not stop.wait(interval):
