@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 
 class _Verdict(Protocol):
-    """What `kb_match` reads of the KB's verdict (knowledge.selectors.DirectAnswer)."""
+    """What `kb_match` reads of the KB's verdict (knowledge.verdict.DirectAnswer)."""
 
     hit: bool
     method: str

@@ -26,13 +26,8 @@ from django.db import transaction
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration, EmbeddingModel, Entry
 from knowledge.normalize import normalize
-from knowledge.selectors import (
-    _exact,
-    faq_matches,
-    guards_refusal,
-    serving_model,
-    serving_model_forget,
-)
+from knowledge.selectors import _exact, faq_matches, serving_model, serving_model_forget
+from knowledge.verdict import guards_refusal
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),

@@ -24,7 +24,6 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import openai
 from django.conf import settings
@@ -32,9 +31,7 @@ from django.conf import settings
 from core.key_env import key_env_problem
 from core.loops import PerLoop
 from knowledge.guards import near_miss
-
-if TYPE_CHECKING:
-    from knowledge.selectors import DirectAnswer, Match
+from knowledge.verdict import DirectAnswer, Match, guards_refusal
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +108,6 @@ def _candidates(
         return None
     # A hit has passed the guards already; a refusal by them (or by the entry's own threshold, a
     # curator's bar for that entry) stands whatever the reranker would say.
-    from knowledge.selectors import guards_refusal  # here: knowledge.selectors imports this module
-
     if not verdict.hit and guards_refusal(text, matches):
         return None
     return matches[: config.candidates]

@@ -27,10 +27,11 @@ from django.db import connections
 from core import tracing
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
-from inference_ops.tasks import engines_suspect
+from inference_ops.tasks import engines_check_after_failure
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
-from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
+from knowledge.selectors import acontext_passages, adirect_answer
+from knowledge.verdict import DirectAnswer
 from routing import breaker, replicas
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
 from routing.rules import (
@@ -506,7 +507,7 @@ async def _generate(
             elif exc.retryable:
                 await breaker.failure(target.endpoint)
             if exc.kind in _ENGINE_GONE and target.road == "local":
-                _suspect_engine(target.endpoint_id)
+                _report_engine_failure(target.endpoint_id)
             if produced or exc.produced_tokens:
                 # Tokens are out: never switch targets mid-answer.
                 yield Error(
@@ -569,24 +570,24 @@ async def _soonest(endpoints: list[str]) -> float | None:
 # Failures that say the engine process itself may be gone (not busy): its supervisor should look
 # now.
 _ENGINE_GONE = frozenset({"connect", "timeout_connect", "stream_truncated"})
-_suspected_at: dict[int, float] = {}
-_suspicions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-suspect")
+_failure_reported_at: dict[int, float] = {}
+_check_requests = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-check")
 
 
-def _suspect_engine(endpoint_id: int) -> None:
+def _report_engine_failure(endpoint_id: int) -> None:
     """Ask the supervisor to check this endpoint's engines now, without waiting for it: a crashed
     engine is restarted seconds sooner than the next beat tick would notice. At most once per
     ENGINE_SUSPECT_SECONDS per endpoint and process (and across processes, by a Redis key)."""
     now = time.monotonic()
-    if now - _suspected_at.get(endpoint_id, -1e9) < settings.ENGINE_SUSPECT_SECONDS:
+    if now - _failure_reported_at.get(endpoint_id, -1e9) < settings.ENGINE_SUSPECT_SECONDS:
         return
-    _suspected_at[endpoint_id] = now
-    _suspicions.submit(_engines_suspect, endpoint_id)
+    _failure_reported_at[endpoint_id] = now
+    _check_requests.submit(_enqueue_engine_checks, endpoint_id)
 
 
-def _engines_suspect(endpoint_id: int) -> None:
+def _enqueue_engine_checks(endpoint_id: int) -> None:
     try:
-        engines_suspect(endpoint_id)
+        engines_check_after_failure(endpoint_id)
     except Exception:  # noqa: BLE001 - the beat's checks still come
         logger.warning(
             "cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True

@@ -5,8 +5,9 @@ import pytest
 from knowledge.embedding import E5_SMALL, operating_point
 from knowledge.models import Entry, PhrasingVector
 from knowledge.normalize import normalize
-from knowledge.selectors import Match, direct_answer, serving_model, vector_verdict
+from knowledge.selectors import direct_answer, serving_model
 from knowledge.services import entry_create, entry_update
+from knowledge.verdict import Match, vector_verdict
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,9 @@ from aiohttp import web
 from asgiref.sync import async_to_sync
 
 from knowledge.rerank import arerank_close, arerank_verdict
-from knowledge.selectors import Match, adirect_answer, direct_answer, serving_model, vector_verdict
+from knowledge.selectors import adirect_answer, direct_answer, serving_model
 from knowledge.services import entry_create
+from knowledge.verdict import Match, vector_verdict
 from tests.inference_ops.simulator_process import start_simulator
 
 pytestmark = pytest.mark.django_db
