@@ -96,12 +96,12 @@ def endpoint_check_task(endpoint_id: int) -> str | None:
     return endpoint_checks.endpoint_check(endpoint_id=endpoint_id)
 
 
-def engines_suspect(endpoint_id: int) -> int:
+def engines_check_after_failure(endpoint_id: int) -> int:
     """A request just lost the connection to this endpoint: check its engines now, not at the
     next beat tick, so a crashed engine is noticed (and restarted) at once. Called from the web
     process; at most once per ENGINE_SUSPECT_SECONDS per endpoint across processes (a Redis key),
     so a burst of failing requests sends one check. Returns the checks sent."""
-    key = f"{settings.REDIS_KEY_PREFIX}:engine:suspect:{endpoint_id}"
+    key = f"{settings.REDIS_KEY_PREFIX}:engine:check-after-failure:{endpoint_id}"
     try:
         if not core_redis.client().set(
             key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))
