@@ -30,7 +30,8 @@ from inference_ops.exceptions import EngineError
 from inference_ops.tasks import engines_check_after_failure
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
-from knowledge.selectors import DirectAnswer, acontext_passages, adirect_answer
+from knowledge.selectors import acontext_passages, adirect_answer
+from knowledge.verdict import DirectAnswer
 from routing import breaker, replicas
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
 from routing.rules import (
