@@ -1,4 +1,5 @@
-"""Operations in the admin: endpoints, engines (status, health, metrics, log tail, start/stop/restart), adapters."""
+"""Operations in the admin: endpoints, engines (status, health, metrics, log tail,
+start/stop/restart), adapters."""
 
 import functools
 
@@ -13,7 +14,8 @@ from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelE
 
 
 class Operations:
-    """Start, stop, load: operating the rows, not editing them; staff with the change permission may."""
+    """Start, stop, load: operating the rows, not editing them; staff with the change permission
+    may."""
 
     def has_operate_permission(self, request):
         opts = self.opts

@@ -66,7 +66,7 @@ class CpuEngineError(SupervisorError):
     """The CPU engine cannot be built or its model is missing; the message says what to do."""
 
 
-# --- where things live --------------------------------------------------------------------------------
+# --- where things live ----------------------------------------------------------------------------
 
 
 def cache_dir() -> Path:
@@ -108,12 +108,15 @@ def missing_files(model: str) -> str | None:
         return f"llama-server is not built yet ({server}): run `python manage.py cpu_engine_build`"
     if not gguf.is_file():
         if is_bundled(model):
-            return f"the bundled model is not assembled yet ({gguf}): run `python manage.py cpu_engine_build`"
+            return (
+                f"the bundled model is not assembled yet ({gguf}): "
+                "run `python manage.py cpu_engine_build`"
+            )
         return f"model file {gguf} does not exist"
     return None
 
 
-# --- building llama-server ----------------------------------------------------------------------------
+# --- building llama-server ------------------------------------------------------------------------
 
 
 def _locked(path: Path, progress: Progress, what: str):
@@ -305,7 +308,7 @@ def _check_runs(binary: Path) -> None:
         )
 
 
-# --- the model ----------------------------------------------------------------------------------------
+# --- the model ------------------------------------------------------------------------------------
 
 
 def ensure_model(model: str = BUNDLED_MODEL, progress: Progress = print) -> Path:
@@ -334,7 +337,7 @@ def ensure_model(model: str = BUNDLED_MODEL, progress: Progress = print) -> Path
     return path
 
 
-# --- the command line ---------------------------------------------------------------------------------
+# --- the command line -----------------------------------------------------------------------------
 
 
 def _has_template(extra_args: list[str]) -> bool:

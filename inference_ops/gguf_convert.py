@@ -5,8 +5,9 @@ app's: it needs that venv's transformers with `gguf` and `accelerate`, and impor
 Django. `inference_ops.vllm_engine.ensure_model()` runs it once per machine.
 
 What the conversion must mend, found by trying (issue 25):
-- transformers loads a GGUF dequantized (in float32 here, see below) but keeps a `quantization_config` marker saying "gguf";
-  vLLM would then look for a GGUF file. The weights saved are plain bf16, so the marker goes.
+- transformers loads a GGUF dequantized (in float32 here, see below) but keeps a
+  `quantization_config` marker saying "gguf"; vLLM would then look for a GGUF file. The weights
+  saved are plain bf16, so the marker goes.
 - The tokenizer converted from the GGUF has no post-processor that puts `<bos>` first, and Gemma
   without `<bos>` answers garbage ("France of France of ..."). The saved tokenizer gets one, so
   `/v1/completions` prompts start with `<bos>` as llama.cpp's do.

@@ -31,8 +31,8 @@ class ModelEndpoint(models.Model):
     api_key_env = models.CharField(
         max_length=100,
         blank=True,
-        help_text="Name of the environment variable that holds the API key (it must start with GW_KEY_, "
-        "or be listed by the operator). The key itself is never stored.",
+        help_text="Name of the environment variable that holds the API key (it must start with "
+        "GW_KEY_, or be listed by the operator). The key itself is never stored.",
     )
     model = models.CharField(max_length=200, help_text="Served model name sent as `model`.")
     lora_adapter = models.CharField(
@@ -60,8 +60,9 @@ class ModelEndpoint(models.Model):
     replica_group = models.SlugField(
         max_length=100,
         blank=True,
-        help_text="Endpoints with the same group serve the same model: a rule's target naming any of them is "
-        "answered by the least busy ready one (a conversation stays on its replica while loads are close).",
+        help_text="Endpoints with the same group serve the same model: a rule's target naming any "
+        "of them is answered by the least busy ready one (a conversation stays on its replica "
+        "while loads are close).",
     )
     active = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
@@ -101,7 +102,8 @@ class ModelEndpoint(models.Model):
 
 
 class EngineProcess(models.Model):
-    """A model engine process the gateway starts, watches and restarts (vLLM, the simulator, the CPU engine)."""
+    """A model engine process the gateway starts, watches and restarts (vLLM, the simulator, the
+    CPU engine)."""
 
     class Kind(models.TextChoices):
         VLLM = "vllm", "vLLM (vllm serve)"
@@ -125,7 +127,8 @@ class EngineProcess(models.Model):
     host = models.CharField(
         max_length=200,
         blank=True,
-        help_text="Host that runs it; its worker consumes the queue ops.<host>. Empty: the `ops` queue.",
+        help_text="Host that runs it; its worker consumes the queue ops.<host>. "
+        "Empty: the `ops` queue.",
     )
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.VLLM)
     model = models.CharField(
@@ -147,18 +150,21 @@ class EngineProcess(models.Model):
     enable_prefix_caching = models.BooleanField(default=False)
     runtime_lora_updating = models.BooleanField(
         default=False,
-        help_text="Allow loading and unloading adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
+        help_text="Allow loading and unloading adapters at run time "
+        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
     )
     extra_args = models.JSONField(
         default=list,
         blank=True,
-        help_text='More arguments, e.g. ["--seed", "1"]; only flags allowed for the kind (inference_ops/policy.py).',
+        help_text='More arguments, e.g. ["--seed", "1"]; only flags allowed for the kind '
+        "(inference_ops/policy.py).",
     )
     environment = models.JSONField(
         default=dict,
         blank=True,
-        help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, HF_*, VLLM_*, '
-        "OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the gateway's own environment.",
+        help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, '
+        "HF_*, VLLM_*, OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the "
+        "gateway's own environment.",
     )
     startup_timeout = models.PositiveIntegerField(
         default=900, help_text="Seconds to become ready (vLLM loads weights)."

@@ -43,7 +43,7 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatchcase(name, p) for p in patterns)
 
 
-# --- engine environments ----------------------------------------------------------------------------------
+# --- engine environments --------------------------------------------------------------------------
 
 # Taken from the supervisor's own environment: what any program needs, and what the engines read
 # (GPU selection, model caches and tokens, vLLM's and the OpenMP runtime's settings).
@@ -165,7 +165,7 @@ def engine_base_environment() -> dict[str, str]:
     }
 
 
-# --- engine arguments ----------------------------------------------------------------------------------------
+# --- engine arguments -----------------------------------------------------------------------------
 
 # vLLM's `serve` flags a row may add: tuning and serving options. Left out on purpose, among
 # others: --trust-remote-code (runs the model repository's code), --middleware,
@@ -386,7 +386,7 @@ def extra_args_problems(kind: str, extra_args) -> list[str]:
     return problems
 
 
-# --- rows ---------------------------------------------------------------------------------------------------
+# --- rows -----------------------------------------------------------------------------------------
 
 NOT_A_FLAG = "must not start with '-' (it would be read as a command-line flag)"
 

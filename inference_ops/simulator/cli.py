@@ -31,8 +31,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     parser = argparse.ArgumentParser(
         prog="python -m inference_ops.simulator",
         description="A CPU-only simulator of vLLM's OpenAI-compatible server.",
-        epilog="Other vLLM flags (--dtype, --gpu-memory-utilization, ...) are accepted and ignored. "
-        "Per request, the X-Sim-Fail header injects a fault: " + ", ".join(FAULTS) + ".",
+        epilog="Other vLLM flags (--dtype, --gpu-memory-utilization, ...) are accepted and "
+        "ignored. Per request, the X-Sim-Fail header injects a fault: " + ", ".join(FAULTS) + ".",
         allow_abbrev=False,  # an unknown vLLM flag must never be read as an abbreviation of ours
     )
     parser.add_argument("--model", help="model name or path (also accepted as `serve MODEL`)")
@@ -53,13 +53,15 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--block-size",
         type=int,
         default=16,
-        help="tokens per KV-cache block: the prefix cache's unit and kv_cache_usage_perc's (vLLM on CPU uses 128)",
+        help="tokens per KV-cache block: the prefix cache's unit and kv_cache_usage_perc's "
+        "(vLLM on CPU uses 128)",
     )
     parser.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="count prefix-cache hits in vllm:prefix_cache_hits_total (on by default, as in vLLM V1)",
+        help="count prefix-cache hits in vllm:prefix_cache_hits_total "
+        "(on by default, as in vLLM V1)",
     )
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument(
@@ -94,13 +96,14 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--embedding-dim",
         type=int,
         default=0,
-        help="simulate a pooling (embedding) model of this size: serves /v1/embeddings (0: a generative model)",
+        help="simulate a pooling (embedding) model of this size: serves /v1/embeddings "
+        "(0: a generative model)",
     )
     parser.add_argument(
         "--cross-encoder",
         action="store_true",
-        help="simulate a cross-encoder (reranker): serves /rerank and /score, not generation; on by itself "
-        "for a model whose name contains 'rerank'",
+        help="simulate a cross-encoder (reranker): serves /rerank and /score, not generation; "
+        "on by itself for a model whose name contains 'rerank'",
     )
     args, unknown = parser.parse_known_args(argv)
 

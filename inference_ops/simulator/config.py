@@ -1,4 +1,5 @@
-"""The simulator's configuration types: what the command line (cli) parses and the server runs with."""
+"""The simulator's configuration types: what the command line (cli) parses and the server runs
+with."""
 
 from dataclasses import dataclass, field
 

@@ -14,13 +14,14 @@ from .tokenizer import tokenize
 RANDOM_LENGTH = (8, 64)  # tokens, when the request sets no max_tokens: the model "hits EOS"
 
 _WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there been one all we their has would when if so no what up out more time model "
-    "answer token stream server engine request response value system data user question context result "
-    "simple fast small large first last next other new good great long little right early young important "
-    "public able bad same few make know take see come think look want give use find tell ask work seem feel "
-    "try leave call keep begin show hear play run move live believe bring happen write provide sit stand "
-    "lose pay meet include continue set learn change lead understand watch follow stop create speak read"
+    "the of and to in is that for it as was with be by on not he this are or his from at which but "
+    "have an they you were her she there been one all we their has would when if so no what up out "
+    "more time model answer token stream server engine request response value system data user "
+    "question context result simple fast small large first last next other new good great long "
+    "little right early young important public able bad same few make know take see come think "
+    "look want give use find tell ask work seem feel try leave call keep begin show hear play run "
+    "move live believe bring happen write provide sit stand lose pay meet include continue set "
+    "learn change lead understand watch follow stop create speak read"
 ).split()
 
 

@@ -15,11 +15,12 @@ TTFT_BUCKETS = (
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
 )  # fmt: skip
 REQUEST_LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-    960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -86,7 +87,8 @@ class Metrics:
             lines.append(
                 f'vllm:lora_requests_info{{max_lora="{state.max_loras}",'
                 f'running_lora_adapters="{_escape(",".join(state.running_loras))}",'
-                f'waiting_lora_adapters="{_escape(",".join(state.waiting_loras))}"}} {_num(time.time())}'
+                f'waiting_lora_adapters="{_escape(",".join(state.waiting_loras))}"}} '
+                f"{_num(time.time())}"
             )
 
         # Like prometheus_client's 0.0.4 text output, counter families carry the _total suffix.

@@ -187,9 +187,10 @@ def context_length_error(
         return None
     return APIError(
         f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-        f"{requested} output tokens and your prompt contains at least {prompt_tokens} input tokens, "
-        f"for a total of at least {prompt_tokens + requested} tokens. Please reduce the length of the "
-        f"input prompt or the number of requested output tokens. (parameter=input_tokens, value={prompt_tokens})",
+        f"{requested} output tokens and your prompt contains at least {prompt_tokens} input "
+        f"tokens, for a total of at least {prompt_tokens + requested} tokens. Please reduce the "
+        "length of the input prompt or the number of requested output tokens. "
+        f"(parameter=input_tokens, value={prompt_tokens})",
         param="input_tokens",
     )
 
@@ -259,7 +260,10 @@ class ChunkWriter:
         if finish_reason is not None:
             end = f'{dumps(finish_reason)},"stop_reason":{dumps(stop_reason)}'
         if self.endpoint == "chat":
-            choice = f'{{"index":0,"delta":{{"content":{_json_text(text)}}},"logprobs":null,"finish_reason":{end}}}'
+            choice = (
+                f'{{"index":0,"delta":{{"content":{_json_text(text)}}},'
+                f'"logprobs":null,"finish_reason":{end}}}'
+            )
         else:
             choice = (
                 f'{{"index":0,"text":{_json_text(text)},"logprobs":null,"finish_reason":{end}}}'
@@ -422,8 +426,8 @@ def pair_length_error(*, max_model_len: int, tokens: int, endpoint: str) -> APIE
     # vLLM names the operation by the request type; a rerank request is not in its table.
     operation = "score" if endpoint == "score" else "embedding generation"
     return APIError(
-        f"This model's maximum context length is {max_model_len} tokens. However, you requested {tokens} tokens "
-        f"in the input for {operation}. Please reduce the length of the input."
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{tokens} tokens in the input for {operation}. Please reduce the length of the input."
     )
 
 

@@ -44,7 +44,8 @@ def features(text: str) -> dict[str, int]:
 
 
 def overlap(query: str, document: str) -> float:
-    """Weighted Dice coefficient of the two texts' features: 1.0 for the same words, 0.0 for none."""
+    """Weighted Dice coefficient of the two texts' features: 1.0 for the same words, 0.0 for
+    none."""
     one, two = features(query), features(document)
     total = sum(one.values()) + sum(two.values())
     if not total:

@@ -187,8 +187,8 @@ class Simulator:
             )
         if name in self.loras and not body.get("load_inplace"):
             raise APIError(
-                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, "
-                "set 'load_inplace' to True.",
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
                 err_type="InvalidUserInput",
             )
         if not self.config.enable_lora:
@@ -387,9 +387,10 @@ class Simulator:
             tokens = tokenize(text)
             if len(tokens) > self.config.max_model_len:
                 raise APIError(
-                    f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
-                    f"requested {len(tokens)} tokens in the input for embedding generation. Please reduce the "
-                    "length of the input.",
+                    "This model's maximum context length is "
+                    f"{self.config.max_model_len} tokens. However, you requested {len(tokens)} "
+                    "tokens in the input for embedding generation. Please reduce the length of "
+                    "the input.",
                     param="input",
                 )
             prompt_tokens += len(tokens)
@@ -494,7 +495,8 @@ class Simulator:
             fault = header.strip().lower()
             if fault not in FAULTS:
                 raise APIError(
-                    f"Unknown {FAULT_HEADER} value {header!r}; expected one of: {', '.join(FAULTS)}."
+                    f"Unknown {FAULT_HEADER} value {header!r}; "
+                    f"expected one of: {', '.join(FAULTS)}."
                 )
         elif (
             self.config.failure_injection_rate

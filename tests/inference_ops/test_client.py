@@ -135,7 +135,7 @@ async def test_cancelling_the_consumer_closes_the_upstream_stream(sim):
     config = config_for(sim.url)
 
     async def consume(started: asyncio.Event):
-        async for event in stream_chat(config, ASK, max_tokens=500):
+        async for _event in stream_chat(config, ASK, max_tokens=500):
             started.set()
 
     started = asyncio.Event()
@@ -152,12 +152,13 @@ async def test_cancelling_the_consumer_closes_the_upstream_stream(sim):
     assert await running(sim) == 0  # the engine stopped generating: its slot is free
 
 
-# -- a misbehaving server, for what the simulator does not do ------------------------------------------
+# -- a misbehaving server, for what the simulator does not do --------------------------------------
 
 
 @pytest.fixture
 async def stub():
-    """Serves /v1/chat/completions per `stub.mode`: malformed JSON, a stall between tokens, or a clean close."""
+    """Serves /v1/chat/completions per `stub.mode`: malformed JSON, a stall between tokens, or a
+    clean close."""
     state = {"mode": "malformed"}
 
     async def chat(request):
@@ -183,8 +184,8 @@ async def stub():
             b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
         )
         body = (
-            b'data: {"choices":[{"index":0,"delta":{"content":"squeezed"},"finish_reason":null}]}\n\n'
-            + finish
+            b'data: {"choices":[{"index":0,"delta":{"content":"squeezed"},'
+            b'"finish_reason":null}]}\n\n' + finish
         )
         return web.Response(
             body=gzip.compress(body),
@@ -253,7 +254,7 @@ async def test_a_stream_without_a_finish_reason_is_truncated(stub):
     assert error.kind == "stream_truncated" and error.produced_tokens
 
 
-# -- a stream known to the byte ---------------------------------------------------------------------------
+# -- a stream known to the byte --------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The CPU engine: llama.cpp's llama-server serving the bundled Gemma 3 270M, started and stopped by the
-supervisor. Real processes, real HTTP, a real model; the first run builds llama-server (about 5 minutes
-on 2 cores) into the cache, later runs find it there."""
+"""The CPU engine: llama.cpp's llama-server serving the bundled Gemma 3 270M, started and stopped
+by the supervisor. Real processes, real HTTP, a real model; the first run builds llama-server
+(about 5 minutes on 2 cores) into the cache, later runs find it there."""
 
 import asyncio
 import contextlib
@@ -54,7 +54,7 @@ def fake_build(settings, tmp_path):
     return tmp_path
 
 
-# --- the command line ------------------------------------------------------------------------------------
+# --- the command line -----------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -146,7 +146,7 @@ def test_a_missing_own_model_is_named(fake_build):
         engine_command.command_line(engine)
 
 
-# --- the real engine -------------------------------------------------------------------------------------------
+# --- the real engine ------------------------------------------------------------------------------
 
 
 async def _answer(

@@ -5,7 +5,7 @@ import pytest
 from inference_ops import cpu_engine, demo
 from inference_ops.models import EngineProcess, ModelEndpoint
 
-# --- the demo rows -------------------------------------------------------------------------------------------
+# --- the demo rows --------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db

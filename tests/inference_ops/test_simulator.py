@@ -726,5 +726,8 @@ def test_lora_modules_parse_in_both_vllm_forms():
 
 
 def test_the_simulator_never_imports_django():
-    code = "import sys, inference_ops.simulator.server; sys.exit(any(m.startswith('django') for m in sys.modules))"
+    code = (
+        "import sys, inference_ops.simulator.server; "
+        "sys.exit(any(m.startswith('django') for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=30).returncode == 0

@@ -69,7 +69,7 @@ def wait_until(predicate, timeout=30.0, step=0.1):
     return None
 
 
-# --- the command line ------------------------------------------------------------------------------------
+# --- the command line -----------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -181,10 +181,14 @@ def test_the_simulator_gets_the_same_vllm_arguments():
 
 def test_metrics_of_vllm_and_llama_cpp_map_to_the_same_gauges():
     vllm = (
-        'vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
+        'vllm:num_requests_running{model_name="m"} 3.0\n'
+        'vllm:num_requests_waiting{model_name="m"} 1.0\n'
         'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n# HELP x\nvllm:prompt_tokens_total 10\n'
     )
-    llama = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\nllamacpp:kv_cache_usage_ratio 0.5\n"
+    llama = (
+        "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
+        "llamacpp:kv_cache_usage_ratio 0.5\n"
+    )
     assert probes.parse_metrics(vllm) == {
         "running": 3.0,
         "waiting": 1.0,
@@ -210,7 +214,7 @@ def test_metrics_with_timestamps_and_labels_holding_spaces_are_read_right():
     }
 
 
-# --- start and stop ------------------------------------------------------------------------------------------
+# --- start and stop -------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -280,7 +284,7 @@ def test_concurrent_start_requests_launch_one_process():
     assert "ready" in results
 
 
-# --- health, crashes, restarts -----------------------------------------------------------------------------
+# --- health, crashes, restarts --------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
@@ -382,7 +386,7 @@ def test_the_restart_budget_stops_automatic_restarts(settings):
     assert supervisor.engine_restart(engine_id=engine.pk).status == "ready"
 
 
-# --- LoRA adapters ---------------------------------------------------------------------------------------------
+# --- LoRA adapters --------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db

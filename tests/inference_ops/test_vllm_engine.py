@@ -83,7 +83,7 @@ def test_a_start_before_the_install_names_the_command_that_installs_it(settings,
         engine_command.command_line(_engine())
 
 
-# --- the real engine behind the gateway ----------------------------------------------------------------------
+# --- the real engine behind the gateway -----------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
@@ -91,9 +91,9 @@ def test_a_start_before_the_install_names_the_command_that_installs_it(settings,
 def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answer_template(
     real_vllm, asgi_server, alice_key, lora
 ):
-    """A base model has no chat template: the converted model carries the Q/A one, so a chat through
-    `/v1` gets the model's real answer, ended at its blank line, and an adapter answers too (it shares
-    its base model's tokenizer and template)."""
+    """A base model has no chat template: the converted model carries the Q/A one, so a chat
+    through `/v1` gets the model's real answer, ended at its blank line, and an adapter answers too
+    (it shares its base model's tokenizer and template)."""
     import openai
 
     from tests.inference_ops.engines import BASE, STATIC_ADAPTER
@@ -133,7 +133,8 @@ def test_the_gateway_answers_a_chat_from_the_real_vllm_behind_the_question_answe
 def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(
     real_vllm, asgi_server, alice_key
 ):
-    """vLLM's extension, as benchmarks send it for answers of a known length; a wrong type is a 400."""
+    """vLLM's extension, as benchmarks send it for answers of a known length; a wrong type is a
+    400."""
     import openai
 
     from tests.inference_ops.engines import BASE

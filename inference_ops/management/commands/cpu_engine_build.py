@@ -7,8 +7,8 @@ from inference_ops.exceptions import SupervisorError
 
 class Command(BaseCommand):
     help = (
-        "Build llama.cpp's llama-server for the CPU engine if it is missing (about 5 minutes on 2 cores, "
-        "once) and assemble the bundled model (or check CPU_ENGINE_MODEL)."
+        "Build llama.cpp's llama-server for the CPU engine if it is missing (about 5 minutes on "
+        "2 cores, once) and assemble the bundled model (or check CPU_ENGINE_MODEL)."
     )
 
     def add_arguments(self, parser):

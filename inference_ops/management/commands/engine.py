@@ -41,6 +41,6 @@ class Command(BaseCommand):
     def _status(self, engine):
         metrics = ", ".join(f"{k}={v:g}" for k, v in sorted(engine.metrics.items())) or "no metrics"
         self.stdout.write(
-            f"{engine.name}: {engine.status} ({engine.status_reason or '-'}); desired {engine.desired_state}; "
-            f"pid {engine.pid or '-'}; {engine.base_url}; {metrics}"
+            f"{engine.name}: {engine.status} ({engine.status_reason or '-'}); "
+            f"desired {engine.desired_state}; pid {engine.pid or '-'}; {engine.base_url}; {metrics}"
         )

