@@ -233,8 +233,8 @@ MATRIX = {
 # The sockets: accepted, or closed with the code the page shows. Keys do not open sockets.
 SOCKETS = {
     "/ws/chat/": dict(zip(SESSIONS, ("closed 4401", *["accepted"] * 7))),
-    # The operations feed is for staff who may view the engines (tests/chat/test_ops_socket.py:
-    # until their login or that permission ends).
+    # The operations feed is for staff who may view the engines
+    # (tests/observability/test_ops_socket.py: until their login or that permission ends).
     "/ws/ops/": dict(
         zip(
             SESSIONS,
