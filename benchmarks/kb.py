@@ -197,7 +197,8 @@ class Breakdown:
 
 
 def call_breakdown(spec, texts: list[str]) -> Breakdown:
-    """Per direct_answer call: its time, its SQL time and statements, and (apart) the embedding's time."""
+    """Per direct_answer call: its time, its SQL time and statements, and (apart) the embedding's
+    time."""
     out = Breakdown()
     query_cache().clear()
     for text in texts:
@@ -229,7 +230,8 @@ def call_breakdown(spec, texts: list[str]) -> Breakdown:
 
 
 def embedding_threads(count: int | None = None) -> int:
-    """Threads per embedding call in this process: `count`, else KB_EMBEDDING_THREADS (0: the runtime's)."""
+    """Threads per embedding call in this process: `count`, else KB_EMBEDDING_THREADS (0: the
+    runtime's)."""
     return settings.KB_EMBEDDING_THREADS if count is None else count
 
 
@@ -294,7 +296,7 @@ def _timed_options(
     reference = [np.asarray(vector) for vector in served.embed(texts)]
     latencies = {label: [] for label, _, _ in options}
     worst = {label: 1.0 for label, _, _ in options}
-    for label, embedder, threads in options:
+    for _, embedder, _ in options:
         embedder.embed(texts[:1])  # load outside the timing
     for text, expected in zip(texts, reference):
         for label, embedder, threads in options:
@@ -452,8 +454,10 @@ def with_settings(settings_sql: tuple[str, ...], call: Callable[[], object]):
 def hnsw_indexes(model: EmbeddingModel) -> list[tuple[str, str]]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT indexname, pg_size_pretty(pg_relation_size(format('%%I', indexname)::regclass)) "
-            "FROM pg_indexes WHERE tablename IN ('knowledge_phrasingvector', 'knowledge_passagevector') "
+            "SELECT indexname, "
+            "pg_size_pretty(pg_relation_size(format('%%I', indexname)::regclass)) "
+            "FROM pg_indexes "
+            "WHERE tablename IN ('knowledge_phrasingvector', 'knowledge_passagevector') "
             "AND indexdef ILIKE '%%USING hnsw%%' AND indexname LIKE %s ORDER BY indexname",
             [f"%_hnsw_m{int(model.pk)}"],
         )

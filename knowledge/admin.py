@@ -69,7 +69,8 @@ class TagFilter(admin.SimpleListFilter):
 
 
 class ReviewFilter(admin.SimpleListFilter):
-    """The curators' queue: entries made from users' questions wait here, inactive, until activated."""
+    """The curators' queue: entries made from users' questions wait here, inactive, until
+    activated."""
 
     title = "review"
     parameter_name = "review"
@@ -185,7 +186,8 @@ class EntryAdmin(admin.ModelAdmin):
         kb_reembed_task.delay()
         self.message_user(
             request,
-            f"Re-embedding with {services.configured_spec().name} queued; the current model serves until it is done.",
+            f"Re-embedding with {services.configured_spec().name} queued; "
+            "the current model serves until it is done.",
         )
 
     def has_import_permission(self, request):

@@ -21,7 +21,8 @@ _OPENERS = re.compile(
 _REFERENCES = re.compile(
     r"\b(?:it|its|it's|that|this|these|those|they|them|their|theirs|one|ones|same)\b", re.I
 )
-# Chinese: opening with 那/那么/还有/另外/然后/如果这样, ending with 呢, or pointing back with 它/这个/那个/这样/那样.
+# Chinese: opening with 那/那么/还有/另外/然后/如果这样, ending with 呢, or pointing back with
+# 它/这个/那个/这样/那样.
 _ZH_OPENERS = re.compile(r"^(?:那么|那|还有|另外|然后|如果这样|这样的话)")
 _ZH_REFERENCES = re.compile(r"它|这个|那个|这样|那样|上面|刚才|之前说")
 _ZH_ENDINGS = re.compile(r"呢[？?。.!！]*$")
@@ -149,7 +150,8 @@ def near_miss(question: str, phrasing: str) -> str | None:
 
 
 def _negated_but_asked(text: str, other: str) -> str | None:
-    """A term `text` negates ("don't want to cancel", "不想取消") that `other` asks without negating."""
+    """A term `text` negates ("don't want to cancel", "不想取消") that `other` asks without
+    negating."""
     negated = _negated_terms(text)
     if not negated:
         return None

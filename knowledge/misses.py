@@ -87,15 +87,16 @@ def miss_buffer_stats() -> BufferStats:
 # whole when its entry or embedding model was deleted after the request: the reference becomes
 # NULL, as the foreign key's SET_NULL would have made it.
 _INSERT_SQL = """
-INSERT INTO knowledge_miss (question, normalized, answer, best_entry_id, best_score, count, embedding,
-                            model_id, created_at, grouped_at, group_id, resolved_by_id, note_key)
+INSERT INTO knowledge_miss (question, normalized, answer, best_entry_id, best_score, count,
+                            embedding, model_id, created_at, grouped_at, group_id, resolved_by_id,
+                            note_key)
 SELECT v.question, v.normalized, v.answer, e.id, v.best_score, 1,
-       CASE WHEN m.id IS NULL THEN NULL ELSE v.embedding::vector END, m.id, v.created_at, NULL, NULL, NULL,
-       v.note_key
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[], %s::bigint[],
-            %s::timestamptz[], %s::uuid[]) WITH ORDINALITY
-     AS v(question, normalized, answer, best_entry_id, best_score, embedding, model_id, created_at, note_key,
-          ordinal)
+       CASE WHEN m.id IS NULL THEN NULL ELSE v.embedding::vector END, m.id, v.created_at,
+       NULL, NULL, NULL, v.note_key
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[],
+            %s::bigint[], %s::timestamptz[], %s::uuid[]) WITH ORDINALITY
+     AS v(question, normalized, answer, best_entry_id, best_score, embedding, model_id, created_at,
+          note_key, ordinal)
 LEFT JOIN knowledge_entry e ON e.id = v.best_entry_id
 LEFT JOIN knowledge_embeddingmodel m ON m.id = v.model_id
 ORDER BY v.ordinal

@@ -55,7 +55,9 @@ class EmbeddingModel(models.Model):
     direct_threshold = models.FloatField(
         null=True,
         blank=True,
-        help_text="Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD.",
+        help_text=(
+            "Similarity a direct answer needs with this model; empty for KB_DIRECT_THRESHOLD."
+        ),
     )
     direct_margin = models.FloatField(
         null=True,
@@ -130,8 +132,8 @@ class Entry(models.Model):
         null=True,
         blank=True,
         unique=True,
-        help_text="The entry's id in the system it was imported from (a string `id` in an import file), "
-        "so files round-trip between instances.",
+        help_text="The entry's id in the system it was imported from (a string `id` in an import "
+        "file), so files round-trip between instances.",
     )
     question = models.TextField(help_text="The question, or the title of a rule or document.")
     aliases = ArrayField(
@@ -197,7 +199,8 @@ class Phrasing(models.Model):
 
 
 class Passage(models.Model):
-    """A retrievable piece of an entry: the whole of a short entry, a paragraph group of a document."""
+    """A retrievable piece of an entry: the whole of a short entry, a paragraph group of a
+    document."""
 
     entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="passages")
     ordinal = models.PositiveIntegerField()

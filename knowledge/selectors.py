@@ -222,7 +222,8 @@ def _context_statement(
     dims = int(model.dimensions)
     sql = (
         "WITH nearest AS ("
-        f" SELECT passage_id, 1 - ((embedding::vector({dims})) <=> %(vector)s::vector({dims})) AS score"
+        " SELECT passage_id,"
+        f" 1 - ((embedding::vector({dims})) <=> %(vector)s::vector({dims})) AS score"
         f" FROM {PassageVector._meta.db_table} WHERE model_id = {int(model.pk)}"
         f" ORDER BY (embedding::vector({dims})) <=> %(vector)s::vector({dims}) LIMIT %(limit)s)"
         " SELECT p.entry_id, e.question, e.kind, p.text, n.score"
@@ -311,7 +312,8 @@ async def acontext_passages(
     k: int | None = None,
     query: tuple[EmbeddingModel, tuple[float, ...]] | None = None,
 ) -> list[ContextPassage]:
-    """context_passages for async callers; `query` is the (model, vector) the request already has."""
+    """context_passages for async callers; `query` is the (model, vector) the request already
+    has."""
     query = query or await aquery_vector(text)
     if query is None:
         return []

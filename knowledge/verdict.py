@@ -108,7 +108,10 @@ def vector_verdict(
         return DirectAnswer(hit=False, reason=f"a near miss of KB#{best.entry.pk}: {why}", **common)
     return DirectAnswer(
         hit=True,
-        reason=f"score {best.score:.3f} ≥ threshold {threshold:.3f}, margin {lead:.3f} over the runner-up",
+        reason=(
+            f"score {best.score:.3f} ≥ threshold {threshold:.3f}, "
+            f"margin {lead:.3f} over the runner-up"
+        ),
         **common,
     )
 

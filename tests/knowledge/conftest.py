@@ -33,8 +33,8 @@ FAQ = [
 
 RULE = (
     "Refund policy",
-    "Refunds are possible within 30 days of delivery. Money goes back to the original payment method "
-    "within five working days. Opened software is not refundable.",
+    "Refunds are possible within 30 days of delivery. Money goes back to the original payment "
+    "method within five working days. Opened software is not refundable.",
 )
 
 HANDBOOK = "\n\n".join(
@@ -42,7 +42,8 @@ HANDBOOK = "\n\n".join(
         "Parcels leave our warehouse within two working days of payment.",
         "International shipping takes between five and twelve days, depending on customs.",
         "Fragile goods are packed in double boxes with foam; we insure them at no extra cost.",
-        "If a parcel arrives damaged, photograph the box before opening and contact support within 48 hours.",
+        "If a parcel arrives damaged, photograph the box before opening and contact support "
+        "within 48 hours.",
     ]
 )
 

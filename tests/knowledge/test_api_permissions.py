@@ -103,9 +103,8 @@ def test_a_kb_key_carries_its_users_permissions_and_a_chat_key_reaches_nothing(e
     assert response.json()["error"]["message"] == "This needs the knowledge.add_entry permission."
 
     curator = staff_user("curator", verbs=EVERY_VERB)
-    client.credentials(
-        HTTP_AUTHORIZATION=f"Bearer {apikey_create(user=curator, name='laptop', scopes=['chat'])[1]}"
-    )
+    _, key = apikey_create(user=curator, name="laptop", scopes=["chat"])
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
     response = client.get("/api/kb/entries/")
     assert (
         response.status_code == 403

@@ -1,4 +1,5 @@
-"""KB entries through the API refuse text that cannot be stored, with a 400 in the API's error shape."""
+"""KB entries through the API refuse text that cannot be stored, with a 400 in the API's error
+shape."""
 
 import json
 

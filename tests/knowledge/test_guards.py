@@ -138,7 +138,8 @@ def test_a_paraphrase_is_no_near_miss(question, phrasing):
     ],
 )
 def test_the_words_tell_confusable_entries_apart_in_chinese_as_in_english(question, right, wrong):
-    # Character bigrams: 订单 and 订阅 share 订 but no bigram; 开发票 and 修改发票抬头 share only 发票.
+    # Character bigrams: 订单 and 订阅 share 订 but no bigram; 开发票 and 修改发票抬头 share only
+    # 发票.
     assert lexical_similarity(question, right) > lexical_similarity(question, wrong)
 
 

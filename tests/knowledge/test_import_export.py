@@ -166,7 +166,8 @@ def test_a_row_with_a_nul_or_control_character_is_rejected_by_line_and_the_rest_
 def test_another_systems_string_ids_are_kept_and_files_round_trip_between_instances(
     tmp_path, capsys
 ):
-    """Most KB exports carry their own ids; such a row used to be rejected ("id: must be a whole number")."""
+    """Most KB exports carry their own ids; such a row used to be rejected ("id: must be a whole
+    number")."""
     rows = [{**GOOD[0], "id": "faq-0001"}, {**GOOD[1], "id": "zendesk:360012"}]
     call_command("kb_import", _jsonl(tmp_path, rows))
     assert "2 created" in capsys.readouterr().out
@@ -201,7 +202,7 @@ def test_an_id_that_is_neither_a_number_nor_text_is_refused_by_line(tmp_path, ca
     assert "kb.jsonl:2: id: an external id must be up to 200 characters of text" in err
 
 
-def test_the_csv_export_writes_no_cell_a_spreadsheet_would_run_as_a_formula_and_imports_back_unchanged(
+def test_the_csv_export_writes_no_cell_a_spreadsheet_runs_as_a_formula_and_imports_back_unchanged(
     tmp_path, capsys
 ):
     import csv

@@ -50,9 +50,12 @@ import json, sys
 import django
 django.setup()
 from knowledge.embedding import MINILM, EmbeddingSpec, LocalEmbedder
-embedder = LocalEmbedder(EmbeddingSpec(name=MINILM, backend="local", dimensions=384), runtime="onnx")
+spec = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
+embedder = LocalEmbedder(spec, runtime="onnx")
 vectors = embedder.embed(json.loads(sys.argv[1]))
-libraries = [name for name in ("torch", "transformers", "sentence_transformers") if name in sys.modules]
+libraries = [
+    name for name in ("torch", "transformers", "sentence_transformers") if name in sys.modules
+]
 print(json.dumps({"runtime": embedder.runtime, "vectors": vectors, "libraries": libraries}))
 """
 

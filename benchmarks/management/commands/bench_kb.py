@@ -42,7 +42,10 @@ WARMUP = 20
 
 
 class Command(BaseCommand):
-    help = "Benchmark the KB direct-answer road (exact, vector, miss) in process and over HTTP, in bench_<db>."
+    help = (
+        "Benchmark the KB direct-answer road (exact, vector, miss) in process and over HTTP, "
+        "in bench_<db>."
+    )
     # Checks may connect to the database; nothing may connect before we point at the bench database.
     requires_system_checks = []
 
@@ -119,11 +122,12 @@ class Command(BaseCommand):
                 created = stack.database_prepare(name=name, pool_size=concurrency + 2)
                 self.out(
                     f"database {name} ({'created' if created else 'existing'}) on "
-                    f"{settings.DATABASES['default']['HOST'] or 'localhost'}: {kb.server_versions()}"
+                    f"{settings.DATABASES['default']['HOST'] or 'localhost'}: "
+                    f"{kb.server_versions()}"
                 )
                 self.out(
-                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on this "
-                    "machine shows up in every figure)"
+                    f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} "
+                    "(other work on this machine shows up in every figure)"
                 )
                 self.bench(
                     name=name,
@@ -194,7 +198,7 @@ class Command(BaseCommand):
 
         runs: list[kb.Run] = []
         self.out("\nin-process: knowledge.selectors.direct_answer(q)")
-        for label, (texts, expected) in sets.items():
+        for label, (texts, _) in sets.items():
             query_cache().clear()
             runs.append(self.in_process(label, texts, 1, variant=0))
             if label == "vector hit":
@@ -209,7 +213,7 @@ class Command(BaseCommand):
 
         if http:
             self.out(
-                f"\nHTTP: GET /api/kb/answer through daphne on the bench database, authenticated by "
+                "\nHTTP: GET /api/kb/answer through daphne on the bench database, authenticated by "
                 f"{'an API key' if http_auth == 'key' else 'a session cookie'} "
                 f"(DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')})"
             )
@@ -252,19 +256,22 @@ class Command(BaseCommand):
         self.out(f"  index check and ANALYZE in {time.perf_counter() - began:.1f} s")
         self.out(
             f"KB: {Entry.objects.count()} entries, {Phrasing.objects.count()} phrasings "
-            f"({PhrasingVector.objects.filter(model=model).count()} vectors), {Passage.objects.count()} "
-            f"passages ({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
+            f"({PhrasingVector.objects.filter(model=model).count()} vectors), "
+            f"{Passage.objects.count()} passages "
+            f"({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
             f"HNSW: {', '.join(f'{n} {size}' for n, size in kb.hnsw_indexes(model)) or 'NONE'}"
         )
 
     def query_sets(self, specs, pk_of, off_domain, queries, rng) -> tuple[list[str], list[str]]:
-        """Vector hits are whatever paraphrases the vector road actually answers; the rest are misses."""
+        """Vector hits are whatever paraphrases the vector road actually answers; the rest are
+        misses."""
         found = kb_data.paraphrases_classify(
             kb_data.paraphrase_attempts(specs, rng)[: queries * 10], pk_of, queries
         )
         self.out(
             f"\nparaphrases: {found.tried} tried, {len(found.hits)} vector hits "
-            f"({100 * len(found.hits) / found.tried:.0f}%; {found.right} of them the intended entry), "
+            f"({100 * len(found.hits) / found.tried:.0f}%; "
+            f"{found.right} of them the intended entry), "
             f"{found.exact} exact, {len(found.misses)} misses"
         )
         for reason, count in found.reasons.most_common(4):
@@ -275,7 +282,8 @@ class Command(BaseCommand):
             self.out(f"  {len(off_hits)} off-domain questions hit (left out): {off_hits[:3]}")
         if len(found.hits) < queries:
             self.out(
-                f"  only {len(found.hits)} vector hits for {queries} wanted: the vector class is smaller"
+                f"  only {len(found.hits)} vector hits for {queries} wanted: "
+                "the vector class is smaller"
             )
         half = min(len(off_domain), queries // 2)
         return found.hits[:queries], off_domain[:half] + found.misses[: queries - half]
@@ -305,10 +313,13 @@ class Command(BaseCommand):
         report = [
             "EXPLAIN (ANALYZE, BUFFERS) of the phrasing query of knowledge.selectors._nearest:",
             *("  " + line for line in kb.elide_vectors(plan.text).splitlines()),
-            f"HNSW index used: {'yes' if plan.index_used else 'NO'}; hnsw.ef_search = {plan.ef_search}; "
-            f"server-side execution p50 {ms(0.5):.2f} ms, p99 {ms(0.99):.2f} ms over {len(plan.executions)} queries",
+            f"HNSW index used: {'yes' if plan.index_used else 'NO'}; "
+            f"hnsw.ef_search = {plan.ef_search}; "
+            f"server-side execution p50 {ms(0.5):.2f} ms, p99 {ms(0.99):.2f} ms "
+            f"over {len(plan.executions)} queries",
             *(
-                f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} over {len(vectors)} queries"
+                f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} "
+                f"over {len(vectors)} queries"
                 + ("" if plan.index_used else " (meaningless here: the planner used no HNSW scan)")
                 for label, (at1, at10) in nearest.recall.items()
                 if "no index" not in label
@@ -316,7 +327,8 @@ class Command(BaseCommand):
         ]
         if plan.forced:
             report += [
-                "The planner chose an exact scan. The HNSW path, forced (enable_seqscan, enable_sort off):",
+                "The planner chose an exact scan. "
+                "The HNSW path, forced (enable_seqscan, enable_sort off):",
                 *("  " + line for line in kb.elide_vectors(plan.forced).splitlines()),
             ]
         return nearest.runs, report
@@ -391,8 +403,8 @@ class Command(BaseCommand):
         expected = {label: outcome for label, (_, outcome) in sets.items()}
         expected["vector hit (cached repeat)"] = "vector"
         header = (
-            f"{'class':<30} | {'where':<10} | {'conc':>4} | {'n':>4} | {'p50 ms':>7} | {'p99 ms':>7} | "
-            f"{'mean ms':>7} | {'req/s':>7} | as expected"
+            f"{'class':<30} | {'where':<10} | {'conc':>4} | {'n':>4} | "
+            f"{'p50 ms':>7} | {'p99 ms':>7} | {'mean ms':>7} | {'req/s':>7} | as expected"
         )
         self.out("\n" + header)
         self.out("-" * len(header))
@@ -400,8 +412,9 @@ class Command(BaseCommand):
             want = expected.get(run.label)
             agreed = f"{run.outcomes[want]}/{run.n}" if want else ""
             self.out(
-                f"{run.label:<30} | {run.where:<10} | {run.concurrency:>4} | {run.n:>4} | {run.ms(0.5):>7.2f} | "
-                f"{run.ms(0.99):>7.2f} | {run.mean_ms:>7.2f} | {run.rate:>7.1f} | {agreed}"
+                f"{run.label:<30} | {run.where:<10} | {run.concurrency:>4} | {run.n:>4} | "
+                f"{run.ms(0.5):>7.2f} | {run.ms(0.99):>7.2f} | {run.mean_ms:>7.2f} | "
+                f"{run.rate:>7.1f} | {agreed}"
             )
             for error, count in run.errors.items():
                 self.out(f"{'':<30}   ! {count} failed: {error}")
@@ -416,12 +429,14 @@ class Command(BaseCommand):
             )
             statements = stats.percentile(parts.statements, 0.5)
             self.out(
-                f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} + SQL {sql:5.2f} "
-                f"({statements:.0f} statements) + Python/ORM ~{total - sql - embedding:5.2f}"
+                f"  {label:<11} total {total:6.2f} ms = embedding {embedding:6.2f} "
+                f"+ SQL {sql:5.2f} ({statements:.0f} statements) "
+                f"+ Python/ORM ~{total - sql - embedding:5.2f}"
             )
         if options:
             self.out(
-                "\none-query embedding, other settings of the same model (turn by turn, same queries):"
+                "\none-query embedding, other settings of the same model "
+                "(turn by turn, same queries):"
             )
             for label, latencies, worst in options:
                 self.out(
@@ -444,5 +459,6 @@ class Command(BaseCommand):
                 continue
             verdict = "met" if run.ms(0.5) <= limit else "MISSED"
             self.out(
-                f"  {label} p50 ≤ {limit:g} ms ({where}, c={conc}): {run.ms(0.5):.2f} ms — {verdict}"
+                f"  {label} p50 ≤ {limit:g} ms ({where}, c={conc}): "
+                f"{run.ms(0.5):.2f} ms — {verdict}"
             )

@@ -1,7 +1,7 @@
 """How well each embedding model answers directly: the labelled set through the live matcher.
 
-    python manage.py bench_kb_quality [--set benchmarks/kb_labelled] [--models multilingual-e5-small,all-MiniLM-L6-v2]
-                                      [--target 0.98] [--show 10]
+    python manage.py bench_kb_quality [--set benchmarks/kb_labelled]
+        [--models multilingual-e5-small,all-MiniLM-L6-v2] [--target 0.98] [--show 10]
 
 In `bench_kb_quality_<database>` on the configured server, never the developer's data: the set's
 entries are imported, embedded by every model named, and its questions calibrated per model
@@ -28,7 +28,10 @@ SET = Path(__file__).resolve().parents[2] / "kb_labelled"
 
 
 class Command(BaseCommand):
-    help = "Precision and recall of the direct answer per embedding model on a labelled set, in its own database."
+    help = (
+        "Precision and recall of the direct answer per embedding model on a labelled set, "
+        "in its own database."
+    )
     requires_system_checks = []
 
     def add_arguments(self, parser):
@@ -104,20 +107,22 @@ class Command(BaseCommand):
         )
         if at_shipped:
             self.out(
-                f"at the shipped default (threshold {shipped.threshold:.3f}, margin {shipped.margin:.3f}): "
+                f"at the shipped default (threshold {shipped.threshold:.3f}, "
+                f"margin {shipped.margin:.3f}): "
                 f"precision {at_shipped.precision:.3f}, recall {at_shipped.recall:.3f}"
             )
         chosen = result.chosen
         if chosen is None:
             best = max(result.points, key=lambda p: (p.precision, p.recall))
             self.out(
-                f"no point reaches precision {result.target:.2f}; best {best.precision:.3f} at recall "
-                f"{best.recall:.3f}"
+                f"no point reaches precision {result.target:.2f}; "
+                f"best {best.precision:.3f} at recall {best.recall:.3f}"
             )
             return
         self.out(
             f"recommended for precision >= {result.target:.2f}: threshold {chosen.threshold:.3f}, "
-            f"margin {chosen.margin:.3f}: precision {chosen.precision:.3f}, recall {chosen.recall:.3f}"
+            f"margin {chosen.margin:.3f}: "
+            f"precision {chosen.precision:.3f}, recall {chosen.recall:.3f}"
         )
         for kind, row in sorted(result.by_kind().items()):
             answerable = row.get("answerable", 0)
@@ -134,13 +139,10 @@ class Command(BaseCommand):
         near = [
             round(chosen.threshold + step, 3) for step in (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02)
         ]
+        points = [(t, grid[(t, chosen.margin)]) for t in near if (t, chosen.margin) in grid]
         self.out(
             f"  at margin {chosen.margin:.3f}, threshold: precision/recall: "
-            + ", ".join(
-                f"{t:.3f}: {grid[(t, chosen.margin)].precision:.2f}/{grid[(t, chosen.margin)].recall:.2f}"
-                for t in near
-                if (t, chosen.margin) in grid
-            )
+            + ", ".join(f"{t:.3f}: {p.precision:.2f}/{p.recall:.2f}" for t, p in points)
         )
 
     def summary(self, results: list[Result]) -> None:

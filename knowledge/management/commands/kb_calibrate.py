@@ -8,9 +8,10 @@ from knowledge.exceptions import EntryInvalid
 
 class Command(BaseCommand):
     help = (
-        "Run labelled questions (JSONL: question, expected entry id or external id or null) through "
-        "the direct-answer matcher; print precision and recall across thresholds and margins and the "
-        "operating point for a target precision; --apply makes it the serving model's."
+        "Run labelled questions (JSONL: question, expected entry id or external id or null) "
+        "through the direct-answer matcher; print precision and recall across thresholds and "
+        "margins and the operating point for a target precision; --apply makes it the serving "
+        "model's."
     )
 
     def add_arguments(self, parser):
@@ -41,36 +42,42 @@ class Command(BaseCommand):
         out = self.stdout.write
         out(
             f"model {result.model.name}: {len(items)} questions, {result.answerable} answerable; "
-            f"now serving at threshold {result.model.threshold:.3f}, margin {result.model.margin:.3f}"
+            f"now serving at threshold {result.model.threshold:.3f}, "
+            f"margin {result.model.margin:.3f}"
         )
         out("")
         out(f"{'threshold':>9} {'margin':>6} {'precision':>9} {'recall':>6} {'answered':>8}")
         for p in curve(result.points, result.target)[::4]:
             out(
-                f"{p.threshold:9.3f} {p.margin:6.3f} {p.precision:9.3f} {p.recall:6.3f} {p.answered:8d}"
+                f"{p.threshold:9.3f} {p.margin:6.3f} {p.precision:9.3f} {p.recall:6.3f} "
+                f"{p.answered:8d}"
             )
         out("")
         chosen = result.chosen
         if chosen is None:
             best = max(result.points, key=lambda p: (p.precision, p.recall))
             out(
-                f"no operating point reaches precision {target:.2f}; the best is {best.precision:.3f} "
-                f"(recall {best.recall:.3f}) at threshold {best.threshold:.3f}, margin {best.margin:.3f}"
+                f"no operating point reaches precision {target:.2f}; "
+                f"the best is {best.precision:.3f} (recall {best.recall:.3f}) "
+                f"at threshold {best.threshold:.3f}, margin {best.margin:.3f}"
             )
         else:
             out(
-                f"recommended for precision >= {target:.2f}: threshold {chosen.threshold:.3f}, margin "
-                f"{chosen.margin:.3f} -> precision {chosen.precision:.3f}, recall {chosen.recall:.3f} "
+                f"recommended for precision >= {target:.2f}: "
+                f"threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f} "
+                f"-> precision {chosen.precision:.3f}, recall {chosen.recall:.3f} "
                 f"({chosen.correct} right of {chosen.answered} answered)"
             )
             out("")
             out(
-                f"{'kind':<14} {'asked':>5} {'answerable':>10} {'answered':>8} {'correct':>7} {'wrong':>5}"
+                f"{'kind':<14} {'asked':>5} {'answerable':>10} {'answered':>8} "
+                f"{'correct':>7} {'wrong':>5}"
             )
             for kind, row in sorted(result.by_kind().items()):
                 out(
-                    f"{kind:<14} {row.get('asked', 0):5d} {row.get('answerable', 0):10d} {row.get('answered', 0):8d} "
-                    f"{row.get('correct', 0):7d} {row.get('wrong', 0):5d}"
+                    f"{kind:<14} {row.get('asked', 0):5d} {row.get('answerable', 0):10d} "
+                    f"{row.get('answered', 0):8d} {row.get('correct', 0):7d} "
+                    f"{row.get('wrong', 0):5d}"
                 )
             for title, rows in (("wrong direct answers", result.wrong), ("missed", result.missed)):
                 if rows and show:
@@ -91,7 +98,7 @@ class Command(BaseCommand):
         out("")
         if run.applied:
             out(
-                f"applied: {result.model.name} now answers directly at threshold {chosen.threshold:.3f}, "
-                f"margin {chosen.margin:.3f}"
+                f"applied: {result.model.name} now answers directly "
+                f"at threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f}"
             )
         out(f"saved as calibration #{run.pk} (admin: Knowledge › Calibrations)")

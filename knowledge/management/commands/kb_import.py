@@ -18,7 +18,10 @@ class Command(BaseCommand):
             "--embed",
             choices=["sync", "async", "none"],
             default="sync",
-            help="sync (default): entries answer as soon as the command returns; async: Celery embeds them",
+            help=(
+                "sync (default): entries answer as soon as the command returns; "
+                "async: Celery embeds them"
+            ),
         )
 
     def handle(self, *args, file, format, embed, **options):
