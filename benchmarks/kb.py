@@ -21,8 +21,8 @@ from benchmarks.database import database_url
 from benchmarks.servers import gateway_env
 from benchmarks.stats import percentile
 from benchmarks.users import bench_user, session_cookie
+from chat.apikeys import apikey_create
 from chat.models import ApiKey
-from chat.services import apikey_create
 from knowledge.embedding import embed_texts, query_cache
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import _nearest, direct_answer, faq_matches

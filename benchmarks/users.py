@@ -38,8 +38,8 @@ def session_cookie(*, user) -> str:
 def bench_api_key(*, username: str, name: str) -> str:
     """A fresh `chat` key of the bench user `username` (its earlier key `name` deleted); the raw
     key."""
+    from chat.apikeys import apikey_create
     from chat.models import ApiKey
-    from chat.services import apikey_create
 
     user = bench_user(username=username)
     ApiKey.objects.filter(user=user, name=name).delete()

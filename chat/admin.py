@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from chat.apikeys import apikey_revoke
 from chat.models import ApiKey, ChatSession, Message
-from chat.services import apikey_revoke
 
 
 class MessageInline(admin.TabularInline):

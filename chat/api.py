@@ -15,7 +15,7 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from chat import services
+from chat import apikeys, services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
 from chat.models import ApiKey, ChatSession, Message
@@ -292,7 +292,7 @@ class ApiKeyListView(APIView):
     def post(self, request):
         data = ApiKeyCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        key, raw = services.apikey_create(user=request.user, **data.validated_data)
+        key, raw = apikeys.apikey_create(user=request.user, **data.validated_data)
         return Response({**ApiKeySerializer(key).data, "key": raw}, status=status.HTTP_201_CREATED)
 
 
@@ -306,5 +306,5 @@ class ApiKeyDetailView(APIView):
             raise NotFound(
                 f"No API key {pk}."
             )  # the error shape comes from core.errors, as everywhere
-        services.apikey_revoke(key=key)
+        apikeys.apikey_revoke(key=key)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -2,8 +2,8 @@
 
 from rest_framework import authentication, exceptions, permissions
 
+from chat.apikeys import apikey_authenticate
 from chat.models import ApiKey
-from chat.services import apikey_authenticate
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -14,7 +14,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != "bearer" or not raw.strip():
             return None
-        key = apikey_authenticate(raw.strip())
+        key = apikey_authenticate(raw=raw.strip())
         if key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
         return key.user, key

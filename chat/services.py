@@ -1,36 +1,31 @@
-"""Writes for conversations and API keys. Validate, then mutate."""
+"""Writes for conversations: sessions, turns and the admission of questions. Validate, then
+mutate. API keys are chat.apikeys."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
 import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import connection
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from chat.exceptions import (
-    ApiKeyInvalid,
     MessageInvalid,
     MessageTooLarge,
     RateLimited,
     SessionNotFound,
     TooManyStreams,
 )
-from chat.models import ApiKey, ChatSession, Message
+from chat.models import ChatSession, Message
 from core import db, rawsql, slots
 from core import redis as core_redis
-from core.flight import SingleFlight
 from core.text import text_problem
 
 logger = logging.getLogger(__name__)
 
-# --- sessions -----------------------------------------------------------------------------------------
+# --- sessions -------------------------------------------------------------------------------------
 
 
 def session_get(*, user, session_id: int) -> ChatSession:
@@ -63,7 +58,7 @@ def _title(text: str) -> str:
     return text if len(text) <= 80 else text[:79].rstrip() + "…"
 
 
-# --- turns ----------------------------------------------------------------------------------------------
+# --- turns ----------------------------------------------------------------------------------------
 
 
 def message_validate(content) -> str:
@@ -73,7 +68,8 @@ def message_validate(content) -> str:
         )
     if len(content) > settings.CHAT_MAX_MESSAGE_CHARS:
         raise MessageTooLarge(
-            f"The message has {len(content)} characters; the limit is {settings.CHAT_MAX_MESSAGE_CHARS}.",
+            f"The message has {len(content)} characters; "
+            f"the limit is {settings.CHAT_MAX_MESSAGE_CHARS}.",
             fields={"content": f"at most {settings.CHAT_MAX_MESSAGE_CHARS} characters"},
         )
     if not content.strip():
@@ -130,14 +126,14 @@ def _admission(client, user_id: int):
 def _refusal(count: int, taken: int, retry_after: int) -> RateLimited | None:
     if count > settings.CHAT_RATE_LIMIT:
         return RateLimited(
-            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} per {settings.CHAT_RATE_WINDOW} s. "
-            f"Try again in {retry_after} s.",
+            f"Too many questions: at most {settings.CHAT_RATE_LIMIT} "
+            f"per {settings.CHAT_RATE_WINDOW} s. Try again in {retry_after} s.",
             retry_after=retry_after,
         )
     if not taken:
         return TooManyStreams(
-            f"Too many answers at once: at most {settings.CHAT_MAX_STREAMS_PER_USER} may be in progress per "
-            f"user. Try again when one has finished.",
+            f"Too many answers at once: at most {settings.CHAT_MAX_STREAMS_PER_USER} "
+            "may be in progress per user. Try again when one has finished.",
             retry_after=STREAMS_RETRY_AFTER,
         )
     return None
@@ -245,7 +241,8 @@ def _turn_start_statement(
         )
     earlier = (
         f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
-        "AND status <> %(streaming)s AND content <> '' ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
+        "AND status <> %(streaming)s AND content <> '' "
+        "ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
         if read_history
         else "SELECT NULL::text AS role, NULL::text AS content, "
         "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false"
@@ -254,26 +251,28 @@ def _turn_start_statement(
         WITH s AS ({the_session}),
         h AS ({earlier}),
         m AS (
-            INSERT INTO {message} (session_id, role, content, status, road, rule, target, citations, error, created_at)
+            INSERT INTO {message} (session_id, role, content, status, road, rule, target,
+                                   citations, error, created_at)
             SELECT s.id, v.role, v.content, v.status, '', '', '', '[]'::jsonb, '', %(now)s
             FROM s CROSS JOIN (VALUES (1, %(user_role)s, %(content)s, %(complete)s),
-                                      (2, %(assistant_role)s, '', %(streaming)s)) AS v (n, role, content, status)
+                                      (2, %(assistant_role)s, '', %(streaming)s))
+                AS v (n, role, content, status)
             ORDER BY v.n
             RETURNING id, role
         )
         SELECT s.id, s.title, (SELECT id FROM m WHERE role = %(assistant_role)s),
-            ARRAY({_groups_sql("%(user)s")}),
-            ARRAY(SELECT role FROM h ORDER BY created_at, id), ARRAY(SELECT content FROM h ORDER BY created_at, id)
+            ARRAY({rawsql.user_groups("%(user)s")}),
+            ARRAY(SELECT role FROM h ORDER BY created_at, id),
+            ARRAY(SELECT content FROM h ORDER BY created_at, id)
         FROM s
     """
     return sql, params
 
 
 def warm_statements() -> list[tuple[str, list | dict]]:
-    """The API key lookup and a turn's statements in a form that changes nothing (a prefix no key
-    has, the start explained, the end updating no row), for the warm-up: a fresh database
-    connection loads the tables' and indexes' metadata on first use, a few ms that would
-    otherwise land in the first user's question."""
+    """A turn's statements in a form that changes nothing (the start explained, the end updating
+    no row), for the warm-up: a fresh database connection loads the tables' and indexes'
+    metadata on first use, a few ms that would otherwise land in the first user's question."""
     start, params = _turn_start_statement(
         user_id=0,
         session_id=None,
@@ -281,9 +280,7 @@ def warm_statements() -> list[tuple[str, list | dict]]:
         source=ChatSession.Source.API,
         read_history=False,
     )
-    # The API key lookup first: every /v1 request makes it, a new key's first one on the loop.
     return [
-        (_live_key_sql(), [""]),
         (f"EXPLAIN {start}", params),
         _turn_finish_statement(
             message_id=-1,
@@ -316,7 +313,8 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
 async def aturn_finish(
     *, message_id: int, status: str, content: str, route=None, done=None, error=None
 ) -> None:
-    """Persist the end of an assistant turn: its text, status, route, timings and usage (one UPDATE)."""
+    """Persist the end of an assistant turn: its text, status, route, timings and usage (one
+    UPDATE)."""
     await db.query_one(
         *_turn_finish_statement(
             message_id=message_id,
@@ -367,163 +365,3 @@ def messages_fail_stale() -> int:
         error="interrupted: the server stopped before the answer finished",
         finished_at=timezone.now(),
     )
-
-
-# --- API keys ------------------------------------------------------------------------------------------------
-
-
-def apikey_create(*, user, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the raw key, which is never stored and shown only now."""
-    name = (name or "").strip()
-    errors = {}
-    if not name or len(name) > 100:
-        errors["name"] = "must be 1 to 100 characters"
-    scopes = sorted(set(scopes or []))
-    if not scopes or not set(scopes) <= set(ApiKey.Scope.values):
-        errors["scopes"] = f"must be a non-empty subset of {', '.join(ApiKey.Scope.values)}"
-    elif ApiKey.Scope.KB in scopes and not user.is_staff:
-        errors["scopes"] = "the kb scope is for staff users"
-    if not errors and ApiKey.objects.filter(user=user, name=name, revoked_at__isnull=True).exists():
-        errors["name"] = "you already have a key with this name"
-    if errors:
-        raise ApiKeyInvalid(fields=errors)
-    prefix = secrets.token_hex(4)
-    raw = f"gw_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(
-        user=user, name=name, prefix=prefix, key_hash=ApiKey.hash(raw), scopes=scopes
-    )
-    return key, raw
-
-
-def apikey_revoke(*, key: ApiKey) -> ApiKey:
-    """Revoke now in this process; other processes refuse it within API_KEY_CACHE_SECONDS."""
-    for digest in [d for d, (_, cached) in _recent_keys.items() if cached.pk == key.pk]:
-        _recent_keys.pop(digest, None)
-    if key.revoked_at is None:
-        key.revoked_at = timezone.now()
-        key.save(update_fields=["revoked_at"])
-    return key
-
-
-def _groups_sql(user: str) -> str:
-    """The names of the groups of the user whose id is the SQL expression `user`."""
-    user_model = get_user_model()
-    groups = user_model._meta.get_field("groups")
-    through = groups.remote_field.through._meta
-    return (
-        f"SELECT g.name FROM {through.db_table} ug JOIN {groups.related_model._meta.db_table} g "
-        f"ON g.id = ug.{through.get_field('group').column} WHERE ug.{through.get_field('user').column} = {user}"
-    )
-
-
-def _live_key_sql() -> str:
-    user_model = get_user_model()
-    # The user's group names come along: routing rules read them, and /v1 starts an answer
-    # before the turn's rows (whose statement also reads them) are written.
-    return (
-        f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "
-        f"ARRAY({_groups_sql(f'u.{user_model._meta.pk.column}')}) "
-        f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
-        f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "
-        "WHERE k.prefix = %s AND k.revoked_at IS NULL"
-    )
-
-
-def _live_key(prefix: str) -> ApiKey | None:
-    """The unrevoked key with `prefix`, its user attached: one statement on every API call."""
-    with connection.cursor() as cursor:
-        cursor.execute(_live_key_sql(), [prefix])
-        return _key_from(cursor.fetchone())
-
-
-def _key_from(row) -> ApiKey | None:
-    if row is None:
-        return None
-    key = rawsql.instance(ApiKey, row)
-    key.user = rawsql.instance(get_user_model(), row, rawsql.width(ApiKey))
-    key.group_names = frozenset(row[-1])
-    return key
-
-
-def _key_checked(key: ApiKey | None, raw: str) -> ApiKey | None:
-    if (
-        key is None
-        or not key.user.is_active
-        or not secrets.compare_digest(key.key_hash, ApiKey.hash(raw))
-    ):
-        return None
-    return key
-
-
-def _key_stale(key: ApiKey, now) -> bool:
-    # One write a minute at most: last-used is for humans, not an audit log.
-    return key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60
-
-
-# raw key's hash -> (monotonic expiry, key): the API's hot path skips the lookup for a few seconds.
-_recent_keys: dict[str, tuple[float, ApiKey]] = {}
-_lookups = SingleFlight()
-
-
-async def aapikey_authenticate(raw: str) -> ApiKey | None:
-    """apikey_authenticate for async callers, trusting a key it found within the last
-    API_KEY_CACHE_SECONDS: a revoked key (or deactivated user) is refused within that time."""
-    digest = ApiKey.hash(raw)
-    now = time.monotonic()
-    hit = _recent_keys.get(digest)
-    if hit is not None and hit[0] > now:
-        return hit[1]
-    # When a busy key's trust runs out, its concurrent requests share one lookup.
-    key = await _lookups.do(digest, lambda: _alookup(raw))
-    if key is not None and settings.API_KEY_CACHE_SECONDS:
-        if len(_recent_keys) > 10_000:
-            _recent_keys.clear()  # bounded: a cache, not a registry of every key ever used
-        _recent_keys[digest] = (now + settings.API_KEY_CACHE_SECONDS, key)
-    else:
-        _recent_keys.pop(digest, None)
-    return key
-
-
-def _prefix_of(raw: str) -> str | None:
-    parts = (raw or "").split("_", 2)  # the secret part may itself contain "_"
-    return parts[1] if len(parts) == 3 and parts[0] == "gw" else None
-
-
-async def _alookup(raw: str) -> ApiKey | None:
-    prefix = _prefix_of(raw)
-    if prefix is None:
-        return None
-    key = _key_checked(_key_from(await db.query_one(_live_key_sql(), [prefix])), raw)
-    now = timezone.now()
-    if key is not None and _key_stale(key, now):
-        # Written behind the answer: the request does not wait for the commit.
-        task = asyncio.get_running_loop().create_task(_atouch(key.pk, now))
-        _touches.add(task)
-        task.add_done_callback(_touches.discard)
-        key.last_used_at = now
-    return key
-
-
-_touches: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
-
-
-async def _atouch(key_id: int, now) -> None:
-    try:
-        await db.query_one(
-            f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s", [now, key_id]
-        )
-    except Exception:  # noqa: BLE001 - a lost last-used time is not worth a failed request
-        logger.warning("could not record the last use of API key %s", key_id, exc_info=True)
-
-
-def apikey_authenticate(raw: str) -> ApiKey | None:
-    """The live key for `raw`, or None. Looked up by prefix, compared by hash in constant time."""
-    prefix = _prefix_of(raw)
-    if prefix is None:
-        return None
-    key = _key_checked(_live_key(prefix), raw)
-    now = timezone.now()
-    if key is not None and _key_stale(key, now):
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        key.last_used_at = now
-    return key

@@ -139,11 +139,12 @@ def _event_loop() -> str:
     if loop is None or loop.is_running() or loop.is_closed():
         return "event loop (not under daphne: opened on first use)"
 
+    from chat.apikeys import warm_statements as key_statements
     from chat.services import warm_statements as turn_statements
     from knowledge.selectors import warm_statements as kb_statements
 
     # Each statement with inputs that change and match nothing: the connection learns the tables.
-    statements = turn_statements() + kb_statements()
+    statements = key_statements() + turn_statements() + kb_statements()
 
     async def open_all() -> int:
         from core import db

@@ -21,3 +21,17 @@ def instance(model: type[Model], row, start: int = 0) -> Model:
 
 def width(model: type[Model]) -> int:
     return len(model._meta.concrete_fields)
+
+
+def user_groups(user: str) -> str:
+    """A subquery of the names of the groups of the user whose id is the SQL expression `user`."""
+    from django.contrib.auth import get_user_model
+
+    groups = get_user_model()._meta.get_field("groups")
+    through = groups.remote_field.through._meta
+    group_id, user_id = through.get_field("group").column, through.get_field("user").column
+    return (
+        f"SELECT g.name FROM {through.db_table} ug "
+        f"JOIN {groups.related_model._meta.db_table} g ON g.id = ug.{group_id} "
+        f"WHERE ug.{user_id} = {user}"
+    )

@@ -86,7 +86,7 @@ def bob(db):
 
 @pytest.fixture
 def alice_key(alice):
-    from chat.services import apikey_create
+    from chat.apikeys import apikey_create
 
     return apikey_create(user=alice, name="laptop", scopes=["chat"])[1]
 

@@ -19,8 +19,8 @@ from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from chat.apikeys import apikey_create, apikey_revoke
 from chat.models import ChatSession, Message
-from chat.services import apikey_create, apikey_revoke
 from inference_ops.models import EngineProcess, LoraAdapter
 from knowledge.models import Calibration, EmbeddingModel, Miss
 from knowledge.services import entry_create

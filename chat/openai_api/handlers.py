@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from chat import services
+from chat.apikeys import apikey_authenticate_cached
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited, SessionNotFound
 from chat.models import ApiKey, ChatSession
 from chat.openai_api.completion import completion_body, completion_stream
@@ -31,7 +31,7 @@ async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
         return error_reply(
             401, "Missing API key: send `Authorization: Bearer gw_…`.", code="invalid_api_key"
         )
-    key = await services.aapikey_authenticate(raw.strip())
+    key = await apikey_authenticate_cached(raw=raw.strip())
     if key is None:
         return error_reply(401, "Incorrect or revoked API key.", code="invalid_api_key")
     if ApiKey.Scope.CHAT not in key.scopes:

@@ -3,8 +3,8 @@ them, and otherwise immutable: a revoked key never comes back, and a key keeps i
 
 import pytest
 
+from chat.apikeys import apikey_authenticate, apikey_create, apikey_revoke
 from chat.models import ApiKey
-from chat.services import apikey_authenticate, apikey_create, apikey_revoke
 from tests.support.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db
@@ -20,19 +20,19 @@ def test_a_view_only_staff_user_cannot_revoke_another_users_key(alice):
     )
     assert response.status_code == 200 and shown_messages(response) == []
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None
-    assert apikey_authenticate(raw) is not None
+    assert apikey_authenticate(raw=raw) is not None
 
 
 def test_staff_who_may_change_keys_revoke_one_and_it_stops_working(alice):
     key, raw = apikey_create(user=alice, name="laptop", scopes=["chat"])
-    assert apikey_authenticate(raw) is not None  # now in this process's cache of recent keys
+    assert apikey_authenticate(raw=raw) is not None
     curator = client_of(staff_user("keeper", verbs=NO_DELETE))
     response = curator.post(
         "/admin/chat/apikey/", {"action": "revoke", "_selected_action": [key.pk]}
     )
     assert shown_messages(response) == ["1 key(s) revoked."]
     assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
-    assert apikey_authenticate(raw) is None
+    assert apikey_authenticate(raw=raw) is None
 
 
 def test_a_revoked_key_cannot_be_brought_back_or_renamed_from_the_change_form(alice, admin_client):
@@ -57,4 +57,4 @@ def test_a_revoked_key_cannot_be_brought_back_or_renamed_from_the_change_form(al
     assert response.status_code == 403
     key.refresh_from_db()
     assert (key.name, key.revoked_at, key.scopes) == ("laptop", revoked_at, ["chat"])
-    assert apikey_authenticate(raw) is None
+    assert apikey_authenticate(raw=raw) is None

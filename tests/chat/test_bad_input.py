@@ -314,7 +314,7 @@ def test_the_chat_api_takes_html_and_script_as_text(asgi_server, alice_key, sess
 
 @pytest.fixture
 def curator_key(django_user_model):
-    from chat.services import apikey_create
+    from chat.apikeys import apikey_create
 
     curator = staff_user(
         "curator", verbs=EVERY_VERB

@@ -7,8 +7,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
+from chat.apikeys import apikey_create
 from chat.models import ApiKey, ChatSession, Message
-from chat.services import apikey_create
 from tests.support.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,8 @@ import openai
 import pytest
 from django.conf import settings
 
+from chat.apikeys import apikey_create, apikey_revoke
 from chat.models import ChatSession, Message
-from chat.services import apikey_create, apikey_revoke
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ import openai
 import pytest
 from django.contrib.auth.models import Group
 
-from chat.services import apikey_create
+from chat.apikeys import apikey_create
 from tests.support.factories import rule
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from chat.services import apikey_create
+from chat.apikeys import apikey_create
 from tests.support.personas import EVERY_VERB, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -110,7 +110,7 @@ def held_rule(gated):
 
 @pytest.fixture
 def bob_key(bob):
-    from chat.services import apikey_create
+    from chat.apikeys import apikey_create
 
     return apikey_create(user=bob, name="bob's", scopes=["chat"])[1]
 

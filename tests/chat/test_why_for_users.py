@@ -13,8 +13,8 @@ from django.db import connections
 from django.test import Client
 from rest_framework.test import APIClient
 
+from chat.apikeys import apikey_create
 from chat.models import ChatSession, Message
-from chat.services import apikey_create
 from config.asgi import application
 from knowledge.services import entry_create
 from tests.support.factories import endpoint, rule

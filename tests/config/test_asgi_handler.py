@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from django.contrib.auth import get_user_model
 
+from chat.apikeys import apikey_create
 from chat.models import ChatSession
-from chat.services import apikey_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

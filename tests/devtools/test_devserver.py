@@ -85,7 +85,7 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
         # The local model answers through the gateway `make run` serves: the real vLLM's own words.
         from django.contrib.auth import get_user_model
 
-        from chat.services import apikey_create
+        from chat.apikeys import apikey_create
 
         user = get_user_model().objects.create_user("devserver-user")
         key = apikey_create(user=user, name="devserver", scopes=["chat"])[1]

@@ -5,7 +5,7 @@ and carries its user's permissions."""
 import pytest
 from rest_framework.test import APIClient
 
-from chat.services import apikey_create
+from chat.apikeys import apikey_create
 from knowledge.models import Entry
 from knowledge.services import entry_create
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user

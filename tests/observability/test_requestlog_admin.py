@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from chat.services import apikey_create
+from chat.apikeys import apikey_create
 from knowledge.services import entry_create
 from observability.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
 from observability.models import RequestLog

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from chat.services import apikey_create
+from chat.apikeys import apikey_create
 from tests.support.factories import endpoint, rule
 from tests.support.personas import staff_user
 

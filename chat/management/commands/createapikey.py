@@ -1,8 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from chat.apikeys import apikey_create
 from chat.exceptions import ApiKeyInvalid
-from chat.services import apikey_create
 
 
 class Command(BaseCommand):
