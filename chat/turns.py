@@ -1,14 +1,16 @@
-"""One chat turn across every interface: persist at the start, stream the pipeline, persist at the end.
+"""One chat turn across every interface: persist at the start, stream the pipeline, persist at
+the end.
 
 `run_turn` yields the pipeline's events (plus a leading `session` event) and
 guarantees the assistant message ends as complete, partial, failed or cancelled,
 also when the consumer stops iterating or its task is cancelled (Stop pressed,
 socket gone).
 
-A process that is shutting down (config.drain) closes the intake: a new turn is refused with
-`Draining` (a retryable 503) before anything is stored or counted, while the turns running go
-on. Those still running when the drain is over are ended by `turns_end`: each one's last event
-is an error `shutdown`, and it is stored as partial (failed before its first token).
+A process that is shutting down (config.drain) first refuses new turns (`turns_refuse_new`):
+each is refused with `Draining` (a retryable 503) before anything is stored or counted, while the
+turns running go on. Those still running when the drain is over are ended by
+`turns_end_running`: each one's last event is an error `shutdown`, and it is stored as partial
+(failed before its first token).
 """
 
 from __future__ import annotations
@@ -33,22 +35,22 @@ from routing import pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
 # added and removed once per turn. Nothing here is touched per token.
-_closed = False
+_refusing = False
 _ending = False
 _running: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
 # The client goes to another process; this one only finishes what it has.
 DRAINING_RETRY_AFTER = 1
 
 
-def turns_close() -> None:
+def turns_refuse_new() -> None:
     """Refuse new turns in this process from now on; the running ones go on."""
-    global _closed
-    _closed = True
+    global _refusing
+    _refusing = True
 
 
 def turn_admit() -> None:
     """Raise Draining when this process takes no new turns."""
-    if _closed:
+    if _refusing:
         raise Draining(
             "This server is shutting down and takes no new chats; retry, another one will answer.",
             retry_after=DRAINING_RETRY_AFTER,
@@ -59,9 +61,9 @@ def turns_running() -> list[asyncio.Task]:
     return [task for task in _running if not task.done()]
 
 
-def turns_end() -> list[asyncio.Task]:
-    """End every running turn as a shutdown: each one's task is cancelled, and the turn, seeing that
-    the process is ending, turns the cancellation into its last event. Returns the tasks."""
+def turns_end_running() -> list[asyncio.Task]:
+    """End every running turn as a shutdown: each one's task is cancelled, and the turn, seeing
+    that the process is ending, turns the cancellation into its last event. Returns the tasks."""
     global _ending
     _ending = True
     tasks = turns_running()
@@ -283,7 +285,8 @@ async def run_turn(
             except asyncio.CancelledError:
                 if not _ending:
                     raise
-                # turns_end: the answer ends here, and its last event tells the client why.
+                # turns_end_running: the answer ends here, and its last event tells the client
+                # why.
                 asyncio.current_task().uncancel()
                 event = _shutdown(route, bool(parts))
                 await save(event, cancelled=False)

@@ -8,8 +8,8 @@ the signal starts a drain instead:
    process out, and new chat turns are refused with a retryable 503 or error frame
    (chat.exceptions.Draining); the turns running and the HTTP requests in flight go on;
 2. once nothing is in flight, or after WEB_DRAIN_SECONDS, the turns still running are ended
-   (chat.turns.turns_end): each one's last event says `shutdown`, and it is stored as partial
-   (failed before its first token), in the request log too;
+   (chat.turns.turns_end_running): each one's last event says `shutdown`, and it is stored as
+   partial (failed before its first token), in the request log too;
 3. the reactor stops, and daphne exits.
 
 A second signal skips to step 2. The supervisor's grace before SIGKILL must be longer than the
@@ -31,9 +31,10 @@ logger = logging.getLogger(__name__)
 # chat.turns and Django's settings are imported where they are used: the settings module imports
 # this one (drain_seconds), before any app is loaded.
 
-# After turns_end, how long the ended turns have to send their last event and store themselves:
-# a database write and a few bytes, but on a loaded machine (the suite beside other work) the
-# database thread can wait seconds for a core. Within config.web's STOP_GRACE, which follows it.
+# After turns_end_running, how long the ended turns have to send their last event and store
+# themselves: a database write and a few bytes, but on a loaded machine (the suite beside other
+# work) the database thread can wait seconds for a core. Within config.web's STOP_GRACE, which
+# follows it.
 ENDING_GRACE = 5.0
 
 draining = False
@@ -96,7 +97,7 @@ def _on_signal(reactor, signum: int) -> None:
             _cut.set_result(None)
         return
     draining = True
-    turns.turns_close()
+    turns.turns_refuse_new()
     _cut = asyncio.get_running_loop().create_future()
     _drain_task = asyncio.ensure_future(_drain(reactor, name))
 
@@ -119,7 +120,7 @@ async def _drain(reactor, name: str) -> None:
             seconds,
         )
         if not await _settled(until=started + seconds, cut=_cut):
-            ended = turns.turns_end()
+            ended = turns.turns_end_running()
             logger.warning(
                 "pid %d: %d turn(s) still running after %.1f s: ended as shutdown",
                 os.getpid(),
