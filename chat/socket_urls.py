@@ -1,3 +1,5 @@
+"""The chat's WebSocket URL (config.routing gathers every app's)."""
+
 from django.urls import path
 
 from chat import consumers
