@@ -1,0 +1,96 @@
+"""Misses in the admin: the groups of questions the KB did not answer, and the action that turns
+a generated answer into an entry awaiting review."""
+
+from django.contrib import admin, messages
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.html import format_html
+
+from knowledge import miss_groups
+from knowledge.models import Miss
+
+
+@admin.register(Miss)
+class MissAdmin(admin.ModelAdmin):
+    """Most-asked missing questions first: one row per group of similar misses.
+
+    Requests only write misses; the list groups what waits before it shows the groups."""
+
+    list_display = [
+        "question",
+        "count",
+        "best_entry_link",
+        "best_score",
+        "created_at",
+        "resolved_by",
+    ]
+    list_filter = [("resolved_by", admin.EmptyFieldListFilter)]
+    search_fields = ["question", "answer"]
+    readonly_fields = [
+        "question",
+        "normalized",
+        "answer",
+        "best_entry",
+        "best_score",
+        "group",
+        "count",
+        "model",
+        "resolved_by",
+        "created_at",
+        "grouped_at",
+    ]
+    exclude = ["embedding"]
+    ordering = ["-count", "-created_at"]
+    actions = ["make_entry"]
+
+    def changelist_view(self, request, extra_context=None):
+        miss_groups.misses_group()
+        return super().changelist_view(request, extra_context)
+
+    def get_queryset(self, request):
+        heads = super().get_queryset(request).filter(group__isnull=True, grouped_at__isnull=False)
+        return heads.select_related("best_entry", "resolved_by")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_make_entry_permission(self, request):
+        # It adds an entry and marks the misses it answers as resolved.
+        return self.has_change_permission(request) and request.user.has_perm("knowledge.add_entry")
+
+    @admin.display(description="closest entry")
+    def best_entry_link(self, obj):
+        if obj.best_entry is None:
+            return "—"
+        url = reverse("admin:knowledge_entry_change", args=[obj.best_entry.pk])
+        return format_html('<a href="{}">KB#{}</a>', url, obj.best_entry.pk)
+
+    @admin.action(
+        description="Turn the generated answer into a KB entry", permissions=["make_entry"]
+    )
+    def make_entry(self, request, queryset):
+        created = []
+        for miss in queryset:
+            if not miss.answer:
+                self.message_user(
+                    request,
+                    f"“{miss.question[:60]}” has no generated answer to keep.",
+                    messages.WARNING,
+                )
+                continue
+            created.append(miss_groups.miss_to_entry(miss=miss, author=request.user))
+        # A user's question and the answer they steered a model to: no one gets it unread.
+        if len(created) == 1:
+            self.message_user(
+                request,
+                "Entry created, inactive until you activate it: review its question and "
+                "answer first.",
+            )
+            return redirect("admin:knowledge_entry_change", created[0].pk)
+        if created:
+            self.message_user(
+                request,
+                f"{len(created)} entries created, inactive until you activate them; the "
+                "review filter's “awaiting review” lists them.",
+            )
+        return None
