@@ -23,7 +23,7 @@ from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
 from core.errors import unavailable
 from core.fields import TextField
 from observability.models import RequestLog
-from routing.pipeline import message_for_users
+from routing.events import message_for_users
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class SessionSerializer(serializers.ModelSerializer):
 
 class MessageSerializer(serializers.ModelSerializer):
     """A stored message. Its `error` keeps an engine failure's details for the admin; a caller who
-    may not read them (context `details` false or missing) gets the plain message, as its stream did."""
+    may not read them (context `details` false or missing) gets the plain message, as its stream
+    did."""
 
     kb_entry_id = serializers.IntegerField(read_only=True)
 
@@ -204,9 +205,9 @@ async def _run_to_end(request, session_id, data) -> int:
 
 
 class MessageStreamView(APIView):
-    """POST a message; the answer streams back as server-sent events (`event: route|token|done|error`).
-    A route's `why` and an engine failure's message are plain ones unless the caller may read the
-    routing rules (chat.turns.reads_route_details)."""
+    """POST a message; the answer streams back as server-sent events
+    (`event: route|token|done|error`). A route's `why` and an engine failure's message are plain
+    ones unless the caller may read the routing rules (chat.turns.reads_route_details)."""
 
     permission_classes = [ChatScope]
 
@@ -214,7 +215,10 @@ class MessageStreamView(APIView):
         request=SendSerializer,
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                description="`event: session`, `route`, `token`…, then `done` or `error`; each `data:` is JSON."
+                description=(
+                    "`event: session`, `route`, `token`…, then `done` or `error`; "
+                    "each `data:` is JSON."
+                )
             )
         },
     )
@@ -250,7 +254,8 @@ class MessageStreamView(APIView):
 async def _sse(turn, *, details: bool):
     try:
         async for event in turn:
-            yield f"event: {event.type}\ndata: {json.dumps(event.as_dict(details=details), ensure_ascii=False)}\n\n"
+            data = json.dumps(event.as_dict(details=details), ensure_ascii=False)
+            yield f"event: {event.type}\ndata: {data}\n\n"
     except ChatError as exc:
         yield f"event: error\ndata: {json.dumps({'code': exc.code, 'message': str(exc)})}\n\n"
     except Exception as exc:
@@ -264,7 +269,7 @@ async def _sse(turn, *, details: bool):
         await turn.aclose()
 
 
-# --- API keys ------------------------------------------------------------------------------------------------
+# --- API keys -------------------------------------------------------------------------------------
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

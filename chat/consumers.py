@@ -14,7 +14,7 @@ from core import db
 from core.errors import unavailable
 from core.sockets import JsonFramesConsumer, asocket_login_ended
 from core.threads import own_thread
-from routing.pipeline import Token
+from routing.events import Token
 
 logger = logging.getLogger(__name__)
 
@@ -23,11 +23,12 @@ class ChatConsumer(JsonFramesConsumer):
     """The browser chat. Protocol (JSON frames):
 
     client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
-    server: {"type": "session", "id", "title", "message_id"}, {"type": "route", "road", "rule", "target", "why",
-            "message_id"}, {"type": "token", "text"}, {"type": "done", "message_id", "ttft_ms", "latency_ms",
-            "usage", "citations", "road", "target", "status",
-            "overhead_ms"}, {"type": "error", "code", "message",
-            "message_id", "status"}
+    server: {"type": "session", "id", "title", "message_id"},
+            {"type": "route", "road", "rule", "target", "why", "message_id"},
+            {"type": "token", "text"},
+            {"type": "done", "message_id", "ttft_ms", "latency_ms", "usage", "citations", "road",
+             "target", "status", "overhead_ms"},
+            {"type": "error", "code", "message", "message_id", "status"}
 
     A route's `why` and an engine failure's message are plain for a user; the staff who may read the
     routing rules get the details (chat.turns.reads_route_details).

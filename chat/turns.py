@@ -31,7 +31,7 @@ from core import db
 from observability import metrics
 from observability.models import RequestLog
 from observability.requestlog import RequestRecord, request_note
-from routing import pipeline
+from routing import events, pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
 # added and removed once per turn. Nothing here is touched per token.
@@ -72,8 +72,8 @@ def turns_end_running() -> list[asyncio.Task]:
     return tasks
 
 
-def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
-    return pipeline.Error(
+def _shutdown(route: events.Route | None, produced: bool) -> events.Error:
+    return events.Error(
         code="shutdown",
         message="The server shut down before the answer finished; ask again.",
         retryable=True,
@@ -87,7 +87,7 @@ def _shutdown(route: pipeline.Route | None, produced: bool) -> pipeline.Error:
 
 # A route's details (KB scores and thresholds, rule conditions, the endpoints and how they failed)
 # are for the staff who may read the routing rules, as the route explainer requires; everyone else
-# reads the road and a plain reason (pipeline.Event.as_dict). The stored turn keeps the details.
+# reads the road and a plain reason (events.Event.as_dict). The stored turn keeps the details.
 ROUTE_DETAILS_PERMISSION = "routing.view_routingrule"
 
 
@@ -101,19 +101,19 @@ async def areads_route_details(user) -> bool:
 
 
 @dataclass(kw_only=True)
-class SessionEvent(pipeline.Event):
+class SessionEvent(events.Event):
     id: int
     title: str
     message_id: int
     type: str = "session"
 
 
-def _status(final: pipeline.Event | None, cancelled: bool, produced: bool) -> str:
-    if isinstance(final, pipeline.Done):
+def _status(final: events.Event | None, cancelled: bool, produced: bool) -> str:
+    if isinstance(final, events.Done):
         return Message.Status.COMPLETE
     if cancelled:
         return Message.Status.CANCELLED
-    if isinstance(final, pipeline.Error) and final.partial:
+    if isinstance(final, events.Error) and final.partial:
         return Message.Status.PARTIAL
     return Message.Status.PARTIAL if produced else Message.Status.FAILED
 
@@ -138,7 +138,7 @@ async def run_turn(
     arrived: float | None = None,
     store: bool = True,
     slot: services.StreamSlot | None = None,
-) -> AsyncIterator[pipeline.Event]:
+) -> AsyncIterator[events.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
     (`services.message_validate`, whose result it passes) and admitted the question
@@ -161,8 +161,8 @@ async def run_turn(
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
 
-    def request_for(history: list[dict], groups: frozenset[str]) -> pipeline.RouteRequest:
-        return pipeline.RouteRequest(
+    def request_for(history: list[dict], groups: frozenset[str]) -> events.RouteRequest:
+        return events.RouteRequest(
             text=content,
             history=history,
             user_id=user.pk,
@@ -225,18 +225,18 @@ async def run_turn(
     first_token_at: float | None = None
     metrics.request_started(interface)
 
-    async def save(final: pipeline.Event | None, cancelled: bool) -> None:
+    async def save(final: events.Event | None, cancelled: bool) -> None:
         nonlocal saved, slot
         saved = True
         if cancelled and _ending:
             # Cut by the process's end, not by the user, even where its last event could not be
             # sent.
             final, cancelled = _shutdown(route, bool(parts)), False
-        error = final if isinstance(final, pipeline.Error) else None
+        error = final if isinstance(final, events.Error) else None
         if cancelled:
-            error = pipeline.Error(code="cancelled", message="stopped before the answer finished")
+            error = events.Error(code="cancelled", message="stopped before the answer finished")
         status = _status(final, cancelled, bool(parts))
-        done = final if isinstance(final, pipeline.Done) else None
+        done = final if isinstance(final, events.Done) else None
         record = _record(
             arrived=arrived,
             first_token_at=first_token_at,
@@ -293,14 +293,14 @@ async def run_turn(
                 yield event
                 break
             pending = None
-            if isinstance(event, pipeline.Token):
+            if isinstance(event, events.Token):
                 if first_token_at is None:
                     first_token_at = time.monotonic()
                 parts.append(event.text)
-            elif isinstance(event, pipeline.Route):
+            elif isinstance(event, events.Route):
                 route = event
-            elif isinstance(event, (pipeline.Done, pipeline.Error)):
-                if isinstance(event, pipeline.Done):
+            elif isinstance(event, (events.Done, events.Error)):
+                if isinstance(event, events.Done):
                     event.overhead_ms = overhead_ms(arrived, event.engine_ms)
                 # Stored before the client hears the end: a page that reloads now finds the answer.
                 await save(event, cancelled=False)
@@ -331,9 +331,9 @@ def _record(
     api_key_id: int | None,
     session_id: int | None,
     status: str,
-    route: pipeline.Route | None,
-    done: pipeline.Done | None,
-    error: pipeline.Error | None,
+    route: events.Route | None,
+    done: events.Done | None,
+    error: events.Error | None,
 ) -> RequestRecord:
     now = time.monotonic()
     source = done or error
@@ -375,7 +375,7 @@ def _record(
     )
 
 
-async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[pipeline.Event]) -> None:
+async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[events.Event]) -> None:
     """Stop the pipeline (and so the engine's stream) whatever it is doing: running its first
     step in a task of its own, or suspended between events."""
     if first is not None:

@@ -7,32 +7,41 @@ the next target; after the first token the pipeline never switches and ends with
 an `error` event (partial=True) so the caller can keep the partial answer.
 
 It runs as an async generator inside the ASGI process: no lock, no Celery hop.
-Closing the generator (client gone, Stop) closes the upstream stream at once.
+Closing the generator (client gone, Stop) closes the upstream stream at once. The events
+themselves are `routing.events`; a local engine that seems gone is reported by
+`routing.engine_failures`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import random
 import time
 from collections.abc import AsyncGenerator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connections
 
 from core import tracing
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
-from inference_ops.tasks import engines_check_after_failure
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
 from knowledge.selectors import acontext_passages, adirect_answer
 from knowledge.verdict import DirectAnswer
 from routing import breaker, replicas
+from routing.engine_failures import ENGINE_GONE, report_engine_failure
+from routing.events import (
+    Done,
+    Error,
+    Event,
+    KbLookup,
+    Route,
+    RouteRequest,
+    Token,
+    route_event,
+    usage_of,
+)
 from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
 from routing.rules import (
     CompiledRule,
@@ -43,153 +52,6 @@ from routing.rules import (
     named_target,
     query_vector,
 )
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RouteRequest:
-    text: str
-    history: list[dict] = field(default_factory=list)
-    user_id: int | None = None
-    groups: frozenset[str] = frozenset()
-    client: str = "web"
-    # a model name from /v1/models forces that target; None or "auto" routes
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    # vLLM's extension, for local engines only (an external API may refuse it)
-    ignore_eos: bool = False
-    # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
-    system: str = ""
-    # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss.
-    store: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class KbLookup:
-    """The KB check's verdict in a few numbers, for the request log and the metrics."""
-
-    method: str  # exact | vector | none | follow_up
-    hit: bool
-    entry_id: int | None  # the entry that answered, or the best candidate that did not
-    score: float | None
-
-    @classmethod
-    def of(cls, direct: DirectAnswer) -> KbLookup:
-        return cls(
-            method=direct.method,
-            hit=direct.hit,
-            entry_id=direct.entry.pk if direct.entry else None,
-            score=None if direct.score is None else round(direct.score, 4),
-        )
-
-
-# What the request log and the metrics read of an event, but the client's frame leaves out: the
-# KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from")
-
-
-@dataclass(kw_only=True)
-class Event:
-    type: str
-
-    def as_dict(self, *, details: bool = False) -> dict:
-        """The event as a client's frame. `details`: for the staff who may read the routing rules;
-        everyone else reads a route's plain reason and an engine failure's plain message."""
-        # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
-        fields = dict(self.__dict__)
-        for name in _NOT_FOR_CLIENTS:
-            fields.pop(name, None)
-        return fields
-
-
-@dataclass(kw_only=True)
-class Route(Event):
-    road: str  # kb | local | external
-    rule: str | None
-    target: str | None
-    # The details: KB scores and thresholds, the rule's conditions, the endpoints passed over and
-    # why.
-    why: str
-    reason: str  # what a user reads instead: the road and a plain reason
-    # the engine's time up to its first token, as this gateway saw it
-    engine_ms: float | None = None
-    type: str = "route"
-
-    def as_dict(self, *, details: bool = False) -> dict:
-        fields = super().as_dict()
-        reason = fields.pop("reason")
-        if not details:
-            fields["why"] = reason
-        return fields
-
-
-@dataclass(kw_only=True)
-class Token(Event):
-    text: str
-    type: str = "token"
-
-
-@dataclass(kw_only=True)
-class Done(Event):
-    road: str
-    rule: str | None
-    target: str | None
-    ttft_ms: float | None
-    latency_ms: float
-    usage: dict | None
-    finish_reason: str
-    citations: list[dict]
-    kb_entry_id: int | None = None  # the entry that answered (the KB road)
-    # the engine's time, request to last byte; None when no engine ran
-    engine_ms: float | None = None
-    kb: KbLookup | None = None  # what the KB check found, also when it did not answer
-    fell_back_from: tuple[
-        str, ...
-    ] = ()  # endpoints passed over (failed or resting) before the answer
-    # the gateway's own time, set by the interface that times the request
-    overhead_ms: float | None = None
-    type: str = "done"
-
-
-@dataclass(kw_only=True)
-class Error(Event):
-    code: str
-    message: str
-    retryable: bool = False
-    retry_after: float | None = None  # seconds until a target may answer again, when one said so
-    partial: bool = False  # tokens were already sent
-    road: str | None = None
-    rule: str | None = None
-    target: str | None = None
-    kb: KbLookup | None = None
-    fell_back_from: tuple[str, ...] = ()
-    type: str = "error"
-
-    def as_dict(self, *, details: bool = False) -> dict:
-        fields = super().as_dict()
-        if not details:
-            fields["message"] = message_for_users(self.code, self.message, partial=self.partial)
-        return fields
-
-
-# Errors whose message names endpoints, hosts, status lines or the attempts before: an engine's
-# failure (EngineError.kind), or no target left to try.
-_OPERATORS_FAILURES = frozenset(EngineError.KINDS) | {"unavailable", "no_target"}
-
-
-def message_for_users(code: str, message: str, *, partial: bool) -> str:
-    """An error's message as a user reads it: the message itself when it is about the request (too
-    long, an unknown model, …), a plain one when it is about the operator's engines."""
-    if code not in _OPERATORS_FAILURES:
-        return message
-    return (
-        "The model failed while answering."
-        if partial
-        else "No model could answer this question right now."
-    )
-
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
 _rng = random.Random()
@@ -457,7 +319,7 @@ async def _generate(
                         await breaker.success(target.endpoint)
                         if not produced:
                             ttft = _ms(time.monotonic() - started)
-                            yield _route(
+                            yield route_event(
                                 target,
                                 rule_name,
                                 why,
@@ -474,7 +336,7 @@ async def _generate(
                             target=target.endpoint,
                             ttft_ms=ttft,
                             latency_ms=_ms(time.monotonic() - started),
-                            usage=_usage(event),
+                            usage=usage_of(event),
                             finish_reason=event.finish_reason,
                             citations=citations,
                             engine_ms=_ms(event.total),
@@ -487,7 +349,7 @@ async def _generate(
                         if chat:
                             chat.first_chunk(event.elapsed)
                         ttft = _ms(time.monotonic() - started)
-                        yield _route(
+                        yield route_event(
                             target,
                             rule_name,
                             why,
@@ -506,8 +368,8 @@ async def _generate(
                 skipped.append(target.endpoint)
             elif exc.retryable:
                 await breaker.failure(target.endpoint)
-            if exc.kind in _ENGINE_GONE and target.road == "local":
-                _report_engine_failure(target.endpoint_id)
+            if exc.kind in ENGINE_GONE and target.road == "local":
+                report_engine_failure(target.endpoint_id)
             if produced or exc.produced_tokens:
                 # Tokens are out: never switch targets mid-answer.
                 yield Error(
@@ -565,77 +427,6 @@ async def _soonest(endpoints: list[str]) -> float | None:
         if state.retry_in is not None
     ]
     return round(min(waits), 1) if waits else None
-
-
-# Failures that say the engine process itself may be gone (not busy): its supervisor should look
-# now.
-_ENGINE_GONE = frozenset({"connect", "timeout_connect", "stream_truncated"})
-_failure_reported_at: dict[int, float] = {}
-_check_requests = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-check")
-
-
-def _report_engine_failure(endpoint_id: int) -> None:
-    """Ask the supervisor to check this endpoint's engines now, without waiting for it: a crashed
-    engine is restarted seconds sooner than the next beat tick would notice. At most once per
-    ENGINE_SUSPECT_SECONDS per endpoint and process (and across processes, by a Redis key)."""
-    now = time.monotonic()
-    if now - _failure_reported_at.get(endpoint_id, -1e9) < settings.ENGINE_SUSPECT_SECONDS:
-        return
-    _failure_reported_at[endpoint_id] = now
-    _check_requests.submit(_enqueue_engine_checks, endpoint_id)
-
-
-def _enqueue_engine_checks(endpoint_id: int) -> None:
-    try:
-        engines_check_after_failure(endpoint_id)
-    except Exception:  # noqa: BLE001 - the beat's checks still come
-        logger.warning(
-            "cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True
-        )
-    finally:
-        connections.close_all()
-
-
-def _usage(finish: Finish) -> dict | None:
-    if finish.usage is None:
-        return None
-    prompt, completion = finish.usage.prompt_tokens, finish.usage.completion_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def _route(
-    target: Target,
-    rule: str | None,
-    why: str,
-    attempts: list[str],
-    dropped: int,
-    *,
-    named: bool,
-    engine_ms: float,
-) -> Route:
-    notes = [why]
-    reason = f"answered by the {target.road} model" + (" you named" if named else "")
-    if attempts:
-        notes.append("fell back after " + "; ".join(attempts))
-        reason += ", as a fallback: the first choice could not answer"
-    if dropped:
-        notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
-        reason += (
-            "; the oldest messages of the conversation were left out to fit the model's "
-            "context window"
-        )
-    return Route(
-        road=target.road,
-        rule=rule,
-        target=target.endpoint,
-        why=". ".join(notes),
-        reason=reason,
-        engine_ms=engine_ms,
-    )
 
 
 def _record_miss(

@@ -15,7 +15,7 @@ from chat.openai_api.replies import (
     failure_reply,
     pipeline_error_reply,
 )
-from routing import pipeline
+from routing import events
 
 
 def _chunk(
@@ -53,9 +53,9 @@ async def completion_stream(
     try:
         yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
         async for event in turn:
-            if isinstance(event, pipeline.Token):
+            if isinstance(event, events.Token):
                 yield head + orjson.dumps(event.text) + tail
-            elif isinstance(event, pipeline.Done):
+            elif isinstance(event, events.Done):
                 end = _chunk(
                     completion_id,
                     created,
@@ -72,7 +72,7 @@ async def completion_stream(
                         choices=False,
                     )
                 yield end + "data: [DONE]\n\n"
-            elif isinstance(event, pipeline.Error):
+            elif isinstance(event, events.Error):
                 yield _error_event(
                     {
                         "message": await error_message_for(event, user),
@@ -95,11 +95,11 @@ def _zero_usage() -> dict:
 async def completion_body(*, turn, completion_id: str, created: int, model: str, user) -> Reply:
     parts, done, error = [], None, None
     async for event in turn:
-        if isinstance(event, pipeline.Token):
+        if isinstance(event, events.Token):
             parts.append(event.text)
-        elif isinstance(event, pipeline.Done):
+        elif isinstance(event, events.Done):
             done = event
-        elif isinstance(event, pipeline.Error):
+        elif isinstance(event, events.Error):
             error = event
     if error is not None:
         return await pipeline_error_reply(error, user)

@@ -21,7 +21,7 @@ from chat.openai_api.replies import (
 from chat.openai_api.schema import completion_request, session_named
 from chat.turns import SessionEvent, run_turn
 from observability.models import RequestLog
-from routing import pipeline
+from routing import events
 from routing.rules import asnapshot
 
 
@@ -104,7 +104,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         async for event in turn:
             if isinstance(event, SessionEvent):
                 continue
-            if isinstance(event, pipeline.Error):
+            if isinstance(event, events.Error):
                 await turn.aclose()
                 return await pipeline_error_reply(event, key.user)
             route = event

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from chat.turns import areads_route_details, overhead_ms
 from core.errors import openai_error_body, unavailable
-from routing import pipeline
+from routing import events
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +63,15 @@ def failure_reply(exc: Exception, *, method: str, path: str) -> Reply:
     return error_reply(500, "The server failed to answer this request.", code="internal_error")
 
 
-async def error_message_for(event: pipeline.Error, user) -> str:
+async def error_message_for(event: events.Error, user) -> str:
     """The error's message as this caller may read it: an engine failure's details are for the
     staff who may read the routing rules (asked only on an error, never on an answer's way)."""
     if await areads_route_details(user):
         return event.message
-    return pipeline.message_for_users(event.code, event.message, partial=event.partial)
+    return events.message_for_users(event.code, event.message, partial=event.partial)
 
 
-async def pipeline_error_reply(event: pipeline.Error, user) -> Reply:
+async def pipeline_error_reply(event: events.Error, user) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
     code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(
         event.code, event.code
@@ -89,7 +89,7 @@ async def pipeline_error_reply(event: pipeline.Error, user) -> Reply:
     return error_reply(status, message, code=code, param=param, headers=headers)
 
 
-def route_headers(route: pipeline.Route | None, error: pipeline.Error | None = None) -> dict:
+def route_headers(route: events.Route | None, error: events.Error | None = None) -> dict:
     source = route or error
     return {
         "X-Route": (source.road if source else "") or "",

@@ -16,10 +16,10 @@ import sys
 import django
 
 
-async def _ask(pipeline, question: dict) -> list[dict]:
+async def _ask(pipeline, request_type, question: dict) -> list[dict]:
     stop_after = question.pop("stop_after", None)
     events = []
-    async with contextlib.aclosing(pipeline.answer(pipeline.RouteRequest(**question))) as stream:
+    async with contextlib.aclosing(pipeline.answer(request_type(**question))) as stream:
         async for event in stream:
             events.append(dataclasses.asdict(event))  # every field, the operators' too
             if stop_after is not None and len(events) >= stop_after:
@@ -30,10 +30,11 @@ async def _ask(pipeline, question: dict) -> list[dict]:
 async def _main(questions: list[dict]) -> None:
     from core import db
     from routing import pipeline
+    from routing.events import RouteRequest
 
     with db.unbound():  # as the /v1 API and the socket run a turn
         for question in questions:
-            print(json.dumps(await _ask(pipeline, question), default=str), flush=True)
+            print(json.dumps(await _ask(pipeline, RouteRequest, question), default=str), flush=True)
     print(
         json.dumps(
             {

@@ -22,6 +22,7 @@ from inference_ops import engine_processes, supervisor
 from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
 from routing import breaker, pipeline
+from routing.events import RouteRequest
 from tests.conftest import BASE_DIR, stop_process_group
 from tests.inference_ops.test_supervisor import (  # noqa: F401
     _check_until,
@@ -278,10 +279,7 @@ async def _ask_all(count: int, max_tokens: int = 2) -> tuple[list[list], list[fl
     async def one():
         started = time.monotonic()
         events = [
-            event
-            async for event in pipeline.answer(
-                pipeline.RouteRequest(text="hi", max_tokens=max_tokens)
-            )
+            event async for event in pipeline.answer(RouteRequest(text="hi", max_tokens=max_tokens))
         ]
         return events, time.monotonic() - started
 
@@ -345,9 +343,7 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
 
 async def _stream_until_frozen(engine: EngineProcess) -> tuple[list, float]:
     events, frozen_at = [], None
-    async for event in pipeline.answer(
-        pipeline.RouteRequest(text="tell me a long story", max_tokens=400)
-    ):
+    async for event in pipeline.answer(RouteRequest(text="tell me a long story", max_tokens=400)):
         events.append(event)
         if event.type == "token" and frozen_at is None:
             frozen_at = time.monotonic()

@@ -1,6 +1,7 @@
 from asgiref.sync import async_to_sync
 
 from routing import pipeline
+from routing.events import RouteRequest
 
 
 async def _collect(request, rng=None):
@@ -9,7 +10,7 @@ async def _collect(request, rng=None):
 
 def ask(text, **fields):
     """Run the pipeline from a sync test: its ORM calls share the test's transaction."""
-    return async_to_sync(_collect)(pipeline.RouteRequest(text=text, **fields))
+    return async_to_sync(_collect)(RouteRequest(text=text, **fields))
 
 
 def kinds(events):

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from knowledge.services import entry_create
 from routing import breaker, pipeline
+from routing.events import RouteRequest
 from tests.routing.conftest import answer_text, ask, kinds
 from tests.support.factories import endpoint, rule
 
@@ -227,9 +228,7 @@ def test_cancelling_the_answer_stops_the_upstream_generation(local_sim):
         first = asyncio.Event()
 
         async def consume():
-            async for event in pipeline.answer(
-                pipeline.RouteRequest(text="word " * 200, max_tokens=400)
-            ):
+            async for event in pipeline.answer(RouteRequest(text="word " * 200, max_tokens=400)):
                 if event.type == "token":
                     first.set()
 
@@ -259,7 +258,7 @@ def test_concurrent_questions_are_concurrent_upstream_streams(local_sim):
         async def one(i):
             first = None
             async for event in pipeline.answer(
-                pipeline.RouteRequest(text=f"story {i} " * 30, max_tokens=40)
+                RouteRequest(text=f"story {i} " * 30, max_tokens=40)
             ):
                 if event.type == "token" and first is None:
                     first = loop.time()

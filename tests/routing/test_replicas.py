@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from inference_ops.models import ModelEndpoint
 from routing import pipeline, replicas
+from routing.events import RouteRequest
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
 
@@ -182,8 +183,7 @@ def test_requests_in_flight_spread_over_the_replicas(slow_pool, settings):
 
     async def many():
         streams = [
-            pipeline.answer(pipeline.RouteRequest(text=f"story {n}", max_tokens=20))
-            for n in range(6)
+            pipeline.answer(RouteRequest(text=f"story {n}", max_tokens=20)) for n in range(6)
         ]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams))
         for stream in streams:

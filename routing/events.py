@@ -1,0 +1,203 @@
+"""What the pipeline says: the request it takes and the events it yields, the same for every
+interface (`route`, `token`..., then `done` or `error`), and what of them a user may read.
+
+Each event is a small dataclass; `Event.as_dict` is its wire form, with or without the operator's
+details (`why`, the endpoints passed over), which only staff with the rules' view permission see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inference_ops.client import Finish
+from inference_ops.exceptions import EngineError
+from knowledge.verdict import DirectAnswer
+from routing.rules import Target
+
+
+@dataclass
+class RouteRequest:
+    text: str
+    history: list[dict] = field(default_factory=list)
+    user_id: int | None = None
+    groups: frozenset[str] = frozenset()
+    client: str = "web"
+    # a model name from /v1/models forces that target; None or "auto" routes
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    # vLLM's extension, for local engines only (an external API may refuse it)
+    ignore_eos: bool = False
+    # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
+    system: str = ""
+    # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss.
+    store: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class KbLookup:
+    """The KB check's verdict in a few numbers, for the request log and the metrics."""
+
+    method: str  # exact | vector | none | follow_up
+    hit: bool
+    entry_id: int | None  # the entry that answered, or the best candidate that did not
+    score: float | None
+
+    @classmethod
+    def of(cls, direct: DirectAnswer) -> KbLookup:
+        return cls(
+            method=direct.method,
+            hit=direct.hit,
+            entry_id=direct.entry.pk if direct.entry else None,
+            score=None if direct.score is None else round(direct.score, 4),
+        )
+
+
+# What the request log and the metrics read of an event, but the client's frame leaves out: the
+# KB's scores and the endpoints that failed are the operators' business.
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from")
+
+
+@dataclass(kw_only=True)
+class Event:
+    type: str
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        """The event as a client's frame. `details`: for the staff who may read the routing rules;
+        everyone else reads a route's plain reason and an engine failure's plain message."""
+        # The fields as they are (no deep copy like dataclasses.asdict): one per token frame.
+        fields = dict(self.__dict__)
+        for name in _NOT_FOR_CLIENTS:
+            fields.pop(name, None)
+        return fields
+
+
+@dataclass(kw_only=True)
+class Route(Event):
+    road: str  # kb | local | external
+    rule: str | None
+    target: str | None
+    # The details: KB scores and thresholds, the rule's conditions, the endpoints passed over and
+    # why.
+    why: str
+    reason: str  # what a user reads instead: the road and a plain reason
+    # the engine's time up to its first token, as this gateway saw it
+    engine_ms: float | None = None
+    type: str = "route"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        reason = fields.pop("reason")
+        if not details:
+            fields["why"] = reason
+        return fields
+
+
+@dataclass(kw_only=True)
+class Token(Event):
+    text: str
+    type: str = "token"
+
+
+@dataclass(kw_only=True)
+class Done(Event):
+    road: str
+    rule: str | None
+    target: str | None
+    ttft_ms: float | None
+    latency_ms: float
+    usage: dict | None
+    finish_reason: str
+    citations: list[dict]
+    kb_entry_id: int | None = None  # the entry that answered (the KB road)
+    # the engine's time, request to last byte; None when no engine ran
+    engine_ms: float | None = None
+    kb: KbLookup | None = None  # what the KB check found, also when it did not answer
+    fell_back_from: tuple[
+        str, ...
+    ] = ()  # endpoints passed over (failed or resting) before the answer
+    # the gateway's own time, set by the interface that times the request
+    overhead_ms: float | None = None
+    type: str = "done"
+
+
+@dataclass(kw_only=True)
+class Error(Event):
+    code: str
+    message: str
+    retryable: bool = False
+    retry_after: float | None = None  # seconds until a target may answer again, when one said so
+    partial: bool = False  # tokens were already sent
+    road: str | None = None
+    rule: str | None = None
+    target: str | None = None
+    kb: KbLookup | None = None
+    fell_back_from: tuple[str, ...] = ()
+    type: str = "error"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        if not details:
+            fields["message"] = message_for_users(self.code, self.message, partial=self.partial)
+        return fields
+
+
+# Errors whose message names endpoints, hosts, status lines or the attempts before: an engine's
+# failure (EngineError.kind), or no target left to try.
+_OPERATORS_FAILURES = frozenset(EngineError.KINDS) | {"unavailable", "no_target"}
+
+
+def message_for_users(code: str, message: str, *, partial: bool) -> str:
+    """An error's message as a user reads it: the message itself when it is about the request (too
+    long, an unknown model, …), a plain one when it is about the operator's engines."""
+    if code not in _OPERATORS_FAILURES:
+        return message
+    return (
+        "The model failed while answering."
+        if partial
+        else "No model could answer this question right now."
+    )
+
+
+def usage_of(finish: Finish) -> dict | None:
+    if finish.usage is None:
+        return None
+    prompt, completion = finish.usage.prompt_tokens, finish.usage.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def route_event(
+    target: Target,
+    rule: str | None,
+    why: str,
+    attempts: list[str],
+    dropped: int,
+    *,
+    named: bool,
+    engine_ms: float,
+) -> Route:
+    """The `route` event of a generated answer: the road taken, with the details for operators
+    (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
+    notes = [why]
+    reason = f"answered by the {target.road} model" + (" you named" if named else "")
+    if attempts:
+        notes.append("fell back after " + "; ".join(attempts))
+        reason += ", as a fallback: the first choice could not answer"
+    if dropped:
+        notes.append(f"{dropped} oldest history message(s) left out to fit the context window")
+        reason += (
+            "; the oldest messages of the conversation were left out to fit the model's "
+            "context window"
+        )
+    return Route(
+        road=target.road,
+        rule=rule,
+        target=target.endpoint,
+        why=". ".join(notes),
+        reason=reason,
+        engine_ms=engine_ms,
+    )
