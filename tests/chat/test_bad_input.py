@@ -57,7 +57,7 @@ def v1(**fields) -> bytes:
     return json.dumps({"model": "auto", "messages": ASK, **fields}).encode()
 
 
-# --- /v1/chat/completions ---------------------------------------------------------------------------------
+# --- /v1/chat/completions -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_v1_takes_html_and_script_as_text_and_stores_them_as_sent(
     assert Message.objects.get(session__user=alice, role="user").content == HOSTILE
 
 
-# --- the DRF chat API ---------------------------------------------------------------------------------------
+# --- the DRF chat API -----------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -309,7 +309,7 @@ def test_the_chat_api_takes_html_and_script_as_text(asgi_server, alice_key, sess
     assert Message.objects.get(session=session, role="user").content == HOSTILE
 
 
-# --- the KB API ------------------------------------------------------------------------------------------
+# --- the KB API -----------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -381,7 +381,7 @@ def test_the_kb_stores_html_in_an_answer_as_sent(asgi_server, curator_key):
     assert json.loads(raw)["answer"] == HOSTILE and Entry.objects.get().answer == HOSTILE
 
 
-# --- the chat socket ------------------------------------------------------------------------------------------
+# --- the chat socket ------------------------------------------------------------------------------
 
 
 @pytest.fixture

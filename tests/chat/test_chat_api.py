@@ -171,7 +171,7 @@ def test_anonymous_requests_are_refused(client):
     assert client.get("/api/keys/").status_code in (401, 403)
 
 
-# --- API keys ----------------------------------------------------------------------------------------------
+# --- API keys -------------------------------------------------------------------------------------
 
 
 def test_users_create_list_and_revoke_their_keys_and_see_the_key_once(api, bob_api):

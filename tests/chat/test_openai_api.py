@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API through the official SDK, sync and async, against daphne over a real socket."""
+"""The OpenAI-compatible API through the official SDK, sync and async, against daphne over a real
+socket."""
 
 import json
 import time

@@ -1,5 +1,6 @@
-"""The DRF API fuzzed from its own OpenAPI schema (schemathesis with Hypothesis), against a live daphne
-with a staff user's key that has every scope: whatever the generated input, no answer is a server error."""
+"""The DRF API fuzzed from its own OpenAPI schema (schemathesis with Hypothesis), against a live
+daphne with a staff user's key that has every scope: whatever the generated input, no answer is a
+server error."""
 
 import pytest
 import schemathesis

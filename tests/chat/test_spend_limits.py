@@ -1,5 +1,5 @@
-"""Spend limits a client cannot get around: the rule's max_tokens is a ceiling on every interface, and
-a user holds at most CHAT_MAX_STREAMS_PER_USER answers in flight, counted across processes.
+"""Spend limits a client cannot get around: the rule's max_tokens is a ceiling on every interface,
+and a user holds at most CHAT_MAX_STREAMS_PER_USER answers in flight, counted across processes.
 
 The streams' test holds answers open on an engine that waits for the test's word after its first
 token (no timing): a gateway process and this test process (the browser socket) take slots of one
@@ -148,7 +148,7 @@ async def frame_of_type(socket, *types, timeout=20):
             return frame
 
 
-# --- max_tokens: the rule's value is a ceiling --------------------------------------------------------------
+# --- max_tokens: the rule's value is a ceiling ----------------------------------------------------
 
 
 @pytest.fixture
@@ -224,10 +224,10 @@ async def test_the_engine_is_sent_the_rules_max_tokens_when_a_client_asks_for_mo
     await client.close()
 
 
-# --- streams in flight: at most CAP per user, across processes ------------------------------------------------
+# --- streams in flight: at most CAP per user, across processes ------------------------------------
 
 
-async def test_a_user_holds_at_most_the_cap_of_streams_across_processes_and_gets_one_back_when_one_ends(
+async def test_a_user_holds_at_most_cap_streams_across_processes_and_gets_one_back_when_one_ends(
     capped_gateway, capped_here, alice, alice_key, bob_key, gated, held_rule
 ):
     client = v1_client(capped_gateway, alice_key)
@@ -357,7 +357,7 @@ async def test_a_v1_client_that_hangs_up_mid_stream_gives_its_slot_back(
             pytest.fail("a hung-up stream kept its slot")
 
 
-# --- the settings, parsed strictly ----------------------------------------------------------------------------
+# --- the settings, parsed strictly ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

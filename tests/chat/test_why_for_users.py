@@ -44,7 +44,8 @@ async def close_executor_connections():
 
 @pytest.fixture
 def fallback(external_sim):
-    """The KB answers one question; the rule tries a dead endpoint first, then the external model."""
+    """The KB answers one question; the rule tries a dead endpoint first, then the external
+    model."""
     entry_create(
         question="How do I reset my password?", answer="Use **Forgot password**.", embed="sync"
     )
@@ -101,7 +102,7 @@ def frame(frames, kind: str) -> dict:
     return next(f for f in frames if f["type"] == kind)
 
 
-# --- the browser socket ---------------------------------------------------------------------------------------
+# --- the browser socket ---------------------------------------------------------------------------
 
 
 async def test_a_user_reads_the_road_and_a_plain_reason_of_a_kb_answer(alice, fallback):
@@ -150,7 +151,7 @@ async def test_the_routing_staff_read_which_endpoint_failed(operator, all_down):
     assert "broken: connect" in error["message"]
 
 
-# --- the DRF API ----------------------------------------------------------------------------------------------
+# --- the DRF API ----------------------------------------------------------------------------------
 
 
 def stream_events(base: str, user, content: str) -> list[tuple[str, dict]]:
@@ -212,7 +213,7 @@ def test_a_users_stored_conversation_shows_the_plain_error_and_the_routing_staff
             assert "broken: connect" in sent["error"] and "broken: connect" in listed["error"]
 
 
-# --- /v1 ------------------------------------------------------------------------------------------------------
+# --- /v1 ------------------------------------------------------------------------------------------
 
 
 def v1_error(base: str, user) -> dict:
