@@ -1,0 +1,97 @@
+"""The routes that generate nothing: /health and /ping, /version, /v1/models, /metrics and
+/tokenize."""
+
+import uuid
+
+from aiohttp import web
+
+from . import tokenizer
+from .http_json import json_body, json_response
+from .protocol import validation_error
+from .state import SIM, Simulator
+
+VERSION = "0.11.0+sim"  # the vLLM version whose API this simulates, marked as a simulator
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": VERSION})
+
+
+async def models(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    cards = [
+        _model_card(sim, name, root=sim.config.model, parent=None) for name in sim.served_names
+    ]
+    for lora in sim.loras.values():
+        parent = (
+            lora.base_model_name
+            if lora.base_model_name in sim.served_names
+            else sim.served_names[0]
+        )
+        cards.append(_model_card(sim, lora.name, root=lora.path, parent=parent))
+    return json_response({"object": "list", "data": cards})
+
+
+def _model_card(sim: Simulator, name: str, *, root: str, parent: str | None) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": sim.created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        # vLLM only states the context window on base models.
+        "max_model_len": sim.config.max_model_len if parent is None else None,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex}",
+                "object": "model_permission",
+                "created": sim.created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
+async def metrics_text(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    body = sim.metrics.render(sim.engine.state()).encode()
+    return web.Response(
+        body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    body = json_body(request, await request.read())
+    if not isinstance(body, dict):
+        raise validation_error("body", "Input should be a valid dictionary", "dict_type")
+    sim.resolve_model(body.get("model"))
+    if isinstance(body.get("messages"), list):
+        tokens = tokenizer.chat_prompt_tokens(body["messages"])
+        if body.get("add_generation_prompt") is False:
+            tokens = tokens[:-3]  # the trailing "<|im_start|>assistant\n"
+    elif isinstance(body.get("prompt"), str):
+        tokens = tokenizer.tokenize(body["prompt"])
+    else:
+        raise validation_error("prompt", "Field required", "missing")
+    return json_response(
+        {
+            "count": len(tokens),
+            "max_model_len": sim.config.max_model_len,
+            "tokens": tokenizer.token_ids(tokens),
+            "token_strs": tokens if body.get("return_token_strs") else None,
+        }
+    )

@@ -1,0 +1,139 @@
+"""The pooling routes: /v1/embeddings, and /rerank and /score, by a cross-encoder or by the
+cosine of an embedding model's vectors."""
+
+import asyncio
+import time
+import uuid
+
+from aiohttp import web
+
+from . import embeddings as sim_embeddings
+from . import scoring
+from .faults import drop_connection, early_fault, pick_fault
+from .http_json import json_body, json_response
+from .protocol import (
+    ENGINE_ERROR_MESSAGE,
+    APIError,
+    pair_length_error,
+    parse_rerank,
+    parse_score,
+    rerank_response,
+    score_pairs,
+    score_response,
+    validation_error,
+)
+from .state import SIM
+from .tokenizer import tokenize
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    body = json_body(request, await request.read())
+    if not isinstance(body, dict):
+        raise validation_error("body", "Input should be a valid dictionary", "dict_type")
+    model, _ = sim.resolve_model(body.get("model"), pooling=True)
+    if not sim.config.embedding_dim:
+        raise APIError("The model does not support Embeddings API", param="model")
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise validation_error(
+            "input", "Input should be a string or a list of strings", "string_type"
+        )
+    encoding_format = body.get("encoding_format") or "float"
+    if encoding_format not in ("float", "base64"):
+        raise validation_error(
+            "encoding_format", "Input should be 'float' or 'base64'", "literal_error"
+        )
+    prompt_tokens = 0
+    data = []
+    for index, text in enumerate(texts):
+        tokens = tokenize(text)
+        if len(tokens) > sim.config.max_model_len:
+            raise APIError(
+                "This model's maximum context length is "
+                f"{sim.config.max_model_len} tokens. However, you requested {len(tokens)} "
+                "tokens in the input for embedding generation. Please reduce the length of "
+                "the input.",
+                param="input",
+            )
+        prompt_tokens += len(tokens)
+        vector = sim_embeddings.embed(text, sim.config.embedding_dim)
+        data.append(
+            {
+                "index": index,
+                "object": "embedding",
+                "embedding": sim_embeddings.encode(vector, encoding_format),
+            }
+        )
+    return json_response(
+        {
+            "id": f"embd-{uuid.uuid4().hex}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": data,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens,
+                "completion_tokens": 0,
+            },
+        }
+    )
+
+
+async def rerank(request: web.Request) -> web.Response:
+    return await _score(request, parse_rerank)
+
+
+async def score(request: web.Request) -> web.Response:
+    return await _score(request, parse_score)
+
+
+async def _score(request: web.Request, parse) -> web.Response:
+    """/rerank and /score: every pair in one forward pass, which takes --time-to-first-token (a
+    pooling model only prefills). The faults of a request apply as to a generation that is not
+    streamed: a drop or a 500 during the pass."""
+    sim = request.app[SIM]
+    raw = await request.read()
+    fault = pick_fault(request)
+    if (refused := await early_fault(request, fault)) is not None:
+        return refused
+    params = parse(json_body(request, raw))
+    if not (sim.config.cross_encoder or sim.config.embedding_dim):
+        api = "Rerank (Score)" if params.endpoint == "rerank" else "Score"
+        raise APIError(f"The model does not support {api} API")
+    model, _ = sim.resolve_model(params.model, pooling=True)
+    pairs = score_pairs(params)
+    tokens = 0
+    for one, two in pairs:
+        count = len(tokenize(one)) + len(tokenize(two)) + scoring.PAIR_SPECIAL_TOKENS
+        error = pair_length_error(
+            max_model_len=sim.config.max_model_len, tokens=count, endpoint=params.endpoint
+        )
+        if error is not None:
+            raise error
+        tokens += count
+    if fault == "before-first-token":
+        await asyncio.sleep(sim.config.ttft / 2)
+        await drop_connection(request)
+    await asyncio.sleep(sim.config.ttft)
+    if fault == "mid-stream":
+        raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
+    if sim.config.cross_encoder:
+        scores = [scoring.cross_encoder_score(one, two) for one, two in pairs]
+    else:
+        # An embedding model scores a pair by the cosine of its two vectors, as vLLM does.
+        scores = [scoring.embedding_score(one, two, sim.config.embedding_dim) for one, two in pairs]
+    if params.endpoint == "rerank":
+        body = rerank_response(
+            model=model,
+            documents=params.texts_2,
+            scores=scores,
+            top_n=params.top_n,
+            tokens=tokens,
+        )
+    else:
+        body = score_response(model=model, scores=scores, tokens=tokens)
+    return json_response(body)

@@ -1,0 +1,54 @@
+"""What the simulated server holds while it runs: its engine and metrics, the LoRA adapters it
+serves, the random streams of text and faults; and which served model a request names."""
+
+import random
+import time
+
+from aiohttp import web
+
+from .config import LoraModule, SimConfig
+from .engine import Engine
+from .metrics import Metrics
+from .protocol import APIError
+
+
+class Simulator:
+    def __init__(self, config: SimConfig):
+        self.config = config
+        self.created = int(time.time())
+        self.served_names = config.served_model_names or (config.model,)
+        self.metrics = Metrics(config.primary_name)
+        self.engine = Engine(
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            ttft=config.ttft,
+            itl=config.itl,
+            metrics=self.metrics,
+            max_loras=config.max_loras if config.enable_lora else None,
+            block_size=config.block_size,
+            prefix_caching=config.enable_prefix_caching,
+        )
+        self.loras: dict[str, LoraModule] = {m.name: m for m in config.lora_modules}
+        # Two streams from one seed, so injected faults do not shift generated text.
+        self.text_rng = random.Random(config.seed)
+        self.fault_rng = random.Random(None if config.seed is None else config.seed + 1)
+
+    def resolve_model(self, name: str | None, *, pooling: bool = False) -> tuple[str, str | None]:
+        """The model name to answer with, and the LoRA adapter to use."""
+        if not name or name in self.served_names:
+            # vLLM answers with the primary served name, whichever alias was asked for; a request
+            # that names no model at all goes to the base model.
+            return self.served_names[0], None
+        if name in self.loras:
+            return name, name
+        message = f"The model `{name}` does not exist."
+        if not pooling:
+            # vLLM's check for generation and /tokenize names the base model's served names (never
+            # the adapters); its pooling routes (embeddings, rerank, score) fail later, without
+            # them.
+            message += f" Valid aliases: {', '.join(self.served_names)}."
+        raise APIError(message, err_type="NotFoundError", status=404, param="model")
+
+
+# Where every route finds the simulator: `request.app[SIM]`.
+SIM = web.AppKey("simulator", Simulator)
