@@ -11,8 +11,8 @@ from django.urls import path
 from core.forms import LinesField
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
-from routing.rules import rule_validate
 from routing.selectors import route_explain
+from routing.validation import rule_validate
 
 
 class RuleForm(forms.ModelForm):

@@ -8,7 +8,8 @@ from asgiref.sync import async_to_sync
 
 from routing.exceptions import RuleInvalid
 from routing.models import RoutingRule
-from routing.rules import Context, rule_validate, rules_changed, snapshot
+from routing.rules import Context, rules_changed, snapshot
+from routing.validation import rule_validate
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
 

@@ -13,7 +13,8 @@ from knowledge.services import entry_create
 from routing import breaker
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
-from routing.rules import Context, query_vector, rule_validate, snapshot
+from routing.rules import Context, query_vector, snapshot
+from routing.validation import rule_validate
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
 
