@@ -16,12 +16,12 @@ def demo_admin_ensure(*, password_file: Path) -> tuple[str, str | None]:
     The generated password is kept in `password_file` (git-ignored, mode 600) so
     every start can print it; None when someone has since changed it.
     """
-    User = get_user_model()
+    user_model = get_user_model()
     with transaction.atomic():
-        user = User.objects.select_for_update().filter(username="admin").first()
+        user = user_model.objects.select_for_update().filter(username="admin").first()
         if user is None:
             password = secrets.token_urlsafe(12)
-            User.objects.create_superuser(
+            user_model.objects.create_superuser(
                 username="admin", email="admin@example.com", password=password
             )
             password_file.write_text(password)

@@ -56,7 +56,8 @@ def server(asgi_server):
 
 @pytest.fixture(scope="module")
 def slow_sim():
-    """A simulated local engine writing random words at 50 ms a token: slow enough to watch and to stop."""
+    """A simulated local engine writing random words at 50 ms a token: slow enough to watch and
+    to stop."""
     sim = start_simulator(
         "serve",
         "acme/local",
@@ -102,7 +103,8 @@ def browser():
 RECORD_VIOLATIONS = """
     window.__violations = [];
     document.addEventListener("securitypolicyviolation", (event) => window.__violations.push(
-        event.effectiveDirective + " " + (event.blockedURI || "inline") + " " + (event.sourceFile || "")));
+        event.effectiveDirective + " " + (event.blockedURI || "inline") + " "
+        + (event.sourceFile || "")));
 """
 
 
@@ -350,8 +352,12 @@ MARKDOWN_SCRIPTS = ["vendor/markdown-it.min.js", "vendor/purify.min.js", "markdo
 
 # In an inert <template>, so markup from a broken renderer cannot fire an onerror here either.
 CHECK_RENDERED = """(sources) => {
-    const allowed = %s;
-    const inert = (html) => { const t = document.createElement("template"); t.innerHTML = html; return t.content; };
+    const allowed = %ALLOWED%;
+    const inert = (html) => {
+        const t = document.createElement("template");
+        t.innerHTML = html;
+        return t.content;
+    };
     const problems = [];
     for (const source of sources) {
         const shown = inert(GatewayMarkdown.render(source));
@@ -359,16 +365,18 @@ CHECK_RENDERED = """(sources) => {
             const tag = node.tagName.toLowerCase();
             if (!(tag in allowed)) problems.push([source, "tag " + tag]);
             for (const attribute of node.attributes) {
-                if (!(allowed[tag] || []).includes(attribute.name)) problems.push([source, tag + " " + attribute.name]);
+                if (!(allowed[tag] || []).includes(attribute.name))
+                    problems.push([source, tag + " " + attribute.name]);
                 if (attribute.name === "href" && !/^https?:\\/\\//i.test(attribute.value))
                     problems.push([source, "href " + attribute.value]);
             }
         }
         // The sanitizer had nothing to take away: the renderer alone wrote only allowed markup.
-        if (!shown.isEqualNode(inert(GatewayMarkdown.toHtml(source)))) problems.push([source, "sanitizer changed it"]);
+        if (!shown.isEqualNode(inert(GatewayMarkdown.toHtml(source))))
+            problems.push([source, "sanitizer changed it"]);
     }
     return problems;
-}""" % json.dumps({tag: sorted(attributes) for tag, attributes in ALLOWED.items()})
+}""".replace("%ALLOWED%", json.dumps({tag: sorted(attrs) for tag, attrs in ALLOWED.items()}))
 
 
 def test_the_renderer_and_its_sanitizer_show_only_allowed_markup_in_chromium(browser):
@@ -417,7 +425,8 @@ def assert_nothing_ran(watched):
     assert watched.dialogs == []
     assert (
         messages.evaluate("""(root) => [...root.querySelectorAll("*")].flatMap((node) =>
-        [...node.attributes].filter((a) => a.name.startsWith("on")).map((a) => node.tagName + " " + a.name))""")
+        [...node.attributes].filter((a) => a.name.startsWith("on"))
+            .map((a) => node.tagName + " " + a.name))""")
         == []
     )
     assert messages.locator("script, img, svg, iframe, style, object, embed").count() == 0
@@ -483,7 +492,8 @@ def test_the_chat_page_enforces_its_content_security_policy(open_page):
     # refuses it.
     page.evaluate("""() => {
         const box = document.createElement("div");
-        box.innerHTML = '<img src="data:," onerror="window.pwned = 1"><a href="#" onclick="window.pwned = 2">x</a>';
+        box.innerHTML = '<img src="data:," onerror="window.pwned = 1">'
+            + '<a href="#" onclick="window.pwned = 2">x</a>';
         document.body.append(box);
         box.querySelector("a").click();
         const script = document.createElement("script");

@@ -1,4 +1,5 @@
-"""The browser chat's WebSocket protocol through the real ASGI application and the Redis channel layer."""
+"""The browser chat's WebSocket protocol through the real ASGI application and the Redis channel
+layer."""
 
 import asyncio
 
@@ -47,9 +48,9 @@ async def running(sim) -> float:
         async with session.get(f"{sim.url}/metrics") as response:
             text = await response.text()
     return float(
-        next(l for l in text.splitlines() if l.startswith("vllm:num_requests_running")).rsplit(
-            " ", 1
-        )[1]
+        next(
+            line for line in text.splitlines() if line.startswith("vllm:num_requests_running")
+        ).rsplit(" ", 1)[1]
     )
 
 

@@ -31,7 +31,8 @@ def render_all(sources: list[str]) -> list[dict]:
     node = shutil.which("node")
     if node is None:
         pytest.fail(
-            "node is missing: the Markdown tests run the renderer in node (apt-get install -y nodejs)"
+            "node is missing: the Markdown tests run the renderer in node "
+            "(apt-get install -y nodejs)"
         )
     done = subprocess.run(
         [node, str(HARNESS), *map(str, SCRIPTS)],
@@ -221,11 +222,14 @@ def test_tables_keep_alignment_escaped_pipes_and_ragged_rows():
     assert markup_problems(output) == []
     assert "style" not in output  # the page's CSP allows no inline style
     assert compact(output) == (
-        '<table><thead><tr><th class="align-left">a</th><th class="align-center">b</th><th class="align-right">c</th>'
-        '</tr></thead><tbody><tr><td class="align-left">1</td><td class="align-center">2 | x</td>'
+        '<table><thead><tr><th class="align-left">a</th><th class="align-center">b</th>'
+        '<th class="align-right">c</th></tr></thead>'
+        '<tbody><tr><td class="align-left">1</td><td class="align-center">2 | x</td>'
         '<td class="align-right"><code>3</code></td></tr>'
-        '<tr><td class="align-left">only</td><td class="align-center"></td><td class="align-right"></td></tr>'
-        '<tr><td class="align-left">1</td><td class="align-center">2</td><td class="align-right">3</td></tr>'
+        '<tr><td class="align-left">only</td><td class="align-center"></td>'
+        '<td class="align-right"></td></tr>'
+        '<tr><td class="align-left">1</td><td class="align-center">2</td>'
+        '<td class="align-right">3</td></tr>'
         "</tbody></table>"
     )
 
@@ -239,9 +243,14 @@ def test_the_usual_subset_still_renders():
         "> quoted\n> more": "<blockquote><p>quoted<br>more</p></blockquote>",
         "snake_case_name and 2 * 3": "<p>snake_case_name and 2 * 3</p>",
         "~~gone~~": "<p><s>gone</s></p>",
-        "[docs](https://example.com/a?b=1&c=2)": '<p><a href="https://example.com/a?b=1&amp;c=2" rel="noopener noreferrer" target="_blank">docs</a></p>',
-        "see https://example.com/x.": '<p>see <a href="https://example.com/x" rel="noopener noreferrer" '
-        'target="_blank">https://example.com/x</a>.</p>',
+        "[docs](https://example.com/a?b=1&c=2)": (
+            '<p><a href="https://example.com/a?b=1&amp;c=2" rel="noopener noreferrer" '
+            'target="_blank">docs</a></p>'
+        ),
+        "see https://example.com/x.": (
+            '<p>see <a href="https://example.com/x" rel="noopener noreferrer" '
+            'target="_blank">https://example.com/x</a>.</p>'
+        ),
     }
     for source, expected in cases.items():
         assert compact(render(source)) == expected, source

@@ -1,5 +1,5 @@
-"""Redis or PostgreSQL gone: a clear 503 with Retry-After (an `unavailable` frame on the socket), and
-service back by itself when the dependency returns, without restarting the web process.
+"""Redis or PostgreSQL gone: a clear 503 with Retry-After (an `unavailable` frame on the socket),
+and service back by itself when the dependency returns, without restarting the web process.
 
 Real processes: a gateway daphne of its own, on a Redis server of its own (started, stopped and
 started again here) and on the test database through a TCP proxy (killed to cut PostgreSQL off,

@@ -2,8 +2,8 @@
 order, the usage and a mid-stream error come through, and streams do not hold database
 connections (N concurrent streams on a pool smaller than N).
 
-The engine is a stub whose stream is known to the byte (tests/support/stub_engine.py): bursts of many
-chunks in one write, chunks cut across writes, CRLF line ends.
+The engine is a stub whose stream is known to the byte (tests/support/stub_engine.py): bursts of
+many chunks in one write, chunks cut across writes, CRLF line ends.
 """
 
 import asyncio
@@ -182,7 +182,7 @@ async def _socket_answer(base: str, cookie: str, question: str) -> list[dict]:
                     return frames
 
 
-# -- a pool smaller than the streams ------------------------------------------------------------------
+# -- a pool smaller than the streams ---------------------------------------------------------------
 
 
 @pytest.fixture
