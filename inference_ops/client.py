@@ -10,9 +10,6 @@ iterate with `contextlib.aclosing(stream_chat(...))` or consume to the end.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
-import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -22,6 +19,9 @@ import orjson
 
 from core.loops import PerLoop
 from inference_ops.exceptions import EngineError
+from inference_ops.sdk_errors import SDK_ERRORS, engine_error_from_sdk
+from inference_ops.sse import SSEDecoder
+from inference_ops.stream_deadline import StreamDeadline
 
 
 @dataclass(frozen=True)
@@ -113,85 +113,6 @@ def _pool_for(config: EndpointConfig) -> _Pool:
     return _pools.get(lambda: _Pool(config), config)
 
 
-def _from_sdk(
-    exc: Exception, *, produced: bool, during_request: bool, endpoint: str
-) -> EngineError:
-    if isinstance(exc, openai.APITimeoutError):
-        if isinstance(exc.__cause__, httpx2.ConnectTimeout):
-            # The aiohttp transport reports every connection failure as a connect timeout; the
-            # error underneath says whether one was (a refused or reset connection was not).
-            root = exc.__cause__.__cause__
-            kind = (
-                "connect"
-                if root is not None and not isinstance(root, TimeoutError)
-                else "timeout_connect"
-            )
-        else:
-            kind = "timeout_idle" if produced else "timeout_first_token"
-        return EngineError(
-            kind, "the engine did not answer in time", produced_tokens=produced, endpoint=endpoint
-        )
-    if isinstance(exc, openai.APIConnectionError):
-        kind = "connect" if during_request else "stream_truncated"
-        return EngineError(
-            kind,
-            f"connection failed: {exc.__cause__ or exc}",
-            produced_tokens=produced,
-            endpoint=endpoint,
-        )
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        kind = (
-            "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
-        )
-        return EngineError(
-            kind,
-            f"HTTP {status}: {exc.message}",
-            produced_tokens=produced,
-            status_code=status,
-            endpoint=endpoint,
-            retry_after=retry_after(exc.response.headers) if status in (429, 503) else None,
-        )
-    if isinstance(exc, openai.APIError):
-        return EngineError(
-            "stream_error",
-            f"error in the stream: {exc.message}",
-            produced_tokens=produced,
-            endpoint=endpoint,
-        )
-    return EngineError(
-        "malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint
-    )
-
-
-def retry_after(headers) -> float | None:
-    """Seconds from a response's `Retry-After` (seconds or an HTTP date) or OpenAI's
-    `retry-after-ms`; None when absent or unreadable."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
-    value = (headers.get("retry-after") or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
-
-
-_SDK_ERRORS = (openai.APIError, json.JSONDecodeError, ValueError, TypeError, AttributeError)
-
-
 async def stream_chat(
     config: EndpointConfig,
     messages: list[dict],
@@ -210,7 +131,7 @@ async def stream_chat(
     a network read at a time, and the content of every chunk in one read leaves as one Token.
     Per-chunk work is one `orjson.loads`: the SDK would build a pydantic model per chunk, and
     under load a read holds many chunks, which then cost the layers above one event instead of
-    many. The timeouts are one timer per stream (`_Deadline`), not one per read.
+    many. The timeouts are one timer per stream (`StreamDeadline`), not one per read.
     """
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
@@ -248,15 +169,17 @@ async def stream_chat(
                 else f"all {config.max_concurrency} slots stayed busy"
             )
             raise EngineError("timeout_first_token", what, endpoint=config.name) from None
-        except _SDK_ERRORS as exc:
-            raise _from_sdk(exc, produced=False, during_request=True, endpoint=config.name) from exc
+        except SDK_ERRORS as exc:
+            raise engine_error_from_sdk(
+                exc, produced=False, during_request=True, endpoint=config.name
+            ) from exc
 
         # Raw reads unless the engine compressed the stream: one generator layer less per read.
         encoding = response.headers.get("content-encoding", "").strip().lower()
         reads = response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
-        events = _SSE()
+        events = SSEDecoder()
         finish_reason, usage, ttft, count, done = None, None, None, 0, False
-        deadline = _Deadline(
+        deadline = StreamDeadline(
             loop,
             first=min(first_deadline, total_deadline),
             total=total_deadline,
@@ -378,84 +301,3 @@ def _options(max_tokens: int | None, temperature: float | None, stop: list[str] 
     if stop:
         options["stop"] = stop
     return options
-
-
-class _Deadline:
-    """The read timeouts of one stream with one timer: until the first token, the `first`
-    deadline; after it, `idle` seconds from the start of each read; never past `total`.
-    Wrap each read in `with deadline:`; a read that outlives its deadline raises TimeoutError
-    (the task is cancelled and uncancelled, as in asyncio.timeout).
-
-    `asyncio.timeout_at` around each read would schedule and cancel a timer per network read;
-    here a read only notes the time, and the one timer, when it fires early, moves itself to
-    the deadline the reads since have earned."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, first: float, total: float, idle: float):
-        self._loop, self._first, self._total, self._idle = loop, first, total, idle
-        self._read_started: float | None = None  # None until the first token
-        self._task: asyncio.Task | None = None
-        self._cancelling = 0
-        self._fired = False
-        self._timer: asyncio.TimerHandle | None = loop.call_at(first, self._fire)
-
-    def first_token(self) -> None:
-        self._read_started = self._loop.time()
-
-    def _due(self) -> float:
-        if self._read_started is None:
-            return self._first
-        return min(self._total, self._read_started + self._idle)
-
-    def __enter__(self) -> None:
-        self._task = asyncio.current_task()
-        self._cancelling = self._task.cancelling()
-        if self._read_started is not None:
-            self._read_started = self._loop.time()
-        if self._timer is None:  # it fired while the consumer had the last token
-            self._timer = self._loop.call_at(self._due(), self._fire)
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        task, self._task = self._task, None
-        if self._fired:
-            self._fired = False
-            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError from None
-        return False
-
-    def _fire(self) -> None:
-        due = self._due()
-        if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._fire)
-        elif self._task is not None:
-            self._timer = None
-            self._fired = True
-            self._task.cancel()
-        else:
-            self._timer = None  # re-armed by the next read, from its own start
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class _SSE:
-    """Server-sent events from arbitrary byte reads: `feed` returns the data of each event that
-    the bytes so far complete, keeping a partial event for the next read."""
-
-    def __init__(self):
-        self._rest = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._rest + data
-        if b"\r" in buffer:  # CRLF line ends; a CR split from its LF is completed by the next read
-            buffer = buffer.replace(b"\r\n", b"\n")
-        *events, self._rest = buffer.split(b"\n\n")
-        payloads = []
-        for event in events:
-            lines = [
-                line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
-            ]
-            if lines:
-                payloads.append(lines[0] if len(lines) == 1 else b"\n".join(lines))
-        return payloads

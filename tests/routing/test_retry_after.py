@@ -7,7 +7,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference_ops.client import retry_after
+from inference_ops.sdk_errors import retry_after
 from routing import breaker
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
