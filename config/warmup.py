@@ -178,7 +178,7 @@ def _heap() -> str:
     A web process holds hundreds of thousands of objects once Django, the embedding runtime and
     the rules are loaded, nearly all of them for its lifetime. Left in the oldest generation,
     every full collection walks them all, and no token of any stream moves meanwhile (the tail of
-    the added TTFT; the README's figures show the pauses). Frozen, a full collection walks only
+    the added TTFT; docs/benchmarks.md#fig-gc-pauses). Frozen, a full collection walks only
     what the requests since have made."""
     import gc
 

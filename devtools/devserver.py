@@ -4,7 +4,7 @@ Starts (or reuses) PostgreSQL and Redis, migrates, loads the demo data, then run
 the web processes (config.web: WEB_CONCURRENCY daphne processes on one port), a
 Celery worker and Celery beat with their logs interleaved. Ctrl-C, or SIGTERM to
 this process or to the `make` above it, stops every process it started.
-Production runs the same three commands under its own supervisor (see the README).
+Production runs the same three commands under its own supervisor (docs/operations.md#the-processes).
 """
 
 import json

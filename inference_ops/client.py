@@ -88,7 +88,7 @@ class _Pool:
             connect=config.connect_timeout, read=None, write=10.0, pool=config.first_token_timeout
         )
         # The SDK's aiohttp transport: a streamed request costs the gateway less than half the
-        # CPU of the default httpx one (README, Figures), and the gateway pays it per request.
+        # CPU of the default httpx one (docs/benchmarks.md#fig-aiohttp-transport), paid per request.
         # Connections: as many as the endpoint may have in flight, all kept alive between requests.
         limits = httpx2.Limits(
             max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency

@@ -129,7 +129,8 @@ def _locked(path: Path, progress: Progress, what: str):
 
 
 def ensure_llama_server(progress: Progress = print, *, force: bool = False) -> Path:
-    """The path of a working llama-server; builds it (about 5 minutes on 2 cores) if missing.
+    """The path of a working llama-server; builds it if missing: 10 minutes or more on 2 cores
+    (docs/benchmarks.md#fig-cpu-engine-build).
 
     The build runs in a temporary directory and the binary is renamed into place only when
     it runs, so an interrupted build leaves nothing that looks finished.
@@ -233,7 +234,7 @@ def _cmake_build(source: Path, build: Path, progress: Progress) -> Path:
         timeout=600,
         what="cmake configure",
     )
-    progress(f"compiling llama-server with {jobs} job(s); about 5 minutes on 2 cores")
+    progress(f"compiling llama-server with {jobs} job(s); 10 minutes or more on 2 cores")
     _run(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
         progress=progress,

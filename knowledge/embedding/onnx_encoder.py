@@ -2,7 +2,7 @@
 
 For a short question, PyTorch's eager mode spends most of its time in Python and operator
 dispatch around tiny matrices; ONNX Runtime runs the same graph in a fraction of that (the
-README's figures). The graph is exported once from the
+docs/benchmarks.md#fig-minilm-onnx). The graph is exported once from the
 loaded sentence-transformers model (transformer, pooling, normalization: whatever its
 modules are), cached on disk under a key of the model's files and the library versions,
 and checked against PyTorch before it is used: a graph whose vector differs from PyTorch's
@@ -17,7 +17,7 @@ Two ways in:
   Rust `tokenizers` library the model's tokenizer runs on) and ONNX Runtime, checked against
   the manifest's vectors. No PyTorch, transformers or sentence-transformers is imported: in a
   web process they were seconds of start-up, hundreds of MB, and most of the objects a full
-  garbage collection walks (README, Figures).
+  garbage collection walks (docs/benchmarks.md#fig-gc-pauses).
 """
 
 from __future__ import annotations

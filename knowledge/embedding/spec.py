@@ -58,8 +58,8 @@ class OperatingPoint:
 
 
 # Each model's defaults. Threshold and margin: `manage.py kb_calibrate` on the labelled set in
-# benchmarks/kb_labelled at precision 0.98 (README, Figures); the others measured on this
-# project's test and demo texts. A model not listed starts from MiniLM's.
+# benchmarks/kb_labelled at precision 0.98 (docs/benchmarks.md#fig-kb-quality); the others
+# measured on this project's test and demo texts. A model not listed starts from MiniLM's.
 OPERATING_POINTS = {
     MINILM: OperatingPoint(threshold=0.80, margin=0.05, context_min=0.30, group=0.75, intent=0.55),
     E5_SMALL: OperatingPoint(

@@ -1,7 +1,7 @@
 """`manage.py soak_chat`: many sockets asking in turn for a while against its own stack, every
 answer checked against what the engine sent (echo: the question) and what the gateway stored.
-A short soak here (the README's figure is the long one); in a subprocess, because the command
-points its database connection at its own database."""
+A short soak here (docs/benchmarks.md#fig-soak is the long one); in a subprocess, because the
+command points its database connection at its own database."""
 
 import io
 import subprocess

@@ -1,6 +1,6 @@
 """The CPU engine: llama.cpp's llama-server serving the bundled Gemma 3 270M, started and stopped
 by the supervisor. Real processes, real HTTP, a real model; the first run builds llama-server
-(about 5 minutes on 2 cores) into the cache, later runs find it there."""
+(docs/benchmarks.md#fig-cpu-engine-build) into the cache, later runs find it there."""
 
 import asyncio
 import contextlib
@@ -194,7 +194,7 @@ async def _two_at_once(config: EndpointConfig, engine: EngineProcess) -> tuple[d
 @pytest.mark.timeout(1200)
 @pytest.mark.django_db
 def test_the_cpu_engine_streams_real_answers_batches_two_requests_reports_metrics_and_stops_clean():
-    cpu_engine.ensure_llama_server()  # the first run builds it: about 5 minutes on 2 cores
+    cpu_engine.ensure_llama_server()  # the first run builds it: 10 minutes or more on 2 cores
     cpu_engine.ensure_model()
     engine = make_cpu_engine()
     engine = supervisor.engine_start(engine_id=engine.pk)

@@ -7,7 +7,7 @@ from inference_ops.exceptions import SupervisorError
 
 class Command(BaseCommand):
     help = (
-        "Build llama.cpp's llama-server for the CPU engine if it is missing (about 5 minutes on "
+        "Build llama.cpp's llama-server for the CPU engine if it is missing (10 minutes or more on "
         "2 cores, once) and assemble the bundled model (or check CPU_ENGINE_MODEL)."
     )
 
