@@ -150,6 +150,10 @@ def engine_row(request) -> EngineProcess:
 
 
 @pytest.mark.django_db(transaction=True)
+# The real vLLM starts twice here (before the kill and after it): 75 s each on a CPU with VNNI,
+# about twice that without (2026-12-03), past the suite's 300 s default; the engine's own
+# start-up timeout (600 s) still bounds each start.
+@pytest.mark.timeout(900)
 def test_a_sigkilled_engine_serves_again_soon_after_its_restart(
     engine_row, celery_worker, celery_beat, external_sim, capsys, django_user_model
 ):
