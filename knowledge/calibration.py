@@ -26,7 +26,7 @@ from django.db import transaction
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration, EmbeddingModel, Entry
 from knowledge.normalize import normalize
-from knowledge.selectors import _exact, faq_matches, serving_model, serving_model_forget
+from knowledge.selectors import exact_match, faq_matches, serving_model, serving_model_forget
 from knowledge.verdict import guards_refusal
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
@@ -162,7 +162,7 @@ def _entry_ids(keys: set) -> dict:
 
 def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
     ev = Evidence(item=item)
-    exact = _exact(normalize(item.question))
+    exact = exact_match(normalize(item.question))
     if exact is not None:
         ev.exact = exact.entry.pk
         return ev

@@ -153,7 +153,8 @@ ORDER BY e.id LIMIT 1
 """
 
 
-def _exact(key: str) -> DirectAnswer | None:
+def exact_match(key: str) -> DirectAnswer | None:
+    """The FAQ entry one of whose phrasings is `key` (already normalized), as a direct answer."""
     with connection.cursor() as cursor:
         cursor.execute(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
         return _exact_answer(cursor.fetchone())
@@ -176,7 +177,7 @@ def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = _exact(key)
+    exact = exact_match(key)
     if exact is not None and not with_matches:
         return exact
     model = serving_model()

@@ -23,7 +23,7 @@ from psycopg import errors as pg_errors
 
 from core.csvcells import csv_cell
 from inference_ops.models import ModelEndpoint
-from observability import selectors
+from observability import requestlog, selectors
 from observability.dashboard import PERIOD_NAMES, dashboard_page
 from observability.models import RequestLog
 
@@ -177,32 +177,22 @@ class QueryOnlyChangeList(ChangeList):
         self.can_show_all = self.multi_page = False
 
 
-# The export's columns: (heading, value path). Names rather than ids where a person reads them.
-EXPORT_COLUMNS = [
-    ("time", "at"),
-    ("interface", "interface"),
-    ("user_id", "user_id"),
-    ("user", "user__username"),
-    ("api_key_id", "api_key_id"),
-    ("api_key", "api_key__name"),
-    ("session_id", "session_id"),
-    ("road", "road"),
-    ("rule", "rule"),
-    ("target", "target"),
-    ("status", "status"),
-    ("error_code", "error_code"),
-    ("ttft_ms", "ttft_ms"),
-    ("latency_ms", "latency_ms"),
-    ("overhead_ms", "overhead_ms"),
-    ("prompt_tokens", "prompt_tokens"),
-    ("completion_tokens", "completion_tokens"),
-    ("kb_method", "kb_method"),
-    ("kb_hit", "kb_hit"),
-    ("kb_entry_id", "kb_entry_id"),
-    ("kb_score", "kb_score"),
-    ("fallbacks", "fallbacks"),
-    ("request_key", "request_key"),
-]
+# The export's columns, (heading, value path): the table's as the writer fills them
+# (observability.requestlog.COLUMNS), in its order, and beside an id the name a person reads.
+_EXPORT_HEADINGS = {"at": "time"}
+_EXPORT_NAMES = {"user_id": ("user", "user__username"), "api_key_id": ("api_key", "api_key__name")}
+
+
+def _export_columns() -> list[tuple[str, str]]:
+    columns = []
+    for name, _ in requestlog.COLUMNS:
+        columns.append((_EXPORT_HEADINGS.get(name, name), name))
+        if name in _EXPORT_NAMES:
+            columns.append(_EXPORT_NAMES[name])
+    return columns
+
+
+EXPORT_COLUMNS = _export_columns()
 EXPORT_CHUNK_ROWS = 2000
 
 

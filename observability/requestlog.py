@@ -135,57 +135,36 @@ def requestlog_prune(*, now: datetime | None = None) -> list[date]:
 # Days this process knows to have a partition: a batch asks the catalogue only for new days.
 _ready: set[date] = set()
 
-_COLUMNS = (
-    "at",
-    "interface",
-    "user_id",
-    "api_key_id",
-    "session_id",
-    "road",
-    "rule",
-    "target",
-    "status",
-    "error_code",
-    "ttft_ms",
-    "latency_ms",
-    "overhead_ms",
-    "prompt_tokens",
-    "completion_tokens",
-    "kb_method",
-    "kb_hit",
-    "kb_entry_id",
-    "kb_score",
-    "fallbacks",
-    "request_key",
-)
-_TYPES = (
-    "timestamptz",
-    "text",
-    "bigint",
-    "bigint",
-    "bigint",
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "float8",
-    "float8",
-    "float8",
-    "integer",
-    "integer",
-    "text",
-    "boolean",
-    "bigint",
-    "float8",
-    "smallint",
-    "uuid",
+# The table's columns as the writer fills them, each with its SQL type (the export reads the same
+# list, observability.admin).
+COLUMNS = (
+    ("at", "timestamptz"),
+    ("interface", "text"),
+    ("user_id", "bigint"),
+    ("api_key_id", "bigint"),
+    ("session_id", "bigint"),
+    ("road", "text"),
+    ("rule", "text"),
+    ("target", "text"),
+    ("status", "text"),
+    ("error_code", "text"),
+    ("ttft_ms", "float8"),
+    ("latency_ms", "float8"),
+    ("overhead_ms", "float8"),
+    ("prompt_tokens", "integer"),
+    ("completion_tokens", "integer"),
+    ("kb_method", "text"),
+    ("kb_hit", "boolean"),
+    ("kb_entry_id", "bigint"),
+    ("kb_score", "float8"),
+    ("fallbacks", "smallint"),
+    ("request_key", "uuid"),
 )
 
 # One statement per batch, one array per column: the text is the same for every batch size.
 _INSERT_SQL = (
-    f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) "
-    f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _TYPES)}) "
+    f"INSERT INTO {TABLE} ({', '.join(column for column, _ in COLUMNS)}) "
+    f"SELECT * FROM unnest({', '.join(f'%s::{sql_type}[]' for _, sql_type in COLUMNS)}) "
     "ON CONFLICT (request_key, at) DO NOTHING"
 )
 

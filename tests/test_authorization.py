@@ -11,7 +11,6 @@ import urllib.request
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 from django.contrib import admin
 from django.contrib.auth.models import Group
 from django.contrib.messages import get_messages
@@ -26,6 +25,7 @@ from knowledge.models import Calibration, EmbeddingModel, Miss
 from knowledge.services import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
+from tests.support.sockets import socket_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -431,13 +431,8 @@ def test_every_caller_gets_what_its_role_allows_on_every_url(asgi_server, world)
     assert wrong == {}, "\n".join(f"{k}: {v}" for k, v in sorted(wrong.items()))
 
 
-async def _socket(path, cookie) -> str:
-    from config.asgi import application
-
-    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver")]
-    if cookie:
-        headers.append((b"cookie", f"sessionid={cookie}".encode()))
-    socket = WebsocketCommunicator(application, path, headers=headers)
+async def _socket(path, session_key) -> str:
+    socket = socket_at(path, session_key)
     connected, code = await socket.connect(timeout=10)
     await socket.disconnect()
     return "accepted" if connected else f"closed {code}"

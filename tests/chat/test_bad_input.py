@@ -13,13 +13,12 @@ import urllib.request
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import connections
-from django.test import Client
 
 from chat.models import ChatSession, Message
 from knowledge.models import Entry
 from tests.support.personas import EVERY_VERB, staff_user
+from tests.support.sockets import socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -409,20 +408,7 @@ async def close_executor_connections():
 async def test_bad_socket_frames_get_an_error_frame_store_nothing_and_the_socket_stays(
     alice, product, close_executor_connections, frame, code
 ):
-    from config.asgi import application
-
-    client = Client()
-    await sync_to_async(client.force_login)(alice)
-    socket = WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"host", b"testserver"),
-            (b"origin", b"http://testserver"),
-            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-        ],
-    )
-    assert (await socket.connect())[0]
+    socket = await socket_for(alice, connect=True)
     await socket.send_to(text_data=frame)
     reply = await socket.receive_json_from(timeout=10)
     assert reply["type"] == "error" and reply["code"] == code and reply["message"]
@@ -433,20 +419,7 @@ async def test_bad_socket_frames_get_an_error_frame_store_nothing_and_the_socket
 
 
 async def test_a_binary_socket_frame_gets_an_error_frame(alice, close_executor_connections):
-    from config.asgi import application
-
-    client = Client()
-    await sync_to_async(client.force_login)(alice)
-    socket = WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"host", b"testserver"),
-            (b"origin", b"http://testserver"),
-            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-        ],
-    )
-    assert (await socket.connect())[0]
+    socket = await socket_for(alice, connect=True)
     await socket.send_to(bytes_data=b'{"type": "message", "session": null, "content": "hi"}')
     reply = await socket.receive_json_from(timeout=10)
     assert reply["type"] == "error" and reply["code"] == "bad_json"

@@ -11,9 +11,8 @@ from django.db import connections
 from django.test import AsyncClient
 
 from chat.models import ChatSession, Message
-from config.asgi import application
-from tests.chat.sockets import socket_for
 from tests.support.factories import endpoint, rule
+from tests.support.sockets import socket_at, socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -288,12 +287,7 @@ async def _logged_in_socket(user) -> tuple[WebsocketCommunicator, AsyncClient]:
     """A socket and the browser (its session cookie) that opened it."""
     client = AsyncClient()
     await client.aforce_login(user)
-    headers = [
-        (b"host", b"testserver"),
-        (b"origin", b"http://testserver"),
-        (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-    ]
-    socket = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    socket = socket_at("/ws/chat/", client.cookies["sessionid"].value)
     connected, _ = await socket.connect()
     assert connected
     return socket, client

@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db import connections
 
 from chat.models import ChatSession
-from tests.chat.sockets import socket_for
 from tests.support.factories import endpoint, rule
+from tests.support.sockets import socket_for
 from tests.support.stub_engine import StubEngine, _chunk, _event
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,17 +8,15 @@ import urllib.request
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.db import connections
-from django.test import Client
 from rest_framework.test import APIClient
 
 from chat.apikeys import apikey_create
 from chat.models import ChatSession, Message
-from config.asgi import application
 from knowledge.services import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.personas import staff_user
+from tests.support.sockets import socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,18 +76,7 @@ def details_in(text: str) -> list[str]:
 
 
 async def socket_frames(user, content: str) -> list[dict]:
-    client = Client()
-    await client.aforce_login(user)
-    socket = WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"host", b"testserver"),
-            (b"origin", b"http://testserver"),
-            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-        ],
-    )
-    assert (await socket.connect())[0]
+    socket = await socket_for(user, connect=True)
     await socket.send_json_to({"type": "message", "session": None, "content": content})
     frames = []
     while not frames or frames[-1]["type"] not in ("done", "error"):

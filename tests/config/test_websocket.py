@@ -1,15 +1,13 @@
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth import get_user_model
 from django.db import connections
-from django.test import Client
 
-from config.asgi import application
 from core.events import ops_event_abroadcast
 from tests.support.personas import staff_user
+from tests.support.sockets import ORIGIN, session_key_for, socket_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,31 +20,22 @@ async def close_executor_connections():
     await sync_to_async(connections.close_all)()
 
 
-async def _cookie_for(**fields) -> str:
+async def _new_user_session(**fields) -> str:
     user = await sync_to_async(get_user_model().objects.create_user)(
         password="pw-123456789", **fields
     )
-    return await _cookie_of(user)
+    return await session_key_for(user)
 
 
-async def _operator_cookie(username: str = "ops") -> str:
+async def _operator_session(username: str = "ops") -> str:
     """Staff who may view the engines: whom the operations feed is for."""
-    return await _cookie_of(
+    return await session_key_for(
         await sync_to_async(staff_user)(username, perms=("inference_ops.view_engineprocess",))
     )
 
 
-async def _cookie_of(user) -> str:
-    client = Client()
-    await client.aforce_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}"
-
-
-def _socket(cookie: str | None = None, origin: str = "http://testserver") -> WebsocketCommunicator:
-    headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
-    if cookie:
-        headers.append((b"cookie", cookie.encode()))
-    return WebsocketCommunicator(application, "/ws/ops/", headers=headers)
+def _socket(session_key: str | None = None, origin: str = ORIGIN):
+    return socket_at("/ws/ops/", session_key, origin)
 
 
 def test_the_channel_layer_is_redis():
@@ -54,7 +43,7 @@ def test_the_channel_layer_is_redis():
 
 
 async def test_staff_gets_ops_events_broadcast_through_redis():
-    socket = _socket(await _operator_cookie())
+    socket = _socket(await _operator_session())
     connected, _ = await socket.connect()
     assert connected
     assert await socket.receive_json_from(timeout=5) == {"type": "hello", "user": "ops"}
@@ -72,7 +61,7 @@ async def test_staff_gets_ops_events_broadcast_through_redis():
 
 
 async def test_a_malformed_frame_gets_an_error_not_a_dropped_socket():
-    socket = _socket(await _operator_cookie())
+    socket = _socket(await _operator_session())
     await socket.connect()
     await socket.receive_json_from(timeout=5)
     await socket.send_to(text_data="{not json")
@@ -92,7 +81,7 @@ async def test_anonymous_sockets_are_rejected_before_accept():
 
 
 async def test_non_staff_users_are_rejected_before_accept():
-    socket = _socket(await _cookie_for(username="user"))
+    socket = _socket(await _new_user_session(username="user"))
     connected, code = await socket.connect()
     assert connected is False
     assert code == 4403
@@ -100,7 +89,7 @@ async def test_non_staff_users_are_rejected_before_accept():
 
 
 async def test_staff_without_the_engines_view_permission_are_rejected_before_accept():
-    socket = _socket(await _cookie_for(username="bare", is_staff=True))
+    socket = _socket(await _new_user_session(username="bare", is_staff=True))
     connected, code = await socket.connect()
     assert connected is False
     assert code == 4403
@@ -108,8 +97,7 @@ async def test_staff_without_the_engines_view_permission_are_rejected_before_acc
 
 
 async def test_foreign_origins_are_rejected():
-    cookie = await _operator_cookie()
-    socket = _socket(cookie, origin="http://evil.example")
+    socket = _socket(await _operator_session(), origin="http://evil.example")
     connected, _ = await socket.connect()
     assert connected is False
     await socket.disconnect()

@@ -6,20 +6,19 @@ instead of the event, and the socket closes with 4403."""
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.db import connections
-from django.test import Client
 
-from config.asgi import application
 from core.events import ops_event_abroadcast
 from tests.support.personas import staff_user
+from tests.support.sockets import session_key_for, socket_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT = {"engine": "local", "status": "crashed", "reason": "exit code 137"}
 VIEW_ENGINES = "inference_ops.view_engineprocess"
+OPS = "/ws/ops/"
 
 
 @pytest.fixture(autouse=True)
@@ -34,29 +33,34 @@ async def _connect(username: str, *, perms: tuple[str, ...]):
     """A staff user holding `perms`, their socket (connect asked, not yet answered) and session
     key."""
     user = await sync_to_async(staff_user)(username, perms=perms)
-    client = Client()
-    await client.aforce_login(user)
-    session_key = client.cookies["sessionid"].value
-    socket = WebsocketCommunicator(
-        application,
-        "/ws/ops/",
-        headers=[
-            (b"host", b"testserver"),
-            (b"origin", b"http://testserver"),
-            (b"cookie", f"sessionid={session_key}".encode()),
-        ],
-    )
-    return socket, user, session_key
+    session_key = await session_key_for(user)
+    return socket_at(OPS, session_key), user, session_key
+
+
+async def _hello(socket, username: str) -> None:
+    """The socket accepted, and its first frame the hello to `username`."""
+    connected, _ = await socket.connect(timeout=10)
+    assert connected
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": username}
 
 
 async def _opened(username: str):
     """The socket of a staff user who may view the engines, past its hello; the user and their
     session key."""
     socket, user, session_key = await _connect(username, perms=(VIEW_ENGINES,))
-    connected, _ = await socket.connect(timeout=10)
-    assert connected
-    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": username}
+    await _hello(socket, username)
     return socket, user, session_key
+
+
+async def _gets_the_event(socket) -> None:
+    """An engine event broadcast now reaches the socket as it was sent; then the client leaves."""
+    await ops_event_abroadcast(kind="engine.status", data=EVENT)
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "event",
+        "kind": "engine.status",
+        "data": EVENT,
+    }
+    await socket.disconnect()
 
 
 async def _refused_with(socket, code: str) -> str:
@@ -71,13 +75,7 @@ async def _refused_with(socket, code: str) -> str:
 
 async def test_staff_get_engine_events_while_their_login_holds():
     socket, _, _ = await _opened("ops")
-    await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {
-        "type": "event",
-        "kind": "engine.status",
-        "data": EVENT,
-    }
-    await socket.disconnect()
+    await _gets_the_event(socket)
 
 
 async def test_a_demoted_staff_user_gets_no_more_engine_events():
@@ -116,27 +114,9 @@ async def test_a_superuser_needs_no_permission_of_their_own():
     user = await sync_to_async(get_user_model().objects.create_superuser)(
         "root", password="pw-123456789"
     )
-    client = Client()
-    await client.aforce_login(user)
-    socket = WebsocketCommunicator(
-        application,
-        "/ws/ops/",
-        headers=[
-            (b"host", b"testserver"),
-            (b"origin", b"http://testserver"),
-            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-        ],
-    )
-    connected, _ = await socket.connect(timeout=10)
-    assert connected
-    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "root"}
-    await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {
-        "type": "event",
-        "kind": "engine.status",
-        "data": EVENT,
-    }
-    await socket.disconnect()
+    socket = socket_at(OPS, await session_key_for(user))
+    await _hello(socket, "root")
+    await _gets_the_event(socket)
 
 
 async def test_staff_whose_permission_is_taken_away_get_no_more_engine_events():
@@ -150,16 +130,8 @@ async def test_staff_whose_permission_is_taken_away_get_no_more_engine_events():
 async def test_staff_who_may_view_the_engines_through_a_group_get_engine_events():
     socket, user, _ = await _connect("grouped", perms=())
     await sync_to_async(_grant_through_a_group)(user)
-    connected, _ = await socket.connect(timeout=10)
-    assert connected
-    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "user": "grouped"}
-    await ops_event_abroadcast(kind="engine.status", data=EVENT)
-    assert await socket.receive_json_from(timeout=10) == {
-        "type": "event",
-        "kind": "engine.status",
-        "data": EVENT,
-    }
-    await socket.disconnect()
+    await _hello(socket, "grouped")
+    await _gets_the_event(socket)
 
 
 def _grant_through_a_group(user):

@@ -22,8 +22,8 @@ from observability.requestlog import (
     request_note,
     requestlog_prune,
 )
-from tests.chat.sockets import socket_for
 from tests.support.factories import endpoint, rule
+from tests.support.sockets import socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
