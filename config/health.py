@@ -51,10 +51,22 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
+_PGVECTOR_SQL = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+
+
 def _check_database() -> str:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-        row = cursor.fetchone()
+    pool = connection.pool  # None when DATABASE_POOL_SIZE is 0
+    if pool is None:
+        with connection.cursor() as cursor:  # bounded by DATABASE_CONNECT_TIMEOUT
+            cursor.execute(_PGVECTOR_SQL)
+            row = cursor.fetchone()
+    else:
+        # Not through Django's connection: its checkout waits DATABASE_POOL_TIMEOUT (10 s), a
+        # request's patience. A probe gives up after READYZ_TIMEOUT like every check, or a refused
+        # database kept /readyz 11 s from answering, past any balancer's probe timeout.
+        pool.open()  # Django opens the pool at its first checkout; a no-op once open
+        with pool.connection(timeout=settings.READYZ_TIMEOUT) as conn:
+            row = conn.execute(_PGVECTOR_SQL).fetchone()
     if row is None:
         raise RuntimeError("the pgvector extension is not installed (run migrate)")
     return f"pgvector {row[0]}"
