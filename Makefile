@@ -34,9 +34,9 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The suite without its slow parts (a real browser, real processes started and stopped, real
-# engines): what to run while working; `make test` runs everything.
+# engines, PyTorch): what to run while working; `make test` runs everything.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not browser and not processes and not engines" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not browser and not processes and not engines and not torch" $(PYTEST_ARGS)
 
 # Lint, format and types (pyproject.toml), then the JavaScript (eslint.config.js). CI runs it
 # before the tests.

@@ -50,6 +50,7 @@ def test_the_demo_data_loads_once_and_answers_directly(db, capsys, settings, tmp
     assert Entry.objects.get(question="What is LoRA?").answer == "edited by a curator"
 
 
+@pytest.mark.processes
 def test_collected_chat_modules_import_each_other_by_their_hashed_names(child_env, tmp_path):
     """Django hashes the entry point the template names; each import inside it must name a hashed
     file too, or a browser could pair a new boot.js with an old module cached from the last

@@ -47,6 +47,7 @@ def quick_run(test_database_url, child_env, tmp_path_factory):
     return done.stdout, json.loads(report_path.read_text())
 
 
+@pytest.mark.processes
 def test_a_quick_run_prints_every_section_and_each_target_with_its_verdict(quick_run):
     printed, report = quick_run
     for heading in (
@@ -73,6 +74,7 @@ def test_a_quick_run_prints_every_section_and_each_target_with_its_verdict(quick
     assert "dropped bench_gateway_" in printed
 
 
+@pytest.mark.processes
 def test_the_sweep_compares_both_models_with_the_engine_and_every_request_completes(quick_run):
     _, report = quick_run
     for key in ("named", "auto"):
@@ -94,6 +96,7 @@ def test_the_sweep_compares_both_models_with_the_engine_and_every_request_comple
             assert row["gateway_cpu_ms_per_request"] > 0
 
 
+@pytest.mark.processes
 def test_kb_questions_are_answered_by_the_kb_and_long_answers_are_generated_to_length(quick_run):
     _, report = quick_run
     first = report["first_question"]
@@ -111,6 +114,7 @@ def test_kb_questions_are_answered_by_the_kb_and_long_answers_are_generated_to_l
     assert all(_number(pair[figure]) for figure in ("one_s", "two_s", "ratio"))
 
 
+@pytest.mark.processes
 def test_the_bench_database_is_gone_after_no_keep(quick_run):
     name = f"bench_gateway_{settings.DATABASES['default']['NAME']}"
     with psycopg.connect(

@@ -6,7 +6,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import BASE_DIR
+
+pytestmark = pytest.mark.processes  # the command starts simulators, a gateway and its database
 
 
 def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):

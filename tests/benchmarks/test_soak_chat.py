@@ -14,6 +14,7 @@ from benchmarks.management.commands.soak_chat import Command
 from tests.conftest import BASE_DIR
 
 
+@pytest.mark.processes
 def test_a_short_soak_loses_reorders_and_misstores_nothing(child_env):
     done = subprocess.run(
         [sys.executable, "manage.py", "soak_chat", "--sockets", "24", "--seconds", "6"],

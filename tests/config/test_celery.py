@@ -79,6 +79,7 @@ def test_the_broker_never_hands_a_running_task_to_a_second_worker():
     assert redelivery_problems() == []
 
 
+@pytest.mark.processes
 def test_a_worker_refuses_to_start_when_a_task_could_outlive_the_visibility_timeout(child_env):
     env = {**child_env, "CELERY_VISIBILITY_TIMEOUT": "3600"}
     result = subprocess.run(

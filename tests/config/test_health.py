@@ -110,6 +110,7 @@ def test_readyz_names_celery_when_no_worker_listens(admin_client, settings, cele
     assert body["checks"]["celery"]["error"] == "RuntimeError: no Celery worker answered ping"
 
 
+@pytest.mark.processes
 def test_readyz_names_the_database_when_postgres_refuses_within_its_own_timeout(child_env):
     """A balancer's probe gives up after a second or so: the check waits READYZ_TIMEOUT, not the
     pool's wait for a connection, which is a request's (it was 10 s, and /readyz took 11)."""

@@ -169,6 +169,7 @@ def test_with_debug_on_only_djangos_technical_error_pages_go_without_the_policy(
         ),
     ],
 )
+@pytest.mark.processes
 def test_csp_report_uri_from_the_environment_adds_a_report_uri(child_env, value, expected):
     code = (
         "from config.csp import policy_header; from django.conf import settings; "

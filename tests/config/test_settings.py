@@ -30,6 +30,7 @@ def production_env(child_env) -> dict[str, str]:
     }
 
 
+@pytest.mark.processes
 def test_check_deploy_is_clean_in_a_production_environment(production_env):
     result = _manage("check", "--deploy", "--fail-level", "WARNING", env=production_env)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -34,6 +34,7 @@ def test_the_limit_holds_across_connections_and_a_slot_given_back_is_free_again(
     assert not take(one, key, "d")
 
 
+@pytest.mark.processes
 def test_a_process_that_dies_holding_slots_loses_them_when_their_lease_ends(key):
     script = (
         "import os, redis; from core import slots; "

@@ -322,6 +322,7 @@ def test_a_client_that_leaves_mid_answer_still_gets_every_span_ended(traces):
     assert "gen_ai.usage.output_tokens" not in chat.attributes
 
 
+@pytest.mark.processes
 def test_without_an_endpoint_no_span_is_made_and_the_tracing_sdk_is_not_loaded(rows, child_env):
     (events,), loaded = run_pipeline(
         child_env, {"OTEL_SERVICE_NAME": "gw-under-test"}, {"text": QUESTION, "max_tokens": 3}

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.deploy.runtime_imports import runtime_set
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,7 @@ def test_the_runtime_set_holds_no_test_or_development_tool():
     assert not runtime & {"pytest", "pytest-django", "playwright", "matplotlib", "mypy"}
 
 
+@pytest.mark.processes
 def test_the_product_imports_with_the_runtime_set_alone():
     # The image's settings: DEBUG off, so nothing reaches for the embedded development servers;
     # the addresses are placeholders nothing connects to (as in the Dockerfile's build step).

@@ -160,6 +160,7 @@ async def stub():
     """Serves /v1/chat/completions per `stub.mode`: malformed JSON, a stall between tokens, or a
     clean close."""
     state = {"mode": "malformed"}
+    ended = asyncio.Event()  # set at teardown: a stalled answer lets go, and the server stops now
 
     async def chat(request):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -172,7 +173,8 @@ async def stub():
             await response.write(b"data: {not json\n\n")
         elif state["mode"] == "stall":
             await response.write(chunk)
-            await asyncio.sleep(5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), 5)
         elif state["mode"] == "no-finish":
             await response.write(chunk)
             await response.write(b"data: [DONE]\n\n")
@@ -201,6 +203,7 @@ async def stub():
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     yield state, f"http://127.0.0.1:{port}"
+    ended.set()
     await runner.cleanup()
 
 

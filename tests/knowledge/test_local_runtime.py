@@ -12,6 +12,9 @@ from django.conf import settings as django_settings
 
 from knowledge.embedding import MINILM, EmbeddingSpec, LocalEmbedder
 
+# Each test exports MiniLM from PyTorch into a fresh cache, or embeds with PyTorch itself.
+pytestmark = pytest.mark.torch
+
 SPEC = EmbeddingSpec(name=MINILM, backend="local", dimensions=384)
 TEXTS = [
     "How do I cancel my order?",

@@ -193,6 +193,7 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(
     assert async_to_sync(breaker.state)("down").state == "closed"
 
 
+@pytest.mark.processes
 def test_the_breaker_is_shared_by_processes(child_env, settings):
     settings.ROUTING_BREAKER_FAILURES = 1
     async_to_sync(breaker.failure)("shared")
