@@ -9,6 +9,7 @@ with everything it started when the block ends.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from benchmarks.servers import wait_answering
-from core.processes import free_port, stop_group
+from core.processes import TEST_RUN_TAG, free_port, stop_group
 from inference_ops import cpu_engine, vllm_engine
 from inference_ops.engine_command import command_line, environment
 from inference_ops.engine_processes import session_processes
@@ -77,7 +78,9 @@ def engine_run(
     with open(log_path, "ab") as output:
         process = subprocess.Popen(
             command.argv,
-            env=command.env,
+            # The engine's environment is a clean one; a test run's tag (tests/support/orphans.py)
+            # goes with it, or a killed run's vLLM would be left running unknown.
+            env={**command.env, **{k: v for k, v in os.environ.items() if k == TEST_RUN_TAG}},
             cwd=settings.BASE_DIR,
             stdin=subprocess.DEVNULL,
             stdout=output,

@@ -17,6 +17,11 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
+# The variable that tags a process with the pid of the test run that started it
+# (tests/support/orphans.py sweeps what a killed run left); a launcher that gives a child a clean
+# environment passes it on by name.
+TEST_RUN_TAG = "GATEWAY_TEST_RUN"
+
 
 def free_port() -> int:
     """A loopback port free right now. Another process may take it before ours binds it; on a

@@ -13,11 +13,15 @@ from django.conf import settings
 
 from core.processes import stop_group as stop_process_group
 from devtools import embedded
+from tests.support import orphans
 
 BASE_DIR = settings.BASE_DIR
 
 
 def pytest_configure(config):
+    for command in orphans.sweep():
+        print(f"killed, left by a killed test run: {command}", file=sys.stderr)
+    orphans.tag_this_run()
     embedded.hold()
 
 
