@@ -609,6 +609,17 @@ if KB_EMBEDDING_BACKEND == "openai" and not (KB_EMBEDDING_MODEL and KB_EMBEDDING
 # (knowledge.embedding.OPERATING_POINTS).
 KB_DIRECT_THRESHOLD = env_float("KB_DIRECT_THRESHOLD", None, minimum=0.0)
 KB_DIRECT_MARGIN = env_float("KB_DIRECT_MARGIN", None, minimum=0.0)
+# The typo road (knowledge.typos): a question one or two characters off a curated phrasing is
+# answered as that phrasing, after the exact road and before the vector one. Two characters off
+# only for phrasings of KB_TYPO_LONG characters or more; each changed word of KB_TYPO_MIN_WORD
+# letters or more and not a common English word (a Zipf frequency below KB_TYPO_REAL_WORD). Each
+# process reads the phrasings' digest at most every KB_TYPO_INDEX_SECONDS.
+KB_TYPO_ROAD = env_bool("KB_TYPO_ROAD", True)
+KB_TYPO_LONG = env_int("KB_TYPO_LONG", 10, minimum=2)
+KB_TYPO_MIN_WORD = env_int("KB_TYPO_MIN_WORD", 4, minimum=1)
+KB_TYPO_LONG_WORD = env_int("KB_TYPO_LONG_WORD", 8, minimum=2)  # two edits in one word from here
+KB_TYPO_REAL_WORD = env_float("KB_TYPO_REAL_WORD", 3.0, minimum=0.0)
+KB_TYPO_INDEX_SECONDS = env_float("KB_TYPO_INDEX_SECONDS", 10.0, minimum=0.0)
 # A second stage (knowledge.rerank), off while KB_RERANK_BASE_URL is empty: a cross-encoder served
 # like vLLM's (`vllm serve BAAI/bge-reranker-v2-m3`; /rerank is appended to the URL) reads the
 # question with the best phrasing of each of its top KB_RERANK_CANDIDATES matches (of the five the

@@ -127,6 +127,18 @@ def _rules() -> str:
     return f"rules ({len(rules)})"
 
 
+def _typos() -> str:
+    from django.db import connection
+
+    from knowledge import typos
+
+    try:
+        phrasings = typos.warm()
+    finally:
+        connection.close()
+    return f"typo index ({phrasings} phrasings)"
+
+
 def _event_loop() -> str:
     """What the first request would open on the server's event loop: the loop's database pool
     (core.db) and Redis client (core.redis). Only under daphne, whose loop exists (not yet
@@ -194,6 +206,7 @@ STEPS: tuple[tuple[str, Callable[[], str]], ...] = (
     ("cache", _cache),
     ("embedder", _embedder),
     ("rules", _rules),
+    ("typos", _typos),
     ("event loop", _event_loop),
     ("urls", _urls),
     ("heap", _heap),

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connection
 
 from core import db, rawsql
+from knowledge import typos
 from knowledge.embedding import aembed_query, embed_query, spec_of, vector_literal
 from knowledge.guards import follow_up_marker
 from knowledge.models import EmbeddingModel, Entry, Passage, PassageVector
@@ -172,12 +173,56 @@ def _exact_answer(row) -> DirectAnswer | None:
     )
 
 
+_ENTRY_SQL = """
+SELECT {entry_columns} FROM knowledge_entry e WHERE e.id = %s AND e.active AND e.kind = 'faq'
+"""
+
+
+def _typo_answer(typo: typos.Typo | None, row) -> DirectAnswer | None:
+    """The entry `typo` points at (`row`: read now, so its answer is the current one)."""
+    if typo is None or row is None:
+        return None
+    off = "one character" if typo.distance == 1 else f"{typo.distance} characters"
+    return DirectAnswer(
+        hit=True,
+        method="typo",
+        entry=rawsql.instance(Entry, row),
+        score=1.0,
+        reason=f"{off} off the phrasing {typo.phrasing!r} (normalized)",
+    )
+
+
+def typo_match(key: str) -> DirectAnswer | None:
+    """The FAQ entry one of whose phrasings `key` (normalized) is a typo of (knowledge.typos)."""
+    if not settings.KB_TYPO_ROAD:
+        return None
+    typo = typos.index().find(key)
+    if typo is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [typo.entry_id])
+        return _typo_answer(typo, cursor.fetchone())
+
+
+async def _atypo_match(key: str) -> DirectAnswer | None:
+    if not settings.KB_TYPO_ROAD:
+        return None
+    typo = (await typos.aindex()).find(key)
+    if typo is None:
+        return None
+    row = await db.query_one(
+        _ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [typo.entry_id]
+    )
+    return _typo_answer(typo, row)
+
+
 def direct_answer(text: str, *, with_matches: bool = False) -> DirectAnswer:
-    """Can the KB answer `text` by itself? Exact match first, then a guarded vector match."""
+    """Can the KB answer `text` by itself? Exact match first, then a typo of a phrasing, then a
+    guarded vector match."""
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = exact_match(key)
+    exact = exact_match(key) or typo_match(key)
     if exact is not None and not with_matches:
         return exact
     model = serving_model()
@@ -249,10 +294,11 @@ def _passages(rows) -> list[ContextPassage]:
 
 def warm_statements() -> list[tuple[str, list | dict]]:
     """The KB's hot statements with inputs that match nothing, for the warm-up (see
-    chat.services.warm_statements): the exact match, and with a serving model the vector match
-    and the context retrieval."""
+    chat.services.warm_statements): the exact match, the typo road's entry, and with a serving
+    model the vector match and the context retrieval."""
     statements: list[tuple[str, list | dict]] = [
-        (_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""])
+        (_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""]),
+        (_ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [0]),
     ]
     model = serving_model()
     if model is not None:
@@ -285,7 +331,7 @@ async def _adirect_answer(text: str) -> DirectAnswer:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
     exact = _exact_answer(
         await db.query_one(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
-    )
+    ) or await _atypo_match(key)
     if exact is not None:
         return exact
     model = await aserving_model()

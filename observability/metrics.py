@@ -40,7 +40,7 @@ OTHER = "other"
 INTERFACES = frozenset(RequestLog.Interface.values)
 STATUSES = frozenset(RequestLog.Status.values)
 ROADS = frozenset({"kb", "local", "external", ""})
-KB_METHODS = frozenset({"exact", "vector", "none", "follow_up"})
+KB_METHODS = frozenset({"exact", "typo", "vector", "none", "follow_up"})
 # Every code a turn ends with (routing.pipeline's, an engine failure's kind) and every code /v1
 # answers with (chat.openai_api, after its renames); "" is a reply without a code.
 ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(

@@ -184,7 +184,8 @@ def test_a_process_warms_up_before_it_answers_its_first_request(
         warm = json.loads(body)["checks"]["warm"]
     assert warm["ok"] is True
     assert f"embedder {model.name} (" in warm["detail"]  # and its runtime
-    for step in ("database", "cache", "rules (0)", "event loop (database pool of ", "urls"):
+    steps = ("database", "cache", "rules (0)", "typo index (0 phrasings)", "event loop (", "urls")
+    for step in steps:
         assert step in warm["detail"]
     assert "not warmed" not in warm["detail"]
     # What start-up loaded is out of the garbage collector's sight: no full collection walks it.
