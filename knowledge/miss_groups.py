@@ -12,7 +12,7 @@ import numpy as np
 from django.db import connection, transaction
 
 from knowledge.models import EmbeddingModel, Entry, Miss
-from knowledge.services import entry_create
+from knowledge.services import entry_add_phrasings, entry_create
 
 # Heads a miss may join: grouped rows without a group whose question has no entry yet.
 _HEAD = "h.group_id IS NULL AND h.grouped_at IS NOT NULL AND h.resolved_by_id IS NULL"
@@ -194,3 +194,20 @@ def miss_to_entry(
         Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
         Miss.objects.filter(group=head).update(resolved_by=entry)
     return entry
+
+
+def miss_group_to_phrasings(*, miss: Miss, entry: Entry, embed: str = "async") -> list[str]:
+    """Attach the questions of `miss`'s group to `entry` as phrasings and resolve the group: the
+    KB answers them, and every later question in their words, directly from now on. The
+    questions added (one per wording; those the KB already has are left out)."""
+    head = miss.group or miss
+    questions = list(
+        Miss.objects.filter(pk=head.pk)
+        .values_list("question", flat=True)
+        .union(Miss.objects.filter(group=head).values_list("question", flat=True))
+    )
+    with transaction.atomic():
+        added = entry_add_phrasings(entry=entry, texts=sorted(questions), embed=embed)
+        Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
+        Miss.objects.filter(group=head).update(resolved_by=entry)
+    return added

@@ -294,6 +294,39 @@ def entry_update(*, entry: Entry, embed: str = "async", **changes) -> Entry:
     return entry
 
 
+def entry_add_phrasings(*, entry: Entry, texts: Iterable[str], embed: str = "async") -> list[str]:
+    """Attach `texts` to a FAQ entry as aliases; the texts added. Unlike an edit of its aliases
+    (entry_update), the entry keeps its phrasings and their vectors, so it answers its old
+    wordings throughout; only the new ones are embedded. A text the entry or another entry
+    already has (normalized) is left out: one wording answers with one entry."""
+    cleaned = entry_validate({"aliases": list(texts)})["aliases"]
+    with transaction.atomic():
+        entry = Entry.objects.select_for_update().get(pk=entry.pk)
+        if entry.kind != Entry.Kind.FAQ:
+            raise EntryInvalid({"kind": "only an FAQ entry has phrasings to add to"})
+        keys = {text: normalize(text) for text in cleaned}
+        taken = set(
+            Phrasing.objects.filter(normalized__in=set(keys.values())).values_list(
+                "normalized", flat=True
+            )
+        )
+        added = []
+        for text, key in keys.items():
+            if key and key not in taken:
+                taken.add(key)
+                added.append(text)
+        if not added:
+            return []
+        entry.aliases = [*entry.aliases, *added]
+        entry.version += 1  # an embedding still running for the old phrasings embeds these too
+        entry.save(update_fields=["aliases", "version", "updated_at"])
+        Phrasing.objects.bulk_create(
+            [Phrasing(entry=entry, text=text, normalized=keys[text]) for text in added]
+        )
+        _after_text_change(entry, embed)
+    return added
+
+
 def entries_set_active(*, ids: Iterable[int], active: bool) -> int:
     """(De)activate entries; the number changed. Activating an entry awaiting review reviews it."""
     now = timezone.now()

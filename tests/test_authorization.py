@@ -283,6 +283,7 @@ ACTIONS = {
     ("knowledge.entry", "reembed_selected"): (NO, NO, RAN, RAN, RAN),
     ("knowledge.entry", "reembed_everything"): (NO, NO, RAN, RAN, RAN),
     ("knowledge.miss", "delete_selected"): (NO, NO, NO, RAN, RAN),
+    ("knowledge.miss", "add_as_phrasings"): (NO, NO, RAN, RAN, RAN),  # change entries and misses
     ("knowledge.miss", "make_entry"): (
         NO,
         NO,

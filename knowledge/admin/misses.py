@@ -41,7 +41,7 @@ class MissAdmin(admin.ModelAdmin):
     ]
     exclude = ["embedding"]
     ordering = ["-count", "-created_at"]
-    actions = ["make_entry"]
+    actions = ["add_as_phrasings", "make_entry"]
 
     def changelist_view(self, request, extra_context=None):
         miss_groups.misses_group()
@@ -58,12 +58,44 @@ class MissAdmin(admin.ModelAdmin):
         # It adds an entry and marks the misses it answers as resolved.
         return self.has_change_permission(request) and request.user.has_perm("knowledge.add_entry")
 
+    def has_add_as_phrasings_permission(self, request):
+        # It changes an entry (its phrasings) and marks the misses it answers as resolved.
+        return self.has_change_permission(request) and request.user.has_perm(
+            "knowledge.change_entry"
+        )
+
     @admin.display(description="closest entry")
     def best_entry_link(self, obj):
         if obj.best_entry is None:
             return "—"
         url = reverse("admin:knowledge_entry_change", args=[obj.best_entry.pk])
         return format_html('<a href="{}">KB#{}</a>', url, obj.best_entry.pk)
+
+    @admin.action(
+        description="Add the questions as phrasings of their closest entry",
+        permissions=["add_as_phrasings"],
+    )
+    def add_as_phrasings(self, request, queryset):
+        added, entries = 0, set()
+        for miss in queryset.select_related("best_entry"):
+            entry = miss.best_entry
+            if entry is None or entry.kind != entry.Kind.FAQ:
+                self.message_user(
+                    request,
+                    f"“{miss.question[:60]}” has no closest FAQ entry: turn it into an entry "
+                    "instead.",
+                    messages.WARNING,
+                )
+                continue
+            added += len(miss_groups.miss_group_to_phrasings(miss=miss, entry=entry))
+            entries.add(entry.pk)
+        if entries:
+            self.message_user(
+                request,
+                f"{added} question(s) added as phrasings of {len(entries)} entr"
+                f"{'y' if len(entries) == 1 else 'ies'}: the KB answers them directly once they "
+                "are embedded (seconds).",
+            )
 
     @admin.action(
         description="Turn the generated answer into a KB entry", permissions=["make_entry"]

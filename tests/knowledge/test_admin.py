@@ -4,7 +4,7 @@ from django.utils import timezone
 from knowledge.embedding import embed_query, spec_of
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
-from knowledge.selectors import serving_model
+from knowledge.selectors import direct_answer, serving_model
 from knowledge.services import entry_create
 from tests.support.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
@@ -150,6 +150,45 @@ def test_misses_are_grouped_and_one_action_turns_one_into_an_entry(staff_client,
     )
     assert entry.answer == "Yes, from 10 to 200 euros."
     assert Miss.objects.filter(resolved_by=entry).count() == 3
+
+
+def test_one_action_adds_a_groups_questions_to_its_closest_entry_and_the_kb_answers_them(
+    staff_client, kb
+):
+    password = kb["How do I reset my password?"]
+    head = Miss.objects.create(
+        question="I can't log in, lost my password",
+        normalized="i cant log in lost my password",
+        answer="Try the reset link.",
+        best_entry=password,
+        best_score=0.91,
+        count=3,
+        grouped_at=timezone.now(),
+    )
+    for question in ("lost my password, can't log in", "forgot password"):  # the second it has
+        Miss.objects.create(
+            question=question, normalized=question, group=head, grouped_at=timezone.now()
+        )
+    assert not direct_answer("lost my password, can't log in").hit
+
+    response = staff_client.post(
+        "/admin/knowledge/miss/",
+        {"action": "add_as_phrasings", "_selected_action": [head.pk]},
+        follow=True,
+    )
+    assert "2 question(s) added as phrasings of 1 entry" in response.content.decode()
+    password.refresh_from_db()
+    assert password.aliases == [
+        "forgot password",
+        "I can't log in, lost my password",
+        "lost my password, can't log in",
+    ]
+    assert Miss.objects.filter(resolved_by=password).count() == 3
+    for question in ("lost my password, can't log in", "I CAN'T LOG IN, LOST MY PASSWORD"):
+        verdict = direct_answer(question)
+        assert verdict.hit and verdict.entry.pk == password.pk
+    # The entry's own wordings kept their vectors: nothing of it waits for the new embeddings.
+    assert PhrasingVector.objects.filter(phrasing__entry=password).count() == 2
 
 
 def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_model):
