@@ -35,6 +35,7 @@ class _Note:
     best_score: float | None
     model_id: int | None
     vector: tuple[float, ...] | None
+    reason: str
     noted_at: datetime
     key: uuid.UUID
 
@@ -50,11 +51,13 @@ def miss_note(
     best_score: float | None,
     model_id: int | None,
     vector: tuple[float, ...] | None,
+    reason: str = "",
 ) -> None:
     """Keep a question the KB did not answer (and the answer a model gave) for the curators.
 
     Safe on the event loop: it appends to memory and returns. `vector` is the question's
-    embedding by the model `model_id`, as the request computed it; `None` stores none.
+    embedding by the model `model_id`, as the request computed it; `None` stores none. `reason`:
+    why the KB did not answer it (the verdict's), for the curators.
     """
     if not settings.KB_RECORD_MISSES:
         return
@@ -66,6 +69,7 @@ def miss_note(
             best_score,
             model_id,
             vector,
+            reason,
             timezone.now(),
             uuid.uuid4(),
         )
@@ -87,16 +91,16 @@ def miss_buffer_stats() -> BufferStats:
 # whole when its entry or embedding model was deleted after the request: the reference becomes
 # NULL, as the foreign key's SET_NULL would have made it.
 _INSERT_SQL = """
-INSERT INTO knowledge_miss (question, normalized, answer, best_entry_id, best_score, count,
+INSERT INTO knowledge_miss (question, normalized, answer, best_entry_id, best_score, reason, count,
                             embedding, model_id, created_at, grouped_at, group_id, resolved_by_id,
                             note_key)
-SELECT v.question, v.normalized, v.answer, e.id, v.best_score, 1,
+SELECT v.question, v.normalized, v.answer, e.id, v.best_score, v.reason, 1,
        CASE WHEN m.id IS NULL THEN NULL ELSE v.embedding::vector END, m.id, v.created_at,
        NULL, NULL, NULL, v.note_key
 FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[],
-            %s::bigint[], %s::timestamptz[], %s::uuid[]) WITH ORDINALITY
-     AS v(question, normalized, answer, best_entry_id, best_score, embedding, model_id, created_at,
-          note_key, ordinal)
+            %s::text[], %s::bigint[], %s::timestamptz[], %s::uuid[]) WITH ORDINALITY
+     AS v(question, normalized, answer, best_entry_id, best_score, reason, embedding, model_id,
+          created_at, note_key, ordinal)
 LEFT JOIN knowledge_entry e ON e.id = v.best_entry_id
 LEFT JOIN knowledge_embeddingmodel m ON m.id = v.model_id
 ORDER BY v.ordinal
@@ -116,6 +120,7 @@ def _write(batch: list[_Note]) -> int:
         [_text(n.answer) for n in batch],
         [n.best_entry_id for n in batch],
         [n.best_score for n in batch],
+        [_text(n.reason) for n in batch],
         [None if n.vector is None else vector_literal(n.vector) for n in batch],
         [None if n.vector is None else n.model_id for n in batch],
         [n.noted_at for n in batch],

@@ -252,6 +252,9 @@ class Miss(models.Model):
         Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     best_score = models.FloatField(null=True, blank=True)
+    reason = models.TextField(
+        blank=True, default="", help_text="Why the KB did not answer it: the verdict's reason."
+    )
     group = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="members"
     )

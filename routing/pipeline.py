@@ -445,4 +445,5 @@ def _record_miss(
         best_score=direct.score,
         model_id=direct.model.pk if direct.model else None,
         vector=direct.vector,
+        reason=direct.reason,
     )

@@ -21,6 +21,7 @@ class MissAdmin(admin.ModelAdmin):
         "count",
         "best_entry_link",
         "best_score",
+        "reason",
         "created_at",
         "resolved_by",
     ]
@@ -32,6 +33,7 @@ class MissAdmin(admin.ModelAdmin):
         "answer",
         "best_entry",
         "best_score",
+        "reason",
         "group",
         "count",
         "model",
