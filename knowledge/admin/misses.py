@@ -1,13 +1,25 @@
 """Misses in the admin: the groups of questions the KB did not answer, and the action that turns
 a generated answer into an entry awaiting review."""
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.shortcuts import redirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
 from knowledge import miss_groups
-from knowledge.models import Miss
+from knowledge.models import Entry, Miss
+
+
+class PickEntryForm(forms.Form):
+    entry = forms.ModelChoiceField(
+        queryset=Entry.objects.filter(kind=Entry.Kind.FAQ),
+        widget=forms.NumberInput,
+        label="Entry (its KB number)",
+        error_messages={"invalid_choice": "No FAQ entry has that number."},
+    )
 
 
 @admin.register(Miss)
@@ -43,7 +55,7 @@ class MissAdmin(admin.ModelAdmin):
     ]
     exclude = ["embedding"]
     ordering = ["-count", "-created_at"]
-    actions = ["add_as_phrasings", "make_entry"]
+    actions = ["add_as_phrasings", "add_to_entry", "make_entry"]
 
     def changelist_view(self, request, extra_context=None):
         miss_groups.misses_group()
@@ -98,6 +110,42 @@ class MissAdmin(admin.ModelAdmin):
                 f"{'y' if len(entries) == 1 else 'ies'}: the KB answers them directly once they "
                 "are embedded (seconds).",
             )
+
+    @admin.action(
+        description="Add the questions as phrasings of an entry you pick…",
+        permissions=["add_as_phrasings"],
+    )
+    def add_to_entry(self, request, queryset):
+        misses = list(queryset.select_related("best_entry"))
+        if "apply" in request.POST:
+            form = PickEntryForm(request.POST)
+            if form.is_valid():
+                entry = form.cleaned_data["entry"]
+                added = sum(
+                    len(miss_groups.miss_group_to_phrasings(miss=miss, entry=entry))
+                    for miss in misses
+                )
+                self.message_user(
+                    request,
+                    f"{added} question(s) added as phrasings of KB#{entry.pk}: the KB answers "
+                    "them directly once they are embedded (seconds).",
+                )
+                return None
+        else:
+            closest = next((m.best_entry for m in misses if m.best_entry is not None), None)
+            form = PickEntryForm(initial={"entry": closest.pk if closest else None})
+        return TemplateResponse(
+            request,
+            "admin/knowledge/miss/pick_entry.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Add the questions as phrasings of an entry",
+                "misses": misses,
+                "form": form,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "opts": self.model._meta,
+            },
+        )
 
     @admin.action(
         description="Turn the generated answer into a KB entry", permissions=["make_entry"]

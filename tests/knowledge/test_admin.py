@@ -194,6 +194,37 @@ def test_one_action_adds_a_groups_questions_to_its_closest_entry_and_the_kb_answ
     assert PhrasingVector.objects.filter(phrasing__entry=password).count() == 2
 
 
+def test_a_curator_may_add_a_groups_questions_to_another_entry_than_the_closest(staff_client, kb):
+    closest, picked = kb["How do I reset my password?"], kb["How do I cancel my order?"]
+    head = Miss.objects.create(
+        question="undo my purchase",
+        normalized="undo my purchase",
+        best_entry=closest,
+        best_score=0.87,
+        grouped_at=timezone.now(),
+    )
+    page = staff_client.post(
+        "/admin/knowledge/miss/", {"action": "add_to_entry", "_selected_action": [head.pk]}
+    ).content.decode()
+    assert "undo my purchase" in page and f'value="{closest.pk}"' in page  # the closest, offered
+    wrong = staff_client.post(
+        "/admin/knowledge/miss/",
+        {"action": "add_to_entry", "_selected_action": [head.pk], "apply": "1", "entry": "999999"},
+    )
+    assert "No FAQ entry has that number." in wrong.content.decode()
+    assert not Miss.objects.filter(resolved_by__isnull=False).exists()
+
+    done = staff_client.post(
+        "/admin/knowledge/miss/",
+        {"action": "add_to_entry", "_selected_action": [head.pk], "apply": "1", "entry": picked.pk},
+        follow=True,
+    )
+    assert f"1 question(s) added as phrasings of KB#{picked.pk}" in done.content.decode()
+    assert direct_answer("Undo my purchase!").entry.pk == picked.pk
+    head.refresh_from_db()
+    assert head.resolved_by_id == picked.pk
+
+
 def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("user", password="pw-123456789"))
     assert client.get("/admin/knowledge/entry/try/", {"q": "x"}).status_code == 302
