@@ -44,6 +44,14 @@ class Web:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_once_it_says(self, line: str, timeout: float = 10.0) -> str:
+        """The log once `line` is in it, or as it is after `timeout`: daphne writes a request's
+        access line after the response has left, so a client can read the log before it."""
+        deadline = time.monotonic() + timeout
+        while line not in (log := self.log()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return log
+
     def children(self) -> list[psutil.Process]:
         return psutil.Process(self.launcher.pid).children()
 
@@ -230,7 +238,7 @@ def test_warm_up_off_leaves_loading_to_the_first_request(
         child_env, tmp_path, WEB_CONCURRENCY="1", WEB_WARMUP="false", WEB_ACCESS_LOG="true"
     ) as server:
         status, body = http_get(f"{server.url}/readyz", cookie=staff_cookie)
-        log = server.log()
+        log = server.log_once_it_says('"GET /readyz" 200')
     assert status == 200, body
     assert json.loads(body)["checks"]["warm"]["detail"] == "off (WEB_WARMUP)"
     assert "warm-up" not in log
