@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from django.db import connection, transaction
+from django.utils import timezone
 
 from knowledge.models import EmbeddingModel, Entry, Miss
 from knowledge.services import entry_add_phrasings, entry_create
@@ -211,3 +212,12 @@ def miss_group_to_phrasings(*, miss: Miss, entry: Entry, embed: str = "async") -
         Miss.objects.filter(pk=head.pk).update(resolved_by=entry)
         Miss.objects.filter(group=head).update(resolved_by=entry)
     return added
+
+
+def miss_groups_dismiss(*, heads: list[Miss]) -> int:
+    """Mark the groups of `heads` as decided against: the KB should not answer them (out of
+    domain, a near miss, a question for a person). They leave the curators' list; the number
+    dismissed."""
+    return Miss.objects.filter(
+        pk__in=[(miss.group_id or miss.pk) for miss in heads], dismissed_at__isnull=True
+    ).update(dismissed_at=timezone.now())

@@ -270,6 +270,11 @@ class Miss(models.Model):
     grouped_at = models.DateTimeField(
         null=True, blank=True, help_text="Empty until the miss is placed in a group."
     )
+    dismissed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="On a group's first miss: when a curator decided the KB should not answer it.",
+    )
     # Given by the request that noted the miss: a batch written twice (its first INSERT committed,
     # the answer lost with the connection) stores each miss once.
     note_key = models.UUIDField(null=True, blank=True, unique=True, editable=False)

@@ -285,6 +285,7 @@ ACTIONS = {
     ("knowledge.miss", "delete_selected"): (NO, NO, NO, RAN, RAN),
     ("knowledge.miss", "add_as_phrasings"): (NO, NO, RAN, RAN, RAN),  # change entries and misses
     ("knowledge.miss", "add_to_entry"): (NO, NO, RAN, RAN, RAN),  # the same, to an entry picked
+    ("knowledge.miss", "dismiss"): (NO, NO, RAN, RAN, RAN),  # change on misses
     ("knowledge.miss", "make_entry"): (
         NO,
         NO,

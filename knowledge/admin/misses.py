@@ -37,7 +37,10 @@ class MissAdmin(admin.ModelAdmin):
         "created_at",
         "resolved_by",
     ]
-    list_filter = [("resolved_by", admin.EmptyFieldListFilter)]
+    list_filter = [
+        ("resolved_by", admin.EmptyFieldListFilter),
+        ("dismissed_at", admin.EmptyFieldListFilter),
+    ]
     search_fields = ["question", "answer"]
     readonly_fields = [
         "question",
@@ -52,10 +55,11 @@ class MissAdmin(admin.ModelAdmin):
         "resolved_by",
         "created_at",
         "grouped_at",
+        "dismissed_at",
     ]
     exclude = ["embedding"]
     ordering = ["-count", "-created_at"]
-    actions = ["add_as_phrasings", "add_to_entry", "make_entry"]
+    actions = ["add_as_phrasings", "add_to_entry", "make_entry", "dismiss"]
 
     def changelist_view(self, request, extra_context=None):
         miss_groups.misses_group()
@@ -64,6 +68,23 @@ class MissAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         heads = super().get_queryset(request).filter(group__isnull=True, grouped_at__isnull=False)
         return heads.select_related("best_entry", "resolved_by")
+
+    def get_changelist(self, request, **kwargs):
+        # Groups a curator dismissed leave the list unless its filter asks for them: the most-asked
+        # groups still to decide come first, not the same refused ones every day.
+        changelist = super().get_changelist(request, **kwargs)
+        if "dismissed_at__isempty" in request.GET or request.method == "POST":
+            return changelist  # an action runs on the rows selected, whichever list showed them
+
+        class Undecided(changelist):
+            def get_queryset(self, request, exclude_parameters=None):
+                return (
+                    super()
+                    .get_queryset(request, exclude_parameters)
+                    .filter(dismissed_at__isnull=True)
+                )
+
+        return Undecided
 
     def has_add_permission(self, request):
         return False
@@ -145,6 +166,15 @@ class MissAdmin(admin.ModelAdmin):
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
                 "opts": self.model._meta,
             },
+        )
+
+    @admin.action(description="Dismiss: the KB should not answer these", permissions=["change"])
+    def dismiss(self, request, queryset):
+        dismissed = miss_groups.miss_groups_dismiss(heads=list(queryset))
+        self.message_user(
+            request,
+            f"{dismissed} group(s) dismissed: they leave the list (its “dismissed” filter shows "
+            "them).",
         )
 
     @admin.action(

@@ -225,6 +225,24 @@ def test_a_curator_may_add_a_groups_questions_to_another_entry_than_the_closest(
     assert head.resolved_by_id == picked.pk
 
 
+def test_a_dismissed_group_leaves_the_list_and_its_filter_shows_it(staff_client):
+    asked = {
+        question: Miss.objects.create(
+            question=question, normalized=question, count=count, grouped_at=timezone.now()
+        )
+        for question, count in (("what is the weather in paris", 9), ("do you sell bikes", 2))
+    }
+    staff_client.post(
+        "/admin/knowledge/miss/",
+        {"action": "dismiss", "_selected_action": [asked["what is the weather in paris"].pk]},
+    )
+    listed = staff_client.get("/admin/knowledge/miss/").content.decode()
+    assert "do you sell bikes" in listed and "what is the weather in paris" not in listed
+    dismissed = staff_client.get("/admin/knowledge/miss/", {"dismissed_at__isempty": "0"})
+    assert "what is the weather in paris" in dismissed.content.decode()
+    assert "do you sell bikes" not in dismissed.content.decode()
+
+
 def test_non_staff_users_cannot_reach_the_curation_tools(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("user", password="pw-123456789"))
     assert client.get("/admin/knowledge/entry/try/", {"q": "x"}).status_code == 302

@@ -10,11 +10,10 @@ in proportion to 1 / r^zipf, the ranks a seeded shuffle): real traffic repeats i
 through the live matcher (`knowledge.selectors.direct_answer`: exact, typo, vector); a question
 not answered directly is noted as a miss with its vector, its closest entry and the reason, as
 the pipeline notes it. At the day's end the misses are grouped, and the curator takes the
-`--curate` largest open groups it has not decided on before: the product's suggestion is the
-group's closest entry, accepted (its questions added as phrasings, `miss_group_to_phrasings`)
-only when the labelled set says every question of the group has that entry for its answer; else
-the group is left as it is, and not looked at again (the admin has no "dismiss" yet: a real
-curator would remember, or scroll past it).
+`--curate` largest open groups: the product's suggestion is the group's closest entry, accepted
+(its questions added as phrasings, `miss_group_to_phrasings`) only when the labelled set says
+every question of the group has that entry for its answer; else the group is dismissed
+(`miss_groups_dismiss`), and leaves the list, as the admin's actions do.
 
 Per day: the hit rate of answerable traffic (questions the set gives an entry, answered directly
 with that entry) and the precision of the direct answers. The issue's targets: precision >= 0.98
@@ -35,7 +34,7 @@ from benchmarks import stack
 from knowledge.calibration import labelled_read
 from knowledge.embedding import embed_query, spec_of
 from knowledge.importing import kb_import
-from knowledge.miss_groups import miss_group_to_phrasings, misses_group
+from knowledge.miss_groups import miss_group_to_phrasings, miss_groups_dismiss, misses_group
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import EmbeddingModel, Entry, Miss
 from knowledge.selectors import direct_answer, serving_model_forget
@@ -100,7 +99,6 @@ class Command(BaseCommand):
         expected_of = {item.question: item.expected for item in items}
         spec = spec_of(model)
         rows = []
-        decided: set[int] = set()
         for day in range(1, days + 1):
             tally: Counter[str] = Counter()
             for item in rng.choices(ranked, weights=weights, k=per_day):
@@ -122,7 +120,7 @@ class Command(BaseCommand):
                 )
             miss_flush()
             misses_group()
-            accepted, looked = self.curate(curate, expected_of, decided)
+            accepted, looked = self.curate(curate, expected_of)
             rows.append((day, tally, accepted, looked))
             hits = tally["right"] + tally["wrong"]
             self.stdout.write(
@@ -134,20 +132,21 @@ class Command(BaseCommand):
             )
         return rows
 
-    def curate(
-        self, limit: int, expected_of: dict[str, int | None], decided: set[int]
-    ) -> tuple[int, int]:
-        """The `limit` largest open miss groups the curator has not decided on yet: the closest
-        entry accepted where the labelled set says it answers every question of the group, the
-        group left alone otherwise (and not looked at again). (accepted, looked at)."""
+    def curate(self, limit: int, expected_of: dict[str, int | None]) -> tuple[int, int]:
+        """The `limit` largest open miss groups not dismissed: the closest entry accepted where the
+        labelled set says it answers every question of the group, the group dismissed otherwise
+        (the admin's actions). (accepted, looked at)."""
         heads = list(
-            Miss.objects.filter(group__isnull=True, grouped_at__isnull=False, resolved_by=None)
-            .exclude(pk__in=decided)
+            Miss.objects.filter(
+                group__isnull=True,
+                grouped_at__isnull=False,
+                resolved_by=None,
+                dismissed_at__isnull=True,
+            )
             .select_related("best_entry")
             .order_by("-count", "id")[:limit]
         )
-        decided.update(head.pk for head in heads)
-        accepted = 0
+        accepted, refused = 0, []
         for head in heads:
             questions = {head.question} | set(
                 Miss.objects.filter(group=head).values_list("question", flat=True)
@@ -158,6 +157,9 @@ class Command(BaseCommand):
             ):
                 miss_group_to_phrasings(miss=head, entry=suggestion, embed="sync")
                 accepted += 1
+            else:
+                refused.append(head)
+        miss_groups_dismiss(heads=refused)
         index_forget()  # this process's typo index reads the new phrasings now, not in 10 s
         return accepted, len(heads)
 
