@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -154,10 +155,17 @@ ORDER BY e.id LIMIT 1
 """
 
 
+@functools.cache
+def _with_entry(template: str) -> str:
+    """`template` with the entry's columns in place, once per process: the statements of every
+    question are the same text."""
+    return template.format(entry_columns=rawsql.columns(Entry, "e"))
+
+
 def exact_match(key: str) -> DirectAnswer | None:
     """The FAQ entry one of whose phrasings is `key` (already normalized), as a direct answer."""
     with connection.cursor() as cursor:
-        cursor.execute(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
+        cursor.execute(_with_entry(_EXACT_SQL), [key])
         return _exact_answer(cursor.fetchone())
 
 
@@ -200,7 +208,7 @@ def typo_match(key: str) -> DirectAnswer | None:
     if typo is None:
         return None
     with connection.cursor() as cursor:
-        cursor.execute(_ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [typo.entry_id])
+        cursor.execute(_with_entry(_ENTRY_SQL), [typo.entry_id])
         return _typo_answer(typo, cursor.fetchone())
 
 
@@ -210,9 +218,7 @@ async def _atypo_match(key: str) -> DirectAnswer | None:
     typo = (await typos.aindex()).find(key)
     if typo is None:
         return None
-    row = await db.query_one(
-        _ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [typo.entry_id]
-    )
+    row = await db.query_one(_with_entry(_ENTRY_SQL), [typo.entry_id])
     return _typo_answer(typo, row)
 
 
@@ -297,8 +303,8 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     chat.services.warm_statements): the exact match, the typo road's entry, and with a serving
     model the vector match and the context retrieval."""
     statements: list[tuple[str, list | dict]] = [
-        (_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [""]),
-        (_ENTRY_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [0]),
+        (_with_entry(_EXACT_SQL), [""]),
+        (_with_entry(_ENTRY_SQL), [0]),
     ]
     model = serving_model()
     if model is not None:
@@ -329,9 +335,9 @@ async def _adirect_answer(text: str) -> DirectAnswer:
     key = normalize(text)
     if not key:
         return DirectAnswer(hit=False, method="none", reason="the question is empty")
-    exact = _exact_answer(
-        await db.query_one(_EXACT_SQL.format(entry_columns=rawsql.columns(Entry, "e")), [key])
-    ) or await _atypo_match(key)
+    exact = _exact_answer(await db.query_one(_with_entry(_EXACT_SQL), [key])) or await _atypo_match(
+        key
+    )
     if exact is not None:
         return exact
     model = await aserving_model()

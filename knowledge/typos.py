@@ -72,7 +72,6 @@ class TypoIndex:
     """The normalized keys of the active FAQ phrasings, with their entries."""
 
     def __init__(self, rows: list[tuple[int, str]]):
-        self.entries = [entry_id for entry_id, _ in rows]
         self.keys = [key for _, key in rows]
         self.digest = _digest(rows)
         # By length: a key two characters off has a length within two of the question's, so a

@@ -8,15 +8,14 @@ they are on this machine.
 
 import json
 import math
-import subprocess
-import sys
 
 import psycopg
 import pytest
 from django.conf import settings
 
 from benchmarks.gateway import case_variants
-from tests.conftest import BASE_DIR, url_with_database
+from tests.conftest import url_with_database
+from tests.support.commands import manage
 
 
 def _number(value) -> bool:
@@ -26,25 +25,17 @@ def _number(value) -> bool:
 @pytest.fixture(scope="module")
 def quick_run(test_database_url, child_env, tmp_path_factory):
     report_path = tmp_path_factory.mktemp("bench_gateway") / "report.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "bench_gateway",
-            "--quick",
-            "--no-progress",
-            "--no-keep",
-            "--json",
-            str(report_path),
-        ],
-        cwd=BASE_DIR,
-        env=child_env,
-        capture_output=True,
-        text=True,
+    stdout = manage(
+        child_env,
+        "bench_gateway",
+        "--quick",
+        "--no-progress",
+        "--no-keep",
+        "--json",
+        str(report_path),
         timeout=280,
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
-    return done.stdout, json.loads(report_path.read_text())
+    return stdout, json.loads(report_path.read_text())
 
 
 @pytest.mark.processes

@@ -3,35 +3,25 @@ curator's accepted groups become phrasings, and what the KB answered directly is
 subprocess, as the command points its database connection at a bench database of its own."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import BASE_DIR
+from tests.support.commands import manage
 
 pytestmark = pytest.mark.processes  # its own database, the embedding model loaded
 
 
 def test_a_short_run_reports_each_day_and_the_curated_groups_raise_the_hit_rate(child_env):
-    done = subprocess.run(
-        [sys.executable, "manage.py", "bench_kb_curation", "--days", "3", "--per-day", "120"],
-        cwd=BASE_DIR,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
+    stdout = manage(child_env, "bench_kb_curation", "--days", "3", "--per-day", "120", timeout=280)
     days = re.findall(
         r"^day (\d): hit rate of answerable traffic ([\d.]+) \((\d+) of (\d+)\), precision "
         r"([\d.]+) \((\d+) wrong\); curator: (\d+) of (\d+) groups accepted$",
-        done.stdout,
+        stdout,
         re.M,
     )
-    assert [day[0] for day in days] == ["1", "2", "3"], done.stdout
-    assert all(float(day[4]) >= 0.98 for day in days), done.stdout
-    assert sum(int(day[6]) for day in days) > 0, done.stdout  # the curator accepted some groups
-    assert float(days[-1][1]) > float(days[0][1]), done.stdout  # and they are answered since
-    assert "precision >= 0.98 every day:" in done.stdout
-    assert "hit rate day 3 >= 2x day 1:" in done.stdout
+    assert [day[0] for day in days] == ["1", "2", "3"], stdout
+    assert all(float(day[4]) >= 0.98 for day in days), stdout
+    assert sum(int(day[6]) for day in days) > 0, stdout  # the curator accepted some groups
+    assert float(days[-1][1]) > float(days[0][1]), stdout  # and they are answered since
+    assert "precision >= 0.98 every day:" in stdout
+    assert "hit rate day 3 >= 2x day 1:" in stdout

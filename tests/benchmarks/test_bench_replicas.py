@@ -9,32 +9,25 @@ import sys
 import pytest
 
 from tests.conftest import BASE_DIR
+from tests.support.commands import manage
 
 pytestmark = pytest.mark.processes  # the command starts simulators, a gateway and its database
 
 
 def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "bench_replicas",
-            "--rounds",
-            "1",
-            "--requests",
-            "12",
-            "--concurrency",
-            "4",
-            "--max-tokens",
-            "4",
-        ],
-        cwd=BASE_DIR,
-        env=child_env,
-        capture_output=True,
-        text=True,
+    stdout = manage(
+        child_env,
+        "bench_replicas",
+        "--rounds",
+        "1",
+        "--requests",
+        "12",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "4",
         timeout=280,
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     rows = {
         m.group(1): m
         for m in re.finditer(
@@ -42,14 +35,14 @@ def test_a_small_run_compares_both_modes_and_every_request_completes(child_env):
                 r"^(least_busy|round_robin) +([\d.]+) +([\d.]+) +(\d+) +(\d+)"
                 r"  (\d+)% / (\d+)% / (\d+)%$"
             ),
-            done.stdout,
+            stdout,
             re.M,
         )
     }
-    assert set(rows) == {"least_busy", "round_robin"}, done.stdout
+    assert set(rows) == {"least_busy", "round_robin"}, stdout
     for row in rows.values():
         assert row.group(5) == "0" and sum(int(row.group(n)) for n in (6, 7, 8)) in (99, 100, 101)
-    assert "dropped bench_replicas_" in done.stdout
+    assert "dropped bench_replicas_" in stdout
 
 
 def test_an_unknown_mode_is_refused_before_anything_starts(child_env):

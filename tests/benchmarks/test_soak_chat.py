@@ -4,28 +4,18 @@ A short soak here (docs/benchmarks.md#fig-soak is the long one); in a subprocess
 command points its database connection at its own database."""
 
 import io
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks import chat_ws
 from benchmarks.management.commands.soak_chat import Command
-from tests.conftest import BASE_DIR
+from tests.support.commands import manage
 
 
 @pytest.mark.processes
 def test_a_short_soak_loses_reorders_and_misstores_nothing(child_env):
-    done = subprocess.run(
-        [sys.executable, "manage.py", "soak_chat", "--sockets", "24", "--seconds", "6"],
-        cwd=BASE_DIR,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
-    lines = done.stdout.splitlines()
+    stdout = manage(child_env, "soak_chat", "--sockets", "24", "--seconds", "6", timeout=240)
+    lines = stdout.splitlines()
     answers = next(line for line in lines if line.startswith("answers: "))
     assert int(answers.split()[1]) >= 24  # every socket answered at least once
     assert "errors: 0" in lines

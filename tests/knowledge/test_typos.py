@@ -9,10 +9,10 @@ from asgiref.sync import sync_to_async
 
 from benchmarks import kb_typos
 from knowledge import typos
+from knowledge.importing import kb_import
 from knowledge.models import Entry
 from knowledge.normalize import normalize
 from knowledge.selectors import adirect_answer, direct_answer
-from knowledge.services import entry_create
 
 pytestmark = pytest.mark.django_db
 
@@ -25,22 +25,15 @@ def _fresh_index():
 
 
 def _load(ids: set[str] | None = None) -> dict[int, str]:
-    """The labelled KB's entries (those of `ids`, or all), without vectors: only the exact and
-    typo roads can answer. Their row ids and labelled ids."""
-    labels = {}
-    for line in kb_typos.ENTRIES.read_text().splitlines():
-        item = json.loads(line)
-        if ids is not None and item["id"] not in ids:
-            continue
-        entry = entry_create(
-            question=item["question"],
-            answer=item["answer"],
-            kind=item.get("kind", "faq"),
-            aliases=item.get("aliases", []),
-            embed="none",
-        )
-        labels[entry.pk] = item["id"]
-    return labels
+    """The labelled KB's entries (those of `ids`, or all), imported without vectors: only the
+    exact and typo roads can answer. Their row ids and labelled ids."""
+    lines = [
+        line
+        for line in kb_typos.ENTRIES.read_text().splitlines()
+        if ids is None or json.loads(line)["id"] in ids
+    ]
+    assert not kb_import(text="\n".join(lines), fmt="jsonl", embed="none").errors
+    return dict(Entry.objects.values_list("pk", "external_id"))
 
 
 def test_typos_of_a_curated_phrasing_get_its_answer_and_none_gets_another():

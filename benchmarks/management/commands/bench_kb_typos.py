@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 import time
 
 from django.core.management.base import BaseCommand
 
 from benchmarks import kb_data, kb_typos
+from benchmarks.stats import percentile
 from knowledge.normalize import normalize
 from knowledge.typos import TypoIndex
 
@@ -53,10 +53,6 @@ def _timed(index: TypoIndex, keys: list[str], repeat: int) -> list[float]:
             index.find(key)
             times.append((time.thread_time() - started) * 1e6)
     return times
-
-
-def _p(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
 class Command(BaseCommand):
@@ -131,6 +127,7 @@ class Command(BaseCommand):
         miss = _timed(index, miss_keys, repeat)
         typo = _timed(index, typo_keys, repeat)
         self.stdout.write(
-            f"  {name:14} {len(index.keys):6} phrasings: miss {_p(miss, 50):6.1f} / "
-            f"{_p(miss, 99):6.1f}; typo {_p(typo, 50):6.1f} / {_p(typo, 99):6.1f}"
+            f"  {name:14} {len(index.keys):6} phrasings: miss {percentile(miss, 0.5):6.1f} / "
+            f"{percentile(miss, 0.99):6.1f}; typo {percentile(typo, 0.5):6.1f} / "
+            f"{percentile(typo, 0.99):6.1f}"
         )
