@@ -123,15 +123,15 @@ def test_readyz_names_the_database_when_postgres_refuses_within_its_own_timeout(
         "READYZ_TIMEOUT": "0.5",
     }
     script = (
-        "import django, json, time; django.setup(); from django.test import Client; "
-        "started = time.monotonic(); r = Client().get('/readyz'); "
-        "print(r.status_code); print(time.monotonic() - started); print(r.content.decode())"
+        "import django, json; django.setup(); from django.test import Client; "
+        "r = Client().get('/readyz'); print(r.status_code); print(r.content.decode())"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
-    status, seconds, body = result.stdout.strip().split("\n", 2)
-    assert float(seconds) < 30, "the database check waited for the pool, not READYZ_TIMEOUT"
+    status, body = result.stdout.strip().split("\n", 1)
+    # What the operator reads in the log: the check gave up after READYZ_TIMEOUT, not the pool's.
+    assert "couldn't get a connection after 0.50 sec" in result.stderr, result.stderr
     body = json.loads(body)
     assert status == "503", result.stderr
     assert "database" in body["failing"]
