@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from chat import apikeys, services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import ChatError
+from chat.feedback import message_feedback
 from chat.models import ApiKey, ChatSession, Message
 from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
 from core.errors import unavailable
@@ -61,6 +62,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "completion_tokens",
             "citations",
             "error",
+            "verdict",
             "created_at",
         ]
 
@@ -83,6 +85,19 @@ class SendSerializer(serializers.Serializer):
     content = TextField(trim_whitespace=False, allow_blank=True)
     max_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False)
     temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+
+
+class FeedbackSerializer(serializers.Serializer):
+    verdict = serializers.ChoiceField(
+        choices=["up", "down", ""],
+        help_text="`up` (right), `down` (wrong) or empty to take a verdict back.",
+    )
+    comment = TextField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class FeedbackReplySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    verdict = serializers.CharField()
 
 
 class Pagination(PageNumberPagination):
@@ -186,6 +201,29 @@ class MessageListView(APIView):
             "assistant_message": MessageSerializer(assistant, context=_details(request)).data,
         }
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+class MessageFeedbackView(APIView):
+    """POST a verdict on one of your answers: 👍 `up` or 👎 `down` (and a comment). A 👎 on a
+    direct answer from the knowledge base puts it in the curators' review queue."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=FeedbackSerializer, responses=FeedbackReplySerializer)
+    def post(self, request, pk):
+        data = FeedbackSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        message = message_feedback(
+            user=request.user,
+            message_id=pk,
+            verdict=data.validated_data["verdict"],
+            comment=data.validated_data["comment"],
+            # The chat page posts with the browser's session; integrations with a key.
+            interface=RequestLog.Interface.API
+            if isinstance(request.auth, ApiKey)
+            else RequestLog.Interface.WEB,
+        )
+        return Response({"id": message.pk, "verdict": message.verdict})
 
 
 async def _run_to_end(request, session_id, data) -> int:

@@ -58,6 +58,16 @@ class Message(models.Model):
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     citations = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
+    # The answer's request: its request-log row, its KB record (knowledge.Hit) and the user's
+    # feedback (observability.Feedback) carry the same key.
+    request_key = models.UUIDField(null=True, blank=True, editable=False)
+    # A database default: the turn's start writes its rows in one raw statement.
+    verdict = models.CharField(
+        max_length=8,
+        blank=True,
+        db_default="",
+        help_text="The user's thumbs on this answer: up, down or none.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

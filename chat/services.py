@@ -311,10 +311,17 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
 
 
 async def aturn_finish(
-    *, message_id: int, status: str, content: str, route=None, done=None, error=None
+    *,
+    message_id: int,
+    status: str,
+    content: str,
+    route=None,
+    done=None,
+    error=None,
+    request_key=None,
 ) -> None:
-    """Persist the end of an assistant turn: its text, status, route, timings and usage (one
-    UPDATE)."""
+    """Persist the end of an assistant turn: its text, status, route, timings, usage and request
+    key (one UPDATE)."""
     await db.query_one(
         *_turn_finish_statement(
             message_id=message_id,
@@ -323,14 +330,17 @@ async def aturn_finish(
             route=route,
             done=done,
             error=error,
+            request_key=request_key,
         )
     )
 
 
 def _turn_finish_statement(
-    *, message_id: int, status: str, content: str, route, done, error
+    *, message_id: int, status: str, content: str, route, done, error, request_key=None
 ) -> tuple[str, dict]:
     fields = {"status": status, "content": content, "finished_at": timezone.now()}
+    if request_key is not None:
+        fields["request_key"] = request_key
     if route is not None:
         fields.update(road=route.road or "", rule=route.rule or "", target=route.target or "")
     if done is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ async def run_turn(
     arrived: float | None = None,
     store: bool = True,
     slot: services.StreamSlot | None = None,
+    request_key: uuid.UUID | None = None,
 ) -> AsyncIterator[events.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
@@ -155,11 +157,14 @@ async def run_turn(
 
     `arrived` is the request's arrival on the loop's clock (`time.monotonic()`), when the
     interface saw it before this call: the request log's times and the gateway's overhead
-    (`Done.overhead_ms`) count from there."""
+    (`Done.overhead_ms`) count from there. `request_key` names the answer in the request log, the
+    KB's records, the stored message and the user's feedback (the /v1 completion id is made from
+    it); a new one when not given."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
+    request_key = request_key or uuid.uuid4()
 
     def request_for(history: list[dict], groups: frozenset[str]) -> events.RouteRequest:
         return events.RouteRequest(
@@ -174,6 +179,7 @@ async def run_turn(
             system=system,
             ignore_eos=ignore_eos,
             store=store,
+            key=request_key,
         )
 
     first: asyncio.Future | None = None
@@ -248,6 +254,7 @@ async def run_turn(
             route=route,
             done=done,
             error=error,
+            key=request_key,
         )
         request_note(record)
         metrics.request_ended(record)
@@ -261,6 +268,7 @@ async def run_turn(
                     route=route,
                     done=done,
                     error=error,
+                    request_key=request_key,
                 )
             )
         if slot is not None:
@@ -334,6 +342,7 @@ def _record(
     route: events.Route | None,
     done: events.Done | None,
     error: events.Error | None,
+    key: uuid.UUID,
 ) -> RequestRecord:
     now = time.monotonic()
     source = done or error
@@ -372,6 +381,7 @@ def _record(
         kb_entry_id=kb.entry_id if kb else None,
         kb_score=kb.score if kb else None,
         fell_back_from=source.fell_back_from if source is not None else (),
+        key=key,
     )
 
 

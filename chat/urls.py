@@ -11,4 +11,9 @@ urlpatterns = [
         api.MessageStreamView.as_view(),
         name="chat-messages-stream",
     ),
+    path(
+        "messages/<int:pk>/feedback",
+        api.MessageFeedbackView.as_view(),
+        name="chat-message-feedback",
+    ),
 ]

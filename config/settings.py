@@ -651,6 +651,9 @@ KB_EMBEDDING_BATCH_MAX = env_int("KB_EMBEDDING_BATCH_MAX", 64, minimum=1)
 KB_RECORD_MISSES = env_bool(
     "KB_RECORD_MISSES", True
 )  # keep generated answers as KB misses for curators
+# Keep each direct answer (question, entry, score, vector) for the review queue and calibration from
+# traffic (knowledge.hits): noted in memory, written in batches with the KB_MISS_* limits below.
+KB_RECORD_HITS = env_bool("KB_RECORD_HITS", True)
 KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", None, minimum=0.0)
 # Misses wait in each process's memory and go to the database in one INSERT per batch: every
 # KB_MISS_FLUSH_SECONDS, or sooner when KB_MISS_FLUSH_ROWS wait. KB_MISS_BUFFER_ROWS bounds the

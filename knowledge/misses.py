@@ -52,12 +52,14 @@ def miss_note(
     model_id: int | None,
     vector: tuple[float, ...] | None,
     reason: str = "",
+    key: uuid.UUID | None = None,
 ) -> None:
     """Keep a question the KB did not answer (and the answer a model gave) for the curators.
 
     Safe on the event loop: it appends to memory and returns. `vector` is the question's
     embedding by the model `model_id`, as the request computed it; `None` stores none. `reason`:
-    why the KB did not answer it (the verdict's), for the curators.
+    why the KB did not answer it (the verdict's), for the curators. `key`: the request's, so the
+    miss, the request log's row and the user's feedback name the same answer.
     """
     if not settings.KB_RECORD_MISSES:
         return
@@ -71,7 +73,7 @@ def miss_note(
             vector,
             reason,
             timezone.now(),
-            uuid.uuid4(),
+            key or uuid.uuid4(),
         )
     )
 
@@ -108,19 +110,19 @@ ON CONFLICT (note_key) DO NOTHING
 """
 
 
-def _text(value: str) -> str:
+def pg_text(value: str) -> str:
     # PostgreSQL text cannot hold NUL; one such question must not sink its batch.
     return value.replace("\x00", "")
 
 
 def _write(batch: list[_Note]) -> int:
     columns = (
-        [_text(n.question.strip()) for n in batch],
-        [_text(normalize(n.question)) for n in batch],
-        [_text(n.answer) for n in batch],
+        [pg_text(n.question.strip()) for n in batch],
+        [pg_text(normalize(n.question)) for n in batch],
+        [pg_text(n.answer) for n in batch],
         [n.best_entry_id for n in batch],
         [n.best_score for n in batch],
-        [_text(n.reason) for n in batch],
+        [pg_text(n.reason) for n in batch],
         [None if n.vector is None else vector_literal(n.vector) for n in batch],
         [None if n.vector is None else n.model_id for n in batch],
         [n.noted_at for n in batch],

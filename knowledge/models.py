@@ -299,13 +299,85 @@ class Miss(models.Model):
         return self.question[:80]
 
 
+class Hit(models.Model):
+    """A question the KB answered directly, kept for the review queue and for calibration from
+    traffic (`knowledge.hits`): the entry, how it matched and the question's vector. Requests only
+    append rows, in batches off the event loop, as misses do; curators' verdicts come later.
+
+    `key` is the request's key: the request log's row, the chat message and the user's feedback
+    carry the same one."""
+
+    class Review(models.TextChoices):
+        RIGHT = "right", "right"
+        WRONG = "wrong", "wrong"
+
+    question = models.TextField()
+    normalized = models.TextField()
+    entry = models.ForeignKey(Entry, null=True, on_delete=models.SET_NULL, related_name="+")
+    method = models.CharField(max_length=16, help_text="exact, typo, vector or rerank.")
+    score = models.FloatField(null=True, blank=True)
+    lead = models.FloatField(
+        null=True, blank=True, help_text="The best score's lead over the runner-up."
+    )
+    embedding = VectorField(null=True, blank=True)
+    model = models.ForeignKey(EmbeddingModel, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(db_index=True)
+    key = models.UUIDField(unique=True, editable=False)
+    review = models.CharField(
+        "curator's verdict",
+        max_length=8,
+        choices=Review.choices,
+        blank=True,
+        help_text="A curator's verdict: it overrules the user's (Feedback).",
+    )
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "KB direct answer"
+
+    def __str__(self):
+        return self.question[:80]
+
+
+class Feedback(models.Model):
+    """A user's thumbs on one answer, whatever its road, keyed by the answer's request: its
+    request-log row, its chat message and, for a direct answer, its Hit carry the same key. One per
+    answer: a second verdict replaces the first. A thumbs down on a direct answer puts it in the
+    review queue (knowledge.admin.hits)."""
+
+    class Verdict(models.TextChoices):
+        UP = "up", "👍 right"
+        DOWN = "down", "👎 wrong"
+
+    request_key = models.UUIDField(unique=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    verdict = models.CharField(max_length=8, choices=Verdict.choices)
+    comment = models.TextField(blank=True)
+    interface = models.CharField(max_length=8, help_text="web, api or v1: where it was given.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "feedback"
+
+    def __str__(self):
+        return f"{self.get_verdict_display()} on {self.request_key}"
+
+
 class Calibration(models.Model):
     """One run of `manage.py kb_calibrate`: the curve the admin draws, the recommended operating
     point, and the labelled questions it answers wrongly. Small JSON, written once per run."""
 
     model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE, related_name="calibrations")
     created_at = models.DateTimeField(auto_now_add=True)
-    source = models.CharField(max_length=200, help_text="The labelled file.")
+    source = models.CharField(
+        max_length=200, help_text="The labelled file, or the traffic replayed."
+    )
     target = models.FloatField(help_text="The precision asked for.")
     questions = models.PositiveIntegerField()
     answerable = models.PositiveIntegerField(help_text="Questions with an expected entry.")
@@ -321,8 +393,18 @@ class Calibration(models.Model):
         default=list, help_text="The direct answers at the recommended point that are wrong."
     )
     by_kind = models.JSONField(default=dict)
+    hit_rate = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="From traffic: the share of all the questions replayed that the recommended "
+        "point answers directly.",
+    )
     applied = models.BooleanField(
         default=False, help_text="The recommended point became the model's."
+    )
+    applied_at = models.DateTimeField(null=True, blank=True)
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
 
     class Meta:

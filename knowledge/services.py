@@ -17,6 +17,8 @@ from knowledge.exceptions import EntryInvalid
 from knowledge.models import (
     EmbeddingModel,
     Entry,
+    Feedback,
+    Hit,
     Passage,
     PassageVector,
     Phrasing,
@@ -448,3 +450,48 @@ def entry_embed(*, entry_id: int, version: int | None = None) -> bool:
                 ignore_conflicts=True,
             )
     return True
+
+
+# --- verdicts on answers ----------------------------------------------------------------------
+
+FEEDBACK_COMMENT_CHARS = 2000
+
+
+def feedback_record(
+    *, request_key, user_id: int | None, verdict: str, comment: str = "", interface: str
+) -> Feedback | None:
+    """Keep a user's verdict on one answer (`up` or `down`), replacing one given before; an empty
+    verdict takes it back (None). A thumbs down on a direct answer puts its Hit in the review
+    queue. Raises EntryInvalid for a verdict or comment it cannot keep."""
+    if verdict not in ("", *Feedback.Verdict.values):
+        raise EntryInvalid({"verdict": "must be `up`, `down` or empty (to take it back)"})
+    comment = comment.strip()
+    if len(comment) > FEEDBACK_COMMENT_CHARS:
+        raise EntryInvalid(
+            {"comment": f"has {len(comment)} characters; the limit is {FEEDBACK_COMMENT_CHARS}"}
+        )
+    if problem := text_problem(comment):
+        raise EntryInvalid({"comment": problem})
+    if not verdict:
+        Feedback.objects.filter(request_key=request_key, user_id=user_id).delete()
+        return None
+    row, _ = Feedback.objects.update_or_create(
+        request_key=request_key,
+        defaults={
+            "user_id": user_id,
+            "verdict": verdict,
+            "comment": comment,
+            "interface": interface,
+        },
+    )
+    return row
+
+
+def hits_review(*, hit_ids: Iterable[int], verdict: str, curator) -> int:
+    """A curator's verdict (`right` or `wrong`) on direct answers; it overrules the users' and
+    takes them out of the review queue. The number changed."""
+    if verdict not in Hit.Review.values:
+        raise EntryInvalid({"review": "must be `right` or `wrong`"})
+    return Hit.objects.filter(pk__in=list(hit_ids)).update(
+        review=verdict, reviewed_by=curator, reviewed_at=timezone.now()
+    )

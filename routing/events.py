@@ -7,6 +7,7 @@ details (`why`, the endpoints passed over), which only staff with the rules' vie
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from inference_ops.client import Finish
@@ -30,8 +31,11 @@ class RouteRequest:
     ignore_eos: bool = False
     # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
     system: str = ""
-    # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB miss.
+    # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB record.
     store: bool = True
+    # The request's key: its request-log row, its KB record (hit or miss), its chat message and
+    # the user's feedback name the same answer by it. None: the KB keeps no record of the turn.
+    key: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

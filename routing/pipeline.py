@@ -25,6 +25,7 @@ from django.conf import settings
 from core import tracing
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
+from knowledge.hits import hit_note
 from knowledge.misses import miss_note
 from knowledge.normalize import normalize
 from knowledge.selectors import acontext_passages, adirect_answer
@@ -134,6 +135,7 @@ async def answer(
             reason="answered from the knowledge base",
         )
         yield Token(text=entry.answer)
+        _record_hit(request, text, direct)
         elapsed = _ms(time.monotonic() - started)
         yield Done(
             road="kb",
@@ -446,4 +448,25 @@ def _record_miss(
         model_id=direct.model.pk if direct.model else None,
         vector=direct.vector,
         reason=direct.reason,
+        key=request.key,
+    )
+
+
+def _record_hit(request: RouteRequest, question: str, direct: DirectAnswer) -> None:
+    """Keep the direct answer for the review queue and calibration from traffic, with the vector
+    this request computed (the exact and typo roads compute none): buffered, never awaited."""
+    if request.key is None or not request.store:
+        return
+    lead = None
+    if direct.score is not None:
+        lead = direct.score - (direct.runner_up.score if direct.runner_up else 0.0)
+    hit_note(
+        key=request.key,
+        question=question,
+        entry_id=direct.entry.pk,
+        method=direct.method,
+        score=direct.score,
+        lead=lead,
+        model_id=direct.model.pk if direct.model else None,
+        vector=direct.vector,
     )

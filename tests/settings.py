@@ -31,6 +31,7 @@ os.environ.setdefault("ROUTING_BREAKER_CHECK_SECONDS", "0")
 # Generated answers would each leave a KB-miss row in the tests' tables; the tests of that
 # feature turn it on for themselves.
 os.environ.setdefault("KB_RECORD_MISSES", "false")
+os.environ.setdefault("KB_RECORD_HITS", "false")
 if not os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = embedded.redis_url().rsplit("/", 1)[0] + "/15"
 if not os.environ.get("DATABASE_URL"):

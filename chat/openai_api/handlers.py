@@ -1,13 +1,17 @@
-"""The endpoints: `models` and `chat_completions`, each from the request's headers (and body) to
-a Reply. The key is checked first; a chat completion is one chat turn (chat.turns.run_turn)."""
+"""The endpoints: `models`, `chat_completions` and `completion_update` (a verdict on an answer),
+each from the request's headers (and body) to a Reply. The key is checked first; a chat completion
+is one chat turn (chat.turns.run_turn)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 from chat.apikeys import apikey_authenticate_cached
 from chat.exceptions import ChatError, MessageTooLarge, RateLimited, SessionNotFound
+from chat.feedback import completion_id as completion_id_of
+from chat.feedback import completion_key, feedback_give
 from chat.models import ApiKey, ChatSession
 from chat.openai_api.completion import completion_body, completion_stream
 from chat.openai_api.replies import (
@@ -20,6 +24,8 @@ from chat.openai_api.replies import (
 )
 from chat.openai_api.schema import completion_request, session_named
 from chat.turns import SessionEvent, run_turn
+from core import db
+from knowledge.exceptions import EntryInvalid
 from observability.models import RequestLog
 from routing import events
 from routing.rules import asnapshot
@@ -77,6 +83,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
             param="model",
         )
     # Stored as a chat turn only in a session the client names; the request log keeps every call.
+    request_key = uuid.uuid4()
     turn = run_turn(
         user=key.user,
         content=parsed["question"],
@@ -94,8 +101,10 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         interface=RequestLog.Interface.V1,
         api_key_id=key.pk,
         arrived=arrived,
+        request_key=request_key,
     )
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    # The id names the answer for a verdict later (completion_update).
+    completion_id = completion_id_of(request_key, key.user_id)
     created = int(time.time())
     # Read up to the route (or an error) first: the route headers go out before the body. The
     # turn validates and counts the question before it stores anything.
@@ -146,3 +155,70 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         )
     reply.headers.update(route_headers(route))
     return reply
+
+
+async def completion_update(
+    headers: dict[str, str], raw_body: bytes, arrived: float, completion_id: str
+) -> Reply:
+    """`POST /v1/chat/completions/{id}`, OpenAI's call that updates a stored completion's
+    `metadata` (the SDK's `client.chat.completions.update(id, metadata=…)`): here the metadata
+    `feedback` (`up`, `down`, or empty to take it back) and `comment` are the user's verdict on
+    that answer."""
+    key = await _authenticate(headers)
+    if isinstance(key, Reply):
+        return key
+    request_key = completion_key(completion_id, key.user_id)
+    if request_key is None:
+        return error_reply(
+            404,
+            f"No chat completion {completion_id!r} for this key's user.",
+            code="not_found",
+        )
+    try:
+        body = json.loads(raw_body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return error_reply(400, "The body is not JSON.", code="invalid_json")
+    metadata = body.get("metadata") if isinstance(body, dict) else None
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        return error_reply(
+            400,
+            'Send {"metadata": {"feedback": "up" | "down" | "", "comment": "…"}}: '
+            "metadata is an object of strings.",
+            code="invalid_request_error",
+            param="metadata",
+        )
+    if "feedback" not in metadata:
+        return error_reply(
+            400,
+            "metadata.feedback is required: `up`, `down`, or empty to take a verdict back.",
+            code="invalid_request_error",
+            param="metadata.feedback",
+        )
+    try:
+        await db.run(
+            feedback_give,
+            user=key.user,
+            request_key=request_key,
+            verdict=metadata["feedback"],
+            comment=metadata.get("comment", ""),
+            interface=RequestLog.Interface.V1,
+        )
+    except EntryInvalid as exc:
+        field, message = next(iter(exc.errors.items()))
+        return error_reply(
+            400,
+            f"metadata.{field if field != 'verdict' else 'feedback'} {message}.",
+            code="invalid_request_error",
+            param=f"metadata.{'feedback' if field == 'verdict' else field}",
+        )
+    return Reply(
+        200,
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "metadata": {
+                "feedback": metadata["feedback"],
+                "comment": metadata.get("comment", ""),
+            },
+        },
+    )

@@ -18,7 +18,7 @@ import time
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from chat.openai_api.handlers import chat_completions, models
+from chat.openai_api.handlers import chat_completions, completion_update, models
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
     Reply,
@@ -31,6 +31,18 @@ from observability import metrics
 from observability.models import RequestLog
 
 _ROUTES = {"/v1/models": ("GET", models), "/v1/chat/completions": ("POST", chat_completions)}
+# `/v1/chat/completions/{id}`: a verdict on one answer (handlers.completion_update).
+_COMPLETION = "/v1/chat/completions/"
+
+
+def _route(path: str):
+    """(method, view, the id in the path or None), or None for a path this API does not serve."""
+    if path in _ROUTES:
+        return (*_ROUTES[path], None)
+    completion = path.removeprefix(_COMPLETION)
+    if completion != path and completion and "/" not in completion:
+        return "POST", completion_update, completion
+    return None
 
 
 async def application(scope, receive, send) -> None:
@@ -65,21 +77,26 @@ async def _serve(scope, receive, send) -> None:
 
 
 async def _dispatch(scope, receive, headers: dict[str, str], arrived: float) -> Reply:
-    method, view = _ROUTES[scope["path"]]
+    method, view, named = _route(scope["path"])
     if scope["method"] != method:
         return error_reply(405, f"Use {method}.", code="method_not_allowed")
     if method == "GET":
         return await view(headers)
     body = await _read_body(receive, headers)
-    return body if isinstance(body, Reply) else await view(headers, body, arrived)
+    if isinstance(body, Reply):
+        return body
+    if named is not None:
+        return await view(headers, body, arrived, named)
+    return await view(headers, body, arrived)
 
 
 def _refuse(scope, headers: dict[str, str]) -> Reply | None:
     """What Django's middleware would refuse before a view runs, in this API's error shape."""
-    if scope["path"] not in _ROUTES:
+    if _route(scope["path"]) is None:
         return error_reply(
             404,
-            f"No route {scope['path']}; this API serves {', '.join(_ROUTES)}.",
+            f"No route {scope['path']}; this API serves {', '.join(_ROUTES)} and "
+            f"{_COMPLETION}{{id}}.",
             code="not_found",
         )
     domain, _ = split_domain_port(headers.get("host", ""))

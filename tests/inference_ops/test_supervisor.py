@@ -4,7 +4,6 @@ import os
 import signal
 import socket
 import threading
-import time
 
 import psutil
 import pytest
@@ -14,6 +13,7 @@ from inference_ops import engine_command, engine_processes, lora, probes, superv
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -57,16 +57,6 @@ def stop_engines_afterwards(request):
             engine_processes.terminate_session(engine.pid, 2)
         for process in processes_on(engine.port):
             process.kill()
-
-
-def wait_until(predicate, timeout=30.0, step=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return None
 
 
 # --- the command line -----------------------------------------------------------------------------

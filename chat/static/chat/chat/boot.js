@@ -6,7 +6,7 @@ import {
   closeSidebar, deleteSession, loadSessions, newChat, openSession, openSidebar, refreshCurrent, startRename,
 } from "./sessions.js";
 import { connect, sendFrame } from "./socket.js";
-import { assistantElement, scrollToBottom, userElement } from "./thread.js";
+import { assistantElement, giveVerdict, scrollToBottom, userElement } from "./thread.js";
 
 // --- Composer: Enter sends, Shift+Enter breaks the line, IME Enter confirms -------------
 
@@ -108,6 +108,13 @@ function listenToSidebar() {
   });
 }
 
+function listenToThread() {
+  ui.messages.addEventListener("click", function (event) {
+    const button = event.target.closest(".feedback .verdict");
+    if (button) giveVerdict(button);
+  });
+}
+
 function listenToWindow() {
   window.addEventListener("popstate", function () {
     const id = new URLSearchParams(location.search).get("session");
@@ -127,6 +134,7 @@ function listenToWindow() {
 function start() {
   listenToComposer();
   listenToSidebar();
+  listenToThread();
   listenToWindow();
   updateControls();
   connect();

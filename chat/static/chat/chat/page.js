@@ -30,6 +30,7 @@ const dataset = app ? app.dataset : {};
 export const config = {
   wsPath: dataset.wsPath,
   sessionsUrl: dataset.sessionsUrl,
+  messagesUrl: dataset.messagesUrl,
   loginUrl: dataset.loginUrl,
   csrfToken: dataset.csrfToken,
 };

@@ -7,7 +7,9 @@ import {
   api, config, hideBanner, setConnection, showBanner, showSignedOut, socketOpen, state, ui, updateControls,
 } from "./page.js";
 import { loadMessages, loadSessions, refreshCurrent, setUrl, upsertSession } from "./sessions.js";
-import { endGeneration, flushGeneration, scheduleRender, setCitations, setRoute, setStatus, setTimings } from "./thread.js";
+import {
+  endGeneration, flushGeneration, scheduleRender, setCitations, setRoute, setStatus, setTimings, showFeedback,
+} from "./thread.js";
 
 const RECONNECT_BASE_MS = 500;
 const RECONNECT_MAX_MS = 15000;
@@ -137,6 +139,7 @@ function handleFrame(frame) {
       setCitations(generation.el, frame.citations);
       flushGeneration();
       setStatus(generation.el, frame.status || "complete");
+      showFeedback(generation.el, "");
       endGeneration();
       return;
     }
@@ -160,5 +163,6 @@ function handleError(frame) {
   if (frame.code === "cancelled") status = "cancelled";
   flushGeneration();
   setStatus(generation.el, status, message);
+  showFeedback(generation.el, "");
   endGeneration();
 }

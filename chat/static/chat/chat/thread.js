@@ -3,7 +3,7 @@
  * Text from the server only ever reaches the page through textContent or
  * GatewayMarkdown.render, whose HTML is sanitized to an allow-list (markdown.js). */
 
-import { markdown, state, ui, updateControls } from "./page.js";
+import { api, config, markdown, showBanner, state, ui, updateControls } from "./page.js";
 
 const ROADS = { kb: "KB", local: "local", external: "external" };
 
@@ -41,8 +41,65 @@ export function assistantElement() {
   citations.hidden = true;
   const note = element("p", "status-note");
   note.hidden = true;
-  li.append(meta, bubble, citations, note);
+  li.append(meta, bubble, citations, note, feedbackElement());
   return li;
+}
+
+// --- Verdicts: 👍 / 👎 on a finished answer ------------------------------------------
+
+const VERDICTS = [
+  ["up", "👍", "Good answer"],
+  ["down", "👎", "Wrong answer"],
+];
+
+function feedbackElement() {
+  const bar = element("div", "feedback");
+  bar.hidden = true;
+  VERDICTS.forEach(function ([verdict, symbol, label]) {
+    const button = element("button", "verdict", symbol);
+    button.type = "button";
+    button.dataset.verdict = verdict;
+    button.title = label;
+    button.setAttribute("aria-label", label);
+    button.setAttribute("aria-pressed", "false");
+    bar.appendChild(button);
+  });
+  return bar;
+}
+
+// A verdict once the answer is stored and over; `verdict` is the one given before ("" for none).
+export function showFeedback(li, verdict) {
+  const bar = part(li, ".feedback");
+  if (!bar) return;
+  bar.hidden = !li.dataset.messageId || li.dataset.status === "streaming" || !li._text;
+  setVerdict(li, verdict || "");
+}
+
+function setVerdict(li, verdict) {
+  li.dataset.verdict = verdict;
+  li.querySelectorAll(".feedback .verdict").forEach(function (button) {
+    button.setAttribute("aria-pressed", String(button.dataset.verdict === verdict));
+  });
+}
+
+// A click on 👍 or 👎: gives that verdict, or takes it back when it was the one given.
+export async function giveVerdict(button) {
+  const li = button.closest(".message.assistant");
+  if (!li || !li.dataset.messageId || button.disabled) return;
+  const before = li.dataset.verdict || "";
+  const verdict = before === button.dataset.verdict ? "" : button.dataset.verdict;
+  setVerdict(li, verdict);
+  button.disabled = true;
+  try {
+    const url = config.messagesUrl + encodeURIComponent(li.dataset.messageId) + "/feedback";
+    const reply = await api("POST", url, { verdict: verdict });
+    setVerdict(li, reply.verdict);
+  } catch (err) {
+    setVerdict(li, before);
+    showBanner("Your verdict was not saved: " + err.message);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 function part(li, selector) { return li.querySelector(selector); }
@@ -152,6 +209,7 @@ export function messageElement(message) {
   setCitations(li, message.citations);
   setStatus(li, message.status || "complete", message.status === "streaming"
     ? "Still being written…" : message.error);
+  showFeedback(li, message.verdict);
   return li;
 }
 

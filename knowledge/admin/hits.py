@@ -1,0 +1,126 @@
+"""Direct answers in the admin, and the review queue: the ones a user marked wrong (👎) that no
+curator has judged. A curator marks each right or wrong; the verdicts feed calibration from
+traffic (`manage.py kb_calibrate --from-log`)."""
+
+from django.contrib import admin
+from django.db.models import OuterRef, Subquery
+from django.urls import reverse
+from django.utils.html import format_html
+
+from knowledge.models import Feedback, Hit
+from knowledge.services import hits_review
+
+
+def _users(field: str) -> Subquery:
+    return Subquery(Feedback.objects.filter(request_key=OuterRef("key")).values(field)[:1])
+
+
+def hits_with_feedback(queryset):
+    """`queryset` with the user's verdict and comment of each answer (empty when none)."""
+    return queryset.annotate(user_verdict=_users("verdict"), user_comment=_users("comment"))
+
+
+def review_queue(queryset=None):
+    """The direct answers a user marked wrong that no curator has judged yet."""
+    queryset = hits_with_feedback(Hit.objects.all() if queryset is None else queryset)
+    return queryset.filter(user_verdict=Feedback.Verdict.DOWN, review="")
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "review"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("open", "To review (👎, no curator verdict)"),
+            ("rated", "Rated by users"),
+            ("reviewed", "Reviewed"),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == "open":
+            return review_queue(queryset)
+        if self.value() == "rated":
+            return queryset.filter(user_verdict__isnull=False)
+        if self.value() == "reviewed":
+            return queryset.exclude(review="")
+        return queryset
+
+
+@admin.register(Hit)
+class HitAdmin(admin.ModelAdmin):
+    """What the KB answered directly, newest first. Requests write the rows; curators only judge
+    them."""
+
+    list_display = [
+        "question",
+        "entry_link",
+        "method",
+        "score_shown",
+        "lead_shown",
+        "users_verdict",
+        "users_comment",
+        "review",
+        "created_at",
+    ]
+    list_filter = [QueueFilter, "review", "method"]
+    search_fields = ["question"]
+    ordering = ["-created_at"]
+    readonly_fields = [
+        "question",
+        "entry",
+        "method",
+        "score",
+        "lead",
+        "model",
+        "created_at",
+        "key",
+        "review",
+        "reviewed_by",
+        "reviewed_at",
+    ]
+    exclude = ["embedding", "normalized"]
+    actions = ["mark_right", "mark_wrong"]
+
+    def get_queryset(self, request):
+        return hits_with_feedback(super().get_queryset(request)).select_related("entry")
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="entry")
+    def entry_link(self, obj):
+        if obj.entry_id is None:
+            return "— (deleted)"
+        url = reverse("admin:knowledge_entry_change", args=[obj.entry_id])
+        return format_html('<a href="{}">KB#{}</a> {}', url, obj.entry_id, obj.entry.question[:60])
+
+    @admin.display(description="score", ordering="score")
+    def score_shown(self, obj):
+        return "—" if obj.score is None else f"{obj.score:.3f}"
+
+    @admin.display(description="lead", ordering="lead")
+    def lead_shown(self, obj):
+        return "—" if obj.lead is None else f"{obj.lead:.3f}"
+
+    @admin.display(description="user's verdict", ordering="user_verdict")
+    def users_verdict(self, obj):
+        return dict(Feedback.Verdict.choices).get(obj.user_verdict, "—")
+
+    @admin.display(description="user's comment")
+    def users_comment(self, obj):
+        return obj.user_comment or ""
+
+    @admin.action(description="Mark right: the entry answers the question", permissions=["change"])
+    def mark_right(self, request, queryset):
+        self._review(request, queryset, Hit.Review.RIGHT)
+
+    @admin.action(description="Mark wrong: the entry does not answer it", permissions=["change"])
+    def mark_wrong(self, request, queryset):
+        self._review(request, queryset, Hit.Review.WRONG)
+
+    def _review(self, request, queryset, verdict):
+        changed = hits_review(
+            hit_ids=queryset.values_list("pk", flat=True), verdict=verdict, curator=request.user
+        )
+        self.message_user(request, f"{changed} direct answer(s) marked {verdict}.")
