@@ -1,8 +1,14 @@
 """Calibration of the direct answer: labelled questions through the live matcher, swept across
 operating points.
 
-Each labelled question is matched once, by the same statements and guards that serve `/v1`
-(`knowledge.selectors`): an exact match decides by itself; otherwise the vector road's best
+The questions come from a labelled file, or from traffic (`traffic_read`): the direct answers and
+the misses of the last days, with the vectors their requests computed and the verdicts people gave
+(a curator's review, else the user's thumbs; a miss a curator attached to an entry or dismissed).
+Traffic that no one judged counts in the hit rate, not in precision or recall.
+
+Each question is matched once, by the same statements and guards that serve `/v1`
+(`knowledge.selectors`): an exact match (or a typo of a phrasing) decides by itself; otherwise the
+vector road's best
 entry, its score, its lead over the runner-up and whether the guards (the words check, the near
 misses) let it through. What an operating point (threshold, margin) would answer then follows
 without another query, so the sweep over a grid of points costs nothing but arithmetic, and it
@@ -17,17 +23,29 @@ precision, and among equals the strictest.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
 
 from knowledge.exceptions import EntryInvalid
-from knowledge.models import Calibration, EmbeddingModel, Entry
+from knowledge.models import Calibration, EmbeddingModel, Entry, Feedback, Hit, Miss
 from knowledge.normalize import normalize
-from knowledge.selectors import exact_match, faq_matches, serving_model, serving_model_forget
+from knowledge.selectors import (
+    exact_match,
+    faq_matches,
+    serving_model,
+    serving_model_forget,
+    typo_match,
+)
 from knowledge.verdict import guards_refusal
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
@@ -43,6 +61,21 @@ class Labelled:
     expected: int | None  # entry id
     kind: str = ""
     lang: str = ""
+    # Traffic: False when no one said what answers it (it counts in the hit rate only); `wrong`,
+    # an entry a person said does not answer it, the right one unknown; `vector`, the question's
+    # embedding by the serving model, as its request computed it.
+    judged: bool = True
+    wrong: int | None = None
+    vector: tuple[float, ...] | None = field(default=None, repr=False)
+
+    def verdict(self, got: int | None) -> str | None:
+        """right or wrong for the entry `got` as a direct answer; None when not answered or when
+        no one said."""
+        if got is None:
+            return None
+        if self.judged:
+            return "right" if got == self.expected else "wrong"
+        return "wrong" if got == self.wrong else None
 
 
 @dataclass
@@ -50,7 +83,7 @@ class Evidence:
     """What the matcher found for one question, independent of the operating point."""
 
     item: Labelled
-    exact: int | None = None  # the entry an exact match answers with
+    exact: int | None = None  # the entry an exact match (or a typo of a phrasing) answers with
     best: int | None = None  # the vector road's best entry
     score: float = 0.0
     lead: float = 0.0
@@ -68,10 +101,12 @@ class Evidence:
 class Point:
     threshold: float
     margin: float
-    precision: float
-    recall: float
+    precision: float  # of the judged direct answers
+    recall: float  # of the judged answerable questions
     answered: int
     correct: int
+    wrong: int = 0
+    hit_rate: float = 0.0  # direct answers among all the questions
 
 
 @dataclass
@@ -94,9 +129,10 @@ class Result:
             row["answerable"] += ev.item.expected is not None
             if self.chosen is not None:
                 got = ev.answer(self.chosen.threshold, self.chosen.margin)
+                verdict = ev.item.verdict(got)
                 row["answered"] += got is not None
-                row["correct"] += got is not None and got == ev.item.expected
-                row["wrong"] += got is not None and got != ev.item.expected
+                row["correct"] += verdict == "right"
+                row["wrong"] += verdict == "wrong"
         return {kind: dict(row) for kind, row in table.items()}
 
 
@@ -162,11 +198,12 @@ def _entry_ids(keys: set) -> dict:
 
 def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
     ev = Evidence(item=item)
-    exact = exact_match(normalize(item.question))
+    key = normalize(item.question)
+    exact = exact_match(key) or typo_match(key)
     if exact is not None:
         ev.exact = exact.entry.pk
         return ev
-    matches = faq_matches(item.question, limit=5, model=model)
+    matches = faq_matches(item.question, limit=5, model=model, vector=item.vector)
     if not matches:
         return ev
     ev.best, ev.score = matches[0].entry.pk, matches[0].score
@@ -176,18 +213,20 @@ def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
 
 
 def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -> list[Point]:
-    """Precision and recall at every (threshold, margin) of the grid, in one vectorised pass."""
+    """Precision, recall and hit rate at every (threshold, margin) of the grid, in one vectorised
+    pass. Precision counts the direct answers someone judged; recall, the judged answerable
+    questions; the hit rate, every question."""
     exact = np.array([ev.exact is not None for ev in evidence])
-    exact_right = np.array(
-        [ev.exact is not None and ev.exact == ev.item.expected for ev in evidence]
-    )
+    exact_right = np.array([ev.item.verdict(ev.exact) == "right" for ev in evidence])
+    exact_wrong = np.array([ev.item.verdict(ev.exact) == "wrong" for ev in evidence])
     open_ = np.array(
         [ev.exact is None and ev.best is not None and not ev.guarded for ev in evidence]
     )
-    right = np.array([ev.best is not None and ev.best == ev.item.expected for ev in evidence])
+    right = np.array([ev.item.verdict(ev.best) == "right" for ev in evidence])
+    wrong = np.array([ev.item.verdict(ev.best) == "wrong" for ev in evidence])
     score = np.array([ev.score for ev in evidence])
     lead = np.array([ev.lead for ev in evidence])
-    answerable = sum(ev.item.expected is not None for ev in evidence)
+    answerable = sum(ev.item.judged and ev.item.expected is not None for ev in evidence)
     points = []
     for threshold in thresholds:
         passes_t = open_ & (score >= threshold)
@@ -195,14 +234,18 @@ def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -
             vector = passes_t & (lead >= margin)
             answered = int(exact.sum() + vector.sum())
             correct = int(exact_right.sum() + (vector & right).sum())
+            wrongly = int(exact_wrong.sum() + (vector & wrong).sum())
+            judged = correct + wrongly
             points.append(
                 Point(
                     threshold=threshold,
                     margin=margin,
                     answered=answered,
                     correct=correct,
-                    precision=correct / answered if answered else 1.0,
+                    wrong=wrongly,
+                    precision=correct / judged if judged else 1.0,
                     recall=correct / answerable if answerable else 0.0,
+                    hit_rate=answered / len(evidence) if evidence else 0.0,
                 )
             )
     return points
@@ -249,12 +292,13 @@ def calibrate(
         points=points,
         target=target,
         chosen=chosen,
-        answerable=sum(item.expected is not None for item in items),
+        answerable=sum(item.judged and item.expected is not None for item in items),
     )
     if chosen is not None:
         titles = dict(Entry.objects.values_list("id", "question"))
         for ev in evidence:
             got = ev.answer(chosen.threshold, chosen.margin)
+            verdict = ev.item.verdict(got)
             row = {
                 "line": ev.item.line,
                 "question": ev.item.question,
@@ -266,10 +310,11 @@ def calibrate(
                 "score": round(ev.score, 4),
                 "lead": round(ev.lead, 4),
                 "guard": ev.guarded,
+                "judged": ev.item.judged,  # False: a person said `got` is wrong, not what is right
             }
-            if got is not None and got != ev.item.expected:
+            if verdict == "wrong":
                 result.wrong.append(row)
-            elif got is None and ev.item.expected is not None:
+            elif got is None and ev.item.judged and ev.item.expected is not None:
                 result.missed.append(row)
     return result
 
@@ -286,6 +331,7 @@ def calibration_save(result: Result, *, source: str, apply: bool = False) -> Cal
         margin=result.chosen.margin if result.chosen else None,
         precision=result.chosen.precision if result.chosen else None,
         recall=result.chosen.recall if result.chosen else None,
+        hit_rate=result.chosen.hit_rate if result.chosen else None,
         curve=[
             [p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)]
             for p in curve(result.points, result.target)
@@ -298,9 +344,10 @@ def calibration_save(result: Result, *, source: str, apply: bool = False) -> Cal
     return run
 
 
-def calibration_apply(*, run_id: int) -> Calibration:
-    """The run's recommended point becomes its model's own threshold and margin. Raises
-    EntryInvalid for a run that reached no point at its target precision."""
+def calibration_apply(*, run_id: int, by=None) -> Calibration:
+    """The run's recommended point becomes its model's own threshold and margin, logged with who
+    applied it (`by`: a user, None for the command line). Raises EntryInvalid for a run that
+    reached no point at its target precision."""
     with transaction.atomic():
         run = Calibration.objects.select_for_update().get(pk=run_id)
         if run.threshold is None or run.margin is None:
@@ -310,11 +357,107 @@ def calibration_apply(*, run_id: int) -> Calibration:
                     f"{run.target:.2f}: there is nothing to apply"
                 }
             )
+        model = EmbeddingModel.objects.select_for_update().get(pk=run.model_id)
+        before = (model.threshold, model.margin)
         EmbeddingModel.objects.filter(pk=run.model_id).update(
             direct_threshold=run.threshold, direct_margin=run.margin
         )
-        run.applied = True
-        run.save(update_fields=["applied"])
+        run.applied, run.applied_at, run.applied_by = True, timezone.now(), by
+        run.save(update_fields=["applied", "applied_at", "applied_by"])
+    logger.warning(
+        "calibration #%s applied by %s: %s answers directly at threshold %.3f, margin %.3f "
+        "(was %.3f, %.3f)",
+        run.pk,
+        by.get_username() if by is not None else "the command line",
+        model.name,
+        run.threshold,
+        run.margin,
+        *before,
+    )
     # This process answers with the new point at once; the others when their cached row expires.
     serving_model_forget()
     return run
+
+
+# --- from traffic -------------------------------------------------------------------------------
+
+
+def traffic_read(
+    *, days: int, model: EmbeddingModel, limit: int = 20000, now: datetime | None = None
+) -> list[Labelled]:
+    """The questions the KB judged in the last `days` days (the newest `limit` direct answers and
+    misses), each with the vector its request computed when it was by `model`, and what people
+    said of it:
+
+    - a direct answer: the curator's review, else the user's thumbs; up or right says its entry
+      answers it, down or wrong says it does not (the right one unknown); no verdict: not judged;
+    - a miss: attached by a curator to an entry (that entry answers it), in a group a curator
+      dismissed (nothing should answer it), else not judged.
+    """
+    if days < 1:
+        raise EntryInvalid({"days": "must be at least 1"})
+    since = (now or timezone.now()) - timedelta(days=days)
+    thumbs = Feedback.objects.filter(request_key=OuterRef("key")).values("verdict")[:1]
+    hits = (
+        Hit.objects.filter(created_at__gte=since, entry__isnull=False)
+        .annotate(thumbs=Subquery(thumbs))
+        .order_by("-created_at")
+        .values_list("pk", "question", "entry_id", "method", "review", "thumbs", "model_id")
+    )[:limit]
+    misses = (
+        Miss.objects.filter(created_at__gte=since)
+        .order_by("-created_at")
+        .values_list("pk", "question", "resolved_by_id", "group__dismissed_at", "dismissed_at")
+    )[:limit]
+    hits, misses = list(hits), list(misses)
+    vectors = _vectors(Hit, [h[0] for h in hits if h[6] == model.pk], model)
+    miss_vectors = _vectors(Miss, [m[0] for m in misses], model)
+    items = []
+    for pk, question, entry_id, method, review, thumbs_given, _ in hits:
+        said = review or {"up": "right", "down": "wrong"}.get(thumbs_given or "", "")
+        items.append(
+            Labelled(
+                line=pk,
+                question=question,
+                expected=entry_id if said == "right" else None,
+                wrong=entry_id if said == "wrong" else None,
+                judged=said == "right",
+                kind=f"direct ({method})",
+                vector=vectors.get(pk),
+            )
+        )
+    for pk, question, resolved_by, group_dismissed, dismissed in misses:
+        judged = resolved_by is not None or (group_dismissed or dismissed) is not None
+        items.append(
+            Labelled(
+                line=pk,
+                question=question,
+                expected=resolved_by,
+                judged=judged,
+                kind="miss",
+                vector=miss_vectors.get(pk),
+            )
+        )
+    if not items:
+        raise EntryInvalid({"days": f"no questions reached the KB in the last {days} day(s)"})
+    return items
+
+
+def _vectors(table, ids: list[int], model: EmbeddingModel) -> dict[int, tuple[float, ...]]:
+    """The stored vectors by `model` of these rows, by id."""
+    rows = table.objects.filter(pk__in=ids, model=model, embedding__isnull=False)
+    return {pk: tuple(map(float, vector)) for pk, vector in rows.values_list("pk", "embedding")}
+
+
+def calibrate_from_traffic(
+    *, days: int = 7, target: float = 0.98, limit: int = 20000, model: EmbeddingModel | None = None
+) -> Result:
+    model = model or serving_model()
+    if model is None:
+        raise EntryInvalid({"model": "no embedding model serves yet"})
+    return calibrate(traffic_read(days=days, model=model, limit=limit), target=target, model=model)
+
+
+def traffic_source(days: int, result: Result) -> str:
+    judged = sum(ev.item.judged or ev.item.wrong is not None for ev in result.evidence)
+    return f"traffic: last {days} day(s), {len(result.evidence)} questions, {judged} judged"

@@ -135,7 +135,7 @@ async def answer(
             reason="answered from the knowledge base",
         )
         yield Token(text=entry.answer)
-        _record_hit(request, text, direct)
+        _record_hit(request, text, direct, entry.pk)
         elapsed = _ms(time.monotonic() - started)
         yield Done(
             road="kb",
@@ -452,7 +452,7 @@ def _record_miss(
     )
 
 
-def _record_hit(request: RouteRequest, question: str, direct: DirectAnswer) -> None:
+def _record_hit(request: RouteRequest, question: str, direct: DirectAnswer, entry_id: int) -> None:
     """Keep the direct answer for the review queue and calibration from traffic, with the vector
     this request computed (the exact and typo roads compute none): buffered, never awaited."""
     if request.key is None or not request.store:
@@ -463,7 +463,7 @@ def _record_hit(request: RouteRequest, question: str, direct: DirectAnswer) -> N
     hit_note(
         key=request.key,
         question=question,
-        entry_id=direct.entry.pk,
+        entry_id=entry_id,
         method=direct.method,
         score=direct.score,
         lead=lead,

@@ -1,6 +1,8 @@
-"""Calibration runs in the admin: the chart and tables of a run, and applying the operating
-point it recommends to its model."""
+"""Calibration runs in the admin: the chart and tables of a run, a run over the last days' traffic
+(with the verdicts people gave), and applying the operating point a run recommends to its model,
+logged."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
@@ -9,10 +11,20 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import path
 from django.utils.safestring import mark_safe
 
-from knowledge.calibration import calibration_apply
+from knowledge.calibration import (
+    calibrate_from_traffic,
+    calibration_apply,
+    calibration_save,
+    traffic_source,
+)
 from knowledge.charts import calibration_chart
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration
+
+
+class TrafficForm(forms.Form):
+    days = forms.IntegerField(min_value=1, max_value=90)
+    target = forms.FloatField(min_value=0.5, max_value=1.0)
 
 
 def _number(value, digits=3):
@@ -49,9 +61,13 @@ class CalibrationAdmin(admin.ModelAdmin):
         "margin",
         "precision",
         "recall",
+        "hit_rate",
         "applied",
+        "applied_at",
+        "applied_by",
     ]
     actions = ["apply"]
+    change_list_template = "admin/knowledge/calibration/change_list.html"
     change_form_template = "admin/knowledge/calibration/change_form.html"
 
     def has_add_permission(self, request):
@@ -65,6 +81,17 @@ class CalibrationAdmin(admin.ModelAdmin):
 
     def has_apply_permission(self, request):
         return request.user.is_active and request.user.is_superuser
+
+    def has_calibrate_permission(self, request):
+        # A run changes nothing that serves; applying it does (has_apply_permission).
+        return request.user.is_active and request.user.has_perm("knowledge.add_calibration")
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_calibrate_traffic": self.has_calibrate_permission(request),
+        }
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="threshold", ordering="threshold")
     def threshold_shown(self, obj):
@@ -97,25 +124,57 @@ class CalibrationAdmin(admin.ModelAdmin):
 
     def _apply(self, request, run_id):
         try:
-            run = calibration_apply(run_id=run_id)
+            run = calibration_apply(run_id=run_id, by=request.user)
         except EntryInvalid as exc:
             self.message_user(request, exc.errors["calibration"], messages.ERROR)
             return
-        self.message_user(
-            request,
+        done = (
             f"{run.model.name} now answers directly at threshold {run.threshold:.3f}, "
-            f"margin {run.margin:.3f}.",
+            f"margin {run.margin:.3f} (calibration #{run.pk})."
         )
+        # In the admin's history of both the run and the model.
+        self.log_change(request, run, [{"changed": {"fields": ["applied"]}}])
+        self.log_change(request, run.model, done)
+        self.message_user(request, done)
 
     def get_urls(self):
         extra = [
             path(
+                "from-traffic/",
+                self.admin_site.admin_view(self.from_traffic_view),
+                name="knowledge_calibration_from_traffic",
+            ),
+            path(
                 "<path:object_id>/apply/",
                 self.admin_site.admin_view(self.apply_view),
                 name="knowledge_calibration_apply",
-            )
+            ),
         ]
         return extra + super().get_urls()
+
+    def from_traffic_view(self, request):
+        """Replay the last days' direct answers and misses with their stored vectors and the
+        verdicts gathered; the run's page shows what it recommends, to apply in one click."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_calibrate_permission(request):
+            raise PermissionDenied
+        form = TrafficForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+            self.message_user(request, f"Not calibrated: {problems}", messages.ERROR)
+            return redirect("admin:knowledge_calibration_changelist")
+        days, target = form.cleaned_data["days"], form.cleaned_data["target"]
+        try:
+            result = calibrate_from_traffic(days=days, target=target)
+        except EntryInvalid as exc:
+            self.message_user(
+                request, "Not calibrated: " + "; ".join(exc.errors.values()), messages.ERROR
+            )
+            return redirect("admin:knowledge_calibration_changelist")
+        run = calibration_save(result, source=traffic_source(days, result))
+        self.log_addition(request, run, [{"added": {}}])
+        return redirect("admin:knowledge_calibration_change", run.pk)
 
     def apply_view(self, request, object_id):
         if request.method != "POST":

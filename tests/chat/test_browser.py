@@ -18,6 +18,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from playwright.sync_api import expect, sync_playwright
 
 from chat.models import ApiKey, ChatSession, Message
+from knowledge.models import Feedback
 from knowledge.services import entry_create
 from tests.chat.hostile_markdown import ALLOWED, EXPLOIT, HOSTILE, random_sources
 from tests.conftest import BASE_DIR
@@ -259,6 +260,16 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     expect(kb.locator(".citations")).to_contain_text(f"KB#{kb_and_slow_engine['entry'].pk}")
     expect(page).to_have_url(re.compile(r"\?session=\d+$"))
     session_id = int(page.url.rsplit("=", 1)[1])
+
+    # A thumbs down on the direct answer: pressed on the page, kept under the answer's key.
+    thumbs_down = kb.locator('.feedback .verdict[data-verdict="down"]')
+    expect(thumbs_down).to_be_visible()
+    thumbs_down.click()
+    expect(thumbs_down).to_have_attribute("aria-pressed", "true")
+    expect(kb.locator('.verdict[data-verdict="up"]')).to_have_attribute("aria-pressed", "false")
+    kb_message = Message.objects.get(pk=kb.get_attribute("data-message-id"))
+    assert kb_message.verdict == "down"
+    assert Feedback.objects.get(request_key=kb_message.request_key).verdict == "down"
     expect(page.locator(f'#sessions .session[data-session-id="{session_id}"]')).to_have_attribute(
         "aria-current", "true"
     )
@@ -327,6 +338,9 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
         "kb",
     ]
     expect(answers.nth(0).locator(".bubble strong")).to_have_text("Forgot password")
+    expect(answers.nth(0).locator('.verdict[data-verdict="down"]')).to_have_attribute(
+        "aria-pressed", "true"
+    )  # the verdict given before the reload
     expect(answers.nth(1).locator(".bubble")).to_have_text(
         Message.objects.filter(session_id=session_id, role="assistant").order_by("pk")[1].content
     )

@@ -2,20 +2,42 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from knowledge.calibration import calibrate, calibration_save, curve, labelled_read
+from knowledge.calibration import (
+    calibrate,
+    calibrate_from_traffic,
+    calibration_save,
+    curve,
+    labelled_read,
+    traffic_source,
+)
 from knowledge.exceptions import EntryInvalid
 
 
 class Command(BaseCommand):
     help = (
-        "Run labelled questions (JSONL: question, expected entry id or external id or null) "
-        "through the direct-answer matcher; print precision and recall across thresholds and "
-        "margins and the operating point for a target precision; --apply makes it the serving "
-        "model's."
+        "Run labelled questions (JSONL: question, expected entry id or external id or null), or "
+        "with --from-log the last days' traffic with its stored vectors and people's verdicts, "
+        "through the direct-answer matcher; print precision, recall and hit rate across "
+        "thresholds and margins and the operating point for a target precision; --apply makes it "
+        "the serving model's."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("file")
+        parser.add_argument("file", nargs="?", help="a labelled JSONL file (or --from-log)")
+        parser.add_argument(
+            "--from-log",
+            action="store_true",
+            help="replay the direct answers and misses of the last --days days instead of a file",
+        )
+        parser.add_argument(
+            "--days", type=int, default=7, help="with --from-log: days replayed (default 7)"
+        )
+        parser.add_argument(
+            "--limit",
+            type=int,
+            default=20000,
+            help="with --from-log: the newest direct answers and misses each (default 20000)",
+        )
         parser.add_argument(
             "--target", type=float, default=0.98, help="precision to reach (default 0.98)"
         )
@@ -26,31 +48,54 @@ class Command(BaseCommand):
             "--show", type=int, default=20, help="wrong and missed questions to list (default 20)"
         )
 
-    def handle(self, *args, file, target, apply, show, **options):
+    def handle(self, *args, file, from_log, days, limit, target, apply, show, **options):
         if not 0 < target <= 1:
             raise CommandError("--target must be in (0, 1]")
-        path = Path(file)
-        try:
-            items = labelled_read(path.read_text(encoding="utf-8-sig"))
-            result = calibrate(items, target=target)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"cannot read {path}: {exc}") from None
-        except EntryInvalid as exc:
-            lines = (line for message in exc.errors.values() for line in message.splitlines())
-            raise CommandError("\n".join(f"{path.name}: {line}" for line in lines)) from None
-        run = calibration_save(result, source=path.name, apply=apply)
+        if bool(file) == from_log:
+            raise CommandError("give a labelled file or --from-log (one of them)")
+        if from_log:
+            if days < 1 or limit < 1:
+                raise CommandError("--days and --limit must be at least 1")
+            try:
+                result = calibrate_from_traffic(days=days, target=target, limit=limit)
+            except EntryInvalid as exc:
+                raise CommandError("; ".join(exc.errors.values())) from None
+            source = traffic_source(days, result)
+        else:
+            path = Path(file)
+            try:
+                items = labelled_read(path.read_text(encoding="utf-8-sig"))
+                result = calibrate(items, target=target)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CommandError(f"cannot read {path}: {exc}") from None
+            except EntryInvalid as exc:
+                lines = (line for message in exc.errors.values() for line in message.splitlines())
+                raise CommandError("\n".join(f"{path.name}: {line}" for line in lines)) from None
+            source = path.name
+        run = calibration_save(result, source=source, apply=apply)
         out = self.stdout.write
+        asked = source if from_log else f"{len(result.evidence)} questions"
         out(
-            f"model {result.model.name}: {len(items)} questions, {result.answerable} answerable; "
-            f"now serving at threshold {result.model.threshold:.3f}, "
-            f"margin {result.model.margin:.3f}"
+            f"model {result.model.name}: {asked}, {result.answerable} answerable; "
+            f"now serving at threshold "
+            f"{result.model.threshold:.3f}, margin {result.model.margin:.3f}"
         )
+        if from_log:
+            now = _at(result.points, result.model.threshold, result.model.margin)
+            if now is not None:
+                out(
+                    f"at the serving point: precision {now.precision:.3f} ({now.correct} right, "
+                    f"{now.wrong} wrong of those judged), hit rate {now.hit_rate:.3f}"
+                )
         out("")
-        out(f"{'threshold':>9} {'margin':>6} {'precision':>9} {'recall':>6} {'answered':>8}")
+        out(
+            f"{'threshold':>9} {'margin':>6} {'precision':>9} {'recall':>6} {'answered':>8} "
+            f"{'hit rate':>8}"
+        )
         for p in curve(result.points, result.target)[::4]:
             out(
                 f"{p.threshold:9.3f} {p.margin:6.3f} {p.precision:9.3f} {p.recall:6.3f} "
-                f"{p.answered:8d}"
+                f"{p.answered:8d} {p.hit_rate:8.3f}"
             )
         out("")
         chosen = result.chosen
@@ -65,8 +110,9 @@ class Command(BaseCommand):
             out(
                 f"recommended for precision >= {target:.2f}: "
                 f"threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f} "
-                f"-> precision {chosen.precision:.3f}, recall {chosen.recall:.3f} "
-                f"({chosen.correct} right of {chosen.answered} answered)"
+                f"-> precision {chosen.precision:.3f}, recall {chosen.recall:.3f}, "
+                f"hit rate {chosen.hit_rate:.3f} ({chosen.correct} right, {chosen.wrong} wrong, "
+                f"{chosen.answered} answered)"
             )
             out("")
             out(
@@ -102,3 +148,12 @@ class Command(BaseCommand):
                 f"at threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f}"
             )
         out(f"saved as calibration #{run.pk} (admin: Knowledge › Calibrations)")
+
+
+def _at(points, threshold: float, margin: float):
+    """The grid's point nearest to (threshold, margin)."""
+    return min(
+        points,
+        key=lambda p: (abs(p.threshold - threshold), abs(p.margin - margin)),
+        default=None,
+    )
