@@ -45,6 +45,7 @@ class CalibrationAdmin(admin.ModelAdmin):
         "margin_shown",
         "precision_shown",
         "recall_shown",
+        "hit_rate_shown",
         "applied",
     ]
     list_display_links = ["created_at"]
@@ -108,6 +109,10 @@ class CalibrationAdmin(admin.ModelAdmin):
     @admin.display(description="recall", ordering="recall")
     def recall_shown(self, obj):
         return _number(obj.recall)
+
+    @admin.display(description="hit rate", ordering="hit_rate")
+    def hit_rate_shown(self, obj):
+        return _number(obj.hit_rate)
 
     @admin.action(description="Apply this operating point to its model", permissions=["apply"])
     def apply(self, request, queryset):
