@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 
 from core import charts
 from inference_ops.models import EngineProcess
-from knowledge.models import Miss
+from knowledge.models import Hit, Miss
 from observability import selectors
 
 ROADS = {
@@ -40,6 +40,8 @@ PERIOD_NAMES = {"hour": "last hour", "day": "last day", "week": "last week"}
 SLOT_LABEL = {"hour": "%H:%M", "day": "%H:%M", "week": "%a %H:%M"}
 TICK_EVERY = {"hour": 3, "day": 6, "week": 4}  # slots between two marks under the engines' bands
 RECENT_EVENTS = 20
+LOOP_DAYS = 14  # the KB loop's panel: whatever period the page shows, the last two weeks by day
+ANSWERABLE = "#8a5cd1"
 
 
 def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
@@ -60,6 +62,11 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
     miss_admin = admin_site.get_model_admin(Miss) if admin_site.is_registered(Miss) else None
     can_see_misses = miss_admin is not None and miss_admin.has_view_permission(request)
     misses, misses_waiting = selectors.top_misses(period) if can_see_misses else ([], 0)
+    hit_admin = admin_site.get_model_admin(Hit) if admin_site.is_registered(Hit) else None
+    can_see_loop = (
+        can_see_misses and hit_admin is not None and hit_admin.has_view_permission(request)
+    )
+    loop = selectors.kb_loop(days=LOOP_DAYS, now=now) if can_see_loop else None
 
     labels = [timezone.localtime(at).strftime(SLOT_LABEL[name]) for at in period.slots]
     context = {
@@ -78,6 +85,10 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         "misses": misses,
         "misses_waiting": misses_waiting,
         "can_see_misses": can_see_misses,
+        "loop": loop,
+        "loop_chart": mark_safe(_loop_chart(loop)) if loop is not None else "",
+        "can_add_phrasings": can_see_misses
+        and "add_as_phrasings" in miss_admin.get_actions(request),
         # The misses admin's own action: the page's button posts the miss to it, as its list would.
         "can_make_entry": can_see_misses and "make_entry" in miss_admin.get_actions(request),
         # Every chart escapes the text it writes.
@@ -137,6 +148,21 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         "engine_chart": mark_safe(_engine_chart(engines, period, now=now, cut=events_cut)),
     }
     return TemplateResponse(request, "admin/observability/dashboard.html", context)
+
+
+def _loop_chart(loop: selectors.KbLoop) -> str:
+    return charts.lines_over_time(
+        [day.day.strftime("%b %d") for day in loop.days],
+        [
+            charts.Series(
+                "of answerable questions", ANSWERABLE, [d.answerable_hit_rate for d in loop.days]
+            ),
+            charts.Series("of all questions", HIT_RATIO, [d.hit_rate for d in loop.days]),
+        ],
+        label=f"Direct answers per day, the last {LOOP_DAYS} days",
+        css="chart-loop",
+        percent=True,
+    )
 
 
 def _target_name(t: selectors.TargetLatency) -> str:

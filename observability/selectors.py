@@ -7,7 +7,7 @@ the request log is partitioned by day on it, so a period reads only its days' pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection
 from django.db.models import OuterRef, Subquery
@@ -283,3 +283,95 @@ def top_misses(period: Period, *, limit: int = 10) -> tuple[list[MissedQuestion]
         if row[1] is not None
     ]
     return misses, waiting
+
+
+# --- the KB's curation loop ---------------------------------------------------------------------
+
+
+@dataclass
+class LoopDay:
+    day: date
+    hits: int = 0  # direct answers kept (knowledge.Hit)
+    misses: int = 0
+    resolved: int = 0  # misses of the day a curator has since attached to an entry
+    up: int = 0  # thumbs, on answers of every road
+    down: int = 0
+    direct_up: int = 0  # ...on direct answers
+    direct_down: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Direct answers among the questions the KB judged."""
+        asked = self.hits + self.misses
+        return self.hits / asked if asked else None
+
+    @property
+    def answerable_hit_rate(self) -> float | None:
+        """Direct answers among the answerable questions: those answered directly, and the misses
+        a curator has since attached to an entry (so the KB could have answered them)."""
+        answerable = self.hits + self.resolved
+        return self.hits / answerable if answerable else None
+
+
+@dataclass
+class KbLoop:
+    days: list[LoopDay]
+    review_open: int  # direct answers marked wrong that no curator has judged
+    one_phrasing_groups: int  # open miss groups with a closest entry to attach them to
+    one_phrasing_questions: int  # the questions those groups hold
+
+
+_LOOP_SQL = """
+SELECT 'hit', (created_at AT TIME ZONE 'UTC')::date, count(*), 0
+FROM knowledge_hit WHERE created_at >= %(start)s GROUP BY 2
+UNION ALL
+SELECT 'miss', (created_at AT TIME ZONE 'UTC')::date, count(*),
+       count(*) FILTER (WHERE resolved_by_id IS NOT NULL)
+FROM knowledge_miss WHERE created_at >= %(start)s GROUP BY 2
+UNION ALL
+SELECT f.verdict, (f.updated_at AT TIME ZONE 'UTC')::date, count(*),
+       count(*) FILTER (WHERE h.id IS NOT NULL)
+FROM knowledge_feedback f LEFT JOIN knowledge_hit h ON h.key = f.request_key
+WHERE f.updated_at >= %(start)s GROUP BY 1, 2
+"""
+
+_LOOP_OPEN_SQL = """
+SELECT
+  (SELECT count(*) FROM knowledge_feedback f JOIN knowledge_hit h ON h.key = f.request_key
+   WHERE f.verdict = 'down' AND h.review = ''),
+  count(*), coalesce(sum(count), 0)
+FROM knowledge_miss
+WHERE group_id IS NULL AND grouped_at IS NOT NULL AND resolved_by_id IS NULL
+  AND dismissed_at IS NULL AND best_entry_id IS NOT NULL
+"""
+
+
+def kb_loop(*, days: int, now: datetime) -> KbLoop:
+    """The KB's loop over the last `days` days (UTC), one row per day: what it answered directly
+    and what it missed, the hit rate of answerable traffic, and people's verdicts; with what waits
+    for a curator now."""
+    first = (now.astimezone(UTC) - timedelta(days=days - 1)).date()
+    rows = {first + timedelta(days=i): LoopDay(day=first + timedelta(days=i)) for i in range(days)}
+    start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute(_LOOP_SQL, {"start": start})
+        for kind, day, count, extra in cursor.fetchall():
+            row = rows.get(day)
+            if row is None:
+                continue
+            if kind == "hit":
+                row.hits = count
+            elif kind == "miss":
+                row.misses, row.resolved = count, extra
+            elif kind == "up":
+                row.up, row.direct_up = count, extra
+            else:
+                row.down, row.direct_down = count, extra
+        cursor.execute(_LOOP_OPEN_SQL)
+        review_open, groups, questions = cursor.fetchone()
+    return KbLoop(
+        days=list(rows.values()),
+        review_open=review_open,
+        one_phrasing_groups=groups,
+        one_phrasing_questions=questions,
+    )

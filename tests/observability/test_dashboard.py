@@ -2,6 +2,7 @@
 most-asked missed questions with their way into the KB; staff with the log's permission only."""
 
 import re
+import uuid
 import xml.etree.ElementTree as ET
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from django.utils import timezone
 
 from core import charts
 from inference_ops.models import EngineEvent, EngineProcess
-from knowledge.models import Entry, Miss
+from knowledge.models import Entry, Feedback, Hit, Miss
 from observability.selectors import PERIODS, period_at
 from tests.config.test_security_headers import InlineCode
 from tests.observability.test_requestlog_admin import record, write
@@ -396,7 +397,8 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
         for sql in busy
         if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql
     ]
-    assert len(reads) == 6  # traffic, targets, errors, engines, their events, misses
+    # traffic, targets, errors, engines, their events, misses, the KB loop's days and what waits
+    assert len(reads) == 8
     assert all(
         "at >= " in sql for sql in busy if "chat_requestlog" in sql
     )  # each bounded by the period
@@ -462,3 +464,62 @@ def test_an_empty_period_says_so_in_every_chart(admin_client):
         texts = [t.text for t in chart(html, css).iter(f"{SVG}text")]
         assert "Nothing in this period" in texts, css
     assert "No requests in this period." in html and "No errors in this period." in html
+
+
+def _hit(question, entry, *, ago=timedelta(0), key=None, review=""):
+    return Hit.objects.create(
+        question=question,
+        normalized=question.lower(),
+        entry=entry,
+        method="vector",
+        score=0.95,
+        created_at=timezone.now() - ago,
+        key=key or uuid.uuid4(),
+        review=review,
+    )
+
+
+def test_the_kb_loop_shows_the_hit_rate_of_answerable_traffic_per_day_verdicts_and_the_queue(
+    admin_client,
+):
+    entry = Entry.objects.create(question="How do I cancel my order?", answer="Open Orders.")
+    # Yesterday: 1 direct answer, 3 misses of which a curator has since attached 1 to an entry.
+    _hit("cancel my order", entry, ago=timedelta(days=1))
+    for i in range(3):
+        miss = Miss.objects.create(
+            question=f"cancel order {i}", normalized=f"cancel order {i}", best_entry=entry
+        )
+        Miss.objects.filter(pk=miss.pk).update(created_at=timezone.now() - timedelta(days=1))
+    Miss.objects.filter(question="cancel order 0").update(resolved_by=entry)
+    # Today: 3 direct answers, one marked wrong (in the queue), one wrong and reviewed, one right;
+    # and a thumbs up on a generated answer (no Hit).
+    queued = _hit("cancel my ordr", entry)
+    reviewed = _hit("cancel the order", entry, review="wrong")
+    liked = _hit("how to cancel my order", entry)
+    for hit, verdict in ((queued, "down"), (reviewed, "down"), (liked, "up")):
+        Feedback.objects.create(request_key=hit.key, verdict=verdict, interface="web")
+    Feedback.objects.create(request_key=uuid.uuid4(), verdict="up", interface="v1")
+    # An open group with a closest entry: one phrasing away.
+    head = Miss.objects.create(
+        question="kill my order", normalized="kill my order", best_entry=entry, count=4
+    )
+    Miss.objects.filter(pk=head.pk).update(grouped_at=timezone.now())
+
+    html = admin_client.get(DASHBOARD).content.decode()
+    panel = html[html.index('id="kb-loop"') :]
+    assert re.search(r'id="review-open"[^>]*><strong>1</strong> direct answer marked wrong', panel)
+    assert re.search(
+        r'id="one-phrasing"[^>]*><strong>4</strong> missed questions in 1 group', panel
+    )
+    rows = re.findall(r"<tr><td>[^<]+</td>((?:<td>[^<]*</td>\s*)+)</tr>", panel)
+    cells = [re.findall(r"<td>([^<]*)</td>", row) for row in rows[:2]]
+    # Today, then yesterday: direct, missed, since attached, hit rate, of answerable, up, down,
+    # down on direct.
+    assert cells[0] == ["3", "1", "0", "75 %", "100 %", "2", "2", "2"]  # the group's head: a miss
+    assert cells[1] == ["1", "3", "1", "25 %", "50 %", "0", "0", "0"]
+    assert len(rows) == 14
+    assert "chart-loop" in panel
+
+
+def test_staff_who_cannot_see_the_kb_get_no_loop(operator_client):
+    assert 'id="kb-loop"' not in operator_client.get(DASHBOARD).content.decode()
