@@ -22,6 +22,7 @@ from django.utils import timezone
 from core.batches import BatchWriter, BufferStats
 from knowledge.embedding import vector_literal
 from knowledge.misses import pg_text
+from knowledge.models import Feedback, Hit
 from knowledge.normalize import normalize
 
 
@@ -66,6 +67,15 @@ def hit_flush() -> int:
 
 def hit_buffer_stats() -> BufferStats:
     return _writer.stats()
+
+
+def hits_prune(*, before) -> tuple[int, int]:
+    """Retention: delete the direct answers kept from before `before`, and the verdicts given
+    before it (each holds a user's question, or what they thought of an answer, no longer than the
+    request log keeps the request). The numbers deleted: direct answers, verdicts."""
+    hits, _ = Hit.objects.filter(created_at__lt=before).delete()
+    verdicts, _ = Feedback.objects.filter(updated_at__lt=before).delete()
+    return hits, verdicts
 
 
 # As knowledge.misses: one statement text for every batch size, and a batch kept whole when its

@@ -1,8 +1,10 @@
-"""KB misses hold what users asked and what they were told: they are kept no longer than the request
-log, and a turn that stores nothing (a /v1 call naming no session) leaves no miss either."""
+"""KB misses, direct answers and verdicts hold what users asked, what they were told and what they
+thought of it: they are kept no longer than the request log, and a turn that stores nothing (a /v1
+call naming no session) leaves none of them either."""
 
 import json
 import time
+import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -11,9 +13,10 @@ from django.utils import timezone
 
 from chat.models import ChatSession
 from chat.openai_api.handlers import chat_completions
+from knowledge.hits import hit_flush
 from knowledge.miss_groups import misses_group
 from knowledge.misses import miss_flush
-from knowledge.models import EmbeddingModel, Miss
+from knowledge.models import EmbeddingModel, Entry, Feedback, Hit, Miss
 from tests.knowledge.test_misses import FAR, NEAR, NEARER, heads, note
 from tests.support.factories import endpoint, rule
 
@@ -26,6 +29,7 @@ def _misses_recorded_in_the_test_thread(settings):
     settings.KB_MISS_FLUSH_SECONDS = 3600  # the writer thread stays idle: the test flushes
     yield
     miss_flush()
+    hit_flush()
 
 
 @pytest.fixture
@@ -121,3 +125,41 @@ def test_a_v1_call_that_stores_nothing_leaves_no_kb_miss_and_one_naming_its_sess
     assert list(Miss.objects.values_list("question", flat=True)) == [
         "Do you ship gift cards to Greenland?"
     ]
+
+
+def test_direct_answers_and_verdicts_past_the_retention_go_with_the_scheduled_prune(settings):
+    from config.celery import app
+
+    settings.REQUEST_LOG_DAYS = 30
+    entry = Entry.objects.create(question="How do I cancel my order?", answer="Open Orders.")
+    now = timezone.now()
+    for question, days in [("old question", 31), ("new question", 2)]:
+        hit = Hit.objects.create(
+            question=question,
+            normalized=question,
+            entry=entry,
+            method="exact",
+            created_at=now - timezone.timedelta(days=days),
+            key=uuid.uuid4(),
+        )
+        Feedback.objects.create(request_key=hit.key, verdict="down", interface="web")
+        Feedback.objects.filter(request_key=hit.key).update(
+            updated_at=now - timezone.timedelta(days=days)
+        )
+    app.loader.import_default_modules()
+    app.tasks[settings.CELERY_BEAT_SCHEDULE["prune-request-log"]["task"]].apply().get()
+    assert list(Hit.objects.values_list("question", flat=True)) == ["new question"]
+    assert Feedback.objects.get().request_key == Hit.objects.get().key
+
+
+def test_a_v1_call_that_stores_nothing_keeps_no_direct_answer_and_one_naming_its_session_does(
+    settings, alice, alice_key, product
+):
+    settings.KB_RECORD_HITS = True
+    assert v1_ask(alice_key, "How do I reset my password?").headers["X-Route"] == "kb"
+    session = ChatSession.objects.create(user=alice)
+    v1_ask(alice_key, "how do I reset my password", session=session.pk)
+    hit_flush()
+    hit = Hit.objects.get()
+    assert hit.question == "how do I reset my password"
+    assert session.messages.get(role="assistant").request_key == hit.key
