@@ -8,6 +8,7 @@ import re
 import secrets
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -19,9 +20,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from chat.apikeys import apikey_create, apikey_revoke
+from chat.feedback import completion_id
 from chat.models import ChatSession, Message
 from inference_ops.models import EngineProcess, LoraAdapter
-from knowledge.models import Calibration, EmbeddingModel, Miss
+from knowledge.models import Calibration, EmbeddingModel, Hit, Miss
 from knowledge.services import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
@@ -118,8 +120,9 @@ def admin_page(bare, viewer, no_delete, curator, superuser):
 ENTRY = '{"question": "Can I return a gift?", "answer": "Yes, within 30 days."}'
 
 # (method, path, JSON body) → the status each caller gets. None: not asked (it would change the data
-# the other rows need). {U}, {S} and {K} are the user, their chat session and API key, {E} a KB
-# entry, {X} an id no entry has, {C} a calibration run. Pages answer a key with the login redirect
+# the other rows need). {U}, {S} and {K} are the user, their chat session and API key, {M} an
+# answer in that session and {V} its /v1 completion id, {E} a KB entry, {X} an id no entry has, {C}
+# a calibration run. Pages answer a key with the login redirect
 # (keys are for APIs); APIs answer a missing or bad key with 401, a caller without the right with
 # 403, another user's object with 404.
 MATRIX = {
@@ -168,6 +171,10 @@ MATRIX = {
     ("POST", "/admin/knowledge/calibration/{C}/apply/", None): row(
         403, 302, 302, 403, 403, 403, 403, 302, 403, 403, 403, 403, 403, 403, 403
     ),
+    # A run over the last days' traffic changes nothing that serves: whoever may add calibrations.
+    ("POST", "/admin/knowledge/calibration/from-traffic/", None): row(
+        403, 302, 302, 403, 403, 302, 302, 302, 403, 403, 403, 403, 403, 403, 403
+    ),
     # anon user other bare view nodel cur super | chat chatC kbC kbV kbEx inact rev
     ("GET", "/api/kb/entries/", None): row(
         401, 403, 403, 403, 200, 200, 200, 200, 403, 403, 200, 200, 403, 401, 401
@@ -209,6 +216,10 @@ MATRIX = {
         "/api/chat/sessions/{S}/messages/stream",
         '{"content": "What is the refund policy?"}',
     ): row(401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401),
+    # A verdict on one's own answer only.
+    ("POST", "/api/chat/messages/{M}/feedback", '{"verdict": "up"}'): row(
+        401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401
+    ),
     ("GET", "/api/keys/", None): row(
         401, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 403, 403, 401, 401
     ),
@@ -228,6 +239,10 @@ MATRIX = {
             '"messages": [{"role": "user", "content": "What is the refund policy?"}]}'
         ),
     ): row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
+    # A verdict on a completion: the id is signed for its user, so another's key finds nothing.
+    ("POST", "/v1/chat/completions/{V}", '{"metadata": {"feedback": "down"}}'): row(
+        401, 401, 401, 401, 401, 401, 401, 401, 200, 404, 403, 403, 403, 401, 401
+    ),
 }
 
 # The sockets: accepted, or closed with the code the page shows. Keys do not open sockets.
@@ -258,6 +273,7 @@ ADMIN_PAGES = {
     "chat.apikey": ("", "v", "v", "vd", "vd"),
     "knowledge.entry": ("", "v", "vac", "vacd", "vacd"),
     "knowledge.miss": ("", "v", "vc", "vcd", "vcd"),  # misses are written by requests only
+    "knowledge.hit": ("", "v", "vc", "vcd", "vcd"),  # so are direct answers; curators judge them
     # Superusers edit what reaches the host or sends data out (core.admin.SuperuserEdits).
     "knowledge.embeddingmodel": ("", "v", "v", "v", "vacd"),
     "knowledge.calibration": ("", "v", "v", "v", "vd"),  # written by `manage.py kb_calibrate`
@@ -293,6 +309,9 @@ ACTIONS = {
         RAN,
         RAN,
     ),  # knowledge.add_entry, and change on misses
+    ("knowledge.hit", "delete_selected"): (NO, NO, NO, RAN, RAN),
+    ("knowledge.hit", "mark_right"): (NO, NO, RAN, RAN, RAN),  # change on direct answers
+    ("knowledge.hit", "mark_wrong"): (NO, NO, RAN, RAN, RAN),
     ("knowledge.embeddingmodel", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("knowledge.calibration", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("knowledge.calibration", "apply"): (NO, NO, NO, NO, RAN),
@@ -366,6 +385,17 @@ def world(django_user_model, local_sim):
         grouped_at=timezone.now(),
     )
     Message.objects.create(session=session, role="user", content="hello")
+    answer = Message.objects.create(
+        session=session, role="assistant", content="Hi.", request_key=uuid.uuid4()
+    )
+    Hit.objects.create(
+        question="How do I get a refund?",
+        normalized="how do i get a refund?",
+        entry=entry,
+        method="exact",
+        created_at=timezone.now(),
+        key=uuid.uuid4(),
+    )
     Group.objects.create(name="editors")
     cookies = {}
     for name, user in users.items():
@@ -383,6 +413,9 @@ def world(django_user_model, local_sim):
             "X": entry.pk + 1000,
             "C": calibration.pk,
             "U": users["user"].pk,
+            "M": answer.pk,
+            # The user's answer as /v1 names it (a completion id is signed for its user).
+            "V": completion_id(answer.request_key, users["user"].pk),
         },
     }
 
