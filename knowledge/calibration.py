@@ -251,13 +251,33 @@ def sweep(evidence: list[Evidence], *, thresholds=THRESHOLDS, margins=MARGINS) -
     return points
 
 
-def recommend(points: list[Point], target: float) -> Point | None:
+def recommend(
+    points: list[Point], target: float, *, near: tuple[float, float] | None = None
+) -> Point | None:
     """The best recall at precision ≥ target; among equal recall the higher precision, then the
-    stricter point. None when no point reaches the target."""
+    stricter point, or with `near` (the serving point, for traffic) the point nearest to it. None
+    when no point reaches the target.
+
+    Traffic is judged only in part, and what the serving point did not answer was never shown to
+    anyone: its recall is flat over most of the grid, and the strictest point of a flat stretch
+    would refuse the unjudged traffic the serving point answers well. So it moves only as far as
+    the verdicts ask: away from answers marked wrong, towards answers curators attached."""
     good = [p for p in points if p.precision >= target]
     if not good:
         return None
-    return max(good, key=lambda p: (p.recall, p.precision, p.threshold, p.margin))
+    if near is None:
+        return max(good, key=lambda p: (p.recall, p.precision, p.threshold, p.margin))
+    threshold, margin = near
+    return max(
+        good,
+        key=lambda p: (
+            p.recall,
+            p.precision,
+            -(abs(p.threshold - threshold) + abs(p.margin - margin)),
+            p.threshold,
+            p.margin,
+        ),
+    )
 
 
 def curve(points: list[Point], target: float) -> list[Point]:
@@ -278,14 +298,22 @@ def _curve_key(p: Point, target: float) -> tuple:
 
 
 def calibrate(
-    items: list[Labelled], *, target: float = 0.98, model: EmbeddingModel | None = None
+    items: list[Labelled],
+    *,
+    target: float = 0.98,
+    model: EmbeddingModel | None = None,
+    near_serving: bool = False,
 ) -> Result:
+    """`near_serving`: among points as good, recommend the one nearest the model's serving point
+    (traffic), not the strictest (a labelled file, which judges every question)."""
     model = model or serving_model()
     if model is None:
         raise EntryInvalid({"model": "no embedding model serves yet"})
     evidence = [evidence_of(item, model) for item in items]
     points = sweep(evidence)
-    chosen = recommend(points, target)
+    chosen = recommend(
+        points, target, near=(model.threshold, model.margin) if near_serving else None
+    )
     result = Result(
         model=model,
         evidence=evidence,
@@ -455,7 +483,8 @@ def calibrate_from_traffic(
     model = model or serving_model()
     if model is None:
         raise EntryInvalid({"model": "no embedding model serves yet"})
-    return calibrate(traffic_read(days=days, model=model, limit=limit), target=target, model=model)
+    items = traffic_read(days=days, model=model, limit=limit)
+    return calibrate(items, target=target, model=model, near_serving=True)
 
 
 def traffic_source(days: int, result: Result) -> str:

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from core.batches import BatchWriter, BufferStats
@@ -67,6 +68,21 @@ def hit_flush() -> int:
 
 def hit_buffer_stats() -> BufferStats:
     return _writer.stats()
+
+
+def hits_with_feedback(queryset: QuerySet[Hit]) -> QuerySet[Hit]:
+    """`queryset` with the user's verdict and comment on each answer (None when none)."""
+
+    def users(field: str) -> Subquery:
+        return Subquery(Feedback.objects.filter(request_key=OuterRef("key")).values(field)[:1])
+
+    return queryset.annotate(user_verdict=users("verdict"), user_comment=users("comment"))
+
+
+def review_queue(queryset: QuerySet[Hit] | None = None) -> QuerySet[Hit]:
+    """The direct answers a user marked wrong that no curator has judged yet, newest first."""
+    queryset = hits_with_feedback(Hit.objects.all() if queryset is None else queryset)
+    return queryset.filter(user_verdict=Feedback.Verdict.DOWN, review="").order_by("-created_at")
 
 
 def hits_prune(*, before) -> tuple[int, int]:

@@ -3,27 +3,12 @@ curator has judged. A curator marks each right or wrong; the verdicts feed calib
 traffic (`manage.py kb_calibrate --from-log`)."""
 
 from django.contrib import admin
-from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from django.utils.html import format_html
 
+from knowledge.hits import hits_with_feedback, review_queue
 from knowledge.models import Feedback, Hit
 from knowledge.services import hits_review
-
-
-def _users(field: str) -> Subquery:
-    return Subquery(Feedback.objects.filter(request_key=OuterRef("key")).values(field)[:1])
-
-
-def hits_with_feedback(queryset):
-    """`queryset` with the user's verdict and comment of each answer (empty when none)."""
-    return queryset.annotate(user_verdict=_users("verdict"), user_comment=_users("comment"))
-
-
-def review_queue(queryset=None):
-    """The direct answers a user marked wrong that no curator has judged yet."""
-    queryset = hits_with_feedback(Hit.objects.all() if queryset is None else queryset)
-    return queryset.filter(user_verdict=Feedback.Verdict.DOWN, review="")
 
 
 class QueueFilter(admin.SimpleListFilter):

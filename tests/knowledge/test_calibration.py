@@ -76,6 +76,9 @@ def test_the_recommendation_is_the_best_recall_at_the_target_precision():
     assert recommend(points, 0.98) == points[2]  # the same recall: the stricter point
     assert recommend(points, 0.85) == points[0]
     assert recommend([points[0]], 0.98) is None
+    # From traffic, judged in part: among points as good, the one nearest the serving point.
+    assert recommend(points, 0.98, near=(0.9, 0.0)) == points[1]
+    assert recommend(points, 0.98, near=(0.99, 0.0)) == points[2]
 
 
 def test_the_command_prints_the_curve_and_recommends_and_applies_a_point(kb, tmp_path, capsys):

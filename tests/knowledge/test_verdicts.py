@@ -13,8 +13,7 @@ from django.test import Client
 from chat.apikeys import apikey_create
 from chat.feedback import completion_id, completion_key
 from chat.models import ChatSession, Message
-from knowledge.admin.hits import review_queue
-from knowledge.hits import hit_flush
+from knowledge.hits import hit_flush, review_queue
 from knowledge.models import Feedback, Hit
 from observability.models import RequestLog
 from observability.requestlog import request_flush

@@ -15,6 +15,14 @@ the pipeline notes it. At the day's end the misses are grouped, and the curator 
 every question of the group has that entry for its answer; else the group is dismissed
 (`miss_groups_dismiss`), and leaves the list, as the admin's actions do.
 
+People's verdicts: each direct answer is kept (`knowledge.hits`) and a `--rate` share of them is
+rated by its user, honestly (thumbs up when the labelled set says the entry answers it, down
+when not); each evening the curator also judges the review queue by the set. After the last day,
+calibration from traffic (`calibrate_from_traffic`, as `kb_calibrate --from-log` runs it)
+replays the whole run with the stored vectors and those verdicts: its recommended point, the
+precision the verdicts estimate there, and the true precision and hit rate there by the set,
+against the serving point's.
+
 Per day: the hit rate of answerable traffic (questions the set gives an entry, answered directly
 with that entry) and the precision of the direct answers. The issue's targets: precision >= 0.98
 every day, and the day's last hit rate at least twice the first. A figure, not a test.
@@ -23,6 +31,7 @@ every day, and the day's last hit rate at least twice the first. A figure, not a
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -31,14 +40,20 @@ from django.core.management.base import BaseCommand, CommandError
 from django.test import override_settings
 
 from benchmarks import stack
-from knowledge.calibration import labelled_read
+from knowledge.calibration import calibrate_from_traffic, labelled_read
 from knowledge.embedding import embed_query, spec_of
+from knowledge.hits import hit_flush, hit_note, review_queue
 from knowledge.importing import kb_import
 from knowledge.miss_groups import miss_group_to_phrasings, miss_groups_dismiss, misses_group
 from knowledge.misses import miss_flush, miss_note
-from knowledge.models import EmbeddingModel, Entry, Miss
+from knowledge.models import EmbeddingModel, Entry, Feedback, Hit, Miss
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.services import embedding_model_ensure, missing_vectors_embed
+from knowledge.services import (
+    embedding_model_ensure,
+    feedback_record,
+    hits_review,
+    missing_vectors_embed,
+)
 from knowledge.typos import index_forget
 
 SET = Path(__file__).resolve().parents[2] / "kb_labelled"
@@ -55,6 +70,9 @@ class Command(BaseCommand):
         parser.add_argument("--curate", type=int, default=10, help="miss groups handled a day")
         parser.add_argument("--zipf", type=float, default=1.1, help="the Zipf law's exponent")
         parser.add_argument("--seed", type=int, default=28)
+        parser.add_argument(
+            "--rate", type=float, default=0.3, help="share of direct answers their user rates"
+        )
 
     def handle(self, *args, **options):
         folder = Path(options["set"])
@@ -69,6 +87,8 @@ class Command(BaseCommand):
         with stack.stack_session(drop=name, say=self.stdout.write):
             stack.database_prepare(name=name, pool_size=2)
             Miss.objects.all().delete()
+            Hit.objects.all().delete()
+            Feedback.objects.all().delete()
             Entry.objects.all().delete()
             EmbeddingModel.objects.all().delete()
             serving_model_forget()
@@ -86,12 +106,14 @@ class Command(BaseCommand):
                 "questions a day, "
                 f"Zipf {options['zipf']}, the {options['curate']} largest miss groups curated a day"
             )
-            # The loop lives on misses: noted whatever the environment says (a test run's is off).
-            with override_settings(KB_RECORD_MISSES=True):
+            # The loop lives on misses and direct answers: noted whatever the environment says (a
+            # test run's is off).
+            with override_settings(KB_RECORD_MISSES=True, KB_RECORD_HITS=True):
                 days = self.run(model, items, **options)
             self.summary(days)
+            self.from_traffic(model, {item.question: item.expected for item in items}, days)
 
-    def run(self, model, items, *, days, per_day, curate, zipf, seed, **_):
+    def run(self, model, items, *, days, per_day, curate, zipf, seed, rate, **_):
         rng = random.Random(seed)
         ranked = list(items)
         rng.shuffle(ranked)
@@ -105,9 +127,19 @@ class Command(BaseCommand):
                 verdict = direct_answer(item.question)
                 answerable = item.expected is not None
                 tally["answerable"] += answerable
+                key = uuid.uuid4()
                 if verdict.hit:
                     right = verdict.entry.pk == item.expected
                     tally["right" if right else "wrong"] += 1
+                    self.keep_hit(key, item.question, verdict, model, spec)
+                    if rng.random() < rate:
+                        feedback_record(
+                            request_key=key,
+                            user_id=None,
+                            verdict="up" if right else "down",
+                            interface="web",
+                        )
+                        tally["rated"] += 1
                     continue
                 miss_note(
                     question=item.question,
@@ -117,10 +149,13 @@ class Command(BaseCommand):
                     model_id=model.pk,
                     vector=embed_query(spec, item.question),
                     reason=verdict.reason,
+                    key=key,
                 )
             miss_flush()
+            hit_flush()
             misses_group()
             accepted, looked = self.curate(curate, expected_of)
+            tally["reviewed"] = self.review(expected_of)
             rows.append((day, tally, accepted, looked))
             hits = tally["right"] + tally["wrong"]
             self.stdout.write(
@@ -128,9 +163,84 @@ class Command(BaseCommand):
                 f"{tally['right'] / max(1, tally['answerable']):.3f} "
                 f"({tally['right']} of {tally['answerable']}), precision "
                 f"{tally['right'] / hits if hits else 1.0:.3f} ({tally['wrong']} wrong); "
-                f"curator: {accepted} of {looked} groups accepted"
+                f"curator: {accepted} of {looked} groups accepted, "
+                f"{tally['reviewed']} thumbs down reviewed; {tally['rated']} direct answers rated"
             )
         return rows
+
+    @staticmethod
+    def keep_hit(key, question, verdict, model, spec) -> None:
+        """The direct answer as the pipeline keeps it: the vector when the vector road ran."""
+        vector_road = verdict.method not in ("exact", "typo")
+        lead = None
+        if verdict.score is not None:
+            lead = verdict.score - (verdict.runner_up.score if verdict.runner_up else 0.0)
+        hit_note(
+            key=key,
+            question=question,
+            entry_id=verdict.entry.pk,
+            method=verdict.method,
+            score=verdict.score,
+            lead=lead,
+            model_id=model.pk,
+            vector=embed_query(spec, question) if vector_road else None,
+        )
+
+    @staticmethod
+    def review(expected_of: dict[str, int | None]) -> int:
+        """The curator judges the review queue by the labelled set; the number judged."""
+        queue = list(review_queue())
+        for verdict in ("right", "wrong"):
+            hits_review(
+                hit_ids=[
+                    h.pk
+                    for h in queue
+                    if (expected_of.get(h.question) == h.entry_id) == (verdict == "right")
+                ],
+                verdict=verdict,
+                curator=None,
+            )
+        return len(queue)
+
+    def from_traffic(self, model, expected_of: dict[str, int | None], rows) -> None:
+        """Calibration from the run's traffic and verdicts, checked against the labelled set."""
+        result = calibrate_from_traffic(days=1, target=0.98, model=model)
+
+        def truth(threshold: float, margin: float) -> tuple[float, float, int]:
+            right = wrong = answerable = 0
+            for ev in result.evidence:
+                expected = expected_of.get(ev.item.question)
+                answerable += expected is not None
+                got = ev.answer(threshold, margin)
+                if got is not None:
+                    right += got == expected
+                    wrong += got != expected
+            answered = right + wrong
+            return (right / answered if answered else 1.0), right / max(1, answerable), wrong
+
+        judged = sum(ev.item.judged or ev.item.wrong is not None for ev in result.evidence)
+        self.stdout.write(
+            f"from traffic: {len(result.evidence)} questions replayed, {judged} judged "
+            f"(rated, reviewed or curated)"
+        )
+        serving = (model.threshold, model.margin)
+        points = [("serving", *serving)]
+        if result.chosen is not None:
+            points.append(("recommended", result.chosen.threshold, result.chosen.margin))
+        for name, threshold, margin in points:
+            estimate = min(
+                result.points,
+                key=lambda p: abs(p.threshold - threshold) + abs(p.margin - margin),
+            )
+            precision, hit_rate, wrong = truth(threshold, margin)
+            self.stdout.write(
+                f"  {name} point: threshold {threshold:.3f}, margin {margin:.3f}: precision "
+                f"{estimate.precision:.3f} by the verdicts ({estimate.correct} right, "
+                f"{estimate.wrong} wrong judged), {precision:.3f} by the set ({wrong} wrong); "
+                f"hit rate of answerable traffic {hit_rate:.3f}"
+            )
+        if result.chosen is None:
+            self.stdout.write("  no point reaches precision 0.98 by the verdicts")
 
     def curate(self, limit: int, expected_of: dict[str, int | None]) -> tuple[int, int]:
         """The `limit` largest open miss groups not dismissed: the closest entry accepted where the
