@@ -73,6 +73,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rate", type=float, default=0.3, help="share of direct answers their user rates"
         )
+        parser.add_argument(
+            "--threshold",
+            type=float,
+            help="serve at this threshold instead of the model's shipped one (with --margin: a "
+            "loose point whose wrong answers people mark, for calibration from traffic to fix)",
+        )
+        parser.add_argument("--margin", type=float, help="serve at this margin (see --threshold)")
 
     def handle(self, *args, **options):
         folder = Path(options["set"])
@@ -94,6 +101,11 @@ class Command(BaseCommand):
             serving_model_forget()
             index_forget()
             model = embedding_model_ensure()
+            if options["threshold"] is not None or options["margin"] is not None:
+                model.direct_threshold = options["threshold"]
+                model.direct_margin = options["margin"]
+                model.save(update_fields=["direct_threshold", "direct_margin"])
+                serving_model_forget()
             report = kb_import(text=entries, fmt="jsonl", embed="none")
             if report.errors:
                 raise CommandError(f"the set's entries do not import: {report.errors[:3]}")
@@ -115,6 +127,7 @@ class Command(BaseCommand):
 
     def run(self, model, items, *, days, per_day, curate, zipf, seed, rate, **_):
         rng = random.Random(seed)
+        raters = random.Random(seed + 1)  # apart, so the traffic drawn is the same at any --rate
         ranked = list(items)
         rng.shuffle(ranked)
         weights = [1 / (rank**zipf) for rank in range(1, len(ranked) + 1)]
@@ -132,7 +145,7 @@ class Command(BaseCommand):
                     right = verdict.entry.pk == item.expected
                     tally["right" if right else "wrong"] += 1
                     self.keep_hit(key, item.question, verdict, model, spec)
-                    if rng.random() < rate:
+                    if raters.random() < rate:
                         feedback_record(
                             request_key=key,
                             user_id=None,
