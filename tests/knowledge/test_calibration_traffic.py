@@ -12,6 +12,7 @@ from knowledge.hits import hit_flush
 from knowledge.misses import miss_flush
 from knowledge.models import Calibration, Feedback, Hit, Miss
 from knowledge.selectors import serving_model, serving_model_forget
+from knowledge.typos import index_forget
 from tests.routing.conftest import ask
 from tests.support.factories import rule
 from tests.support.personas import client_of
@@ -41,6 +42,7 @@ def _records(settings):
     hit_flush()
     miss_flush()
     serving_model_forget()
+    index_forget()
 
 
 @pytest.fixture
@@ -49,6 +51,7 @@ def traffic(kb, settings):
     vector road answers some of them; a KB-only default rule notes the rest as misses."""
     settings.KB_DIRECT_THRESHOLD, settings.KB_DIRECT_MARGIN = 0.88, 0.0
     serving_model_forget()
+    index_forget()  # the typo index of this test's KB, not one an earlier test left in memory
     rule("default", is_default=True, action="kb_only")
     live = {}
     for question in TRAFFIC:
