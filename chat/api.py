@@ -17,14 +17,15 @@ from rest_framework.views import APIView
 
 from chat import apikeys, services
 from chat.auth import ChatScope, SessionOnly
-from chat.exceptions import ChatError
+from chat.exceptions import SPEND_REFUSALS, ChatError, SpendRefused
 from chat.feedback import message_feedback
 from chat.models import ApiKey, ChatSession, Message
 from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
+from chat.usage import usage_read
 from core.errors import unavailable
 from core.fields import TextField
 from observability.models import RequestLog
-from routing.events import message_for_users
+from routing.events import Error, message_for_users
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,10 @@ class MessageFeedbackView(APIView):
 
 
 async def _run_to_end(request, session_id, data) -> int:
+    """The answer's message id, once stored; a spend refusal is this API's 429 (the turn is
+    stored as failed, as the chat page shows it)."""
     message_id = None
+    refused = None
     async for event in run_turn(
         user=request.user,
         content=data["content"],
@@ -239,6 +243,14 @@ async def _run_to_end(request, session_id, data) -> int:
     ):
         if isinstance(event, SessionEvent):
             message_id = event.message_id
+        elif isinstance(event, Error) and event.code in SPEND_REFUSALS:
+            refused = SpendRefused(
+                event.message,
+                code=event.code,
+                retry_after=None if event.retry_after is None else int(event.retry_after),
+            )
+    if refused is not None:
+        raise refused
     return message_id
 
 
@@ -305,6 +317,19 @@ async def _sse(turn, *, details: bool):
         yield f"event: error\ndata: {json.dumps(body)}\n\n"
     finally:
         await turn.aclose()
+
+
+class UsageView(APIView):
+    """GET your limits, what is left of each in its window, and what you spent today and this
+    month (with an API key: that key's spend). The limits are your key's, your own and your
+    groups' (spend limits, set by the operators)."""
+
+    permission_classes = [ChatScope]
+
+    def get(self, request):
+        api_key_id = request.auth.pk if isinstance(request.auth, ApiKey) else None
+        usage = usage_read(user=request.user, api_key_id=api_key_id)
+        return Response({"limits": usage.limits, "spend": usage.spend})
 
 
 # --- API keys -------------------------------------------------------------------------------------

@@ -34,6 +34,23 @@ class TooManyStreams(RateLimited):
     code = "too_many_streams"
 
 
+class SpendRefused(ChatError):
+    """A spend limit or budget refused the answer (spend.ledger): the DRF API's 429 (503 when the
+    limits could not be counted), with Retry-After when waiting helps."""
+
+    status = 429
+
+    def __init__(self, message: str, *, code: str, retry_after: int | None):
+        self.code = code
+        self.status = 503 if code == "limits_unavailable" else 429
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+# The pipeline's error codes that are a spend refusal, not a failure.
+SPEND_REFUSALS = frozenset({"limit_exceeded", "budget_exceeded", "limits_unavailable"})
+
+
 class ApiKeyInvalid(ChatError):
     code = "invalid_api_key"
 

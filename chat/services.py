@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 from psycopg.types.json import Jsonb
+from redis.exceptions import RedisError
 
 from chat.exceptions import (
     MessageInvalid,
@@ -22,6 +23,7 @@ from chat.models import ChatSession, Message
 from core import db, rawsql, slots
 from core import redis as core_redis
 from core.text import text_problem
+from spend.ledger import outage_lets_through
 
 logger = logging.getLogger(__name__)
 
@@ -139,14 +141,20 @@ def _refusal(count: int, taken: int, retry_after: int) -> RateLimited | None:
     return None
 
 
-def question_admit(*, user_id: int) -> StreamSlot:
+def question_admit(*, user_id: int) -> StreamSlot | None:
     """Count the question against the user's rate limit (a fixed window) and take one of the user's
     CHAT_MAX_STREAMS_PER_USER stream slots, both in Redis, shared by every process: one round trip.
     Raises RateLimited or TooManyStreams when over. The slot goes back with `astream_slot_release`
-    at the turn's end (chat.turns does it), or by itself when its lease ends."""
+    at the turn's end (chat.turns does it), or by itself when its lease ends. Redis unreachable:
+    the outage's error, or, with LIMITS_ON_REDIS_OUTAGE=open, None (admitted uncounted)."""
     client = core_redis.client()
     pipe, retry_after, slot = _admission(client, user_id)
-    _, count, taken = pipe.execute()
+    try:
+        _, count, taken = pipe.execute()
+    except (RedisError, OSError) as exc:
+        if outage_lets_through(exc, "the chat rate limit and stream slots"):
+            return None
+        raise
     if (refused := _refusal(count, taken, retry_after)) is not None:
         if taken:
             slots.give_back(client, key=slot.key, holder=slot.holder)
@@ -154,11 +162,16 @@ def question_admit(*, user_id: int) -> StreamSlot:
     return slot
 
 
-async def aquestion_admit(*, user_id: int) -> StreamSlot:
+async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
     """question_admit on the event loop."""
     client = core_redis.aclient()
     pipe, retry_after, slot = _admission(client, user_id)
-    _, count, taken = await pipe.execute()
+    try:
+        _, count, taken = await pipe.execute()
+    except (RedisError, OSError) as exc:
+        if outage_lets_through(exc, "the chat rate limit and stream slots"):
+            return None
+        raise
     if (refused := _refusal(count, taken, retry_after)) is not None:
         if taken:
             await slots.give_back(client, key=slot.key, holder=slot.holder)

@@ -166,6 +166,8 @@ async def run_turn(
     arrived = time.monotonic() if arrived is None else arrived
     request_key = request_key or uuid.uuid4()
 
+    spent = events.Spent()  # the pipeline fills it in; the request log reads it
+
     def request_for(history: list[dict], groups: frozenset[str]) -> events.RouteRequest:
         return events.RouteRequest(
             text=content,
@@ -180,6 +182,8 @@ async def run_turn(
             ignore_eos=ignore_eos,
             store=store,
             key=request_key,
+            api_key_id=api_key_id,
+            spent=spent,
         )
 
     first: asyncio.Future | None = None
@@ -255,6 +259,7 @@ async def run_turn(
             done=done,
             error=error,
             key=request_key,
+            spent=spent,
         )
         request_note(record)
         metrics.request_ended(record)
@@ -343,12 +348,14 @@ def _record(
     done: events.Done | None,
     error: events.Error | None,
     key: uuid.UUID,
+    spent: events.Spent,
 ) -> RequestRecord:
     now = time.monotonic()
     source = done or error
     kb = source.kb if source is not None else None
     where = route or error
     usage = done.usage if done is not None and done.usage else {}
+    road = (where.road if where else "") or ""
     elapsed = round((now - arrived) * 1000, 1)
     if done is not None:
         overhead = done.overhead_ms
@@ -366,7 +373,7 @@ def _record(
         user_id=user_id,
         api_key_id=api_key_id,
         session_id=session_id,
-        road=(where.road if where else "") or "",
+        road=road,
         rule=(where.rule if where else "") or "",
         target=(where.target if where else "") or "",
         status=status,
@@ -374,8 +381,9 @@ def _record(
         ttft_ms=_ms_since(arrived, first_token_at),
         latency_ms=elapsed,
         overhead_ms=overhead,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=usage.get("prompt_tokens", spent.prompt_tokens),
+        completion_tokens=usage.get("completion_tokens", spent.completion_tokens),
+        cost=0.0 if road == "kb" else spent.cost,
         kb_method=kb.method if kb else "",
         kb_hit=bool(kb and kb.hit),
         kb_entry_id=kb.entry_id if kb else None,

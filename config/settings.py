@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "inference_ops",
     "knowledge",
     "routing",
+    "spend",
     "chat",
     "observability",
     "benchmarks",  # manage.py bench and bench_kb; no models, nothing at run time imports it
@@ -348,6 +349,16 @@ CHAT_HISTORY_TURNS = env_int(
 # A found API key is trusted this long by each process without a database lookup (0: every call).
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=60)  # seconds
+
+# --- Spend: limits and budgets (spend.ledger) ----------------------------------------------------
+
+# The currency of the endpoints' prices and of the budgets (a label: nothing is converted).
+SPEND_CURRENCY = env_str("SPEND_CURRENCY", "USD")
+# Redis unreachable, so the per-user limits (CHAT_RATE_LIMIT, the stream slots and the spend
+# limits) cannot be counted: "closed" refuses the requests they cover (503, retryable; nothing
+# goes uncounted), "open" lets them through uncounted. Both are logged and counted in
+# gateway_spend_unchecked_total.
+LIMITS_ON_REDIS_OUTAGE = env_choice("LIMITS_ON_REDIS_OUTAGE", "closed", ("closed", "open"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int(
     "DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024, minimum=1024
 )  # request bodies

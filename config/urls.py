@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/routing/", include("routing.urls")),
     path("api/chat/", include("chat.urls")),
     path("api/keys/", chat_api.ApiKeyListView.as_view(), name="api-keys"),
+    path("api/usage", chat_api.UsageView.as_view(), name="api-usage"),
     path("api/keys/<int:pk>/", chat_api.ApiKeyDetailView.as_view(), name="api-key"),
     # The schema and its page are public: they read no credentials (a bad key there would
     # otherwise fail inside the page's template, a 500).

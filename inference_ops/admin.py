@@ -71,6 +71,10 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
             {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"]},
         ),
         (
+            "Prices (the request log's cost and the budgets; empty: free)",
+            {"fields": ["price_input", "price_output", "price_engine_second"]},
+        ),
+        (
             "Live status",
             {
                 "fields": [

@@ -64,6 +64,35 @@ class ModelEndpoint(models.Model):
         "of them is answered by the least busy ready one (a conversation stays on its replica "
         "while loads are close).",
     )
+    # Prices, in SPEND_CURRENCY (spend.prices): what the request log, the dashboard and the
+    # budgets count. Empty: free.
+    price_input = models.DecimalField(
+        "price per 1M input tokens",
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+    )
+    price_output = models.DecimalField(
+        "price per 1M output tokens",
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+    )
+    price_engine_second = models.DecimalField(
+        "price per engine-second",
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="For a local engine priced by its time: a request costs its seconds in the "
+        "engine times this rate (with batching, the engine's hourly cost / 3600 divided by the "
+        "requests it serves at once).",
+    )
     active = models.BooleanField(default=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
     status_reason = models.CharField(max_length=500, blank=True)

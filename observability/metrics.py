@@ -72,6 +72,10 @@ ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(
         "request_too_large",
         "internal_error",
         "invalid",
+        "limit_exceeded",
+        "budget_exceeded",
+        "limits_unavailable",
+        "insufficient_quota",
     }
 )
 # Rule and endpoint names are slugs of at most this length; anything longer is not one.
@@ -135,6 +139,12 @@ PROMPT_TOKENS = Counter(
 COMPLETION_TOKENS = Counter(
     "gateway_completion_tokens_total",
     "Tokens out (completion), as the engine counted them.",
+    ["interface", "road", "target"],
+)
+SPEND = Counter(
+    "gateway_spend_total",
+    "Money spent, in SPEND_CURRENCY, by the endpoints' prices (spend.prices); per key, user and "
+    "group in the request log and the dashboard, never as labels here.",
     ["interface", "road", "target"],
 )
 KB_LOOKUPS = Counter(
@@ -205,6 +215,8 @@ def _ended(record: RequestRecord) -> None:
         _child(PROMPT_TOKENS, interface, road, target).inc(record.prompt_tokens)
     if record.completion_tokens:
         _child(COMPLETION_TOKENS, interface, road, target).inc(record.completion_tokens)
+    if record.cost:
+        _child(SPEND, interface, road, target).inc(record.cost)
     if record.error_code:
         _child(
             REQUEST_ERRORS, interface, road, target, _one_of(record.error_code, ERROR_CODES)

@@ -50,6 +50,9 @@ class RequestLog(models.Model):
     overhead_ms = models.FloatField("gateway ms", null=True)
     prompt_tokens = models.IntegerField("tokens in", null=True)
     completion_tokens = models.IntegerField("tokens out", null=True)
+    # In SPEND_CURRENCY, by the endpoint's prices: 0 for a direct answer, None when no price
+    # could apply (failed before a model ran).
+    cost = models.FloatField(null=True)
     kb_method = models.CharField("KB match", max_length=16, blank=True)
     kb_hit = models.BooleanField("KB answered", default=False)
     kb_entry = models.ForeignKey(

@@ -49,6 +49,7 @@ class RequestRecord:
     overhead_ms: float | None  # the gateway's own share of latency_ms (the rest is the engine's)
     prompt_tokens: int | None
     completion_tokens: int | None
+    cost: float | None  # in SPEND_CURRENCY (spend.prices); 0 for a direct answer
     # What the KB check did: exact | vector | none | follow_up | "" (no check: a named model).
     kb_method: str
     kb_hit: bool
@@ -153,6 +154,7 @@ COLUMNS = (
     ("overhead_ms", "float8"),
     ("prompt_tokens", "integer"),
     ("completion_tokens", "integer"),
+    ("cost", "float8"),
     ("kb_method", "text"),
     ("kb_hit", "boolean"),
     ("kb_entry_id", "bigint"),
@@ -193,6 +195,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [r.overhead_ms for r in batch],
         [r.prompt_tokens for r in batch],
         [r.completion_tokens for r in batch],
+        [r.cost for r in batch],
         [r.kb_method for r in batch],
         [r.kb_hit for r in batch],
         [r.kb_entry_id for r in batch],

@@ -94,6 +94,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
                     "max_length",
                     "groups",
                     "clients",
+                    "over_budget",
                     "requested_models",
                 ]
             },
@@ -129,6 +130,8 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             parts.append("clients: " + ", ".join(obj.clients))
         if obj.requested_models:
             parts.append("models: " + ", ".join(obj.requested_models))
+        if obj.over_budget:
+            parts.append("over budget")
         return "; ".join(parts) or "—"
 
     @admin.display(description="chain")

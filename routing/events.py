@@ -14,6 +14,7 @@ from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from knowledge.verdict import DirectAnswer
 from routing.rules import Target
+from spend.ledger import Standing
 
 
 @dataclass
@@ -36,6 +37,21 @@ class RouteRequest:
     # The request's key: its request-log row, its KB record (hit or miss), its chat message and
     # the user's feedback name the same answer by it. None: the KB keeps no record of the turn.
     key: uuid.UUID | None = None
+    # The API key the request came with: its limits apply (spend), besides its user's and groups'.
+    api_key_id: int | None = None
+    # What it used of a model, filled in by the pipeline as the answer ends (the request log's).
+    spent: Spent = field(default_factory=lambda: Spent())
+
+
+@dataclass
+class Spent:
+    """Tokens in and out and their cost: as the engine reported them, or, for a stream cut short
+    or an engine that reports no usage, as the gateway estimates what was produced. None: no model
+    ran."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +75,7 @@ class KbLookup:
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
 # KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from")
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing")
 
 
 @dataclass(kw_only=True)
@@ -87,6 +103,8 @@ class Route(Event):
     reason: str  # what a user reads instead: the road and a plain reason
     # the engine's time up to its first token, as this gateway saw it
     engine_ms: float | None = None
+    # the caller's tightest request and token limits after this request (/v1's x-ratelimit-*)
+    standing: Standing | None = None
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -137,6 +155,7 @@ class Error(Event):
     target: str | None = None
     kb: KbLookup | None = None
     fell_back_from: tuple[str, ...] = ()
+    standing: Standing | None = None  # a limit's refusal: the caller's limits (x-ratelimit-*)
     type: str = "error"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -183,6 +202,7 @@ def route_event(
     *,
     named: bool,
     engine_ms: float,
+    standing: Standing | None = None,
 ) -> Route:
     """The `route` event of a generated answer: the road taken, with the details for operators
     (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
@@ -204,4 +224,5 @@ def route_event(
         why=". ".join(notes),
         reason=reason,
         engine_ms=engine_ms,
+        standing=standing,
     )

@@ -71,6 +71,14 @@ class RoutingRule(models.Model):
         help_text="Only when the API request names one of these models.",
     )
 
+    over_budget = models.BooleanField(
+        "over budget",
+        default=False,
+        help_text="Only for requests whose budget is spent and set to reroute (spend limits): "
+        "e.g. a rule sending them to a local model. A request over such a budget that no "
+        "over-budget rule takes is refused.",
+    )
+
     action = models.CharField(max_length=16, choices=Action.choices, default=Action.GENERATE)
     system_prompt = models.TextField(blank=True)
     use_kb_context = models.BooleanField(default=True)

@@ -39,6 +39,7 @@ from routing.events import (
     KbLookup,
     Route,
     RouteRequest,
+    Spent,
     Token,
     route_event,
     usage_of,
@@ -53,6 +54,8 @@ from routing.rules import (
     named_target,
     query_vector,
 )
+from spend import ledger
+from spend.policy import Spec, apolicies
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
 _rng = random.Random()
@@ -103,7 +106,11 @@ async def answer(
                 code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
             )
             return
-        rule, why = await _match(snap, request, text, None)
+        specs, over_budget = await _spend_of(request)
+        rule, why = await _match(snap, request, text, None, over_budget=over_budget)
+        if over_budget and rule is None:
+            yield _over_budget(specs, None)
+            return
         target, refusal = named_target(rule, request.model)
         if target is None:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
@@ -118,6 +125,7 @@ async def answer(
             started,
             why=f"model {request.model} requested; {why}",
             rng=rng,
+            specs=specs,
         ):
             yield event
         return
@@ -151,7 +159,11 @@ async def answer(
         )
         return
 
-    rule, why = await _match(snap, request, text, direct)
+    specs, over_budget = await _spend_of(request)
+    rule, why = await _match(snap, request, text, direct, over_budget=over_budget)
+    if over_budget and rule is None:
+        yield _over_budget(specs, direct)
+        return
     if rule is None:
         yield Error(
             code="no_route",
@@ -192,20 +204,49 @@ async def answer(
         )
         return
     async for event in _generate(
-        request, text, rule, targets, started, why=why, rng=rng, direct=direct
+        request, text, rule, targets, started, why=why, rng=rng, direct=direct, specs=specs
     ):
         yield event
 
 
+async def _spend_of(request: RouteRequest) -> tuple[tuple[Spec, ...], bool]:
+    """The limits this request answers to, and whether one of its budgets that reroute is spent
+    (a Redis read only when such a budget applies). Asked once a model may answer: a direct
+    answer costs nothing and is never counted."""
+    specs = (await apolicies()).applying(
+        api_key_id=request.api_key_id, user_id=request.user_id, groups=request.groups
+    )
+    if not any(spec.reroute for spec in specs):
+        return specs, False
+    return specs, await ledger.aover_budget(specs)
+
+
+def _over_budget(specs: tuple[Spec, ...], direct: DirectAnswer | None) -> Error:
+    spent = ", ".join(spec.label for spec in specs if spec.reroute)
+    return Error(
+        code="budget_exceeded",
+        message=f"The budget of {spent} is spent, and no over-budget rule takes this question.",
+        retryable=False,
+        kb=KbLookup.of(direct) if direct is not None else None,
+    )
+
+
 async def _match(
-    snap: Snapshot, request: RouteRequest, text: str, direct: DirectAnswer | None
+    snap: Snapshot,
+    request: RouteRequest,
+    text: str,
+    direct: DirectAnswer | None,
+    *,
+    over_budget: bool = False,
 ) -> tuple[CompiledRule | None, str]:
+    """The rule for this question; over a budget that reroutes, only the over-budget rules."""
     ctx = Context(
         text=text,
         groups=request.groups,
         client=request.client,
         model=request.model,
         vector=direct.vector if direct is not None else None,
+        over_budget=over_budget,
     )
     choosing = snap.choose(ctx, lambda: query_vector(text))
     return await (tracing.rule_match(choosing) if tracing.ENABLED else choosing)
@@ -221,6 +262,7 @@ async def _generate(
     why: str,
     rng: random.Random,
     direct: DirectAnswer | None = None,
+    specs: tuple[Spec, ...] = (),
 ) -> AsyncGenerator[Event, None]:
     rule_name = rule.name if rule else None
     named = bool(request.model) and request.model != "auto"
@@ -245,81 +287,139 @@ async def _generate(
     citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
 
     kb = KbLookup.of(direct) if direct is not None else None
-    attempts: list[str] = []
-    passed: list[str] = []  # endpoints passed over before the one that answers
-    skipped: list[str] = []  # endpoints the breaker kept closed to this request
-    last_error: EngineError | None = None
-    too_long: Error | None = None
     system_cost = message_tokens({"content": system})
-    targets = replicas.expand(targets, replicas.affinity_of(request.history, text))
-    for target in targets:
-        budget = target.context_window - max_tokens
-        if approx_tokens(text) + system_cost + 8 > budget:
-            attempts.append(
-                f"{target.endpoint}: the question does not fit its "
-                f"{target.context_window}-token window"
-            )
-            too_long = too_long or Error(
-                code="too_long",
+    reservation = None
+    if specs:
+        # The prompt as if no history were left out (so never under the real one), and the
+        # answer's ceiling; priced at the dearest target that may answer.
+        prompt = system_cost + approx_tokens(text) + sum(map(message_tokens, request.history))
+        booked = await ledger.areserve(
+            specs,
+            tokens=prompt + max_tokens,
+            cost=max(t.price.cost(prompt, max_tokens) for t in targets),
+        )
+        if isinstance(booked, ledger.Refusal):
+            yield Error(
+                code=booked.code,
+                message=booked.message,
+                retryable=booked.retry_after is not None,
+                retry_after=booked.retry_after,
                 rule=rule_name,
-                target=target.endpoint,
-                road=target.road,
-                message=(
-                    f"The question is about {approx_tokens(text)} tokens; "
-                    f"{target.endpoint} accepts at most "
-                    f"{target.context_window} tokens, {max_tokens} of them kept for the answer."
-                ),
+                kb=kb,
+                standing=booked.standing,
             )
-            continue
-        # Counted before the breaker's check (which may wait on Redis), so the requests picking
-        # a replica meanwhile see this one.
-        replicas.started(target.endpoint_id)
-        try:
-            allowed = await breaker.allow(target.endpoint)
-        except BaseException:  # cancelled while asking: counted no longer
-            replicas.ended(target.endpoint_id)
-            raise
-        if not allowed:
-            replicas.ended(target.endpoint_id)
-            attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
-            skipped.append(target.endpoint)
-            passed.append(target.endpoint)
-            continue
-        messages, dropped = build_messages(
-            system=system, history=request.history, question=text, budget=budget
-        )
-        produced = False
-        ttft: float | None = None
-        answer_text: list[str] = []
-        chat = (
-            tracing.Chat(
-                model=target.config.model,
-                base_url=target.config.base_url,
-                max_tokens=max_tokens,
-                temperature=temperature,
+            return
+        reservation = booked
+    meter = _Meter(request.spent)
+    standing = reservation.standing if reservation else None
+    try:
+        attempts: list[str] = []
+        passed: list[str] = []  # endpoints passed over before the one that answers
+        skipped: list[str] = []  # endpoints the breaker kept closed to this request
+        last_error: EngineError | None = None
+        too_long: Error | None = None
+        targets = replicas.expand(targets, replicas.affinity_of(request.history, text))
+        for target in targets:
+            budget = target.context_window - max_tokens
+            if approx_tokens(text) + system_cost + 8 > budget:
+                attempts.append(
+                    f"{target.endpoint}: the question does not fit its "
+                    f"{target.context_window}-token window"
+                )
+                too_long = too_long or Error(
+                    code="too_long",
+                    rule=rule_name,
+                    target=target.endpoint,
+                    road=target.road,
+                    message=(
+                        f"The question is about {approx_tokens(text)} tokens; "
+                        f"{target.endpoint} accepts at most "
+                        f"{target.context_window} tokens, {max_tokens} of them kept for the answer."
+                    ),
+                )
+                continue
+            # Counted before the breaker's check (which may wait on Redis), so the requests picking
+            # a replica meanwhile see this one.
+            replicas.started(target.endpoint_id)
+            try:
+                allowed = await breaker.allow(target.endpoint)
+            except BaseException:  # cancelled while asking: counted no longer
+                replicas.ended(target.endpoint_id)
+                raise
+            if not allowed:
+                replicas.ended(target.endpoint_id)
+                attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
+                skipped.append(target.endpoint)
+                passed.append(target.endpoint)
+                continue
+            messages, dropped = build_messages(
+                system=system, history=request.history, question=text, budget=budget
             )
-            if tracing.ENABLED
-            else None
-        )
-        try:
-            extra_body = (
-                {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
-            )
-            async with contextlib.aclosing(
-                stream_chat(
-                    target.config,
-                    messages,
+            produced = False
+            ttft: float | None = None
+            answer_text: list[str] = []
+            meter.begin(target, messages, answer_text)
+            chat = (
+                tracing.Chat(
+                    model=target.config.model,
+                    base_url=target.config.base_url,
                     max_tokens=max_tokens,
                     temperature=temperature,
-                    extra_body=extra_body,
                 )
-            ) as stream:
-                async for event in stream:
-                    if isinstance(event, Finish):
-                        if chat:
-                            chat.finished(event.finish_reason, event.usage)
-                        await breaker.success(target.endpoint)
+                if tracing.ENABLED
+                else None
+            )
+            try:
+                extra_body = (
+                    {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
+                )
+                async with contextlib.aclosing(
+                    stream_chat(
+                        target.config,
+                        messages,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        extra_body=extra_body,
+                    )
+                ) as stream:
+                    async for event in stream:
+                        if isinstance(event, Finish):
+                            if chat:
+                                chat.finished(event.finish_reason, event.usage)
+                            await breaker.success(target.endpoint)
+                            meter.finish(event)
+                            if not produced:
+                                ttft = _ms(time.monotonic() - started)
+                                yield route_event(
+                                    target,
+                                    rule_name,
+                                    why,
+                                    attempts,
+                                    dropped,
+                                    named=named,
+                                    engine_ms=_ms(event.total),
+                                    standing=standing,
+                                )
+                            if direct is not None:
+                                _record_miss(request, text, "".join(answer_text), direct)
+                            yield Done(
+                                road=target.road,
+                                rule=rule_name,
+                                target=target.endpoint,
+                                ttft_ms=ttft,
+                                latency_ms=_ms(time.monotonic() - started),
+                                usage=usage_of(event),
+                                finish_reason=event.finish_reason,
+                                citations=citations,
+                                engine_ms=_ms(event.total),
+                                kb=kb,
+                                fell_back_from=tuple(passed),
+                            )
+                            return
                         if not produced:
+                            produced = True
+                            if chat:
+                                chat.first_chunk(event.elapsed)
                             ttft = _ms(time.monotonic() - started)
                             yield route_event(
                                 target,
@@ -328,86 +428,102 @@ async def _generate(
                                 attempts,
                                 dropped,
                                 named=named,
-                                engine_ms=_ms(event.total),
+                                engine_ms=_ms(event.elapsed),
+                                standing=standing,
                             )
-                        if direct is not None:
-                            _record_miss(request, text, "".join(answer_text), direct)
-                        yield Done(
-                            road=target.road,
-                            rule=rule_name,
-                            target=target.endpoint,
-                            ttft_ms=ttft,
-                            latency_ms=_ms(time.monotonic() - started),
-                            usage=usage_of(event),
-                            finish_reason=event.finish_reason,
-                            citations=citations,
-                            engine_ms=_ms(event.total),
-                            kb=kb,
-                            fell_back_from=tuple(passed),
-                        )
-                        return
-                    if not produced:
-                        produced = True
-                        if chat:
-                            chat.first_chunk(event.elapsed)
-                        ttft = _ms(time.monotonic() - started)
-                        yield route_event(
-                            target,
-                            rule_name,
-                            why,
-                            attempts,
-                            dropped,
-                            named=named,
-                            engine_ms=_ms(event.elapsed),
-                        )
-                    answer_text.append(event.text)
-                    yield Token(text=event.text)
-        except EngineError as exc:
-            if chat:
-                chat.failed(exc.kind)
-            if exc.retry_after is not None:
-                await breaker.rest(target.endpoint, exc.retry_after)
-                skipped.append(target.endpoint)
-            elif exc.retryable:
-                await breaker.failure(target.endpoint)
-            if exc.kind in ENGINE_GONE and target.road == "local":
-                report_engine_failure(target.endpoint_id)
-            if produced or exc.produced_tokens:
-                # Tokens are out: never switch targets mid-answer.
-                yield Error(
-                    code=exc.kind,
-                    message=str(exc),
-                    retryable=exc.retryable,
-                    partial=True,
-                    road=target.road,
-                    rule=rule_name,
-                    target=target.endpoint,
-                    kb=kb,
-                    fell_back_from=tuple(passed),
-                )
-                return
-            attempts.append(f"{target.endpoint}: {exc.kind}")
-            passed.append(target.endpoint)
-            last_error = exc
-            if not exc.retryable:
-                break
-        finally:
-            replicas.ended(target.endpoint_id)
-            if chat:
-                chat.end()
-    if last_error is None and too_long is not None:
-        too_long.kb = kb
-        yield too_long
-        return
-    yield Error(
-        code=last_error.kind if last_error else "unavailable",
-        message="No target could answer: " + "; ".join(attempts),
-        retryable=last_error.retryable if last_error else True,
-        rule=rule_name,
-        retry_after=await _soonest(skipped),
-        kb=kb,
-        fell_back_from=tuple(passed),
-    )
+                        answer_text.append(event.text)
+                        yield Token(text=event.text)
+            except EngineError as exc:
+                if chat:
+                    chat.failed(exc.kind)
+                if exc.retry_after is not None:
+                    await breaker.rest(target.endpoint, exc.retry_after)
+                    skipped.append(target.endpoint)
+                elif exc.retryable:
+                    await breaker.failure(target.endpoint)
+                if exc.kind in ENGINE_GONE and target.road == "local":
+                    report_engine_failure(target.endpoint_id)
+                if produced or exc.produced_tokens:
+                    # Tokens are out: never switch targets mid-answer.
+                    yield Error(
+                        code=exc.kind,
+                        message=str(exc),
+                        retryable=exc.retryable,
+                        partial=True,
+                        road=target.road,
+                        rule=rule_name,
+                        target=target.endpoint,
+                        kb=kb,
+                        fell_back_from=tuple(passed),
+                    )
+                    return
+                attempts.append(f"{target.endpoint}: {exc.kind}")
+                passed.append(target.endpoint)
+                last_error = exc
+                if not exc.retryable:
+                    break
+            finally:
+                replicas.ended(target.endpoint_id)
+                if chat:
+                    chat.end()
+        if last_error is None and too_long is not None:
+            too_long.kb = kb
+            yield too_long
+            return
+        yield Error(
+            code=last_error.kind if last_error else "unavailable",
+            message="No target could answer: " + "; ".join(attempts),
+            retryable=last_error.retryable if last_error else True,
+            rule=rule_name,
+            retry_after=await _soonest(skipped),
+            kb=kb,
+            fell_back_from=tuple(passed),
+        )
+    finally:
+        meter.close()
+        if reservation is not None:
+            ledger.settle_soon(
+                reservation,
+                tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
+                cost=meter.spent.cost or 0.0,
+            )
+
+
+class _Meter:
+    """What the target answering is using, for the request log and the limits: the engine's
+    usage when it reports it, else an estimate of what was produced (a stream cut short)."""
+
+    def __init__(self, spent: Spent):
+        self.spent = spent
+        self.target: Target | None = None
+        self.prompt = 0
+        self.parts: list[str] = []
+        self.since = 0.0
+
+    def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
+        self.target, self.parts, self.since = target, parts, time.monotonic()
+        self.prompt = sum(map(message_tokens, messages))
+
+    def finish(self, finish: Finish) -> None:
+        assert self.target is not None
+        usage = finish.usage
+        prompt = usage.prompt_tokens if usage else self.prompt
+        completion = usage.completion_tokens if usage else approx_tokens("".join(self.parts))
+        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
+        self.spent.cost = self.target.price.cost(prompt, completion, finish.total)
+        self.target = None
+
+    def close(self) -> None:
+        """The answer ended without a Finish: what the last target produced, if anything (a
+        target that failed before its first token costs nothing)."""
+        if self.target is None or not self.parts:
+            return
+        completion = approx_tokens("".join(self.parts))
+        self.spent.prompt_tokens, self.spent.completion_tokens = self.prompt, completion
+        self.spent.cost = self.target.price.cost(
+            self.prompt, completion, time.monotonic() - self.since
+        )
+        self.target = None
 
 
 def answer_budget(asked: int | None, rule: CompiledRule | None) -> int:

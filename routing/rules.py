@@ -30,6 +30,7 @@ from knowledge.selectors import aquery_vector, serving_model
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
 from routing.validation import regex_compile
+from spend.prices import FREE, Price
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Target:
     weight: int
     config: EndpointConfig
     context_window: int
+    price: Price = FREE
     replicas: tuple[
         Target, ...
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
@@ -61,6 +63,8 @@ class Context:
     model: str | None = None
     # the question's embedding, when an intent rule needs it
     vector: tuple[float, ...] | None = None
+    # a budget of the caller's that reroutes is spent (spend.ledger.aover_budget)
+    over_budget: bool = False
 
     @functools.cached_property
     def normalized(self) -> str:
@@ -84,6 +88,7 @@ class CompiledRule:
     groups: frozenset[str]
     clients: frozenset[str]
     requested_models: frozenset[str]
+    over_budget: bool
     system_prompt: str
     use_kb_context: bool
     context_k: int
@@ -112,6 +117,7 @@ class CompiledRule:
             or self.min_length is not None
             or self.max_length is not None
             or self.requested_models
+            or self.over_budget
         )
 
     def target_named(self, model: str) -> Target | None:
@@ -194,6 +200,8 @@ class CompiledRule:
         if self.requested_models:
             ok = ctx.model in self.requested_models
             check(ok, f"requested model {ctx.model!r} " + ("listed" if ok else "not listed"))
+        if self.over_budget:
+            check(ctx.over_budget, "budget spent" if ctx.over_budget else "budget not spent")
         if not reasons:
             check(True, "no conditions: matches everything")
         return matched, reasons
@@ -214,6 +222,8 @@ class Snapshot:
         costs no embedding."""
         asked = ctx.vector is not None
         for rule in self.rules:
+            if ctx.over_budget and not rule.over_budget:
+                continue  # over a budget that reroutes, only the rules written for it
             if rule.needs_vector and not asked and rule.evaluate(ctx, intent=False)[0]:
                 ctx.vector, asked = await vector(), True
             matched, reasons = rule.evaluate(ctx)
@@ -282,6 +292,7 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
             weight=t.weight,
             config=config,
             context_window=endpoint.context_window,
+            price=Price.of(endpoint),
         )
 
     target = one(t.endpoint)
@@ -344,6 +355,7 @@ def snapshot_build(version: str | None = None) -> Snapshot:
                 groups=frozenset(g.name for g in rule.groups.all()),
                 clients=frozenset(rule.clients),
                 requested_models=frozenset(rule.requested_models),
+                over_budget=rule.over_budget,
                 system_prompt=rule.system_prompt,
                 use_kb_context=rule.use_kb_context,
                 context_k=rule.context_k,
@@ -362,6 +374,7 @@ def snapshot_build(version: str | None = None) -> Snapshot:
             weight=1,
             config=EndpointConfig.from_endpoint(endpoint),
             context_window=endpoint.context_window,
+            price=Price.of(endpoint),
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(version=version, rules=tuple(rules), targets_by_model=targets_by_model)

@@ -48,6 +48,7 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
         "max_length",
         "clients",
         "requested_models",
+        "over_budget",
     )
     if is_default and any(fields.get(name) for name in conditions):
         errors["is_default"] = "the default rule catches everything: remove its conditions"

@@ -292,17 +292,26 @@ def _no_rows_of_earlier_tests():
 
 @pytest.fixture(autouse=True)
 def _fresh_routing_state():
-    """Closed breakers, fresh rate limits and a rebuilt rule snapshot for every test."""
+    """Closed breakers, fresh rate and spend limits and a rebuilt rule snapshot for every
+    test."""
     import redis as redis_client
 
     from routing.rules import rules_changed
+    from spend.policy import limits_changed
 
     client = redis_client.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
     # Breakers and rate-limit windows live in Redis and outlive a test's database.
     prefix = settings.REDIS_KEY_PREFIX
-    for pattern in (f"{prefix}:breaker:*", f"{prefix}:chat:rate:*", f"{prefix}:login:failures:*"):
+    for pattern in (
+        f"{prefix}:breaker:*",
+        f"{prefix}:chat:rate:*",
+        f"{prefix}:login:failures:*",
+        f"{prefix}:spend:*",
+    ):
         for key in client.scan_iter(pattern):
             client.delete(key)
     rules_changed()
+    limits_changed()
     yield
     rules_changed()
+    limits_changed()

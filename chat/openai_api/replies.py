@@ -26,6 +26,17 @@ _PIPELINE_STATUS = {
     "no_target": 503,
     "client_error": 502,
     "rate_limited": 503,
+    # Spend limits (spend.ledger): OpenAI's 429s, rate and quota.
+    "limit_exceeded": 429,
+    "budget_exceeded": 429,
+    "limits_unavailable": 503,
+}
+# Pipeline codes → the codes OpenAI's clients know.
+_OPENAI_CODES = {
+    "too_long": "context_length_exceeded",
+    "unknown_model": "model_not_found",
+    "limit_exceeded": "rate_limit_exceeded",
+    "budget_exceeded": "insufficient_quota",
 }
 
 
@@ -73,9 +84,7 @@ async def error_message_for(event: events.Error, user) -> str:
 
 async def pipeline_error_reply(event: events.Error, user) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
-    code = {"too_long": "context_length_exceeded", "unknown_model": "model_not_found"}.get(
-        event.code, event.code
-    )
+    code = _OPENAI_CODES.get(event.code, event.code)
     param = {
         "too_long": "messages",
         "unknown_model": "model",
@@ -90,12 +99,17 @@ async def pipeline_error_reply(event: events.Error, user) -> Reply:
 
 
 def route_headers(route: events.Route | None, error: events.Error | None = None) -> dict:
+    """The road taken, and the caller's limits after this request as OpenAI's
+    x-ratelimit-* headers (when any apply)."""
     source = route or error
-    return {
+    headers = {
         "X-Route": (source.road if source else "") or "",
         "X-Route-Rule": (source.rule if source else "") or "",
         "X-Route-Target": (source.target if source else "") or "",
     }
+    if source is not None and source.standing is not None:
+        headers.update(source.standing.headers())
+    return headers
 
 
 def overhead_header(arrived: float, engine_ms: float | None) -> str:

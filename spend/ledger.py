@@ -1,0 +1,448 @@
+"""Spend counted in Redis, one count for every web process and replica.
+
+Each limit is a counter per fixed window: requests and tokens per UTC minute, tokens per UTC day,
+money (in micro-units) per UTC day or month. A request that goes to a model reserves before it
+starts: one script checks every counter that applies (its key's, its user's, its groups') and,
+only if all of them allow it, adds the request, its estimated tokens (prompt + the capped
+max_tokens) and its estimated cost to each, atomically. So concurrent requests in any number of
+processes cannot together pass a limit: a request is let in only if what is already counted,
+reservations included, plus its own estimate fits. When the answer ends, the reservation settles
+to what the engine reported (a cancelled or failed stream to what it produced), in the background:
+nothing on the answer's way waits for it.
+
+A budget that reroutes (Limit.OverBudget.REROUTE) is never refused here: the pipeline reads it
+before it picks a rule (`aover_budget`) and sends the request by the over-budget rules.
+
+Redis unreachable: LIMITS_ON_REDIS_OUTAGE says whether requests with limits are refused (`closed`,
+the default: no spend that is not counted) or let through uncounted (`open`); either way the log
+and `gateway_spend_unchecked_total` say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from prometheus_client import Counter as MetricCounter
+from redis.exceptions import RedisError
+
+from core import redis as core_redis
+from core.errors import RETRY_AFTER
+from spend.policy import Spec
+from spend.prices import MICROS, micros
+
+logger = logging.getLogger(__name__)
+
+# KEYS: the counters. ARGV: for each counter, its amount, its limit (-1: counted, never refused)
+# and its time to live. All or nothing: {0, index, count} when counter `index` (1-based) would go
+# past its limit, else {1, count after, ...}.
+_RESERVE = """
+for i = 1, #KEYS do
+    local limit = tonumber(ARGV[3 * i - 1])
+    if limit >= 0 then
+        local count = tonumber(redis.call('GET', KEYS[i]) or '0')
+        if count + tonumber(ARGV[3 * i - 2]) > limit then
+            return {0, i, count}
+        end
+    end
+end
+local counts = {1}
+for i = 1, #KEYS do
+    counts[i + 1] = redis.call('INCRBY', KEYS[i], ARGV[3 * i - 2])
+    if redis.call('TTL', KEYS[i]) < 0 then
+        redis.call('EXPIRE', KEYS[i], ARGV[3 * i])
+    end
+end
+return counts
+"""
+
+# KEYS: the counters a reservation counted in. ARGV: what to add to each (negative: give back).
+# A counter whose window is over is gone and stays gone. Returns each count after (-1: gone).
+_SETTLE = """
+local counts = {}
+for i = 1, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+        counts[i] = redis.call('INCRBY', KEYS[i], ARGV[i])
+    else
+        counts[i] = -1
+    end
+end
+return counts
+"""
+
+REQUESTS, TOKENS, MONEY = "requests", "tokens", "money"
+
+UNCHECKED = MetricCounter(
+    "gateway_spend_unchecked_total",
+    "Requests with limits that Redis could not count, by what the gateway did "
+    "(LIMITS_ON_REDIS_OUTAGE): let through (open) or refused (closed).",
+    ["outcome"],
+)
+WARNINGS = MetricCounter(
+    "gateway_spend_warnings_total",
+    "Budgets that crossed their warning share (the soft budget) or their whole (the hard "
+    "budget), by subject kind.",
+    ["kind", "level"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    spec: Spec
+    dimension: str  # requests per minute | tokens per minute | tokens per day | budget
+    unit: str  # REQUESTS | TOKENS | MONEY
+    key: str
+    limit: int | None  # None: counted, never refused here
+    ttl: int
+    reset: float  # seconds until the window ends
+
+
+def _day_end(now: datetime) -> datetime:
+    return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+
+
+def _month_end(now: datetime) -> datetime:
+    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+
+
+def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Counter]:
+    """The counters of these limits in the current windows, in a fixed order."""
+    now = time.time() if now is None else now
+    moment = datetime.fromtimestamp(now, UTC)
+    minute = int(now // 60)
+    to_minute = 60 - now % 60
+    to_day = (_day_end(moment) - moment).total_seconds()
+    prefix = f"{settings.REDIS_KEY_PREFIX}:spend"
+    found = []
+    for spec in specs:
+        base = f"{prefix}:{spec.subject}"
+        if spec.requests_per_minute is not None:
+            found.append(
+                Counter(
+                    spec,
+                    "requests per minute",
+                    REQUESTS,
+                    f"{base}:rpm:{minute}",
+                    spec.requests_per_minute,
+                    120,
+                    to_minute,
+                )
+            )
+        if spec.tokens_per_minute is not None:
+            found.append(
+                Counter(
+                    spec,
+                    "tokens per minute",
+                    TOKENS,
+                    f"{base}:tpm:{minute}",
+                    spec.tokens_per_minute,
+                    120,
+                    to_minute,
+                )
+            )
+        if spec.tokens_per_day is not None:
+            found.append(
+                Counter(
+                    spec,
+                    "tokens per day",
+                    TOKENS,
+                    f"{base}:tpd:{moment:%Y%m%d}",
+                    spec.tokens_per_day,
+                    2 * 86400,
+                    to_day,
+                )
+            )
+        if spec.budget_micros is not None:
+            if spec.budget_period == "day":
+                bucket, reset, ttl = f"{moment:%Y%m%d}", to_day, 2 * 86400
+            else:
+                bucket, reset, ttl = (
+                    f"{moment:%Y%m}",
+                    (_month_end(moment) - moment).total_seconds(),
+                    33 * 86400,
+                )
+            found.append(
+                Counter(
+                    spec,
+                    f"budget per {spec.budget_period}",
+                    MONEY,
+                    f"{base}:cost:{bucket}",
+                    None if spec.reroute else spec.budget_micros,
+                    ttl,
+                    reset,
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One limit as a client's headers say it."""
+
+    limit: int
+    remaining: int
+    reset: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """The tightest request and token limits after a reservation (OpenAI's x-ratelimit-*)."""
+
+    requests: Window | None = None
+    tokens: Window | None = None
+
+    def headers(self) -> dict[str, str]:
+        found = {}
+        for name, window in (("requests", self.requests), ("tokens", self.tokens)):
+            if window is not None:
+                found[f"x-ratelimit-limit-{name}"] = str(window.limit)
+                found[f"x-ratelimit-remaining-{name}"] = str(max(0, window.remaining))
+                found[f"x-ratelimit-reset-{name}"] = duration(window.reset)
+        return found
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's way of writing a reset: 1s, 6m0s, 2h3m4s."""
+    seconds = max(0, math.ceil(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{seconds}s"
+    return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
+
+
+def _standing(found: list[Counter], counts: list[int]) -> Standing:
+    tightest: dict[str, Window] = {}
+    for counter, count in zip(found, counts, strict=True):
+        if counter.limit is None or counter.dimension.endswith("per day"):
+            continue
+        if counter.unit not in (REQUESTS, TOKENS):
+            continue
+        window = Window(counter.limit, counter.limit - count, counter.reset)
+        best = tightest.get(counter.unit)
+        if best is None or window.remaining < best.remaining:
+            tightest[counter.unit] = window
+    return Standing(requests=tightest.get(REQUESTS), tokens=tightest.get(TOKENS))
+
+
+@dataclass
+class Reservation:
+    counters: tuple[Counter, ...]
+    tokens: int
+    cost: int  # micro-units
+    standing: Standing
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str  # limit_exceeded | budget_exceeded | limits_unavailable
+    message: str
+    retry_after: int | None  # None: waiting does not help (the request alone is too large)
+    standing: Standing | None = None
+
+
+def _amounts(found: list[Counter], tokens: int, cost: int) -> list[int]:
+    return [1 if c.unit == REQUESTS else tokens if c.unit == TOKENS else cost for c in found]
+
+
+async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Reservation | Refusal:
+    """Reserve one request of `tokens` tokens costing `cost` against every limit in `specs`:
+    all counted, or none and a Refusal that says which limit and when to come back."""
+    found = counters(specs)
+    if not found:
+        return Reservation((), tokens, micros(cost), Standing())
+    amounts = _amounts(found, tokens, micros(cost))
+    args: list[int] = []
+    for counter, amount in zip(found, amounts, strict=True):
+        args += [amount, -1 if counter.limit is None else counter.limit, counter.ttl]
+    try:
+        reply = await core_redis.aclient().eval(
+            _RESERVE, len(found), *(c.key for c in found), *args
+        )
+    except (TimeoutError, RedisError, OSError) as exc:
+        return _outage(exc, tokens, cost)
+    if reply[0] == 1:
+        counts = [int(c) for c in reply[1:]]
+        return Reservation(tuple(found), tokens, micros(cost), _standing(found, counts))
+    counter, count = found[int(reply[1]) - 1], int(reply[2])
+    return _refusal(counter, count, amounts[int(reply[1]) - 1], found)
+
+
+def _refusal(counter: Counter, count: int, amount: int, found: list[Counter]) -> Refusal:
+    retry = max(1, math.ceil(counter.reset))
+    standing = _standing(found, [count if c is counter else 0 for c in found])
+    who = counter.spec.label
+    if counter.unit == MONEY:
+        return Refusal(
+            "budget_exceeded",
+            f"The {who}'s budget per {counter.spec.budget_period} is spent "
+            f"({count / MICROS:.4f} of {counter.limit / MICROS:.4f} "
+            f"{settings.SPEND_CURRENCY}); it renews in {duration(retry)}.",
+            retry,
+            standing,
+        )
+    if amount > counter.limit:
+        return Refusal(
+            "limit_exceeded",
+            f"This request alone needs about {amount} {counter.unit}, more than the {who}'s "
+            f"limit of {counter.limit} {counter.dimension}: ask for fewer max_tokens or a "
+            "shorter conversation.",
+            None,
+            standing,
+        )
+    return Refusal(
+        "limit_exceeded",
+        f"Over the {who}'s limit of {counter.limit} {counter.dimension}: {count} counted, this "
+        f"request needs {amount}. Try again in {duration(retry)}.",
+        retry,
+        standing,
+    )
+
+
+_outage_logged = 0.0
+
+
+def outage_lets_through(exc: BaseException, what: str) -> bool:
+    """Redis could not count `what` (a limit): whether the request goes on uncounted
+    (LIMITS_ON_REDIS_OUTAGE=open). Logged (once per 10 s of an outage, not once per request) and
+    counted either way."""
+    global _outage_logged
+    opened = settings.LIMITS_ON_REDIS_OUTAGE == "open"
+    UNCHECKED.labels("open" if opened else "closed").inc()
+    now = time.monotonic()
+    if now - _outage_logged > 10:
+        _outage_logged = now
+        logger.error(
+            "%s cannot be counted (%s: %s); LIMITS_ON_REDIS_OUTAGE=%s: requests are %s",
+            what,
+            type(exc).__name__,
+            exc,
+            settings.LIMITS_ON_REDIS_OUTAGE,
+            "let through uncounted" if opened else "refused",
+        )
+    return opened
+
+
+def _outage(exc: BaseException, tokens: int, cost: float) -> Reservation | Refusal:
+    if outage_lets_through(exc, "spend limits"):
+        return Reservation((), tokens, micros(cost), Standing())
+    return Refusal(
+        "limits_unavailable",
+        "Your usage limits cannot be checked right now; try again shortly.",
+        RETRY_AFTER,
+    )
+
+
+# Settlements in flight, so none is collected before it runs.
+_settling: set[asyncio.Task] = set()
+
+
+def settle_soon(reservation: Reservation, *, tokens: int, cost: float) -> None:
+    """Settle in the background: the answer's end does not wait for Redis."""
+    if not reservation.counters:
+        return
+    task = asyncio.get_running_loop().create_task(asettle(reservation, tokens=tokens, cost=cost))
+    _settling.add(task)
+    task.add_done_callback(_settling.discard)
+
+
+async def asettle(reservation: Reservation, *, tokens: int, cost: float) -> None:
+    """Move the reservation to what the request used. Never raises: a settlement Redis did not
+    hear leaves the reservation counted, which errs on the side of the limit."""
+    spent = micros(cost)
+    deltas = [
+        0
+        if c.unit == REQUESTS
+        else tokens - reservation.tokens
+        if c.unit == TOKENS
+        else spent - reservation.cost
+        for c in reservation.counters
+    ]
+    moving = [(c, d) for c, d in zip(reservation.counters, deltas, strict=True) if d]
+    if not moving:
+        return
+    try:
+        counts = await core_redis.aclient().eval(
+            _SETTLE, len(moving), *(c.key for c, _ in moving), *(d for _, d in moving)
+        )
+    except (TimeoutError, RedisError, OSError):
+        logger.warning("could not settle a spend reservation", exc_info=True)
+        return
+    for (counter, delta), count in zip(moving, counts, strict=True):
+        if counter.unit == MONEY and count >= 0:
+            _crossed(counter, int(count) - delta, int(count))
+
+
+def _crossed(counter: Counter, before: int, after: int) -> None:
+    """Log and count a budget whose spend just crossed its warning share or its whole: once, by
+    the one settlement that crossed it, whichever process made it."""
+    spec, budget = counter.spec, counter.spec.budget_micros or 0
+    for level, line in (("warn", budget * spec.warn_at), ("spent", budget)):
+        if before < line <= after:
+            WARNINGS.labels(spec.kind, level).inc()
+            logger.warning(
+                "spend: %s has spent %.4f of its %.4f %s budget per %s (%s)",
+                spec.label,
+                after / MICROS,
+                budget / MICROS,
+                settings.SPEND_CURRENCY,
+                spec.budget_period,
+                "warning share reached" if level == "warn" else "budget spent",
+            )
+
+
+async def aover_budget(specs: tuple[Spec, ...]) -> bool:
+    """Whether any budget that reroutes is spent (one read). Redis unreachable: as
+    LIMITS_ON_REDIS_OUTAGE says (closed: over, so the cheaper rules take the request)."""
+    found = [c for c in counters(tuple(s for s in specs if s.reroute)) if c.unit == MONEY]
+    if not found:
+        return False
+    try:
+        values = await core_redis.aclient().mget([c.key for c in found])
+    except (TimeoutError, RedisError, OSError):
+        logger.warning("cannot read the budgets that reroute", exc_info=True)
+        return settings.LIMITS_ON_REDIS_OUTAGE != "open"
+    return any(
+        int(value or 0) >= (c.spec.budget_micros or 0)
+        for c, value in zip(found, values, strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One limit's counter as the usage endpoint and the dashboard show it."""
+
+    spec: Spec
+    dimension: str
+    unit: str
+    limit: int
+    used: int
+    reset: float
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+def readings(specs: tuple[Spec, ...]) -> list[Reading]:
+    """Every counter of these limits now (blocking; for the usage endpoint and the dashboard)."""
+    found = counters(specs)
+    if not found:
+        return []
+    values = core_redis.client().mget([c.key for c in found])
+    return [
+        Reading(
+            c.spec,
+            c.dimension,
+            c.unit,
+            c.spec.budget_micros if c.unit == MONEY else c.limit,  # type: ignore[arg-type]
+            int(value or 0),
+            c.reset,
+        )
+        for c, value in zip(found, values, strict=True)
+    ]

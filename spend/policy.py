@@ -1,0 +1,160 @@
+"""The limits in force, compiled once per process and read without a database query.
+
+A change to a Limit row bumps a version in Redis (after commit); each process compares versions
+at most once per ROUTING_RULES_CHECK_SECONDS and rebuilds when they differ, as the routing rules
+do. A request asks `applying(...)`: the limits of its API key, its user and its user's groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Q
+
+from core import db
+from core.flight import SingleFlight
+from spend.models import Limit
+from spend.prices import micros
+
+logger = logging.getLogger(__name__)
+
+VERSION_KEY = "spend:limits:version"
+_REBUILD_EVERY = 300.0  # also catches a change no signal reported (a row written by SQL)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One subject's limits, as the ledger counts them."""
+
+    kind: str  # key | user | group
+    ident: str  # the key's or user's id, the group's name
+    label: str  # as operators and users read it: "API key ci", "user alice", "group support"
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    budget_micros: int | None = None
+    budget_period: str = Limit.Period.MONTH
+    warn_at: float = 0.8
+    reroute: bool = False  # over budget: route by the over-budget rules instead of refusing
+
+    @property
+    def subject(self) -> str:
+        return f"{self.kind}:{self.ident}"
+
+
+@dataclass(frozen=True)
+class Policies:
+    version: str | None
+    keys: dict[int, Spec] = field(default_factory=dict)
+    users: dict[int, Spec] = field(default_factory=dict)
+    groups: dict[str, Spec] = field(default_factory=dict)
+    built_at: float = field(default_factory=time.monotonic)
+
+    def applying(
+        self, *, api_key_id: int | None, user_id: int | None, groups: frozenset[str]
+    ) -> tuple[Spec, ...]:
+        """Every limit a request answers to: its key's, its user's, its groups' (sorted, so the
+        same request always checks them in the same order)."""
+        found = []
+        if api_key_id is not None and (spec := self.keys.get(api_key_id)) is not None:
+            found.append(spec)
+        if user_id is not None and (spec := self.users.get(user_id)) is not None:
+            found.append(spec)
+        if self.groups and groups:
+            found += [self.groups[name] for name in sorted(groups) if name in self.groups]
+        return tuple(found)
+
+
+def spec_of(row: Limit) -> Spec:
+    if row.api_key_id:
+        kind, ident, label = "key", str(row.api_key_id), f"API key {row.api_key.name}"
+    elif row.user_id:
+        kind, ident, label = "user", str(row.user_id), f"user {row.user.get_username()}"
+    else:
+        kind, ident, label = "group", row.group.name, f"group {row.group.name}"
+    return Spec(
+        kind=kind,
+        ident=ident,
+        label=label,
+        requests_per_minute=row.requests_per_minute,
+        tokens_per_minute=row.tokens_per_minute,
+        tokens_per_day=row.tokens_per_day,
+        budget_micros=None if row.budget is None else micros(float(row.budget)),
+        budget_period=row.budget_period,
+        warn_at=row.warn_at,
+        reroute=row.over_budget == Limit.OverBudget.REROUTE,
+    )
+
+
+def policies_build(version: str | None = None) -> Policies:
+    policies = Policies(version=version)
+    # A revoked key's limit is kept (its history) but applies to nothing.
+    rows = Limit.objects.select_related("api_key", "user", "group").filter(
+        Q(api_key__isnull=True) | Q(api_key__revoked_at__isnull=True)
+    )
+    for row in rows:
+        spec = spec_of(row)
+        if spec.kind == "key":
+            policies.keys[row.api_key_id] = spec
+        elif spec.kind == "user":
+            policies.users[row.user_id] = spec
+        else:
+            policies.groups[spec.ident] = spec
+    return policies
+
+
+_policies: Policies | None = None
+_checked_at = 0.0
+_refreshes = SingleFlight()
+
+
+def _current_version() -> str | None:
+    try:
+        return cache.get(VERSION_KEY)
+    except Exception:  # noqa: BLE001 - Redis down: keep the limits we have
+        logger.warning("cannot read the spend limits' version", exc_info=True)
+        return _policies.version if _policies else None
+
+
+def policies() -> Policies:
+    global _policies, _checked_at
+    now = time.monotonic()
+    if _policies is not None and now - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
+        return _policies
+    version = _current_version()
+    if (
+        _policies is None
+        or version != _policies.version
+        or now - _policies.built_at > _REBUILD_EVERY
+    ):
+        _policies = policies_build(version)
+    _checked_at = now
+    return _policies
+
+
+async def apolicies() -> Policies:
+    if (
+        _policies is not None
+        and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS
+    ):
+        return _policies  # the hot path: no thread hop, no I/O
+    return await _refreshes.do("policies", lambda: db.run(policies))
+
+
+def limits_changed() -> None:
+    """Tell every process to rebuild its limits (called after commit)."""
+    global _policies
+    _policies = None
+    try:
+        cache.set(VERSION_KEY, uuid.uuid4().hex, timeout=None)
+    except Exception:  # noqa: BLE001
+        logger.warning(
+            "cannot publish a change of the spend limits; other processes catch up within %.0f s",
+            _REBUILD_EVERY,
+            exc_info=True,
+        )

@@ -1,0 +1,254 @@
+"""Spend limits as a client meets them: requests and tokens per minute and per day, and money
+budgets, per API key, user and group, counted in the one Redis every process shares. Over a limit:
+a 429 with Retry-After and OpenAI's x-ratelimit-* headers on /v1, the same verdict in the DRF
+API's and the socket's shapes. Direct answers from the knowledge base cost nothing.
+
+Limits are counted in fixed UTC minutes: a test that needs two requests in one window starts at
+the beginning of a minute's last 50 seconds at the latest (`same_minute`).
+"""
+
+import time
+from decimal import Decimal
+
+import openai
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib.auth.models import Group
+from rest_framework.test import APIClient
+
+from chat.apikeys import apikey_create
+from chat.models import ApiKey
+from observability.models import RequestLog
+from observability.requestlog import request_flush
+from spend.models import Limit
+from tests.chat.test_spend_limits import frame_of_type
+from tests.support.factories import rule
+from tests.support.polling import wait_until
+from tests.support.sockets import socket_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUESTION = [{"role": "user", "content": "Tell me about the lighthouses of the northern coast"}]
+KB_QUESTION = [{"role": "user", "content": "How do I reset my password?"}]
+
+
+def same_minute(seconds: float = 10) -> None:
+    """Wait, if need be, so that the next `seconds` fall in one UTC minute."""
+    left = 60 - time.time() % 60
+    if left < seconds:
+        time.sleep(left + 0.05)
+
+
+def sdk(asgi_server, key):
+    return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def ask(asgi_server, key, messages=QUESTION, max_tokens=16):
+    return sdk(asgi_server, key).chat.completions.with_raw_response.create(
+        model="auto", messages=messages, max_tokens=max_tokens
+    )
+
+
+def refused(asgi_server, key, messages=QUESTION, max_tokens=16) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(asgi_server, key, messages, max_tokens)
+    return caught.value
+
+
+def key_row(raw: str) -> ApiKey:
+    return ApiKey.objects.get(prefix=raw.split("_")[1])
+
+
+def usage_of(raw: str) -> dict:
+    return APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}").get("/api/usage").json()
+
+
+def test_a_key_within_its_limits_is_told_what_is_left(asgi_server, alice_key, product):
+    Limit.objects.create(
+        api_key=key_row(alice_key), requests_per_minute=10, tokens_per_minute=100_000
+    )
+    same_minute()
+    raw = ask(asgi_server, alice_key)
+    assert raw.parse().choices[0].message.content
+    headers = raw.headers
+    assert headers["x-ratelimit-limit-requests"] == "10"
+    assert headers["x-ratelimit-remaining-requests"] == "9"
+    assert headers["x-ratelimit-limit-tokens"] == "100000"
+    # The reservation: the prompt and the answer's ceiling, 16 tokens.
+    assert 100_000 - 16 - 200 < int(headers["x-ratelimit-remaining-tokens"]) < 100_000 - 16
+    assert headers["x-ratelimit-reset-tokens"].endswith("s")
+
+
+def test_the_reservation_settles_to_what_the_engine_used(asgi_server, alice_key, product):
+    Limit.objects.create(api_key=key_row(alice_key), tokens_per_minute=100_000)
+    same_minute()
+    raw = ask(asgi_server, alice_key, max_tokens=200)
+    reserved = 100_000 - int(raw.headers["x-ratelimit-remaining-tokens"])
+    usage = raw.parse().usage
+    assert usage.completion_tokens < 200 < reserved  # the echo answer is short of its ceiling
+
+    def counted():
+        limits = usage_of(alice_key)["limits"]
+        return limits[0]["used"] if limits else None
+
+    assert wait_until(lambda: counted() == usage.total_tokens, timeout=10), counted()
+
+
+def test_over_its_tokens_per_minute_a_key_gets_429_and_when_to_come_back(
+    asgi_server, alice_key, product
+):
+    limit = Limit.objects.create(api_key=key_row(alice_key), tokens_per_minute=100_000)
+    same_minute(20)
+    first = ask(asgi_server, alice_key)
+    reserved = 100_000 - int(first.headers["x-ratelimit-remaining-tokens"])
+    used = first.parse().usage.total_tokens
+    assert wait_until(lambda: usage_of(alice_key)["limits"][0]["used"] == used, timeout=10)
+    # One token short of room for the same request again.
+    limit.tokens_per_minute = used + reserved - 1
+    limit.save()
+
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429
+    assert error.body["code"] == "rate_limit_exceeded"
+    assert (
+        "API key laptop" in error.body["message"] and "tokens per minute" in error.body["message"]
+    )
+    headers = error.response.headers
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert headers["x-ratelimit-limit-tokens"] == str(used + reserved - 1)
+    assert headers["x-ratelimit-remaining-tokens"] == str(reserved - 1)
+    # Nothing was counted for the refused request.
+    assert usage_of(alice_key)["limits"][0]["used"] == used
+
+
+def test_direct_answers_cost_nothing_and_count_against_nothing(asgi_server, alice_key, product):
+    Limit.objects.create(api_key=key_row(alice_key), requests_per_minute=1, tokens_per_minute=1)
+    same_minute()
+    for _ in range(3):
+        raw = ask(asgi_server, alice_key, KB_QUESTION)
+        assert raw.headers["X-Route"] == "kb"
+        assert "x-ratelimit-remaining-requests" not in raw.headers
+    assert [limit["used"] for limit in usage_of(alice_key)["limits"]] == [0, 0]
+    # A question for a model could never fit one token: refused, and waiting would not help.
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and "Retry-After" not in error.response.headers
+    assert "alone needs about" in error.body["message"]
+
+
+def test_a_groups_limit_is_shared_by_its_members_and_a_users_holds_beside_the_keys(
+    asgi_server, alice, bob, product
+):
+    support = Group.objects.create(name="support")
+    support.user_set.add(alice, bob)
+    Limit.objects.create(group=support, requests_per_minute=1)
+    alice_raw = apikey_create(user=alice, name="alice-ci", scopes=["chat"])[1]
+    bob_raw = apikey_create(user=bob, name="bob-ci", scopes=["chat"])[1]
+    # Bob's key has a generous limit of its own: the group's still holds (LiteLLM #11962).
+    Limit.objects.create(api_key=key_row(bob_raw), requests_per_minute=100)
+    same_minute()
+    assert ask(asgi_server, alice_raw).parse().choices[0].message.content
+    error = refused(asgi_server, bob_raw)
+    assert error.status_code == 429 and "group support" in error.body["message"]
+    assert error.response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_the_drf_api_and_the_socket_give_the_same_verdict_in_their_shapes(alice, product):
+    Limit.objects.create(user=alice, requests_per_minute=1)
+    same_minute()
+    api = APIClient()
+    api.force_authenticate(alice)
+    session = api.post("/api/chat/sessions/", {"title": "limits"}, format="json").json()["id"]
+    url = f"/api/chat/sessions/{session}/messages/"
+    assert api.post(url, {"content": QUESTION[0]["content"]}, format="json").status_code == 201
+    second = api.post(url, {"content": "And the southern one?"}, format="json")
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "limit_exceeded"
+    assert "user alice" in second.json()["error"]["message"]
+    assert 1 <= int(second["Retry-After"]) <= 60
+
+    async def over_the_socket():
+        socket = await socket_for(alice, connect=True)
+        await socket.send_json_to({"type": "message", "session": None, "content": "And west?"})
+        frame = await frame_of_type(socket, "done", "error")
+        await socket.disconnect()
+        return frame
+
+    frame = async_to_sync(over_the_socket)()
+    assert frame["type"] == "error" and frame["code"] == "limit_exceeded"
+    assert 1 <= frame["retry_after"] <= 60 and "user alice" in frame["message"]
+
+
+def test_each_answer_is_priced_in_the_request_log_and_a_spent_budget_refuses(
+    asgi_server, alice_key, product
+):
+    local = product["local"]
+    local.price_input, local.price_output = Decimal("2"), Decimal("10")  # per million tokens
+    local.save()
+    limit = Limit.objects.create(api_key=key_row(alice_key), budget=Decimal("100"))
+    usage = ask(asgi_server, alice_key).parse().usage
+    request_flush()
+    row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
+    expected = (usage.prompt_tokens * 2 + usage.completion_tokens * 10) / 1_000_000
+    assert row.cost == pytest.approx(expected)
+    assert row.prompt_tokens == usage.prompt_tokens
+    spend = usage_of(alice_key)["spend"]
+    assert spend["today"] == pytest.approx(expected, abs=1e-6)
+    assert wait_until(
+        lambda: usage_of(alice_key)["limits"][0]["used"] == pytest.approx(expected, abs=1e-6),
+        timeout=10,
+    )
+
+    limit.budget = Decimal(str(round(expected, 4)))  # at most what was spent: the budget is gone
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "budget per month is spent" in error.body["message"]
+    assert int(error.response.headers["Retry-After"]) > 0
+
+
+def test_over_a_budget_that_reroutes_the_over_budget_rules_answer(asgi_server, alice_key, product):
+    external = product["external"]
+    external.price_input, external.price_output = Decimal("2"), Decimal("10")
+    external.save()
+    # The default rule is local first; the paid road answers this one.
+    rule("paid", external, priority=10, keywords=["lighthouses"], use_kb_context=False)
+    limit = Limit.objects.create(
+        api_key=key_row(alice_key), budget=Decimal("100"), over_budget="reroute"
+    )
+    assert ask(asgi_server, alice_key).headers["X-Route-Target"] == "external"
+    request_flush()
+    assert wait_until(lambda: usage_of(alice_key)["limits"][0]["used"] > 0, timeout=10)
+
+    limit.budget = Decimal("0.000001")
+    limit.save()
+    # Spent, and no rule for it yet: refused, with no time to wait for.
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "no over-budget rule" in error.body["message"]
+
+    rule(
+        "over budget: local only",
+        product["local"],
+        priority=1,
+        over_budget=True,
+        use_kb_context=False,
+    )
+    raw = ask(asgi_server, alice_key)
+    assert raw.headers["X-Route-Target"] == "local"
+    assert raw.headers["X-Route-Rule"] == "over budget: local only"
+    # Within budget, the over-budget rule takes nobody.
+    limit.budget = Decimal("100")
+    limit.save()
+    assert ask(asgi_server, alice_key).headers["X-Route-Target"] == "external"
+
+
+def test_a_users_limits_need_no_key_of_theirs_and_usage_shows_only_their_own(alice, bob, product):
+    Limit.objects.create(user=alice, tokens_per_day=5000)
+    Limit.objects.create(user=bob, requests_per_minute=3)
+    api = APIClient()
+    api.force_authenticate(alice)
+    shown = api.get("/api/usage").json()
+    assert [(limit["whose"], limit["limit"], limit["allowed"]) for limit in shown["limits"]] == [
+        ("user alice", "tokens per day", 5000)
+    ]
+    assert shown["spend"]["whose"] == "you"
