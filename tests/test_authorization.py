@@ -25,6 +25,7 @@ from chat.models import ChatSession, Message
 from inference_ops.models import EngineProcess, LoraAdapter
 from knowledge.models import Calibration, EmbeddingModel, Hit, Miss
 from knowledge.services import entry_create
+from spend.models import Limit
 from tests.support.factories import endpoint, rule
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
 from tests.support.sockets import socket_at
@@ -226,6 +227,10 @@ MATRIX = {
     ("DELETE", "/api/keys/{K}/", None): row(
         401, None, 404, 404, 404, 404, 404, 404, 403, 403, 403, 403, 403, 401, 401
     ),
+    # One's own limits and spend; a kb-only key is not a chat client.
+    ("GET", "/api/usage", None): row(
+        401, 200, 200, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 401, 401
+    ),
     ("GET", "/api/schema/", None): row(*[200] * 15),
     ("GET", "/api/docs/", None): row(*[200] * 15),
     ("GET", "/v1/models", None): row(
@@ -279,6 +284,8 @@ ADMIN_PAGES = {
     "knowledge.calibration": ("", "v", "v", "v", "vd"),  # written by `manage.py kb_calibrate`
     "routing.routingrule": ("", "v", "vac", "vacd", "vacd"),
     "inference_ops.modelendpoint": ("", "v", "v", "v", "vacd"),
+    # Spend limits decide what is paid for: not the curators'; granted apart (spend.*).
+    "spend.limit": ("", "", "", "", "vacd"),
     "inference_ops.engineprocess": ("", "v", "v", "v", "vacd"),
     "inference_ops.loraadapter": ("", "v", "v", "v", "vacd"),
 }
@@ -317,6 +324,7 @@ ACTIONS = {
     ("knowledge.calibration", "apply"): (NO, NO, NO, NO, RAN),
     ("routing.routingrule", "delete_selected"): (NO, NO, NO, RAN, RAN),
     ("inference_ops.modelendpoint", "delete_selected"): (NO, NO, NO, NO, RAN),
+    ("spend.limit", "delete_selected"): (NO, NO, NO, NO, RAN),
     # Operating engines and adapters: the model's change permission; editing their rows: superusers.
     ("inference_ops.engineprocess", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("inference_ops.engineprocess", "start"): (NO, NO, RAN, RAN, RAN),
@@ -396,7 +404,7 @@ def world(django_user_model, local_sim):
         created_at=timezone.now(),
         key=uuid.uuid4(),
     )
-    Group.objects.create(name="editors")
+    Limit.objects.create(group=Group.objects.create(name="editors"), requests_per_minute=600)
     cookies = {}
     for name, user in users.items():
         client = Client()

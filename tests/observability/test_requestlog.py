@@ -197,6 +197,7 @@ def record(at: datetime, **fields) -> RequestRecord:
         overhead_ms=1.0,
         prompt_tokens=5,
         completion_tokens=7,
+        cost=None,
         kb_method="vector",
         kb_hit=False,
         kb_entry_id=None,

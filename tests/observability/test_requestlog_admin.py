@@ -44,6 +44,7 @@ def record(*, ago: timedelta = timedelta(minutes=2), **fields) -> RequestRecord:
         overhead_ms=8.0,
         prompt_tokens=40,
         completion_tokens=60,
+        cost=0.0007,
         kb_method="none",
         kb_hit=False,
         kb_entry_id=None,
@@ -254,6 +255,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
             overhead_ms=None,
             prompt_tokens=None,
             completion_tokens=None,
+            cost=None,
             fell_back_from=("local",),
             interface="v1",
         )
@@ -292,6 +294,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "overhead_ms": "",
         "prompt_tokens": "",
         "completion_tokens": "",
+        "cost": "",
         "kb_method": "none",
         "kb_hit": "False",
         "kb_entry_id": "",
