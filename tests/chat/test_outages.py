@@ -29,6 +29,7 @@ from tests.support.personas import staff_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
+METRICS_TOKEN = "outages-metrics-token"
 QUESTION = "How do I reset my password?"  # the KB answers it: no rules or engines involved
 
 
@@ -139,6 +140,7 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
         "DATABASE_CONNECT_TIMEOUT": "2",
         "REDIS_TIMEOUT": "2",
         "API_KEY_CACHE_SECONDS": "0",
+        "METRICS_TOKEN": METRICS_TOKEN,
     }
     web = Service(
         "daphne",
@@ -156,11 +158,28 @@ def outage_gateway(child_env, test_database_url, tmp_path_factory):
         logs,
         env=env,
     )
+    # The same gateway with the per-user limits failing open (LIMITS_ON_REDIS_OUTAGE).
+    open_port = free_port()
+    open_web = Service(
+        "daphne-open",
+        [*web.command[:-2], str(open_port), "config.asgi:application"],
+        open_port,
+        logs,
+        env={**env, "LIMITS_ON_REDIS_OUTAGE": "open"},
+    )
     web.start()
+    open_web.start()
     url = f"http://127.0.0.1:{web_port}"
     _wait(lambda: http_get(f"{url}/healthz")[0] == 200, 60, web)
-    yield {"url": url, "redis": redis, "postgres": postgres, "web": web}
-    for service in (web, redis, postgres):
+    _wait(lambda: http_get(f"http://127.0.0.1:{open_port}/healthz")[0] == 200, 60, open_web)
+    yield {
+        "url": url,
+        "redis": redis,
+        "postgres": postgres,
+        "web": web,
+        "open_url": f"http://127.0.0.1:{open_port}",
+    }
+    for service in (web, open_web, redis, postgres):
         stop_process_group(service.process)
 
 
@@ -346,5 +365,77 @@ async def test_the_operations_feed_comes_back_after_redis_restarts(outage_gatewa
             lambda: async_to_sync(_ops_hello)(gateway, staff) == "hello", 15, gateway["web"]
         )
         assert gateway["web"].process.poll() is None  # the same process: no crash loop, no restart
+    finally:
+        redis.ensure_running()
+
+
+def _header(headers: dict, name: str) -> str | None:
+    """A header by name in any case (daphne writes them capitalised)."""
+    return {key.lower(): value for key, value in headers.items()}.get(name)
+
+
+def _publish_changes(redis_port: int) -> None:
+    """Tell these gateways that the rules and the limits changed, as a save would in their Redis
+    (the test's own saves tell the test's Redis)."""
+    import uuid
+
+    import redis as redis_client
+
+    from routing.rules import VERSION_KEY as RULES
+    from spend.policy import VERSION_KEY as LIMITS
+
+    client = redis_client.Redis(port=redis_port, socket_timeout=2)
+    for key in (RULES, LIMITS):
+        client.set(f"{settings.REDIS_KEY_PREFIX}:1:{key}", json.dumps(uuid.uuid4().hex))
+
+
+def _unchecked(url: str) -> dict[str, float]:
+    """gateway_spend_unchecked_total by outcome, from the gateway's /metrics."""
+    request = urllib.request.Request(
+        f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_spend_unchecked_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            found[outcome] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_limits_fail_closed_unless_set_open_and_either_way_it_shows(
+    outage_gateway, product, alice, alice_key
+):
+    """Redis gone: a key with spend limits is refused (503, retryable) by default; a gateway set
+    to LIMITS_ON_REDIS_OUTAGE=open answers it uncounted. Both say so in /metrics."""
+    from chat.models import ApiKey
+    from spend.models import Limit
+
+    Limit.objects.create(
+        api_key=ApiKey.objects.get(user=alice), requests_per_minute=100, tokens_per_minute=10**6
+    )
+    closed, opened = outage_gateway, {**outage_gateway, "url": outage_gateway["open_url"]}
+    generated = {"model": "auto", "messages": [{"role": "user", "content": "Write a haiku"}]}
+    redis = outage_gateway["redis"]
+    _publish_changes(redis.port)
+    try:
+        for gateway in (closed, opened):
+            # (An earlier test's Redis restart may leave a dead pooled connection to retry once.)
+            url = f"{gateway['url']}/v1/chat/completions"
+            _wait(lambda url=url: _post(url, generated, alice_key)[0] == 200, 30, redis)
+            status, headers, body = _post(url, generated, alice_key)
+            assert status == 200 and _header(headers, "x-ratelimit-remaining-requests"), body
+
+        redis.kill()
+        status, headers, body = _post(f"{closed['url']}/v1/chat/completions", generated, alice_key)
+        assert (status, headers["Retry-After"]) == (503, "5"), body
+        status, headers, body = _post(f"{opened['url']}/v1/chat/completions", generated, alice_key)
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"]
+        assert _header(headers, "x-ratelimit-remaining-requests") is None  # nothing counted
+        assert _unchecked(closed["url"]).get("closed", 0) >= 1
+        # The admission and the spend limits each let it through, uncounted.
+        assert _unchecked(opened["url"]).get("open", 0) >= 2
     finally:
         redis.ensure_running()
