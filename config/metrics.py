@@ -30,6 +30,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from core.errors import unavailable
 from inference_ops.models import EngineProcess, ModelEndpoint
+from observability.selectors import budgets
 from routing import breaker
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class _State:
     endpoints: dict[str, dict] = field(default_factory=dict)  # active endpoints by name
     engines: dict[str, dict] = field(default_factory=dict)
     breakers: dict[str, breaker.BreakerState] = field(default_factory=dict)
+    # budgets by (subject kind, state): ok, warn (past the warning share), spent
+    budgets: dict[tuple[str, str], int] | None = None
 
 
 def _state_read() -> _State:
@@ -140,6 +143,14 @@ def _state_read() -> _State:
         # The breaker's own reading (its Redis trouble reads as closed, as routing then lets
         # requests through), every endpoint in one round trip.
         state.breakers = async_to_sync(breaker.states)(list(state.endpoints))
+    try:
+        state.budgets = {}
+        for budget in budgets():
+            key = (budget.kind, budget.state)
+            state.budgets[key] = state.budgets.get(key, 0) + 1
+    except Exception as exc:  # noqa: BLE001 - Redis away: the scrape goes on without them
+        logger.warning("metrics: budgets unavailable: %s", exc)
+        state.budgets = None
     return state
 
 
@@ -227,3 +238,17 @@ class _StateCollector:
             failures.add_metric([name], float(reading.failures))
         yield states
         yield failures
+
+        if state.budgets is not None:
+            budget_states = GaugeMetricFamily(
+                "gateway_budgets",
+                "Budgets (spend limits) by subject kind and state: ok, warn (past their warning "
+                "share: the soft budget) or spent (the hard budget).",
+                labels=["kind", "state"],
+            )
+            for kind in ("key", "user", "group"):
+                for choice in ("ok", "warn", "spent"):
+                    budget_states.add_metric(
+                        [kind, choice], float(state.budgets.get((kind, choice), 0))
+                    )
+            yield budget_states

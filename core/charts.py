@@ -125,7 +125,10 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 
 
 def number(value: float) -> str:
-    """A figure as a label: whole numbers bare, others to the precision they need."""
+    """A figure as a label: whole numbers bare, others to the precision they need (money spent
+    in a few minutes is a fraction of a cent: two significant digits below 0.1)."""
+    if value and abs(value) < 0.1:
+        return f"{value:.2g}" if abs(value) >= 1e-4 else f"{value:.1e}"
     small = abs(value) < 10
     rounded = round(value, 2 if small else 1)
     if rounded == int(rounded):

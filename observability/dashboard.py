@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -42,6 +43,7 @@ TICK_EVERY = {"hour": 3, "day": 6, "week": 4}  # slots between two marks under t
 RECENT_EVENTS = 20
 LOOP_DAYS = 14  # the KB loop's panel: whatever period the page shows, the last two weeks by day
 ANSWERABLE = "#8a5cd1"
+SPEND_COLOURS = ("#d9730d", "#2f6db5", "#2a9d4b", "#8a5cd1", "#c0392b", "#d9a10d", "#888888")
 
 
 def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
@@ -67,6 +69,14 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         can_see_misses and hit_admin is not None and hit_admin.has_view_permission(request)
     )
     loop = selectors.kb_loop(days=LOOP_DAYS, now=now) if can_see_loop else None
+    spend = selectors.spend(period)
+    can_see_budgets = request.user.has_perm("spend.view_limit")
+    budgets, budgets_unread = [], False
+    if can_see_budgets:
+        try:
+            budgets = selectors.budgets()
+        except Exception:  # noqa: BLE001 - Redis away: the page says so and shows the rest
+            budgets_unread = True
 
     labels = [timezone.localtime(at).strftime(SLOT_LABEL[name]) for at in period.slots]
     context = {
@@ -86,6 +96,33 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         "misses_waiting": misses_waiting,
         "can_see_misses": can_see_misses,
         "loop": loop,
+        "spend": spend,
+        "spenders": [
+            (kind, rows)
+            for kind, rows in (
+                ("API key", spend.keys),
+                ("user", spend.users),
+                ("group", spend.groups),
+                ("target", spend.targets),
+            )
+            if rows
+        ],
+        "currency": settings.SPEND_CURRENCY,
+        "can_see_budgets": can_see_budgets,
+        "budgets": budgets,
+        "budgets_unread": budgets_unread,
+        "spend_chart": mark_safe(
+            charts.bars_over_time(
+                labels,
+                [
+                    charts.Series(target or "—", SPEND_COLOURS[i % len(SPEND_COLOURS)], costs)
+                    for i, (target, costs) in enumerate(sorted(spend.by_slot.items()))
+                ],
+                label=f"Spend by target, {PERIOD_NAMES[name]} ({settings.SPEND_CURRENCY})",
+                css="chart-spend",
+                unit=settings.SPEND_CURRENCY,
+            )
+        ),
         "loop_chart": mark_safe(_loop_chart(loop)) if loop is not None else "",
         "can_add_phrasings": can_see_misses
         and "add_as_phrasings" in miss_admin.get_actions(request),

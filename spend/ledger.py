@@ -268,6 +268,9 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
         return _outage(exc, tokens, cost)
     if reply[0] == 1:
         counts = [int(c) for c in reply[1:]]
+        for counter, amount, count in zip(found, amounts, counts, strict=True):
+            if counter.unit == MONEY:
+                _crossed(counter, count - amount, count)
         return Reservation(tuple(found), tokens, micros(cost), _standing(found, counts))
     counter, count = found[int(reply[1]) - 1], int(reply[2])
     return _refusal(counter, count, amounts[int(reply[1]) - 1], found)
@@ -379,8 +382,10 @@ async def asettle(reservation: Reservation, *, tokens: int, cost: float) -> None
 
 
 def _crossed(counter: Counter, before: int, after: int) -> None:
-    """Log and count a budget whose spend just crossed its warning share or its whole: once, by
-    the one settlement that crossed it, whichever process made it."""
+    """Log and count a budget whose spend just crossed its warning share or its whole: by the one
+    reservation or settlement that crossed it, whichever process made it (the count holds what is
+    reserved for the answers in flight, so a settlement below the line and a later reservation
+    crossing it again count twice)."""
     spec, budget = counter.spec, counter.spec.budget_micros or 0
     for level, line in (("warn", budget * spec.warn_at), ("spent", budget)):
         if before < line <= after:

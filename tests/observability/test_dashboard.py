@@ -379,7 +379,7 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
 
     empty = queries()
     the_traffic()
-    write(*[record(target=f"endpoint-{i}", ago=timedelta(days=i)) for i in range(6)])
+    write(*[record(target=f"endpoint-{i}", ago=timedelta(days=i), cost=0.01) for i in range(6)])
     for i in range(3):
         engine = EngineProcess.objects.create(
             name=f"gpu-{i}",
@@ -397,8 +397,9 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
         for sql in busy
         if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql
     ]
-    # traffic, targets, errors, engines, their events, misses, the KB loop's days and what waits
-    assert len(reads) == 8
+    # traffic, targets, errors, engines, their events, misses, the KB loop's days and what waits,
+    # spend over time and its top spenders
+    assert len(reads) == 10
     assert all(
         "at >= " in sql for sql in busy if "chat_requestlog" in sql
     )  # each bounded by the period
@@ -523,3 +524,59 @@ def test_the_kb_loop_shows_the_hit_rate_of_answerable_traffic_per_day_verdicts_a
 
 def test_staff_who_cannot_see_the_kb_get_no_loop(operator_client):
     assert 'id="kb-loop"' not in operator_client.get(DASHBOARD).content.decode()
+
+
+def test_the_spend_panel_shows_the_top_spenders_and_the_budgets_that_need_a_look(
+    admin_client, alice, bob
+):
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth.models import Group
+
+    from chat.apikeys import apikey_create
+    from spend import ledger
+    from spend.models import Limit
+    from spend.policy import spec_of
+
+    support = Group.objects.create(name="support")
+    support.user_set.add(alice)
+    key = apikey_create(user=alice, name="ci", scopes=["chat"])[0]
+    write(
+        record(target="external", cost=0.30, user_id=alice.pk, api_key_id=key.pk),
+        record(target="external", cost=0.20, user_id=alice.pk),
+        record(target="local", cost=0.05, user_id=bob.pk),
+        record(road="kb", target="KB#1", cost=0.0, user_id=bob.pk),
+    )
+    warned = Limit.objects.create(user=alice, budget=1, warn_at=0.5)
+    spent = Limit.objects.create(group=support, budget=0.4, over_budget="reroute")
+    Limit.objects.create(user=bob, budget=10)
+    for limit, cost in ((warned, 0.6), (spent, 0.5)):
+        booked = async_to_sync(ledger.areserve)((spec_of(limit),), tokens=0, cost=cost)
+        assert isinstance(booked, ledger.Reservation)
+
+    page = admin_client.get(DASHBOARD, {"period": "day"}).content.decode()
+    panel = page.split('id="spend"')[1].split("</section>")[0]
+    assert '<strong id="spend-total">0.5500</strong> USD' in panel
+    spenders = re.findall(
+        r'<tr data-kind="([^"]+)"><td>[^<]*</td><td>([^<]+)</td><td class="cost">([^<]+)</td>',
+        panel,
+    )
+    assert spenders == [
+        ("API key", "ci (alice)", "0.3000"),
+        ("user", "alice", "0.5000"),
+        ("user", "bob", "0.0500"),
+        ("group", "support", "0.5000"),
+        ("target", "external", "0.5000"),
+        ("target", "local", "0.0500"),
+    ]
+    budgets = re.findall(r'<tr class="budget-(\w+)"><td><a [^>]+>([^<]+)</a>', panel)
+    assert budgets == [("spent", "group support"), ("warn", "user alice"), ("ok", "user bob")]
+    assert "chart-spend" in panel
+
+
+def test_budgets_are_for_those_who_may_see_the_limits(client):
+    from tests.support.personas import staff_user
+
+    viewer = staff_user("logreader", perms=("observability.view_requestlog",))
+    client.force_login(viewer)
+    page = client.get(DASHBOARD).content.decode()
+    assert 'id="spend"' in page and 'id="budgets"' not in page

@@ -23,6 +23,7 @@ from observability import metrics
 from routing import breaker
 from tests.chat.test_openai_api import raw_post
 from tests.support.factories import endpoint, rule
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -436,3 +437,36 @@ def test_without_a_token_and_debug_off_nobody_may_scrape(client, settings):
     settings.DEBUG = False
     refused = client.get("/metrics", REMOTE_ADDR="127.0.0.1")
     assert refused.status_code == 403 and b"METRICS_TOKEN" in refused.content
+
+
+def test_spend_counts_by_target_and_budgets_show_their_state(
+    asgi_server, alice, alice_key, product, scrape
+):
+    from decimal import Decimal
+
+    from chat.models import ApiKey
+    from spend.models import Limit
+
+    local = product["local"]
+    local.price_input, local.price_output = Decimal("1000"), Decimal("1000")
+    local.save()
+    # Crossed by the first answer's reservation: past its warning share, not spent.
+    Limit.objects.create(
+        api_key=ApiKey.objects.get(user=alice), budget=Decimal("100"), warn_at=0.0001
+    )
+    before = scrape()
+    completion = sdk(asgi_server, alice_key).chat.completions.create(
+        model="auto", messages=ASK, max_tokens=5
+    )
+    cost = completion.usage.total_tokens * 1000 / 1_000_000
+
+    def after():
+        return scrape().since(
+            before, "gateway_spend_total", interface="v1", road="local", target="local"
+        )
+
+    assert wait_until(lambda: after() == pytest.approx(cost)), after()
+    samples = scrape()
+    assert samples.since(before, "gateway_spend_warnings_total", kind="key", level="warn") == 1
+    assert samples.at("gateway_budgets", kind="key", state="warn") == 1
+    assert samples.at("gateway_budgets", kind="key", state="spent") == 0
