@@ -113,6 +113,7 @@ class Stack:
     gateway: servers.Gateway
     demo_kb: str | None  # the demo KB import's summary, when it loaded in this run
     local_max_concurrency: int  # the `local` endpoint's cap as the gateway reads it
+    redis_prefix: str  # the gateway's REDIS_KEY_PREFIX (its cache keys, counters, breakers)
 
     @property
     def gateway_pid(self) -> int:
@@ -172,13 +173,14 @@ def stack_run(
         demo = demo_setup(sim_url=sim, model=model, local_max_concurrency=local_max_concurrency)
         if setup is not None:
             setup()
+        prefix = f"gwbench{os.getpid()}"
         env = servers.gateway_env(
             database_url=database.database_url(name),
             redis_url=settings.REDIS_URL,
             secret_key=settings.SECRET_KEY,
             # Our own Redis keys: breakers, rate limits and the channel layer of the developer's
             # gateway, whose user and endpoint ids overlap ours, stay apart.
-            REDIS_KEY_PREFIX=f"gwbench{os.getpid()}",
+            REDIS_KEY_PREFIX=prefix,
             **(gateway_extra or {}),
         )
         gateway_log = log_dir / ("web.log" if web_concurrency else "daphne.log")
@@ -196,4 +198,5 @@ def stack_run(
             gateway=gateway,
             demo_kb=demo,
             local_max_concurrency=ModelEndpoint.objects.get(name="local").max_concurrency,
+            redis_prefix=prefix,
         )

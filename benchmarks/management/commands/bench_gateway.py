@@ -202,6 +202,13 @@ class Command(BaseCommand):
                 "1 round, 5 KB questions, one 32-token long answer (overrides the sizes above)"
             ),
         )
+        run.add_argument(
+            "--limits",
+            action="store_true",
+            help="give the bench key, its user and a group of theirs spend limits too roomy to "
+            "refuse anything (requests and tokens per minute, tokens per day, a budget): every "
+            "generated answer is reserved and settled in Redis, as under real limits",
+        )
         run.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
         run.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -249,6 +256,7 @@ class Command(BaseCommand):
                     log_dir=o["log_dir"],
                     json_path=o["json"],
                     real_engine=None if o["engine"] == "simulator" else o["engine"],
+                    limits=o["limits"],
                 )
         except KeyboardInterrupt:
             raise CommandError(
@@ -271,6 +279,7 @@ class Command(BaseCommand):
         log_dir: Path | None,
         json_path: Path | None,
         real_engine: str | None = None,
+        limits: bool = False,
     ) -> None:
         load = os.getloadavg()
         self.out(
@@ -306,6 +315,8 @@ class Command(BaseCommand):
                 web_concurrency=web_concurrency,
                 log_dir=log_dir,
                 engine_fields=engine_fields,
+                # Before the gateway starts: it reads the limits once, at its first request.
+                setup=self.limits_setup if limits else None,
             ) as stack:
                 processes = (
                     f"config.web with {web_concurrency} daphne process(es)"
@@ -343,6 +354,7 @@ class Command(BaseCommand):
             "web_concurrency": web_concurrency,
             "local_max_concurrency": stack.local_max_concurrency,
             "chat_rate_limit": int(RATE_LIMIT),
+            "spend_limits": limits,
         }
         self.out(summary_text(report=report))
         if json_path:
@@ -384,10 +396,39 @@ class Command(BaseCommand):
             )
         )
 
+    _key: str | None = None
+
     def api_key(self) -> str:
         from benchmarks.users import bench_api_key
 
-        return bench_api_key(username="bench-gateway", name="bench_gateway")
+        if self._key is None:
+            self._key = bench_api_key(username="bench-gateway", name="bench_gateway")
+        return self._key
+
+    def limits_setup(self) -> None:
+        """Limits on the bench key, its user and a group of theirs that never refuse: each
+        generated answer checks three subjects' counters (six) in one script and settles them."""
+        from django.contrib.auth.models import Group
+
+        from chat.models import ApiKey
+        from inference_ops.models import ModelEndpoint
+        from spend.models import Limit
+
+        raw = self.api_key()
+        key = ApiKey.objects.get(prefix=raw.split("_")[1])
+        group, _ = Group.objects.get_or_create(name="bench")
+        group.user_set.add(key.user)
+        Limit.objects.filter(user=key.user).delete()
+        Limit.objects.filter(group=group).delete()
+        roomy = 2_000_000_000  # (a PositiveIntegerField's ceiling is 2**31 - 1)
+        Limit.objects.create(
+            api_key=key, requests_per_minute=roomy, tokens_per_minute=roomy, tokens_per_day=roomy
+        )
+        Limit.objects.create(user=key.user, tokens_per_minute=roomy, budget=10**9)
+        Limit.objects.create(group=group, requests_per_minute=roomy)
+        # Priced, so each answer's cost is computed, logged and counted against the budget.
+        ModelEndpoint.objects.filter(name="local").update(price_input=0.1, price_output=0.4)
+        self.out("spend limits: the bench key, its user and group 'bench' (never refusing)")
 
     def exact_questions(self) -> list[str]:
         """The demo FAQ's questions and aliases that the bench KB answers by exact match."""
