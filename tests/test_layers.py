@@ -7,8 +7,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. chat imports observability (a turn records its row); observability never imports
-# chat. benchmarks, devtools and tests may import anything and are not listed.
-LAYERS = ["core", "inference_ops", "knowledge", "routing", "observability", "chat", "config"]
+# chat. spend (limits and budgets) is asked by the pipeline, so it sits under routing and imports
+# only the ground. benchmarks, devtools and tests may import anything and are not listed.
+LAYERS = [
+    "core",
+    "inference_ops",
+    "knowledge",
+    "spend",
+    "routing",
+    "observability",
+    "chat",
+    "config",
+]
 RANK = {package: rank for rank, package in enumerate(LAYERS)}
 
 
