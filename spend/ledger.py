@@ -279,28 +279,28 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
 def _refusal(counter: Counter, count: int, amount: int, found: list[Counter]) -> Refusal:
     retry = max(1, math.ceil(counter.reset))
     standing = _standing(found, [count if c is counter else 0 for c in found])
-    who = counter.spec.label
+    who, limit = counter.spec.label, counter.limit or 0  # a refusing counter has a limit
     if counter.unit == MONEY:
         return Refusal(
             "budget_exceeded",
             f"The {who}'s budget per {counter.spec.budget_period} is spent "
-            f"({count / MICROS:.4f} of {counter.limit / MICROS:.4f} "
+            f"({count / MICROS:.4f} of {limit / MICROS:.4f} "
             f"{settings.SPEND_CURRENCY}); it renews in {duration(retry)}.",
             retry,
             standing,
         )
-    if amount > counter.limit:
+    if amount > limit:
         return Refusal(
             "limit_exceeded",
             f"This request alone needs about {amount} {counter.unit}, more than the {who}'s "
-            f"limit of {counter.limit} {counter.dimension}: ask for fewer max_tokens or a "
+            f"limit of {limit} {counter.dimension}: ask for fewer max_tokens or a "
             "shorter conversation.",
             None,
             standing,
         )
     return Refusal(
         "limit_exceeded",
-        f"Over the {who}'s limit of {counter.limit} {counter.dimension}: {count} counted, this "
+        f"Over the {who}'s limit of {limit} {counter.dimension}: {count} counted, this "
         f"request needs {amount}. Try again in {duration(retry)}.",
         retry,
         standing,

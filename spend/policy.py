@@ -38,7 +38,7 @@ class Spec:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
     budget_micros: int | None = None
-    budget_period: str = Limit.Period.MONTH
+    budget_period: str = "month"  # day | month (Limit.Period)
     warn_at: float = 0.8
     reroute: bool = False  # over budget: route by the over-budget rules instead of refusing
 
