@@ -252,3 +252,25 @@ def test_a_users_limits_need_no_key_of_theirs_and_usage_shows_only_their_own(ali
         ("user alice", "tokens per day", 5000)
     ]
     assert shown["spend"]["whose"] == "you"
+
+
+def test_a_stream_cut_short_settles_to_what_it_produced(asgi_server, alice_key, product):
+    Limit.objects.create(api_key=key_row(alice_key), tokens_per_minute=100_000)
+    same_minute(20)
+    long = [{"role": "user", "content": " ".join(["lighthouse"] * 300)}]  # echoed back, slowly
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="auto", messages=long, max_tokens=400, stream=True
+    )
+    reserved = 100_000 - int(raw.headers["x-ratelimit-remaining-tokens"])
+    stream = raw.parse()
+    for _, _chunk in zip(range(5), stream, strict=False):
+        pass
+    stream.close()  # the client goes: the gateway cancels the engine's request
+
+    def counted():
+        used = usage_of(alice_key)["limits"][0]["used"]
+        return used if used < reserved else None
+
+    used = wait_until(counted, timeout=10)
+    # The prompt and the few tokens that were out, not the 400 reserved for the answer.
+    assert used is not None and reserved - 400 < used < reserved - 300, (used, reserved)
