@@ -111,7 +111,7 @@ async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int
     await asyncio.gather(*(one() for _ in range(requests)))
     cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
     redis_after = _redis_cpu(server)
-    empty = Policies(version=None)
+    empty = Policies()
     started = time.process_time()
     for _ in range(requests):
         empty.applying(api_key_id=1, user_id=1, groups=frozenset({"support"}))

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import re2
 from django.conf import settings
-from django.core.cache import cache
 
-from core import db
-from core.flight import SingleFlight
+from core.versioned import Versioned
 from inference_ops.client import EndpointConfig
 from inference_ops.models import ModelEndpoint
 from knowledge.embedding import embed_texts, spec_of
@@ -209,10 +205,8 @@ class CompiledRule:
 
 @dataclass
 class Snapshot:
-    version: str | None
     rules: tuple[CompiledRule, ...]
     targets_by_model: dict[str, Target]  # `model` names a client may force, for /v1
-    built_at: float = field(default_factory=time.monotonic)
 
     async def choose(
         self, ctx: Context, vector: Callable[[], Awaitable[tuple[float, ...] | None]]
@@ -311,7 +305,7 @@ def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(v) for v in embed_texts(spec_of(model), examples))
 
 
-def snapshot_build(version: str | None = None) -> Snapshot:
+def snapshot_build() -> Snapshot:
     rules = []
     queryset = (
         RoutingRule.objects.filter(active=True)
@@ -377,61 +371,29 @@ def snapshot_build(version: str | None = None) -> Snapshot:
             price=Price.of(endpoint),
         )
         targets_by_model.setdefault(endpoint.name, target)
-    return Snapshot(version=version, rules=tuple(rules), targets_by_model=targets_by_model)
+    return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)
 
 
-_snapshot: Snapshot | None = None
-_checked_at = 0.0
-
-
-def _current_version() -> str | None:
-    try:
-        return cache.get(VERSION_KEY)
-    except Exception:  # noqa: BLE001 - Redis down: keep serving the rules we have
-        logger.warning("cannot read the routing rules version", exc_info=True)
-        return _snapshot.version if _snapshot else None
+_snapshots: Versioned[Snapshot] = Versioned(
+    key=VERSION_KEY,
+    build=lambda: snapshot_build(),
+    check_every=lambda: settings.ROUTING_RULES_CHECK_SECONDS,
+    what="the routing rules",
+    rebuild_every=_REBUILD_EVERY,
+)
 
 
 def snapshot() -> Snapshot:
-    global _snapshot, _checked_at
-    now = time.monotonic()
-    if _snapshot is not None and now - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
-        return _snapshot
-    version = _current_version()
-    if (
-        _snapshot is None
-        or version != _snapshot.version
-        or now - _snapshot.built_at > _REBUILD_EVERY
-    ):
-        _snapshot = snapshot_build(version)
-    _checked_at = now
-    return _snapshot
-
-
-_refreshes = SingleFlight()
+    return _snapshots.get()
 
 
 async def asnapshot() -> Snapshot:
-    if (
-        _snapshot is not None
-        and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS
-    ):
-        return _snapshot  # the hot path: no thread hop, no I/O
-    # The check falls due for every request at once: one of them looks, the others wait for it.
-    return await _refreshes.do("snapshot", lambda: db.run(snapshot))
+    return await _snapshots.aget()
 
 
 def rules_changed() -> None:
     """Tell every process to rebuild its rule set (called after commit)."""
-    global _snapshot
-    _snapshot = None
-    try:
-        cache.set(VERSION_KEY, uuid.uuid4().hex, timeout=None)
-    except Exception:  # noqa: BLE001
-        logger.warning(
-            "cannot publish a routing rules change; other processes catch up on restart",
-            exc_info=True,
-        )
+    _snapshots.changed()
 
 
 async def query_vector(text: str) -> tuple[float, ...] | None:

@@ -2,29 +2,22 @@
 
 A change to a Limit row bumps a version in Redis (after commit); each process compares versions
 at most once per ROUTING_RULES_CHECK_SECONDS and rebuilds when they differ, as the routing rules
-do. A request asks `applying(...)`: the limits of its API key, its user and its user's groups.
+do (core.versioned). A request asks `applying(...)`: the limits of its API key, its user and its
+user's groups.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db.models import Q
 
-from core import db
-from core.flight import SingleFlight
+from core.versioned import Versioned
 from spend.models import Limit
 from spend.prices import micros
 
-logger = logging.getLogger(__name__)
-
 VERSION_KEY = "spend:limits:version"
-_REBUILD_EVERY = 300.0  # also catches a change no signal reported (a row written by SQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +42,9 @@ class Spec:
 
 @dataclass(frozen=True)
 class Policies:
-    version: str | None
     keys: dict[int, Spec] = field(default_factory=dict)
     users: dict[int, Spec] = field(default_factory=dict)
     groups: dict[str, Spec] = field(default_factory=dict)
-    built_at: float = field(default_factory=time.monotonic)
 
     def applying(
         self, *, api_key_id: int | None, user_id: int | None, groups: frozenset[str]
@@ -91,8 +82,8 @@ def spec_of(row: Limit) -> Spec:
     )
 
 
-def policies_build(version: str | None = None) -> Policies:
-    policies = Policies(version=version)
+def policies_build() -> Policies:
+    policies = Policies()
     # A revoked key's limit is kept (its history) but applies to nothing.
     rows = Limit.objects.select_related("api_key", "user", "group").filter(
         Q(api_key__isnull=True) | Q(api_key__revoked_at__isnull=True)
@@ -108,53 +99,22 @@ def policies_build(version: str | None = None) -> Policies:
     return policies
 
 
-_policies: Policies | None = None
-_checked_at = 0.0
-_refreshes = SingleFlight()
-
-
-def _current_version() -> str | None:
-    try:
-        return cache.get(VERSION_KEY)
-    except Exception:  # noqa: BLE001 - Redis down: keep the limits we have
-        logger.warning("cannot read the spend limits' version", exc_info=True)
-        return _policies.version if _policies else None
+_policies: Versioned[Policies] = Versioned(
+    key=VERSION_KEY,
+    build=lambda: policies_build(),
+    check_every=lambda: settings.ROUTING_RULES_CHECK_SECONDS,
+    what="the spend limits",
+)
 
 
 def policies() -> Policies:
-    global _policies, _checked_at
-    now = time.monotonic()
-    if _policies is not None and now - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS:
-        return _policies
-    version = _current_version()
-    if (
-        _policies is None
-        or version != _policies.version
-        or now - _policies.built_at > _REBUILD_EVERY
-    ):
-        _policies = policies_build(version)
-    _checked_at = now
-    return _policies
+    return _policies.get()
 
 
 async def apolicies() -> Policies:
-    if (
-        _policies is not None
-        and time.monotonic() - _checked_at < settings.ROUTING_RULES_CHECK_SECONDS
-    ):
-        return _policies  # the hot path: no thread hop, no I/O
-    return await _refreshes.do("policies", lambda: db.run(policies))
+    return await _policies.aget()
 
 
 def limits_changed() -> None:
     """Tell every process to rebuild its limits (called after commit)."""
-    global _policies
-    _policies = None
-    try:
-        cache.set(VERSION_KEY, uuid.uuid4().hex, timeout=None)
-    except Exception:  # noqa: BLE001
-        logger.warning(
-            "cannot publish a change of the spend limits; other processes catch up within %.0f s",
-            _REBUILD_EVERY,
-            exc_info=True,
-        )
+    _policies.changed()
