@@ -7,8 +7,9 @@ only if all of them allow it, adds the request, its estimated tokens (prompt + t
 max_tokens) and its estimated cost to each, atomically. So concurrent requests in any number of
 processes cannot together pass a limit: a request is let in only if what is already counted,
 reservations included, plus its own estimate fits. When the answer ends, the reservation settles
-to what the engine reported (a cancelled or failed stream to what it produced), in the background:
-nothing on the answer's way waits for it.
+to what the engine reported (a cancelled or failed stream to what it produced), in the background
+and in batches: the settlements of the answers that end within SETTLE_EVERY travel in one script
+call, and nothing on an answer's way waits for them.
 
 A budget that reroutes (Limit.OverBudget.REROUTE) is never refused here: the pipeline reads it
 before it picks a rule (`aover_budget`) and sends the request by the over-budget rules.
@@ -21,6 +22,7 @@ and `gateway_spend_unchecked_total` say so.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -29,40 +31,47 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from prometheus_client import Counter as MetricCounter
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from core import redis as core_redis
 from core.errors import RETRY_AFTER
+from core.loops import PerLoop
 from spend.policy import Spec
 from spend.prices import MICROS, micros
 
 logger = logging.getLogger(__name__)
 
-# KEYS: the counters. ARGV: for each counter, its amount, its limit (-1: counted, never refused)
-# and its time to live. All or nothing: {0, index, count} when counter `index` (1-based) would go
-# past its limit, else {1, count after, ...}.
+# KEYS: the counters. ARGV[1]: the request's tokens; ARGV[2]: its cost (micro-units); ARGV[3]: for
+# each counter "unit limit ttl;" (unit r, t or m; limit -1: counted, never refused). All or
+# nothing: "0,index,count" when counter `index` (1-based) would go past its limit, else
+# "1,count after,..." (one string: one line to read back, not one per counter).
 _RESERVE = """
+local amounts = {r = 1, t = tonumber(ARGV[1]), m = tonumber(ARGV[2])}
+local units, limits, ttls = {}, {}, {}
+for unit, limit, ttl in string.gmatch(ARGV[3], '(%a) (%-?%d+) (%d+);') do
+    units[#units + 1], limits[#limits + 1], ttls[#ttls + 1] = unit, tonumber(limit), ttl
+end
 for i = 1, #KEYS do
-    local limit = tonumber(ARGV[3 * i - 1])
-    if limit >= 0 then
+    if limits[i] >= 0 then
         local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-        if count + tonumber(ARGV[3 * i - 2]) > limit then
-            return {0, i, count}
+        if count + amounts[units[i]] > limits[i] then
+            return '0,' .. i .. ',' .. count
         end
     end
 end
 local counts = {1}
 for i = 1, #KEYS do
-    counts[i + 1] = redis.call('INCRBY', KEYS[i], ARGV[3 * i - 2])
+    counts[i + 1] = redis.call('INCRBY', KEYS[i], amounts[units[i]])
     if redis.call('TTL', KEYS[i]) < 0 then
-        redis.call('EXPIRE', KEYS[i], ARGV[3 * i])
+        redis.call('EXPIRE', KEYS[i], ttls[i])
     end
 end
-return counts
+return table.concat(counts, ',')
 """
 
-# KEYS: the counters a reservation counted in. ARGV: what to add to each (negative: give back).
-# A counter whose window is over is gone and stays gone. Returns each count after (-1: gone).
+# KEYS: the counters reservations counted in (a key may come more than once: several answers'
+# settlements travel together). ARGV: what to add to each (negative: give back). A counter whose
+# window is over is gone and stays gone. Returns each count after (-1: gone), comma-separated.
 _SETTLE = """
 local counts = {}
 for i = 1, #KEYS do
@@ -72,8 +81,24 @@ for i = 1, #KEYS do
         counts[i] = -1
     end
 end
-return counts
+return table.concat(counts, ',')
 """
+_SHAS = {script: hashlib.sha1(script.encode()).hexdigest() for script in (_RESERVE, _SETTLE)}
+
+# Settlements wait this long to travel together, one script call for all of them: a settlement
+# only moves a count back to what was used, so it may come late.
+SETTLE_EVERY = 0.05
+SETTLE_BATCH = 512  # counters per call at most
+
+
+async def _script(script: str, keys: list, args: list):
+    """Run a script by its hash (Redis keeps it compiled), loading it first if Redis lost it."""
+    client = core_redis.aclient()
+    try:
+        return await client.evalsha(_SHAS[script], len(keys), *keys, *args)
+    except NoScriptError:
+        return await client.eval(script, len(keys), *keys, *args)
+
 
 REQUESTS, TOKENS, MONEY = "requests", "tokens", "money"
 
@@ -99,7 +124,18 @@ class Counter:
     key: str
     limit: int | None  # None: counted, never refused here
     ttl: int
-    reset: float  # seconds until the window ends
+    ends: float  # when the window ends (Unix time)
+
+    @property
+    def code(self) -> str:
+        """The counter as the reserve script reads it."""
+        limit = -1 if self.limit is None else self.limit
+        return f"{self.unit[0]} {limit} {self.ttl};"
+
+    @property
+    def reset(self) -> float:
+        """Seconds until the window ends."""
+        return max(0.0, self.ends - time.time())
 
 
 def _day_end(now: datetime) -> datetime:
@@ -111,12 +147,38 @@ def _month_end(now: datetime) -> datetime:
 
 
 def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Counter]:
-    """The counters of these limits in the current windows, in a fixed order."""
+    """The counters of these limits in the current windows, in a fixed order. The same specs in
+    the same minute give the same counters: made once a minute, not once a request."""
     now = time.time() if now is None else now
+    minute = int(now // 60)
+    if _made.get("minute") != minute:
+        _made.clear()
+        _made["minute"] = minute
+    found = _made.get(specs)
+    if found is None:
+        found = _made[specs] = _counters(specs, now=now)
+    return found
+
+
+def _packed(specs: tuple[Spec, ...], found: list[Counter]) -> tuple[list[bytes], bytes]:
+    """The reserve script's keys and its counters' argument, encoded once a minute."""
+    packed = _made.get(("packed", specs))
+    if packed is None:
+        packed = _made[("packed", specs)] = (
+            [c.key.encode() for c in found],
+            "".join(c.code for c in found).encode(),
+        )
+    return packed
+
+
+_made: dict = {}  # specs -> their counters, for the current minute ("minute": which one)
+
+
+def _counters(specs: tuple[Spec, ...], *, now: float) -> list[Counter]:
     moment = datetime.fromtimestamp(now, UTC)
     minute = int(now // 60)
-    to_minute = 60 - now % 60
-    to_day = (_day_end(moment) - moment).total_seconds()
+    minute_ends = (minute + 1) * 60.0
+    day_ends = _day_end(moment).timestamp()
     prefix = f"{settings.REDIS_KEY_PREFIX}:spend"
     found = []
     for spec in specs:
@@ -130,7 +192,7 @@ def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Count
                     f"{base}:rpm:{minute}",
                     spec.requests_per_minute,
                     120,
-                    to_minute,
+                    minute_ends,
                 )
             )
         if spec.tokens_per_minute is not None:
@@ -142,7 +204,7 @@ def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Count
                     f"{base}:tpm:{minute}",
                     spec.tokens_per_minute,
                     120,
-                    to_minute,
+                    minute_ends,
                 )
             )
         if spec.tokens_per_day is not None:
@@ -154,18 +216,14 @@ def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Count
                     f"{base}:tpd:{moment:%Y%m%d}",
                     spec.tokens_per_day,
                     2 * 86400,
-                    to_day,
+                    day_ends,
                 )
             )
         if spec.budget_micros is not None:
             if spec.budget_period == "day":
-                bucket, reset, ttl = f"{moment:%Y%m%d}", to_day, 2 * 86400
+                bucket, ends, ttl = f"{moment:%Y%m%d}", day_ends, 2 * 86400
             else:
-                bucket, reset, ttl = (
-                    f"{moment:%Y%m}",
-                    (_month_end(moment) - moment).total_seconds(),
-                    33 * 86400,
-                )
+                bucket, ends, ttl = f"{moment:%Y%m}", _month_end(moment).timestamp(), 33 * 86400
             found.append(
                 Counter(
                     spec,
@@ -174,7 +232,7 @@ def counters(specs: tuple[Spec, ...], *, now: float | None = None) -> list[Count
                     f"{base}:cost:{bucket}",
                     None if spec.reroute else spec.budget_micros,
                     ttl,
-                    reset,
+                    ends,
                 )
             )
     return found
@@ -257,23 +315,23 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
     if not found:
         return Reservation((), tokens, micros(cost), Standing())
     amounts = _amounts(found, tokens, micros(cost))
-    args: list[int] = []
-    for counter, amount in zip(found, amounts, strict=True):
-        args += [amount, -1 if counter.limit is None else counter.limit, counter.ttl]
+    keys, codes = _packed(specs, found)
     try:
-        reply = await core_redis.aclient().eval(
-            _RESERVE, len(found), *(c.key for c in found), *args
-        )
+        reply = _numbers(await _script(_RESERVE, keys, [tokens, micros(cost), codes]))
     except (TimeoutError, RedisError, OSError) as exc:
         return _outage(exc, tokens, cost)
     if reply[0] == 1:
-        counts = [int(c) for c in reply[1:]]
+        counts = reply[1:]
         for counter, amount, count in zip(found, amounts, counts, strict=True):
             if counter.unit == MONEY:
                 _crossed(counter, count - amount, count)
         return Reservation(tuple(found), tokens, micros(cost), _standing(found, counts))
-    counter, count = found[int(reply[1]) - 1], int(reply[2])
-    return _refusal(counter, count, amounts[int(reply[1]) - 1], found)
+    counter, count = found[reply[1] - 1], reply[2]
+    return _refusal(counter, count, amounts[reply[1] - 1], found)
+
+
+def _numbers(reply: bytes) -> list[int]:
+    return [int(n) for n in reply.split(b",")]
 
 
 def _refusal(counter: Counter, count: int, amount: int, found: list[Counter]) -> Refusal:
@@ -341,44 +399,92 @@ def _outage(exc: BaseException, tokens: int, cost: float) -> Reservation | Refus
     )
 
 
-# Settlements in flight, so none is collected before it runs.
-_settling: set[asyncio.Task] = set()
+def _moves(reservation: Reservation, tokens: int, cost: float) -> list[tuple[Counter, int]]:
+    """What to add to each of the reservation's counters for it to count what was used."""
+    spent = micros(cost)
+    moves = []
+    for counter in reservation.counters:
+        if counter.unit == TOKENS:
+            delta = tokens - reservation.tokens
+        elif counter.unit == MONEY:
+            delta = spent - reservation.cost
+        else:
+            continue  # a request is a request
+        if delta:
+            moves.append((counter, delta))
+    return moves
+
+
+class _Waiting:
+    """One event loop's settlements waiting to be sent."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[Counter, int]] = []
+        self.due: asyncio.TimerHandle | None = None
+        self.sending: set[asyncio.Task] = set()  # referenced until done
+
+
+_waiting: PerLoop[_Waiting] = PerLoop()
 
 
 def settle_soon(reservation: Reservation, *, tokens: int, cost: float) -> None:
-    """Settle in the background: the answer's end does not wait for Redis."""
-    if not reservation.counters:
+    """Settle in the background, within SETTLE_EVERY, together with the other answers that end
+    meanwhile: the answer's end does not wait for Redis, and many settlements cost one call."""
+    moves = _moves(reservation, tokens, cost)
+    if not moves:
         return
-    task = asyncio.get_running_loop().create_task(asettle(reservation, tokens=tokens, cost=cost))
-    _settling.add(task)
-    task.add_done_callback(_settling.discard)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # an answer closed outside its loop (collected): its windows will end
+        logger.warning("a spend reservation was left unsettled: no event loop")
+        return
+    waiting = _waiting.get(_Waiting)
+    waiting.moves += moves
+    if len(waiting.moves) >= SETTLE_BATCH:
+        _send_waiting(waiting)
+    elif waiting.due is None:
+        waiting.due = loop.call_later(SETTLE_EVERY, _send_waiting, waiting)
+
+
+def _send_waiting(waiting: _Waiting) -> None:
+    if waiting.due is not None:
+        waiting.due.cancel()
+        waiting.due = None
+    moves, waiting.moves = waiting.moves, []
+    if moves:
+        task = asyncio.ensure_future(_send(moves))
+        waiting.sending.add(task)
+        task.add_done_callback(waiting.sending.discard)
+
+
+async def asettled() -> None:
+    """Send the waiting settlements now and wait for every one in flight (benchmarks, tests)."""
+    waiting = _waiting.get(_Waiting)
+    _send_waiting(waiting)
+    if waiting.sending:
+        await asyncio.gather(*waiting.sending)
 
 
 async def asettle(reservation: Reservation, *, tokens: int, cost: float) -> None:
-    """Move the reservation to what the request used. Never raises: a settlement Redis did not
-    hear leaves the reservation counted, which errs on the side of the limit."""
-    spent = micros(cost)
-    deltas = [
-        0
-        if c.unit == REQUESTS
-        else tokens - reservation.tokens
-        if c.unit == TOKENS
-        else spent - reservation.cost
-        for c in reservation.counters
-    ]
-    moving = [(c, d) for c, d in zip(reservation.counters, deltas, strict=True) if d]
-    if not moving:
-        return
-    try:
-        counts = await core_redis.aclient().eval(
-            _SETTLE, len(moving), *(c.key for c, _ in moving), *(d for _, d in moving)
-        )
-    except (TimeoutError, RedisError, OSError):
-        logger.warning("could not settle a spend reservation", exc_info=True)
-        return
-    for (counter, delta), count in zip(moving, counts, strict=True):
-        if counter.unit == MONEY and count >= 0:
-            _crossed(counter, int(count) - delta, int(count))
+    """Settle now, on its own (settle_soon is the answers' way)."""
+    await _send(_moves(reservation, tokens, cost))
+
+
+async def _send(moves: list[tuple[Counter, int]]) -> None:
+    """Move the counters. Never raises: a settlement Redis did not hear leaves the reservation
+    counted, which errs on the side of the limit."""
+    for start in range(0, len(moves), SETTLE_BATCH):
+        part = moves[start : start + SETTLE_BATCH]
+        try:
+            counts = _numbers(
+                await _script(_SETTLE, [c.key for c, _ in part], [d for _, d in part])
+            )
+        except (TimeoutError, RedisError, OSError):
+            logger.warning("could not settle %d spend counter(s)", len(part), exc_info=True)
+            continue
+        for (counter, delta), count in zip(part, counts, strict=True):
+            if counter.unit == MONEY and count >= 0:
+                _crossed(counter, count - delta, count)
 
 
 def _crossed(counter: Counter, before: int, after: int) -> None:

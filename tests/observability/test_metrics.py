@@ -44,6 +44,8 @@ LABELS = {
     "kind",
     "engine",
     "state",
+    "level",  # a budget's crossing: warn | spent
+    "outcome",  # limits Redis could not count: open | closed
     "le",
 }
 

@@ -102,7 +102,10 @@ class Command(BaseCommand):
             f"check: {cost.requests} answers reserved and settled, {concurrency} at a time, "
             f"{cost.counters} counters each, in {cost.wall_s:.2f} s"
         )
-        self.out(f"  this process: {cost.cpu_us:.0f} µs CPU per request (two round trips)")
+        self.out(
+            f"  this process: {cost.cpu_us:.0f} µs CPU per request (its reservation, a round "
+            "trip, and its share of the batched settlements)"
+        )
         if cost.redis_us is not None:
             self.out(f"  Redis:        {cost.redis_us:.0f} µs CPU per request (INFO cpu)")
         self.out(f"  no limit applying: {cost.lookup_us:.2f} µs per request (no Redis)")
