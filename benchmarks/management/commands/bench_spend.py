@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -57,6 +58,8 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **o):
+        # One line per request from the OpenAI SDK's HTTP client would bury the figures.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         if min(o["requests"], o["concurrency"], o["processes"], o["streams"], o["bursts"]) < 1:
             raise CommandError("every count must be at least 1")
         self.check_cost(requests=o["requests"], concurrency=o["concurrency"])
