@@ -274,6 +274,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "overhead_ms",
         "prompt_tokens",
         "completion_tokens",
+        "cost",
         "entry_shown",
         "kb_score",
         "fallbacks",

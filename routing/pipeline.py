@@ -496,13 +496,18 @@ class _Meter:
     def __init__(self, spent: Spent):
         self.spent = spent
         self.target: Target | None = None
-        self.prompt = 0
+        self.messages: list[dict] = []
         self.parts: list[str] = []
         self.since = 0.0
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
-        self.target, self.parts, self.since = target, parts, time.monotonic()
-        self.prompt = sum(map(message_tokens, messages))
+        self.target, self.messages, self.parts = target, messages, parts
+        self.since = time.monotonic()
+
+    @property
+    def prompt(self) -> int:
+        """The prompt's tokens as estimated (counted only when the engine did not say)."""
+        return sum(map(message_tokens, self.messages))
 
     def finish(self, finish: Finish) -> None:
         assert self.target is not None
@@ -518,11 +523,9 @@ class _Meter:
         target that failed before its first token costs nothing)."""
         if self.target is None or not self.parts:
             return
-        completion = approx_tokens("".join(self.parts))
-        self.spent.prompt_tokens, self.spent.completion_tokens = self.prompt, completion
-        self.spent.cost = self.target.price.cost(
-            self.prompt, completion, time.monotonic() - self.since
-        )
+        prompt, completion = self.prompt, approx_tokens("".join(self.parts))
+        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
+        self.spent.cost = self.target.price.cost(prompt, completion, time.monotonic() - self.since)
         self.target = None
 
 

@@ -274,3 +274,15 @@ def test_a_stream_cut_short_settles_to_what_it_produced(asgi_server, alice_key, 
     used = wait_until(counted, timeout=10)
     # The prompt and the few tokens that were out, not the 400 reserved for the answer.
     assert used is not None and reserved - 400 < used < reserved - 300, (used, reserved)
+
+
+def test_a_local_engine_priced_by_its_time_costs_its_seconds_in_the_engine(
+    asgi_server, alice_key, product
+):
+    local = product["local"]
+    local.price_engine_second = Decimal("2")
+    local.save()
+    ask(asgi_server, alice_key, max_tokens=30)
+    row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
+    # The engine's share of the request's time, at 2 a second: more than nothing, less than all.
+    assert 0 < row.cost < 2 * row.latency_ms / 1000, (row.cost, row.latency_ms)
