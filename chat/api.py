@@ -319,6 +319,32 @@ async def _sse(turn, *, details: bool):
         await turn.aclose()
 
 
+class UsageLimitSerializer(serializers.Serializer):
+    whose = serializers.CharField(help_text='"API key NAME", "user NAME" or "group NAME"')
+    kind = serializers.ChoiceField(choices=["key", "user", "group"])
+    limit = serializers.CharField(help_text='e.g. "tokens per minute", "budget per month"')
+    unit = serializers.CharField(help_text="requests, tokens, or the budget's currency")
+    allowed = serializers.FloatField()
+    used = serializers.FloatField(help_text="in the current window, reservations included")
+    remaining = serializers.FloatField()
+    resets_in_seconds = serializers.IntegerField()
+    over_budget = serializers.ChoiceField(
+        choices=["refuse", "reroute"], allow_null=True, help_text="budgets only"
+    )
+
+
+class UsageSpendSerializer(serializers.Serializer):
+    currency = serializers.CharField()
+    whose = serializers.CharField(help_text='"this API key" or "you"')
+    today = serializers.FloatField()
+    this_month = serializers.FloatField()
+
+
+class UsageSerializer(serializers.Serializer):
+    limits = UsageLimitSerializer(many=True)
+    spend = UsageSpendSerializer()
+
+
 class UsageView(APIView):
     """GET your limits, what is left of each in its window, and what you spent today and this
     month (with an API key: that key's spend). The limits are your key's, your own and your
@@ -326,6 +352,7 @@ class UsageView(APIView):
 
     permission_classes = [ChatScope]
 
+    @extend_schema(responses=UsageSerializer)
     def get(self, request):
         api_key_id = request.auth.pk if isinstance(request.auth, ApiKey) else None
         usage = usage_read(user=request.user, api_key_id=api_key_id)
