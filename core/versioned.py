@@ -35,6 +35,7 @@ class Versioned(Generic[T]):
         check_every: Callable[[], float],
         what: str,
         rebuild_every: float = 300.0,
+        followers: tuple[Versioned, ...] = (),
     ):
         self.key, self.what = key, what
         self._build, self._check_every, self._rebuild_every = build, check_every, rebuild_every
@@ -43,6 +44,9 @@ class Versioned(Generic[T]):
         self._built_at = 0.0
         self._checked_at = 0.0
         self._flights = SingleFlight()
+        # Checked with this one, in the same read: a reader that asks for both right after the
+        # other (the pipeline: rules, then limits) waits for one check, not two.
+        self._followers = followers
 
     def _current(self) -> T | None:
         if self._value is not None and time.monotonic() - self._checked_at < self._check_every():
@@ -53,12 +57,19 @@ class Versioned(Generic[T]):
         """The value, rebuilt first if it changed (blocking: a thread, or `aget`)."""
         if (value := self._current()) is not None:
             return value
+        group = (self, *self._followers)
         try:
-            version = cache.get(self.key)
+            found = cache.get_many([member.key for member in group])
         except Exception:  # noqa: BLE001 - Redis down: keep serving what we have
             logger.warning("cannot read the version of %s", self.what, exc_info=True)
-            version = self._version
+            found = {member.key: member._version for member in group}
         now = time.monotonic()
+        for member in group:
+            member._refresh(found.get(member.key), now)
+        assert self._value is not None
+        return self._value
+
+    def _refresh(self, version: str | None, now: float) -> None:
         if (
             self._value is None
             or version != self._version
@@ -66,7 +77,6 @@ class Versioned(Generic[T]):
         ):
             self._value, self._version, self._built_at = self._build(), version, now
         self._checked_at = now
-        return self._value
 
     async def aget(self) -> T:
         if (value := self._current()) is not None:

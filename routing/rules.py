@@ -26,6 +26,7 @@ from knowledge.selectors import aquery_vector, serving_model
 from routing.exceptions import RuleInvalid
 from routing.models import RouteTarget, RoutingRule
 from routing.validation import regex_compile
+from spend.policy import POLICIES
 from spend.prices import FREE, Price
 
 logger = logging.getLogger(__name__)
@@ -380,6 +381,8 @@ _snapshots: Versioned[Snapshot] = Versioned(
     check_every=lambda: settings.ROUTING_RULES_CHECK_SECONDS,
     what="the routing rules",
     rebuild_every=_REBUILD_EVERY,
+    # The pipeline asks for the spend limits right after the rules: one check for both.
+    followers=(POLICIES,),
 )
 
 

@@ -99,7 +99,7 @@ def policies_build() -> Policies:
     return policies
 
 
-_policies: Versioned[Policies] = Versioned(
+POLICIES: Versioned[Policies] = Versioned(
     key=VERSION_KEY,
     build=lambda: policies_build(),
     check_every=lambda: settings.ROUTING_RULES_CHECK_SECONDS,
@@ -108,13 +108,13 @@ _policies: Versioned[Policies] = Versioned(
 
 
 def policies() -> Policies:
-    return _policies.get()
+    return POLICIES.get()
 
 
 async def apolicies() -> Policies:
-    return await _policies.aget()
+    return await POLICIES.aget()
 
 
 def limits_changed() -> None:
     """Tell every process to rebuild its limits (called after commit)."""
-    _policies.changed()
+    POLICIES.changed()
