@@ -266,6 +266,8 @@ def test_a_user_asks_watches_tokens_stream_stops_and_finds_the_history_after_rel
     expect(thumbs_down).to_be_visible()
     thumbs_down.click()
     expect(thumbs_down).to_have_attribute("aria-pressed", "true")
+    # Pressed at once, and the button is held until the server has kept the verdict.
+    expect(thumbs_down).to_be_enabled()
     expect(kb.locator('.verdict[data-verdict="up"]')).to_have_attribute("aria-pressed", "false")
     kb_message = Message.objects.get(pk=kb.get_attribute("data-message-id"))
     assert kb_message.verdict == "down"
