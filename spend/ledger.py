@@ -11,6 +11,16 @@ to what the engine reported (a cancelled or failed stream to what it produced), 
 and in batches: the settlements of the answers that end within SETTLE_EVERY travel in one script
 call, and nothing on an answer's way waits for them.
 
+Leases keep Redis off the answer's way too. A trip to Redis takes, besides the request's own
+estimate, a share of each counter for the requests to come (up to LEASE_REQUESTS requests' worth,
+at most 1/LEASE_SHARE of the limit, and only what the limit leaves). That share is counted in Redis
+like any reservation, so the next requests of the process are admitted against it in memory, with
+no trip, and no less exactly: every process admits only what Redis has already counted, so all of
+them together can never pass a limit. An answer that used less than it reserved gives the rest
+back to the lease; a lease unused for LEASE_IDLE, or whose window is over, or whose limit changed,
+goes back to Redis. The price: a process's unused share is counted as used, for up to LEASE_IDLE,
+which other processes and the usage endpoint see.
+
 A budget that reroutes (Limit.OverBudget.REROUTE) is never refused here: the pipeline reads it
 before it picks a rule (`aover_budget`) and sends the request by the over-budget rules.
 
@@ -41,32 +51,43 @@ from spend.prices import MICROS, micros
 
 logger = logging.getLogger(__name__)
 
-# KEYS: the counters. ARGV[1]: the request's tokens; ARGV[2]: its cost (micro-units); ARGV[3]: for
-# each counter "unit limit ttl;" (unit r, t or m; limit -1: counted, never refused). All or
-# nothing: "0,index,count" when counter `index` (1-based) would go past its limit, else
-# "1,count after,..." (one string: one line to read back, not one per counter).
+# KEYS: the counters. ARGV[1]: for each counter "need want," (what the request needs besides
+# what the loop's lease gave it, negative when a lease gives back more, and the lease wanted for
+# the requests to come); ARGV[2]: for
+# each counter "unit limit ttl;" (limit -1: counted, never refused). All or nothing:
+# "0,index,count" when counter `index` (1-based) would go past its limit, else "1,count after,
+# lease granted,..." (one string: one line to read back, not one per counter). A lease is granted
+# only as far as the limit leaves.
 _RESERVE = """
-local amounts = {r = 1, t = tonumber(ARGV[1]), m = tonumber(ARGV[2])}
-local units, limits, ttls = {}, {}, {}
-for unit, limit, ttl in string.gmatch(ARGV[3], '(%a) (%-?%d+) (%d+);') do
-    units[#units + 1], limits[#limits + 1], ttls[#ttls + 1] = unit, tonumber(limit), ttl
+local needs, wants, limits, ttls, counts = {}, {}, {}, {}, {}
+for need, want in string.gmatch(ARGV[1], '(%-?%d+) (%d+),') do
+    needs[#needs + 1], wants[#wants + 1] = tonumber(need), tonumber(want)
+end
+for limit, ttl in string.gmatch(ARGV[2], '%a (%-?%d+) (%d+);') do
+    limits[#limits + 1], ttls[#ttls + 1] = tonumber(limit), ttl
 end
 for i = 1, #KEYS do
     if limits[i] >= 0 then
         local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-        if count + amounts[units[i]] > limits[i] then
+        if needs[i] > 0 and count + needs[i] > limits[i] then
             return '0,' .. i .. ',' .. count
         end
+        counts[i] = count
     end
 end
-local counts = {1}
+local out = {1}
 for i = 1, #KEYS do
-    counts[i + 1] = redis.call('INCRBY', KEYS[i], amounts[units[i]])
+    local grant = wants[i]
+    if limits[i] >= 0 then
+        grant = math.max(0, math.min(grant, limits[i] - counts[i] - needs[i]))
+    end
+    out[#out + 1] = redis.call('INCRBY', KEYS[i], needs[i] + grant)
+    out[#out + 1] = grant
     if redis.call('TTL', KEYS[i]) < 0 then
         redis.call('EXPIRE', KEYS[i], ttls[i])
     end
 end
-return table.concat(counts, ',')
+return table.concat(out, ',')
 """
 
 # KEYS: the counters reservations counted in (a key may come more than once: several answers'
@@ -89,6 +110,12 @@ _SHAS = {script: hashlib.sha1(script.encode()).hexdigest() for script in (_RESER
 # only moves a count back to what was used, so it may come late.
 SETTLE_EVERY = 0.05
 SETTLE_BATCH = 512  # counters per call at most
+
+# A trip to Redis leases, for the requests to come, up to this many requests' worth of each
+# counter, at most 1/LEASE_SHARE of its limit; a lease unused for LEASE_IDLE seconds goes back.
+LEASE_REQUESTS = 16
+LEASE_SHARE = 16
+LEASE_IDLE = 1.0
 
 
 async def _script(script: str, keys: list, args: list):
@@ -288,12 +315,50 @@ def _standing(found: list[Counter], counts: list[int]) -> Standing:
     return Standing(requests=tightest.get(REQUESTS), tokens=tightest.get(TOKENS))
 
 
+class Lease:
+    """A share of one counter that this event loop took ahead of need: counted in Redis already,
+    so the loop admits requests against it in memory."""
+
+    __slots__ = ("counter", "free", "pending", "seen", "target", "used_at")
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.free = 0  # counted in Redis, not yet reserved by a request
+        self.pending = 0  # asked for by trips in flight
+        self.seen = 0  # the count in Redis at the last trip
+        self.target = 0  # the share the loop keeps at most (more goes back as answers settle)
+        self.used_at = time.monotonic()
+
+    def covers(self, counter: Counter, amount: int) -> bool:
+        return self.free >= amount and self.counter.limit == counter.limit
+
+
+class _Leases:
+    """One event loop's leases, by counter key, and the timer that gives back idle ones."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, Lease] = {}
+        self.sweep: asyncio.TimerHandle | None = None
+
+
+_leases: PerLoop[_Leases] = PerLoop()
+
+
+def _lease_target(counter: Counter, amount: int) -> int:
+    """The share of a counter a loop keeps for the requests to come: none if it would not hold
+    one request like this one."""
+    limit = counter.limit if counter.limit is not None else counter.spec.budget_micros or 0
+    target = min(LEASE_REQUESTS * amount, limit // LEASE_SHARE)
+    return target if target >= amount else 0
+
+
 @dataclass
 class Reservation:
     counters: tuple[Counter, ...]
     tokens: int
     cost: int  # micro-units
     standing: Standing
+    leases: tuple[Lease, ...] = ()  # one per counter: where what was not used goes back
 
 
 @dataclass(frozen=True)
@@ -310,24 +375,101 @@ def _amounts(found: list[Counter], tokens: int, cost: int) -> list[int]:
 
 async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Reservation | Refusal:
     """Reserve one request of `tokens` tokens costing `cost` against every limit in `specs`:
-    all counted, or none and a Refusal that says which limit and when to come back."""
+    all counted, or none and a Refusal that says which limit and when to come back. Admitted in
+    memory when this loop's leases cover it, else by one trip to Redis that also renews them."""
     found = counters(specs)
+    spent = micros(cost)
     if not found:
-        return Reservation((), tokens, micros(cost), Standing())
-    amounts = _amounts(found, tokens, micros(cost))
+        return Reservation((), tokens, spent, Standing())
+    amounts = _amounts(found, tokens, spent)
+    held = _leases.get(_Leases)
+    booked = _from_leases(held, found, amounts, tokens, spent)
+    if booked is not None:
+        return booked
+    # A trip: what this loop's leases hold goes towards the request, Redis is asked for the rest
+    # and for the leases' renewal (less what trips in flight already ask for: a burst renews a
+    # lease once, not once per request). A lease whose limit changed is replaced, and its share
+    # given back in the same trip (a negative need), so that the new limit is checked against a
+    # count without it.
+    leases, needs, parts, returns, wants = [], [], [], [], []
+    for counter, amount in zip(found, amounts, strict=True):
+        lease = held.by_key.get(counter.key)
+        returned = 0
+        if lease is not None and lease.counter.limit != counter.limit:
+            returned, lease.free = lease.free, 0
+            lease = None
+        if lease is None:
+            lease = held.by_key[counter.key] = Lease(counter)
+        part = min(lease.free, amount)
+        lease.free -= part
+        want = max(0, _lease_target(counter, amount) - lease.free - lease.pending)
+        lease.pending += want
+        leases.append(lease)
+        needs.append(amount - part - returned)
+        parts.append(part)
+        returns.append(returned)
+        wants.append(want)
     keys, codes = _packed(specs, found)
+    plan = "".join(f"{need} {want}," for need, want in zip(needs, wants, strict=True))
     try:
-        reply = _numbers(await _script(_RESERVE, keys, [tokens, micros(cost), codes]))
+        reply = _numbers(await _script(_RESERVE, keys, [plan, codes]))
     except (TimeoutError, RedisError, OSError) as exc:
-        return _outage(exc, tokens, cost)
-    if reply[0] == 1:
-        counts = reply[1:]
-        for counter, amount, count in zip(found, amounts, counts, strict=True):
-            if counter.unit == MONEY:
-                _crossed(counter, count - amount, count)
-        return Reservation(tuple(found), tokens, micros(cost), _standing(found, counts))
-    counter, count = found[reply[1] - 1], reply[2]
-    return _refusal(counter, count, amounts[reply[1] - 1], found)
+        reply = None
+        failure: BaseException = exc
+    finally:
+        for lease, want in zip(leases, wants, strict=True):
+            lease.pending -= want
+    _sweep_soon(held)
+    if reply is None or reply[0] != 1:
+        # Nothing was counted: what the leases gave goes back to them (or, for a lease given back
+        # meanwhile, to Redis), and they may by now cover the request (renewed by another trip).
+        for counter, lease, part, returned in zip(found, leases, parts, returns, strict=True):
+            if part and held.by_key.get(counter.key) is lease:
+                lease.free += part
+            elif part:
+                _queue(counter, -part)
+            if returned:  # the share of a changed limit: to Redis, never to the new lease
+                _queue(counter, -returned)
+        if reply is None:
+            return _outage(failure, tokens, cost)
+        booked = _from_leases(held, found, amounts, tokens, spent)
+        if booked is not None:
+            return booked
+        return _refusal(found[reply[1] - 1], reply[2], amounts[reply[1] - 1], found)
+    now, used = time.monotonic(), []
+    for i, (counter, need) in enumerate(zip(found, needs, strict=True)):
+        count, grant = reply[1 + 2 * i], reply[2 + 2 * i]
+        lease = held.by_key.get(counter.key)
+        if lease is None or lease.counter.limit != counter.limit:
+            if lease is not None:  # a request with another limit replaced it meanwhile
+                _retire(held, lease)
+            lease = held.by_key[counter.key] = Lease(counter)
+        lease.seen, lease.used_at = count, now
+        lease.target = _lease_target(counter, amounts[i])
+        lease.free += grant
+        leases[i] = lease
+        if counter.unit == MONEY:
+            _crossed(counter, count - need - grant, count)
+        used.append(count - lease.free)
+    return Reservation(tuple(found), tokens, spent, _standing(found, used), tuple(leases))
+
+
+def _from_leases(
+    held: _Leases, found: list[Counter], amounts: list[int], tokens: int, spent: int
+) -> Reservation | None:
+    """The reservation if this loop's leases cover every counter, taken from them in memory."""
+    covered = []
+    for counter, amount in zip(found, amounts, strict=True):
+        lease = held.by_key.get(counter.key)
+        if lease is None or not lease.covers(counter, amount):
+            return None
+        covered.append(lease)
+    now = time.monotonic()
+    for lease, amount in zip(covered, amounts, strict=True):
+        lease.free -= amount
+        lease.used_at = now
+    standing = _standing(found, [lease.seen - lease.free for lease in covered])
+    return Reservation(tuple(found), tokens, spent, standing, tuple(covered))
 
 
 def _numbers(reply: bytes) -> list[int]:
@@ -399,11 +541,12 @@ def _outage(exc: BaseException, tokens: int, cost: float) -> Reservation | Refus
     )
 
 
-def _moves(reservation: Reservation, tokens: int, cost: float) -> list[tuple[Counter, int]]:
-    """What to add to each of the reservation's counters for it to count what was used."""
+def _moves(reservation: Reservation, tokens: int, cost: float) -> list[tuple[int, int]]:
+    """What to add to each of the reservation's counters (by index) for it to count what was
+    used."""
     spent = micros(cost)
     moves = []
-    for counter in reservation.counters:
+    for index, counter in enumerate(reservation.counters):
         if counter.unit == TOKENS:
             delta = tokens - reservation.tokens
         elif counter.unit == MONEY:
@@ -411,7 +554,7 @@ def _moves(reservation: Reservation, tokens: int, cost: float) -> list[tuple[Cou
         else:
             continue  # a request is a request
         if delta:
-            moves.append((counter, delta))
+            moves.append((index, delta))
     return moves
 
 
@@ -429,21 +572,67 @@ _waiting: PerLoop[_Waiting] = PerLoop()
 
 def settle_soon(reservation: Reservation, *, tokens: int, cost: float) -> None:
     """Settle in the background, within SETTLE_EVERY, together with the other answers that end
-    meanwhile: the answer's end does not wait for Redis, and many settlements cost one call."""
+    meanwhile: the answer's end does not wait for Redis, and many settlements cost one call.
+    What the answer did not use goes back to its loop's lease, and to Redis only past it."""
     moves = _moves(reservation, tokens, cost)
     if not moves:
         return
     try:
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:  # an answer closed outside its loop (collected): its windows will end
         logger.warning("a spend reservation was left unsettled: no event loop")
         return
+    held = _leases.get(_Leases)
+    for index, delta in moves:
+        counter = reservation.counters[index]
+        lease = reservation.leases[index] if reservation.leases else None
+        if lease is None or held.by_key.get(counter.key) is not lease:
+            _queue(counter, delta)  # no lease (any more): straight to Redis
+            continue
+        lease.free -= delta
+        if lease.free < 0:  # used more than reserved: count the rest
+            _queue(counter, -lease.free)
+            lease.free = 0
+        elif lease.free > 2 * lease.target:  # more than the loop keeps: back to Redis
+            _queue(counter, lease.target - lease.free)
+            lease.free = lease.target
+
+
+def _queue(counter: Counter, delta: int) -> None:
+    """Add `delta` to a counter in Redis soon, with the other moves of the next SETTLE_EVERY."""
     waiting = _waiting.get(_Waiting)
-    waiting.moves += moves
+    waiting.moves.append((counter, delta))
     if len(waiting.moves) >= SETTLE_BATCH:
         _send_waiting(waiting)
     elif waiting.due is None:
-        waiting.due = loop.call_later(SETTLE_EVERY, _send_waiting, waiting)
+        waiting.due = asyncio.get_running_loop().call_later(SETTLE_EVERY, _send_waiting, waiting)
+
+
+def _retire(held: _Leases, lease: Lease) -> None:
+    """Give a lease's free share back to Redis; answers in flight on it settle to Redis."""
+    if held.by_key.get(lease.counter.key) is lease:
+        del held.by_key[lease.counter.key]
+    if lease.free:
+        _queue(lease.counter, -lease.free)
+        lease.free = 0
+
+
+def _sweep_soon(held: _Leases) -> None:
+    if held.sweep is None:
+        held.sweep = asyncio.get_running_loop().call_later(LEASE_IDLE, _sweep, held)
+
+
+def _sweep(held: _Leases, *, everything: bool = False) -> None:
+    """Give back the leases unused for LEASE_IDLE and those whose window is over."""
+    if held.sweep is not None:
+        held.sweep.cancel()
+        held.sweep = None
+    idle_since, now = time.monotonic() - LEASE_IDLE, time.time()
+    for lease in list(held.by_key.values()):
+        if everything or lease.used_at <= idle_since or lease.counter.ends <= now:
+            _retire(held, lease)
+    if held.by_key:
+        _sweep_soon(held)
 
 
 def _send_waiting(waiting: _Waiting) -> None:
@@ -458,16 +647,15 @@ def _send_waiting(waiting: _Waiting) -> None:
 
 
 async def asettled() -> None:
-    """Send the waiting settlements now and wait for every one in flight (benchmarks, tests)."""
+    """Give this loop's leases back, send the waiting settlements now and wait for every one in
+    flight (benchmarks, tests: Redis then counts only what was used)."""
+    held = _leases.peek()
+    if held is not None:
+        _sweep(held, everything=True)
     waiting = _waiting.get(_Waiting)
     _send_waiting(waiting)
     if waiting.sending:
         await asyncio.gather(*waiting.sending)
-
-
-async def asettle(reservation: Reservation, *, tokens: int, cost: float) -> None:
-    """Settle now, on its own (settle_soon is the answers' way)."""
-    await _send(_moves(reservation, tokens, cost))
 
 
 async def _send(moves: list[tuple[Counter, int]]) -> None:

@@ -24,6 +24,7 @@ from django.test import Client
 
 from chat.models import ChatSession, Message
 from core.processes import free_port
+from spend.ledger import LEASE_IDLE
 from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
 from tests.support.personas import staff_user
 
@@ -426,6 +427,9 @@ def test_limits_fail_closed_unless_set_open_and_either_way_it_shows(
             _wait(lambda url=url: _post(url, generated, alice_key)[0] == 200, 30, redis)
             status, headers, body = _post(url, generated, alice_key)
             assert status == 200 and _header(headers, "x-ratelimit-remaining-requests"), body
+        # A process admits against the share of each limit it leased before (counted already),
+        # even with Redis gone; idle, the shares go back, and an outage then meets the setting.
+        time.sleep(2 * LEASE_IDLE + 0.5)
 
         redis.kill()
         status, headers, body = _post(f"{closed['url']}/v1/chat/completions", generated, alice_key)
