@@ -116,6 +116,7 @@ SETTLE_BATCH = 512  # counters per call at most
 LEASE_REQUESTS = 16
 LEASE_SHARE = 16
 LEASE_IDLE = 1.0
+RENEWALS_WAITED = 3  # a request waits for at most this many trips of others before its own
 
 
 async def _script(script: str, keys: list, args: list):
@@ -319,12 +320,14 @@ class Lease:
     """A share of one counter that this event loop took ahead of need: counted in Redis already,
     so the loop admits requests against it in memory."""
 
-    __slots__ = ("counter", "free", "pending", "seen", "target", "used_at")
+    __slots__ = ("counter", "free", "pending", "renewal", "seen", "target", "used_at", "waiting")
 
     def __init__(self, counter: Counter) -> None:
         self.counter = counter
         self.free = 0  # counted in Redis, not yet reserved by a request
         self.pending = 0  # asked for by trips in flight
+        self.renewal: asyncio.Future | None = None  # the trip in flight that renews it
+        self.waiting = 0  # what the requests waiting for that trip need
         self.seen = 0  # the count in Redis at the last trip
         self.target = 0  # the share the loop keeps at most (more goes back as answers settle)
         self.used_at = time.monotonic()
@@ -383,15 +386,18 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
         return Reservation((), tokens, spent, Standing())
     amounts = _amounts(found, tokens, spent)
     held = _leases.get(_Leases)
-    booked = _from_leases(held, found, amounts, tokens, spent)
+    booked, waits = _from_leases(held, found, amounts, tokens, spent), 0
+    while booked is None and waits < RENEWALS_WAITED and await _renewed(held, found, amounts):
+        booked, waits = _from_leases(held, found, amounts, tokens, spent), waits + 1
     if booked is not None:
         return booked
     # A trip: what this loop's leases hold goes towards the request, Redis is asked for the rest
-    # and for the leases' renewal (less what trips in flight already ask for: a burst renews a
-    # lease once, not once per request). A lease whose limit changed is replaced, and its share
-    # given back in the same trip (a negative need), so that the new limit is checked against a
-    # count without it.
+    # and for the leases' renewal: their share, and what the requests waiting on them need, less
+    # what trips in flight already ask for. A lease whose limit changed is replaced, and its
+    # share given back in the same trip (a negative need), so that the new limit is checked
+    # against a count without it.
     leases, needs, parts, returns, wants = [], [], [], [], []
+    renewal = asyncio.get_running_loop().create_future()
     for counter, amount in zip(found, amounts, strict=True):
         lease = held.by_key.get(counter.key)
         returned = 0
@@ -402,8 +408,11 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
             lease = held.by_key[counter.key] = Lease(counter)
         part = min(lease.free, amount)
         lease.free -= part
-        want = max(0, _lease_target(counter, amount) - lease.free - lease.pending)
+        want = _lease_target(counter, amount) + lease.waiting - lease.free - lease.pending
+        want = max(0, want)
         lease.pending += want
+        if want:
+            lease.renewal = renewal
         leases.append(lease)
         needs.append(amount - part - returned)
         parts.append(part)
@@ -419,6 +428,9 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
     finally:
         for lease, want in zip(leases, wants, strict=True):
             lease.pending -= want
+            if lease.renewal is renewal:
+                lease.renewal = None
+        renewal.set_result(None)  # its waiters run after this request has taken the reply in
     _sweep_soon(held)
     if reply is None or reply[0] != 1:
         # Nothing was counted: what the leases gave goes back to them (or, for a lease given back
@@ -452,6 +464,28 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
             _crossed(counter, count - need - grant, count)
         used.append(count - lease.free)
     return Reservation(tuple(found), tokens, spent, _standing(found, used), tuple(leases))
+
+
+async def _renewed(held: _Leases, found: list[Counter], amounts: list[int]) -> bool:
+    """A burst: when every lease short of this request is being renewed by a trip in flight,
+    wait for those trips (one reply wakes all their waiters, and the next trip asks for what the
+    waiters need) instead of a trip of its own. False: no such trips, nothing waited for."""
+    short = []
+    for counter, amount in zip(found, amounts, strict=True):
+        lease = held.by_key.get(counter.key)
+        if lease is not None and lease.covers(counter, amount):
+            continue
+        if lease is None or lease.renewal is None or lease.counter.limit != counter.limit:
+            return False
+        short.append((lease, amount))
+    for lease, amount in short:
+        lease.waiting += amount
+    try:
+        await asyncio.wait({lease.renewal for lease, _ in short if lease.renewal is not None})
+    finally:
+        for lease, amount in short:
+            lease.waiting -= amount
+    return True
 
 
 def _from_leases(
@@ -593,9 +627,10 @@ def settle_soon(reservation: Reservation, *, tokens: int, cost: float) -> None:
         if lease.free < 0:  # used more than reserved: count the rest
             _queue(counter, -lease.free)
             lease.free = 0
-        elif lease.free > 2 * lease.target:  # more than the loop keeps: back to Redis
-            _queue(counter, lease.target - lease.free)
-            lease.free = lease.target
+        elif lease.free > 2 * lease.target + lease.waiting:  # more than the loop keeps
+            keep = lease.target + lease.waiting
+            _queue(counter, keep - lease.free)
+            lease.free = keep
 
 
 def _queue(counter: Counter, delta: int) -> None:

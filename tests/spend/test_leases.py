@@ -124,3 +124,30 @@ def test_a_lowered_limit_holds_at_once_and_the_old_share_goes_back_in_the_same_t
 
 def _fields(limits: Spec) -> dict:
     return {name: getattr(limits, name) for name in Spec.__slots__}
+
+
+def test_a_burst_of_64_waits_for_a_few_trips_instead_of_making_one_each(monkeypatch):
+    limits = spec(requests_per_minute=100_000, tokens_per_minute=10_000_000)
+    trips = []
+    real = ledger._script
+
+    async def counted_script(script, keys, args):
+        if script is ledger._RESERVE:
+            trips.append(args[0])
+        return await real(script, keys, args)
+
+    monkeypatch.setattr(ledger, "_script", counted_script)
+    same_minute(5)
+
+    async def scenario():
+        results = await asyncio.gather(
+            *(ledger.areserve((limits,), tokens=REQUEST, cost=0) for _ in range(64))
+        )
+        assert all(isinstance(r, ledger.Reservation) for r in results)
+        # The first trip leases 16 requests' worth; the requests that arrived meanwhile wait
+        # for it, and the next trip asks for what they still need.
+        assert len(trips) <= 4, trips
+        await ledger.asettled()
+        assert counted(limits) == {"requests per minute": 64, "tokens per minute": 6400}
+
+    asyncio.run(scenario())
