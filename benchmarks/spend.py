@@ -75,6 +75,7 @@ class CheckCost:
     counters: int  # counters each request checked and counted
     cpu_us: float  # this process's CPU per request: reserve and settle
     redis_us: float | None  # Redis's own CPU per request (INFO cpu), when readable
+    calls: float | None  # script calls per request (INFO commandstats): reservations, settlements
     wall_s: float
     lookup_us: float  # the per-request cost with no limit applying (the common case)
 
@@ -85,6 +86,14 @@ def _redis_cpu(client: redis.Redis) -> float | None:
     except redis.RedisError:
         return None
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _script_calls(client: redis.Redis) -> int | None:
+    try:
+        info = client.info("commandstats")
+    except redis.RedisError:
+        return None
+    return sum(info.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
 
 
 async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int, redis_url: str):
@@ -104,7 +113,8 @@ async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int
 
     await one()  # connections opened, scripts cached
     await ledger.asettled()
-    redis_before, cpu_before, wall_before = (
+    calls_before, redis_before, cpu_before, wall_before = (
+        _script_calls(server),
         _redis_cpu(server),
         time.process_time(),
         time.perf_counter(),
@@ -112,7 +122,7 @@ async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int
     await asyncio.gather(*(one() for _ in range(requests)))
     await ledger.asettled()
     cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
-    redis_after = _redis_cpu(server)
+    redis_after, calls_after = _redis_cpu(server), _script_calls(server)
     empty = Policies()
     started = time.process_time()
     for _ in range(requests):
@@ -125,6 +135,11 @@ async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int
         redis_us=(
             (redis_after - redis_before) / requests * 1e6
             if redis_before is not None and redis_after is not None
+            else None
+        ),
+        calls=(
+            (calls_after - calls_before) / requests
+            if calls_before is not None and calls_after is not None
             else None
         ),
         wall_s=wall,

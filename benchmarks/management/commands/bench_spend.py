@@ -106,11 +106,16 @@ class Command(BaseCommand):
             f"{cost.counters} counters each, in {cost.wall_s:.2f} s"
         )
         self.out(
-            f"  this process: {cost.cpu_us:.0f} µs CPU per request (its reservation, a round "
-            "trip, and its share of the batched settlements)"
+            f"  this process: {cost.cpu_us:.0f} µs CPU per request (its reservation, from a "
+            "lease or by a trip, and its share of the batched settlements)"
         )
         if cost.redis_us is not None:
             self.out(f"  Redis:        {cost.redis_us:.0f} µs CPU per request (INFO cpu)")
+        if cost.calls is not None:
+            self.out(
+                f"  script calls: {cost.calls:.3f} per request (reservations and settlements; "
+                "INFO commandstats)"
+            )
         self.out(f"  no limit applying: {cost.lookup_us:.2f} µs per request (no Redis)")
 
     def exactness(self, *, name: str, **o) -> None:
