@@ -467,15 +467,19 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
 
 
 async def _renewed(held: _Leases, found: list[Counter], amounts: list[int]) -> bool:
-    """A burst: when every lease short of this request is being renewed by a trip in flight,
-    wait for those trips (one reply wakes all their waiters, and the next trip asks for what the
-    waiters need) instead of a trip of its own. False: no such trips, nothing waited for."""
+    """A burst: when the trips in flight renewing every lease short of this request bring
+    enough for it besides the requests already waiting, wait for them (one reply wakes all their
+    waiters) instead of a trip of its own. Otherwise this request's trip asks for the waiters'
+    need too, so that a burst makes its trips side by side, one per lease's worth of requests,
+    and no request waits for more than one of them. False: nothing waited for."""
     short = []
     for counter, amount in zip(found, amounts, strict=True):
         lease = held.by_key.get(counter.key)
         if lease is not None and lease.covers(counter, amount):
             continue
         if lease is None or lease.renewal is None or lease.counter.limit != counter.limit:
+            return False
+        if lease.free + lease.pending - lease.waiting < amount:
             return False
         short.append((lease, amount))
     for lease, amount in short:
