@@ -7,8 +7,12 @@ import contextlib
 import json
 import logging
 import time
+import uuid
+from dataclasses import dataclass
 
+from chat import live
 from chat.exceptions import ChatError
+from chat.models import ChatSession, Message
 from chat.turns import SessionEvent, areads_route_details, run_turn
 from core import db
 from core.errors import unavailable
@@ -33,13 +37,21 @@ class ChatConsumer(JsonFramesConsumer):
     A route's `why` and an engine failure's message are plain for a user; the staff who may read the
     routing rules get the details (chat.turns.reads_route_details).
 
+    client: {"type": "join", "message_id": N} — watch an answer of the user's that is still being
+            written (after a reload, in another tab): chat.live
+    server: {"type": "resume", "message_id", "live", "status", "text", "road", "target", "why"},
+            then, while `live`, the answer's frames as above; Stop stops the answer watched.
+
     One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
+    The answer outlives the socket: when the socket closes once the answer is stored as started,
+    it goes on, is stored whole, and any socket of the user's can join it meanwhile.
     Each question first checks that the login which opened the socket still holds (no logout,
     expiry, password change or deactivation since): if not, an error frame says so and the
     socket closes with 4401, as a socket opened without a login is refused.
 
-    No channel layer: nothing is sent to a chat socket from elsewhere, and without one a socket
-    does not depend on Redis to stay open (a Redis outage is an `unavailable` error frame).
+    No channel layer of its own: a socket does not depend on Redis to stay open (a Redis outage
+    is an `unavailable` error frame). Only a join of an answer run by another process goes
+    through the channel layer, by the process's relay (chat.live).
     """
 
     channel_layer_alias = None
@@ -52,15 +64,36 @@ class ChatConsumer(JsonFramesConsumer):
         self.user = user
         self.session_key = self.scope["session"].session_key
         self.task: asyncio.Task | None = None
+        self.live: live.LiveAnswer | None = None  # the answer this socket's task is writing
+        self.watched: _Watched | None = None  # an answer this socket joined
+        self.gone = False
+        live.relay().listen()  # answers written here can be joined from other processes
         await self.accept()
 
     async def disconnect(self, code):
+        self.gone = True
+        await self._unwatch()
         task = getattr(self, "task", None)
-        if task is not None and not task.done():
-            # The browser is gone: stop generating upstream; the turn is kept as cancelled.
+        if task is not None and not task.done() and getattr(self, "live", None) is None:
+            # Gone before the answer was stored as started: nothing to come back to, so stop
+            # generating upstream. Once stored, the answer goes on without this socket.
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _send(self, frame: dict):
+        await self._deliver(json.dumps(frame, ensure_ascii=False))
+
+    async def _deliver(self, text: str) -> None:
+        """Send a frame while the socket is open. A socket that closed under the answer (before
+        its disconnect is handled) costs the answer nothing: it goes on, and is stored whole."""
+        if self.gone:
+            return
+        try:
+            await self.send(text_data=text)
+        except Exception as exc:  # noqa: BLE001 - the socket is gone, not the answer
+            logger.info("chat socket closed under its answer (%s: %s)", type(exc).__name__, exc)
+            self.gone = True
 
     async def receive(self, text_data=None, bytes_data=None):
         try:
@@ -74,17 +107,20 @@ class ChatConsumer(JsonFramesConsumer):
         if kind == "stop":
             if self.task is not None and not self.task.done():
                 self.task.cancel()
+            elif self.watched is not None:
+                await self._stop_watched()
             return
-        if kind != "message":
+        if kind not in ("message", "join"):
             await self._send(
                 {
                     "type": "error",
                     "code": "unknown_type",
-                    "message": 'Client frames are {"type": "message", …} and {"type": "stop"}.',
+                    "message": 'Client frames are {"type": "message", …}, {"type": "join", …} '
+                    'and {"type": "stop"}.',
                 }
             )
             return
-        if self.task is not None and not self.task.done():
+        if self.task is not None and not self.task.done() or self.watched is not None:
             await self._send(
                 {
                     "type": "error",
@@ -92,6 +128,15 @@ class ChatConsumer(JsonFramesConsumer):
                     "message": "An answer is still streaming; stop it or wait for it to finish.",
                 }
             )
+            return
+        if kind == "join":
+            message_id = frame.get("message_id")
+            if not isinstance(message_id, int) or isinstance(message_id, bool):
+                await self._send(
+                    {"type": "error", "code": "bad_request", "message": "message_id must be an id."}
+                )
+                return
+            await self._join(message_id)
             return
         session = frame.get("session")
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
@@ -117,6 +162,7 @@ class ChatConsumer(JsonFramesConsumer):
 
     async def _run(self, session_id, content, arrived):
         message_id = None
+        parts: list[str] = []
         try:
             ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
             if ended is not None:
@@ -139,17 +185,25 @@ class ChatConsumer(JsonFramesConsumer):
                 session_id=session_id,
                 client="web",
                 arrived=arrived,
+                parts=parts,
             ):
                 if type(event) is Token:
-                    await self.send(
-                        text_data='{"type": "token", "text": '
-                        + json.dumps(event.text, ensure_ascii=False)
-                        + "}"
-                    )
+                    if self.live is not None:  # before the await: a Stop then cannot split them
+                        self.live.token(event.text)
+                    if not self.gone:
+                        await self._deliver(
+                            '{"type": "token", "text": '
+                            + json.dumps(event.text, ensure_ascii=False)
+                            + "}"
+                        )
                     continue
                 frame = event.as_dict(details=details)
                 if isinstance(event, SessionEvent):
                     message_id = event.message_id
+                    # Stored as started: from here on, the answer can be joined.
+                    self.live = live.begin(
+                        message_id=message_id, user_id=self.user.pk, task=self.task, parts=parts
+                    )
                 elif event.type in ("route", "done", "error"):
                     frame["message_id"] = message_id
                     if event.type == "done":
@@ -157,6 +211,7 @@ class ChatConsumer(JsonFramesConsumer):
                     elif event.type == "error":
                         frame["status"] = "partial" if event.partial else "failed"
                 await self._send(frame)
+                self._to_watchers(frame)
         except ChatError as exc:
             await self._send(
                 {
@@ -169,34 +224,31 @@ class ChatConsumer(JsonFramesConsumer):
                 }
             )
         except asyncio.CancelledError:
+            stopped = {
+                "type": "error",
+                "code": "cancelled",
+                "message": "Stopped.",
+                "message_id": message_id,
+                "status": "cancelled",
+            }
+            self._to_watchers(stopped)
             with contextlib.suppress(Exception):
-                await self._send(
-                    {
-                        "type": "error",
-                        "code": "cancelled",
-                        "message": "Stopped.",
-                        "message_id": message_id,
-                        "status": "cancelled",
-                    }
-                )
+                await self._send(stopped)
             raise
         except Exception as exc:  # noqa: BLE001 - one failed answer must not kill the socket
             outage = unavailable(exc)
             if outage is None:
                 logger.exception("chat answer failed")
-                await self._send(
-                    {
-                        "type": "error",
-                        "code": "internal",
-                        "message": "The answer failed unexpectedly.",
-                        "message_id": message_id,
-                        "status": "failed",
-                    }
-                )
-                return
-            logger.warning("chat answer failed: %s (%s: %s)", outage, type(exc).__name__, exc)
-            await self._send(
-                {
+                failed = {
+                    "type": "error",
+                    "code": "internal",
+                    "message": "The answer failed unexpectedly.",
+                    "message_id": message_id,
+                    "status": "failed",
+                }
+            else:
+                logger.warning("chat answer failed: %s (%s: %s)", outage, type(exc).__name__, exc)
+                failed = {
                     "type": "error",
                     "code": outage.code,
                     "message": str(outage),
@@ -204,4 +256,137 @@ class ChatConsumer(JsonFramesConsumer):
                     "status": "failed" if message_id is not None else None,
                     "retry_after": outage.retry_after,
                 }
+            self._to_watchers(failed)
+            await self._send(failed)
+        finally:
+            if self.live is not None:
+                live.end(self.live, None)
+                self.live = None
+
+    def _to_watchers(self, frame: dict) -> None:
+        """A frame of this socket's answer for the sockets that joined it; its last frame ends
+        it, and no socket can join it after."""
+        answer = self.live
+        if answer is None:
+            return
+        if frame["type"] in ("done", "error"):
+            self.live = None
+            live.end(answer, frame)
+        else:
+            answer.frame(frame)
+
+    # --- Joining an answer that is being written ---------------------------------------------
+
+    async def _join(self, message_id: int) -> None:
+        """Watch the user's answer `message_id`: the text so far, then its live frames. Run
+        elsewhere, or over: the stored answer as it is."""
+        row = await _stored(message_id, self.user.pk)
+        if row is None:
+            await self._send(
+                {
+                    "type": "error",
+                    "code": "not_found",
+                    "message": f"You have no answer {message_id}.",
+                    "message_id": message_id,
+                    "status": None,
+                }
             )
+            return
+        if row["status"] == "streaming":
+            answer = live.running(message_id, self.user.pk)
+            if answer is not None:  # in this process
+                self.watched = _Watched(message_id, owner=None, key=self)
+                if answer.watch(self, self._watching):
+                    return
+                self.watched = None
+            else:
+                key = uuid.uuid4().hex
+                self.watched = _Watched(message_id, owner=None, key=key)
+                try:
+                    owner = await live.relay().join(
+                        message_id=message_id,
+                        user_id=self.user.pk,
+                        watcher=key,
+                        sink=self._watching,
+                    )
+                except Exception as exc:  # noqa: BLE001 - Redis away: the stored answer
+                    logger.warning("join of answer %s failed: %s", message_id, exc)
+                    owner = None
+                if owner is not None:
+                    if self.watched is not None and self.watched.key == key:
+                        self.watched.owner = owner
+                    return
+                self.watched = None
+                row = await _stored(message_id, self.user.pk) or row  # it may have ended meanwhile
+        await self._send(_resume_stored(row))
+
+    async def _watching(self, frames: list[dict]) -> None:
+        """Frames of the answer this socket joined, in order."""
+        for frame in frames:
+            if frame["type"] in ("done", "error"):
+                self.watched = None
+            await self._send(frame)
+
+    async def _stop_watched(self) -> None:
+        watched = self.watched
+        if watched is None:
+            return
+        answer = live.running(watched.message_id, self.user.pk)
+        if answer is not None:
+            answer.task.cancel()
+        elif watched.owner is not None:
+            with contextlib.suppress(Exception):
+                await live.relay().stop(
+                    owner=watched.owner, message_id=watched.message_id, user_id=self.user.pk
+                )
+
+    async def _unwatch(self) -> None:
+        watched, self.watched = getattr(self, "watched", None), None
+        if watched is None:
+            return
+        answer = live.running(watched.message_id, self.user.pk)
+        if answer is not None:
+            answer.unwatch(watched.key)
+        elif watched.owner is not None:
+            await live.relay().leave(
+                owner=watched.owner, message_id=watched.message_id, watcher=watched.key
+            )
+
+
+@dataclass
+class _Watched:
+    message_id: int
+    owner: str | None  # the relay channel of the process running it; None: this process
+    key: object  # the watcher's key there
+
+
+async def _stored(message_id: int, user_id: int) -> dict | None:
+    """The user's answer `message_id` as stored (one statement), or None."""
+    row = await db.query_one(_STORED_SQL, [message_id, user_id, Message.Role.ASSISTANT])
+    if row is None:
+        return None
+    status, content, road, target = row
+    return {"status": status, "content": content, "road": road, "target": target, "id": message_id}
+
+
+_STORED_SQL = (
+    f"SELECT m.status, m.content, m.road, m.target FROM {Message._meta.db_table} m "
+    f"JOIN {ChatSession._meta.db_table} s ON s.id = m.session_id "
+    "WHERE m.id = %s AND s.user_id = %s AND m.role = %s"
+)
+
+
+def _resume_stored(row: dict) -> dict:
+    """A resume frame for an answer no process is writing: as stored. One still marked
+    streaming has lost its process (it is stored as partial when a process ends in order)."""
+    status = row["status"]
+    return {
+        "type": "resume",
+        "message_id": row["id"],
+        "live": False,
+        "status": "partial" if status == "streaming" else status,
+        "text": row["content"],
+        "road": row["road"] or None,
+        "target": row["target"] or None,
+        "why": None,
+    }

@@ -140,6 +140,7 @@ async def run_turn(
     store: bool = True,
     slot: services.StreamSlot | None = None,
     request_key: uuid.UUID | None = None,
+    parts: list[str] | None = None,
 ) -> AsyncIterator[events.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
@@ -159,7 +160,8 @@ async def run_turn(
     interface saw it before this call: the request log's times and the gateway's overhead
     (`Done.overhead_ms`) count from there. `request_key` names the answer in the request log, the
     KB's records, the stored message and the user's feedback (the /v1 completion id is made from
-    it); a new one when not given."""
+    it); a new one when not given. `parts`: the list the answer's tokens are kept in, as they
+    arrive (a caller that shares the answer with other sockets reads it: chat.live)."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
     task = asyncio.current_task()
@@ -229,7 +231,7 @@ async def run_turn(
             await asyncio.shield(services.astream_slot_release(slot=slot))
         raise
 
-    parts: list[str] = []
+    parts = [] if parts is None else parts
     route = None
     saved = False
     first_token_at: float | None = None

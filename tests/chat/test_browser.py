@@ -727,6 +727,64 @@ def test_a_dropped_connection_reconnects_and_shows_the_answer_from_the_database(
     expect(page.locator(".message.user")).to_have_text("Tell me something about mountains")
 
 
+def text_beyond(answer, length, timeout_ms=20_000):
+    """Wait until the answer's text (as the page keeps it) is longer than `length`; returns it."""
+    return answer.evaluate(
+        """async (el, [length, timeout]) => {
+            const until = Date.now() + timeout;
+            while ((el._text || "").length <= length && Date.now() < until) {
+                await new Promise((resolve) => setTimeout(resolve, 30));
+            }
+            return el._text || "";
+        }""",
+        [length, timeout_ms],
+    )
+
+
+def test_a_reload_mid_answer_continues_it_a_second_tab_sees_it_and_stops_it(
+    open_page, kb_and_slow_engine, slow_sim
+):
+    user("erin")
+    watched = open_page()
+    page = watched.page
+    log_in(page, "erin")
+    long = ask(page, "Write a long essay about rivers")
+    before = text_beyond(long, 20)
+    expect(page).to_have_url(re.compile(r"\?session=\d+$"))
+    session_id = int(page.url.rsplit("=", 1)[1])
+
+    # Reloaded mid-answer: the page joins the answer, shows what was written meanwhile, and the
+    # text goes on growing from there.
+    page.reload()
+    expect(page.locator("#connection")).to_have_attribute("data-state", "open")
+    answer = page.locator(".message.assistant").last
+    expect(answer).to_have_attribute("data-status", "streaming")
+    expect(page.locator("#stop")).to_be_visible()
+    after = text_beyond(answer, len(before) + 40)
+    assert after.startswith(before), (before, after)
+
+    # A second tab of the same login sees the same answer, live, and its Stop ends it for both.
+    second = page.context.new_page()
+    second.goto(f"/?session={session_id}")
+    other = second.locator(".message.assistant").last
+    expect(other).to_have_attribute("data-status", "streaming")
+    text_beyond(other, len(after))
+    second.locator("#stop").click()
+    finished(other)
+    finished(answer)
+    assert other.get_attribute("data-status") == "cancelled"
+    assert answer.get_attribute("data-status") == "cancelled"
+    stored = Message.objects.get(session_id=session_id, role="assistant")
+    assert stored.status == "cancelled"
+    # Every token exactly once, on both pages.
+    assert answer.evaluate("(el) => el._text") == stored.content
+    assert other.evaluate("(el) => el._text") == stored.content
+    deadline = time.monotonic() + 10
+    while requests_running(slow_sim) != 0:
+        assert time.monotonic() < deadline, "the engine still decodes the stopped answer"
+        time.sleep(0.1)
+
+
 def test_a_user_creates_copies_and_revokes_an_api_key(open_page):
     alice = user("alice")
     page = open_page().page

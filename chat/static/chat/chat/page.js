@@ -35,6 +35,12 @@ export const config = {
   csrfToken: dataset.csrfToken,
 };
 
+// What one module offers another that it cannot import without a cycle (the static files'
+// manifest rewrites imports and cannot settle a cycle): socket.js fills these in.
+export const hooks = {
+  joinRunning: function () { return false; },
+};
+
 export const state = {
   sessionId: null, // the session on screen; null for a new chat not yet sent
   view: 0, // bumped whenever the screen switches sessions, to drop late responses
@@ -45,7 +51,8 @@ export const state = {
   reconnectAttempt: 0,
   reconnectTimer: null,
   signedOut: false,
-  generation: null, // {el, text, view, sessionId, messageId, stopping, frame}
+  generation: null, // {el, text, view, sessionId, messageId, stopping, frame, joined}
+  notLive: new Set(), // answers a join found no process writing: not joined again
   composing: false,
   pollTimer: null,
 };

@@ -1,7 +1,7 @@
 /* The sidebar's session list (load, rename, delete) and opening a session: the URL,
  * the thread loaded from the database, and polling while an answer is still being written. */
 
-import { api, app, config, hideBanner, sessionUrl, showBanner, state, ui } from "./page.js";
+import { api, app, config, hideBanner, hooks, sessionUrl, showBanner, state, ui } from "./page.js";
 import { element, messageElement, nearBottom, scrollToBottom } from "./thread.js";
 
 const POLL_EVERY_MS = 1500;
@@ -277,7 +277,9 @@ export async function loadMessages(id, view, pollTry) {
   if (live && !live.attached) ui.messages.appendChild(live.el);
   ui.welcome.hidden = list.length > 0 || !!live;
   if (stickToBottom) scrollToBottom();
-  // Another tab or a dropped socket left an answer running: check back until it ends.
+  // Another tab or a dropped socket left an answer running: join it, or, when this socket is
+  // busy or closed, check back until it ends.
+  if (stillWriting && !live && hooks.joinRunning()) stillWriting = false;
   clearTimeout(state.pollTimer);
   if (stillWriting && pollTry < POLL_TRIES) {
     state.pollTimer = setTimeout(function () {

@@ -1,10 +1,11 @@
 /* The one WebSocket: connecting, reconnecting with backoff, and the frames of an answer.
  * The socket carries one generation at a time. When it drops, the page reconnects and
  * reloads the open session from the database, so a finished (or stopped) answer is shown
- * as the server stored it. */
+ * as the server stored it; one the server is still writing (after a reload, in another tab)
+ * is joined: the text so far, then its tokens as they come, and Stop stops it (chat.live). */
 
 import {
-  api, config, hideBanner, setConnection, showBanner, showSignedOut, socketOpen, state, ui, updateControls,
+  api, config, hideBanner, hooks, setConnection, showBanner, showSignedOut, socketOpen, state, ui, updateControls,
 } from "./page.js";
 import { loadMessages, loadSessions, refreshCurrent, setUrl, upsertSession } from "./sessions.js";
 import {
@@ -35,6 +36,7 @@ export function connect() {
     state.everOpened = true;
     updateControls();
     if (reconnected) afterReconnect();
+    else joinRunning();
   });
   socket.addEventListener("message", function (event) {
     if (socket !== state.socket) return;
@@ -93,6 +95,24 @@ function afterReconnect() {
   loadSessions();
 }
 
+// Join the answer on screen that the server is still writing, if any and if the socket is
+// free: its frames then come as if this page had asked. Returns whether it joined.
+export function joinRunning() {
+  if (state.generation || !socketOpen()) return false;
+  const running = ui.messages.querySelectorAll('.message.assistant[data-status="streaming"]');
+  const li = running.length ? running[running.length - 1] : null;
+  if (!li || !li.dataset.messageId || state.notLive.has(li.dataset.messageId)) return false;
+  state.generation = {
+    el: li, text: li._text || "", view: state.view, sessionId: state.sessionId,
+    messageId: Number(li.dataset.messageId), stopping: false, frame: 0, joined: true,
+  };
+  sendFrame({ type: "join", message_id: state.generation.messageId });
+  updateControls();
+  return true;
+}
+
+hooks.joinRunning = joinRunning;
+
 export function sendFrame(frame) {
   if (!socketOpen()) return false;
   state.socket.send(JSON.stringify(frame));
@@ -126,6 +146,9 @@ function handleFrame(frame) {
       }
       setRoute(generation.el, frame.road, frame.target, frame.why);
       return;
+    case "resume":
+      resume(frame);
+      return;
     case "token":
       if (!generation) return;
       generation.text += frame.text || "";
@@ -149,6 +172,23 @@ function handleFrame(frame) {
     default:
       return;
   }
+}
+
+function resume(frame) {
+  const generation = state.generation;
+  if (!generation || !generation.joined || generation.messageId !== frame.message_id) return;
+  generation.text = frame.text || "";
+  if (frame.road) setRoute(generation.el, frame.road, frame.target, frame.why);
+  flushGeneration();
+  if (frame.live) {
+    setStatus(generation.el, "streaming");
+    return;
+  }
+  // No process is writing it any more: as stored (a partial one lost its process).
+  state.notLive.add(String(frame.message_id));
+  setStatus(generation.el, frame.status, frame.status === "partial" ? "The answer was cut short." : "");
+  showFeedback(generation.el, "");
+  endGeneration();
 }
 
 function handleError(frame) {
