@@ -22,8 +22,10 @@ logger = logging.getLogger(__name__)
 class ChatConsumer(JsonFramesConsumer):
     """The browser chat. Protocol (JSON frames):
 
-    client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
-    server: {"type": "session", "id", "title", "message_id"},
+    client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"},
+            {"type": "regenerate", "message_id": ID} (the last answer, answered again),
+            {"type": "edit", "message_id": ID, "content": "…"} (the last question, replaced)
+    server: {"type": "session", "id", "title", "message_id", "question_id"},
             {"type": "route", "road", "rule", "target", "why", "message_id"},
             {"type": "token", "text"},
             {"type": "done", "message_id", "ttft_ms", "latency_ms", "usage", "citations", "road",
@@ -75,23 +77,20 @@ class ChatConsumer(JsonFramesConsumer):
             if self.task is not None and not self.task.done():
                 self.task.cancel()
             return
+        if kind in ("regenerate", "edit"):
+            await self._redo(kind, frame)
+            return
         if kind != "message":
             await self._send(
                 {
                     "type": "error",
                     "code": "unknown_type",
-                    "message": 'Client frames are {"type": "message", …} and {"type": "stop"}.',
+                    "message": 'Client frames are {"type": "message", …}, {"type": "stop"}, '
+                    '{"type": "regenerate", …} and {"type": "edit", …}.',
                 }
             )
             return
-        if self.task is not None and not self.task.done():
-            await self._send(
-                {
-                    "type": "error",
-                    "code": "busy",
-                    "message": "An answer is still streaming; stop it or wait for it to finish.",
-                }
-            )
+        if await self._busy():
             return
         session = frame.get("session")
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
@@ -107,15 +106,42 @@ class ChatConsumer(JsonFramesConsumer):
             self._answer(session, frame.get("content"), time.monotonic())
         )
 
-    async def _answer(self, session_id, content, arrived):
+    async def _busy(self) -> bool:
+        """One answer at a time: say so when one is streaming."""
+        if self.task is None or self.task.done():
+            return False
+        await self._send(
+            {
+                "type": "error",
+                "code": "busy",
+                "message": "An answer is still streaming; stop it or wait for it to finish.",
+            }
+        )
+        return True
+
+    async def _redo(self, kind, frame):
+        """A new version of the last exchange, streamed like any answer (chat.turns.run_turn)."""
+        if await self._busy():
+            return
+        message_id = frame.get("message_id")
+        if not isinstance(message_id, int) or isinstance(message_id, bool):
+            await self._send(
+                {"type": "error", "code": "bad_request", "message": "message_id must be an id."}
+            )
+            return
+        self.task = asyncio.create_task(
+            self._answer(None, frame.get("content"), time.monotonic(), **{kind: message_id})
+        )
+
+    async def _answer(self, session_id, content, arrived, **redo):
         # The turn's statements on the event loop (core.db.unbound); anything that still runs
         # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
         # process would otherwise share one thread for it.
         async with own_thread():
             with db.unbound():
-                await self._run(session_id, content, arrived)
+                await self._run(session_id, content, arrived, **redo)
 
-    async def _run(self, session_id, content, arrived):
+    async def _run(self, session_id, content, arrived, **redo):
         message_id = None
         try:
             ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
@@ -139,6 +165,7 @@ class ChatConsumer(JsonFramesConsumer):
                 session_id=session_id,
                 client="web",
                 arrived=arrived,
+                **redo,
             ):
                 if type(event) is Token:
                     await self.send(
