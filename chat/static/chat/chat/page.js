@@ -11,6 +11,13 @@ export const ui = {
   toggle: byId("sessions-toggle"),
   backdrop: byId("backdrop"),
   newChat: byId("new-chat"),
+  searchForm: byId("search-form"),
+  search: byId("search"),
+  searchBox: byId("search-box"),
+  searchStatus: byId("search-status"),
+  searchResults: byId("search-results"),
+  searchMore: byId("search-more"),
+  searchClear: byId("search-clear"),
   sessions: byId("sessions"),
   sessionsEmpty: byId("sessions-empty"),
   sessionsMore: byId("sessions-more"),
@@ -31,6 +38,7 @@ export const config = {
   wsPath: dataset.wsPath,
   sessionsUrl: dataset.sessionsUrl,
   messagesUrl: dataset.messagesUrl,
+  searchUrl: dataset.searchUrl,
   loginUrl: dataset.loginUrl,
   csrfToken: dataset.csrfToken,
 };
@@ -45,7 +53,10 @@ export const state = {
   reconnectAttempt: 0,
   reconnectTimer: null,
   signedOut: false,
-  generation: null, // {el, text, view, sessionId, messageId, stopping, frame}
+  // {el, questionEl, text, view, sessionId, messageId, stopping, frame, reload}; `reload`: a new
+  // version of the last exchange, whose thread is read again from the database when it ends
+  generation: null,
+  searchNext: null,
   composing: false,
   pollTimer: null,
 };

@@ -112,6 +112,7 @@ function handleFrame(frame) {
         generation.messageId = frame.message_id;
         generation.el.dataset.messageId = frame.message_id;
       }
+      if (generation.questionEl && frame.question_id) generation.questionEl.dataset.messageId = frame.question_id;
       if (generation.view === state.view && state.sessionId === null) {
         state.sessionId = frame.id;
         setUrl(frame.id, true);
@@ -141,6 +142,7 @@ function handleFrame(frame) {
       setStatus(generation.el, frame.status || "complete");
       showFeedback(generation.el, "");
       endGeneration();
+      reloadVersions(generation);
       return;
     }
     case "error":
@@ -148,6 +150,14 @@ function handleFrame(frame) {
       return;
     default:
       return;
+  }
+}
+
+// A new version of the last exchange has ended (or was refused): the thread as the database has
+// it shows every version, and which one is current.
+function reloadVersions(generation) {
+  if (generation.reload && generation.view === state.view && generation.sessionId === state.sessionId) {
+    loadMessages(state.sessionId, state.view, 0);
   }
 }
 
@@ -159,10 +169,19 @@ function handleError(frame) {
     showBanner(message);
     return;
   }
+  if (generation.reload && (frame.message_id === undefined || frame.message_id === null)) {
+    // A regenerate or an edit refused before it began (an earlier exchange, a limit): the thread
+    // comes back as it was, and the reason above it.
+    showBanner(message);
+    endGeneration();
+    reloadVersions(generation);
+    return;
+  }
   let status = frame.status || (generation.text ? "partial" : "failed");
   if (frame.code === "cancelled") status = "cancelled";
   flushGeneration();
   setStatus(generation.el, status, message);
   showFeedback(generation.el, "");
   endGeneration();
+  reloadVersions(generation);
 }
