@@ -36,7 +36,8 @@ function actionButton(action, text, label) {
 export function userElement(text, id) {
   const li = element("li", "message user");
   if (id) li.dataset.messageId = id;
-  const edit = actionButton("edit", "Edit", "Edit your question and send it again");
+  // Its visible label comes from the style sheet: the question's element holds its text alone.
+  const edit = actionButton("edit", "", "Edit your question and send it again");
   edit.hidden = true; // on the last question only (markLastExchange)
   li.append(element("div", "bubble", text), edit);
   return li;
