@@ -9,7 +9,7 @@ import logging
 
 from asgiref.sync import async_to_sync
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import PageNumberPagination
@@ -282,7 +282,16 @@ class SearchView(APIView):
 
     permission_classes = [ChatScope]
 
-    @extend_schema(responses=SearchHitSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "q", str, required=True, description="Words to find (1 to 200 chars)."
+            ),
+            OpenApiParameter("page", int, description="A page of 20 hits, from 1."),
+            OpenApiParameter("page_size", int, description="Hits per page, at most 100."),
+        ],
+        responses=SearchHitSerializer(many=True),
+    )
     def get(self, request):
         query = selectors.search_query_validate(request.query_params.get("q", ""))
         hits = selectors.messages_search(user=request.user, query=query)
