@@ -45,7 +45,7 @@ class MessageAdmin(admin.ModelAdmin):
         "latency_ms",
         "created_at",
     ]
-    list_filter = ["role", "status", "road"]
+    list_filter = ["role", "status", "road", "superseded"]
     search_fields = ["content"]
     readonly_fields = [f.name for f in Message._meta.fields]
 

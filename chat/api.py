@@ -1,5 +1,6 @@
 """DRF API for integrations (browser session or API key with the `chat` scope):
-sessions, their messages, sending a message (JSON or SSE), and the user's API keys."""
+sessions, their messages, sending a message (JSON or SSE), regenerating the last answer or
+editing the last question, searching one's messages, and the user's API keys."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import logging
 
 from asgiref.sync import async_to_sync
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from chat import apikeys, services
+from chat import apikeys, selectors, services
 from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import SPEND_REFUSALS, ChatError, SpendRefused
 from chat.feedback import message_feedback
@@ -64,8 +65,20 @@ class MessageSerializer(serializers.ModelSerializer):
             "citations",
             "error",
             "verdict",
+            "version_of",
+            "superseded",
             "created_at",
         ]
+        extra_kwargs = {
+            "version_of": {
+                "help_text": "The first version of this message, when it is a later one "
+                "(a regenerated answer, an edited question)."
+            },
+            "superseded": {
+                "help_text": "A version a later one replaced; the conversation goes on from the "
+                "current ones."
+            },
+        }
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
@@ -84,6 +97,11 @@ class MessageSerializer(serializers.ModelSerializer):
 
 class SendSerializer(serializers.Serializer):
     content = TextField(trim_whitespace=False, allow_blank=True)
+    max_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False)
+    temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+
+
+class RegenerateSerializer(serializers.Serializer):
     max_tokens = serializers.IntegerField(min_value=1, max_value=32768, required=False)
     temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
 
@@ -193,15 +211,104 @@ class MessageListView(APIView):
         services.session_get(user=request.user, session_id=pk)
         data = SendSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        message_id = async_to_sync(_run_to_end)(request, pk, data.validated_data)
-        assistant = Message.objects.get(pk=message_id)
-        user_message = assistant.session.messages.filter(role="user", pk__lt=assistant.pk).last()
-        body = {
-            "session": SessionSerializer(assistant.session).data,
-            "user_message": MessageSerializer(user_message).data,
-            "assistant_message": MessageSerializer(assistant, context=_details(request)).data,
-        }
-        return Response(body, status=status.HTTP_201_CREATED)
+        message_id = async_to_sync(_run_to_end)(request, data.validated_data, session_id=pk)
+        return _turn_reply(request, message_id)
+
+
+def _turn_reply(request, message_id: int) -> Response:
+    """A finished turn: its session, its question and its answer."""
+    assistant = Message.objects.select_related("session").get(pk=message_id)
+    user_message = (
+        assistant.session.messages.filter(role="user", pk__lt=assistant.pk).order_by("pk").last()
+    )
+    body = {
+        "session": SessionSerializer(assistant.session).data,
+        "user_message": MessageSerializer(user_message).data,
+        "assistant_message": MessageSerializer(assistant, context=_details(request)).data,
+    }
+    return Response(body, status=status.HTTP_201_CREATED)
+
+
+class MessageRegenerateView(APIView):
+    """POST to answer the last question of a session again; the finished turn comes back. The
+    answer it replaces is kept as an earlier version (`superseded`); the new one names the first
+    (`version_of`). Only the session's last answer (409 otherwise, and while it is written)."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=RegenerateSerializer, responses={201: TurnSerializer})
+    def post(self, request, pk):
+        selectors.message_get(user=request.user, message_id=pk)  # 404 before anything is counted
+        data = RegenerateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        message_id = async_to_sync(_run_to_end)(request, data.validated_data, regenerate=pk)
+        return _turn_reply(request, message_id)
+
+
+class MessageEditView(APIView):
+    """POST the new text of the session's last question; it is answered, and the finished turn
+    comes back. The question and answer it replaces are kept as an earlier version, as a
+    regenerated answer's are. Only the last question (409 otherwise)."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
+    def post(self, request, pk):
+        selectors.message_get(user=request.user, message_id=pk)
+        data = SendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        message_id = async_to_sync(_run_to_end)(request, data.validated_data, edit=pk)
+        return _turn_reply(request, message_id)
+
+
+class SearchHitSerializer(serializers.Serializer):
+    message_id = serializers.IntegerField()
+    session_id = serializers.IntegerField()
+    session_title = serializers.CharField()
+    role = serializers.CharField()
+    snippet = serializers.CharField(help_text="Plain text around the first match.")
+    created_at = serializers.DateTimeField()
+
+
+class SearchPagination(Pagination):
+    page_size = 20
+    max_page_size = 100
+
+
+class SearchView(APIView):
+    """GET `?q=…`: your own messages that contain every word of `q` (Chinese, Japanese and Korean
+    text matched by its characters), best match first, with the session to open at each. An empty
+    query, or one over 200 characters, is a 400."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "q", str, required=True, description="Words to find (1 to 200 chars)."
+            ),
+            OpenApiParameter("page", int, description="A page of 20 hits, from 1."),
+            OpenApiParameter("page_size", int, description="Hits per page, at most 100."),
+        ],
+        responses=SearchHitSerializer(many=True),
+    )
+    def get(self, request):
+        query = selectors.search_query_validate(request.query_params.get("q", ""))
+        hits = selectors.messages_search(user=request.user, query=query)
+        paginator = SearchPagination()
+        page = paginator.paginate_queryset(hits, request, view=self)
+        results = [
+            {
+                "message_id": message.pk,
+                "session_id": message.session_id,
+                "session_title": message.session.title,
+                "role": message.role,
+                "snippet": selectors.search_snippet(message.content, query),
+                "created_at": message.created_at,
+            }
+            for message in page
+        ]
+        return paginator.get_paginated_response(SearchHitSerializer(results, many=True).data)
 
 
 class MessageFeedbackView(APIView):
@@ -227,16 +334,17 @@ class MessageFeedbackView(APIView):
         return Response({"id": message.pk, "verdict": message.verdict})
 
 
-async def _run_to_end(request, session_id, data) -> int:
+async def _run_to_end(request, data, **turn) -> int:
     """The answer's message id, once stored; a spend refusal is this API's 429 (the turn is
-    stored as failed, as the chat page shows it)."""
+    stored as failed, as the chat page shows it). `turn`: the session (`session_id`), or the
+    message to answer again (`regenerate`, `edit`), as run_turn takes them."""
     message_id = None
     refused = None
     async for event in run_turn(
         user=request.user,
-        content=data["content"],
-        session_id=session_id,
+        content=data.get("content"),
         client=_client(request),
+        **turn,
         max_tokens=data.get("max_tokens"),
         temperature=data.get("temperature"),
         **_logged_as(request),

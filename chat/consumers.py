@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 class ChatConsumer(JsonFramesConsumer):
     """The browser chat. Protocol (JSON frames):
 
-    client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"}
-    server: {"type": "session", "id", "title", "message_id"},
+    client: {"type": "message", "session": ID or null, "content": "…"}, {"type": "stop"},
+            {"type": "regenerate", "message_id": ID} (the last answer, answered again),
+            {"type": "edit", "message_id": ID, "content": "…"} (the last question, replaced)
+    server: {"type": "session", "id", "title", "message_id", "question_id"},
             {"type": "route", "road", "rule", "target", "why", "message_id"},
             {"type": "token", "text"},
             {"type": "done", "message_id", "ttft_ms", "latency_ms", "usage", "citations", "road",
@@ -110,24 +112,20 @@ class ChatConsumer(JsonFramesConsumer):
             elif self.watched is not None:
                 await self._stop_watched()
             return
+        if kind in ("regenerate", "edit"):
+            await self._redo(kind, frame)
+            return
         if kind not in ("message", "join"):
             await self._send(
                 {
                     "type": "error",
                     "code": "unknown_type",
-                    "message": 'Client frames are {"type": "message", …}, {"type": "join", …} '
-                    'and {"type": "stop"}.',
+                    "message": 'Client frames are {"type": "message", …}, {"type": "join", …}, '
+                    '{"type": "stop"}, {"type": "regenerate", …} and {"type": "edit", …}.',
                 }
             )
             return
-        if self.task is not None and not self.task.done() or self.watched is not None:
-            await self._send(
-                {
-                    "type": "error",
-                    "code": "busy",
-                    "message": "An answer is still streaming; stop it or wait for it to finish.",
-                }
-            )
+        if await self._busy():
             return
         if kind == "join":
             message_id = frame.get("message_id")
@@ -152,15 +150,42 @@ class ChatConsumer(JsonFramesConsumer):
             self._answer(session, frame.get("content"), time.monotonic())
         )
 
-    async def _answer(self, session_id, content, arrived):
+    async def _busy(self) -> bool:
+        """One answer at a time (asked or joined): say so when one is streaming."""
+        if (self.task is None or self.task.done()) and self.watched is None:
+            return False
+        await self._send(
+            {
+                "type": "error",
+                "code": "busy",
+                "message": "An answer is still streaming; stop it or wait for it to finish.",
+            }
+        )
+        return True
+
+    async def _redo(self, kind, frame):
+        """A new version of the last exchange, streamed like any answer (chat.turns.run_turn)."""
+        if await self._busy():
+            return
+        message_id = frame.get("message_id")
+        if not isinstance(message_id, int) or isinstance(message_id, bool):
+            await self._send(
+                {"type": "error", "code": "bad_request", "message": "message_id must be an id."}
+            )
+            return
+        self.task = asyncio.create_task(
+            self._answer(None, frame.get("content"), time.monotonic(), **{kind: message_id})
+        )
+
+    async def _answer(self, session_id, content, arrived, **redo):
         # The turn's statements on the event loop (core.db.unbound); anything that still runs
         # thread-sensitive in a thread of its own: outside an HTTP request, every socket of the
         # process would otherwise share one thread for it.
         async with own_thread():
             with db.unbound():
-                await self._run(session_id, content, arrived)
+                await self._run(session_id, content, arrived, **redo)
 
-    async def _run(self, session_id, content, arrived):
+    async def _run(self, session_id, content, arrived, **redo):
         message_id = None
         parts: list[str] = []
         try:
@@ -186,6 +211,7 @@ class ChatConsumer(JsonFramesConsumer):
                 client="web",
                 arrived=arrived,
                 parts=parts,
+                **redo,
             ):
                 if type(event) is Token:
                     if self.live is not None:  # before the await: a Stop then cannot split them

@@ -14,9 +14,25 @@ class MessageInvalid(ChatError):
     code = "invalid_message"
 
 
+class SearchInvalid(ChatError):
+    code = "invalid_search"
+
+
 class MessageTooLarge(ChatError):
     status = 413
     code = "message_too_large"
+
+
+class AnswerNotFinished(ChatError):
+    status = 409
+    code = "answer_not_finished"
+
+
+class NotLastExchange(ChatError):
+    """A regenerate or an edit of an exchange that is not the session's last."""
+
+    status = 409
+    code = "not_last_exchange"
 
 
 class RateLimited(ChatError):

@@ -19,17 +19,12 @@ import uuid
 from django.conf import settings
 from django.db import transaction
 
-from chat.exceptions import ChatError, SessionNotFound
+from chat.exceptions import AnswerNotFinished, SessionNotFound
 from chat.models import Message
 from knowledge.services import feedback_record
 
 _PREFIX = "chatcmpl-"
 _SIGNATURE_CHARS = 16  # 64 bits of HMAC-SHA256: a forgery is a guess in 2**64
-
-
-class AnswerNotFinished(ChatError):
-    status = 409
-    code = "answer_not_finished"
 
 
 @functools.cache

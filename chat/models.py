@@ -4,6 +4,8 @@ import hashlib
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 
 
@@ -68,6 +70,14 @@ class Message(models.Model):
         db_default="",
         help_text="The user's thumbs on this answer: up, down or none.",
     )
+    # Versions of the last exchange (regenerate, edit and resend): a later version names the
+    # first one, and the versions it replaced are kept, superseded. The prompt's history and the
+    # search read the current ones only. Database defaults: the turn's start writes its rows in
+    # one raw statement.
+    version_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    superseded = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -75,6 +85,17 @@ class Message(models.Model):
         ordering = ["created_at", "pk"]
         indexes = [
             models.Index(fields=["session", "created_at"]),
+            # Full-text search over a user's messages, Chinese included: chat_search_document
+            # (migration 0005) splits CJK runs into characters and bigrams for the `simple`
+            # configuration, which has no Chinese parser.
+            GinIndex(
+                models.Func(
+                    models.F("content"),
+                    function="chat_search_document",
+                    output_field=SearchVectorField(),
+                ),
+                name="message_search",
+            ),
             # The sweeper looks for turns left streaming by a crashed process.
             models.Index(
                 fields=["created_at"],

@@ -8,13 +8,16 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 from redis.exceptions import RedisError
 
 from chat.exceptions import (
+    AnswerNotFinished,
     MessageInvalid,
     MessageTooLarge,
+    NotLastExchange,
     RateLimited,
     SessionNotFound,
     TooManyStreams,
@@ -195,6 +198,8 @@ class TurnStart:
     assistant_id: int
     history: list[dict]  # earlier turns for the prompt, oldest first
     groups: frozenset[str]  # the user's group names, for the routing rules
+    question_id: int | None = None  # the stored question
+    question: str = ""  # its text, when the turn answers a stored question again (turn_redo_start)
 
 
 async def aturn_start(
@@ -254,7 +259,7 @@ def _turn_start_statement(
         )
     earlier = (
         f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
-        "AND status <> %(streaming)s AND content <> '' "
+        "AND status <> %(streaming)s AND content <> '' AND NOT superseded "
         "ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
         if read_history
         else "SELECT NULL::text AS role, NULL::text AS content, "
@@ -274,6 +279,7 @@ def _turn_start_statement(
             RETURNING id, role
         )
         SELECT s.id, s.title, (SELECT id FROM m WHERE role = %(assistant_role)s),
+            (SELECT id FROM m WHERE role = %(user_role)s),
             ARRAY({rawsql.user_groups("%(user)s")}),
             ARRAY(SELECT role FROM h ORDER BY created_at, id),
             ARRAY(SELECT content FROM h ORDER BY created_at, id)
@@ -309,7 +315,7 @@ def warm_statements() -> list[tuple[str, list | dict]]:
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
-    sid, title, assistant_id, groups, roles, contents = row
+    sid, title, assistant_id, question_id, groups, roles, contents = row
     if history is None:
         history = [
             {"role": role, "content": text} for role, text in zip(roles, contents, strict=True)
@@ -320,7 +326,92 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
         assistant_id=assistant_id,
         history=list(history),
         groups=frozenset(groups),
+        question_id=question_id,
     )
+
+
+def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
+    """Start a new version of the session's last exchange, as `aturn_start` starts a turn:
+    regenerate (`message_id` the last answer, `content` None: its question is answered again) or
+    edit and resend (`message_id` the last question, `content` its new text, already validated).
+
+    The replaced messages are kept, superseded, and the new ones name the first version
+    (`version_of`): the page shows the versions, and the history of later turns reads the current
+    ones only. Only the last exchange: an earlier one was the ground of the turns after it.
+    Raises SessionNotFound for a message that is not the user's, MessageInvalid for the wrong
+    role, NotLastExchange for an earlier exchange and AnswerNotFinished while it is being written.
+    """
+    regenerate = content is None
+    wanted = Message.Role.ASSISTANT if regenerate else Message.Role.USER
+    with transaction.atomic():
+        message = Message.objects.filter(pk=message_id, session__user=user).first()
+        if message is None:
+            raise SessionNotFound(f"You have no message {message_id}.")
+        if message.role != wanted:
+            raise MessageInvalid(
+                "Only an answer can be regenerated."
+                if regenerate
+                else "Only a question can be edited and sent again."
+            )
+        # The session's row lock orders this against the session's other turns, whose start
+        # updates the same row.
+        session = ChatSession.objects.select_for_update().get(pk=message.session_id)
+        last = list(session.messages.filter(superseded=False).order_by("-created_at", "-pk")[:2])
+        answer, question = (last + [None, None])[:2]
+        if (
+            answer is None
+            or question is None
+            or answer.role != Message.Role.ASSISTANT
+            or question.role != Message.Role.USER
+            or message.pk not in (answer.pk, question.pk)
+        ):
+            raise NotLastExchange(
+                "Only the last answer can be regenerated, and only the last question edited: "
+                "the turns after an earlier one were answered in view of it."
+            )
+        if answer.status == Message.Status.STREAMING:
+            raise AnswerNotFinished("The answer is still being written; stop it or let it end.")
+        replaced = [answer.pk] if regenerate else [answer.pk, question.pk]
+        Message.objects.filter(pk__in=replaced).update(superseded=True)
+        if not regenerate:
+            question = Message.objects.create(
+                session=session,
+                role=Message.Role.USER,
+                content=content,
+                status=Message.Status.COMPLETE,
+                version_of_id=question.version_of_id or question.pk,
+            )
+        new_answer = Message.objects.create(
+            session=session,
+            role=Message.Role.ASSISTANT,
+            status=Message.Status.STREAMING,
+            version_of_id=answer.version_of_id or answer.pk,
+        )
+        session.save(update_fields=["updated_at"])
+        earlier = (
+            session.messages.filter(superseded=False, created_at__lte=question.created_at)
+            .exclude(pk__in=[question.pk, new_answer.pk])
+            .exclude(status=Message.Status.STREAMING)
+            .exclude(content="")
+            .order_by("-created_at", "-pk")
+            .values_list("role", "content")[: settings.CHAT_HISTORY_TURNS]
+        )
+        groups = frozenset(user.groups.values_list("name", flat=True))
+    return TurnStart(
+        session_id=session.pk,
+        title=session.title,
+        assistant_id=new_answer.pk,
+        history=[{"role": role, "content": text} for role, text in reversed(earlier)],
+        groups=groups,
+        question_id=question.pk,
+        question=question.content,
+    )
+
+
+async def aturn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
+    """turn_redo_start from async code. In a thread, in a transaction: rarer than a question, it
+    is not on the hot path, and the checks read the rows they lock."""
+    return await db.run(turn_redo_start, user=user, message_id=message_id, content=content)
 
 
 async def aturn_finish(

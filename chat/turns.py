@@ -106,6 +106,7 @@ class SessionEvent(events.Event):
     id: int
     title: str
     message_id: int
+    question_id: int | None = None
     type: str = "session"
 
 
@@ -141,6 +142,8 @@ async def run_turn(
     slot: services.StreamSlot | None = None,
     request_key: uuid.UUID | None = None,
     parts: list[str] | None = None,
+    regenerate: int | None = None,
+    edit: int | None = None,
 ) -> AsyncIterator[events.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
@@ -161,9 +164,16 @@ async def run_turn(
     (`Done.overhead_ms`) count from there. `request_key` names the answer in the request log, the
     KB's records, the stored message and the user's feedback (the /v1 completion id is made from
     it); a new one when not given. `parts`: the list the answer's tokens are kept in, as they
-    arrive (a caller that shares the answer with other sockets reads it: chat.live)."""
+    arrive (a caller that shares the answer with other sockets reads it: chat.live).
+
+    `regenerate` (an answer's id, `content` None) answers its question again; `edit` (a
+    question's id) replaces the question with `content` and answers that: a new version of the
+    session's last exchange (services.turn_redo_start), streamed like any answer."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
+    redo = regenerate if regenerate is not None else edit
+    if redo is not None and (history is not None or not store):
+        raise ValueError("a new version of a stored exchange reads its history from the session")
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
     request_key = request_key or uuid.uuid4()
@@ -194,18 +204,22 @@ async def run_turn(
         turn_admit()
         _running.add(task)
         if not admitted:
-            content = services.message_validate(content)
+            if regenerate is None:
+                content = services.message_validate(content)
             # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop)
             # and one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in
             # the request's thread elsewhere).
             slot = await services.aquestion_admit(user_id=user.pk)
-        starting = (
-            services.aturn_start(
+        if redo is not None:
+            starting = services.aturn_redo_start(
+                user=user, message_id=redo, content=None if regenerate is not None else content
+            )
+        elif store:
+            starting = services.aturn_start(
                 user=user, session_id=session_id, content=content, source=source, history=history
             )
-            if store
-            else None
-        )
+        else:
+            starting = None
         if history is not None and groups is not None:
             answer = pipeline.answer(request_for(history, groups))
             if starting is not None:
@@ -219,10 +233,15 @@ async def run_turn(
                     raise
         else:
             start = await starting
+            if regenerate is not None:
+                content = start.question  # the stored question, answered again
             answer = pipeline.answer(request_for(start.history, start.groups))
         if start is not None:
             yield SessionEvent(
-                id=start.session_id, title=start.title, message_id=start.assistant_id
+                id=start.session_id,
+                title=start.title,
+                message_id=start.assistant_id,
+                question_id=start.question_id,
             )
     except BaseException:
         # Refused (draining, no such session), failed or abandoned before the answer began: nothing

@@ -12,6 +12,13 @@ urlpatterns = [
         name="chat-messages-stream",
     ),
     path(
+        "messages/<int:pk>/regenerate",
+        api.MessageRegenerateView.as_view(),
+        name="chat-message-regenerate",
+    ),
+    path("messages/<int:pk>/edit", api.MessageEditView.as_view(), name="chat-message-edit"),
+    path("search", api.SearchView.as_view(), name="chat-search"),
+    path(
         "messages/<int:pk>/feedback",
         api.MessageFeedbackView.as_view(),
         name="chat-message-feedback",

@@ -221,6 +221,18 @@ MATRIX = {
     ("POST", "/api/chat/messages/{M}/feedback", '{"verdict": "up"}'): row(
         401, 200, 404, 404, 404, 404, 404, 404, 200, 404, 403, 403, 403, 401, 401
     ),
+    # A new version of one's own last exchange only: the owner's request is refused for its body
+    # (0 tokens; an edit names an answer), so that it changes nothing the other rows need.
+    ("POST", "/api/chat/messages/{M}/regenerate", '{"max_tokens": 0}'): row(
+        401, 400, 404, 404, 404, 404, 404, 404, 400, 404, 403, 403, 403, 401, 401
+    ),
+    ("POST", "/api/chat/messages/{M}/edit", '{"content": "Hello?"}'): row(
+        401, 400, 404, 404, 404, 404, 404, 404, 400, 404, 403, 403, 403, 401, 401
+    ),
+    # One's own messages only (tests/chat/test_search.py: nothing of another user's is found).
+    ("GET", "/api/chat/search?q=hello", None): row(
+        401, 200, 200, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 401, 401
+    ),
     ("GET", "/api/keys/", None): row(
         401, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 403, 403, 401, 401
     ),

@@ -5,8 +5,12 @@ import { app, hideBanner, showBanner, socketOpen, state, ui, updateControls } fr
 import {
   closeSidebar, deleteSession, loadSessions, newChat, openSession, openSidebar, refreshCurrent, startRename,
 } from "./sessions.js";
+import { regenerate, startEdit } from "./exchange.js";
+import { listenToSearch } from "./search.js";
 import { connect, sendFrame } from "./socket.js";
-import { assistantElement, giveVerdict, scrollToBottom, userElement } from "./thread.js";
+import {
+  assistantElement, copyAnswer, giveVerdict, markLastExchange, scrollToBottom, stepVersion, userElement,
+} from "./thread.js";
 
 // --- Composer: Enter sends, Shift+Enter breaks the line, IME Enter confirms -------------
 
@@ -25,11 +29,14 @@ function submit() {
   hideBanner();
   ui.welcome.hidden = true;
   const li = assistantElement();
+  const question = userElement(text);
   state.generation = {
-    el: li, text: "", view: state.view, sessionId: state.sessionId, messageId: null, stopping: false, frame: 0,
+    el: li, questionEl: question, text: "", view: state.view, sessionId: state.sessionId, messageId: null,
+    stopping: false, frame: 0,
   };
-  ui.messages.appendChild(userElement(text));
+  ui.messages.appendChild(question);
   ui.messages.appendChild(li);
+  markLastExchange();
   scrollToBottom();
   sendFrame({ type: "message", session: state.sessionId, content: text });
   ui.composer.value = "";
@@ -108,10 +115,20 @@ function listenToSidebar() {
   });
 }
 
+const THREAD_ACTIONS = {
+  copy: copyAnswer,
+  regenerate: regenerate,
+  edit: startEdit,
+  "version-prev": stepVersion,
+  "version-next": stepVersion,
+};
+
 function listenToThread() {
   ui.messages.addEventListener("click", function (event) {
     const button = event.target.closest(".feedback .verdict");
     if (button) giveVerdict(button);
+    const action = event.target.closest("button[data-action]");
+    if (action && Object.hasOwn(THREAD_ACTIONS, action.dataset.action)) THREAD_ACTIONS[action.dataset.action](action);
   });
 }
 
@@ -135,6 +152,7 @@ function start() {
   listenToComposer();
   listenToSidebar();
   listenToThread();
+  listenToSearch();
   listenToWindow();
   updateControls();
   connect();

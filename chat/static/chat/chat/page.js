@@ -11,6 +11,13 @@ export const ui = {
   toggle: byId("sessions-toggle"),
   backdrop: byId("backdrop"),
   newChat: byId("new-chat"),
+  searchForm: byId("search-form"),
+  search: byId("search"),
+  searchBox: byId("search-box"),
+  searchStatus: byId("search-status"),
+  searchResults: byId("search-results"),
+  searchMore: byId("search-more"),
+  searchClear: byId("search-clear"),
   sessions: byId("sessions"),
   sessionsEmpty: byId("sessions-empty"),
   sessionsMore: byId("sessions-more"),
@@ -31,6 +38,7 @@ export const config = {
   wsPath: dataset.wsPath,
   sessionsUrl: dataset.sessionsUrl,
   messagesUrl: dataset.messagesUrl,
+  searchUrl: dataset.searchUrl,
   loginUrl: dataset.loginUrl,
   csrfToken: dataset.csrfToken,
 };
@@ -51,8 +59,12 @@ export const state = {
   reconnectAttempt: 0,
   reconnectTimer: null,
   signedOut: false,
-  generation: null, // {el, text, view, sessionId, messageId, stopping, frame, joined}
+  // {el, questionEl, text, view, sessionId, messageId, stopping, frame, reload, joined};
+  // `reload`: a new version of the last exchange, whose thread is read again from the database
+  // when it ends; `joined`: an answer this page joined (chat.live) rather than asked
+  generation: null,
   notLive: new Set(), // answers a join found no process writing: not joined again
+  searchNext: null,
   composing: false,
   pollTimer: null,
 };

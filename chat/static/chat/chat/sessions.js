@@ -2,7 +2,9 @@
  * the thread loaded from the database, and polling while an answer is still being written. */
 
 import { api, app, config, hideBanner, hooks, sessionUrl, showBanner, state, ui } from "./page.js";
-import { element, messageElement, nearBottom, scrollToBottom } from "./thread.js";
+import {
+  answerVersions, element, markLastExchange, messageElement, nearBottom, scrollToBottom, setVersions,
+} from "./thread.js";
 
 const POLL_EVERY_MS = 1500;
 const POLL_TRIES = 40;
@@ -262,7 +264,10 @@ export async function loadMessages(id, view, pollTry) {
   const stickToBottom = pollTry === 0 || nearBottom();
   ui.messages.textContent = "";
   let stillWriting = false;
+  const versions = answerVersions(list);
   list.forEach(function (message) {
+    // An earlier version: shown in its place by the current version's ‹ ›.
+    if (message.superseded) return;
     // An answer this page is streaming right now: show the live element, not the stored start.
     if (live && message.role === "assistant" && (message.id === live.messageId ||
         (live.messageId === null && message.status === "streaming"))) {
@@ -272,9 +277,12 @@ export async function loadMessages(id, view, pollTry) {
     }
     if (message.role !== "user" && message.role !== "assistant") return;
     if (message.role === "assistant" && message.status === "streaming") stillWriting = true;
-    ui.messages.appendChild(messageElement(message));
+    const li = messageElement(message);
+    if (message.role === "assistant") setVersions(li, versions.get(message.version_of || message.id));
+    ui.messages.appendChild(li);
   });
   if (live && !live.attached) ui.messages.appendChild(live.el);
+  markLastExchange();
   ui.welcome.hidden = list.length > 0 || !!live;
   if (stickToBottom) scrollToBottom();
   // Another tab or a dropped socket left an answer running: join it, or, when this socket is

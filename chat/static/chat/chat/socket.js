@@ -132,6 +132,7 @@ function handleFrame(frame) {
         generation.messageId = frame.message_id;
         generation.el.dataset.messageId = frame.message_id;
       }
+      if (generation.questionEl && frame.question_id) generation.questionEl.dataset.messageId = frame.question_id;
       if (generation.view === state.view && state.sessionId === null) {
         state.sessionId = frame.id;
         setUrl(frame.id, true);
@@ -164,6 +165,7 @@ function handleFrame(frame) {
       setStatus(generation.el, frame.status || "complete");
       showFeedback(generation.el, "");
       endGeneration();
+      reloadVersions(generation);
       return;
     }
     case "error":
@@ -191,6 +193,14 @@ function resume(frame) {
   endGeneration();
 }
 
+// A new version of the last exchange has ended (or was refused): the thread as the database has
+// it shows every version, and which one is current.
+function reloadVersions(generation) {
+  if (generation.reload && generation.view === state.view && generation.sessionId === state.sessionId) {
+    loadMessages(state.sessionId, state.view, 0);
+  }
+}
+
 function handleError(frame) {
   const generation = state.generation;
   const message = frame.message || frame.code || "Something went wrong.";
@@ -199,10 +209,19 @@ function handleError(frame) {
     showBanner(message);
     return;
   }
+  if (generation.reload && (frame.message_id === undefined || frame.message_id === null)) {
+    // A regenerate or an edit refused before it began (an earlier exchange, a limit): the thread
+    // comes back as it was, and the reason above it.
+    showBanner(message);
+    endGeneration();
+    reloadVersions(generation);
+    return;
+  }
   let status = frame.status || (generation.text ? "partial" : "failed");
   if (frame.code === "cancelled") status = "cancelled";
   flushGeneration();
   setStatus(generation.el, status, message);
   showFeedback(generation.el, "");
   endGeneration();
+  reloadVersions(generation);
 }

@@ -1,5 +1,5 @@
-/* The thread: message elements built from stored messages or live frames, and the
- * throttled rendering of the answer being streamed (state.generation).
+/* The thread: message elements built from stored messages or live frames, the versions of an
+ * answer, Copy, and the throttled rendering of the answer being streamed (state.generation).
  * Text from the server only ever reaches the page through textContent or
  * GatewayMarkdown.render, whose HTML is sanitized to an allow-list (markdown.js). */
 
@@ -24,10 +24,22 @@ export function scrollToBottom() {
   ui.thread.scrollTop = ui.thread.scrollHeight;
 }
 
+function actionButton(action, text, label) {
+  const button = element("button", "small-button " + action, text);
+  button.type = "button";
+  button.dataset.action = action;
+  button.title = label;
+  button.setAttribute("aria-label", label);
+  return button;
+}
+
 export function userElement(text, id) {
   const li = element("li", "message user");
   if (id) li.dataset.messageId = id;
-  li.appendChild(element("div", "bubble", text));
+  // Its visible label comes from the style sheet: the question's element holds its text alone.
+  const edit = actionButton("edit", "", "Edit your question and send it again");
+  edit.hidden = true; // on the last question only (markLastExchange)
+  li.append(element("div", "bubble", text), edit);
   return li;
 }
 
@@ -41,8 +53,135 @@ export function assistantElement() {
   citations.hidden = true;
   const note = element("p", "status-note");
   note.hidden = true;
-  li.append(meta, bubble, citations, note, feedbackElement());
+  li.append(meta, bubble, citations, note, feedbackElement(), actionsElement());
   return li;
+}
+
+// The versions of an answer (‹ 2/3 ›), Copy, and Regenerate on the last answer.
+function actionsElement() {
+  const bar = element("div", "answer-actions");
+  const versions = element("span", "versions");
+  versions.hidden = true;
+  versions.append(
+    actionButton("version-prev", "‹", "Earlier version"),
+    element("span", "version-label"),
+    actionButton("version-next", "›", "Later version"),
+    element("span", "version-state"),
+  );
+  const copy = actionButton("copy", "Copy", "Copy the answer's Markdown");
+  copy.hidden = true;
+  const regenerate = actionButton("regenerate", "Regenerate", "Answer the question again");
+  regenerate.hidden = true;
+  const copied = element("span", "copied");
+  copied.setAttribute("role", "status");
+  bar.append(versions, copy, regenerate, copied);
+  return bar;
+}
+
+// Regenerate and Edit belong to the last exchange, once it is stored and over, and not while
+// another answer streams or an earlier version is on screen.
+export function markLastExchange() {
+  const answers = ui.messages.querySelectorAll(":scope > .message.assistant");
+  const questions = ui.messages.querySelectorAll(":scope > .message.user");
+  const lastAnswer = answers[answers.length - 1];
+  const lastQuestion = questions[questions.length - 1];
+  const open = !state.generation && !!lastAnswer && lastAnswer.dataset.status !== "streaming" &&
+    !lastAnswer.classList.contains("earlier");
+  answers.forEach(function (li) {
+    part(li, ".regenerate").hidden = !(open && li === lastAnswer && li.dataset.messageId);
+  });
+  questions.forEach(function (li) {
+    part(li, ".edit").hidden = !(open && li === lastQuestion && li.dataset.messageId &&
+      !li.querySelector("form"));
+  });
+}
+
+// --- Versions: a regenerated answer, an edited question and its answer --------------------
+
+// The versions of each answer in a stored thread (oldest first), by the id of the first one;
+// each with its question: an edit changed it, a regenerate did not.
+export function answerVersions(list) {
+  const versions = new Map();
+  let question = null;
+  list.forEach(function (message) {
+    if (message.role === "user") question = message;
+    if (message.role !== "assistant") return;
+    const first = message.version_of || message.id;
+    if (!versions.has(first)) versions.set(first, []);
+    versions.get(first).push({ answer: message, question: question });
+  });
+  return versions;
+}
+
+export function setVersions(li, versions) {
+  if (!versions || versions.length < 2) return;
+  li._versions = versions;
+  showVersionNav(li, versions.findIndex(function (version) { return !version.answer.superseded; }));
+}
+
+function showVersionNav(li, index) {
+  const versions = li._versions;
+  const current = index === versions.findIndex(function (version) { return !version.answer.superseded; });
+  const nav = part(li, ".versions");
+  nav.hidden = false;
+  part(nav, ".version-label").textContent = index + 1 + "/" + versions.length;
+  part(nav, ".version-state").textContent = current ? "current" : "earlier version";
+  part(nav, ".version-prev").disabled = index === 0;
+  part(nav, ".version-next").disabled = index === versions.length - 1;
+  li.dataset.version = index;
+  li.classList.toggle("earlier", !current);
+}
+
+// ‹ or ›: the answer's other version in its place, and the question it answered above it.
+export function stepVersion(button) {
+  const li = button.closest(".message.assistant");
+  if (!li || !li._versions) return;
+  const index = Number(li.dataset.version) + (button.dataset.action === "version-prev" ? -1 : 1);
+  const version = li._versions[index];
+  if (!version) return;
+  const shown = messageElement(version.answer);
+  shown._versions = li._versions;
+  showVersionNav(shown, index);
+  li.replaceWith(shown);
+  const question = shown.previousElementSibling;
+  if (question && question.classList.contains("user") && version.question) {
+    part(question, ".bubble").textContent = version.question.content;
+    question.classList.toggle("earlier", shown.classList.contains("earlier"));
+  }
+  markLastExchange();
+  part(shown, "." + button.dataset.action).focus();
+}
+
+// --- Copy: the answer's Markdown, as the model or the KB wrote it --------------------------
+
+export async function copyAnswer(button) {
+  const li = button.closest(".message.assistant");
+  if (!li) return;
+  let copied = true;
+  try {
+    await navigator.clipboard.writeText(li._text || "");
+  } catch {
+    copied = copyBySelection(li._text || ""); // no clipboard API (plain HTTP) or no permission
+  }
+  const note = part(li, ".copied");
+  note.textContent = copied ? "Copied" : "Not copied: select the text and press Ctrl+C (⌘C).";
+  clearTimeout(li._copiedTimer);
+  li._copiedTimer = setTimeout(function () { note.textContent = ""; }, 3000);
+}
+
+function copyBySelection(text) {
+  const area = element("textarea", "visually-hidden");
+  area.value = text;
+  area.setAttribute("readonly", "");
+  document.body.appendChild(area);
+  area.select();
+  try {
+    return document.execCommand("copy");
+  } catch {
+    return false;
+  } finally {
+    area.remove();
+  }
 }
 
 // --- Verdicts: 👍 / 👎 on a finished answer ------------------------------------------
@@ -195,6 +334,7 @@ export function setStatus(li, status, message) {
   note.hidden = !text;
   // A failed or stopped turn with no text: the note says it all.
   part(li, ".bubble").hidden = status !== "streaming" && !li._text;
+  part(li, ".copy").hidden = status === "streaming" || !li._text;
 }
 
 export function messageElement(message) {
@@ -255,4 +395,5 @@ export function flushGeneration() {
 export function endGeneration() {
   state.generation = null;
   updateControls();
+  markLastExchange();
 }

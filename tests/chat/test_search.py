@@ -1,0 +1,171 @@
+"""Searching one's own messages: PostgreSQL full-text search, Chinese included, one user's
+sessions only, with a snippet and the ids to open the session at the message."""
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from chat.models import ChatSession, Message
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(alice):
+    client = APIClient()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_api(bob):
+    client = APIClient()
+    client.force_login(bob)
+    return client
+
+
+@pytest.fixture
+def chats(alice, bob):
+    """Alice's two chats, one in Chinese, and Bob's chat about the same things."""
+    trip = ChatSession.objects.create(user=alice, title="Trip")
+    password = ChatSession.objects.create(user=alice, title="密码")
+    theirs = ChatSession.objects.create(user=bob, title="Bob's")
+    messages = {
+        "trip_question": Message.objects.create(
+            session=trip, role="user", content="Which trains run to the Alps in winter?"
+        ),
+        "trip_answer": Message.objects.create(
+            session=trip,
+            role="assistant",
+            content="Night **trains** leave Paris for the ALPS twice a week. " + "More. " * 60,
+        ),
+        "zh_question": Message.objects.create(
+            session=password, role="user", content="我忘记了密码，怎么重置密码？"
+        ),
+        "zh_answer": Message.objects.create(
+            session=password, role="assistant", content="在登录页点击“忘记密码”即可重置。"
+        ),
+        "bobs": Message.objects.create(
+            session=theirs, role="user", content="Trains to the Alps? 重置密码"
+        ),
+    }
+    return messages
+
+
+def search(api, q, **params):
+    return api.get("/api/chat/search", {"q": q, **params})
+
+
+def test_words_are_found_in_any_case_in_the_users_own_messages_best_first(api, chats):
+    response = search(api, "alps TRAINS")
+
+    assert response.status_code == 200
+    hits = response.json()["results"]
+    assert {hit["message_id"] for hit in hits} == {
+        chats["trip_question"].pk,
+        chats["trip_answer"].pk,
+    }
+    answer = next(hit for hit in hits if hit["role"] == "assistant")
+    assert answer["session_id"] == chats["trip_answer"].session_id
+    assert answer["session_title"] == "Trip"
+    assert answer["snippet"].startswith("Night **trains** leave Paris for the ALPS")
+    assert answer["snippet"].endswith("…") and len(answer["snippet"]) <= 170
+    assert search(api, "alps submarine").json()["results"] == []  # every word must be there
+
+
+@pytest.mark.parametrize(
+    ("q", "found"),
+    [
+        ("密码", {"zh_question", "zh_answer"}),
+        ("重置", {"zh_question", "zh_answer"}),
+        ("重置密码", {"zh_question"}),
+        ("忘记密码", {"zh_answer"}),  # the question has 忘记了密码: no 记密
+        ("码", {"zh_question", "zh_answer"}),
+        ("登录", {"zh_answer"}),
+        ("密重", set()),  # both characters are there, never side by side
+        ("火车", set()),
+    ],
+)
+def test_chinese_is_found_by_its_words_without_spaces(api, chats, q, found):
+    hits = search(api, q).json()["results"]
+
+    assert {hit["message_id"] for hit in hits} == {chats[name].pk for name in found}
+    for hit in hits:
+        assert q[:2] in hit["snippet"] or q[-2:] in hit["snippet"]
+
+
+def test_another_users_messages_are_never_found(bob_api, api, chats, alice):
+    hits = search(bob_api, "重置密码").json()["results"]
+    assert [hit["message_id"] for hit in hits] == [chats["bobs"].pk]
+    assert [hit["message_id"] for hit in search(bob_api, "Alps").json()["results"]] == [
+        chats["bobs"].pk
+    ]
+    assert chats["bobs"].pk not in {
+        hit["message_id"] for hit in search(api, "Alps").json()["results"]
+    }
+
+
+def test_superseded_versions_and_answers_being_written_are_not_listed(api, chats):
+    chats["zh_answer"].superseded = True
+    chats["zh_answer"].save()
+    streaming = Message.objects.create(
+        session=chats["zh_answer"].session, role="assistant", content="", status="streaming"
+    )
+    Message.objects.filter(pk=streaming.pk).update(content="重置密码 half written")
+
+    hits = search(api, "重置").json()["results"]
+
+    assert [hit["message_id"] for hit in hits] == [chats["zh_question"].pk]
+
+
+def test_results_come_in_pages(api, alice):
+    session = ChatSession.objects.create(user=alice, title="Many")
+    for n in range(25):
+        Message.objects.create(session=session, role="user", content=f"kettle question {n}")
+
+    first = search(api, "kettle").json()
+    second = search(api, "kettle", page=2).json()
+
+    assert first["count"] == 25 and len(first["results"]) == 20 and first["next"]
+    assert len(second["results"]) == 5 and second["next"] is None
+    assert search(api, "kettle", page_size=5).json()["next"]
+
+
+@pytest.mark.parametrize(
+    ("q", "message"),
+    [
+        ("", "Type something to search for."),
+        ("   ", "Type something to search for."),
+        ("x" * 201, "The search has 201 characters; the limit is 200."),
+        ("nul\x00byte", "The search contains a NUL character (U+0000) at character 3."),
+    ],
+)
+def test_an_empty_too_long_or_broken_query_is_a_400_with_a_message(api, chats, q, message):
+    response = search(api, q)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_search"
+    assert response.json()["error"]["message"] == message
+
+
+def test_a_query_without_any_word_finds_nothing(api, chats):
+    response = search(api, "!!! ，。")
+    assert response.status_code == 200 and response.json()["results"] == []
+
+
+def test_the_search_needs_a_login(client):
+    assert client.get("/api/chat/search", {"q": "alps"}).status_code in (401, 403)
+
+
+def test_the_search_uses_its_gin_index(api, chats):
+    """The query's condition is the index's expression, so PostgreSQL can answer it from the
+    index (with few rows it may still prefer a scan: the plan is read with scans off)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM chat_message "
+            "WHERE chat_search_document(content) @@ chat_search_query(%s)",
+            ["重置密码"],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "message_search" in plan, plan

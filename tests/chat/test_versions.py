@@ -1,0 +1,254 @@
+"""Regenerating the last answer and editing the last question: new versions of the last exchange,
+in the DRF API and over the chat socket, the old versions kept, the next turn's history made of
+the current ones only."""
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connections
+from rest_framework.test import APIClient
+
+from chat import services
+from chat.models import ChatSession, Message
+from tests.support.sockets import socket_for
+
+pytestmark = pytest.mark.django_db
+
+QUESTION = "Tell me about the sea"
+
+
+@pytest.fixture
+def api(alice):
+    client = APIClient()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_api(bob):
+    client = APIClient()
+    client.force_login(bob)
+    return client
+
+
+def send(api, sid, content):
+    response = api.post(f"/api/chat/sessions/{sid}/messages/", {"content": content}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def conversation(api, sid):
+    return api.get(f"/api/chat/sessions/{sid}/messages/").json()["results"]
+
+
+def test_regenerating_the_last_answer_keeps_the_old_one_as_an_earlier_version(api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+    old = first["assistant_message"]
+
+    response = api.post(f"/api/chat/messages/{old['id']}/regenerate", {}, format="json")
+
+    assert response.status_code == 201, response.json()
+    turn = response.json()
+    new = turn["assistant_message"]
+    assert new["id"] != old["id"] and new["status"] == "complete" and new["road"] == "local"
+    assert new["content"] == QUESTION  # the echoing engine answered the same question again
+    assert new["version_of"] == old["id"] and new["superseded"] is False
+    assert turn["user_message"]["id"] == first["user_message"]["id"]
+    assert turn["session"]["id"] == sid
+    messages = conversation(api, sid)
+    assert [(m["role"], m["superseded"]) for m in messages] == [
+        ("user", False),
+        ("assistant", True),
+        ("assistant", False),
+    ]
+
+    # A second regenerate: all three versions name the first one.
+    third = api.post(f"/api/chat/messages/{new['id']}/regenerate", format="json").json()
+    assert third["assistant_message"]["version_of"] == old["id"]
+    assert Message.objects.filter(session_id=sid, superseded=True).count() == 2
+
+
+def test_editing_the_last_question_answers_the_new_text_and_keeps_the_old_pair(api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+
+    response = api.post(
+        f"/api/chat/messages/{first['user_message']['id']}/edit",
+        {"content": "Tell me about the mountains"},
+        format="json",
+    )
+
+    assert response.status_code == 201, response.json()
+    turn = response.json()
+    assert turn["user_message"]["content"] == "Tell me about the mountains"
+    assert turn["user_message"]["version_of"] == first["user_message"]["id"]
+    assert turn["assistant_message"]["content"] == "Tell me about the mountains"
+    assert turn["assistant_message"]["version_of"] == first["assistant_message"]["id"]
+    assert [(m["role"], m["content"], m["superseded"]) for m in conversation(api, sid)] == [
+        ("user", QUESTION, True),
+        ("assistant", QUESTION, True),
+        ("user", "Tell me about the mountains", False),
+        ("assistant", "Tell me about the mountains", False),
+    ]
+
+
+def test_the_next_turn_reads_the_current_versions_only(api, alice, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+    api.post(f"/api/chat/messages/{first['assistant_message']['id']}/regenerate", format="json")
+    edited = api.post(
+        f"/api/chat/messages/{first['user_message']['id']}/edit",
+        {"content": "And the rivers?"},
+        format="json",
+    )
+    assert edited.status_code == 201
+
+    start = async_to_sync(services.aturn_start)(user=alice, session_id=sid, content="Next")
+
+    assert start.history == [
+        {"role": "user", "content": "And the rivers?"},
+        {"role": "assistant", "content": "And the rivers?"},
+    ]
+
+
+def test_only_the_last_exchange_gets_a_new_version(api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+    send(api, sid, "How do I reset my password?")
+
+    regenerate = api.post(
+        f"/api/chat/messages/{first['assistant_message']['id']}/regenerate", format="json"
+    )
+    edit = api.post(
+        f"/api/chat/messages/{first['user_message']['id']}/edit",
+        {"content": "Something else"},
+        format="json",
+    )
+
+    for response in (regenerate, edit):
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "not_last_exchange"
+        assert "Only the last answer can be regenerated" in response.json()["error"]["message"]
+    assert Message.objects.filter(session_id=sid).count() == 4
+    assert not Message.objects.filter(superseded=True).exists()
+
+
+def test_a_question_is_not_regenerated_nor_an_answer_edited(api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    turn = send(api, sid, QUESTION)
+
+    wrong_regenerate = api.post(
+        f"/api/chat/messages/{turn['user_message']['id']}/regenerate", format="json"
+    )
+    wrong_edit = api.post(
+        f"/api/chat/messages/{turn['assistant_message']['id']}/edit",
+        {"content": "x"},
+        format="json",
+    )
+
+    assert wrong_regenerate.status_code == 400
+    assert wrong_regenerate.json()["error"]["message"] == "Only an answer can be regenerated."
+    assert wrong_edit.status_code == 400
+    assert Message.objects.filter(session_id=sid).count() == 2
+
+
+@pytest.mark.parametrize(("content", "status"), [("", 400), ("   ", 400), ("x" * 20000, 413)])
+def test_a_bad_edit_is_refused_and_nothing_changes(api, product, content, status):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    turn = send(api, sid, QUESTION)
+
+    response = api.post(
+        f"/api/chat/messages/{turn['user_message']['id']}/edit",
+        {"content": content},
+        format="json",
+    )
+
+    assert response.status_code == status, response.json()
+    assert Message.objects.filter(session_id=sid).count() == 2
+    assert not Message.objects.filter(superseded=True).exists()
+
+
+def test_an_answer_still_being_written_is_not_regenerated(api, alice):
+    session = ChatSession.objects.create(user=alice)
+    Message.objects.create(session=session, role="user", content=QUESTION)
+    streaming = Message.objects.create(session=session, role="assistant", status="streaming")
+
+    response = api.post(f"/api/chat/messages/{streaming.pk}/regenerate", format="json")
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "answer_not_finished"
+
+
+def test_another_users_messages_are_not_found(api, bob_api, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    turn = send(api, sid, QUESTION)
+
+    for url, body in [
+        (f"/api/chat/messages/{turn['assistant_message']['id']}/regenerate", {}),
+        (f"/api/chat/messages/{turn['user_message']['id']}/edit", {"content": "mine now"}),
+        ("/api/chat/messages/999999/regenerate", {}),
+        ("/api/chat/messages/999999/edit", {"content": "nobody's"}),
+    ]:
+        response = bob_api.post(url, body, format="json")
+        assert response.status_code == 404, url
+        assert response.json()["error"]["code"] == "not_found"
+    assert Message.objects.filter(session_id=sid).count() == 2
+    assert not Message.objects.filter(superseded=True).exists()
+
+
+@pytest.fixture
+async def close_executor_connections():
+    yield
+    await sync_to_async(connections.close_all)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("close_executor_connections")
+async def test_the_socket_streams_a_regenerated_answer_and_an_edited_question(alice, bob, product):
+    socket = await socket_for(alice)
+    assert (await socket.connect())[0]
+    await socket.send_json_to({"type": "message", "session": None, "content": QUESTION})
+    first = await frames_until_end(socket)
+    old_answer = first[-1]["message_id"]
+    question = first[0]["question_id"]
+
+    await socket.send_json_to({"type": "regenerate", "message_id": old_answer})
+    frames = await frames_until_end(socket)
+
+    assert frames[0]["type"] == "session" and frames[0]["question_id"] == question
+    assert "token" in [f["type"] for f in frames] and frames[-1]["type"] == "done"
+    regenerated = await Message.objects.aget(pk=frames[-1]["message_id"])
+    assert (regenerated.version_of_id, regenerated.content) == (old_answer, QUESTION)
+    assert (await Message.objects.aget(pk=old_answer)).superseded
+
+    await socket.send_json_to({"type": "edit", "message_id": question, "content": "And rivers?"})
+    frames = await frames_until_end(socket)
+    assert frames[-1]["type"] == "done"
+    edited = await Message.objects.aget(pk=frames[0]["question_id"])
+    assert (edited.content, edited.version_of_id) == ("And rivers?", question)
+
+    # An earlier answer, a bad id, another user's message: an error frame, the socket stays open.
+    await socket.send_json_to({"type": "regenerate", "message_id": old_answer})
+    refused = await socket.receive_json_from(timeout=10)
+    assert (refused["type"], refused["code"]) == ("error", "not_last_exchange")
+    await socket.send_json_to({"type": "regenerate", "message_id": "1"})
+    assert (await socket.receive_json_from(timeout=10))["code"] == "bad_request"
+    await socket.disconnect()
+
+    intruder = await socket_for(bob)
+    assert (await intruder.connect())[0]
+    await intruder.send_json_to({"type": "edit", "message_id": edited.pk, "content": "mine"})
+    refused = await intruder.receive_json_from(timeout=10)
+    assert (refused["type"], refused["code"]) == ("error", "not_found")
+    await intruder.disconnect()
+    # The first question and its two answers, the edited question and its answer.
+    assert await Message.objects.filter(session_id=edited.session_id).acount() == 5
+
+
+async def frames_until_end(socket, timeout=20):
+    frames = []
+    while True:
+        frame = await socket.receive_json_from(timeout=timeout)
+        frames.append(frame)
+        if frame["type"] in ("done", "error"):
+            return frames
