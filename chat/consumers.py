@@ -69,16 +69,18 @@ class ChatConsumer(JsonFramesConsumer):
         self.live: live.LiveAnswer | None = None  # the answer this socket's task is writing
         self.watched: _Watched | None = None  # an answer this socket joined
         self.gone = False
-        live.relay().listen()  # answers written here can be joined from other processes
         await self.accept()
 
     async def disconnect(self, code):
         self.gone = True
         await self._unwatch()
         task = getattr(self, "task", None)
-        if task is not None and not task.done() and getattr(self, "live", None) is None:
-            # Gone before the answer was stored as started: nothing to come back to, so stop
-            # generating upstream. Once stored, the answer goes on without this socket.
+        if task is None or task.done():
+            return
+        if getattr(self, "live", None) is None or task.cancelling():
+            # Gone before the answer was stored as started (nothing to come back to), or stopped:
+            # stop generating upstream, and end with the turn saved. Otherwise the answer goes on
+            # without this socket.
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -9,16 +9,17 @@ Where the answer runs. The turn runs in the web process whose socket asked (chat
 goes on when that socket closes: an answer is stored whole whether or not anyone watches it. Each
 process keeps its own running answers here (`LiveAnswer`, by message id). A join that lands on the
 same process subscribes in memory; one that lands on another process asks every web process at
-once over the channel layer (one group message; each process's `Relay` listens on a channel of
-its own) and the process that runs the answer replies to the joiner's process, then forwards the
-answer's frames to it, in order, over that channel.
+once over Redis pub/sub (one message on the shared channel; each process's `Relay` also listens on
+a channel of its own) and the process that runs the answer replies to the joiner's process, then
+forwards the answer's frames to it, in order, on that channel.
 
 What it costs. Nothing is written anywhere per answer or per token for this: the answer's text is
 the list the turn keeps anyway (chat.turns.run_turn's `parts`), and the socket that asked pays one
 counter and one empty-set check per token. A join costs one statement (the row is the user's and
-still streaming), a snapshot of the text, and, across processes, one group message and a reply.
-Frames for a watcher queue in memory and go in order, one send at a time, tokens that queue up
-merged into one frame: a slow watcher costs the answer's length at most, never the answer's pace.
+still streaming), a snapshot of the text, and, across processes, one published message and a
+reply. Frames for a watcher queue in memory and go in order, one send at a time, tokens that
+queue up merged into one frame: a slow watcher costs the answer's length at most, never the
+answer's pace. A process listens from its first answer (or join) on: one pub/sub connection.
 
 Exactly once. The snapshot is the text of the tokens already forwarded to watchers (`forwarded`),
 taken in the same step as the watcher is added, so a token is either in the snapshot or forwarded
@@ -30,21 +31,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
+from django.conf import settings
 
+from core import redis as core_redis
 from core.loops import PerLoop
 
 logger = logging.getLogger(__name__)
 
-GROUP = "chat.live"  # every web process's relay channel
 JOIN_TIMEOUT = 2.0  # seconds a join waits for the process that runs the answer
 MAX_WATCHERS = 16  # sockets watching one answer at most (tabs, devices)
-REGROUP_EVERY = 3600.0  # the relay renews its group membership (channels_redis groups expire)
 
 Sink = Callable[[list[dict]], Awaitable[None]]
 
@@ -139,6 +140,8 @@ _answers: dict[int, LiveAnswer] = {}
 
 
 def begin(*, message_id: int, user_id: int, task: asyncio.Task, parts: list[str]) -> LiveAnswer:
+    """An answer this process writes, from now on joinable (the process's relay listens)."""
+    relay().listen()
     answer = _answers[message_id] = LiveAnswer(message_id, user_id, task, parts)
     return answer
 
@@ -160,19 +163,22 @@ def running(message_id: int, user_id: int) -> LiveAnswer | None:
 
 
 class Relay:
-    """This process's channel: joins, stops and leaves for the answers it runs, and the frames of
-    answers run elsewhere for the sockets here that watch them."""
+    """This process's line to the others, over Redis pub/sub: joins, stops and leaves for the
+    answers it runs, and the frames of answers run elsewhere for the sockets here that watch
+    them. Every relay hears the shared channel (joins); each has a channel of its own (replies,
+    frames, stops, leaves). A process listens from its first answer or its first join on."""
 
     def __init__(self) -> None:
-        self.layer = get_channel_layer()
-        self.channel: str | None = None
+        prefix = f"{settings.REDIS_KEY_PREFIX}:chat:live"
+        self.everyone = prefix
+        self.channel = f"{prefix}:{uuid.uuid4().hex}"
         self.reader: asyncio.Task | None = None
         self.ready = asyncio.Event()
         self.watching: dict[str, Sink] = {}  # watcher id -> the local socket's sink
         self.replies: dict[str, asyncio.Future] = {}  # watcher id -> the owner's channel
 
     def listen(self) -> None:
-        """Start listening (once): the process's chat sockets may write answers others join."""
+        """Start listening (once)."""
         if self.reader is None:
             self.reader = asyncio.ensure_future(self._read())
 
@@ -181,70 +187,71 @@ class Relay:
         await asyncio.wait_for(self.ready.wait(), JOIN_TIMEOUT)
 
     async def _read(self) -> None:
-        regrouped, backoff = 0.0, 1.0
-        loop = asyncio.get_running_loop()
+        backoff = 1.0
         while True:
+            pubsub = core_redis.aclient().pubsub()
             try:
-                if self.channel is None:
-                    self.channel = await self.layer.new_channel("live.")
-                if loop.time() - regrouped > REGROUP_EVERY or not regrouped:
-                    await self.layer.group_add(GROUP, self.channel)
-                    regrouped = loop.time()
-                    self.ready.set()
-                message = await self.layer.receive(self.channel)
+                await pubsub.subscribe(self.everyone, self.channel)
+                self.ready.set()
+                backoff = 1.0
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        await self._handle_safely(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis away: joins wait, answers go on
+                self.ready.clear()
                 logger.warning(
                     "live relay: %s: %s; retrying in %.0f s", type(exc).__name__, exc, backoff
                 )
-                regrouped = 0.0
                 await asyncio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
-                continue
-            backoff = 1.0
-            try:
-                await self._handle(message)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the relay
-                logger.exception("live relay: could not handle %s", message.get("type"))
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())
+
+    async def _handle_safely(self, data: bytes) -> None:
+        try:
+            await self._handle(json.loads(data))
+        except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+            logger.exception("live relay: could not handle a message")
+
+    async def _publish(self, channel: str, message: dict) -> int:
+        """Publish; returns how many relays heard it."""
+        return await core_redis.aclient().publish(channel, json.dumps(message, ensure_ascii=False))
 
     async def _handle(self, message: dict) -> None:
         kind = message.get("type")
-        if kind == "live.join":
+        if kind == "join":
             answer = running(message["message_id"], message["user_id"])
             if answer is not None:
                 reply_to, watcher = message["reply_to"], message["watcher"]
                 answer.watch(watcher, self._remote_sink(reply_to, watcher))
-        elif kind == "live.frames":
+        elif kind == "frames":
             future = self.replies.pop(message["watcher"], None)
             if future is not None and not future.done():
                 future.set_result(message["owner"])
             sink = self.watching.get(message["watcher"])
             if sink is not None:
                 await sink(message["frames"])
-        elif kind == "live.stop":
+        elif kind == "stop":
             answer = running(message["message_id"], message["user_id"])
             if answer is not None:
                 answer.task.cancel()
-        elif kind == "live.leave":
+        elif kind == "leave":
             answer = _answers.get(message["message_id"])
             if answer is not None:
                 answer.unwatch(message["watcher"])
 
     def _remote_sink(self, reply_to: str, watcher: str) -> Sink:
         async def send(frames: list[dict]) -> None:
-            try:
-                await self.layer.send(
-                    reply_to,
-                    {
-                        "type": "live.frames",
-                        "watcher": watcher,
-                        "owner": self.channel,
-                        "frames": frames,
-                    },
-                )
-            except ChannelFull:
-                raise RuntimeError("the watcher's process is not reading") from None
+            heard = await self._publish(
+                reply_to,
+                {"type": "frames", "watcher": watcher, "owner": self.channel, "frames": frames},
+            )
+            if not heard:
+                raise RuntimeError("the watcher's process is not listening")
 
         return send
 
@@ -254,17 +261,17 @@ class Relay:
         await self.start()
         reply = self.replies[watcher] = asyncio.get_running_loop().create_future()
         self.watching[watcher] = sink
-        await self.layer.group_send(
-            GROUP,
-            {
-                "type": "live.join",
-                "message_id": message_id,
-                "user_id": user_id,
-                "reply_to": self.channel,
-                "watcher": watcher,
-            },
-        )
         try:
+            await self._publish(
+                self.everyone,
+                {
+                    "type": "join",
+                    "message_id": message_id,
+                    "user_id": user_id,
+                    "reply_to": self.channel,
+                    "watcher": watcher,
+                },
+            )
             return await asyncio.wait_for(reply, JOIN_TIMEOUT)
         except TimeoutError:
             self.watching.pop(watcher, None)
@@ -275,14 +282,12 @@ class Relay:
     async def leave(self, *, owner: str, message_id: int, watcher: str) -> None:
         self.watching.pop(watcher, None)
         with contextlib.suppress(Exception):
-            await self.layer.send(
-                owner, {"type": "live.leave", "message_id": message_id, "watcher": watcher}
+            await self._publish(
+                owner, {"type": "leave", "message_id": message_id, "watcher": watcher}
             )
 
     async def stop(self, *, owner: str, message_id: int, user_id: int) -> None:
-        await self.layer.send(
-            owner, {"type": "live.stop", "message_id": message_id, "user_id": user_id}
-        )
+        await self._publish(owner, {"type": "stop", "message_id": message_id, "user_id": user_id})
 
 
 _relays: PerLoop[Relay] = PerLoop()

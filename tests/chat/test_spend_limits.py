@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from chat.models import ChatSession
+from chat.models import ChatSession, Message
 from tests.support.factories import endpoint, rule
 from tests.support.sockets import socket_for
 from tests.support.stub_engine import StubEngine, _chunk, _event
@@ -312,16 +312,26 @@ async def test_a_stream_stopped_by_its_user_gives_its_slot_back(
     await socket.disconnect()
 
 
-async def test_a_socket_that_goes_away_mid_answer_gives_its_slot_back(
+async def test_an_answer_whose_socket_went_away_keeps_its_slot_until_it_ends(
     capped_here, alice, gated, held_rule
 ):
-    for _ in range(CAP + 1):
+    """The answer goes on without its socket (a reload joins it: chat.live), so it still holds
+    its slot; when it ends, the slot comes back."""
+    for _ in range(CAP):
         socket = await socket_for(alice, connect=True)
         await socket.send_json_to({"type": "message", "session": None, "content": "abandoned"})
         assert (await frame_of_type(socket, "token", "error"))["type"] == "token"
         await socket.disconnect()
-    gated.release("kept")
     socket = await socket_for(alice, connect=True)
+    await socket.send_json_to({"type": "message", "session": None, "content": "kept"})
+    refused = await frame_of_type(socket, "done", "error")
+    assert refused["code"] == "too_many_streams", refused
+    gated.release("abandoned")
+    gated.release("kept")
+    for _ in range(100):
+        if not await Message.objects.filter(status="streaming").aexists():
+            break
+        await asyncio.sleep(0.05)
     await socket.send_json_to({"type": "message", "session": None, "content": "kept"})
     assert (await frame_of_type(socket, "done", "error"))["type"] == "done"
     await socket.disconnect()

@@ -334,3 +334,41 @@ async def test_an_answer_running_when_the_drain_ends_is_ended_as_shutdown_on_eve
 
     assert (answer["status"], answer["error"].split(":")[0]) == ("partial", "shutdown")
     assert stored[answer["id"]].content == answer["content"] != ""
+
+
+async def test_a_joined_answer_ends_as_shutdown_and_a_late_join_gets_it_partial(
+    child_env, tmp_path, alice, session, cookie
+):  # noqa: F811
+    """The page watching an answer (joined from this process: chat.live) hears the drain's end
+    of it; a page that joins after the process is gone gets the stored partial answer."""
+    from tests.chat.test_chat_socket import frames_until_end
+    from tests.chat.test_live_answers import text_of
+    from tests.support.sockets import socket_for
+
+    with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            asker = await http.ws_connect(
+                f"{server.url}/ws/chat/",
+                headers={"Cookie": f"sessionid={cookie}", "Origin": server.url},
+            )
+            await asker.send_json({"type": "message", "session": session.pk, "content": QUESTION})
+            asked: list[dict] = []
+            await socket_frames(asker, asked, count=4)  # session, route, two tokens
+            message_id = asked[0]["message_id"]
+            watcher = await socket_for(alice, connect=True)
+            await watcher.send_json_to({"type": "join", "message_id": message_id})
+            resume = await watcher.receive_json_from(timeout=10)
+            assert resume["type"] == "resume" and resume["live"], resume
+            server.process.send_signal(signal.SIGTERM)
+            watched = [resume, *await frames_until_end(watcher, timeout=30)]
+            await watcher.disconnect()
+        await wait_exit(server.process, timeout=20)
+    assert (watched[-1]["code"], watched[-1]["status"]) == ("shutdown", "partial"), watched[-1]
+    stored = (await answers_stored())[message_id]
+    assert stored.status == "partial" and text_of(watched) == stored.content
+
+    late = await socket_for(alice, connect=True)
+    await late.send_json_to({"type": "join", "message_id": message_id})
+    gone = await late.receive_json_from(timeout=10)
+    assert (gone["live"], gone["status"], gone["text"]) == (False, "partial", stored.content)
+    await late.disconnect()
