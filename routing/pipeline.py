@@ -44,7 +44,13 @@ from routing.events import (
     route_event,
     usage_of,
 )
-from routing.prompt import approx_tokens, build_messages, message_tokens, system_message
+from routing.prompt import (
+    approx_tokens,
+    build_messages,
+    message_tokens,
+    passages_block,
+    system_message,
+)
 from routing.rules import (
     CompiledRule,
     Context,
@@ -283,11 +289,12 @@ async def _generate(
     prompt = (rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT
     if request.system:
         prompt = f"{prompt}\n\n{request.system}"
-    system = system_message(prompt, passages)
+    system = system_message(prompt, with_passages=rule is not None and rule.use_kb_context)
+    context = passages_block(passages)
     citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
 
     kb = KbLookup.of(direct) if direct is not None else None
-    system_cost = message_tokens({"content": system})
+    system_cost = message_tokens({"content": system}) + approx_tokens(context)
     reservation = None
     if specs:
         # The prompt as if no history were left out (so never under the real one), and the
@@ -353,7 +360,11 @@ async def _generate(
                 passed.append(target.endpoint)
                 continue
             messages, dropped = build_messages(
-                system=system, history=request.history, question=text, budget=budget
+                system=system,
+                history=request.history,
+                question=text,
+                budget=budget,
+                passages=context,
             )
             produced = False
             ttft: float | None = None

@@ -1,4 +1,20 @@
-"""Prompt assembly: system prompt, KB context with citation labels, history trimmed to fit."""
+"""Prompt assembly, laid out for the engine's prefix cache: what many requests share first and
+always in the same words, what changes with each question last.
+
+    system:  the rule's (or the gateway's) system prompt, the client's system text, and, for a
+             rule that sends KB context, the instruction about passages: the same for every
+             request of the rule and every turn of a conversation
+    history: the conversation so far, trimmed from its oldest end in steps (below)
+    user:    this question's KB passages (sorted by entry, so the same passages read the same),
+             then the question
+
+vLLM keeps the KV blocks of a prompt prefix it has seen (automatic prefix caching): a turn whose
+prompt starts as the previous turn's did starts from cached blocks and computes only what is
+new. So nothing that varies (a passage retrieved for this question, a timestamp, an id) may sit
+before the history. Trimming keeps the prefix too: dropping the one oldest turn whenever the
+window is full would change the prompt's start at every turn; dropping down to half the room
+changes it once in a while.
+"""
 
 from __future__ import annotations
 
@@ -69,34 +85,58 @@ def _attribute(value: str) -> str:
     return " ".join(passage_text(value).replace('"', "'").replace("<", "").replace(">", "").split())
 
 
-def system_message(prompt: str, passages: list[ContextPassage]) -> str:
-    """The system prompt, then (when there are any) the KB passages as delimited reference data."""
-    if not passages:
-        return prompt
-    blocks = "\n\n".join(
+def system_message(prompt: str, *, with_passages: bool) -> str:
+    """The system prompt, and the instruction about KB passages when the rule sends them (with or
+    without passages for this question: the system message must not change with it)."""
+    return f"{prompt}\n\n{PASSAGES_PREAMBLE}" if with_passages else prompt
+
+
+def passages_block(passages: list[ContextPassage]) -> str:
+    """This question's KB passages as delimited reference data, by entry id (the same passages
+    always in the same order), or "" for none."""
+    return "\n\n".join(
         f'<passage id="KB#{p.entry_id}" title="{_attribute(p.title[:80])}">\n'
         f"{passage_text(p.text).strip()}\n</passage>"
-        for p in passages
+        for p in sorted(passages, key=lambda p: p.entry_id)
     )
-    return f"{prompt}\n\n{PASSAGES_PREAMBLE}\n\n{blocks}"
+
+
+def question_message(question: str, passages: str) -> dict:
+    return {"role": "user", "content": f"{passages}\n\n{question}" if passages else question}
+
+
+# Over the window, the oldest history goes in steps of this share of its room: the cut falls
+# at the same message for every turn until the conversation has grown by another step.
+TRIM_STEP = 0.5
 
 
 def build_messages(
-    *, system: str, history: list[dict], question: str, budget: int
+    *, system: str, history: list[dict], question: str, budget: int, passages: str = ""
 ) -> tuple[list[dict], int]:
-    """Messages within `budget` tokens: system and question always, then the most recent
-    history turns that still fit. Returns (messages, history turns dropped)."""
+    """Messages within `budget` tokens: system and question (with its passages) always, then the
+    history, all of it if it fits, else from a cut that moves in steps. Returns (messages,
+    history turns dropped).
+
+    The cut: the tokens to drop rounded up to a multiple of the step (TRIM_STEP of the room),
+    then the first message at which that many lie before it. A conversation's history only
+    grows at its end, so the cut stays at one message while it grows by up to a step: the turns
+    meanwhile share their whole prompt start, where dropping just enough would move it every
+    turn."""
     head = [{"role": "system", "content": system}] if system else []
-    tail = [{"role": "user", "content": question}]
-    used = sum(message_tokens(m) for m in head + tail)
-    kept: list[dict] = []
-    for message in reversed(history):
-        cost = message_tokens(message)
-        if used + cost > budget:
-            break
-        kept.insert(0, message)
-        used += cost
+    tail = [question_message(question, passages)]
+    room = budget - sum(message_tokens(m) for m in head + tail)
+    costs = [message_tokens(m) for m in history]
+    start, excess = 0, sum(costs) - room
+    if excess > 0:
+        step = max(1, int(room * TRIM_STEP))
+        drop = math.ceil(excess / step) * step
+        start, before = len(history), 0
+        for index, cost in enumerate(costs):
+            if before >= drop:
+                start = index
+                break
+            before += cost
     # A conversation must not start with an orphaned assistant turn.
-    while kept and kept[0].get("role") == "assistant":
-        kept.pop(0)
-    return head + kept + tail, len(history) - len(kept)
+    while start < len(history) and history[start].get("role") == "assistant":
+        start += 1
+    return head + history[start:] + tail, start

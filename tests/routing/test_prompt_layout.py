@@ -1,0 +1,92 @@
+"""The prompt's layout, for the engine's prefix cache: what the turns of a conversation and the
+requests of a rule share comes first and reads the same, what changes with the question comes
+last, and trimming changes the prompt's start only once in a while."""
+
+from knowledge.selectors import ContextPassage
+from routing.prompt import (
+    PASSAGES_PREAMBLE,
+    build_messages,
+    message_tokens,
+    passages_block,
+    system_message,
+)
+
+
+def passage(entry_id: int, text: str) -> ContextPassage:
+    return ContextPassage(
+        entry_id=entry_id, title=f"Entry {entry_id}", kind="faq", text=text, score=0.5
+    )
+
+
+def common_prefix(a: list[dict], b: list[dict]) -> int:
+    """How many leading messages two prompts share, word for word."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_the_system_message_is_the_same_whatever_the_questions_passages():
+    system = system_message("Be brief.", with_passages=True)
+    assert system == f"Be brief.\n\n{PASSAGES_PREAMBLE}"
+    assert system_message("Be brief.", with_passages=False) == "Be brief."
+    first, _ = build_messages(
+        system=system,
+        history=[],
+        question="How do refunds work?",
+        budget=4000,
+        passages=passages_block([passage(9, "Refunds take 5 days."), passage(3, "Returns.")]),
+    )
+    assert first[0] == {"role": "system", "content": system}
+    # The passages travel with the question, by entry id whatever their scores.
+    assert first[-1]["role"] == "user"
+    assert first[-1]["content"].index('id="KB#3"') < first[-1]["content"].index('id="KB#9"')
+    assert first[-1]["content"].endswith("\n\nHow do refunds work?")
+
+
+def test_each_turn_starts_as_the_previous_one_did():
+    system = system_message("Be brief.", with_passages=True)
+    history: list[dict] = []
+    prompts = []
+    for turn in range(4):
+        question = f"question {turn}"
+        messages, dropped = build_messages(
+            system=system,
+            history=history,
+            question=question,
+            budget=4000,
+            passages=passages_block([passage(turn, f"fact {turn}")]),
+        )
+        assert dropped == 0
+        prompts.append(messages)
+        history += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": f"answer {turn}"},
+        ]
+    for before, after in zip(prompts, prompts[1:], strict=False):
+        # Everything but the previous question (sent with its passages) is shared.
+        assert common_prefix(before, after) == len(before) - 1
+
+
+def test_over_the_window_history_is_cut_to_half_its_room_so_the_next_turns_keep_the_prefix():
+    turn_cost = message_tokens({"content": "question 00 " + "blah " * 10}) * 2
+    budget = 20 * turn_cost
+    history: list[dict] = []
+    firsts, drops = [], []
+    for turn in range(40):
+        messages, dropped = build_messages(
+            system="Be brief.", history=history, question=f"question {turn:02d}", budget=budget
+        )
+        assert sum(message_tokens(m) for m in messages) <= budget
+        firsts.append(messages[1]["content"] if len(messages) > 2 else None)
+        drops.append(dropped)
+        history += [
+            {"role": "user", "content": f"question {turn:02d} " + "blah " * 10},
+            {"role": "assistant", "content": f"answer {turn:02d} " + "blah " * 10},
+        ]
+    # The prompt's start (its first history message) changes only when a cut happens, and a cut
+    # leaves room for several turns before the next one.
+    changes = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if a != b and a is not None)
+    cuts = sum(1 for a, b in zip(drops, drops[1:], strict=False) if b > a)
+    assert changes == cuts
+    assert 2 <= cuts <= 40 // 5, (cuts, drops)
