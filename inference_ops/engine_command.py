@@ -32,8 +32,10 @@ def vllm_arguments(engine: EngineProcess) -> list[str]:
     _flag(args, "--tensor-parallel-size", engine.tensor_parallel_size)
     _flag(args, "--quantization", engine.quantization)
     _flag(args, "--dtype", engine.dtype)
-    if engine.enable_prefix_caching:
-        args.append("--enable-prefix-caching")
+    # Both ways: vLLM V1 caches prefixes unless told not to, so an unticked box must say so.
+    args.append(
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
     if engine.enable_lora:
         args.append("--enable-lora")
         _flag(args, "--max-loras", engine.max_loras)

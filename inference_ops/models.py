@@ -176,7 +176,12 @@ class EngineProcess(models.Model):
     tensor_parallel_size = models.PositiveIntegerField(null=True, blank=True)
     quantization = models.CharField(max_length=50, blank=True)
     dtype = models.CharField(max_length=20, blank=True)
-    enable_prefix_caching = models.BooleanField(default=False)
+    enable_prefix_caching = models.BooleanField(
+        default=True,
+        help_text="vLLM's automatic prefix caching (its default): a prompt that starts as an "
+        "earlier one did reuses that start's KV cache blocks (the gateway lays its prompts out "
+        "for it). Off starts vLLM with --no-enable-prefix-caching.",
+    )
     runtime_lora_updating = models.BooleanField(
         default=False,
         help_text="Allow loading and unloading adapters at run time "

@@ -203,6 +203,16 @@ class EngineHistory:
     status_reason: str
     before: str | None  # the state when the period began; None: no event before it
     events: list[EngineState] = field(default_factory=list)  # in the period, oldest first
+    # Prompt tokens the engine looked up in its prefix cache and found there, since it started
+    # (vllm:prefix_cache_queries_total and _hits_total, as its last health check read them).
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float | None:
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
 def engine_history(period: Period, *, limit: int = 500) -> tuple[list[EngineHistory], bool]:
@@ -218,10 +228,12 @@ def engine_history(period: Period, *, limit: int = 500) -> tuple[list[EngineHist
             status=row["status"],
             status_reason=row["status_reason"],
             before=row["before"],
+            prefix_cache_queries=(row["metrics"] or {}).get("prefix_cache_queries"),
+            prefix_cache_hits=(row["metrics"] or {}).get("prefix_cache_hits"),
         )
         for row in EngineProcess.objects.order_by("name")
         .annotate(before=Subquery(before.values("status")[:1]))
-        .values("id", "name", "status", "status_reason", "before")
+        .values("id", "name", "status", "status_reason", "before", "metrics")
     }
     events = list(
         EngineEvent.objects.filter(at__gte=period.start, at__lt=period.end)

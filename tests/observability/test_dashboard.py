@@ -229,6 +229,15 @@ def test_the_engines_states_through_the_period_are_drawn(operator_client):
         model="acme/local",
         port=8101,
         status=EngineProcess.Status.READY,
+        # As the engine's last health check read its counters: 8,000 of 10,000 prompt tokens
+        # found in the prefix cache.
+        metrics={"running": 2, "prefix_cache_queries": 10_000, "prefix_cache_hits": 8_000},
+    )
+    EngineProcess.objects.create(
+        name="cold",
+        endpoint=endpoint("other", url="http://127.0.0.1:9/v1"),
+        model="acme/local",
+        port=8102,
     )
     now = timezone.now()
     for status, ago in (
@@ -241,7 +250,7 @@ def test_the_engines_states_through_the_period_are_drawn(operator_client):
         EngineEvent.objects.filter(pk=event.pk).update(at=now - ago)
     html = operator_client.get(DASHBOARD, {"period": "hour"}).content.decode()
 
-    bands = marks(chart(html, "chart-engines"))
+    bands = [band for band in marks(chart(html, "chart-engines")) if band.startswith("gpu-1")]
     assert [band.split(" from ")[0] for band in bands] == [
         "gpu-1: ready",
         "gpu-1: crashed",
@@ -252,6 +261,12 @@ def test_the_engines_states_through_the_period_are_drawn(operator_client):
     assert bands[1] == f"gpu-1: crashed from {crashed_at} to " + timezone.localtime(
         now - timedelta(minutes=29)
     ).strftime("%H:%M")
+    engines = fragment(html, '<table id="engines">', "</table>")
+    cells = re.findall(r'<td class="prefix-cache">(.*?)</td>', engines, re.S)
+    assert [" ".join(re.sub("<[^>]+>", "", c).split()) for c in cells] == [
+        "—",  # no counters read yet
+        "0.80 (8000 of 10000 tokens)",
+    ]
     recent = fragment(html, '<table id="engine-events">', "</table>")
     assert (
         recent.count("<tr>") == 4 and "went crashed" in recent
