@@ -1,0 +1,40 @@
+"""`manage.py bench_prefix` end to end on the simulator (whose prefix cache keeps vLLM's books):
+its own engine, gateway and database, cache on then off, and what its user reads. The figures
+on the real vLLM are in docs/benchmarks.md; here they must be there, and the books must add up."""
+
+import re
+
+import pytest
+
+from tests.support.commands import manage
+
+
+@pytest.mark.processes
+def test_conversations_hit_the_prefix_cache_when_it_is_on_and_not_when_it_is_off(
+    test_database_url, child_env
+):
+    printed = manage(
+        child_env,
+        "bench_prefix",
+        "--engine",
+        "simulator",
+        "--conversations",
+        "2",
+        "--turns",
+        "3",
+        "--max-tokens",
+        "8",
+        timeout=280,
+    )
+    runs = re.findall(
+        r"2 conversations x 3 turns, (\d+) failed: TTFT p50 turn 1 (\d+) ms, turns 2\+ (\d+) ms; "
+        r"prefix cache hits ([\d.]+|-) \((\d+) of (\d+) prompt tokens\)",
+        printed,
+    )
+    assert len(runs) == 2, printed
+    (failed_on, _, _, ratio_on, hits_on, queries_on), (failed_off, *_, hits_off, _) = runs
+    assert failed_on == failed_off == "0"
+    # On: the long system prompt and each conversation's earlier turns come from the cache.
+    assert float(ratio_on) > 0.5 and int(hits_on) > 0 and int(queries_on) > int(hits_on)
+    assert int(hits_off) == 0
+    assert re.search(r"turn 2\+ TTFT p50: \d+ ms without the cache, \d+ ms with it", printed)
