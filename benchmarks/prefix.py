@@ -49,7 +49,8 @@ class Conversations:
     ttft_ms: dict[int, list[float]] = field(default_factory=dict)  # turn (1-based) -> TTFTs
     queries: float = 0.0  # prompt tokens looked up in the prefix cache during the run
     hits: float = 0.0  # of them, found there
-    failed: int = 0
+    failed: int = 0  # turns the gateway refused or that broke off (the conversation stops)
+    empty: int = 0  # answers with no text (a small model may end at once): no TTFT, goes on
 
     @property
     def hit_ratio(self) -> float | None:
@@ -96,9 +97,9 @@ async def converse(
                 result.failed += 1
                 return
             if first is None:
-                result.failed += 1
-                return
-            result.ttft_ms.setdefault(turn, []).append((first - started) * 1000)
+                result.empty += 1
+            else:
+                result.ttft_ms.setdefault(turn, []).append((first - started) * 1000)
             history = [*messages, {"role": "assistant", "content": "".join(parts)}]
 
     try:

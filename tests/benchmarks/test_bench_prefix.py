@@ -27,7 +27,8 @@ def test_conversations_hit_the_prefix_cache_when_it_is_on_and_not_when_it_is_off
         timeout=280,
     )
     runs = re.findall(
-        r"2 conversations x 3 turns, (\d+) failed: TTFT p50 turn 1 (\d+) ms, turns 2\+ (\d+) ms; "
+        r"2 conversations x 3 turns, (\d+) failed, \d+ empty: TTFT p50 turn 1 (\d+) ms, "
+        r"turns 2\+ (\d+) ms; "
         r"prefix cache hits ([\d.]+|-) \((\d+) of (\d+) prompt tokens\)",
         printed,
     )

@@ -110,8 +110,8 @@ class Command(BaseCommand):
         first, later = result.ttft_p50(range(1, 2)), result.ttft_p50(range(2, o["turns"] + 1))
         self.out(
             f"  {o['conversations']} conversations x {o['turns']} turns, "
-            f"{result.failed} failed: TTFT p50 turn 1 {first or 0:.0f} ms, turns 2+ "
-            f"{later or 0:.0f} ms; prefix cache hits {ratio} "
+            f"{result.failed} failed, {result.empty} empty: TTFT p50 turn 1 {first or 0:.0f} ms, "
+            f"turns 2+ {later or 0:.0f} ms; prefix cache hits {ratio} "
             f"({result.hits:.0f} of {result.queries:.0f} prompt tokens)"
         )
         return result
