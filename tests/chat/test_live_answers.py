@@ -57,6 +57,22 @@ async def ask(socket) -> tuple[dict, str]:
     return session, text
 
 
+async def ask_under_daphne(http: aiohttp.ClientSession, url: str, user):
+    """A socket of `user`'s on the daphne process at `url` that asked the long question; returns
+    it and the session frame, once the first token has come."""
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    socket = await http.ws_connect(
+        f"{url}/ws/chat/",
+        headers={"Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": url},
+    )
+    await socket.send_json({"type": "message", "session": None, "content": LONG})
+    session = await asyncio.wait_for(socket.receive_json(), 10)
+    while (await asyncio.wait_for(socket.receive_json(), 10))["type"] != "token":
+        pass
+    return socket, session
+
+
 def text_of(frames: list[dict]) -> str:
     resume = frames[0]
     assert resume["type"] == "resume" and resume["live"] is True, resume
@@ -156,22 +172,9 @@ async def test_an_answer_run_by_another_web_process_is_joined_there_and_stopped_
 ):
     """The answer runs in the daphne process; the page that joins it is on this one (the test's
     own ASGI application): frames and Stop go through the processes' relays."""
-    client = Client()
-    await sync_to_async(client.force_login)(alice)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     try:
-        elsewhere = await http.ws_connect(
-            f"{asgi_server}/ws/chat/",
-            headers={
-                "Cookie": f"sessionid={client.cookies['sessionid'].value}",
-                "Origin": asgi_server,
-            },
-        )
-        await elsewhere.send_json({"type": "message", "session": None, "content": LONG})
-        session = await asyncio.wait_for(elsewhere.receive_json(), 10)
-        while (await asyncio.wait_for(elsewhere.receive_json(), 10))["type"] != "token":
-            pass
-
+        elsewhere, session = await ask_under_daphne(http, asgi_server, alice)
         here = await socket_for(alice, connect=True)
         await here.send_json_to({"type": "join", "message_id": session["message_id"]})
         resume = await here.receive_json_from(timeout=10)
@@ -194,20 +197,8 @@ async def test_an_answer_run_by_another_web_process_is_joined_there_and_stopped_
 async def test_under_daphne_a_closed_socket_leaves_its_answer_running_to_the_end(
     asgi_server, alice, slow_rule
 ):
-    client = Client()
-    await sync_to_async(client.force_login)(alice)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        socket = await http.ws_connect(
-            f"{asgi_server}/ws/chat/",
-            headers={
-                "Cookie": f"sessionid={client.cookies['sessionid'].value}",
-                "Origin": asgi_server,
-            },
-        )
-        await socket.send_json({"type": "message", "session": None, "content": LONG})
-        session = await asyncio.wait_for(socket.receive_json(), 10)
-        while (await asyncio.wait_for(socket.receive_json(), 10))["type"] != "token":
-            pass
+        socket, session = await ask_under_daphne(http, asgi_server, alice)
         await socket.close()
     message = await stored(session["message_id"])
     assert message.status == "complete", (message.status, message.error)

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from chat import services
 from chat.models import ChatSession, Message
+from tests.chat.test_chat_socket import frames_until_end
 from tests.support.sockets import socket_for
 
 pytestmark = pytest.mark.django_db
@@ -243,12 +244,3 @@ async def test_the_socket_streams_a_regenerated_answer_and_an_edited_question(al
     await intruder.disconnect()
     # The first question and its two answers, the edited question and its answer.
     assert await Message.objects.filter(session_id=edited.session_id).acount() == 5
-
-
-async def frames_until_end(socket, timeout=20):
-    frames = []
-    while True:
-        frame = await socket.receive_json_from(timeout=timeout)
-        frames.append(frame)
-        if frame["type"] in ("done", "error"):
-            return frames
