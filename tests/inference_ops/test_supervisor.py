@@ -142,6 +142,7 @@ def test_a_minimal_vllm_row_leaves_every_option_to_vllm(settings):
         "127.0.0.1",
         "--port",
         "8002",
+        "--enable-prefix-caching",  # said both ways: vLLM's default, and the row's
     ]
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_command.environment(
         engine
@@ -163,6 +164,7 @@ def test_the_simulator_gets_the_same_vllm_arguments():
         "8003",
         "--max-num-seqs",
         "4",
+        "--enable-prefix-caching",
         "--enable-lora",
         "--lora-modules",
         '{"name":"sql","path":"/adapters/sql"}',

@@ -72,6 +72,7 @@ def test_with_no_vllm_executable_the_engine_venv_serves_the_row_with_the_model_a
         "gemma",
         "--max-num-seqs",
         "8",
+        "--enable-prefix-caching",
     ]
 
 
