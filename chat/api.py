@@ -209,14 +209,15 @@ class MessageListView(APIView):
     @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
     def post(self, request, pk):
         services.session_get(user=request.user, session_id=pk)
-        data = SendSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        message_id = async_to_sync(_run_to_end)(request, data.validated_data, session_id=pk)
-        return _turn_reply(request, message_id)
+        return _turn(request, SendSerializer, session_id=pk)
 
 
-def _turn_reply(request, message_id: int) -> Response:
-    """A finished turn: its session, its question and its answer."""
+def _turn(request, serializer_class, **which) -> Response:
+    """Run a turn to its end from the request's validated body (`which`: its session, or the
+    message it regenerates or edits); the reply is its session, its question and its answer."""
+    data = serializer_class(data=request.data)
+    data.is_valid(raise_exception=True)
+    message_id = async_to_sync(_run_to_end)(request, data.validated_data, **which)
     assistant = Message.objects.select_related("session").get(pk=message_id)
     user_message = (
         assistant.session.messages.filter(role="user", pk__lt=assistant.pk).order_by("pk").last()
@@ -239,10 +240,7 @@ class MessageRegenerateView(APIView):
     @extend_schema(request=RegenerateSerializer, responses={201: TurnSerializer})
     def post(self, request, pk):
         selectors.message_get(user=request.user, message_id=pk)  # 404 before anything is counted
-        data = RegenerateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        message_id = async_to_sync(_run_to_end)(request, data.validated_data, regenerate=pk)
-        return _turn_reply(request, message_id)
+        return _turn(request, RegenerateSerializer, regenerate=pk)
 
 
 class MessageEditView(APIView):
@@ -255,10 +253,7 @@ class MessageEditView(APIView):
     @extend_schema(request=SendSerializer, responses={201: TurnSerializer})
     def post(self, request, pk):
         selectors.message_get(user=request.user, message_id=pk)
-        data = SendSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        message_id = async_to_sync(_run_to_end)(request, data.validated_data, edit=pk)
-        return _turn_reply(request, message_id)
+        return _turn(request, SendSerializer, edit=pk)
 
 
 class SearchHitSerializer(serializers.Serializer):

@@ -14,20 +14,6 @@ from tests.support.personas import EVERY_VERB, staff_user
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def api(alice):
-    client = APIClient()
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
-def bob_api(bob):
-    client = APIClient()
-    client.force_login(bob)
-    return client
-
-
 def test_sessions_crud(api):
     created = api.post("/api/chat/sessions/", {"title": "Trip planning"}, format="json")
     assert created.status_code == 201

@@ -33,6 +33,14 @@ async def close_executor_connections():
     await sync_to_async(connections.close_all)()
 
 
+async def slow_default(sim, max_tokens: int = 1000) -> None:
+    """Every question to the slow engine `sim`, for up to `max_tokens` tokens."""
+    slow = await sync_to_async(endpoint)("slow", sim)
+    await sync_to_async(rule)(
+        "default", slow, is_default=True, use_kb_context=False, max_tokens=max_tokens
+    )
+
+
 async def frames_until_end(socket, timeout=20):
     frames = []
     while True:
@@ -142,10 +150,7 @@ async def test_a_group_rule_routes_a_members_new_and_continued_conversations(ali
 
 async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow_sim):
     local_sim = slow_sim
-    slow = await sync_to_async(endpoint)("slow", local_sim)
-    await sync_to_async(rule)(
-        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
-    )
+    await slow_default(local_sim)
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
@@ -171,8 +176,7 @@ async def test_stop_cancels_upstream_and_keeps_the_turn_as_cancelled(alice, slow
 async def test_a_dropped_socket_leaves_the_answer_running_and_it_is_stored_whole(alice, slow_sim):
     """A reload or a phone's lost connection must not cost the answer: it goes on, is stored
     whole, and a page that comes back joins it (tests/chat/test_live_answers.py)."""
-    slow = await sync_to_async(endpoint)("slow", slow_sim)
-    await sync_to_async(rule)("default", slow, is_default=True, use_kb_context=False, max_tokens=20)
+    await slow_default(slow_sim, max_tokens=20)
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
@@ -191,10 +195,7 @@ async def test_a_dropped_socket_leaves_the_answer_running_and_it_is_stored_whole
 
 async def test_a_socket_dropped_before_the_answer_is_stored_stops_it(alice, slow_sim):
     """Gone before the turn's rows were written: nothing to come back to, so nothing runs on."""
-    slow = await sync_to_async(endpoint)("slow", slow_sim)
-    await sync_to_async(rule)(
-        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
-    )
+    await slow_default(slow_sim)
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
@@ -204,10 +205,7 @@ async def test_a_socket_dropped_before_the_answer_is_stored_stops_it(alice, slow
 
 
 async def test_one_answer_at_a_time_per_socket(alice, slow_sim):
-    slow = await sync_to_async(endpoint)("slow", slow_sim)
-    await sync_to_async(rule)(
-        "default", slow, is_default=True, use_kb_context=False, max_tokens=1000
-    )
+    await slow_default(slow_sim)
     socket = await socket_for(alice)
     await socket.connect()
     await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})

@@ -429,7 +429,7 @@ def test_limits_fail_closed_unless_set_open_and_either_way_it_shows(
             assert status == 200 and _header(headers, "x-ratelimit-remaining-requests"), body
         # A process admits against the share of each limit it leased before (counted already),
         # even with Redis gone; idle, the shares go back, and an outage then meets the setting.
-        time.sleep(2 * LEASE_IDLE + 0.5)
+        time.sleep(5 * LEASE_IDLE)  # a sweep runs every LEASE_IDLE: room for a busy machine
 
         redis.kill()
         status, headers, body = _post(f"{closed['url']}/v1/chat/completions", generated, alice_key)

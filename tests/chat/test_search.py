@@ -3,25 +3,10 @@ sessions only, with a snippet and the ids to open the session at the message."""
 
 import pytest
 from django.db import connection
-from rest_framework.test import APIClient
 
 from chat.models import ChatSession, Message
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def api(alice):
-    client = APIClient()
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
-def bob_api(bob):
-    client = APIClient()
-    client.force_login(bob)
-    return client
 
 
 @pytest.fixture

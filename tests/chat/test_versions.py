@@ -5,7 +5,6 @@ the current ones only."""
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections
-from rest_framework.test import APIClient
 
 from chat import services
 from chat.models import ChatSession, Message
@@ -15,20 +14,6 @@ from tests.support.sockets import socket_for
 pytestmark = pytest.mark.django_db
 
 QUESTION = "Tell me about the sea"
-
-
-@pytest.fixture
-def api(alice):
-    client = APIClient()
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
-def bob_api(bob):
-    client = APIClient()
-    client.force_login(bob)
-    return client
 
 
 def send(api, sid, content):

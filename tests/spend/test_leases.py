@@ -63,7 +63,12 @@ def test_an_idle_lease_goes_back_to_redis_by_itself():
         booked = await ledger.areserve((limits,), tokens=REQUEST, cost=0)
         ledger.settle_soon(booked, tokens=40, cost=0)
         assert counted(limits) == {"tokens per minute": 1100}
-        await asyncio.sleep(ledger.LEASE_IDLE * 2 + ledger.SETTLE_EVERY + 0.2)
+        # Unused for LEASE_IDLE, the share goes back (checked until then, however busy the
+        # machine: what is asserted is where the count ends, not when).
+        for _ in range(200):
+            if counted(limits) == {"tokens per minute": 40}:
+                break
+            await asyncio.sleep(0.05)
         assert counted(limits) == {"tokens per minute": 40}
 
     asyncio.run(scenario())
