@@ -357,6 +357,15 @@ async def _run_to_end(request, data, **turn) -> int:
     return message_id
 
 
+_STREAM_RESPONSES = {
+    (200, "text/event-stream"): OpenApiResponse(
+        description=(
+            "`event: session`, `route`, `token`…, then `done` or `error`; each `data:` is JSON."
+        )
+    )
+}
+
+
 class MessageStreamView(APIView):
     """POST a message; the answer streams back as server-sent events
     (`event: route|token|done|error`). A route's `why` and an engine failure's message are plain
@@ -364,44 +373,82 @@ class MessageStreamView(APIView):
 
     permission_classes = [ChatScope]
 
-    @extend_schema(
-        request=SendSerializer,
-        responses={
-            (200, "text/event-stream"): OpenApiResponse(
-                description=(
-                    "`event: session`, `route`, `token`…, then `done` or `error`; "
-                    "each `data:` is JSON."
-                )
-            )
-        },
-    )
+    @extend_schema(request=SendSerializer, responses=_STREAM_RESPONSES)
     def post(self, request, pk):
         services.session_get(user=request.user, session_id=pk)
-        data = SendSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        # Validate and count before the stream starts, so bad input is a plain 4xx, not an event.
-        content = services.message_validate(data.validated_data["content"])
-        turn_admit()
-        # The turn gives the slot back; a stream never started (the client gone before its first
-        # byte) leaves it to its lease.
-        slot = services.question_admit(user_id=request.user.pk)
-        turn = run_turn(
-            user=request.user,
-            content=content,
-            session_id=pk,
-            client=_client(request),
-            max_tokens=data.validated_data.get("max_tokens"),
-            temperature=data.validated_data.get("temperature"),
-            admitted=True,
-            slot=slot,
-            **_logged_as(request),
-        )
-        response = StreamingHttpResponse(
-            _sse(turn, details=reads_route_details(request.user)), content_type="text/event-stream"
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return _turn_stream(request, SendSerializer, session_id=pk)
+
+
+def _turn_stream(request, serializer_class, *, session_id=None, regenerate=None, edit=None):
+    """A turn streamed as server-sent events. Everything that can refuse it (bad input, the rate
+    limit, a stream slot, for a new version the exchange it replaces) is checked before the
+    headers go out, so a refusal is a plain 4xx, not an event."""
+    data = serializer_class(data=request.data)
+    data.is_valid(raise_exception=True)
+    content = data.validated_data.get("content")
+    if regenerate is None:
+        content = services.message_validate(content)
+    turn_admit()
+    # The turn gives the slot back; a stream never started (the client gone before its first
+    # byte) leaves it to its lease.
+    slot = services.question_admit(user_id=request.user.pk)
+    started = None
+    if regenerate is not None or edit is not None:
+        try:
+            started = services.turn_redo_start(
+                user=request.user,
+                message_id=regenerate if regenerate is not None else edit,
+                content=content if edit is not None else None,
+            )
+        except BaseException:
+            if slot is not None:
+                async_to_sync(services.astream_slot_release)(slot=slot)
+            raise
+    turn = run_turn(
+        user=request.user,
+        content=content,
+        session_id=session_id,
+        client=_client(request),
+        max_tokens=data.validated_data.get("max_tokens"),
+        temperature=data.validated_data.get("temperature"),
+        admitted=True,
+        slot=slot,
+        regenerate=regenerate,
+        edit=edit,
+        started=started,
+        **_logged_as(request),
+    )
+    response = StreamingHttpResponse(
+        _sse(turn, details=reads_route_details(request.user)), content_type="text/event-stream"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+class MessageRegenerateStreamView(APIView):
+    """POST to answer the session's last question again, streamed as server-sent events as a new
+    message's answer is (`…/messages/stream`). Refused as `…/regenerate` refuses, before the
+    stream starts."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=RegenerateSerializer, responses=_STREAM_RESPONSES)
+    def post(self, request, pk):
+        selectors.message_get(user=request.user, message_id=pk)
+        return _turn_stream(request, RegenerateSerializer, regenerate=pk)
+
+
+class MessageEditStreamView(APIView):
+    """POST the new text of the session's last question; its answer streams back as server-sent
+    events. Refused as `…/edit` refuses, before the stream starts."""
+
+    permission_classes = [ChatScope]
+
+    @extend_schema(request=SendSerializer, responses=_STREAM_RESPONSES)
+    def post(self, request, pk):
+        selectors.message_get(user=request.user, message_id=pk)
+        return _turn_stream(request, SendSerializer, edit=pk)
 
 
 async def _sse(turn, *, details: bool):

@@ -136,7 +136,8 @@ class ChatConsumer(JsonFramesConsumer):
                     {"type": "error", "code": "bad_request", "message": "message_id must be an id."}
                 )
                 return
-            await self._join(message_id)
+            with db.unbound():  # its one statement on the loop's pool, not through a thread
+                await self._join(message_id)
             return
         session = frame.get("session")
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
@@ -308,6 +309,12 @@ class ChatConsumer(JsonFramesConsumer):
     async def _join(self, message_id: int) -> None:
         """Watch the user's answer `message_id`: the text so far, then its live frames. Run
         elsewhere, or over: the stored answer as it is."""
+        answer = live.running(message_id, self.user.pk)
+        if answer is not None:  # written by this process: the user's, running; no statement
+            self.watched = _Watched(message_id, owner=None, key=self)
+            if answer.watch(self, self._watching):
+                return
+            self.watched = None
         row = await _stored(message_id, self.user.pk)
         if row is None:
             await self._send(
@@ -320,32 +327,25 @@ class ChatConsumer(JsonFramesConsumer):
                 }
             )
             return
-        if row["status"] == "streaming":
-            answer = live.running(message_id, self.user.pk)
-            if answer is not None:  # in this process
-                self.watched = _Watched(message_id, owner=None, key=self)
-                if answer.watch(self, self._watching):
-                    return
-                self.watched = None
-            else:
-                key = uuid.uuid4().hex
-                self.watched = _Watched(message_id, owner=None, key=key)
-                try:
-                    owner = await live.relay().join(
-                        message_id=message_id,
-                        user_id=self.user.pk,
-                        watcher=key,
-                        sink=self._watching,
-                    )
-                except Exception as exc:  # noqa: BLE001 - Redis away: the stored answer
-                    logger.warning("join of answer %s failed: %s", message_id, exc)
-                    owner = None
-                if owner is not None:
-                    if self.watched is not None and self.watched.key == key:
-                        self.watched.owner = owner
-                    return
-                self.watched = None
-                row = await _stored(message_id, self.user.pk) or row  # it may have ended meanwhile
+        if row["status"] == "streaming" and answer is None:  # written by another process
+            key = uuid.uuid4().hex
+            self.watched = _Watched(message_id, owner=None, key=key)
+            try:
+                owner = await live.relay().join(
+                    message_id=message_id,
+                    user_id=self.user.pk,
+                    watcher=key,
+                    sink=self._watching,
+                )
+            except Exception as exc:  # noqa: BLE001 - Redis away: the stored answer
+                logger.warning("join of answer %s failed: %s", message_id, exc)
+                owner = None
+            if owner is not None:
+                if self.watched is not None and self.watched.key == key:
+                    self.watched.owner = owner
+                return
+            self.watched = None
+            row = await _stored(message_id, self.user.pk) or row  # it may have ended meanwhile
         await self._send(_resume_stored(row))
 
     async def _watching(self, frames: list[dict]) -> None:

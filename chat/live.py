@@ -184,7 +184,9 @@ class Relay:
 
     async def start(self) -> None:
         self.listen()
-        await asyncio.wait_for(self.ready.wait(), JOIN_TIMEOUT)
+        if not self.ready.is_set():
+            async with asyncio.timeout(JOIN_TIMEOUT):
+                await self.ready.wait()
 
     async def _read(self) -> None:
         backoff = 1.0
@@ -272,7 +274,8 @@ class Relay:
                     "watcher": watcher,
                 },
             )
-            return await asyncio.wait_for(reply, JOIN_TIMEOUT)
+            async with asyncio.timeout(JOIN_TIMEOUT):
+                return await reply
         except TimeoutError:
             self.watching.pop(watcher, None)
             return None

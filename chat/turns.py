@@ -120,6 +120,10 @@ def _status(final: events.Event | None, cancelled: bool, produced: bool) -> str:
     return Message.Status.PARTIAL if produced else Message.Status.FAILED
 
 
+async def _ready(start: services.TurnStart) -> services.TurnStart:
+    return start
+
+
 async def run_turn(
     *,
     user,
@@ -144,6 +148,7 @@ async def run_turn(
     parts: list[str] | None = None,
     regenerate: int | None = None,
     edit: int | None = None,
+    started: services.TurnStart | None = None,
 ) -> AsyncIterator[events.Event]:
     """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
     anything is stored. `admitted=True`: the caller already validated `content`
@@ -168,12 +173,16 @@ async def run_turn(
 
     `regenerate` (an answer's id, `content` None) answers its question again; `edit` (a
     question's id) replaces the question with `content` and answers that: a new version of the
-    session's last exchange (services.turn_redo_start), streamed like any answer."""
+    session's last exchange (services.turn_redo_start), streamed like any answer. `started`: that
+    new version already started by the caller (a stream whose refusals must be plain 4xx before
+    its headers go out), with `regenerate` or `edit` naming what it replaced."""
     if not store and (history is None or groups is None):
         raise ValueError("a turn that stores nothing needs its history and groups from the caller")
     redo = regenerate if regenerate is not None else edit
     if redo is not None and (history is not None or not store):
         raise ValueError("a new version of a stored exchange reads its history from the session")
+    if started is not None and (redo is None or not admitted):
+        raise ValueError("a turn started by its caller is a new version, admitted by the caller")
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
     request_key = request_key or uuid.uuid4()
@@ -210,7 +219,9 @@ async def run_turn(
             # and one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in
             # the request's thread elsewhere).
             slot = await services.aquestion_admit(user_id=user.pk)
-        if redo is not None:
+        if started is not None:
+            starting = _ready(started)
+        elif redo is not None:
             starting = services.aturn_redo_start(
                 user=user, message_id=redo, content=None if regenerate is not None else content
             )

@@ -16,7 +16,17 @@ urlpatterns = [
         api.MessageRegenerateView.as_view(),
         name="chat-message-regenerate",
     ),
+    path(
+        "messages/<int:pk>/regenerate/stream",
+        api.MessageRegenerateStreamView.as_view(),
+        name="chat-message-regenerate-stream",
+    ),
     path("messages/<int:pk>/edit", api.MessageEditView.as_view(), name="chat-message-edit"),
+    path(
+        "messages/<int:pk>/edit/stream",
+        api.MessageEditStreamView.as_view(),
+        name="chat-message-edit-stream",
+    ),
     path("search", api.SearchView.as_view(), name="chat-search"),
     path(
         "messages/<int:pk>/feedback",

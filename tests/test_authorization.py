@@ -229,6 +229,12 @@ MATRIX = {
     ("POST", "/api/chat/messages/{M}/edit", '{"content": "Hello?"}'): row(
         401, 400, 404, 404, 404, 404, 404, 404, 400, 404, 403, 403, 403, 401, 401
     ),
+    ("POST", "/api/chat/messages/{M}/regenerate/stream", '{"max_tokens": 0}'): row(
+        401, 400, 404, 404, 404, 404, 404, 404, 400, 404, 403, 403, 403, 401, 401
+    ),
+    ("POST", "/api/chat/messages/{M}/edit/stream", '{"content": "Hello?"}'): row(
+        401, 400, 404, 404, 404, 404, 404, 404, 400, 404, 403, 403, 403, 401, 401
+    ),
     # One's own messages only (tests/chat/test_search.py: nothing of another user's is found).
     ("GET", "/api/chat/search?q=hello", None): row(
         401, 200, 200, 200, 200, 200, 200, 200, 200, 200, 403, 403, 403, 401, 401

@@ -229,3 +229,99 @@ async def test_the_socket_streams_a_regenerated_answer_and_an_edited_question(al
     await intruder.disconnect()
     # The first question and its two answers, the edited question and its answer.
     assert await Message.objects.filter(session_id=edited.session_id).acount() == 5
+
+
+def sse_post(asgi_server, path, body, key):
+    """POST to the chat API's streaming variant on the real ASGI app: (status, content type,
+    [(event, data)]), the body read to its end."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{asgi_server}/api/chat/{path}",
+        method="POST",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            kind, text = response.headers["Content-Type"], response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], json.loads(exc.read())
+    events = []
+    for block in text.strip().split("\n\n"):
+        name, data = block.split("\n", 1)
+        events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return status, kind, events
+
+
+@pytest.mark.django_db(transaction=True)
+def test_regenerate_and_edit_stream_as_server_sent_events(asgi_server, api, alice_key, product):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+    old = first["assistant_message"]["id"]
+
+    status, kind, events = sse_post(asgi_server, f"messages/{old}/regenerate/stream", {}, alice_key)
+
+    assert status == 200 and kind.startswith("text/event-stream")
+    names = [name for name, _ in events]
+    assert names[:2] == ["session", "route"] and names[-1] == "done", names
+    assert set(names[2:-1]) == {"token"}
+    assert "".join(data["text"] for name, data in events if name == "token") == QUESTION
+    regenerated = Message.objects.get(pk=events[0][1]["message_id"])
+    assert (regenerated.version_of_id, regenerated.content, regenerated.status) == (
+        old,
+        QUESTION,
+        "complete",
+    )
+    assert Message.objects.get(pk=old).superseded
+
+    question = first["user_message"]["id"]
+    status, _, events = sse_post(
+        asgi_server, f"messages/{question}/edit/stream", {"content": "And the rivers?"}, alice_key
+    )
+
+    assert status == 200 and events[-1][0] == "done"
+    assert "".join(data["text"] for name, data in events if name == "token") == "And the rivers?"
+    edited = Message.objects.get(pk=events[0][1]["question_id"])
+    assert (edited.content, edited.version_of_id) == ("And the rivers?", question)
+    assert [(m["role"], m["content"]) for m in conversation(api, sid) if not m["superseded"]] == [
+        ("user", "And the rivers?"),
+        ("assistant", "And the rivers?"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_streaming_redo_is_a_plain_4xx_and_changes_nothing(
+    asgi_server, api, alice_key, product
+):
+    sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
+    first = send(api, sid, QUESTION)
+    second = send(api, sid, "How do I reset my password?")
+
+    refusals = [
+        (f"messages/{first['assistant_message']['id']}/regenerate/stream", {}, 409),
+        (f"messages/{first['user_message']['id']}/edit/stream", {"content": "x"}, 409),
+        (f"messages/{second['user_message']['id']}/regenerate/stream", {}, 400),
+        (f"messages/{second['user_message']['id']}/edit/stream", {"content": "  "}, 400),
+        ("messages/999999/regenerate/stream", {}, 404),
+    ]
+    # More refusals than the user has stream slots (8, the server's default): each one gave its
+    # slot back.
+    for path, body, expected in refusals * 2:
+        status, kind, body = sse_post(asgi_server, path, body, alice_key)
+        assert (status, kind) == (expected, "application/json"), (path, body)
+        assert body["error"]["message"]
+    assert Message.objects.filter(session_id=sid).count() == 4
+    assert not Message.objects.filter(superseded=True).exists()
+
+    # And the last answer can still be regenerated, streamed.
+    status, _, events = sse_post(
+        asgi_server,
+        f"messages/{second['assistant_message']['id']}/regenerate/stream",
+        {},
+        alice_key,
+    )
+    assert status == 200 and events[-1][0] == "done"
