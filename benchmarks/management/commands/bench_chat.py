@@ -31,6 +31,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from benchmarks import chat_ws, engine, servers, stats
+from benchmarks.cpu import CpuProbe, cpu_delta
 from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.users import bench_user, session_cookie
 
@@ -200,6 +201,7 @@ class Command(BaseCommand):
                         questions=questions,
                         max_tokens=max_tokens,
                         timeout=timeout,
+                        pid=stack.gateway_pid,
                     )
                 except RuntimeError as exc:
                     raise CommandError(
@@ -211,8 +213,9 @@ class Command(BaseCommand):
     # --- the run --------------------------------------------------------------------------------
 
     def run(
-        self, *, url, engine_url, engine_model, sockets, questions, max_tokens, timeout
+        self, *, url, engine_url, engine_model, sockets, questions, max_tokens, timeout, pid=None
     ) -> None:
+        """`pid`: the gateway's process (own stack), whose CPU per answer is reported."""
         try:
             users = [bench_user(username=f"bench-chat-{i:03d}") for i in range(max(sockets) + 1)]
         except DatabaseError as exc:
@@ -247,7 +250,9 @@ class Command(BaseCommand):
         )
         self.out(header)
         self.out("-" * len(header))
+        probe = CpuProbe(roots=(pid,)) if pid else None
         for count in sockets:
+            before = probe.snapshot() if probe else None
             level = asyncio.run(
                 chat_ws.run_level(
                     base_url=url,
@@ -257,10 +262,20 @@ class Command(BaseCommand):
                     timeout=timeout,
                 )
             )
+            used = (
+                cpu_delta(before=before, after=probe.snapshot(), requests=len(level.completed))
+                if probe and before is not None
+                else None
+            )
             baseline = self.engine_makespan(
                 engine_url, engine_model, count, questions, max_tokens, timeout
             )
             self.report(level, count * questions, baseline)
+            if used and used["gateway_cpu_ms_per_request"] is not None:
+                self.out(
+                    f"{'':>7}   gateway CPU {used['gateway_cpu_ms_per_request']:.1f} ms per "
+                    f"answer ({used['requests']} answers)"
+                )
 
     def engine_makespan(
         self, engine_url, model, streams, answers, max_tokens, timeout
