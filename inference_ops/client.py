@@ -10,8 +10,8 @@ iterate with `contextlib.aclosing(stream_chat(...))` or consume to the end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
 
 import httpx2
 import openai
@@ -61,22 +61,47 @@ class EndpointConfig:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # The engine's details, as it sent them: prompt_tokens_details (cached_tokens),
+    # completion_tokens_details (reasoning_tokens).
+    details: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, usage: dict) -> Usage:
+        return cls(
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+            {name: usage[name] for name in _USAGE_DETAILS if usage.get(name)},
+        )
+
+
+_USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
 
 
 @dataclass
 class Token:
-    text: str  # the content of every chunk that arrived in one network read, joined
+    text: str  # the first choice's content of every chunk that arrived in one network read
     elapsed: float  # seconds since the request started
-    chunks: int = 1  # how many content chunks the engine sent for it
+    chunks: int = 1  # how many chunks the engine sent for it
+    # The choices of those chunks as the engine sent them, finish reasons taken out, when one
+    # held more than the first choice's text (a tool call, logprobs, another choice, a refusal);
+    # None otherwise, the common case, which costs nothing more than the text.
+    choices: list[dict] | None = None
 
 
 @dataclass
 class Finish:
-    finish_reason: str
+    finish_reason: str  # the first choice's
     usage: Usage | None
     ttft: float | None  # seconds to the first token
     total: float
-    tokens: int  # content chunks received
+    tokens: int  # chunks received
+    finish_reasons: dict[int, str] = field(default_factory=dict)  # every choice's, by index
+    system_fingerprint: str | None = None
+
+
+# A delta of the first choice with nothing but text in it: relayed as its text alone.
+_PLAIN_DELTA = frozenset({"content", "role"})
+_EMPTY: dict = {}
 
 
 class _Pool:
@@ -118,12 +143,18 @@ async def stream_chat(
     messages: list[dict],
     *,
     max_tokens: int | None = None,
+    max_tokens_field: str = "max_tokens",
     temperature: float | None = None,
     stop: list[str] | None = None,
+    fields: Mapping[str, object] | None = None,
     extra_body: dict | None = None,
     extra_headers: dict[str, str] | None = None,
 ) -> AsyncGenerator[Token | Finish, None]:
     """Yield Token events, then one Finish; raise EngineError on any failure.
+
+    `fields`: the client's own request fields (tools, response_format, logprobs, n, ...), sent as
+    they are; the model, the messages, streaming with usage and the token ceiling are this call's.
+    A chunk with more than the first choice's text comes back as it was (`Token.choices`).
 
     The SDK sends the request (`client.post`, the SDK's documented way to a raw response: its
     typed `create` walks every message through its TypedDict annotations, which under load
@@ -143,11 +174,12 @@ async def stream_chat(
     deadline = None
     acquired = False
     body = {
+        **(fields or _EMPTY),
         "model": config.model,
         "messages": messages,
         "stream": True,
-        **_options(max_tokens, temperature, stop),
-        **(extra_body or {}),
+        **_options(max_tokens, max_tokens_field, temperature, stop),
+        **(extra_body or _EMPTY),
     }
     try:
         try:
@@ -178,7 +210,8 @@ async def stream_chat(
         encoding = response.headers.get("content-encoding", "").strip().lower()
         reads = response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
         events = SSEDecoder()
-        finish_reason, usage, ttft, count, done = None, None, None, 0, False
+        finish_reasons: dict[int, str] = {}
+        usage, ttft, count, done, fingerprint = None, None, 0, False, None
         deadline = StreamDeadline(
             loop,
             first=min(first_deadline, total_deadline),
@@ -217,6 +250,9 @@ async def stream_chat(
             if done:
                 continue  # read the body to its end, so the connection goes back to the pool
             texts: list[str] = []
+            # Every choice of this read, kept in case one of them is more than text.
+            choices: list[dict] = []
+            rich = False
             failed: EngineError | None = None
             for payload in events.feed(data):
                 if payload == b"[DONE]":
@@ -230,20 +266,27 @@ async def stream_chat(
                         failed = EngineError(
                             "stream_error",
                             f"error in the stream: {message}",
-                            produced_tokens=produced or bool(texts),
+                            produced_tokens=produced or bool(texts) or rich,
                             endpoint=config.name,
                         )
                         break
                     if chunk.get("usage"):
-                        usage = Usage(
-                            chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"]
-                        )
+                        usage = Usage.of(chunk["usage"])
+                    if fingerprint is None:
+                        fingerprint = chunk.get("system_fingerprint")
                     for choice in chunk.get("choices") or ():
-                        text = (choice.get("delta") or {}).get("content")
-                        if text:
+                        delta = choice.get("delta") or _EMPTY
+                        index = choice.get("index") or 0
+                        if index == 0 and (text := delta.get("content")):
                             texts.append(text)
-                        if choice.get("finish_reason"):
-                            finish_reason = choice["finish_reason"]
+                        if (reason := choice.get("finish_reason")) is not None:
+                            finish_reasons[index] = reason
+                        choices.append(choice)
+                        rich = rich or (
+                            index != 0
+                            or choice.get("logprobs") is not None
+                            or not delta.keys() <= _PLAIN_DELTA
+                        )
                 except (
                     orjson.JSONDecodeError,
                     ValueError,
@@ -254,21 +297,24 @@ async def stream_chat(
                     failed = EngineError(
                         "malformed",
                         f"unreadable chunk: {exc}",
-                        produced_tokens=produced or bool(texts),
+                        produced_tokens=produced or bool(texts) or rich,
                         endpoint=config.name,
                     )
                     break
-            if texts:
+            relayed = _relayed(choices) if rich else None
+            if texts or relayed:
                 # What arrived before a failure in the same read still reaches the caller.
                 elapsed = loop.time() - started
                 if not produced:
                     produced, ttft = True, elapsed
                     deadline.first_token()
-                count += len(texts)
-                yield Token(text="".join(texts), elapsed=elapsed, chunks=len(texts))
+                count += len(choices)
+                yield Token(
+                    text="".join(texts), elapsed=elapsed, chunks=len(choices), choices=relayed
+                )
             if failed is not None:
                 raise failed
-        if finish_reason is None:
+        if not finish_reasons:
             raise EngineError(
                 "stream_truncated",
                 "the stream ended without a finish reason",
@@ -276,11 +322,13 @@ async def stream_chat(
                 endpoint=config.name,
             )
         yield Finish(
-            finish_reason=finish_reason,
+            finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
             usage=usage,
             ttft=ttft,
             total=loop.time() - started,
             tokens=count,
+            finish_reasons=finish_reasons,
+            system_fingerprint=fingerprint,
         )
     finally:
         if deadline is not None:
@@ -292,10 +340,26 @@ async def stream_chat(
             pool.slots.release()
 
 
-def _options(max_tokens: int | None, temperature: float | None, stop: list[str] | None) -> dict:
+def _relayed(choices: list[dict]) -> list[dict]:
+    """The choices to relay, without their finish reasons (the caller ends every choice when the
+    answer ends) and without those that said nothing else."""
+    relayed = []
+    for choice in choices:
+        choice.pop("finish_reason", None)
+        choice.pop("stop_reason", None)
+        delta = choice.get("delta") or _EMPTY
+        said = any(value for key, value in delta.items() if key != "role")
+        if said or choice.get("logprobs") is not None:
+            relayed.append(choice)
+    return relayed
+
+
+def _options(
+    max_tokens: int | None, max_tokens_field: str, temperature: float | None, stop: list[str] | None
+) -> dict:
     options: dict = {"stream_options": {"include_usage": True}}
     if max_tokens is not None:
-        options["max_tokens"] = max_tokens
+        options[max_tokens_field] = max_tokens
     if temperature is not None:
         options["temperature"] = temperature
     if stop:

@@ -51,7 +51,14 @@ class EngineError(InferenceError):
         self.retry_after = (
             retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
         )
+        self.detail = message  # what failed, without the endpoint's name
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
+
+    @property
+    def refuses_request(self) -> bool:
+        """The engine refused the request as the client sent it (a field's value it does not
+        take): the client's to fix, not the operator's, and the same anywhere."""
+        return self.kind == "client_error" and self.status_code in (400, 413, 422)
 
 
 class SupervisorError(InferenceError):

@@ -8,6 +8,7 @@ details (`why`, the endpoints passed over), which only staff with the rules' vie
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inference_ops.client import Finish
@@ -17,8 +18,34 @@ from routing.rules import Target
 from spend.ledger import Standing
 
 
+@dataclass(frozen=True)
+class Passthrough:
+    """What a /v1 client sent beyond its question's text, carried to the engine as it was sent
+    (chat.openai_api.schema reads it; inference_ops.openai_fields says who takes which field)."""
+
+    # The last user message as sent (its content parts), None when the conversation has none.
+    question: dict | None = None
+    # The messages after it: the assistant's tool calls, their results, a prefill.
+    after: tuple[dict, ...] = ()
+    # The client's other fields (tools, response_format, stop, logprobs, n, ...), as sent.
+    fields: Mapping[str, object] = field(default_factory=dict)
+    max_tokens_field: str = "max_tokens"  # or max_completion_tokens, as the client named it
+    # The fields (or message parts) only some engine kinds take, with those kinds.
+    limited: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Why a stored text answer would not satisfy the request; None when it would.
+    not_plain: str | None = None
+    features: tuple[str, ...] = ()  # what it asks beyond text, for the request log
+    choices: int = 1  # n
+
+
+PLAIN = Passthrough()
+
+
 @dataclass
 class RouteRequest:
+    """One question on its way from an interface to the engine: the text the rules and the KB
+    read, the conversation, who asks, and what else the client sent (`passthrough`)."""
+
     text: str
     history: list[dict] = field(default_factory=list)
     user_id: int | None = None
@@ -28,8 +55,6 @@ class RouteRequest:
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
-    # vLLM's extension, for local engines only (an external API may refuse it)
-    ignore_eos: bool = False
     # The client's own instructions (e.g. a system message sent to /v1), added to the rule's.
     system: str = ""
     # False for a turn that stores nothing (a /v1 call naming no session): it leaves no KB record.
@@ -41,6 +66,7 @@ class RouteRequest:
     api_key_id: int | None = None
     # What it used of a model, filled in by the pipeline as the answer ends (the request log's).
     spent: Spent = field(default_factory=lambda: Spent())
+    passthrough: Passthrough = PLAIN
 
 
 @dataclass
@@ -117,8 +143,18 @@ class Route(Event):
 
 @dataclass(kw_only=True)
 class Token(Event):
-    text: str
+    text: str  # the first choice's content
+    # The engine's choice deltas as it sent them (tool calls, logprobs, several choices, a
+    # refusal), without their finish reasons; None when the chunks held only the first choice's
+    # text.
+    choices: list[dict] | None = None
     type: str = "token"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        if fields["choices"] is None:
+            del fields["choices"]
+        return fields
 
 
 @dataclass(kw_only=True)
@@ -140,6 +176,9 @@ class Done(Event):
     ] = ()  # endpoints passed over (failed or resting) before the answer
     # the gateway's own time, set by the interface that times the request
     overhead_ms: float | None = None
+    # every choice's finish reason by its index, when the engine answered several
+    finish_reasons: dict[int, str] | None = None
+    system_fingerprint: str | None = None
     type: str = "done"
 
 
@@ -156,6 +195,7 @@ class Error(Event):
     kb: KbLookup | None = None
     fell_back_from: tuple[str, ...] = ()
     standing: Standing | None = None  # a limit's refusal: the caller's limits (x-ratelimit-*)
+    param: str | None = None  # the request field at fault, when one is
     type: str = "error"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -183,14 +223,18 @@ def message_for_users(code: str, message: str, *, partial: bool) -> str:
 
 
 def usage_of(finish: Finish) -> dict | None:
+    """The engine's usage as OpenAI's: the counts, and its details where it gave them (cached
+    prompt tokens, reasoning tokens)."""
     if finish.usage is None:
         return None
     prompt, completion = finish.usage.prompt_tokens, finish.usage.completion_tokens
-    return {
+    usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    usage.update(finish.usage.details)
+    return usage
 
 
 def route_event(

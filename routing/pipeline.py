@@ -19,10 +19,12 @@ import dataclasses
 import random
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from django.conf import settings
 
 from core import tracing
+from inference_ops import openai_fields
 from inference_ops.client import Finish, stream_chat
 from inference_ops.exceptions import EngineError
 from knowledge.hits import hit_note
@@ -33,10 +35,12 @@ from knowledge.verdict import DirectAnswer
 from routing import breaker, replicas
 from routing.engine_failures import ENGINE_GONE, report_engine_failure
 from routing.events import (
+    PLAIN,
     Done,
     Error,
     Event,
     KbLookup,
+    Passthrough,
     Route,
     RouteRequest,
     Spent,
@@ -47,6 +51,7 @@ from routing.events import (
 from routing.prompt import (
     approx_tokens,
     build_messages,
+    fields_tokens,
     message_tokens,
     passages_block,
     system_message,
@@ -92,7 +97,7 @@ async def answer(
     started = time.monotonic()
     rng = rng or _rng
     text = request.text.strip()
-    if not normalize(text):
+    if not normalize(text) and _blank(request.passthrough):
         yield Error(code="empty", message="The question is empty.")
         return
     if len(text) > settings.ROUTING_MAX_INPUT_CHARS:
@@ -136,9 +141,13 @@ async def answer(
             yield event
         return
 
-    lookup = adirect_answer(text, in_conversation=bool(request.history))
-    direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
-    if direct.hit:
+    direct = None
+    if request.passthrough.not_plain is None and normalize(text):
+        # Only where a stored text answer satisfies the request (not for tools a model must call,
+        # a JSON schema, several choices, an image to look at, a tool result to read).
+        lookup = adirect_answer(text, in_conversation=bool(request.history))
+        direct = await (tracing.kb_match(lookup) if tracing.ENABLED else lookup)
+    if direct is not None and direct.hit:
         entry = direct.entry
         assert entry is not None  # a hit always carries its entry
         yield Route(
@@ -170,14 +179,23 @@ async def answer(
     if over_budget and rule is None:
         yield _over_budget(specs, direct)
         return
+    kb = KbLookup.of(direct) if direct is not None else None
     if rule is None:
         yield Error(
             code="no_route",
             message="No routing rule matches and there is no default rule.",
-            kb=KbLookup.of(direct),
+            kb=kb,
         )
         return
     if rule.action == "kb_only":
+        if direct is None:
+            yield Error(
+                code="model_not_allowed",
+                message=f"Rule {rule.name!r} answers from the knowledge base only, and a stored "
+                f"answer cannot satisfy this request: {request.passthrough.not_plain}.",
+                rule=rule.name,
+            )
+            return
         yield Route(
             road="kb",
             rule=rule.name,
@@ -197,7 +215,7 @@ async def answer(
             usage=None,
             finish_reason="stop",
             citations=[],
-            kb=KbLookup.of(direct),
+            kb=kb,
         )
         return
     targets = order_targets(rule, rng)
@@ -206,7 +224,7 @@ async def answer(
             code="no_target",
             message=f"Rule {rule.name} has no active target.",
             rule=rule.name,
-            kb=KbLookup.of(direct),
+            kb=kb,
         )
         return
     async for event in _generate(
@@ -225,6 +243,18 @@ async def _spend_of(request: RouteRequest) -> tuple[tuple[Spec, ...], bool]:
     if not any(spec.reroute for spec in specs):
         return specs, False
     return specs, await ledger.aover_budget(specs)
+
+
+def _blank(passthrough: Passthrough) -> bool:
+    """A question with no text is blank unless the client sent the model something else to read:
+    an image, a tool result, a conversation without a user turn."""
+    if passthrough is PLAIN:
+        return True
+    question = passthrough.question
+    if passthrough.after or question is None:
+        return False
+    content = question.get("content")
+    return not isinstance(content, list) or all(part.get("type") == "text" for part in content)
 
 
 def _over_budget(specs: tuple[Spec, ...], direct: DirectAnswer | None) -> Error:
@@ -258,6 +288,94 @@ async def _match(
     return await (tracing.rule_match(choosing) if tracing.ENABLED else choosing)
 
 
+@dataclass
+class _Plan:
+    """What generating one answer needs, settled once before the first target is tried: the
+    request, the rule and its chain, the prompt's parts, the token ceiling."""
+
+    request: RouteRequest
+    text: str
+    rule: CompiledRule | None
+    targets: list[Target]
+    started: float
+    why: str
+    named: bool
+    direct: DirectAnswer | None
+    kb: KbLookup | None
+    max_tokens: int
+    temperature: float | None
+    system: str  # the system message: the rule's prompt, the client's, the passages' instruction
+    context: str  # this question's passages
+    citations: list[dict]
+    prompt_tokens: int  # the prompt's estimate with the whole history (spend, window checks)
+    fixed_tokens: int  # what of it never trims: system, question, what follows it, tools
+
+    @property
+    def rule_name(self) -> str | None:
+        return self.rule.name if self.rule else None
+
+    @property
+    def completion_tokens(self) -> int:
+        """The answer's ceiling: max_tokens for each of the choices asked for."""
+        return self.max_tokens * self.request.passthrough.choices
+
+
+@dataclass
+class Attempts:
+    """The chain tried so far: each target passed over and why, for the route's explanation, the
+    request log and the last error (production-stack's router keeps the same in its RetryState).
+    """
+
+    notes: list[str] = dataclasses.field(default_factory=list)  # one line per target passed over
+    passed: list[str] = dataclasses.field(default_factory=list)  # before the one that answers
+    resting: list[str] = dataclasses.field(default_factory=list)  # kept closed by the breaker
+    failure: EngineError | None = None  # the last engine failure
+    refusal: Error | None = None  # the first target that cannot take the request as it is
+
+    def refused(self, target: Target, note: str, error: Error) -> None:
+        """The request itself does not fit this target (too long, a field it does not take)."""
+        self.notes.append(f"{target.endpoint}: {note}")
+        self.refusal = self.refusal or error
+
+    def skipped(self, target: Target, note: str) -> None:
+        """The breaker keeps the target closed, or it asked to be left alone."""
+        self.notes.append(f"{target.endpoint}: {note}")
+        self.resting.append(target.endpoint)
+        self.passed.append(target.endpoint)
+
+    def failed(self, target: Target, exc: EngineError) -> None:
+        self.notes.append(f"{target.endpoint}: {exc.kind}")
+        self.passed.append(target.endpoint)
+        if exc.retry_after is not None:
+            self.resting.append(target.endpoint)
+        self.failure = exc
+
+    async def error(self, plan: _Plan) -> Error:
+        """What the caller gets when no target answered."""
+        if self.failure is None and self.refusal is not None:
+            self.refusal.kb = plan.kb
+            return self.refusal
+        failure = self.failure
+        if failure is not None and failure.refuses_request:
+            return Error(
+                code="request_refused",
+                message=f"The model's server refused the request: {failure.detail}",
+                rule=plan.rule_name,
+                target=failure.endpoint or None,
+                kb=plan.kb,
+                fell_back_from=tuple(self.passed),
+            )
+        return Error(
+            code=failure.kind if failure else "unavailable",
+            message="No target could answer: " + "; ".join(self.notes),
+            retryable=failure.retryable if failure else True,
+            rule=plan.rule_name,
+            retry_after=await _soonest(self.resting),
+            kb=plan.kb,
+            fell_back_from=tuple(self.passed),
+        )
+
+
 async def _generate(
     request: RouteRequest,
     text: str,
@@ -270,16 +388,84 @@ async def _generate(
     direct: DirectAnswer | None = None,
     specs: tuple[Spec, ...] = (),
 ) -> AsyncGenerator[Event, None]:
-    rule_name = rule.name if rule else None
-    named = bool(request.model) and request.model != "auto"
-    max_tokens = answer_budget(request.max_tokens, rule)
-    temperature = (
-        request.temperature
-        if request.temperature is not None
-        else (rule.temperature if rule else None)
-    )
+    plan = await _plan(request, text, rule, targets, started, why=why, direct=direct)
+    reservation = None
+    if specs:
+        booked = await _reserve(plan, specs)
+        if isinstance(booked, Error):
+            yield booked
+            return
+        reservation = booked
+    meter = _Meter(request.spent)
+    attempts = Attempts()
+    try:
+        chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
+        for target in chain:
+            if (refusal := _refusal(plan, target)) is not None:
+                attempts.refused(target, *refusal)
+                continue
+            # Counted before the breaker's check (which may wait on Redis), so the requests picking
+            # a replica meanwhile see this one.
+            replicas.started(target.endpoint_id)
+            try:
+                if not await breaker.allow(target.endpoint):
+                    attempts.skipped(target, "circuit open or resting after a Retry-After")
+                    continue
+                produced = False
+                try:
+                    async for event in _stream_from(
+                        plan, target, attempts, meter, reservation.standing if reservation else None
+                    ):
+                        produced = produced or isinstance(event, Token)
+                        yield event
+                    return
+                except EngineError as exc:
+                    await _engine_failed(target, exc)
+                    if produced or exc.produced_tokens:
+                        # Tokens are out: never switch targets mid-answer.
+                        yield Error(
+                            code=exc.kind,
+                            message=str(exc),
+                            retryable=exc.retryable,
+                            partial=True,
+                            road=target.road,
+                            rule=plan.rule_name,
+                            target=target.endpoint,
+                            kb=plan.kb,
+                            fell_back_from=tuple(attempts.passed),
+                        )
+                        return
+                    attempts.failed(target, exc)
+                    if not exc.retryable:
+                        break
+            finally:
+                replicas.ended(target.endpoint_id)
+        yield await attempts.error(plan)
+    finally:
+        meter.close()
+        if reservation is not None:
+            ledger.settle_soon(
+                reservation,
+                tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
+                cost=meter.spent.cost or 0.0,
+            )
+
+
+async def _plan(
+    request: RouteRequest,
+    text: str,
+    rule: CompiledRule | None,
+    targets: list[Target],
+    started: float,
+    *,
+    why: str,
+    direct: DirectAnswer | None,
+) -> _Plan:
+    """The answer's prompt parts and ceilings: the rule's prompt and the client's, this question's
+    KB passages, the token ceiling, the prompt's size."""
+    passthrough = request.passthrough
     passages = []
-    if rule is not None and rule.use_kb_context:
+    if rule is not None and rule.use_kb_context and text.strip():
         query = (
             (direct.model, direct.vector)
             if direct is not None and direct.model is not None and direct.vector is not None
@@ -291,213 +477,208 @@ async def _generate(
         prompt = f"{prompt}\n\n{request.system}"
     system = system_message(prompt, with_passages=rule is not None and rule.use_kb_context)
     context = passages_block(passages)
-    citations = [{"entry_id": p.entry_id, "label": p.label} for p in passages]
+    fixed = (
+        message_tokens({"content": system})
+        + approx_tokens(context)
+        + message_tokens(_question(request) or {})
+        + sum(map(message_tokens, passthrough.after))
+        + fields_tokens(passthrough.fields)
+    )
+    if passthrough.not_plain is not None and passthrough is not PLAIN:
+        why = f"{why}; the knowledge base was not asked: {passthrough.not_plain}"
+    return _Plan(
+        request=request,
+        text=text,
+        rule=rule,
+        targets=targets,
+        started=started,
+        why=why,
+        named=bool(request.model) and request.model != "auto",
+        direct=direct,
+        kb=KbLookup.of(direct) if direct is not None else None,
+        max_tokens=answer_budget(request.max_tokens, rule),
+        temperature=(
+            request.temperature
+            if request.temperature is not None
+            else (rule.temperature if rule else None)
+        ),
+        system=system,
+        context=context,
+        citations=[{"entry_id": p.entry_id, "label": p.label} for p in passages],
+        prompt_tokens=fixed + sum(map(message_tokens, request.history)),
+        fixed_tokens=fixed,
+    )
 
-    kb = KbLookup.of(direct) if direct is not None else None
-    system_cost = message_tokens({"content": system}) + approx_tokens(context)
-    reservation = None
-    if specs:
-        # The prompt as if no history were left out (so never under the real one), and the
-        # answer's ceiling; priced at the dearest target that may answer.
-        prompt = system_cost + approx_tokens(text) + sum(map(message_tokens, request.history))
-        booked = await ledger.areserve(
-            specs,
-            tokens=prompt + max_tokens,
-            cost=max(t.price.cost(prompt, max_tokens) for t in targets),
+
+def _question(request: RouteRequest) -> dict | None:
+    """The question message as the client sent it (its parts), or as its text."""
+    if request.passthrough is PLAIN:
+        return {"role": "user", "content": request.text}
+    return request.passthrough.question
+
+
+async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation | Error:
+    """The request's share of its limits, or the refusal: the prompt as if no history were left
+    out (so never under the real one) and the answer's ceiling for every choice, priced at the
+    dearest target that may answer."""
+    prompt, completion = plan.prompt_tokens, plan.completion_tokens
+    booked = await ledger.areserve(
+        specs,
+        tokens=prompt + completion,
+        cost=max(t.price.cost(prompt, completion) for t in plan.targets),
+    )
+    if isinstance(booked, ledger.Refusal):
+        return Error(
+            code=booked.code,
+            message=booked.message,
+            retryable=booked.retry_after is not None,
+            retry_after=booked.retry_after,
+            rule=plan.rule_name,
+            kb=plan.kb,
+            standing=booked.standing,
         )
-        if isinstance(booked, ledger.Refusal):
-            yield Error(
-                code=booked.code,
-                message=booked.message,
-                retryable=booked.retry_after is not None,
-                retry_after=booked.retry_after,
-                rule=rule_name,
-                kb=kb,
-                standing=booked.standing,
-            )
-            return
-        reservation = booked
-    meter = _Meter(request.spent)
-    standing = reservation.standing if reservation else None
+    return booked
+
+
+def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
+    """Why the request as it is cannot go to this target (a note for the route's explanation,
+    and the error if no target can take it), or None."""
+    limited = plan.request.passthrough.limited
+    if limited and (name := openai_fields.field_refused(limited, target.kind)) is not None:
+        return f"takes no {name}", Error(
+            code="unsupported_parameter",
+            message=openai_fields.refusal_for(name, limited[name], target.kind, target.endpoint),
+            param=name.split(" ")[0],
+            rule=plan.rule_name,
+            target=target.endpoint,
+            road=target.road,
+        )
+    if plan.fixed_tokens + 8 > target.context_window - plan.max_tokens:
+        return f"the question does not fit its {target.context_window}-token window", Error(
+            code="too_long",
+            rule=plan.rule_name,
+            target=target.endpoint,
+            road=target.road,
+            message=(
+                f"The question is about {plan.fixed_tokens} tokens; {target.endpoint} accepts "
+                f"at most {target.context_window} tokens, {plan.max_tokens} of them kept for the "
+                "answer."
+            ),
+        )
+    return None
+
+
+async def _engine_failed(target: Target, exc: EngineError) -> None:
+    """What a failure tells the breaker and the engine's supervisor."""
+    if exc.retry_after is not None:
+        await breaker.rest(target.endpoint, exc.retry_after)
+    elif exc.retryable:
+        await breaker.failure(target.endpoint)
+    if exc.kind in ENGINE_GONE and target.road == "local":
+        report_engine_failure(target.endpoint_id)
+
+
+async def _stream_from(
+    plan: _Plan,
+    target: Target,
+    attempts: Attempts,
+    meter: _Meter,
+    standing: ledger.Standing | None,
+) -> AsyncGenerator[Event, None]:
+    """One target's answer: the route at its first token (or at its end, for an empty answer),
+    the tokens, then done. Raises EngineError when the target fails."""
+    request = plan.request
+    passthrough = request.passthrough
+    messages, dropped = build_messages(
+        system=plan.system,
+        history=request.history,
+        question=_question(request),
+        budget=target.context_window - plan.max_tokens,
+        passages=plan.context,
+        after=passthrough.after,
+    )
+    answer_text: list[str] = []
+    meter.begin(target, messages, answer_text)
+    chat = (
+        tracing.Chat(
+            model=target.config.model,
+            base_url=target.config.base_url,
+            max_tokens=plan.max_tokens,
+            temperature=plan.temperature,
+        )
+        if tracing.ENABLED
+        else None
+    )
+    ttft: float | None = None
+
+    def route(engine_seconds: float) -> Route:
+        nonlocal ttft
+        ttft = _ms(time.monotonic() - plan.started)
+        return route_event(
+            target,
+            plan.rule_name,
+            plan.why,
+            attempts.notes,
+            dropped,
+            named=plan.named,
+            engine_ms=_ms(engine_seconds),
+            standing=standing,
+        )
+
     try:
-        attempts: list[str] = []
-        passed: list[str] = []  # endpoints passed over before the one that answers
-        skipped: list[str] = []  # endpoints the breaker kept closed to this request
-        last_error: EngineError | None = None
-        too_long: Error | None = None
-        targets = replicas.expand(targets, replicas.affinity_of(request.history, text))
-        for target in targets:
-            budget = target.context_window - max_tokens
-            if approx_tokens(text) + system_cost + 8 > budget:
-                attempts.append(
-                    f"{target.endpoint}: the question does not fit its "
-                    f"{target.context_window}-token window"
-                )
-                too_long = too_long or Error(
-                    code="too_long",
-                    rule=rule_name,
-                    target=target.endpoint,
-                    road=target.road,
-                    message=(
-                        f"The question is about {approx_tokens(text)} tokens; "
-                        f"{target.endpoint} accepts at most "
-                        f"{target.context_window} tokens, {max_tokens} of them kept for the answer."
-                    ),
-                )
-                continue
-            # Counted before the breaker's check (which may wait on Redis), so the requests picking
-            # a replica meanwhile see this one.
-            replicas.started(target.endpoint_id)
-            try:
-                allowed = await breaker.allow(target.endpoint)
-            except BaseException:  # cancelled while asking: counted no longer
-                replicas.ended(target.endpoint_id)
-                raise
-            if not allowed:
-                replicas.ended(target.endpoint_id)
-                attempts.append(f"{target.endpoint}: circuit open or resting after a Retry-After")
-                skipped.append(target.endpoint)
-                passed.append(target.endpoint)
-                continue
-            messages, dropped = build_messages(
-                system=system,
-                history=request.history,
-                question=text,
-                budget=budget,
-                passages=context,
+        async with contextlib.aclosing(
+            stream_chat(
+                target.config,
+                messages,
+                max_tokens=plan.max_tokens,
+                max_tokens_field=passthrough.max_tokens_field,
+                temperature=plan.temperature,
+                fields=passthrough.fields,
             )
-            produced = False
-            ttft: float | None = None
-            answer_text: list[str] = []
-            meter.begin(target, messages, answer_text)
-            chat = (
-                tracing.Chat(
-                    model=target.config.model,
-                    base_url=target.config.base_url,
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                )
-                if tracing.ENABLED
-                else None
-            )
-            try:
-                extra_body = (
-                    {"ignore_eos": True} if request.ignore_eos and target.road == "local" else None
-                )
-                async with contextlib.aclosing(
-                    stream_chat(
-                        target.config,
-                        messages,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                        extra_body=extra_body,
-                    )
-                ) as stream:
-                    async for event in stream:
-                        if isinstance(event, Finish):
-                            if chat:
-                                chat.finished(event.finish_reason, event.usage)
-                            await breaker.success(target.endpoint)
-                            meter.finish(event)
-                            if not produced:
-                                ttft = _ms(time.monotonic() - started)
-                                yield route_event(
-                                    target,
-                                    rule_name,
-                                    why,
-                                    attempts,
-                                    dropped,
-                                    named=named,
-                                    engine_ms=_ms(event.total),
-                                    standing=standing,
-                                )
-                            if direct is not None:
-                                _record_miss(request, text, "".join(answer_text), direct)
-                            yield Done(
-                                road=target.road,
-                                rule=rule_name,
-                                target=target.endpoint,
-                                ttft_ms=ttft,
-                                latency_ms=_ms(time.monotonic() - started),
-                                usage=usage_of(event),
-                                finish_reason=event.finish_reason,
-                                citations=citations,
-                                engine_ms=_ms(event.total),
-                                kb=kb,
-                                fell_back_from=tuple(passed),
-                            )
-                            return
-                        if not produced:
-                            produced = True
-                            if chat:
-                                chat.first_chunk(event.elapsed)
-                            ttft = _ms(time.monotonic() - started)
-                            yield route_event(
-                                target,
-                                rule_name,
-                                why,
-                                attempts,
-                                dropped,
-                                named=named,
-                                engine_ms=_ms(event.elapsed),
-                                standing=standing,
-                            )
-                        answer_text.append(event.text)
-                        yield Token(text=event.text)
-            except EngineError as exc:
-                if chat:
-                    chat.failed(exc.kind)
-                if exc.retry_after is not None:
-                    await breaker.rest(target.endpoint, exc.retry_after)
-                    skipped.append(target.endpoint)
-                elif exc.retryable:
-                    await breaker.failure(target.endpoint)
-                if exc.kind in ENGINE_GONE and target.road == "local":
-                    report_engine_failure(target.endpoint_id)
-                if produced or exc.produced_tokens:
-                    # Tokens are out: never switch targets mid-answer.
-                    yield Error(
-                        code=exc.kind,
-                        message=str(exc),
-                        retryable=exc.retryable,
-                        partial=True,
+        ) as stream:
+            async for event in stream:
+                if isinstance(event, Finish):
+                    if chat:
+                        chat.finished(event.finish_reason, event.usage)
+                    await breaker.success(target.endpoint)
+                    meter.finish(event)
+                    if ttft is None:
+                        yield route(event.total)
+                    if plan.direct is not None:
+                        _record_miss(request, plan.text, "".join(answer_text), plan.direct)
+                    yield Done(
                         road=target.road,
-                        rule=rule_name,
+                        rule=plan.rule_name,
                         target=target.endpoint,
-                        kb=kb,
-                        fell_back_from=tuple(passed),
+                        ttft_ms=ttft,
+                        latency_ms=_ms(time.monotonic() - plan.started),
+                        usage=usage_of(event),
+                        finish_reason=event.finish_reason,
+                        citations=plan.citations,
+                        engine_ms=_ms(event.total),
+                        kb=plan.kb,
+                        fell_back_from=tuple(attempts.passed),
+                        finish_reasons=event.finish_reasons
+                        if len(event.finish_reasons) > 1
+                        else None,
+                        system_fingerprint=event.system_fingerprint,
                     )
                     return
-                attempts.append(f"{target.endpoint}: {exc.kind}")
-                passed.append(target.endpoint)
-                last_error = exc
-                if not exc.retryable:
-                    break
-            finally:
-                replicas.ended(target.endpoint_id)
-                if chat:
-                    chat.end()
-        if last_error is None and too_long is not None:
-            too_long.kb = kb
-            yield too_long
-            return
-        yield Error(
-            code=last_error.kind if last_error else "unavailable",
-            message="No target could answer: " + "; ".join(attempts),
-            retryable=last_error.retryable if last_error else True,
-            rule=rule_name,
-            retry_after=await _soonest(skipped),
-            kb=kb,
-            fell_back_from=tuple(passed),
-        )
+                if ttft is None:
+                    if chat:
+                        chat.first_chunk(event.elapsed)
+                    yield route(event.elapsed)
+                answer_text.append(event.text)
+                if event.choices is not None:
+                    meter.extra(event.choices)
+                yield Token(text=event.text, choices=event.choices)
+    except EngineError as exc:
+        if chat:
+            chat.failed(exc.kind)
+        raise
     finally:
-        meter.close()
-        if reservation is not None:
-            ledger.settle_soon(
-                reservation,
-                tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
-                cost=meter.spent.cost or 0.0,
-            )
+        if chat:
+            chat.end()
 
 
 class _Meter:
@@ -509,22 +690,36 @@ class _Meter:
         self.target: Target | None = None
         self.messages: list[dict] = []
         self.parts: list[str] = []
+        self.more: list[str] = []  # what else was produced: tool calls' arguments, other choices
         self.since = 0.0
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
-        self.target, self.messages, self.parts = target, messages, parts
+        self.target, self.messages, self.parts, self.more = target, messages, parts, []
         self.since = time.monotonic()
+
+    def extra(self, choices: list[dict]) -> None:
+        """Count what a chunk holds beyond the first choice's text."""
+        for choice in choices:
+            delta = choice.get("delta") or {}
+            if choice.get("index"):
+                self.more.append(delta.get("content") or "")
+            for call in delta.get("tool_calls") or ():
+                self.more.append((call.get("function") or {}).get("arguments") or "")
 
     @property
     def prompt(self) -> int:
         """The prompt's tokens as estimated (counted only when the engine did not say)."""
         return sum(map(message_tokens, self.messages))
 
+    @property
+    def produced(self) -> int:
+        return approx_tokens("".join(self.parts) + "".join(self.more))
+
     def finish(self, finish: Finish) -> None:
         assert self.target is not None
         usage = finish.usage
         prompt = usage.prompt_tokens if usage else self.prompt
-        completion = usage.completion_tokens if usage else approx_tokens("".join(self.parts))
+        completion = usage.completion_tokens if usage else self.produced
         self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
         self.spent.cost = self.target.price.cost(prompt, completion, finish.total)
         self.target = None
@@ -532,9 +727,9 @@ class _Meter:
     def close(self) -> None:
         """The answer ended without a Finish: what the last target produced, if anything (a
         target that failed before its first token costs nothing)."""
-        if self.target is None or not self.parts:
+        if self.target is None or not (self.parts or self.more):
             return
-        prompt, completion = self.prompt, approx_tokens("".join(self.parts))
+        prompt, completion = self.prompt, self.produced
         self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
         self.spent.cost = self.target.price.cost(prompt, completion, time.monotonic() - self.since)
         self.target = None

@@ -18,6 +18,7 @@ changes it once in a while.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -35,8 +36,38 @@ def approx_tokens(text: str) -> int:
     return cjk + math.ceil((len(text) - cjk) / 3)
 
 
+# A content part that is not text (an image, audio, a file): what an engine's encoder makes of it
+# depends on the model and the detail asked; this is a generous count of one.
+MEDIA_PART_TOKENS = 1536
+
+
 def message_tokens(message: dict) -> int:
-    return approx_tokens(message.get("content") or "") + _MESSAGE_OVERHEAD
+    """A message's tokens, estimated high: its text or content parts, its tool calls."""
+    content = message.get("content")
+    if isinstance(content, str):
+        tokens = approx_tokens(content)
+    elif content:
+        tokens = sum(
+            approx_tokens(part.get("text") or part.get("refusal") or "")
+            if part.get("type") in ("text", "refusal")
+            else MEDIA_PART_TOKENS
+            for part in content
+        )
+    else:
+        tokens = 0
+    if calls := message.get("tool_calls"):
+        tokens += approx_tokens(json.dumps(calls, ensure_ascii=False))
+    return tokens + _MESSAGE_OVERHEAD
+
+
+def fields_tokens(fields) -> int:
+    """What a request's tool definitions (and functions) add to its prompt: the engine renders
+    their schemas into it."""
+    tokens = 0
+    for name in ("tools", "functions"):
+        if fields.get(name):
+            tokens += approx_tokens(json.dumps(fields[name], ensure_ascii=False))
+    return tokens
 
 
 # What the KB holds is data, whoever wrote it: a curator's paste, an import, an entry made from a
@@ -101,8 +132,17 @@ def passages_block(passages: list[ContextPassage]) -> str:
     )
 
 
-def question_message(question: str, passages: str) -> dict:
-    return {"role": "user", "content": f"{passages}\n\n{question}" if passages else question}
+def question_message(question: dict, passages: str) -> dict:
+    """The question as the engine gets it: this question's passages ahead of its text (or as a
+    first text part, before the client's own parts)."""
+    if not passages:
+        return question
+    content = question.get("content")
+    if isinstance(content, list):
+        content = [{"type": "text", "text": passages}, *content]
+    else:
+        content = f"{passages}\n\n{content}" if content else passages
+    return {**question, "content": content}
 
 
 # Over the window, the oldest history goes in steps of this share of its room: the cut falls
@@ -111,11 +151,17 @@ TRIM_STEP = 0.5
 
 
 def build_messages(
-    *, system: str, history: list[dict], question: str, budget: int, passages: str = ""
+    *,
+    system: str,
+    history: list[dict],
+    question: dict | None,
+    budget: int,
+    passages: str = "",
+    after: tuple[dict, ...] | list[dict] = (),
 ) -> tuple[list[dict], int]:
-    """Messages within `budget` tokens: system and question (with its passages) always, then the
-    history, all of it if it fits, else from a cut that moves in steps. Returns (messages,
-    history turns dropped).
+    """Messages within `budget` tokens: system, the question (with its passages) and what
+    follows it (tool calls and their results) always, then the history, all of it if it fits,
+    else from a cut that moves in steps. Returns (messages, history messages dropped).
 
     The cut: the tokens to drop rounded up to a multiple of the step (TRIM_STEP of the room),
     then the first message at which that many lie before it. A conversation's history only
@@ -123,7 +169,8 @@ def build_messages(
     meanwhile share their whole prompt start, where dropping just enough would move it every
     turn."""
     head = [{"role": "system", "content": system}] if system else []
-    tail = [question_message(question, passages)]
+    tail = [question_message(question, passages)] if question is not None else []
+    tail += after
     room = budget - sum(message_tokens(m) for m in head + tail)
     costs = [message_tokens(m) for m in history]
     start, excess = 0, sum(costs) - room
@@ -136,7 +183,8 @@ def build_messages(
                 start = index
                 break
             before += cost
-    # A conversation must not start with an orphaned assistant turn.
-    while start < len(history) and history[start].get("role") == "assistant":
+    # The history starts at a user turn: never with an orphaned answer, nor with a tool call's
+    # results whose call was cut (a call and its results stay together or go together).
+    while start < len(history) and history[start].get("role") != "user":
         start += 1
     return head + history[start:] + tail, start

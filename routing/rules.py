@@ -45,6 +45,7 @@ class Target:
     config: EndpointConfig
     context_window: int
     price: Price = FREE
+    kind: str = "vllm"  # ModelEndpoint.Kind: which request fields it takes (openai_fields)
     replicas: tuple[
         Target, ...
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
@@ -288,6 +289,7 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
             config=config,
             context_window=endpoint.context_window,
             price=Price.of(endpoint),
+            kind=endpoint.kind,
         )
 
     target = one(t.endpoint)
@@ -370,6 +372,7 @@ def snapshot_build() -> Snapshot:
             config=EndpointConfig.from_endpoint(endpoint),
             context_window=endpoint.context_window,
             price=Price.of(endpoint),
+            kind=endpoint.kind,
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)

@@ -1,5 +1,12 @@
 """A turn's events as OpenAI's chat completion: server-sent chunks as the tokens come, or one
-JSON body at the end."""
+JSON body at the end.
+
+What the engine answered comes back as it said it: text, tool-call deltas with their indices,
+ids and argument fragments, logprobs, several choices, a refusal, its usage details. A chunk of
+the first choice's text alone (the common case) is written from a template with only its text
+encoded; anything richer is relayed as the engine's own choice objects. Every choice ends with the
+gateway's finish chunk when the answer is whole: a stream that fails says so instead.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +26,28 @@ from routing import events
 
 
 def _chunk(
-    completion_id, created, model, delta=None, finish=None, usage=None, choices=True, overhead=None
+    completion_id,
+    created,
+    model,
+    delta=None,
+    finish=None,
+    usage=None,
+    choices=True,
+    overhead=None,
+    index=0,
+    fingerprint=None,
 ) -> str:
     body = {
         "id": completion_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}] if choices else [],
+        "choices": (
+            [{"index": index, "delta": delta or {}, "finish_reason": finish}] if choices else []
+        ),
     }
+    if fingerprint is not None:
+        body["system_fingerprint"] = fingerprint
     if usage is not None or not choices:
         body["usage"] = usage
     if overhead is not None:
@@ -41,7 +61,14 @@ def _error_event(error: dict) -> str:
 
 
 async def completion_stream(
-    *, turn, completion_id: str, created: int, model: str, include_usage: bool, user
+    *,
+    turn,
+    completion_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    user,
+    choices: int = 1,
 ) -> AsyncIterator[str | bytes]:
     # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
     head, tail = (
@@ -50,18 +77,38 @@ async def completion_stream(
             json.dumps("\x00")
         )
     )
+    # A relayed chunk: the same JSON up to its choices, the engine's choice in them.
+    opening = _chunk(completion_id, created, model, choices=False).split('"choices": []')[0]
+    relay_head = (opening + '"choices": [').encode()
     try:
-        yield _chunk(completion_id, created, model, delta={"role": "assistant", "content": ""})
+        yield "".join(
+            _chunk(
+                completion_id, created, model, delta={"role": "assistant", "content": ""}, index=i
+            )
+            for i in range(choices)
+        )
         async for event in turn:
             if isinstance(event, events.Token):
-                yield head + orjson.dumps(event.text) + tail
+                if event.choices is None:
+                    yield head + orjson.dumps(event.text) + tail
+                else:
+                    yield b"".join(
+                        relay_head + orjson.dumps(choice) + b"]}\n\n" for choice in event.choices
+                    )
             elif isinstance(event, events.Done):
-                end = _chunk(
-                    completion_id,
-                    created,
-                    model,
-                    finish=event.finish_reason,
-                    overhead=event.overhead_ms,
+                reasons = event.finish_reasons or {0: event.finish_reason}
+                ends = sorted(reasons.items())
+                end = "".join(
+                    _chunk(
+                        completion_id,
+                        created,
+                        model,
+                        index=index,
+                        finish=reason,
+                        fingerprint=event.system_fingerprint,
+                        overhead=event.overhead_ms if number == len(ends) - 1 else None,
+                    )
+                    for number, (index, reason) in enumerate(ends)
                 )
                 if include_usage:
                     end += _chunk(
@@ -70,6 +117,7 @@ async def completion_stream(
                         model,
                         usage=event.usage or _zero_usage(),
                         choices=False,
+                        fingerprint=event.system_fingerprint,
                     )
                 yield end + "data: [DONE]\n\n"
             elif isinstance(event, events.Error):
@@ -92,33 +140,107 @@ def _zero_usage() -> dict:
     return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
-async def completion_body(*, turn, completion_id: str, created: int, model: str, user) -> Reply:
-    parts, done, error = [], None, None
+class _Answer:
+    """The choices of a streamed answer put together, as a non-streamed completion has them."""
+
+    def __init__(self, choices: int):
+        self.choices: dict[int, dict] = {index: _new_choice() for index in range(choices)}
+
+    def text(self, text: str) -> None:
+        self.choices[0]["content"].append(text)
+
+    def add(self, choices: list[dict]) -> None:
+        for choice in choices:
+            into = self.choices.setdefault(choice.get("index") or 0, _new_choice())
+            for key, value in (choice.get("delta") or {}).items():
+                if key == "role" or value is None:
+                    continue
+                if key == "tool_calls":
+                    for call in value:
+                        _add_call(into["tool_calls"], call)
+                elif isinstance(value, str):
+                    into.setdefault(key, []).append(value)
+                else:
+                    into["other"][key] = value
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                for key, entries in logprobs.items():
+                    into["logprobs"].setdefault(key, []).extend(entries or ())
+
+    def choices_of(self, done: events.Done) -> list[dict]:
+        reasons = done.finish_reasons or {0: done.finish_reason}
+        return [
+            _choice(index, parts, reasons.get(index, done.finish_reason))
+            for index, parts in sorted(self.choices.items())
+        ]
+
+
+def _new_choice() -> dict:
+    return {"content": [], "tool_calls": {}, "logprobs": {}, "other": {}}
+
+
+def _add_call(calls: dict[int, dict], delta: dict) -> None:
+    """One tool-call delta into the calls so far: the id, type and name once, the arguments in
+    fragments."""
+    call = calls.setdefault(
+        delta.get("index") or 0,
+        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+    )
+    if delta.get("id"):
+        call["id"] = delta["id"]
+    if delta.get("type"):
+        call["type"] = delta["type"]
+    function = delta.get("function") or {}
+    call["function"]["name"] += function.get("name") or ""
+    call["function"]["arguments"] += function.get("arguments") or ""
+
+
+def _choice(index: int, parts: dict, finish_reason: str) -> dict:
+    calls = [parts["tool_calls"][number] for number in sorted(parts["tool_calls"])]
+    content = "".join(parts["content"])
+    message = {
+        "role": "assistant",
+        "content": content if content or not calls else None,
+        "refusal": "".join(parts["refusal"]) if "refusal" in parts else None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    for key, value in parts.items():
+        if key not in ("content", "tool_calls", "logprobs", "other", "refusal"):
+            message[key] = "".join(value)  # e.g. reasoning_content
+    message.update(parts["other"])
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": parts["logprobs"] or None,
+    }
+
+
+async def completion_body(
+    *, turn, completion_id: str, created: int, model: str, user, choices: int = 1
+) -> Reply:
+    answer, done, error = _Answer(choices), None, None
     async for event in turn:
         if isinstance(event, events.Token):
-            parts.append(event.text)
+            if event.choices is None:
+                answer.text(event.text)
+            else:
+                answer.add(event.choices)
         elif isinstance(event, events.Done):
             done = event
         elif isinstance(event, events.Error):
             error = event
     if error is not None:
         return await pipeline_error_reply(error, user)
-    return Reply(
-        200,
-        headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"},
-        body={
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(parts)},
-                    "finish_reason": done.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": done.usage or _zero_usage(),
-        },
-    )
+    body = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": answer.choices_of(done),
+        "usage": done.usage or _zero_usage(),
+    }
+    if done.system_fingerprint is not None:
+        body["system_fingerprint"] = done.system_fingerprint
+    return Reply(200, headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}, body=body)

@@ -75,10 +75,10 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
     session_id = session_named(headers)
     if isinstance(session_id, Reply):
         return session_id
-    if parsed["model"] != "auto" and parsed["model"] not in (await asnapshot()).targets_by_model:
+    if parsed.model != "auto" and parsed.model not in (await asnapshot()).targets_by_model:
         return error_reply(
             404,
-            f"The model `{parsed['model']}` does not exist; see /v1/models.",
+            f"The model `{parsed.model}` does not exist; see /v1/models.",
             code="model_not_found",
             param="model",
         )
@@ -86,16 +86,16 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
     request_key = uuid.uuid4()
     turn = run_turn(
         user=key.user,
-        content=parsed["question"],
+        content=parsed.text,
         client=key.client,
         source=ChatSession.Source.API,
-        model=parsed["model"],
-        max_tokens=parsed.get("max_tokens"),
-        temperature=parsed.get("temperature"),
-        ignore_eos=parsed["ignore_eos"],
-        history=parsed["history"],
+        model=parsed.model,
+        max_tokens=parsed.max_tokens,
+        temperature=parsed.temperature,
+        passthrough=parsed.passthrough,
+        history=parsed.history,
         groups=key.group_names,
-        system=parsed["system"],
+        system=parsed.system,
         session_id=session_id,
         store=session_id is not None,
         interface=RequestLog.Interface.V1,
@@ -127,10 +127,9 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         return error_reply(404, str(exc), code="session_not_found", param="X-Session-Id")
     except ChatError as exc:
         return error_reply(exc.status, str(exc), code=exc.code, param="messages")
-    model_name = (
-        parsed["model"] if parsed["model"] != "auto" else f"auto:{route.target or route.road}"
-    )
-    if parsed["stream"]:
+    model_name = parsed.model if parsed.model != "auto" else f"auto:{route.target or route.road}"
+    choices = parsed.passthrough.choices
+    if parsed.stream:
         reply = Reply(
             200,
             headers={
@@ -145,13 +144,19 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
                 completion_id=completion_id,
                 created=created,
                 model=model_name,
-                include_usage=parsed["include_usage"],
+                include_usage=parsed.include_usage,
                 user=key.user,
+                choices=choices,
             ),
         )
     else:
         reply = await completion_body(
-            turn=turn, completion_id=completion_id, created=created, model=model_name, user=key.user
+            turn=turn,
+            completion_id=completion_id,
+            created=created,
+            model=model_name,
+            user=key.user,
+            choices=choices,
         )
     reply.headers.update(route_headers(route))
     return reply

@@ -30,6 +30,9 @@ _PIPELINE_STATUS = {
     "limit_exceeded": 429,
     "budget_exceeded": 429,
     "limits_unavailable": 503,
+    # The request as sent: a field no target of the rule takes, or the engine refused it.
+    "unsupported_parameter": 400,
+    "request_refused": 400,
 }
 # Pipeline codes → the codes OpenAI's clients know.
 _OPENAI_CODES = {
@@ -85,7 +88,7 @@ async def error_message_for(event: events.Error, user) -> str:
 async def pipeline_error_reply(event: events.Error, user) -> Reply:
     status = _PIPELINE_STATUS.get(event.code, 503 if event.retryable else 502)
     code = _OPENAI_CODES.get(event.code, event.code)
-    param = {
+    param = event.param or {
         "too_long": "messages",
         "unknown_model": "model",
         "model_not_allowed": "model",

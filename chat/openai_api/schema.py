@@ -1,139 +1,519 @@
 """The chat completion request as this API reads it: OpenAI's JSON body, validated strictly, and
-the X-Session-Id header. A refusal is a 400 that names the field and what it accepts."""
+the X-Session-Id header. A refusal is a 400 that names the field and what it accepts.
+
+Every field of OpenAI's request (and vLLM's own) is known here (inference_ops.openai_fields): the
+ones the gateway's policy owns are read, every other one is checked for its type and passed on to
+the engine as the client sent it. A field this API does not know is refused, never dropped.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from chat.openai_api.replies import Reply, error_reply
 from core.text import text_problem
+from inference_ops import openai_fields
+from inference_ops.openai_fields import ALL_KINDS, EXTERNAL, VLLM
+from routing.events import Passthrough
+
+MAX_CHOICES = 16  # `n`: each choice is a whole answer, reserved against the caller's limits
+MAX_STOPS = 16
+
+_Tokens = Annotated[StrictInt, Field(ge=1, le=32768)]
+_Number = StrictFloat | StrictInt
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: StrictStr
-    text: StrictStr | None = None
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[_Part]
-
-    @property
-    def text(self) -> str | None:
-        """A string, or the text parts of a list joined; None when there is no text at all."""
-        if isinstance(self.content, str):
-            return self.content
-        texts = [part.text for part in self.content if part.type == "text"]
-        return "\n".join(texts) if texts and all(isinstance(t, str) for t in texts) else None
+def _ranged(low: float, high: float):
+    return Annotated[_Number, Field(ge=low, le=high)]
 
 
 class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    # OpenAI pads its chunks against a side channel; the gateway's stream carries no padding.
+    include_obfuscation: Literal[False] = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: refused below, usage is the gateway's
 
 
-_Tokens = Annotated[StrictInt, Field(ge=1, le=32768)]
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function", "custom"]
+    function: _Function | None = None
+
+
+class _NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function", "custom", "allowed_tools"]
+
+
+class _JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class _ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: _JsonSchema | None = None
 
 
 class _Body(BaseModel):
-    """What this API reads of a chat completion request; the rest of OpenAI's fields are allowed
-    and ignored. Strict types: `"5"` is no number and `true` no token count."""
+    """The request's fields and their types. Unknown fields are refused: a field this API does not
+    know would otherwise be dropped without a word. Strict types: `"5"` is no number and `true` no
+    token count."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # The gateway's own.
     model: Annotated[StrictStr, Field(min_length=1)]
-    messages: Annotated[list[_Message], Field(min_length=1)]
+    messages: Annotated[list[Any], Field(min_length=1)]
     max_tokens: _Tokens | None = None
     max_completion_tokens: _Tokens | None = None
-    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
-    # vLLM's extension (llama.cpp's server takes it too): generate to max_tokens whatever the model
-    # says. Passed on to local engines only; benchmarks use it for answers of a known length.
-    ignore_eos: StrictBool = False
-    n: Literal[1] | None = None
-    stream: StrictBool = False
+    stream: StrictBool | None = None
     stream_options: _StreamOptions | None = None
+    # OpenAI's, for every engine.
+    temperature: _ranged(0, 2) | None = None
+    top_p: _ranged(0, 1) | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOPS)] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: _ranged(-2, 2) | None = None
+    frequency_penalty: _ranged(-2, 2) | None = None
+    logit_bias: dict[str, _ranged(-100, 100)] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    response_format: _ResponseFormat | None = None
+    tools: Annotated[list[_Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | _NamedChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    user: StrictStr | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    metadata: dict[str, StrictStr] | None = None
+    # OpenAI's, for external targets.
+    audio: dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    service_tier: StrictStr | None = None
+    store: StrictBool | None = None
+    moderation: dict[str, Any] | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: StrictStr | dict[str, Any] | None = None
+    # vLLM's, for vLLM targets (the three sampling ones for llama.cpp's server too).
+    top_k: StrictInt | None = None
+    min_p: _ranged(0, 1) | None = None
+    ignore_eos: StrictBool | None = None
+    use_beam_search: StrictBool | None = None
+    length_penalty: _Number | None = None
+    repetition_penalty: Annotated[_Number, Field(gt=0)] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    truncate_prompt_tokens: StrictInt | None = None
+    prompt_logprobs: StrictInt | None = None
+    allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[StrictStr] | None = None
+    echo: StrictBool | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+    add_special_tokens: StrictBool | None = None
+    documents: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: StrictStr | dict[str, Any] | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    structural_tag: StrictStr | None = None
+    return_tokens_as_token_ids: StrictBool | None = None
+    return_token_ids: StrictBool | None = None
+    cache_salt: StrictStr | None = None
 
 
 # The 400's message for a field the schema refused, by field: one wording per field, whatever the
-# reason (type, range, missing), naming what is accepted.
+# reason (type, range, missing), naming what is accepted. Fields not listed get a generic one.
 _REFUSED = {
     "model": '`model` is required: "auto" or a name from /v1/models.',
     "messages": "`messages` must be a non-empty list.",
     "max_tokens": "`max_tokens` must be a number from 1 to 32768.",
     "max_completion_tokens": "`max_completion_tokens` must be a number from 1 to 32768.",
     "temperature": "`temperature` must be a number from 0 to 2.",
+    "top_p": "`top_p` must be a number from 0 to 1.",
+    "n": f"`n` must be a number from 1 to {MAX_CHOICES}.",
+    "stop": f"`stop` must be a string or a list of at most {MAX_STOPS} strings.",
+    "presence_penalty": "`presence_penalty` must be a number from -2 to 2.",
+    "frequency_penalty": "`frequency_penalty` must be a number from -2 to 2.",
+    "logit_bias": "`logit_bias` must map token ids to numbers from -100 to 100.",
+    "top_logprobs": "`top_logprobs` must be a number from 0 to 20.",
+    "response_format": "`response_format` must be {type: text | json_object | json_schema}, "
+    "a json_schema one with json_schema.name (and its schema as an object).",
+    "tools": "`tools` must be a list of at most 128 tools, each {type: function, function: "
+    "{name (letters, digits, _ . : -, at most 64), description, parameters: a JSON schema}}.",
+    "tool_choice": '`tool_choice` must be "none", "auto", "required" or '
+    '{"type": "function", "function": {"name": …}}.',
     "ignore_eos": "`ignore_eos` must be a boolean.",
-    "n": "Only n=1 is supported.",
     "stream": "`stream` must be a boolean.",
-    "stream_options": "`stream_options` must be an object.",
+    "stream_options": "`stream_options` must be an object: {include_usage: boolean} "
+    "(the gateway's stream has no obfuscation to include).",
 }
 
 
-def completion_request(raw_body: bytes) -> dict | Reply:
-    """The request's question, history, system text and options, or the 400 refusing it."""
+@dataclass
+class CompletionRequest:
+    """A chat completion request as the gateway reads it: the parts its policy owns, the question
+    that rules and the KB read, and what is carried to the engine as the client sent it."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    text: str  # the last user message's text: what the rules, the KB and the context read
+    system: str  # the client's leading system and developer messages, joined
+    history: list[dict]  # the messages between those and the question, as sent
+    max_tokens: int | None
+    temperature: float | None
+    passthrough: Passthrough
+
+
+def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
+    """The request as the pipeline takes it, or the 400 refusing it."""
     try:
         body = json.loads(raw_body or b"")
     except ValueError as exc:
         return error_reply(400, f"The body is not valid JSON: {exc}.")
+    if not isinstance(body, dict):
+        return error_reply(400, "The request body must be a JSON object.")
+    for name in body:
+        if name in openai_fields.REFUSED:
+            return error_reply(
+                400,
+                f"`{name}` may not be set by a client: {openai_fields.REFUSED[name]}.",
+                code="unsupported_parameter",
+                param=name,
+            )
+        if name not in openai_fields.KNOWN:
+            return error_reply(
+                400,
+                f"Unrecognized request argument supplied: {name}. This gateway passes on every "
+                "field of OpenAI's chat completion request and vLLM's own; see docs/api.md.",
+                code="unknown_parameter",
+                param=name,
+            )
     try:
         request = _Body.model_validate(body)
     except ValidationError as exc:
         return _schema_refused(exc)
-    history, system = [], []
-    for index, message in enumerate(request.messages):
-        text = message.text
-        if text is None:
-            return _message_refused(index)
-        # Every message, not only the question: all of them go to the engine, and none may cost a
-        # rate-limit slot by failing later.
-        if (problem := text_problem(text)) is not None:
-            return error_reply(
-                400,
-                f"messages[{index}] {problem}.",
-                code="invalid_text",
-                param=f"messages[{index}]",
-            )
-        if message.role in ("system", "developer"):
-            system.append(text)
-        else:
-            history.append({"role": message.role, "content": text})
-    if not history or history[-1]["role"] != "user":
-        return error_reply(400, "The last message must come from the user.", param="messages")
-    options = {
-        "max_tokens": request.max_completion_tokens or request.max_tokens,
-        "temperature": request.temperature,
+    if request.stream_options is not None and request.stream_options.continuous_usage_stats:
+        return error_reply(
+            400,
+            "`stream_options.continuous_usage_stats` is not served: the usage comes once, "
+            "at the end (include_usage).",
+            code="unsupported_parameter",
+            param="stream_options",
+        )
+    if request.stream_options is not None and not request.stream:
+        return error_reply(
+            400,
+            "`stream_options` is only allowed with `stream: true`.",
+            param="stream_options",
+        )
+    if request.top_logprobs and not request.logprobs:
+        return error_reply(400, "`top_logprobs` needs `logprobs: true`.", param="top_logprobs")
+    messages = body["messages"]
+    limited: dict[str, frozenset[str]] = {}
+    for index, message in enumerate(messages):
+        problem = _message_problem(message, index, limited)
+        if problem is not None:
+            return problem
+    conversation = _conversation(messages)
+    if isinstance(conversation, Reply):
+        return conversation
+    system, history, question, after = conversation
+    fields = {
+        name: value
+        for name, value in body.items()
+        if name not in openai_fields.GATEWAY and value is not None
     }
-    return {
-        "model": request.model,
-        "question": history[-1]["content"],
-        "history": history[:-1],
-        "system": "\n\n".join(system),
-        "stream": request.stream,
-        "include_usage": bool(request.stream_options and request.stream_options.include_usage),
-        "ignore_eos": request.ignore_eos,
-        **{name: value for name, value in options.items() if value is not None},
-    }
-
-
-def _message_refused(index: int) -> Reply:
-    return error_reply(
-        400,
-        f"messages[{index}] needs a role (system, user, assistant) and text content.",
-        param=f"messages[{index}]",
+    limited.update(openai_fields.kinds_for(fields))
+    limited.update(_limited_by_value(request))
+    max_tokens_field = (
+        "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     )
+    return CompletionRequest(
+        model=request.model,
+        stream=bool(request.stream),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        text=(_text(question) or "") if question is not None else "",
+        system=system,
+        history=history,
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        temperature=request.temperature,
+        passthrough=Passthrough(
+            question=question,
+            after=tuple(after),
+            fields={name: value for name, value in fields.items() if name != "temperature"},
+            max_tokens_field=max_tokens_field,
+            limited=limited,
+            not_plain=_not_plain(request, question, after),
+            features=_features(request, messages),
+            choices=request.n or 1,
+        ),
+    )
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# Content part types, by the roles that may send them, and the engine kinds that read them.
+_PARTS = {
+    "text": ("text", ALL_KINDS),
+    "image_url": ("image_url", ALL_KINDS),
+    "input_audio": ("input_audio", ALL_KINDS),
+    "file": ("file", frozenset({EXTERNAL})),
+    "refusal": ("refusal", ALL_KINDS),
+    "audio_url": ("audio_url", frozenset({VLLM})),
+    "video_url": ("video_url", frozenset({VLLM})),
+}
+
+
+def _message_problem(message, index: int, limited: dict) -> Reply | None:
+    where = f"messages[{index}]"
+
+    def refused(why: str, code: str | None = None) -> Reply:
+        return error_reply(400, f"{where} {why}", code=code, param=where)
+
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        return refused(
+            "needs a role (system, developer, user, assistant or tool) and content.",
+        )
+    role = message["role"]
+    content = message.get("content")
+    if role == "function":
+        limited[f"{where} (a function message)"] = frozenset({EXTERNAL})
+    if content is None:
+        # Only an assistant turn that called a tool, refused, or spoke audio may say nothing.
+        if role != "assistant" or not (
+            message.get("tool_calls")
+            or message.get("refusal")
+            or message.get("audio")
+            or message.get("function_call")
+        ):
+            return refused("needs content: a string or a list of content parts.")
+    elif isinstance(content, str):
+        if (problem := text_problem(content)) is not None:
+            return refused(f"{problem}.", "invalid_text")
+    elif isinstance(content, list) and content:
+        for number, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in _PARTS:
+                return refused(
+                    f"content[{number}] must be a part of type text, image_url, input_audio or "
+                    "file."
+                )
+            key, kinds = _PARTS[part["type"]]
+            if (
+                part["type"] != "text"
+                and role != "user"
+                and not (part["type"] == "refusal" and role == "assistant")
+            ):
+                return refused(f"content[{number}]: a {role} message takes text parts only.")
+            value = part.get(key)
+            if part["type"] in ("text", "refusal"):
+                if not isinstance(value, str):
+                    return refused(f"content[{number}] needs its `{key}` as a string.")
+                if (problem := text_problem(value)) is not None:
+                    return refused(f"{problem} (content[{number}]).", "invalid_text")
+            elif not isinstance(value, (dict, str)) or not value:
+                return refused(f"content[{number}] needs its `{key}`.")
+            if kinds != ALL_KINDS:
+                limited[f"{where}.content[{number}] (a {part['type']} part)"] = kinds
+    else:
+        return refused("needs content: a string or a non-empty list of content parts.")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        return refused("is a tool result and needs the `tool_call_id` it answers.")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if (
+            role != "assistant"
+            or not isinstance(calls, list)
+            or not all(_tool_call_valid(call) for call in calls)
+        ):
+            return refused(
+                "`tool_calls` belong to an assistant message: a list of {id, type: function, "
+                "function: {name, arguments: a string}}."
+            )
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        return refused("`name` must be a string.")
+    return None
+
+
+def _tool_call_valid(call) -> bool:
+    if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+        return False
+    if call.get("type", "function") == "custom":
+        return isinstance(call.get("custom"), dict)
+    function = call.get("function")
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("arguments"), str)
+    )
+
+
+def _conversation(messages: list[dict]):
+    """(system text, history, question, after): the leading system and developer messages go
+    with the rule's system prompt, the last user message is the question."""
+    lead = 0
+    system = []
+    while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
+        text = _text(messages[lead])
+        if text is None:
+            return error_reply(
+                400, f"messages[{lead}] is a system message: text only.", param=f"messages[{lead}]"
+            )
+        system.append(text)
+        lead += 1
+    last_user = None
+    for index in range(len(messages) - 1, lead - 1, -1):
+        if messages[index]["role"] == "user":
+            last_user = index
+            break
+    if last_user is None:
+        return "\n\n".join(system), list(messages[lead:]), None, []
+    return (
+        "\n\n".join(system),
+        list(messages[lead:last_user]),
+        messages[last_user],
+        list(messages[last_user + 1 :]),
+    )
+
+
+def _text(message: dict) -> str | None:
+    """A message's text: its string, or its text parts joined; "" for none; None for a part
+    list with something else than text in it, when text alone is asked for (system)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = [part["text"] for part in content if part.get("type") == "text"]
+    if message.get("role") in ("system", "developer") and len(texts) != len(content):
+        return None
+    return "\n".join(texts)
+
+
+def _limited_by_value(request: _Body) -> dict[str, frozenset[str]]:
+    """Fields whose value decides which engines take them."""
+    limited = {}
+    if request.response_format is not None and request.response_format.type == "structural_tag":
+        limited["response_format"] = frozenset({VLLM})
+    if request.tools and any(tool.type != "function" for tool in request.tools):
+        limited["tools"] = frozenset({EXTERNAL})
+    if isinstance(request.tool_choice, _NamedChoice) and request.tool_choice.type != "function":
+        limited["tool_choice"] = frozenset({EXTERNAL})
+    return limited
+
+
+def _not_plain(request: _Body, question: dict | None, after: list[dict]) -> str | None:
+    """Why a stored text answer would not satisfy this request, or None when it would."""
+    if after:
+        return "the conversation goes on after the question (a tool result for the model to read)"
+    if question is None:
+        return "there is no user question"
+    if isinstance(question.get("content"), list) and any(
+        part.get("type") != "text" for part in question["content"]
+    ):
+        return "the question carries more than text (an image, audio or a file)"
+    if request.tools and request.tool_choice not in (None, "none", "auto"):
+        return "tool_choice requires a tool call"
+    if request.response_format is not None and request.response_format.type != "text":
+        return f"response_format asks for {request.response_format.type}"
+    if request.structured_outputs or request.guided_json or request.guided_choice:
+        return "structured outputs are asked for"
+    if request.guided_regex or request.guided_grammar:
+        return "structured outputs are asked for"
+    if request.n is not None and request.n > 1:
+        return f"n={request.n} choices are asked for"
+    if request.logprobs:
+        return "logprobs are asked for"
+    if request.modalities and "audio" in request.modalities:
+        return "audio output is asked for"
+    if request.echo or request.continue_final_message:
+        return "the answer continues the prompt"
+    return None
+
+
+def _features(request: _Body, messages: list[dict]) -> tuple[str, ...]:
+    """Short names of what the request asks beyond text, for the request log."""
+    found = []
+    if request.tools or request.functions:
+        found.append("tools")
+    if any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+        found.append("tool_results")
+    if (request.response_format is not None and request.response_format.type != "text") or (
+        request.structured_outputs or request.guided_json or request.guided_choice
+    ):
+        found.append("structured")
+    if request.logprobs:
+        found.append("logprobs")
+    if request.n is not None and request.n > 1:
+        found.append("n")
+    if any(
+        isinstance(m.get("content"), list)
+        and any(part.get("type") not in ("text", "refusal") for part in m["content"])
+        for m in messages
+    ):
+        found.append("media")
+    return tuple(found)
 
 
 def _schema_refused(exc: ValidationError) -> Reply:
     loc = exc.errors(include_url=False)[0]["loc"]
     if not loc:
         return error_reply(400, "The request body must be a JSON object.")
-    if loc[0] == "messages" and len(loc) > 1 and isinstance(loc[1], int):
-        return _message_refused(loc[1])
-    return error_reply(400, _REFUSED[loc[0]], param=str(loc[0]))
+    name = str(loc[0])
+    if name == "messages" and len(loc) > 1 and isinstance(loc[1], int):
+        return error_reply(
+            400,
+            f"messages[{loc[1]}] needs a role (system, developer, user, assistant or tool) and "
+            "content.",
+            param=f"messages[{loc[1]}]",
+        )
+    message = _REFUSED.get(name)
+    if message is None:
+        detail = exc.errors(include_url=False)[0]["msg"]
+        message = f"`{name}` is not valid: {detail}."
+    return error_reply(400, message, param=name)
 
 
 def session_named(headers: dict[str, str]) -> int | None | Reply:

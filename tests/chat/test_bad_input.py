@@ -97,12 +97,7 @@ def v1(**fields) -> bytes:
                 {
                     "model": "auto",
                     "messages": [
-                        {
-                            "role": "user",
-                            "content": [
-                                {"type": "image_url", "image_url": {"url": "https://e.com/x.png"}}
-                            ],
-                        }
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}
                     ],
                 }
             ).encode(),
@@ -110,13 +105,29 @@ def v1(**fields) -> bytes:
         ),
         (
             json.dumps(
-                {"model": "auto", "messages": [{"role": "user", "content": "\n\t \r\n"}]}
+                {"model": "auto", "messages": [*ASK, {"role": "tool", "content": "42"}]}
             ).encode(),
-            "messages",
+            "messages[1]",
         ),
         (
             json.dumps(
-                {"model": "auto", "messages": [*ASK, {"role": "assistant", "content": "ok"}]}
+                {"model": "auto", "messages": [{"role": "user", "content": "hi", "tool_calls": []}]}
+            ).encode(),
+            "messages[0]",
+        ),
+        (v1(tools=[{"type": "function", "function": {"name": "no spaces allowed"}}]), "tools"),
+        (v1(tool_choice="sometimes"), "tool_choice"),
+        (v1(response_format={"type": "xml"}), "response_format"),
+        (v1(top_logprobs=3), "top_logprobs"),
+        (v1(logprobs="yes"), "logprobs"),
+        (v1(stop=["a"] * 17), "stop"),
+        (v1(stream_options={"include_usage": True}), "stream_options"),
+        (v1(stream=True, stream_options={"include_obfuscation": True}), "stream_options"),
+        (v1(priority=-10), "priority"),
+        (v1(temprature=0.5), "temprature"),
+        (
+            json.dumps(
+                {"model": "auto", "messages": [{"role": "user", "content": "\n\t \r\n"}]}
             ).encode(),
             "messages",
         ),
@@ -128,7 +139,7 @@ def v1(**fields) -> bytes:
         (v1(max_completion_tokens=-3), "max_completion_tokens"),
         (v1(temperature=-0.1), "temperature"),
         (v1(temperature=1e308), "temperature"),
-        (v1(n=1000), "n"),
+        (v1(n=17), "n"),
         (v1(n=0), "n"),
         (v1(n="1"), "n"),
         (v1(stream="yes"), "stream"),

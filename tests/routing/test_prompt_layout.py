@@ -33,7 +33,7 @@ def test_the_system_message_is_the_same_whatever_the_questions_passages():
     first, _ = build_messages(
         system=system,
         history=[],
-        question="How do refunds work?",
+        question={"role": "user", "content": "How do refunds work?"},
         budget=4000,
         passages=passages_block([passage(9, "Refunds take 5 days."), passage(3, "Returns.")]),
     )
@@ -53,7 +53,7 @@ def test_each_turn_starts_as_the_previous_one_did():
         messages, dropped = build_messages(
             system=system,
             history=history,
-            question=question,
+            question={"role": "user", "content": question},
             budget=4000,
             passages=passages_block([passage(turn, f"fact {turn}")]),
         )
@@ -75,7 +75,10 @@ def test_over_the_window_history_is_cut_to_half_its_room_so_the_next_turns_keep_
     firsts, drops = [], []
     for turn in range(40):
         messages, dropped = build_messages(
-            system="Be brief.", history=history, question=f"question {turn:02d}", budget=budget
+            system="Be brief.",
+            history=history,
+            question={"role": "user", "content": f"question {turn:02d}"},
+            budget=budget,
         )
         assert sum(message_tokens(m) for m in messages) <= budget
         firsts.append(messages[1]["content"] if len(messages) > 2 else None)

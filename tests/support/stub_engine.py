@@ -9,6 +9,10 @@ the behaviour:
   finish chunk, the usage chunk and `[DONE]`. What a relay must pass on exactly, in order.
 - `broken`: `BROKEN_AFTER` tokens, then an error event in the stream, then the end.
 - `slow`: `SLOW_TOKENS` tokens, one every `SLOW_GAP` seconds: a stream that lasts.
+- `quick`: three tokens, then the end.
+- a name in `SCRIPTS` (`toolcall`, `choices`, `refusal`): that script's chunks, written as vLLM
+  writes such answers (tool-call deltas, several choices with logprobs, a refusal), with a
+  `system_fingerprint` and usage details.
 
 Every request body it received is kept, in order, in `StubEngine.received`: what the gateway
 really sent an engine (its messages, its limits), for tests of the prompt.
@@ -52,14 +56,105 @@ def _chunk(model: str, content: str | None = None, finish: str | None = None) ->
     }
 
 
+def _choice(index: int, delta: dict, finish: str | None = None, logprobs=None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _logprob(token: str) -> dict:
+    return {
+        "token": token,
+        "logprob": -0.25,
+        "bytes": list(token.encode()),
+        "top_logprobs": [{"token": token, "logprob": -0.25, "bytes": list(token.encode())}],
+    }
+
+
+def _tool_call(index: int, *, id=None, name=None, arguments=None) -> dict:
+    call: dict = {"index": index}
+    function = {}
+    if id is not None:
+        call.update(id=id, type="function")
+    if name is not None:
+        function["name"] = name
+    if arguments is not None:
+        function["arguments"] = arguments
+    call["function"] = function
+    return {"tool_calls": [call]}
+
+
+ROLE = {"role": "assistant", "content": ""}
+# Each script: the choices of one chunk per line, as vLLM streams such an answer.
+SCRIPTS = {
+    "toolcall": [
+        [_choice(0, ROLE)],
+        [_choice(0, _tool_call(0, id="chatcmpl-tool-1", name="get_weather", arguments=""))],
+        [_choice(0, _tool_call(0, arguments='{"city": '))],
+        [_choice(0, _tool_call(0, arguments='"Paris"}'))],
+        [_choice(0, _tool_call(1, id="chatcmpl-tool-2", name="get_time", arguments="{}"))],
+        [_choice(0, {"content": ""}, "tool_calls")],
+    ],
+    "choices": [
+        [_choice(0, ROLE)],
+        [_choice(1, ROLE)],
+        [_choice(0, {"content": "Hello"}, logprobs={"content": [_logprob("Hello")]})],
+        [_choice(1, {"content": "Hi"}, logprobs={"content": [_logprob("Hi")]})],
+        [_choice(0, {"content": " there"}, logprobs={"content": [_logprob(" there")]})],
+        [_choice(1, {"content": ""}, "length")],
+        [_choice(0, {"content": ""}, "stop")],
+    ],
+    "refusal": [
+        [_choice(0, ROLE)],
+        [_choice(0, {"refusal": "I can't help "})],
+        [_choice(0, {"refusal": "with that."})],
+        [_choice(0, {"content": ""}, "stop")],
+    ],
+}
+SCRIPT_USAGE = {
+    "prompt_tokens": 20,
+    "completion_tokens": 9,
+    "total_tokens": 29,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
+FINGERPRINT = "fp_stub"
+
+
+async def _script(request: web.Request, body: dict, model: str) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    chunks = [
+        {
+            "id": "stub",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+        for choices in SCRIPTS[model]
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**chunks[0], "choices": [], "usage": SCRIPT_USAGE})
+    stream = b"".join(_event(chunk) for chunk in chunks) + b"data: [DONE]\n\n"
+    for position in range(0, len(stream), 97):  # events cut across writes
+        await response.write(stream[position : position + 97])
+        await asyncio.sleep(0.001)
+    return response
+
+
 async def _chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     request.app[RECEIVED].append(body)
     model = body["model"]
+    if model in SCRIPTS:
+        return await _script(request, body, model)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     rng = random.Random(11)
-    if model == "slow":
+    if model == "quick":
+        for i in range(3):
+            await response.write(_event(_chunk(model, f"w{i} ")))
+        count = 3
+    elif model == "slow":
         for i in range(SLOW_TOKENS):
             await asyncio.sleep(SLOW_GAP)
             await response.write(_event(_chunk(model, f"w{i} ")))

@@ -1,0 +1,167 @@
+"""OpenAI's chat completion request, field by field: which fields the gateway's policy owns, which
+it passes on to every engine as the client sent them, and which only some kinds of engine take.
+
+The gateway is a pass-through: what a client sends reaches the engine unchanged but for the fields
+its policy owns (GATEWAY). A field an engine kind does not serve is never sent there to be ignored
+in silence: a target of that kind is passed over, and a request that no target can take is refused
+with a 400 naming the field (docs/architecture.md, "The /v1 fields").
+
+The kinds are `ModelEndpoint.Kind`'s values: `vllm`, `cpu` (llama.cpp's server) and `external`
+(any OpenAI-compatible API).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+VLLM, CPU, EXTERNAL = "vllm", "cpu", "external"
+ALL_KINDS = frozenset({VLLM, CPU, EXTERNAL})
+
+# The gateway's own: set or changed by its policy on the way to the engine.
+GATEWAY = {
+    "model": "the target's served name (or its LoRA adapter)",
+    "messages": "passed on, after the rule's system prompt and with the KB passages beside the "
+    "question; the oldest history trimmed to the target's context window",
+    "max_tokens": "passed on under that name, never above the rule's ceiling",
+    "max_completion_tokens": "passed on under that name, never above the rule's ceiling",
+    "stream": "the engine always streams (with usage); the client gets what it asked for",
+    "stream_options": "include_usage decides the client's usage chunk; the engine is always asked "
+    "for usage",
+}
+
+# OpenAI's sampling and output fields that every kind of engine serves: passed on as sent.
+EVERY = (
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+    "reasoning_effort",
+    "metadata",
+)
+
+# OpenAI's own features that vLLM does not serve (it would drop them with a warning): sent to
+# external targets only.
+EXTERNAL_ONLY = (
+    "audio",
+    "modalities",
+    "prediction",
+    "web_search_options",
+    "service_tier",
+    "store",
+    "moderation",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "verbosity",
+    "functions",
+    "function_call",
+)
+
+# vLLM's own request fields (its sampling parameters and chat-template controls): vLLM targets
+# only. The three llama.cpp's server reads under the same name and meaning go to it too.
+VLLM_ONLY = (
+    "use_beam_search",
+    "length_penalty",
+    "repetition_penalty",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "truncate_prompt_tokens",
+    "prompt_logprobs",
+    "allowed_token_ids",
+    "bad_words",
+    "echo",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "documents",
+    "chat_template_kwargs",
+    "mm_processor_kwargs",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structural_tag",
+    "return_tokens_as_token_ids",
+    "return_token_ids",
+    "cache_salt",
+)
+LOCAL_SAMPLING = ("top_k", "min_p", "ignore_eos")
+
+# vLLM fields a client may not set, and why: each is the operator's or the gateway's.
+REFUSED = {
+    "priority": "the gateway's admission policy sets the engine's priority",
+    "request_id": "the gateway names each request itself",
+    "chat_template": "a chat template is the engine operator's, not a request's",
+    "logits_processors": "logits processors load code on the engine",
+    "vllm_xargs": "custom engine arguments are the engine operator's",
+    "kv_transfer_params": "disaggregated-prefill transfers are the engine's own business",
+}
+
+_TAKES: dict[str, frozenset[str]] = {
+    **{name: ALL_KINDS for name in EVERY},
+    **{name: frozenset({EXTERNAL}) for name in EXTERNAL_ONLY},
+    **{name: frozenset({VLLM}) for name in VLLM_ONLY},
+    **{name: frozenset({VLLM, CPU}) for name in LOCAL_SAMPLING},
+}
+
+KNOWN = frozenset(GATEWAY) | frozenset(_TAKES) | frozenset(REFUSED)
+
+# Values that ask nothing of an engine: the field's default, or text-only output.
+_NEUTRAL = {
+    "store": (False, None),
+    "modalities": (["text"], None),
+    "parallel_tool_calls": (True, False, None),
+}
+
+KIND_NAMES = {VLLM: "vLLM", CPU: "llama.cpp", EXTERNAL: "external API"}
+
+
+def kinds_taking(name: str, value) -> frozenset[str]:
+    """The engine kinds a request field may go to with this value."""
+    if value is None or value in _NEUTRAL.get(name, ()):
+        return ALL_KINDS
+    return _TAKES.get(name, ALL_KINDS)
+
+
+def kinds_for(fields: Mapping[str, object]) -> dict[str, frozenset[str]]:
+    """The fields of a request that only some kinds of engine take, each with those kinds."""
+    limited = {}
+    for name, value in fields.items():
+        kinds = kinds_taking(name, value)
+        if kinds != ALL_KINDS:
+            limited[name] = kinds
+    return limited
+
+
+def field_refused(fields: Mapping[str, frozenset[str]], kind: str) -> str | None:
+    """The first field an engine of `kind` does not take, or None."""
+    for name, kinds in fields.items():
+        if kind not in kinds:
+            return name
+    return None
+
+
+def refusal_for(name: str, kinds: frozenset[str], kind: str, endpoint: str) -> str:
+    """Why a field (or a message part) cannot go to an endpoint of this kind, as a 400's
+    message."""
+    takes = sorted(KIND_NAMES[k] for k in kinds)
+    return (
+        f"`{name}` is served by {' and '.join(takes)} targets only; {endpoint} is a "
+        f"{KIND_NAMES.get(kind, kind)} target."
+    )
