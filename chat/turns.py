@@ -292,6 +292,7 @@ async def run_turn(
             error=error,
             key=request_key,
             spent=spent,
+            features=passthrough.features,
         )
         request_note(record)
         metrics.request_ended(record)
@@ -381,6 +382,7 @@ def _record(
     error: events.Error | None,
     key: uuid.UUID,
     spent: events.Spent,
+    features: tuple[str, ...] = (),
 ) -> RequestRecord:
     now = time.monotonic()
     source = done or error
@@ -421,6 +423,7 @@ def _record(
         kb_entry_id=kb.entry_id if kb else None,
         kb_score=kb.score if kb else None,
         fell_back_from=source.fell_back_from if source is not None else (),
+        features=" ".join((*features, "tool_calls") if spent.tool_calls else features),
         key=key,
     )
 

@@ -25,7 +25,7 @@ from core.csvcells import csv_cell
 from inference_ops.models import ModelEndpoint
 from observability import requestlog, selectors
 from observability.dashboard import PERIOD_NAMES, dashboard_page
-from observability.models import RequestLog
+from observability.models import REQUEST_FEATURES, RequestLog
 
 
 class CountOrEstimatePaginator(Paginator):
@@ -149,6 +149,22 @@ class RoadFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         value = self.value()
         return queryset if value is None else queryset.filter(road="" if value == "none" else value)
+
+
+class FeatureFilter(admin.SimpleListFilter):
+    """Requests that asked for tools, a structured output, ...: one of the names in `features`."""
+
+    title = "asked for"
+    parameter_name = "feature"
+
+    def lookups(self, request, model_admin):
+        return list(REQUEST_FEATURES.items())
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value not in REQUEST_FEATURES:
+            return queryset
+        return queryset.filter(features__regex=rf"(^| ){value}( |$)")
 
 
 class TargetFilter(admin.SimpleListFilter):
@@ -278,8 +294,17 @@ class RequestLogAdmin(admin.ModelAdmin):
         "entry_shown",
         "kb_score",
         "fallbacks",
+        "features",
     ]
-    list_filter = [TimeFilter, RoadFilter, TargetFilter, "status", "interface", "kb_hit"]
+    list_filter = [
+        TimeFilter,
+        RoadFilter,
+        TargetFilter,
+        FeatureFilter,
+        "status",
+        "interface",
+        "kb_hit",
+    ]
     search_fields = ["rule", "target", "error_code", "user__username"]
     search_help_text = "Rule, target, error code or user name."
     list_select_related = ["user", "api_key", "kb_entry"]
@@ -314,6 +339,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "entry_shown",
         "kb_score",
         "fallbacks",
+        "features",
         "request_key",
     ]
     readonly_fields = fields

@@ -19,6 +19,7 @@ from core import charts
 from inference_ops.models import EngineProcess
 from knowledge.models import Hit, Miss
 from observability import selectors
+from observability.models import REQUEST_FEATURES
 
 ROADS = {
     "kb": ("knowledge base", "#2a9d4b"),
@@ -60,6 +61,7 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
     traffic = selectors.traffic(period)
     targets = selectors.latency_by_target(period)
     errors = selectors.errors(period)
+    features = selectors.features(period)
     engines, events_cut = selectors.engine_history(period)
     miss_admin = admin_site.get_model_admin(Miss) if admin_site.is_registered(Miss) else None
     can_see_misses = miss_admin is not None and miss_admin.has_view_permission(request)
@@ -89,6 +91,7 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         "hits_by_method": sorted(traffic.hits_by_method.items()),
         "targets": [_target_row(t) for t in targets],
         "errors": errors,
+        "features": [(f, REQUEST_FEATURES.get(f.feature, f.feature)) for f in features],
         "engines": engines,
         "events_cut": events_cut,
         "recent_events": _recent_events(engines),

@@ -31,7 +31,7 @@ import os
 from prometheus_client import Counter, Gauge, Histogram, multiprocess, values
 
 from inference_ops.exceptions import EngineError
-from observability.models import RequestLog
+from observability.models import REQUEST_FEATURES, RequestLog
 from observability.requestlog import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ OTHER = "other"
 INTERFACES = frozenset(RequestLog.Interface.values)
 STATUSES = frozenset(RequestLog.Status.values)
 ROADS = frozenset({"kb", "local", "external", ""})
+FEATURE_NAMES = frozenset(REQUEST_FEATURES)
 KB_METHODS = frozenset({"exact", "typo", "vector", "none", "follow_up"})
 # Every code a turn ends with (routing.pipeline's, an engine failure's kind) and every code /v1
 # answers with (chat.openai_api, after its renames); "" is a reply without a code.
@@ -159,6 +160,13 @@ FALLBACKS = Counter(
     "target that answered (empty: none did).",
     ["passed_over", "target"],
 )
+FEATURES = Counter(
+    "gateway_request_features_total",
+    "Requests that asked a model for more than text, by what they asked "
+    "(observability.models.REQUEST_FEATURES): tools, tool_calls (the model called one), "
+    "tool_results, structured, logprobs, n, media.",
+    ["interface", "feature"],
+)
 IN_FLIGHT = Gauge(
     "gateway_requests_in_flight",
     "Turns being answered now.",
@@ -227,6 +235,9 @@ def _ended(record: RequestRecord) -> None:
         _child(KB_LOOKUPS, method, result).inc()
     for passed_over in record.fell_back_from:
         _child(FALLBACKS, _name(passed_over), target).inc()
+    if record.features:
+        for feature in record.features.split():
+            _child(FEATURES, interface, _one_of(feature, FEATURE_NAMES)).inc()
 
 
 # Each series' child, found once: prometheus_client's labels() costs more than the count itself.

@@ -4,6 +4,17 @@ dashboard)."""
 from django.conf import settings
 from django.db import models
 
+# What a request asked of the model beyond text (the request log's `features`, space-separated).
+REQUEST_FEATURES = {
+    "tools": "tools offered",
+    "tool_calls": "the model called a tool",
+    "tool_results": "tool results to read",
+    "structured": "a structured output (JSON schema, JSON, choice, regex)",
+    "logprobs": "logprobs",
+    "n": "several choices",
+    "media": "images, audio or files",
+}
+
 
 class RequestLog(models.Model):
     """One row per answered request: what its user saw, in numbers and short names (see
@@ -64,6 +75,8 @@ class RequestLog(models.Model):
     )
     kb_score = models.FloatField("KB score", null=True)
     fallbacks = models.SmallIntegerField(default=0)
+    # REQUEST_FEATURES' names, space-separated: what the request asked beyond text.
+    features = models.CharField(max_length=100, blank=True, default="")
     request_key = models.UUIDField()
 
     class Meta:

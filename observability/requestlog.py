@@ -56,6 +56,8 @@ class RequestRecord:
     kb_entry_id: int | None  # the entry that answered, or the best candidate that did not
     kb_score: float | None
     fell_back_from: tuple[str, ...] = ()  # endpoints passed over before the answer
+    # What it asked beyond text: observability.models.REQUEST_FEATURES' names, space-separated.
+    features: str = ""
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
 
 
@@ -160,6 +162,7 @@ COLUMNS = (
     ("kb_entry_id", "bigint"),
     ("kb_score", "float8"),
     ("fallbacks", "smallint"),
+    ("features", "text"),
     ("request_key", "uuid"),
 )
 
@@ -201,6 +204,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [r.kb_entry_id for r in batch],
         [r.kb_score for r in batch],
         [min(len(r.fell_back_from), 32767) for r in batch],
+        [_short(r.features, 100) for r in batch],
         [r.key for r in batch],
     )
     try:

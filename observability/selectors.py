@@ -189,6 +189,29 @@ def errors(period: Period, *, limit: int = 10) -> list[ErrorCount]:
 
 
 @dataclass(frozen=True)
+class FeatureCount:
+    feature: str  # observability.models.REQUEST_FEATURES
+    requests: int
+
+
+_FEATURES_SQL = """
+SELECT feature, count(*)
+FROM chat_requestlog, unnest(string_to_array(features, ' ')) AS feature
+WHERE at >= %(start)s AND at < %(end)s AND features <> ''
+GROUP BY 1
+ORDER BY 2 DESC, 1
+"""
+
+
+def features(period: Period) -> list[FeatureCount]:
+    """How many requests of the period asked for tools, a structured output, ... (a request may
+    count under several)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FEATURES_SQL, {"start": period.start, "end": period.end})
+        return [FeatureCount(*row) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
 class EngineState:
     at: datetime
     status: str

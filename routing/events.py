@@ -78,6 +78,7 @@ class Spent:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost: float | None = None
+    tool_calls: int = 0  # the tool calls the model made
 
 
 @dataclass(frozen=True, slots=True)

@@ -705,6 +705,8 @@ class _Meter:
                 self.more.append(delta.get("content") or "")
             for call in delta.get("tool_calls") or ():
                 self.more.append((call.get("function") or {}).get("arguments") or "")
+                if call.get("id"):
+                    self.spent.tool_calls += 1
 
     @property
     def prompt(self) -> int:
