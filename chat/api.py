@@ -21,7 +21,7 @@ from chat.auth import ChatScope, SessionOnly
 from chat.exceptions import SPEND_REFUSALS, ChatError, SpendRefused
 from chat.feedback import message_feedback
 from chat.models import ApiKey, ChatSession, Message
-from chat.turns import SessionEvent, reads_route_details, run_turn, turn_admit
+from chat.turns import SessionEvent, TurnRequest, question_intake, reads_route_details, run_turn
 from chat.usage import usage_read
 from core.errors import unavailable
 from core.fields import TextField
@@ -336,13 +336,15 @@ async def _run_to_end(request, data, **turn) -> int:
     message_id = None
     refused = None
     async for event in run_turn(
-        user=request.user,
-        content=data.get("content"),
-        client=_client(request),
-        **turn,
-        max_tokens=data.get("max_tokens"),
-        temperature=data.get("temperature"),
-        **_logged_as(request),
+        TurnRequest(
+            user=request.user,
+            content=data.get("content"),
+            client=_client(request),
+            **turn,
+            max_tokens=data.get("max_tokens"),
+            temperature=data.get("temperature"),
+            **_logged_as(request),
+        )
     ):
         if isinstance(event, SessionEvent):
             message_id = event.message_id
@@ -385,39 +387,20 @@ def _turn_stream(request, serializer_class, *, session_id=None, regenerate=None,
     headers go out, so a refusal is a plain 4xx, not an event."""
     data = serializer_class(data=request.data)
     data.is_valid(raise_exception=True)
-    content = data.validated_data.get("content")
-    if regenerate is None:
-        content = services.message_validate(content)
-    turn_admit()
-    # The turn gives the slot back; a stream never started (the client gone before its first
-    # byte) leaves it to its lease.
-    slot = services.question_admit(user_id=request.user.pk)
-    started = None
-    if regenerate is not None or edit is not None:
-        try:
-            started = services.turn_redo_start(
-                user=request.user,
-                message_id=regenerate if regenerate is not None else edit,
-                content=content if edit is not None else None,
-            )
-        except BaseException:
-            if slot is not None:
-                async_to_sync(services.astream_slot_release)(slot=slot)
-            raise
-    turn = run_turn(
+    asked = TurnRequest(
         user=request.user,
-        content=content,
+        content=data.validated_data.get("content"),
         session_id=session_id,
         client=_client(request),
         max_tokens=data.validated_data.get("max_tokens"),
         temperature=data.validated_data.get("temperature"),
-        admitted=True,
-        slot=slot,
         regenerate=regenerate,
         edit=edit,
-        started=started,
         **_logged_as(request),
     )
+    # The turn gives the slot back; a stream never started (the client gone before its first
+    # byte) leaves it to its lease.
+    turn = run_turn(asked, admitted=question_intake(asked, start_redo=True))
     response = StreamingHttpResponse(
         _sse(turn, details=reads_route_details(request.user)), content_type="text/event-stream"
     )

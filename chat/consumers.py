@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from chat import live
 from chat.exceptions import ChatError
 from chat.models import ChatSession, Message
-from chat.turns import SessionEvent, areads_route_details, run_turn
+from chat.turns import SessionEvent, TurnRequest, areads_route_details, run_turn
 from core import db
 from core.errors import unavailable
 from core.sockets import JsonFramesConsumer, asocket_login_ended
@@ -207,15 +207,8 @@ class ChatConsumer(JsonFramesConsumer):
                 await self.close(code=4401)
                 return
             details = await areads_route_details(self.user)
-            async for event in run_turn(
-                user=self.user,
-                content=content,
-                session_id=session_id,
-                client="web",
-                arrived=arrived,
-                parts=parts,
-                **redo,
-            ):
+            turn = TurnRequest(user=self.user, content=content, session_id=session_id, **redo)
+            async for event in run_turn(turn, arrived=arrived, parts=parts):
                 if type(event) is Token:
                     if self.live is not None:  # before the await: a Stop then cannot split them
                         self.live.token(event.text)

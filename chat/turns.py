@@ -22,7 +22,9 @@ import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from chat import services
@@ -124,70 +126,128 @@ async def _ready(start: services.TurnStart) -> services.TurnStart:
     return start
 
 
+@dataclass(kw_only=True)
+class TurnRequest:
+    """One question as an interface hands it over: who asks, what the model is asked, and where
+    the turn is kept. The same for the browser's socket, the chat API and /v1."""
+
+    user: Any
+    content: str | None  # None: a regeneration, which answers the stored question again
+    interface: str = RequestLog.Interface.WEB
+    client: str = "web"  # what the rules match as the client (chat.apikeys: key:<name>)
+    source: str = ChatSession.Source.WEB  # a session's origin, for one this turn creates
+    # What the model gets besides the question: a model the client named, the token ceiling and
+    # temperature it asked for, its system text, and what /v1 carries as it was sent.
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    system: str = ""
+    passthrough: events.Passthrough = events.PLAIN
+    # Sent with the request (/v1): the conversation, and the groups the key lookup brought. The
+    # answer then needs nothing of the turn's rows and starts while they are written.
+    history: list[dict] | None = None
+    groups: frozenset[str] | None = None
+    api_key_id: int | None = None
+    # Where it is kept: a session (None: a new one), nowhere (store=False, /v1 naming no
+    # session), or a new version of the session's last exchange (regenerate: an answer's id;
+    # edit: a question's id, replaced by `content`).
+    session_id: int | None = None
+    store: bool = True
+    regenerate: int | None = None
+    edit: int | None = None
+
+    def __post_init__(self):
+        if not self.store and (self.history is None or self.groups is None):
+            raise ValueError(
+                "a turn that stores nothing needs its history and groups from the caller"
+            )
+        if self.redo is not None and (self.history is not None or not self.store):
+            raise ValueError(
+                "a new version of a stored exchange reads its history from the session"
+            )
+
+    @property
+    def redo(self) -> int | None:
+        return self.regenerate if self.regenerate is not None else self.edit
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A question through the intake: the process takes turns, its text is checked, it is counted
+    against the user's rate limit and holds a stream slot (None: limits open in a Redis outage).
+    `started`: a new version the caller already started (a stream whose refusals must be plain
+    4xx before its headers go out)."""
+
+    content: str | None
+    slot: services.StreamSlot | None
+    started: services.TurnStart | None = None
+
+
+def _intake(turn: TurnRequest) -> str | None:
+    turn_admit()
+    return turn.content if turn.regenerate is not None else services.message_validate(turn.content)
+
+
+async def aquestion_intake(turn: TurnRequest) -> Admitted:
+    """The one way in for a question, on the event loop: every refusal (draining, bad text, the
+    rate limit, too many answers at once) raised before anything is stored or counted."""
+    content = _intake(turn)
+    return Admitted(content, await services.aquestion_admit(user_id=turn.user.pk))
+
+
+def question_intake(turn: TurnRequest, *, start_redo: bool = False) -> Admitted:
+    """aquestion_intake in a request's thread (the chat API's streams). `start_redo`: a
+    regeneration or an edit is started here too, so that a refusal of it (not the last
+    exchange, another user's message) is one as well."""
+    content = _intake(turn)
+    slot = services.question_admit(user_id=turn.user.pk)
+    if not start_redo or turn.redo is None:
+        return Admitted(content, slot)
+    try:
+        started = services.turn_redo_start(
+            user=turn.user,
+            message_id=turn.redo,
+            content=content if turn.edit is not None else None,
+        )
+    except BaseException:
+        if slot is not None:
+            async_to_sync(services.astream_slot_release)(slot=slot)
+        raise
+    return Admitted(content, slot, started)
+
+
 async def run_turn(
+    turn: TurnRequest,
     *,
-    user,
-    content,
-    session_id: int | None = None,
-    client: str = "web",
-    source: str = ChatSession.Source.WEB,
-    model: str | None = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    passthrough: events.Passthrough = events.PLAIN,
-    history: list[dict] | None = None,
-    groups: frozenset[str] | None = None,
-    system: str = "",
-    admitted: bool = False,
-    interface: str = RequestLog.Interface.WEB,
-    api_key_id: int | None = None,
+    admitted: Admitted | None = None,
     arrived: float | None = None,
-    store: bool = True,
-    slot: services.StreamSlot | None = None,
     request_key: uuid.UUID | None = None,
     parts: list[str] | None = None,
-    regenerate: int | None = None,
-    edit: int | None = None,
-    started: services.TurnStart | None = None,
 ) -> AsyncIterator[events.Event]:
-    """Validate, rate-limit, take a stream slot, persist, answer. Raises ChatError subclasses before
-    anything is stored. `admitted=True`: the caller already validated `content`
-    (`services.message_validate`, whose result it passes) and admitted the question
-    (`services.question_admit`), whose stream slot it passes as `slot`: the turn gives it back.
-    The slot goes back before the last event is yielded: a client that starts its next question
-    as soon as it hears the end finds it free.
+    """Take the question in, persist, answer: yields the pipeline's events (a `session` event
+    first when the turn is stored). Raises ChatError subclasses before anything is stored.
+    `admitted`: the caller took the question in already (`question_intake`); the turn gives its
+    slot back. The slot goes back before the last event is yielded: a client that starts its next
+    question as soon as it hears the end finds it free.
 
-    With `history` and `groups` given (the /v1 API: the client sends the conversation, the key
-    lookup brought the user's groups), the answer needs nothing from the turn's rows, so it
-    starts while they are written: the KB check or the engine's first token does not wait for
-    the statement, which under load waits its turn on a busy event loop. With `store=False`
-    (a /v1 call that names no session) no chat rows are written at all: the request log keeps
-    what the request did.
+    With the history and groups in the request (/v1), the answer starts while the turn's rows are
+    written: the KB check or the engine's first token does not wait for the statement, which under
+    load waits its turn on a busy event loop. A turn that stores nothing writes no chat rows: the
+    request log keeps what the request did.
 
     `arrived` is the request's arrival on the loop's clock (`time.monotonic()`), when the
     interface saw it before this call: the request log's times and the gateway's overhead
     (`Done.overhead_ms`) count from there. `request_key` names the answer in the request log, the
     KB's records, the stored message and the user's feedback (the /v1 completion id is made from
     it); a new one when not given. `parts`: the list the answer's tokens are kept in, as they
-    arrive (a caller that shares the answer with other sockets reads it: chat.live).
-
-    `regenerate` (an answer's id, `content` None) answers its question again; `edit` (a
-    question's id) replaces the question with `content` and answers that: a new version of the
-    session's last exchange (services.turn_redo_start), streamed like any answer. `started`: that
-    new version already started by the caller (a stream whose refusals must be plain 4xx before
-    its headers go out), with `regenerate` or `edit` naming what it replaced."""
-    if not store and (history is None or groups is None):
-        raise ValueError("a turn that stores nothing needs its history and groups from the caller")
-    redo = regenerate if regenerate is not None else edit
-    if redo is not None and (history is not None or not store):
-        raise ValueError("a new version of a stored exchange reads its history from the session")
-    if started is not None and (redo is None or not admitted):
-        raise ValueError("a turn started by its caller is a new version, admitted by the caller")
+    arrive (a caller that shares the answer with other sockets reads it: chat.live)."""
+    user = turn.user
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
     request_key = request_key or uuid.uuid4()
-
+    passthrough = turn.passthrough
     spent = events.Spent()  # the pipeline fills it in; the request log reads it
+    content = turn.content
 
     def request_for(history: list[dict], groups: frozenset[str]) -> events.RouteRequest:
         return events.RouteRequest(
@@ -195,44 +255,51 @@ async def run_turn(
             history=history,
             user_id=user.pk,
             groups=groups,
-            client=client,
-            model=model,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            system=system,
+            client=turn.client,
+            model=turn.model,
+            max_tokens=turn.max_tokens,
+            temperature=turn.temperature,
+            system=turn.system,
             passthrough=passthrough,
-            store=store,
+            store=turn.store,
             key=request_key,
-            api_key_id=api_key_id,
+            api_key_id=turn.api_key_id,
             spent=spent,
         )
 
     first: asyncio.Future | None = None
     start: services.TurnStart | None = None
+    slot = admitted.slot if admitted is not None else None
     try:
         turn_admit()
         _running.add(task)
-        if not admitted:
-            if regenerate is None:
-                content = services.message_validate(content)
+        if admitted is None:
             # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop)
             # and one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in
             # the request's thread elsewhere).
-            slot = await services.aquestion_admit(user_id=user.pk)
-        if started is not None:
-            starting = _ready(started)
-        elif redo is not None:
+            admitted = await aquestion_intake(turn)
+            slot = admitted.slot
+        content = admitted.content
+        if admitted.started is not None:
+            starting = _ready(admitted.started)
+        elif turn.redo is not None:
             starting = services.aturn_redo_start(
-                user=user, message_id=redo, content=None if regenerate is not None else content
+                user=user,
+                message_id=turn.redo,
+                content=None if turn.regenerate is not None else content,
             )
-        elif store:
+        elif turn.store:
             starting = services.aturn_start(
-                user=user, session_id=session_id, content=content, source=source, history=history
+                user=user,
+                session_id=turn.session_id,
+                content=content,
+                source=turn.source,
+                history=turn.history,
             )
         else:
             starting = None
-        if history is not None and groups is not None:
-            answer = pipeline.answer(request_for(history, groups))
+        if turn.history is not None and turn.groups is not None:
+            answer = pipeline.answer(request_for(turn.history, turn.groups))
             if starting is not None:
                 first = asyncio.ensure_future(
                     answer.__anext__()
@@ -244,7 +311,7 @@ async def run_turn(
                     raise
         else:
             start = await starting
-            if regenerate is not None:
+            if turn.regenerate is not None:
                 content = start.question  # the stored question, answered again
             answer = pipeline.answer(request_for(start.history, start.groups))
         if start is not None:
@@ -265,7 +332,7 @@ async def run_turn(
     route = None
     saved = False
     first_token_at: float | None = None
-    metrics.request_started(interface)
+    metrics.request_started(turn.interface)
 
     async def save(final: events.Event | None, cancelled: bool) -> None:
         nonlocal saved, slot
@@ -282,9 +349,9 @@ async def run_turn(
         record = _record(
             arrived=arrived,
             first_token_at=first_token_at,
-            interface=interface,
+            interface=turn.interface,
             user_id=user.pk,
-            api_key_id=api_key_id,
+            api_key_id=turn.api_key_id,
             session_id=start.session_id if start else None,
             status=status,
             route=route,

@@ -99,8 +99,9 @@ class Finish:
     system_fingerprint: str | None = None
 
 
-# A delta of the first choice with nothing but text in it: relayed as its text alone.
+# A choice of the first index with nothing but text in its delta: relayed as its text alone.
 _PLAIN_DELTA = frozenset({"content", "role"})
+_PLAIN_CHOICE = frozenset({"index", "delta", "logprobs", "finish_reason", "stop_reason"})
 _EMPTY: dict = {}
 
 
@@ -286,6 +287,7 @@ async def stream_chat(
                             index != 0
                             or choice.get("logprobs") is not None
                             or not delta.keys() <= _PLAIN_DELTA
+                            or not choice.keys() <= _PLAIN_CHOICE  # token_ids, routed_experts
                         )
                 except (
                     orjson.JSONDecodeError,
@@ -349,7 +351,8 @@ def _relayed(choices: list[dict]) -> list[dict]:
         choice.pop("stop_reason", None)
         delta = choice.get("delta") or _EMPTY
         said = any(value for key, value in delta.items() if key != "role")
-        if said or choice.get("logprobs") is not None:
+        extra = any(value for key, value in choice.items() if key not in _PLAIN_CHOICE)
+        if said or extra or choice.get("logprobs") is not None:
             relayed.append(choice)
     return relayed
 

@@ -69,19 +69,23 @@ EXTERNAL_ONLY = (
     "function_call",
 )
 
-# vLLM's own request fields (its sampling parameters and chat-template controls): vLLM targets
-# only. The three llama.cpp's server reads under the same name and meaning go to it too.
+# vLLM's own request fields (its sampling parameters and chat-template controls, as of vLLM 0.32's
+# ChatCompletionRequest): vLLM targets only. The three llama.cpp's server reads under the same
+# name and meaning go to it too.
 VLLM_ONLY = (
     "use_beam_search",
     "length_penalty",
     "repetition_penalty",
+    "repetition_detection",
+    "watermarking",
     "stop_token_ids",
     "include_stop_str_in_output",
     "min_tokens",
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "truncate_prompt_tokens",
-    "prompt_logprobs",
+    "truncation_side",
+    "logprob_token_ids",
     "allowed_token_ids",
     "bad_words",
     "echo",
@@ -90,27 +94,44 @@ VLLM_ONLY = (
     "add_special_tokens",
     "documents",
     "chat_template_kwargs",
+    "media_io_kwargs",
     "mm_processor_kwargs",
     "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structural_tag",
+    "thinking_token_budget",
+    "include_reasoning",
     "return_tokens_as_token_ids",
-    "return_token_ids",
+    "routed_experts_prompt_start",
+    "session_id",
+    "stream_interval",
     "cache_salt",
 )
 LOCAL_SAMPLING = ("top_k", "min_p", "ignore_eos")
 
-# vLLM fields a client may not set, and why: each is the operator's or the gateway's.
+# Fields a client may not set, and why: each is the operator's or the gateway's, or asks for
+# something the gateway does not carry.
 REFUSED = {
     "priority": "the gateway's admission policy sets the engine's priority",
     "request_id": "the gateway names each request itself",
     "chat_template": "a chat template is the engine operator's, not a request's",
-    "logits_processors": "logits processors load code on the engine",
     "vllm_xargs": "custom engine arguments are the engine operator's",
-    "kv_transfer_params": "disaggregated-prefill transfers are the engine's own business",
+    "kv_transfer_params": "disaggregated-prefill transfers are the engines' own business",
+    "ec_transfer_params": "disaggregated-prefill transfers are the engines' own business",
+    "return_token_ids": "the prompt's tokens are the gateway's (they hold the rule's system prompt "
+    "and knowledge-base passages), not the client's",
+    "return_prompt_text": "the rendered prompt is the gateway's (it holds the rule's system prompt "
+    "and knowledge-base passages), not the client's",
+    "prompt_logprobs": "the prompt's logprobs would show the gateway's prompt (the rule's system "
+    "prompt and knowledge-base passages)",
+    "return_token_offsets": "it serves vLLM's render endpoints, which the gateway does not serve",
+    "mm_payload": "it serves vLLM's render endpoints, which the gateway does not serve",
+    "return_mm_kwargs": "it serves vLLM's render endpoints, which the gateway does not serve",
+    "logits_processors": "logits processors load code on the engine",
+    "guided_json": 'vLLM replaced it with `structured_outputs` ({"json": schema})',
+    "guided_regex": 'vLLM replaced it with `structured_outputs` ({"regex": pattern})',
+    "guided_choice": 'vLLM replaced it with `structured_outputs` ({"choice": [...]})',
+    "guided_grammar": 'vLLM replaced it with `structured_outputs` ({"grammar": ...})',
+    "guided_decoding_backend": "the engine operator chooses the structured-output backend",
+    "structural_tag": 'vLLM takes it as `response_format` {"type": "structural_tag"}',
 }
 
 _TAKES: dict[str, frozenset[str]] = {

@@ -23,7 +23,7 @@ from chat.openai_api.replies import (
     route_headers,
 )
 from chat.openai_api.schema import completion_request, session_named
-from chat.turns import SessionEvent, run_turn
+from chat.turns import SessionEvent, TurnRequest, run_turn
 from core import db
 from knowledge.exceptions import EntryInvalid
 from observability.models import RequestLog
@@ -84,25 +84,24 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         )
     # Stored as a chat turn only in a session the client names; the request log keeps every call.
     request_key = uuid.uuid4()
-    turn = run_turn(
+    asked = TurnRequest(
         user=key.user,
         content=parsed.text,
+        interface=RequestLog.Interface.V1,
         client=key.client,
         source=ChatSession.Source.API,
         model=parsed.model,
         max_tokens=parsed.max_tokens,
         temperature=parsed.temperature,
+        system=parsed.system,
         passthrough=parsed.passthrough,
         history=parsed.history,
         groups=key.group_names,
-        system=parsed.system,
+        api_key_id=key.pk,
         session_id=session_id,
         store=session_id is not None,
-        interface=RequestLog.Interface.V1,
-        api_key_id=key.pk,
-        arrived=arrived,
-        request_key=request_key,
     )
+    turn = run_turn(asked, arrived=arrived, request_key=request_key)
     # The id names the answer for a verdict later (completion_update).
     completion_id = completion_id_of(request_key, key.user_id)
     created = int(time.time())

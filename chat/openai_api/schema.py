@@ -86,7 +86,8 @@ class _Body(BaseModel):
     know would otherwise be dropped without a word. Strict types: `"5"` is no number and `true` no
     token count."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Unknown fields are refused before this model reads the body (completion_request).
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     # The gateway's own.
     model: Annotated[StrictStr, Field(min_length=1)]
     messages: Annotated[list[Any], Field(min_length=1)]
@@ -127,38 +128,19 @@ class _Body(BaseModel):
     verbosity: Literal["low", "medium", "high"] | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: StrictStr | dict[str, Any] | None = None
-    # vLLM's, for vLLM targets (the three sampling ones for llama.cpp's server too).
+    # vLLM's, for vLLM targets (the three sampling ones for llama.cpp's server too). Its other
+    # fields are not declared here: vLLM checks their values, and its 400 comes back as one.
     top_k: StrictInt | None = None
     min_p: _ranged(0, 1) | None = None
     ignore_eos: StrictBool | None = None
-    use_beam_search: StrictBool | None = None
-    length_penalty: _Number | None = None
     repetition_penalty: Annotated[_Number, Field(gt=0)] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    include_stop_str_in_output: StrictBool | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
-    skip_special_tokens: StrictBool | None = None
-    spaces_between_special_tokens: StrictBool | None = None
-    truncate_prompt_tokens: StrictInt | None = None
-    prompt_logprobs: StrictInt | None = None
-    allowed_token_ids: list[StrictInt] | None = None
-    bad_words: list[StrictStr] | None = None
     echo: StrictBool | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None
-    add_special_tokens: StrictBool | None = None
-    documents: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
-    guided_json: StrictStr | dict[str, Any] | None = None
-    guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
-    guided_grammar: StrictStr | None = None
-    structural_tag: StrictStr | None = None
-    return_tokens_as_token_ids: StrictBool | None = None
-    return_token_ids: StrictBool | None = None
-    cache_salt: StrictStr | None = None
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=1024)] | None = None
 
 
 # The 400's message for a field the schema refused, by field: one wording per field, whatever the
@@ -458,9 +440,7 @@ def _not_plain(request: _Body, question: dict | None, after: list[dict]) -> str 
         return "tool_choice requires a tool call"
     if request.response_format is not None and request.response_format.type != "text":
         return f"response_format asks for {request.response_format.type}"
-    if request.structured_outputs or request.guided_json or request.guided_choice:
-        return "structured outputs are asked for"
-    if request.guided_regex or request.guided_grammar:
+    if request.structured_outputs:
         return "structured outputs are asked for"
     if request.n is not None and request.n > 1:
         return f"n={request.n} choices are asked for"
@@ -480,9 +460,9 @@ def _features(request: _Body, messages: list[dict]) -> tuple[str, ...]:
         found.append("tools")
     if any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
         found.append("tool_results")
-    if (request.response_format is not None and request.response_format.type != "text") or (
-        request.structured_outputs or request.guided_json or request.guided_choice
-    ):
+    if (
+        request.response_format is not None and request.response_format.type != "text"
+    ) or request.structured_outputs:
         found.append("structured")
     if request.logprobs:
         found.append("logprobs")

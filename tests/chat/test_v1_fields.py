@@ -71,7 +71,6 @@ SAMPLES = {
     "skip_special_tokens": False,
     "spaces_between_special_tokens": False,
     "truncate_prompt_tokens": 100,
-    "prompt_logprobs": 1,
     "allowed_token_ids": [5, 6, 7],
     "bad_words": ["darn"],
     "echo": False,
@@ -82,14 +81,18 @@ SAMPLES = {
     "chat_template_kwargs": {"enable_thinking": False},
     "mm_processor_kwargs": {"num_crops": 4},
     "structured_outputs": {"json": SCHEMA},
-    "guided_json": SCHEMA,
-    "guided_regex": "[a-z]+",
-    "guided_choice": ["yes", "no"],
-    "guided_grammar": 'root ::= "yes"',
-    "structural_tag": "{}",
     "return_tokens_as_token_ids": True,
-    "return_token_ids": True,
     "cache_salt": "tenant-salt",
+    "repetition_detection": {"max_pattern_size": 8},
+    "watermarking": False,
+    "truncation_side": "left",
+    "logprob_token_ids": [1, 2],
+    "media_io_kwargs": {"video": {"num_frames": 8}},
+    "thinking_token_budget": 64,
+    "include_reasoning": False,
+    "routed_experts_prompt_start": 0,
+    "session_id": "conversation-1",
+    "stream_interval": 2,
 }
 # What a field goes with to make sense (each of these takes every kind).
 COMPANIONS = {
@@ -225,7 +228,9 @@ def test_auto_routing_passes_over_a_target_that_takes_no_field_of_the_request(
     rule("default", external, local, is_default=True, use_kb_context=False)
     recorder.received.clear()
     status, body = post(
-        asgi_server, alice_key, {"model": "auto", "messages": ASK, "structured_outputs": {"json": {}}}
+        asgi_server,
+        alice_key,
+        {"model": "auto", "messages": ASK, "structured_outputs": {"json": {}}},
     )
     assert status == 200 and body["model"] == "auto:rec-vllm"
     assert [sent["structured_outputs"] for sent in recorder.received] == [{"json": {}}]

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.models import Message
-from chat.turns import run_turn
+from chat.turns import TurnRequest, run_turn
 from inference_ops import engine_processes, supervisor
 from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
@@ -110,7 +110,9 @@ async def _stream_until_killed(engine: EngineProcess, user) -> tuple[list, float
     """A chat turn streaming a long answer; SIGKILL the engine after the first tokens; what the
     user saw, and when."""
     events, killed_at, killed_wall = [], None, None
-    async for event in run_turn(user=user, content="tell me a long story", max_tokens=400):
+    async for event in run_turn(
+        TurnRequest(user=user, content="tell me a long story", max_tokens=400)
+    ):
         events.append(event)
         if sum(e.type == "token" for e in events) == 1 and killed_at is None:
             killed_at = time.monotonic()
