@@ -412,9 +412,9 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
         for sql in busy
         if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql
     ]
-    # traffic, targets, errors, engines, their events, misses, the KB loop's days and what waits,
-    # spend over time and its top spenders
-    assert len(reads) == 10
+    # traffic, targets, errors, what requests asked for beyond text, engines, their events,
+    # misses, the KB loop's days and what waits, spend over time and its top spenders
+    assert len(reads) == 11
     assert all(
         "at >= " in sql for sql in busy if "chat_requestlog" in sql
     )  # each bounded by the period

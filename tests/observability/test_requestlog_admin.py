@@ -300,6 +300,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "kb_entry_id": "",
         "kb_score": "",
         "fallbacks": "1",
+        "features": "",
         "request_key": str(kept.key),
     }
     everything = exported(operator_client.get(EXPORT, {"period": "all"}))
