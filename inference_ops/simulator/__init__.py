@@ -5,7 +5,7 @@ Start it like vLLM:
     python -m inference_ops.simulator serve MODEL --port 8000 [vLLM flags] [simulator flags]
     python -m inference_ops.simulator --model MODEL ...
 
-It serves vLLM's routes and JSON shapes: /health, /ping, /version, /v1/models,
+It serves vLLM's routes and JSON shapes (vLLM 0.32's): /health, /ping, /version, /v1/models,
 /v1/chat/completions and /v1/completions (streamed or not), /tokenize,
 /metrics (vLLM's Prometheus names), and /v1/load_lora_adapter and
 /v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set. A cross-encoder
@@ -18,6 +18,13 @@ Tokens are paced by a continuous-batching scheduler (engine.py): every step of
 --max-num-seqs run at once, the rest wait. Admitted prompts go through a prefix
 cache of --block-size token blocks (prefix_cache.py; --no-enable-prefix-caching
 turns it off), which moves vllm:prefix_cache_queries_total and _hits_total.
+
+The chat API goes beyond text as vLLM's does: messages of every shape (media parts count
+placeholder tokens, messages.py), tools and tool_choice with --enable-auto-tool-choice and
+--tool-call-parser (calls written and streamed as vLLM's Hermes parser does, tools.py),
+response_format and structured_outputs (a value of the JSON schema, a choice, a regex match,
+structured.py), logprobs (logprobs.py), n > 1, and usage.prompt_tokens_details with
+--enable-prompt-tokens-details. Requests are validated with vLLM's 400s (errors.py).
 
 Faults for a single request come from the `X-Sim-Fail` header
 (connect-close, before-first-token, mid-stream, 500, 429, hang), or at random

@@ -13,6 +13,7 @@ import os
 import sys
 
 from .config import DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
+from .tools import STRICT_TOOL_CALLING_ENV, TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,28 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         default=[],
         help='name=path or {"name": ..., "path": ..., "base_model_name": ...}',
     )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="serve tool_choice auto (needs --tool-call-parser); with both, required and named "
+        "choices too",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        help="a vLLM tool parser name; tool calls are written and streamed as vLLM's hermes "
+        "parser does, whichever is named",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details (prefix-cache hits as cached_tokens)",
+    )
+    parser.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        help="the most logprobs a request may ask for per token (-1: no limit)",
+    )
     parser.add_argument("--time-to-first-token", type=float, default=50.0, help="milliseconds")
     parser.add_argument("--inter-token-latency", type=float, default=20.0, help="milliseconds")
     parser.add_argument(
@@ -124,6 +147,16 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         parser.error("--lora-modules requires --enable-lora")
     if args.cross_encoder and args.embedding_dim:
         parser.error("--cross-encoder and --embedding-dim are two kinds of model; pick one")
+    # vLLM refuses both at startup (entrypoints/launchers/cli_args.py, parser/parser_manager.py).
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        parser.error("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if args.enable_auto_tool_choice and args.tool_call_parser not in TOOL_PARSERS:
+        parser.error(
+            f"Error: --enable-auto-tool-choice requires tool_parser:'{args.tool_call_parser}' "
+            "which has not been registered"
+        )
+    if args.max_logprobs < -1:
+        parser.error("--max-logprobs must be -1 or more")
 
     model = args.model or model_tag or DEFAULT_MODEL
     # vLLM tells a cross-encoder by the architecture in its config.json (…ForSequenceClassification
@@ -155,6 +188,11 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         .strip()
         .lower()
         in ("1", "true"),
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        strict_tool_calling=environ.get(STRICT_TOOL_CALLING_ENV, "True").lower() in ("true", "1"),
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        max_logprobs=args.max_logprobs,
         ignored_args=tuple(unknown),
     )
 

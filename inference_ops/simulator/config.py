@@ -4,6 +4,7 @@ with."""
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # vLLM's own default model
+VLLM_VERSION = "0.32.0+sim"  # the vLLM version whose API this simulates, marked as a simulator
 FAULTS = ("connect-close", "before-first-token", "mid-stream", "500", "429", "hang")
 
 
@@ -36,7 +37,18 @@ class SimConfig:
     embedding_dim: int = 0
     cross_encoder: bool = False
     allow_runtime_lora_updating: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, on by default in vLLM
+    enable_prompt_tokens_details: bool = False
+    max_logprobs: int = 20
     ignored_args: tuple[str, ...] = field(default=())
+
+    @property
+    def tool_parser(self) -> str | None:
+        """The tool parser requests get: vLLM builds one only with --enable-auto-tool-choice
+        and --tool-call-parser both given."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
     @property
     def primary_name(self) -> str:

@@ -47,6 +47,7 @@ class Sequence:
         prompt_ids: list[int],
         output: PlannedOutput,
         lora: str | None = None,
+        wake: asyncio.Event | None = None,
     ):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -58,8 +59,11 @@ class Sequence:
         self.arrival = 0.0
         self.first_token_due = 0.0
         self.last_token_at = 0.0
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.cache_created_tokens = 0  # prompt tokens of full blocks it added to the cache
         self._read = 0
-        self._event = asyncio.Event()
+        # The n sequences of one request share one event, so their reader wakes for any of them.
+        self._event = wake if wake is not None else asyncio.Event()
 
     @property
     def finished(self) -> bool:
@@ -69,6 +73,18 @@ class Sequence:
     def aborted(self) -> bool:
         return self.finish_reason == "abort"
 
+    def take(self) -> tuple[int, int] | None:
+        """The tokens produced since the last take, as a [start, end) range, or None."""
+        if self._read < self.generated:
+            start, self._read = self._read, self.generated
+            return start, self.generated
+        return None
+
+    @property
+    def ended(self) -> bool:
+        """Finished, and every token taken."""
+        return self.finished and self._read >= self.generated
+
     async def stream(self) -> AsyncIterator[list[str]]:
         """Yield the text of new tokens as they come.
 
@@ -76,10 +92,9 @@ class Sequence:
         batch, as vLLM merges outputs for a slow client.
         """
         while True:
-            if self._read < self.generated:
-                batch = self.output.tokens[self._read : self.generated]
-                self._read = self.generated
-                yield batch
+            span = self.take()
+            if span is not None:
+                yield self.output.tokens[span[0] : span[1]]
             elif self.finished:
                 return
             else:
@@ -90,6 +105,24 @@ class Sequence:
         while not self.finished:
             self._event.clear()
             await self._event.wait()
+
+
+async def merged(seqs: list[Sequence]) -> AsyncIterator[tuple[int, int, int]]:
+    """(sequence index, start, end) for the new tokens of sequences that share a wake event, in
+    the order the engine's steps produce them: the n choices of one request, interleaved."""
+    wake = seqs[0]._event
+    while True:
+        wake.clear()  # before looking: a step during a yield below is seen on the next pass
+        progressed = False
+        for index, seq in enumerate(seqs):
+            span = seq.take()
+            if span is not None:
+                progressed = True
+                yield index, span[0], span[1]
+        if all(seq.ended for seq in seqs):
+            return
+        if not progressed:
+            await wake.wait()
 
 
 class Engine:
@@ -220,9 +253,14 @@ class Engine:
         self.metrics.queue_time.observe(now - seq.arrival)
         if self.prefix_cache is not None:
             # With prefix caching off vLLM records no lookup at all: both counters stay at 0.
+            hits = self.prefix_cache.hit_tokens(seq.prompt_ids, seq.lora)
             self.metrics.prefix_cache_queries += seq.prompt_tokens
-            self.metrics.prefix_cache_hits += self.prefix_cache.hit_tokens(seq.prompt_ids, seq.lora)
+            self.metrics.prefix_cache_hits += hits
             self.prefix_cache.store(seq.prompt_ids, seq.lora)
+            # vLLM's prefill stats: what the cache had, and what this prompt's full blocks add.
+            seq.cached_tokens = hits
+            full_blocks = seq.prompt_tokens // self.block_size * self.block_size
+            seq.cache_created_tokens = max(0, full_blocks - hits)
 
     def _fill_slots(self, now: float) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:

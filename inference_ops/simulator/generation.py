@@ -47,14 +47,20 @@ def plan_output(
     room: int,
     stop: list[str],
     include_stop_str_in_output: bool = False,
+    content_tokens: list[str] | None = None,
 ) -> PlannedOutput:
     """Plan the completion of one request.
 
     `room` is what the context window leaves after the prompt; it caps the
     output when the request gives no max_tokens (vLLM's default max_tokens).
+    `content_tokens` is a structured answer or a tool call, decided by the
+    caller: the model writes it and stops, in either mode.
     """
     limit = max_tokens if max_tokens is not None else room
-    if mode == "echo" and echo_text is not None:
+    if content_tokens is not None:
+        tokens = content_tokens or [""]
+        finish = "stop"
+    elif mode == "echo" and echo_text is not None:
         tokens = tokenize(echo_text) or [""]  # an empty prompt still "generates" EOS
         finish = "stop"
     elif max_tokens is not None:
@@ -67,6 +73,14 @@ def plan_output(
     if len(tokens) > limit:
         tokens, finish = tokens[:limit], "length"
     return _apply_stop(tokens, finish, stop, include_stop_str_in_output)
+
+
+def filler_text(*, mode: str, rng: random.Random, echo_text: str | None) -> str:
+    """What the model would say, to fill the strings of a structured answer or a tool call:
+    the echoed text in echo mode, a few random words otherwise."""
+    if mode == "echo" and echo_text is not None:
+        return echo_text
+    return "".join(_random_tokens(rng, rng.randint(2, 6)))
 
 
 def _random_tokens(rng: random.Random, count: int) -> list[str]:

@@ -45,5 +45,10 @@ def json_body(request: web.Request, raw: bytes):
         raise APIError("Unsupported Media Type: Only 'application/json' is allowed")
     try:
         return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        # FastAPI names the position where decoding failed, and the decoder's complaint.
+        raise validation_error(
+            str(exc.pos), "JSON decode error", "json_invalid", ctx={"error": exc.msg}
+        ) from None
     except ValueError:
         raise validation_error("body", "JSON decode error", "json_invalid") from None

@@ -5,12 +5,11 @@ import uuid
 
 from aiohttp import web
 
-from . import tokenizer
+from . import messages, tokenizer
+from .config import VLLM_VERSION
 from .http_json import json_body, json_response
 from .protocol import validation_error
 from .state import SIM, Simulator
-
-VERSION = "0.11.0+sim"  # the vLLM version whose API this simulates, marked as a simulator
 
 
 async def health(request: web.Request) -> web.Response:
@@ -18,7 +17,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return json_response({"version": VERSION})
+    return json_response({"version": VLLM_VERSION})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -80,7 +79,8 @@ async def tokenize(request: web.Request) -> web.Response:
         raise validation_error("body", "Input should be a valid dictionary", "dict_type")
     sim.resolve_model(body.get("model"))
     if isinstance(body.get("messages"), list):
-        tokens = tokenizer.chat_prompt_tokens(body["messages"])
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        tokens = messages.render(body["messages"], tools).tokens
         if body.get("add_generation_prompt") is False:
             tokens = tokens[:-3]  # the trailing "<|im_start|>assistant\n"
     elif isinstance(body.get("prompt"), str):

@@ -1,57 +1,30 @@
-"""vLLM's OpenAI-compatible wire format: request validation, errors, responses.
+"""vLLM's OpenAI-compatible requests: parsing and validation, with vLLM 0.32's errors.
 
-Shapes follow vLLM's `entrypoints/openai` protocol models: errors are
-`{"error": {"message", "type", "param", "code"}}` with the HTTP status as
-`code`, streamed chunks carry `finish_reason`/`stop_reason` like vLLM's.
+Validation runs in vLLM's order where one request breaks several rules: the request model's
+checks (tools, structured outputs, logprobs, stream options), the fields, then the sampling
+parameters (n, temperature, max_tokens). What needs the server (the model, the tool parser, the
+context window) is checked by the route, and what vLLM's engine checks when it takes the request
+in (the logprobs limit, a regex that does not compile) later still.
 """
 
-import functools
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from .tokenizer import chat_prompt_tokens, message_text, tokenize
-
-# What the OpenAI SDK and vLLM clients see as the server's engine message when
-# generation fails (vLLM's EngineDeadError text).
-ENGINE_ERROR_MESSAGE = (
-    "EngineCore encountered an issue. See stack trace (above) for the root cause."
+from . import messages, structured, tools
+from .errors import (  # noqa: F401 - the other routes import the error helpers from here
+    ENGINE_ERROR_MESSAGE,
+    APIError,
+    dumps,
+    error_body,
+    validation_error,
+    vllm_error,
 )
+from .structured import Constraint
+from .tokenizer import tokenize
+from .tools import ToolRequest
 
-# Compact like pydantic's model_dump_json, which is what vLLM sends.
-dumps = functools.partial(json.dumps, separators=(",", ":"))
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        message: str,
-        *,
-        err_type: str = "BadRequestError",
-        status: int = 400,
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.message = message
-        self.err_type = err_type
-        self.status = status
-        self.param = param
-
-    def body(self) -> dict:
-        return error_body(
-            self.message, err_type=self.err_type, status=self.status, param=self.param
-        )
-
-
-def error_body(message: str, *, err_type: str, status: int, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-
-
-def validation_error(loc: str, msg: str, kind: str) -> APIError:
-    # vLLM turns FastAPI's RequestValidationError into a 400 whose message is
-    # pydantic's error list; clients only show it, so a look-alike is enough.
-    return APIError(str([{"type": kind, "loc": ("body", loc), "msg": msg}]))
+MAX_N_SEQUENCES = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 
 
 @dataclass
@@ -59,27 +32,41 @@ class GenerationParams:
     endpoint: str  # "chat" or "completion"
     model: str | None
     prompt_tokens: list[str]
-    echo_text: str | None  # what echo mode repeats: the last user message, or the prompt
+    echo_text: (
+        str | None
+    )  # what echo mode repeats: the last user message (or tool result), or the prompt
     max_tokens: int | None
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     seed: int | None = None
+    n: int = 1
+    logprobs: int | None = None  # top logprobs per step (-1: the vocabulary); None: not asked
+    request_id: str | None = None  # the client's own, from the body
+    tools: ToolRequest | None = None
+    constraint: Constraint | None = None
+    media_tokens: dict[str, int] = field(default_factory=dict)
+    ends_with_tool_result: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """One choice and no logprobs: the stream can take the cheap path, unless a tool call
+        is planned."""
+        return self.n == 1 and self.logprobs is None
 
 
 def parse_chat(body) -> GenerationParams:
     body = _require_object(body)
-    messages = body.get("messages")
-    if messages is None:
-        raise validation_error("messages", "Field required", "missing")
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
-    ):
-        raise validation_error(
-            "messages", "Input should be a list of messages with a role", "list_type"
-        )
-    user_texts = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    tool_request = tools.parse(body)
+    constraint = structured.parse(
+        body, endpoint="chat", tool_choice=body.get("tool_choice", "none")
+    )
+    logprobs = _chat_logprobs(body)
+    _check_stream_options(body)
+    prompt = messages.parse_messages(
+        body.get("messages"), tool_request.tools if tool_request else None
+    )
     # vLLM: max_completion_tokens supersedes the deprecated max_tokens.
     max_tokens = _optional_int(body, "max_completion_tokens")
     if max_tokens is None:
@@ -89,15 +76,23 @@ def parse_chat(body) -> GenerationParams:
         GenerationParams(
             endpoint="chat",
             model=_optional_str(body, "model"),
-            prompt_tokens=chat_prompt_tokens(messages),
-            echo_text=user_texts[-1] if user_texts else "",
+            prompt_tokens=prompt.tokens,
+            echo_text=prompt.echo_text,
             max_tokens=max_tokens,
+            logprobs=logprobs,
+            tools=tool_request,
+            constraint=constraint,
+            media_tokens=prompt.media_tokens,
+            ends_with_tool_result=prompt.ends_with_tool_result,
         ),
     )
 
 
 def parse_completion(body) -> GenerationParams:
     body = _require_object(body)
+    constraint = structured.parse(body, endpoint="completion")
+    logprobs = _completion_logprobs(body)
+    _check_stream_options(body)
     prompt = body.get("prompt")
     if prompt is None:
         raise validation_error("prompt", "Field required", "missing")
@@ -126,50 +121,130 @@ def parse_completion(body) -> GenerationParams:
             prompt_tokens=tokens,
             echo_text=echo_text,
             max_tokens=_optional_int(body, "max_tokens"),
+            logprobs=logprobs,
+            constraint=constraint,
         ),
     )
 
 
-def _common(body: dict, params: GenerationParams) -> GenerationParams:
-    if params.max_tokens is not None and params.max_tokens < 1:
-        raise APIError(
-            f"max_tokens must be at least 1, got {params.max_tokens}.", param="max_tokens"
-        )
-    n = _optional_int(body, "n")
-    if n is not None and n != 1:
-        raise APIError("The simulator only supports n=1.", param="n")
-    temperature = body.get("temperature")
-    if temperature is not None:
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-            raise validation_error("temperature", "Input should be a valid number", "float_type")
-        if temperature < 0:
-            raise APIError(
-                f"temperature must be non-negative, got {temperature}.", param="temperature"
+def _chat_logprobs(body: dict) -> int | None:
+    # ChatCompletionRequest.check_logprobs; the engine is asked for top_logprobs when logprobs.
+    top = body.get("top_logprobs")
+    if top is not None and (not isinstance(top, (int, float)) or isinstance(top, bool)):
+        raise vllm_error("`top_logprobs` must be an integer.", parameter="top_logprobs", value=top)
+    if top is not None:
+        if top < 0 and top != -1:
+            raise vllm_error(
+                "`top_logprobs` must be a positive value or -1.",
+                parameter="top_logprobs",
+                value=top,
             )
+        if (top == -1 or top > 0) and not body.get("logprobs"):
+            raise vllm_error(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                parameter="top_logprobs",
+            )
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise validation_error("logprobs", "Input should be a valid boolean", "bool_type", wanted)
+    if top is not None and top != int(top):
+        raise validation_error(
+            "top_logprobs", "Input should be a valid integer", "int_from_float", top
+        )
+    return int(top or 0) if wanted else None
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    value = body.get("logprobs")
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise vllm_error("`logprobs` must be an integer.", parameter="logprobs", value=value)
+    if value < 0 and value != -1:
+        raise vllm_error(
+            "`logprobs` must be a positive value or -1.", parameter="logprobs", value=value
+        )
+    if value != int(value):
+        raise validation_error(
+            "logprobs", "Input should be a valid integer", "int_from_float", value
+        )
+    return int(value)
+
+
+def _check_stream_options(body: dict) -> None:
+    # An empty stream_options object is falsy to vLLM's check, so it passes without stream.
+    if body.get("stream_options") and not body.get("stream"):
+        raise vllm_error(
+            "Stream options can only be defined when `stream=True`.", parameter="stream_options"
+        )
+
+
+def _common(body: dict, params: GenerationParams) -> GenerationParams:
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        not isinstance(temperature, (int, float)) or isinstance(temperature, bool)
+    ):
+        raise validation_error(
+            "temperature", "Input should be a valid number", "float_type", temperature
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
-        raise validation_error("stream", "Input should be a valid boolean", "bool_type")
+        raise validation_error("stream", "Input should be a valid boolean", "bool_type", stream)
     params.stream = bool(stream)
     stream_options = body.get("stream_options")
     if stream_options is not None:
-        if not params.stream:
-            raise APIError(
-                "Stream options can only be defined when `stream=True`.", param="stream_options"
-            )
         if not isinstance(stream_options, dict):
-            raise validation_error("stream_options", "Input should be an object", "dict_type")
-        params.include_usage = bool(
-            stream_options.get("include_usage", True)
-        )  # vLLM defaults it to true
+            raise validation_error(
+                "stream_options", "Input should be a valid dictionary", "dict_type", stream_options
+            )
+        # StreamOptions.include_usage defaults to false; continuous_usage_stats is not modelled.
+        params.include_usage = bool(stream_options.get("include_usage", False))
     stop = body.get("stop")
     if isinstance(stop, str):
         params.stop = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         params.stop = stop
     elif stop is not None:
-        raise validation_error("stop", "Input should be a string or a list of strings", "list_type")
+        raise validation_error("stop", "Input should be a valid list", "list_type", stop)
     params.include_stop_str_in_output = bool(body.get("include_stop_str_in_output", False))
     params.seed = _optional_int(body, "seed")
+    n = _optional_int(body, "n")
+    params.n = 1 if n is None else n
+    request_id = body.get("request_id")
+    params.request_id = request_id if isinstance(request_id, str) and request_id else None
+
+    # SamplingParams._verify_args, in its order.
+    if params.n < 1:
+        raise vllm_error(f"n must be at least 1, got {params.n}.")
+    if params.n > MAX_N_SEQUENCES:
+        raise vllm_error(
+            f"n must be at most {MAX_N_SEQUENCES}, got {params.n}. To increase this limit, set "
+            "the VLLM_MAX_N_SEQUENCES environment variable."
+        )
+    if temperature is not None and temperature < 0:
+        raise vllm_error(
+            f"temperature must be non-negative, got {float(temperature)}.",
+            parameter="temperature",
+            value=float(temperature),
+        )
+    if temperature is not None and temperature > 2:
+        raise vllm_error(
+            f"temperature must be in [0, 2], got {float(temperature)}.",
+            parameter="temperature",
+            value=float(temperature),
+        )
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise vllm_error(
+            f"max_tokens must be at least 1, got {params.max_tokens}.",
+            parameter="max_tokens",
+            value=params.max_tokens,
+        )
+    if any(not s for s in params.stop):
+        raise vllm_error("stop cannot contain an empty string.")
+    # Temperature 0 is greedy sampling, whose n choices would all be the same answer. An unset
+    # temperature is 1.0 (the simulator has no generation_config to take a default from).
+    if params.n > 1 and temperature is not None and temperature < 1e-5:
+        raise vllm_error(f"n must be 1 when using greedy sampling, got {params.n}.")
     return params
 
 
@@ -197,7 +272,7 @@ def context_length_error(
 
 def _require_object(body) -> dict:
     if not isinstance(body, dict):
-        raise validation_error("body", "Input should be a valid dictionary", "dict_type")
+        raise validation_error("body", "Input should be a valid dictionary", "dict_type", body)
     return body
 
 
@@ -206,18 +281,18 @@ def _optional_int(body: dict, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise validation_error(key, "Input should be a valid integer", "int_type")
+        raise validation_error(key, "Input should be a valid integer", "int_type", value)
     return value
 
 
 def _optional_str(body: dict, key: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
-        raise validation_error(key, "Input should be a valid string", "string_type")
+        raise validation_error(key, "Input should be a valid string", "string_type", value)
     return value
 
 
-# -- responses -------------------------------------------------------------------
+# -- pooling responses ---------------------------------------------------------------
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -226,124 +301,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
-    }
-
-
-class ChunkWriter:
-    """The SSE chunks of one streamed request.
-
-    The constant part of every chunk is rendered once; per chunk only the
-    token text is JSON-encoded, which keeps hundreds of streams cheap.
-    """
-
-    def __init__(self, *, endpoint: str, model: str):
-        self.endpoint = endpoint
-        self.request_id = (
-            f"chatcmpl-{uuid.uuid4().hex}" if endpoint == "chat" else f"cmpl-{uuid.uuid4().hex}"
-        )
-        obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-        head = dumps(
-            {"id": self.request_id, "object": obj, "created": int(time.time()), "model": model}
-        )
-        self._head = "data: " + head[:-1] + ',"choices":['
-
-    def role(self) -> bytes:
-        # vLLM opens a chat stream with the assistant role and empty content.
-        return self._chunk(
-            '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
-        )
-
-    def delta(
-        self, text: str, finish_reason: str | None = None, stop_reason: str | None = None
-    ) -> bytes:
-        end = "null"
-        if finish_reason is not None:
-            end = f'{dumps(finish_reason)},"stop_reason":{dumps(stop_reason)}'
-        if self.endpoint == "chat":
-            choice = (
-                f'{{"index":0,"delta":{{"content":{_json_text(text)}}},'
-                f'"logprobs":null,"finish_reason":{end}}}'
-            )
-        else:
-            choice = (
-                f'{{"index":0,"text":{_json_text(text)},"logprobs":null,"finish_reason":{end}}}'
-            )
-        return self._chunk(choice)
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (
-            self._head + '],"usage":' + dumps(usage(prompt_tokens, completion_tokens)) + "}\n\n"
-        ).encode()
-
-    @staticmethod
-    def error(message: str = ENGINE_ERROR_MESSAGE) -> bytes:
-        body = error_body(message, err_type="InternalServerError", status=500)
-        return f"data: {dumps(body)}\n\n".encode()
-
-    DONE = b"data: [DONE]\n\n"
-
-    def _chunk(self, choice: str) -> bytes:
-        return (self._head + choice + "]}\n\n").encode()
-
-
-@functools.lru_cache(maxsize=8192)
-def _json_text(text: str) -> str:
-    # Generated tokens come from a small vocabulary: encode each string once,
-    # not once per chunk per stream.
-    return dumps(text)
-
-
-def full_response(
-    *,
-    endpoint: str,
-    model: str,
-    text: str,
-    finish_reason: str,
-    stop_reason: str | None,
-    prompt_tokens: int,
-    completion_tokens: int,
-) -> dict:
-    created = int(time.time())
-    if endpoint == "chat":
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text,
-                        "refusal": None,
-                        "tool_calls": [],
-                        "reasoning_content": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                    "stop_reason": stop_reason,
-                }
-            ],
-            "usage": usage(prompt_tokens, completion_tokens),
-            "prompt_logprobs": None,
-        }
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-                "prompt_logprobs": None,
-            }
-        ],
-        "usage": usage(prompt_tokens, completion_tokens),
     }
 
 

@@ -1,12 +1,13 @@
 """What the simulated server holds while it runs: its engine and metrics, the LoRA adapters it
 serves, the random streams of text and faults; and which served model a request names."""
 
+import hashlib
 import random
 import time
 
 from aiohttp import web
 
-from .config import LoraModule, SimConfig
+from .config import VLLM_VERSION, LoraModule, SimConfig
 from .engine import Engine
 from .metrics import Metrics
 from .protocol import APIError
@@ -32,6 +33,9 @@ class Simulator:
         # Two streams from one seed, so injected faults do not shift generated text.
         self.text_rng = random.Random(config.seed)
         self.fault_rng = random.Random(None if config.seed is None else config.seed + 1)
+        # vLLM's system_fingerprint: its version and a hash of its configuration.
+        digest = hashlib.sha256(repr(config).encode()).hexdigest()[:8]
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{digest}"
 
     def resolve_model(self, name: str | None, *, pooling: bool = False) -> tuple[str, str | None]:
         """The model name to answer with, and the LoRA adapter to use."""

@@ -17,7 +17,7 @@ _TOKEN_RE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 # Ids above every hashed id, like the added special tokens of a real vocabulary.
 VOCAB_SIZE = 151_643
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-_SPECIAL_IDS = {IM_START: 151_644, IM_END: 151_645}
+_SPECIAL_IDS = {IM_START: 151_644, IM_END: 151_645, "<tool_call>": 151_657, "</tool_call>": 151_658}
 
 
 def tokenize(text: str) -> list[str]:
@@ -34,32 +34,3 @@ def token_id(token: str) -> int:
 
 def token_ids(tokens: list[str]) -> list[int]:
     return [token_id(t) for t in tokens]
-
-
-def message_text(content) -> str:
-    """The text of a chat message content: a string or a list of parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    # OpenAI content parts; only text parts carry tokens here.
-    return "".join(
-        part.get("text", "")
-        for part in content
-        if isinstance(part, dict) and part.get("type") == "text"
-    )
-
-
-def chat_prompt_tokens(messages: list[dict]) -> list[str]:
-    """The tokens of a ChatML-style rendering, generation prompt included.
-
-    Real servers count the chat template's markers as prompt tokens too; this
-    gives every message the same small overhead so counts stay plausible.
-    """
-    tokens: list[str] = []
-    for message in messages:
-        tokens += [IM_START, str(message.get("role", "")), "\n"]
-        tokens += tokenize(message_text(message.get("content")))
-        tokens += [IM_END, "\n"]
-    tokens += [IM_START, "assistant", "\n"]
-    return tokens

@@ -14,6 +14,7 @@ import re
 import time
 
 import aiohttp
+import jsonschema
 import pytest
 
 from inference_ops import supervisor
@@ -369,3 +370,197 @@ async def test_a_repeated_prompt_moves_the_prefix_cache_counters(engine):
     )
     assert second_queries - first_queries == first_queries - queries  # the same prompt asks as much
     assert second_hits - first_hits >= 128  # and now finds at least a block of it
+
+
+# --- tools, structured outputs, logprobs, n -------------------------------------------------------
+#
+# The engines here have no tool parser (the gateway's engine rows pass neither
+# --enable-auto-tool-choice nor --tool-call-parser), so vLLM 0.32 refuses every tool_choice but
+# "none" while it renders the request, before a stream starts (renderers/online_renderer.py).
+# Tool calls with a parser are the simulator's own tests (test_simulator_tools.py).
+
+_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+_CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+# Bounded, so a small greedy model ends it long before max_tokens.
+_ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
+        "sure": {"type": "boolean"},
+    },
+    "required": ["city", "sure"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_named_tool_choice_is_refused_without_a_tool_call_parser(engine, stream):
+    body = {
+        "model": BASE,
+        "messages": _CAPITAL,
+        "tools": [_WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 8,
+        "stream": stream,
+    }
+    status, answer = await _post(engine, "/v1/chat/completions", body)
+    assert status == 400
+    assert answer["error"] == {
+        "message": 'tool_choice=function "get_weather" requires --tool-call-parser to be set',
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    # Tools without tool_choice mean "auto", refused too; "none" is answered in text.
+    del body["tool_choice"]
+    status, answer = await _post(engine, "/v1/chat/completions", body)
+    assert status == 400 and "--enable-auto-tool-choice" in answer["error"]["message"]
+    status, answer = await _post(
+        engine, "/v1/chat/completions", {**body, "tool_choice": "none", "stream": False}
+    )
+    assert status == 200 and "tool_calls" not in answer["choices"][0]["message"]
+
+
+async def test_a_json_schema_response_format_gives_schema_valid_json(engine):
+    body = {
+        "model": BASE,
+        "messages": _CAPITAL,
+        "temperature": 0,
+        "seed": 1,
+        "max_tokens": 60,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": _ANSWER_SCHEMA, "strict": True},
+        },
+    }
+    status, answer = await _post(engine, "/v1/chat/completions", body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), _ANSWER_SCHEMA)
+
+    events = await _events(engine, "/v1/chat/completions", body)
+    chunks = events[1:-1]
+    assert len(chunks) > 1 and all(len(c["choices"]) == 1 for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(text), _ANSWER_SCHEMA)
+
+
+def _check_logprobs(entries: list[dict], completion_tokens: int) -> None:
+    assert len(entries) == completion_tokens
+    for entry in entries:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["bytes"] == list(entry["token"].encode("utf-8", errors="replace"))
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2
+        # Greedy: the sampled token is the most likely one, first of the step's list.
+        assert entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][1]["logprob"]
+
+
+async def test_chat_logprobs_list_each_token_with_its_top_alternatives(engine):
+    body = _greedy(model=BASE, messages=_CAPITAL, max_tokens=5, logprobs=True, top_logprobs=2)
+    status, answer = await _post(engine, "/v1/chat/completions", body)
+    assert status == 200, answer
+    _check_logprobs(
+        answer["choices"][0]["logprobs"]["content"], answer["usage"]["completion_tokens"]
+    )
+    events = await _events(
+        engine, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    chunks, usage = events[1:-2], events[-2]
+    assert events[0]["choices"][0]["logprobs"] is None  # the role chunk
+    streamed = [e for c in chunks for e in c["choices"][0]["logprobs"]["content"]]
+    _check_logprobs(streamed, usage["usage"]["completion_tokens"])
+    status, refused = await _post(engine, "/v1/chat/completions", {**body, "top_logprobs": 21})
+    assert status == 400 and refused["error"]["message"].startswith(
+        "Requested sample logprobs of 21, which is greater than max allowed: 20"
+    )
+
+
+async def test_n_two_gives_two_indexed_choices_streamed_one_per_chunk(engine):
+    greedy = _greedy(model=BASE, messages=_CAPITAL, max_tokens=4, n=2)
+    status, refused = await _post(engine, "/v1/chat/completions", greedy)
+    assert (status, refused["error"]["message"]) == (
+        400,
+        "n must be 1 when using greedy sampling, got 2.",
+    )
+    body = {**greedy, "temperature": 1.0}
+    status, answer = await _post(engine, "/v1/chat/completions", body)
+    assert status == 200, answer
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length", "length"]
+    assert answer["usage"]["completion_tokens"] == 8
+
+    events = await _events(
+        engine, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    chunks, usage = events[:-2], events[-2]
+    assert all(len(c["choices"]) == 1 for c in chunks)
+    roles = [c["choices"][0]["index"] for c in chunks if "role" in c["choices"][0]["delta"]]
+    assert roles == [0, 1] and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    ends = sorted(c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"])
+    assert ends == [0, 1]
+    assert usage["usage"]["completion_tokens"] == 8
+
+
+async def test_stream_chunks_carry_exactly_vllms_fields(engine):
+    events = await _events(
+        engine, "/v1/chat/completions", _greedy(model=BASE, messages=_CAPITAL, max_tokens=3)
+    )
+    role, *chunks, done = events
+    assert done == "[DONE]"
+    assert list(role) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "prompt_token_ids",
+        "prompt_text",
+    ]
+    assert list(chunks[0]["choices"][0]) == [
+        "index",
+        "delta",
+        "logprobs",
+        "finish_reason",
+        "token_ids",
+    ]
+    assert list(chunks[-1]["choices"][0]) == [
+        "index",
+        "delta",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+    ]
+    assert chunks[-1]["system_fingerprint"].startswith("vllm-0.32.0")
+    status, whole = await _post(
+        engine, "/v1/chat/completions", _greedy(model=BASE, messages=_CAPITAL, max_tokens=3)
+    )
+    assert list(whole["choices"][0]["message"]) == [
+        "role",
+        "content",
+        "refusal",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+    ]
+    assert set(whole["usage"]) == {
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    }
