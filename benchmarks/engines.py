@@ -119,6 +119,7 @@ def bundled_vllm_fields(
         "max_num_seqs": max_num_seqs,
         "max_model_len": max_model_len,
         "extra_args": ["--kv-cache-memory-bytes", str(kv_cache_mb * 1024 * 1024)],
+        "tool_call_parser": "hermes",
         **more,
     }
 

@@ -172,6 +172,7 @@ class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
                     "quantization",
                     "dtype",
                     "enable_prefix_caching",
+                    "tool_call_parser",
                     "enable_lora",
                     "max_loras",
                     "max_lora_rank",

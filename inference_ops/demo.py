@@ -109,6 +109,9 @@ def _vllm_engine(endpoint_defaults: dict) -> EngineProcess:
             port=port,
             max_num_seqs=settings.VLLM_ENGINE_MAX_SEQS,
             max_model_len=context,
+            # Clients' tools: a named or required tool_choice is constrained by vLLM's structured
+            # outputs, so even this small base model answers with a valid call.
+            tool_call_parser="hermes",
             # On the CPU, --gpu-memory-utilization is a share of the host's memory, checked against
             # what is free at start; a fixed KV cache starts on a busy machine too.
             extra_args=[

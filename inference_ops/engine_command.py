@@ -36,6 +36,8 @@ def vllm_arguments(engine: EngineProcess) -> list[str]:
     args.append(
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"
     )
+    if engine.tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
     if engine.enable_lora:
         args.append("--enable-lora")
         _flag(args, "--max-loras", engine.max_loras)

@@ -182,6 +182,14 @@ class EngineProcess(models.Model):
         "earlier one did reuses that start's KV cache blocks (the gateway lays its prompts out "
         "for it). Off starts vLLM with --no-enable-prefix-caching.",
     )
+    tool_call_parser = models.CharField(
+        max_length=50,
+        blank=True,
+        help_text="vLLM's tool-call parser for this model (hermes, llama3_json, mistral, …): the "
+        "engine starts with --enable-auto-tool-choice --tool-call-parser NAME, so clients' tools "
+        "work with tool_choice auto, required or a named function. Empty: the engine refuses "
+        "those (tool_choice none still works).",
+    )
     runtime_lora_updating = models.BooleanField(
         default=False,
         help_text="Allow loading and unloading adapters at run time "

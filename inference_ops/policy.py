@@ -397,6 +397,15 @@ def engine_problems(engine) -> dict[str, list[str]]:
     for field in ("model", "served_model_name", "bind_host", "quantization", "dtype"):
         if str(getattr(engine, field) or "").startswith("-"):
             problems[field] = [NOT_A_FLAG]
+    parser = getattr(engine, "tool_call_parser", "")
+    if parser and not re.fullmatch(r"[a-z0-9_]{1,50}", parser):
+        # A name of vLLM's own parsers; a plugin's module path would load code on the host.
+        problems["tool_call_parser"] = ["a parser's name: lowercase letters, digits and _"]
+    elif parser and engine.kind == "cpu":
+        problems["tool_call_parser"] = [
+            "llama.cpp's server reads tool calls through its chat template (--jinja); "
+            "it has no parser to set"
+        ]
     if found := extra_args_problems(engine.kind, engine.extra_args):
         problems["extra_args"] = found
     if found := environment_problems(engine.environment):

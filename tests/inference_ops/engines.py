@@ -57,6 +57,7 @@ def _fields(kind: str) -> dict:
         max_lora_rank=8,
         runtime_lora_updating=True,
         enable_prefix_caching=True,
+        tool_call_parser="hermes",
     )
     if kind == "vllm":
         return bundled_vllm_fields(kv_cache_mb=256, **common)
