@@ -243,3 +243,24 @@ def test_auto_routing_passes_over_a_target_that_takes_no_field_of_the_request(
     )
     assert status == 400 and body["error"]["param"] in ("structured_outputs", "store")
     assert recorder.received == []
+
+
+def test_the_docs_table_says_each_fields_policy_as_the_code_does():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    table = text.split("<!-- fields:start -->")[1].split("<!-- fields:end -->")[0]
+    rows = {}
+    for line in table.strip().splitlines()[2:]:
+        name, policy, vllm, cpu, external = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[name.strip("`")] = (policy, {"vllm": vllm, "cpu": cpu, "external": external})
+    assert set(rows) == set(openai_fields.KNOWN)
+    for name, (policy, marks) in rows.items():
+        if name in openai_fields.REFUSED:
+            assert policy.startswith("refused") and set(marks.values()) == {"400"}, name
+        elif name in openai_fields.GATEWAY:
+            assert policy.startswith("the gateway's") and set(marks.values()) == {"✓"}, name
+        else:
+            takes = openai_fields.kinds_taking(name, SAMPLES[name])
+            expected = {kind: "✓" if kind in takes else "400" for kind in KINDS}
+            assert marks == expected, name
