@@ -165,3 +165,85 @@ def test_ignore_eos_reaches_the_local_engine_so_an_answer_runs_to_max_tokens(
         client.chat.completions.create(
             model="auto", max_tokens=4, messages=question, extra_body={"ignore_eos": "yes"}
         )
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+PLANET = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "moons": {"type": "integer"}},
+    "required": ["name", "moons"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_named_tool_and_a_json_schema_give_schema_valid_json_from_the_real_model(
+    real_vllm, asgi_server, alice_key, streamed
+):
+    """vLLM's structured outputs constrain any model, even the bundled 270M base model: a named
+    tool_choice gives a call whose arguments fit the tool's schema, and a json_schema
+    response_format a document that fits it, through the gateway, streamed or not."""
+    import json
+
+    import jsonschema
+    import openai
+
+    from tests.inference_ops.engines import BASE
+    from tests.support.factories import endpoint, rule
+
+    local = endpoint(
+        "local", real_vllm, model=BASE, first_token_timeout=60, idle_timeout=30, total_timeout=120
+    )
+    rule("default", local, is_default=True, use_kb_context=False)
+    client = openai.OpenAI(
+        base_url=f"{asgi_server}/v1", api_key=alice_key, max_retries=0, timeout=120
+    )
+    asked = dict(model="auto", temperature=0, max_tokens=80)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    if streamed:
+        with client.chat.completions.stream(
+            **asked, messages=question, tools=[WEATHER_TOOL], tool_choice=named
+        ) as stream:
+            called = stream.get_final_completion()
+    else:
+        called = client.chat.completions.create(
+            **asked, messages=question, tools=[WEATHER_TOOL], tool_choice=named
+        )
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+
+    form = {"type": "json_schema", "json_schema": {"name": "planet", "schema": PLANET}}
+    question = [{"role": "user", "content": "Name the largest planet and its moons."}]
+    if streamed:
+        text = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(
+                **asked, messages=question, response_format=form, stream=True
+            )
+            if chunk.choices
+        )
+    else:
+        text = (
+            client.chat.completions.create(**asked, messages=question, response_format=form)
+            .choices[0]
+            .message.content
+        )
+    jsonschema.validate(json.loads(text), PLANET)
