@@ -374,19 +374,21 @@ async def test_a_repeated_prompt_moves_the_prefix_cache_counters(engine):
 
 # --- tools, structured outputs, logprobs, n -------------------------------------------------------
 #
-# The engines here have no tool parser (the gateway's engine rows pass neither
-# --enable-auto-tool-choice nor --tool-call-parser), so vLLM 0.32 refuses every tool_choice but
-# "none" while it renders the request, before a stream starts (renderers/online_renderer.py).
-# Tool calls with a parser are the simulator's own tests (test_simulator_tools.py).
+# The engines run as the gateway's engine rows start them, with a tool-call parser (`hermes`:
+# --enable-auto-tool-choice --tool-call-parser hermes). A named or required tool_choice is then
+# constrained by vLLM's structured outputs (a structural tag): the call's envelope always, the
+# arguments to the tool's schema when the tool is `strict` (tool_parsers/tool_strict_level.py).
 
 _WEATHER = {
     "type": "function",
     "function": {
         "name": "get_weather",
+        "strict": True,
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string"}},
+            "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}},
             "required": ["city"],
+            "additionalProperties": False,
         },
     },
 }
@@ -404,31 +406,52 @@ _ANSWER_SCHEMA = {
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_named_tool_choice_is_refused_without_a_tool_call_parser(engine, stream):
+async def test_a_named_tool_choice_gives_a_call_whose_arguments_fit_the_schema(engine, stream):
     body = {
         "model": BASE,
         "messages": _CAPITAL,
         "tools": [_WEATHER],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-        "max_tokens": 8,
+        "temperature": 0,
+        "max_tokens": 60,
         "stream": stream,
     }
-    status, answer = await _post(engine, "/v1/chat/completions", body)
-    assert status == 400
-    assert answer["error"] == {
-        "message": 'tool_choice=function "get_weather" requires --tool-call-parser to be set',
-        "type": "BadRequestError",
-        "param": None,
-        "code": 400,
-    }
-    # Tools without tool_choice mean "auto", refused too; "none" is answered in text.
-    del body["tool_choice"]
-    status, answer = await _post(engine, "/v1/chat/completions", body)
-    assert status == 400 and "--enable-auto-tool-choice" in answer["error"]["message"]
+    if stream:
+        events = await _events(engine, "/v1/chat/completions", body)
+        assert events[-1] == "[DONE]"
+        deltas = [
+            call
+            for event in events[:-1]
+            for choice in event["choices"]
+            for call in (choice["delta"].get("tool_calls") or [])
+        ]
+        # The call's id, type and name come first, once; its arguments follow in fragments.
+        assert deltas[0]["id"].startswith("chatcmpl-tool-") and deltas[0]["type"] == "function"
+        assert deltas[0]["function"]["name"] == "get_weather"
+        assert all("id" not in d and not d["function"].get("name") for d in deltas[1:])
+        assert {d["index"] for d in deltas} == {0}
+        arguments = "".join(d["function"].get("arguments") or "" for d in deltas)
+    else:
+        status, answer = await _post(engine, "/v1/chat/completions", body)
+        assert status == 200, answer
+        (call,) = answer["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and call["id"].startswith("chatcmpl-tool-")
+        arguments = call["function"]["arguments"]
+    jsonschema.validate(json.loads(arguments), _WEATHER["function"]["parameters"])
+
+
+async def test_a_tool_choice_without_tools_is_a_400_and_none_answers_in_text(engine):
+    body = {"model": BASE, "messages": _CAPITAL, "max_tokens": 8}
     status, answer = await _post(
-        engine, "/v1/chat/completions", {**body, "tool_choice": "none", "stream": False}
+        engine,
+        "/v1/chat/completions",
+        {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
     )
-    assert status == 200 and "tool_calls" not in answer["choices"][0]["message"]
+    assert status == 400 and answer["error"]["code"] == 400
+    status, answer = await _post(
+        engine, "/v1/chat/completions", {**body, "tools": [_WEATHER], "tool_choice": "none"}
+    )
+    assert status == 200 and not answer["choices"][0]["message"].get("tool_calls")
 
 
 async def test_a_json_schema_response_format_gives_schema_valid_json(engine):
