@@ -49,7 +49,8 @@ def routed(recorder):
     return local
 
 
-def post(asgi_server, key, body: dict) -> tuple[int, dict, dict]:
+def post(asgi_server, key, body: dict):
+    """(status, headers (case-insensitive), body)."""
     request = urllib.request.Request(
         f"{asgi_server}/v1/chat/completions",
         data=json.dumps(body).encode(),
@@ -58,9 +59,9 @@ def post(asgi_server, key, body: dict) -> tuple[int, dict, dict]:
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
+            return response.status, response.headers, json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read())
+        return exc.code, exc.headers, json.loads(exc.read())
 
 
 ASKED = [{"role": "user", "content": KB_QUESTION}]
