@@ -319,3 +319,20 @@ def test_a_follow_up_in_a_conversation_is_not_answered_from_the_kb(roads):
     # A question of its own in the same conversation still gets its direct answer.
     entry_create(question="What is your refund window?", answer="30 days.", embed="sync")
     assert ask("What is your refund window?", history=history)[0].road == "kb"
+
+
+def test_a_request_a_stored_text_cannot_satisfy_skips_the_kb_and_the_route_says_why(roads):
+    from routing.events import Passthrough
+
+    entry_create(
+        question="How do I reset my password?", answer="Use *Forgot password*.", embed="sync"
+    )
+    question = {"role": "user", "content": "how do i reset my password"}
+    events = ask(
+        "how do i reset my password",
+        max_tokens=4,
+        passthrough=Passthrough(question=question, not_plain="tool_choice requires a tool call"),
+    )
+    route = events[0]
+    assert route.road == "local" and events[-1].type == "done"
+    assert "the knowledge base was not asked: tool_choice requires a tool call" in route.why
