@@ -29,6 +29,9 @@ from benchmarks.engines import engine_command, engine_run
 from devtools import embedded
 
 MODEL = "bench/model"
+# Clients' tools served, as by make run's engine row (inference_ops/demo.py; for the real vLLM,
+# engines.bundled_vllm_fields). A request without tools is served the same either way.
+SIMULATOR_TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
 class StackError(Exception):
@@ -133,9 +136,10 @@ def stack_run(
     setup: Callable[[], None] | None = None,
     engine_fields: dict | None = None,
 ) -> Iterator[Stack]:
-    """Database `name` prepared, the simulator with `sim_args`, the demo data, then the gateway
-    with `gateway_extra` added to its environment (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT,
-    ...). `setup` runs after the demo data, before the gateway starts (rows the gateway must find).
+    """Database `name` prepared, the simulator with `sim_args` (and tool calls served, as by make
+    run's engine), the demo data, then the gateway with `gateway_extra` added to its environment
+    (ROUTING_DEFAULT_MAX_TOKENS, CHAT_RATE_LIMIT, ...). `setup` runs after the demo data, before
+    the gateway starts (rows the gateway must find).
 
     `engine_fields`: instead of the simulator, the engine an engine row with these fields runs (the
     real vLLM: benchmarks.engines.bundled_vllm_fields), started from the row's own argv; `model` is
@@ -157,7 +161,9 @@ def stack_run(
             if engine_fields is None:
                 sim = stack.enter_context(
                     servers.simulator(
-                        model=model, args=sim_args, log_path=log_dir / "simulator.log"
+                        model=model,
+                        args=[*SIMULATOR_TOOL_ARGS, *sim_args],
+                        log_path=log_dir / "simulator.log",
                     )
                 )
             else:
