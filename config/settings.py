@@ -349,6 +349,9 @@ CHAT_HISTORY_TURNS = env_int(
 # A found API key is trusted this long by each process without a database lookup (0: every call).
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=60)  # seconds
+# Inputs one /v1/embeddings request may hold (OpenAI's own limit is 2048): each is a model call's
+# worth of work, the knowledge base's model runs on the gateway's CPU. More: 400.
+V1_EMBEDDING_MAX_INPUTS = env_int("V1_EMBEDDING_MAX_INPUTS", 256, minimum=1, maximum=2048)
 
 # --- Spend: limits and budgets (spend.ledger) ----------------------------------------------------
 

@@ -3,6 +3,7 @@ start/stop/restart), adapters."""
 
 import functools
 
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.utils.html import format_html
@@ -22,11 +23,27 @@ class Operations:
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
 
+class ModelEndpointForm(forms.ModelForm):
+    # A box per API rather than a comma-separated list to type.
+    apis = forms.TypedMultipleChoiceField(
+        choices=ModelEndpoint.Api.choices,
+        widget=forms.CheckboxSelectMultiple,
+        label="APIs",
+        help_text=ModelEndpoint._meta.get_field("apis").help_text,
+    )
+
+    class Meta:
+        model = ModelEndpoint
+        fields = "__all__"
+
+
 @admin.register(ModelEndpoint)
 class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
+    form = ModelEndpointForm
     list_display = [
         "name",
         "kind",
+        "apis_shown",
         "model",
         "lora_adapter",
         "replica_group",
@@ -55,6 +72,7 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
                 "fields": [
                     "name",
                     "kind",
+                    "apis",
                     "active",
                     "base_url",
                     "api_key_env",
@@ -88,6 +106,10 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
             },
         ),
     ]
+
+    @admin.display(description="APIs")
+    def apis_shown(self, obj):
+        return ", ".join(obj.apis)
 
 
 class LoraAdapterInline(SuperuserEdits, admin.TabularInline):

@@ -173,7 +173,6 @@ async def stream_chat(
     produced = False
     response = None
     deadline = None
-    acquired = False
     body = {
         **(fields or _EMPTY),
         "model": config.model,
@@ -183,33 +182,15 @@ async def stream_chat(
         **(extra_body or _EMPTY),
     }
     try:
-        try:
-            async with asyncio.timeout_at(min(first_deadline, total_deadline)):
-                await pool.slots.acquire()
-                acquired = True
-                response = await pool.client.post(
-                    "/chat/completions",
-                    cast_to=httpx2.Response,
-                    body=body,
-                    stream=True,
-                    stream_cls=None,
-                    options={"headers": extra_headers} if extra_headers else {},
-                )
-        except TimeoutError:
-            what = (
-                "no response headers in time"
-                if acquired
-                else f"all {config.max_concurrency} slots stayed busy"
-            )
-            raise EngineError("timeout_first_token", what, endpoint=config.name) from None
-        except SDK_ERRORS as exc:
-            raise engine_error_from_sdk(
-                exc, produced=False, during_request=True, endpoint=config.name
-            ) from exc
-
-        # Raw reads unless the engine compressed the stream: one generator layer less per read.
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        reads = response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
+        response = await open_stream(
+            pool,
+            config,
+            "/chat/completions",
+            body,
+            until=min(first_deadline, total_deadline),
+            extra_headers=extra_headers,
+        )
+        reads = stream_reads(response)
         events = SSEDecoder()
         finish_reasons: dict[int, str] = {}
         usage, ttft, count, done, fingerprint = None, None, 0, False, None
@@ -226,28 +207,11 @@ async def stream_chat(
             except StopAsyncIteration:
                 break
             except (TimeoutError, httpx2.TimeoutException):
-                if loop.time() >= total_deadline:
-                    kind, what = (
-                        "timeout_total",
-                        f"the request took longer than {config.total_timeout:g}s",
-                    )
-                elif produced:
-                    kind, what = "timeout_idle", f"no token for {config.idle_timeout:g}s"
-                else:
-                    kind, what = (
-                        "timeout_first_token",
-                        f"no first token in {config.first_token_timeout:g}s",
-                    )
-                raise EngineError(
-                    kind, what, produced_tokens=produced, endpoint=config.name
+                raise read_timed_out(
+                    config, produced=produced, past_total=loop.time() >= total_deadline
                 ) from None
             except httpx2.TransportError as exc:
-                raise EngineError(
-                    "stream_truncated",
-                    f"the connection broke: {exc}",
-                    produced_tokens=produced,
-                    endpoint=config.name,
-                ) from exc
+                raise read_broke(config, exc, produced=produced) from exc
             if done:
                 continue  # read the body to its end, so the connection goes back to the pool
             texts: list[str] = []
@@ -262,13 +226,8 @@ async def stream_chat(
                 try:
                     chunk = orjson.loads(payload)
                     if "error" in chunk:
-                        error = chunk["error"]
-                        message = error.get("message") if isinstance(error, dict) else error
-                        failed = EngineError(
-                            "stream_error",
-                            f"error in the stream: {message}",
-                            produced_tokens=produced or bool(texts) or rich,
-                            endpoint=config.name,
+                        failed = error_event(
+                            config, chunk["error"], produced=produced or bool(texts) or rich
                         )
                         break
                     if chunk.get("usage"):
@@ -296,12 +255,7 @@ async def stream_chat(
                     AttributeError,
                     KeyError,
                 ) as exc:
-                    failed = EngineError(
-                        "malformed",
-                        f"unreadable chunk: {exc}",
-                        produced_tokens=produced or bool(texts) or rich,
-                        endpoint=config.name,
-                    )
+                    failed = unreadable_chunk(config, exc, produced=produced or bool(texts) or rich)
                     break
             relayed = _relayed(choices) if rich else None
             if texts or relayed:
@@ -317,12 +271,7 @@ async def stream_chat(
             if failed is not None:
                 raise failed
         if not finish_reasons:
-            raise EngineError(
-                "stream_truncated",
-                "the stream ended without a finish reason",
-                produced_tokens=produced,
-                endpoint=config.name,
-            )
+            raise unfinished(config, produced=produced)
         yield Finish(
             finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
             usage=usage,
@@ -336,10 +285,7 @@ async def stream_chat(
         if deadline is not None:
             deadline.close()
         if response is not None:
-            # Closing the response tells the engine the client is gone: vLLM aborts the request.
-            await response.aclose()
-        if acquired:
-            pool.slots.release()
+            await close_stream(pool, response)
 
 
 def _relayed(choices: list[dict]) -> list[dict]:
@@ -368,3 +314,110 @@ def _options(
     if stop:
         options["stop"] = stop
     return options
+
+
+# --- what every streamed call shares (stream_chat here, other_apis.stream_completion) -------------
+
+
+async def open_stream(
+    pool: _Pool,
+    config: EndpointConfig,
+    path: str,
+    body: dict,
+    *,
+    until: float,
+    extra_headers: dict[str, str] | None = None,
+) -> httpx2.Response:
+    """Take one of the endpoint's slots and send a streamed request, both by `until` (the loop's
+    clock): the response, its slot held until `close_stream`; or EngineError, the slot given
+    back."""
+    acquired = False
+    try:
+        try:
+            async with asyncio.timeout_at(until):
+                await pool.slots.acquire()
+                acquired = True
+                return await pool.client.post(
+                    path,
+                    cast_to=httpx2.Response,
+                    body=body,
+                    stream=True,
+                    stream_cls=None,
+                    options={"headers": extra_headers} if extra_headers else {},
+                )
+        except TimeoutError:
+            what = (
+                "no response headers in time"
+                if acquired
+                else f"all {config.max_concurrency} slots stayed busy"
+            )
+            raise EngineError("timeout_first_token", what, endpoint=config.name) from None
+        except SDK_ERRORS as exc:
+            raise engine_error_from_sdk(
+                exc, produced=False, during_request=True, endpoint=config.name
+            ) from exc
+    except BaseException:
+        if acquired:
+            pool.slots.release()
+        raise
+
+
+def stream_reads(response: httpx2.Response):
+    """The response's bytes a network read at a time: raw unless the engine compressed the
+    stream (one generator layer less per read)."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    return response.aiter_bytes() if encoding not in ("", "identity") else response.aiter_raw()
+
+
+async def close_stream(pool: _Pool, response: httpx2.Response) -> None:
+    """Closing the response tells the engine the client is gone (vLLM aborts the request); its
+    slot goes back."""
+    try:
+        await response.aclose()
+    finally:
+        pool.slots.release()
+
+
+def read_timed_out(config: EndpointConfig, *, produced: bool, past_total: bool) -> EngineError:
+    if past_total:
+        kind, what = "timeout_total", f"the request took longer than {config.total_timeout:g}s"
+    elif produced:
+        kind, what = "timeout_idle", f"no token for {config.idle_timeout:g}s"
+    else:
+        kind, what = "timeout_first_token", f"no first token in {config.first_token_timeout:g}s"
+    return EngineError(kind, what, produced_tokens=produced, endpoint=config.name)
+
+
+def read_broke(config: EndpointConfig, exc: Exception, *, produced: bool) -> EngineError:
+    return EngineError(
+        "stream_truncated",
+        f"the connection broke: {exc}",
+        produced_tokens=produced,
+        endpoint=config.name,
+    )
+
+
+def error_event(config: EndpointConfig, error, *, produced: bool) -> EngineError:
+    """An error event inside the stream (vLLM's, after its 200)."""
+    message = error.get("message") if isinstance(error, dict) else error
+    return EngineError(
+        "stream_error",
+        f"error in the stream: {message}",
+        produced_tokens=produced,
+        endpoint=config.name,
+    )
+
+
+def unreadable_chunk(config: EndpointConfig, exc: Exception, *, produced: bool) -> EngineError:
+    return EngineError(
+        "malformed", f"unreadable chunk: {exc}", produced_tokens=produced, endpoint=config.name
+    )
+
+
+def unfinished(config: EndpointConfig, *, produced: bool) -> EngineError:
+    return EngineError(
+        "stream_truncated",
+        "the stream ended without a finish reason",
+        produced_tokens=produced,
+        endpoint=config.name,
+    )

@@ -3,6 +3,7 @@
 import logging
 import os
 
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -11,6 +12,11 @@ from core.key_env import key_env_problem
 from inference_ops import policy
 
 logger = logging.getLogger(__name__)
+
+
+def default_apis() -> list[str]:
+    """What an endpoint serves unless told otherwise: a generative model's two APIs."""
+    return [ModelEndpoint.Api.CHAT, ModelEndpoint.Api.COMPLETIONS]
 
 
 class ModelEndpoint(models.Model):
@@ -25,6 +31,14 @@ class ModelEndpoint(models.Model):
         UNHEALTHY = "unhealthy", "unhealthy"
         DOWN = "down", "down"
 
+    class Api(models.TextChoices):
+        """The /v1 APIs an endpoint answers: routing sends a request only where its API is
+        served (a vLLM pooling model serves embeddings alone)."""
+
+        CHAT = "chat", "chat completions"
+        COMPLETIONS = "completions", "completions (a raw prompt)"
+        EMBEDDINGS = "embeddings", "embeddings"
+
     name = models.SlugField(max_length=100, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     base_url = models.URLField(help_text="The /v1 URL, e.g. http://127.0.0.1:8001/v1")
@@ -35,6 +49,12 @@ class ModelEndpoint(models.Model):
         "GW_KEY_, or be listed by the operator). The key itself is never stored.",
     )
     model = models.CharField(max_length=200, help_text="Served model name sent as `model`.")
+    apis = ArrayField(
+        models.CharField(max_length=16, choices=Api.choices),
+        default=default_apis,
+        help_text="The /v1 APIs it serves. A vLLM server serves one runner: chat and completions "
+        "(a generative model) or embeddings (a pooling model, `--runner pooling`).",
+    )
     lora_adapter = models.CharField(
         max_length=200,
         blank=True,
@@ -115,8 +135,34 @@ class ModelEndpoint(models.Model):
         return self.lora_adapter or self.model
 
     def clean(self):
+        problems = {}
         if problem := key_env_problem(self.api_key_env):
-            raise ValidationError({"api_key_env": problem})
+            problems["api_key_env"] = problem
+        if problem := self.apis_problem():
+            problems["apis"] = problem
+        if problems:
+            raise ValidationError(problems)
+
+    def apis_problem(self) -> str | None:
+        """Why the APIs it says it serves cannot be, or None."""
+        apis = list(self.apis or ())
+        if not apis:
+            return "Choose the APIs it serves: at least one."
+        unknown = sorted(set(apis) - set(self.Api.values))
+        if unknown:
+            return f"Unknown API {', '.join(unknown)}; the APIs are {', '.join(self.Api.values)}."
+        if len(set(apis)) != len(apis):
+            return "Each API once."
+        generative = {self.Api.CHAT, self.Api.COMPLETIONS} & set(apis)
+        if self.kind == self.Kind.VLLM and self.Api.EMBEDDINGS in apis and generative:
+            # vLLM 0.32 registers the routes of its runner only: a pooling model answers no
+            # generation, a generative model no embeddings (404s the gateway would relay as
+            # failures of the engine).
+            return (
+                "A vLLM server runs one runner: embeddings (a pooling model, --runner pooling) "
+                "or chat and completions (a generative model), not both."
+            )
+        return None
 
     @property
     def api_key(self) -> str:

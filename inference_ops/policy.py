@@ -226,6 +226,9 @@ VLLM_FLAGS = frozenset(
         "--long-prefill-token-threshold",
         "--disable-custom-all-reduce",
         "--calculate-kv-scales",
+        # A pooling model (an endpoint that serves embeddings): `--runner pooling --convert embed`.
+        "--runner",
+        "--convert",
     }
 )
 # The simulator takes vLLM's flags (and ignores most) plus its own pacing and fault knobs.

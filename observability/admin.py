@@ -278,6 +278,7 @@ class RequestLogAdmin(admin.ModelAdmin):
     list_display = [
         "at",
         "interface",
+        "api",
         "user_shown",
         "key_shown",
         "road",
@@ -303,6 +304,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         FeatureFilter,
         "status",
         "interface",
+        "api",
         "kb_hit",
     ]
     search_fields = ["rule", "target", "error_code", "user__username"]
@@ -321,6 +323,7 @@ class RequestLogAdmin(admin.ModelAdmin):
     fields = [
         "at",
         "interface",
+        "api",
         "user_shown",
         "key_shown",
         "session_id",

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 OTHER = "other"
 INTERFACES = frozenset(RequestLog.Interface.values)
+APIS = frozenset(RequestLog.Api.values)
 STATUSES = frozenset(RequestLog.Status.values)
 ROADS = frozenset({"kb", "local", "external", ""})
 FEATURE_NAMES = frozenset(REQUEST_FEATURES)
@@ -77,6 +78,12 @@ ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(
         "budget_exceeded",
         "limits_unavailable",
         "insufficient_quota",
+        # /v1's completions and embeddings (chat.openai_api, routing.raw_apis).
+        "unsupported_api",
+        "unsupported_parameter",
+        "too_many_inputs",
+        "input_too_large",
+        "draining",
     }
 )
 # Rule and endpoint names are slugs of at most this length; anything longer is not one.
@@ -173,6 +180,12 @@ IN_FLIGHT = Gauge(
     ["interface"],
     multiprocess_mode="livesum",
 )
+API_REQUESTS = Counter(
+    "gateway_api_requests_total",
+    "Answered requests by the API they called (chat; /v1's completions and embeddings) and how "
+    "they ended; their times, tokens and spend are in the series above, by interface.",
+    ["interface", "api", "status"],
+)
 ERROR_RESPONSES = Counter(
     "gateway_error_responses_total",
     "/v1 replies with an error status, by status and code.",
@@ -214,6 +227,7 @@ def _ended(record: RequestRecord) -> None:
     target = "kb" if road == "kb" else _name(record.target)
     status = _one_of(record.status, STATUSES)
     _child(REQUESTS, interface, road, _name(record.rule), target, status).inc()
+    _child(API_REQUESTS, interface, _one_of(record.api, APIS), status).inc()
     _child(LATENCY, interface, road, target, status).observe(record.latency_ms / 1000)
     if record.ttft_ms is not None:
         _child(TTFT, interface, road, target).observe(record.ttft_ms / 1000)

@@ -29,6 +29,14 @@ class RequestLog(models.Model):
         API = "api", "chat API"
         V1 = "v1", "/v1 API"
 
+    class Api(models.TextChoices):
+        """The API a request called: a chat answer (every interface), or /v1's raw completions
+        and embeddings."""
+
+        CHAT = "chat", "chat"
+        COMPLETIONS = "completions", "completions"
+        EMBEDDINGS = "embeddings", "embeddings"
+
     class Status(models.TextChoices):
         COMPLETE = "complete", "complete"
         PARTIAL = "partial", "partial"
@@ -38,6 +46,7 @@ class RequestLog(models.Model):
     id = models.BigIntegerField(primary_key=True)
     at = models.DateTimeField("time")
     interface = models.CharField(max_length=8, choices=Interface.choices)
+    api = models.CharField("API", max_length=16, choices=Api.choices, default=Api.CHAT)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

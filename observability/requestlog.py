@@ -58,6 +58,7 @@ class RequestRecord:
     fell_back_from: tuple[str, ...] = ()  # endpoints passed over before the answer
     # What it asked beyond text: observability.models.REQUEST_FEATURES' names, space-separated.
     features: str = ""
+    api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
 
 
@@ -143,6 +144,7 @@ _ready: set[date] = set()
 COLUMNS = (
     ("at", "timestamptz"),
     ("interface", "text"),
+    ("api", "text"),
     ("user_id", "bigint"),
     ("api_key_id", "bigint"),
     ("session_id", "bigint"),
@@ -185,6 +187,7 @@ def _write(batch: list[RequestRecord]) -> int:
     columns = (
         [r.at for r in batch],
         [r.interface for r in batch],
+        [r.api for r in batch],
         [r.user_id for r in batch],
         [r.api_key_id for r in batch],
         [r.session_id for r in batch],

@@ -67,6 +67,9 @@ class RouteRequest:
     # What it used of a model, filled in by the pipeline as the answer ends (the request log's).
     spent: Spent = field(default_factory=lambda: Spent())
     passthrough: Passthrough = PLAIN
+    # The /v1 API asked (chat, completions, embeddings): a target that does not serve it is
+    # passed over.
+    api: str = "chat"
 
 
 @dataclass

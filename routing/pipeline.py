@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -376,6 +376,12 @@ class Attempts:
         )
 
 
+# What answers from one target: the chat's `_stream_from`, or another API's (routing.raw_apis).
+StreamFrom = Callable[
+    ["_Plan", Target, Attempts, "_Meter", "ledger.Standing | None"], AsyncGenerator[Event, None]
+]
+
+
 async def _generate(
     request: RouteRequest,
     text: str,
@@ -387,8 +393,14 @@ async def _generate(
     rng: random.Random,
     direct: DirectAnswer | None = None,
     specs: tuple[Spec, ...] = (),
+    plan: _Plan | None = None,
+    stream_from: StreamFrom | None = None,
 ) -> AsyncGenerator[Event, None]:
-    plan = await _plan(request, text, rule, targets, started, why=why, direct=direct)
+    """The chain tried in order, each target until one answers (see the module docstring).
+    `plan` and `stream_from`: another API's own (routing.raw_apis), instead of a chat answer's."""
+    if plan is None:
+        plan = await _plan(request, text, rule, targets, started, why=why, direct=direct)
+    stream = stream_from or _stream_from
     reservation = None
     if specs:
         booked = await _reserve(plan, specs)
@@ -413,7 +425,7 @@ async def _generate(
                     continue
                 produced = False
                 try:
-                    async for event in _stream_from(
+                    async for event in stream(
                         plan, target, attempts, meter, reservation.standing if reservation else None
                     ):
                         produced = produced or isinstance(event, Token)
@@ -543,6 +555,15 @@ async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation |
 def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
     """Why the request as it is cannot go to this target (a note for the route's explanation,
     and the error if no target can take it), or None."""
+    if (api := plan.request.api) not in target.apis:
+        return f"serves no {api}", Error(
+            code="unsupported_api",
+            message=f"{target.endpoint} serves {', '.join(sorted(target.apis))}, not {api}.",
+            param="model",
+            rule=plan.rule_name,
+            target=target.endpoint,
+            road=target.road,
+        )
     limited = plan.request.passthrough.limited
     if limited and (name := openai_fields.field_refused(limited, target.kind)) is not None:
         return f"takes no {name}", Error(

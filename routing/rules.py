@@ -46,6 +46,8 @@ class Target:
     context_window: int
     price: Price = FREE
     kind: str = "vllm"  # ModelEndpoint.Kind: which request fields it takes (openai_fields)
+    # ModelEndpoint.apis: the /v1 APIs it answers (chat, completions, embeddings)
+    apis: frozenset[str] = frozenset({"chat", "completions"})
     replicas: tuple[
         Target, ...
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
@@ -290,6 +292,7 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
             context_window=endpoint.context_window,
             price=Price.of(endpoint),
             kind=endpoint.kind,
+            apis=frozenset(endpoint.apis),
         )
 
     target = one(t.endpoint)
@@ -373,6 +376,7 @@ def snapshot_build() -> Snapshot:
             context_window=endpoint.context_window,
             price=Price.of(endpoint),
             kind=endpoint.kind,
+            apis=frozenset(endpoint.apis),
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)

@@ -262,6 +262,12 @@ MATRIX = {
             '"messages": [{"role": "user", "content": "What is the refund policy?"}]}'
         ),
     ): row(401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401),
+    ("POST", "/v1/completions", '{"model": "auto", "prompt": "The refund policy is"}'): row(
+        401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401
+    ),
+    ("POST", "/v1/embeddings", '{"model": "auto", "input": "What is the refund policy?"}'): row(
+        401, 401, 401, 401, 401, 401, 401, 401, 200, 200, 403, 403, 403, 401, 401
+    ),
     # A verdict on a completion: the id is signed for its user, so another's key finds nothing.
     ("POST", "/v1/chat/completions/{V}", '{"metadata": {"feedback": "down"}}'): row(
         401, 401, 401, 401, 401, 401, 401, 401, 200, 404, 403, 403, 403, 401, 401

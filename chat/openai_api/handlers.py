@@ -28,6 +28,7 @@ from core import db
 from knowledge.exceptions import EntryInvalid
 from observability.models import RequestLog
 from routing import events
+from routing.raw_apis import kb_model_name
 from routing.rules import asnapshot
 
 
@@ -51,7 +52,18 @@ async def models(headers: dict[str, str]) -> Reply:
         return key
     snap = await asnapshot()
     created = int(time.time())
-    data = [{"id": "auto", "object": "model", "created": created, "owned_by": "gateway"}]
+    kb_model = await kb_model_name()
+    # Each model says which APIs it answers (`apis`, beside OpenAI's fields): `auto` routes chat
+    # and completions by the rules, and embeds with the knowledge base's model.
+    data = [
+        {
+            "id": "auto",
+            "object": "model",
+            "created": created,
+            "owned_by": "gateway",
+            "apis": ["chat", "completions"] + (["embeddings"] if kb_model else []),
+        }
+    ]
     # Only what a rule lets this key name (the rule that takes a question still decides).
     data += [
         {
@@ -59,9 +71,20 @@ async def models(headers: dict[str, str]) -> Reply:
             "object": "model",
             "created": created,
             "owned_by": snap.targets_by_model[name].road,
+            "apis": sorted(snap.targets_by_model[name].apis),
         }
         for name in snap.nameable(groups=key.group_names, client=key.client)
     ]
+    if kb_model:
+        data.append(
+            {
+                "id": kb_model,
+                "object": "model",
+                "created": created,
+                "owned_by": "gateway",
+                "apis": ["embeddings"],
+            }
+        )
     return Reply(200, {"object": "list", "data": data})
 
 

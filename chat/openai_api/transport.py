@@ -18,6 +18,8 @@ import time
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from chat.openai_api.completions_api import completions
+from chat.openai_api.embeddings_api import embeddings
 from chat.openai_api.handlers import chat_completions, completion_update, models
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
@@ -30,7 +32,12 @@ from core import db
 from observability import metrics
 from observability.models import RequestLog
 
-_ROUTES = {"/v1/models": ("GET", models), "/v1/chat/completions": ("POST", chat_completions)}
+_ROUTES = {
+    "/v1/models": ("GET", models),
+    "/v1/chat/completions": ("POST", chat_completions),
+    "/v1/completions": ("POST", completions),
+    "/v1/embeddings": ("POST", embeddings),
+}
 # `/v1/chat/completions/{id}`: a verdict on one answer (handlers.completion_update).
 _COMPLETION = "/v1/chat/completions/"
 

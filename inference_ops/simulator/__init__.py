@@ -8,10 +8,14 @@ Start it like vLLM:
 It serves vLLM's routes and JSON shapes (vLLM 0.32's): /health, /ping, /version, /v1/models,
 /v1/chat/completions and /v1/completions (streamed or not), /tokenize,
 /metrics (vLLM's Prometheus names), and /v1/load_lora_adapter and
-/v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set. A cross-encoder
-(--cross-encoder, or a model named like a reranker) serves /rerank, /v1/rerank,
-/v2/rerank, /score and /v1/score instead of generation (scoring.py); a pooling
-model (--embedding-dim) serves /v1/embeddings, and those routes too by cosine.
+/v1/unload_lora_adapter when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set. As in vLLM, a server
+has its runner's routes only (the others are 404s): a cross-encoder (--cross-encoder,
+--convert classify, or a model named like a reranker) serves /rerank, /v1/rerank,
+/v2/rerank, /score and /v1/score instead of generation (scoring.py); an embedding model
+(--runner pooling, --convert embed or --embedding-dim) serves /v1/embeddings (texts or token
+ids, float or base64; no Matryoshka `dimensions`), and those routes too by cosine; a
+generative model serves no embeddings. A completion's `echo` starts its text with the prompt;
+`suffix` is refused as by a model without a FIM template.
 A /rerank or /score request takes --time-to-first-token (one forward pass).
 Tokens are paced by a continuous-batching scheduler (engine.py): every step of
 --inter-token-latency gives each running sequence one token, at most

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from .config import DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
+from .config import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
 from .tools import STRICT_TOOL_CALLING_ENV, TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -116,11 +116,25 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--seed", type=int, default=None, help="makes generated text and injected faults repeatable"
     )
     parser.add_argument(
+        "--runner",
+        choices=("auto", "generate", "pooling", "draft"),
+        default="auto",
+        help="vLLM's runner: `pooling` serves an embedding model (or, by --convert classify or a "
+        "reranker's name, a cross-encoder) and no generation",
+    )
+    parser.add_argument(
+        "--convert",
+        choices=("auto", "none", "embed", "classify"),
+        default="auto",
+        help="vLLM's conversion of a model to a pooling one: embed (an embedding model) or "
+        "classify (a cross-encoder)",
+    )
+    parser.add_argument(
         "--embedding-dim",
         type=int,
         default=0,
-        help="simulate a pooling (embedding) model of this size: serves /v1/embeddings "
-        "(0: a generative model)",
+        help="simulate a pooling (embedding) model of this size: serves /v1/embeddings and no "
+        f"generation (0: {DEFAULT_EMBEDDING_DIM} for --runner pooling, else a generative model)",
     )
     parser.add_argument(
         "--cross-encoder",
@@ -158,11 +172,30 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     if args.max_logprobs < -1:
         parser.error("--max-logprobs must be -1 or more")
 
+    pooling_asked = bool(args.embedding_dim or args.cross_encoder) or args.convert in (
+        "embed",
+        "classify",
+    )
+    if args.runner == "generate" and pooling_asked:
+        parser.error(
+            "--runner generate serves a generative model: --embedding-dim, --cross-encoder and "
+            "--convert embed|classify are a pooling model's"
+        )
+    if args.convert == "embed" and args.cross_encoder:
+        parser.error("--convert embed makes an embedding model, not a cross-encoder")
+
     model = args.model or model_tag or DEFAULT_MODEL
     # vLLM tells a cross-encoder by the architecture in its config.json (…ForSequenceClassification
     # with one label); the simulator has no weights to read, so `serve BAAI/bge-reranker-v2-m3`, the
     # command line vLLM is given, goes by the name.
-    cross_encoder = args.cross_encoder or ("rerank" in model.lower() and not args.embedding_dim)
+    cross_encoder = (
+        args.cross_encoder
+        or args.convert == "classify"
+        or ("rerank" in model.lower() and not args.embedding_dim and args.convert != "embed")
+    )
+    embedding_dim = args.embedding_dim
+    if not embedding_dim and not cross_encoder and (args.runner == "pooling" or pooling_asked):
+        embedding_dim = DEFAULT_EMBEDDING_DIM
     return SimConfig(
         model=model,
         served_model_names=tuple(args.served_model_name or ()),
@@ -181,7 +214,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         failure_injection_rate=args.failure_injection_rate,
         mode=args.mode,
         seed=args.seed,
-        embedding_dim=args.embedding_dim,
+        embedding_dim=embedding_dim,
         cross_encoder=cross_encoder,
         # Read like vLLM's envs.py: only "1" or "true" switch the routes on.
         allow_runtime_lora_updating=environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")

@@ -26,6 +26,7 @@ from .protocol import (
     context_length_error,
     parse_chat,
     parse_completion,
+    suffix_error,
     vllm_error,
 )
 from .responses import (
@@ -66,9 +67,6 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
         return refused
 
     params = parse(json_body(request, raw))
-    if sim.config.cross_encoder:
-        api = "Chat Completions" if params.endpoint == "chat" else "Completions"
-        raise APIError(f"The model does not support {api} API")
     # The client's id (X-Request-Id, else the body's request_id) names the response, as in vLLM.
     base_id = request.headers.get("X-Request-Id") or params.request_id or tools.random_uuid()
     request_id = f"chatcmpl-{base_id}" if params.endpoint == "chat" else f"cmpl-{base_id}"
@@ -103,11 +101,21 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
     return await _stream_choices(sim, request, params, writer, choices, fail_after)
 
 
+def _echoed(params: GenerationParams) -> str:
+    """What a completion with `echo` starts with: the prompt's text (a prompt of token ids has no
+    text the simulator could give back: vLLM would detokenize it)."""
+    if params.endpoint != "completion" or not params.echo:
+        return ""
+    return params.echo_text or ""
+
+
 def _plan(sim: Simulator, params: GenerationParams, request_id: str) -> tuple[str, list[Choice]]:
     """Validate a parsed request against the server and plan the output of each choice."""
     model, lora = sim.resolve_model(params.model)
     if params.endpoint == "chat":
         tools.check_server(params.tools, parser=sim.config.tool_parser)
+    elif (refused := suffix_error(params)) is not None:
+        raise refused
     prompt_len = len(params.prompt_tokens)
     error = context_length_error(
         max_model_len=sim.config.max_model_len,
@@ -233,12 +241,13 @@ async def _stream(
     await response.prepare(request)
     sim.engine.submit(seq)
     sent = 0
+    echo = _echoed(params)  # goes out with the first tokens, as vLLM sends it
     try:
         async for batch in seq.stream():
             if sent == 0 and writer.chat:
                 await response.write(writer.roles())
             if fail_after is not None and sent + len(batch) >= fail_after:
-                text = "".join(batch[: fail_after - sent])
+                text = echo + "".join(batch[: fail_after - sent])
                 if text:
                     await response.write(writer.delta(text))
                 sim.engine.abort(seq)
@@ -248,7 +257,7 @@ async def _stream(
                 await response.write(writer.DONE)
                 return response
             sent += len(batch)
-            text = "".join(batch)
+            text, echo = echo + "".join(batch), ""
             if seq.finished and not seq.aborted and sent == seq.generated:
                 await response.write(writer.delta(text, seq.finish_reason, seq.output.stop_reason))
             elif text:
@@ -282,6 +291,7 @@ async def _stream_choices(
                 else None
             ),
             top_logprobs=params.logprobs,
+            echo=_echoed(params),
         )
         for index, choice in enumerate(choices)
     ]
@@ -356,8 +366,14 @@ async def _complete(
             bodies.append(
                 completion_choice(
                     index=index,
-                    text=output.text,
-                    logprobs=None if top is None else lp.completion(output.tokens, 0, top, 0),
+                    text=_echoed(params) + output.text,
+                    # The generated tokens' offsets count the echoed prompt before them (whose
+                    # own logprobs the simulator does not model).
+                    logprobs=(
+                        None
+                        if top is None
+                        else lp.completion(output.tokens, 0, top, len(_echoed(params)))
+                    ),
                     finish_reason=output.finish_reason,
                     stop_reason=output.stop_reason,
                 )

@@ -4,6 +4,9 @@ with."""
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # vLLM's own default model
+# The vectors of an embedding model started without --embedding-dim (`--runner pooling`): the
+# size of the small sentence-transformers models.
+DEFAULT_EMBEDDING_DIM = 384
 VLLM_VERSION = "0.32.0+sim"  # the vLLM version whose API this simulates, marked as a simulator
 FAULTS = ("connect-close", "before-first-token", "mid-stream", "500", "429", "hang")
 
@@ -49,6 +52,12 @@ class SimConfig:
         """The tool parser requests get: vLLM builds one only with --enable-auto-tool-choice
         and --tool-call-parser both given."""
         return self.tool_call_parser if self.enable_auto_tool_choice else None
+
+    @property
+    def pooling(self) -> bool:
+        """A pooling model (vLLM's `--runner pooling`): an embedding model or a cross-encoder,
+        serving no generation."""
+        return bool(self.embedding_dim) or self.cross_encoder
 
     @property
     def primary_name(self) -> str:

@@ -20,45 +20,56 @@ from .protocol import (
     rerank_response,
     score_pairs,
     score_response,
+    usage,
     validation_error,
+    vllm_error,
 )
 from .state import SIM
 from .tokenizer import tokenize
 
 
 async def embeddings(request: web.Request) -> web.Response:
+    """vLLM's /v1/embeddings (EmbeddingCompletionRequest): texts or token ids in, one vector per
+    input, float or base64; the route exists for an embedding model only (server.make_app)."""
     sim = request.app[SIM]
     body = json_body(request, await request.read())
     if not isinstance(body, dict):
         raise validation_error("body", "Input should be a valid dictionary", "dict_type")
     model, _ = sim.resolve_model(body.get("model"), pooling=True)
-    if not sim.config.embedding_dim:
-        raise APIError("The model does not support Embeddings API", param="model")
-    texts = body.get("input")
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise validation_error(
-            "input", "Input should be a string or a list of strings", "string_type"
-        )
+    inputs = _embedding_inputs(body.get("input", _MISSING))
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ("float", "base64"):
         raise validation_error(
             "encoding_format", "Input should be 'float' or 'base64'", "literal_error"
         )
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+            raise validation_error(
+                "dimensions", "Input should be a valid integer", "int_type", dimensions
+            )
+        # PoolingParams' check: a model that is not Matryoshka keeps its own size (the
+        # simulated vectors are feature hashes, whose prefixes are no smaller embedding).
+        raise vllm_error(
+            f"Model {sim.served_names[0]!r} does not support Matryoshka embeddings; dimensions "
+            f"must be unset (received dimensions={dimensions})."
+        )
     prompt_tokens = 0
     data = []
-    for index, text in enumerate(texts):
-        tokens = tokenize(text)
-        if len(tokens) > sim.config.max_model_len:
+    for index, item in enumerate(inputs):
+        if isinstance(item, str):
+            count, text = len(tokenize(item)), item
+        else:
+            count, text = len(item), " ".join(map(str, item))
+        if count > sim.config.max_model_len:
             raise APIError(
                 "This model's maximum context length is "
-                f"{sim.config.max_model_len} tokens. However, you requested {len(tokens)} "
+                f"{sim.config.max_model_len} tokens. However, you requested {count} "
                 "tokens in the input for embedding generation. Please reduce the length of "
                 "the input.",
                 param="input",
             )
-        prompt_tokens += len(tokens)
+        prompt_tokens += count
         vector = sim_embeddings.embed(text, sim.config.embedding_dim)
         data.append(
             {
@@ -74,12 +85,38 @@ async def embeddings(request: web.Request) -> web.Response:
             "created": int(time.time()),
             "model": model,
             "data": data,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens,
-                "completion_tokens": 0,
-            },
+            "usage": usage(prompt_tokens, 0),
         }
+    )
+
+
+_MISSING = object()
+
+
+def _embedding_inputs(value) -> list:
+    """The inputs of `input`, as vLLM's request takes it: a string, a list of strings, token ids,
+    or a list of token-id lists."""
+    if value is _MISSING:
+        raise validation_error("input", "Field required", "missing")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return [value]
+        if all(isinstance(t, str) for t in value):
+            return value
+        if all(
+            isinstance(ids, list)
+            and ids
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            for ids in value
+        ):
+            return value
+    raise validation_error(
+        "input",
+        "Input should be a valid string, a list of strings, or token ids",
+        "string_type",
+        value,
     )
 
 
@@ -101,9 +138,6 @@ async def _score(request: web.Request, parse) -> web.Response:
     if (refused := await early_fault(request, fault)) is not None:
         return refused
     params = parse(json_body(request, raw))
-    if not (sim.config.cross_encoder or sim.config.embedding_dim):
-        api = "Rerank (Score)" if params.endpoint == "rerank" else "Score"
-        raise APIError(f"The model does not support {api} API")
     model, _ = sim.resolve_model(params.model, pooling=True)
     pairs = score_pairs(params)
     tokens = 0

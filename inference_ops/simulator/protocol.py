@@ -43,6 +43,8 @@ class GenerationParams:
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None  # top logprobs per step (-1: the vocabulary); None: not asked
+    echo: bool = False  # completions: the answer starts with the prompt's text
+    suffix: str | None = None  # completions: the text after the insertion (FIM)
     request_id: str | None = None  # the client's own, from the body
     tools: ToolRequest | None = None
     constraint: Constraint | None = None
@@ -94,8 +96,11 @@ def parse_completion(body) -> GenerationParams:
     logprobs = _completion_logprobs(body)
     _check_stream_options(body)
     prompt = body.get("prompt")
-    if prompt is None:
-        raise validation_error("prompt", "Field required", "missing")
+    if prompt is None or prompt == "":
+        # CompletionRequest.validate_prompt_and_prompt_embeds (no prompt embeddings here).
+        raise vllm_error(
+            "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
+        )
     # One prompt only (the simulator has no batched completions): a string,
     # a one-string list, token ids, or a one-element list of token ids.
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -113,6 +118,9 @@ def parse_completion(body) -> GenerationParams:
             "The simulator accepts a single prompt: a string or a list of token ids.",
             param="prompt",
         )
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise validation_error("echo", "Input should be a valid boolean", "bool_type", echo)
     return _common(
         body,
         GenerationParams(
@@ -123,7 +131,25 @@ def parse_completion(body) -> GenerationParams:
             max_tokens=_optional_int(body, "max_tokens"),
             logprobs=logprobs,
             constraint=constraint,
+            echo=bool(echo),
+            suffix=_optional_str(body, "suffix"),
         ),
+    )
+
+
+def suffix_error(params: GenerationParams) -> APIError | None:
+    """vLLM's renderer on `suffix` (renderers/online_renderer.py): a model with no FIM template,
+    as every simulated one is, refuses it."""
+    if params.suffix is None:
+        return None
+    if params.echo:
+        return APIError("Echo is unsupported with suffix.", param="suffix")
+    if params.echo_text is None:
+        return APIError(
+            "suffix requires text prompt input for FIM completion rendering", param="suffix"
+        )
+    return APIError(
+        "suffix is only supported for models with FIM completion rendering", param="suffix"
     )
 
 
@@ -296,11 +322,13 @@ def _optional_str(body: dict, key: str) -> str | None:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """UsageInfo as model_dump() gives it."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 

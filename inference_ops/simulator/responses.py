@@ -130,14 +130,16 @@ class StreamedChoice:
         output: PlannedOutput,
         tool_stream: ToolStream | None,
         top_logprobs: int | None,
+        echo: str = "",
     ):
         self.chat = chat
+        self.echo = echo  # a completion's echoed prompt: the first chunk's text starts with it
         self.index = index
         self.output = output
         self.tool_stream = tool_stream
         self.top_logprobs = top_logprobs
         self.text_end = 0  # characters generated so far
-        self.text_offset = 0  # where the next token starts, for the legacy logprobs
+        self.text_offset = len(echo)  # where the next token starts, for the legacy logprobs
 
     def render(self, start: int, end: int, engine_reason: str | None) -> dict | None:
         """The choice for tokens [start, end), the last ones when `engine_reason` is set; None
@@ -153,6 +155,7 @@ class StreamedChoice:
                 logprobs = lp.completion(tokens, start, self.top_logprobs, self.text_offset)
                 self.text_offset += len(text)
         if not self.chat:
+            text, self.echo = self.echo + text, ""
             return {
                 "index": self.index,
                 "text": text,

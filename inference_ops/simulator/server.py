@@ -23,14 +23,21 @@ def make_app(sim: Simulator) -> web.Application:
     app.router.add_route("*", "/ping", info.health)  # SageMaker's probe, served by vLLM too
     app.router.add_get("/version", info.version)
     app.router.add_get("/v1/models", info.models)
-    app.router.add_post("/v1/chat/completions", completions.chat_completions)
-    app.router.add_post("/v1/completions", completions.completions)
     app.router.add_post("/tokenize", info.tokenize)
-    app.router.add_post("/v1/embeddings", pooling.embeddings)
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):  # vLLM serves the one handler at all three
-        app.router.add_post(path, pooling.rerank)
-    for path in ("/score", "/v1/score"):
-        app.router.add_post(path, pooling.score)
+    # Like vLLM 0.32 (launchers/api_server/routers.py), a server has its runner's routes only: a
+    # generative model no /v1/embeddings, a pooling model no generation; the other routes are
+    # FastAPI's 404 {"detail": "Not Found"}.
+    if not sim.config.pooling:
+        app.router.add_post("/v1/chat/completions", completions.chat_completions)
+        app.router.add_post("/v1/completions", completions.completions)
+    if sim.config.embedding_dim:
+        app.router.add_post("/v1/embeddings", pooling.embeddings)
+    if sim.config.pooling:
+        # An embedding model scores by the cosine of its vectors, a cross-encoder by its head.
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):  # one handler at all three
+            app.router.add_post(path, pooling.rerank)
+        for path in ("/score", "/v1/score"):
+            app.router.add_post(path, pooling.score)
     app.router.add_get("/metrics", info.metrics_text)
     if sim.config.allow_runtime_lora_updating:
         # Like vLLM, the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING set.

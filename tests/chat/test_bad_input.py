@@ -166,7 +166,9 @@ def test_v1_refuses_bad_bodies_with_a_400_in_openais_shape(
     [
         ("GET", "/v1/chat/completions", 405),
         ("POST", "/v1/models", 405),
-        ("POST", "/v1/completions", 404),
+        ("GET", "/v1/completions", 405),
+        ("GET", "/v1/embeddings", 405),
+        ("POST", "/v1/responses", 404),
         ("POST", "/v1/chat/completions/", 404),
     ],
 )

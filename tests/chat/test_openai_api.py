@@ -39,7 +39,8 @@ def raw_post(url, body: bytes, key=None, content_type="application/json"):
 
 def test_models_lists_auto_and_the_routable_targets(asgi_server, alice_key, product):
     ids = [m.id for m in sdk(asgi_server, alice_key).models.list()]
-    assert ids == ["auto", "external", "local"]
+    # And the knowledge base's embedding model, for /v1/embeddings.
+    assert ids == ["auto", "external", "local", "kb:multilingual-e5-small"]
 
 
 def test_a_kb_answer_comes_back_as_a_normal_completion(asgi_server, alice_key, product):

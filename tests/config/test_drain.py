@@ -191,6 +191,14 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
                 error = (await v1.json())["error"]
                 assert (error["code"], error["type"]) == ("draining", "api_error")
                 assert "shutting down" in error["message"]
+            # /v1's other APIs, which store no chat message, are refused alike.
+            for path, body in (
+                ("/v1/completions", {"model": "auto", "prompt": "hello"}),
+                ("/v1/embeddings", {"model": "auto", "input": "hello"}),
+            ):
+                async with http.post(f"{server.url}{path}", headers=bearer, json=body) as other:
+                    assert other.status == 503 and other.headers["Retry-After"] == "1"
+                    assert (await other.json())["error"]["code"] == "draining"
             async with http.post(
                 f"{server.url}/api/chat/sessions/{session.pk}/messages/stream",
                 headers=bearer,

@@ -226,10 +226,12 @@ async def test_a_stop_string_ends_generation_and_never_shows_even_across_tokens(
 # -- errors ----------------------------------------------------------------------------------
 
 
-async def test_a_generative_model_refuses_the_embeddings_api_like_vllm(simulator):
+async def test_a_generative_model_has_no_embeddings_route_like_vllm(simulator):
+    # vLLM 0.32 registers the routes of its runner only: FastAPI's 404 for the others.
     async with sdk(simulator) as client:
-        with pytest.raises(openai.BadRequestError, match="does not support Embeddings API"):
+        with pytest.raises(openai.NotFoundError) as info:
             await client.embeddings.create(model="base", input="hello")
+    assert info.value.body == {"detail": "Not Found"}
 
 
 async def test_a_pooling_model_serves_embeddings_in_float_and_base64():
@@ -248,6 +250,84 @@ async def test_a_pooling_model_serves_embeddings_in_float_and_base64():
         assert floats.data[0].embedding == pytest.approx(response.data[0].embedding, abs=1e-6)
     finally:
         sim.stop()
+
+
+async def test_a_pooling_runner_serves_embeddings_of_texts_and_token_ids_and_no_generation():
+    sim = start_simulator("serve", "acme/embed", "--runner", "pooling", "--convert", "embed")
+    try:
+        async with sdk(sim) as client:
+            texts = await client.embeddings.create(
+                model="acme/embed", input=["a b c", "d"], encoding_format="float"
+            )
+            ids = await client.embeddings.create(
+                model="acme/embed", input=[[1, 2, 3], [4]], encoding_format="float"
+            )
+            with pytest.raises(openai.NotFoundError):
+                await client.completions.create(model="acme/embed", prompt="hi", max_tokens=2)
+            with pytest.raises(openai.BadRequestError) as shorter:
+                await client.embeddings.create(model="acme/embed", input="hi", dimensions=8)
+        status, raw = await post(sim, "/v1/embeddings", {"input": "a b c"})
+    finally:
+        sim.stop()
+    assert [len(item.embedding) for item in texts.data] == [384, 384]
+    assert (texts.usage.prompt_tokens, ids.usage.prompt_tokens) == (4, 4)
+    assert [item.index for item in ids.data] == [0, 1]
+    assert shorter.value.body["message"] == (
+        "Model 'acme/embed' does not support Matryoshka embeddings; dimensions must be unset "
+        "(received dimensions=8)."
+    )
+    # UsageInfo as vLLM dumps it.
+    assert status == 200 and raw["usage"] == {
+        "prompt_tokens": 3,
+        "total_tokens": 3,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def test_a_generative_runner_takes_no_pooling_flags():
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "acme/x", "--runner", "generate", "--embedding-dim", "8"])
+    assert parse_args(["serve", "acme/x", "--runner", "pooling"]).embedding_dim == 384
+    assert parse_args(["serve", "acme/x", "--convert", "classify"]).cross_encoder
+    assert not parse_args(["serve", "acme/x"]).pooling
+
+
+async def test_a_completion_echoes_its_prompt_first_streamed_or_not(simulator):
+    async with sdk(simulator) as client:
+        whole = await client.completions.create(
+            model="base", prompt="Once upon", max_tokens=3, echo=True
+        )
+        stream = await client.completions.create(
+            model="base", prompt="Once upon", max_tokens=3, echo=True, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    assert whole.choices[0].text.startswith("Once upon")
+    assert len(whole.choices[0].text) > len("Once upon")
+    assert chunks[0].choices[0].text.startswith("Once upon")
+    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert streamed.startswith("Once upon") and streamed.count("Once upon") == 1
+
+
+async def test_a_suffix_is_refused_as_by_a_model_without_a_fim_template(simulator):
+    async with sdk(simulator) as client:
+        with pytest.raises(openai.BadRequestError) as fim:
+            await client.completions.create(model="base", prompt="def f(", suffix=")", max_tokens=2)
+        with pytest.raises(openai.BadRequestError) as echoed:
+            await client.completions.create(
+                model="base", prompt="x", suffix=")", echo=True, max_tokens=2
+            )
+        with pytest.raises(openai.BadRequestError) as empty:
+            await client.completions.create(model="base", prompt="", max_tokens=2)
+    assert fim.value.body["message"] == (
+        "suffix is only supported for models with FIM completion rendering"
+    )
+    assert fim.value.body["param"] == "suffix"
+    assert echoed.value.body["message"] == "Echo is unsupported with suffix."
+    assert empty.value.body["message"].startswith(
+        "Either prompt or prompt_embeds must be provided and non-empty."
+    )
 
 
 async def test_an_unknown_model_is_a_404_not_found_error_shaped_like_vllm(simulator):

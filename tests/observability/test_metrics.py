@@ -32,6 +32,8 @@ ASK = [{"role": "user", "content": "Tell me a long story about the sea and its l
 # Every label a series may carry; none of them names a user, key, question, session or KB entry.
 LABELS = {
     "interface",
+    "api",  # chat | completions | embeddings
+    "feature",  # what a request asked beyond text (observability.models.REQUEST_FEATURES)
     "road",
     "rule",
     "target",

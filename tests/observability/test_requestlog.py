@@ -79,7 +79,7 @@ def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(
         f"KB#{entry.pk}",
         "complete",
     )
-    assert row.api_key.user_id == alice.pk and row.session_id is None
+    assert row.api_key.user_id == alice.pk and row.session_id is None and row.api == "chat"
     assert (row.kb_method, row.kb_hit, row.kb_entry_id, row.kb_score) == (
         "exact",
         True,

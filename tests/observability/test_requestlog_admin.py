@@ -187,6 +187,22 @@ def test_the_list_filters_by_road_target_status_interface_and_kb_answer(operator
 
 
 @pytest.mark.django_db
+def test_the_list_shows_and_filters_the_api_each_request_called(operator_client):
+    write(
+        record(rule="chat-rule"),
+        record(rule="completion-rule", interface="v1", api="completions"),
+        record(rule="embedding-rule", interface="v1", api="embeddings", completion_tokens=0),
+    )
+    response = operator_client.get(LIST, {"api__exact": "embeddings"})
+    assert column(response, "rule") == ["embedding-rule"]
+    assert ">API</" in response.content.decode()
+    assert column(operator_client.get(LIST, {"api__exact": "completions"}), "api") == [
+        "completions"
+    ]
+    assert sorted(column(operator_client.get(LIST), "api")) == ["chat", "completions", "embeddings"]
+
+
+@pytest.mark.django_db
 def test_the_list_shows_the_last_day_unless_asked_for_another_period(operator_client):
     now = timezone.localtime()
     write(
@@ -258,6 +274,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
             cost=None,
             fell_back_from=("local",),
             interface="v1",
+            api="completions",
         )
     )[0]
     write(
@@ -279,6 +296,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
     assert row == {
         "time": kept.at.astimezone(UTC).isoformat(),
         "interface": "v1",
+        "api": "completions",
         "user_id": str(alice.pk),
         "user": "alice",
         "api_key_id": str(laptop.pk),

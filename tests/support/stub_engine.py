@@ -16,13 +16,19 @@ the behaviour:
 
 Every request body it received is kept, in order, in `StubEngine.received`: what the gateway
 really sent an engine (its messages, its limits), for tests of the prompt.
+
+`ApisRecorder` serves the two other APIs as well, answering as vLLM does: `/v1/completions`
+(two chunks of text, the finish, `COMPLETION_USAGE`) and `/v1/embeddings` (`EMBEDDING_DIM`
+numbers per input, float or base64), keeping what it receives in the same list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
+import struct
 import threading
 
 from aiohttp import web
@@ -216,11 +222,16 @@ class StubEngine:
         """The chat completions handler; an engine with other manners overrides it."""
         return await _chat(request)
 
+    def _routes(self, app: web.Application) -> None:
+        """More routes than chat's (completions, embeddings): an engine that serves them adds
+        them here."""
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app[RECEIVED] = self.received
         app.router.add_post("/v1/chat/completions", self._chat)
+        self._routes(app)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -236,3 +247,75 @@ class StubEngine:
         asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+COMPLETION_USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+COMPLETION_TEXT = " rested."
+EMBEDDING_DIM = 4
+
+
+class ApisRecorder(StubEngine):
+    """The stub engine with vLLM's completions and embeddings, keeping every request it gets."""
+
+    def _routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", _completion)
+        app.router.add_post("/v1/embeddings", _embeddings)
+
+
+def _completion_chunk(model: str, text: str, finish: str | None = None) -> dict:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+    }
+    return {
+        "id": "cmpl-stub",
+        "object": "text_completion",
+        "created": 1,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+async def _completion(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    request.app[RECEIVED].append(body)
+    model = body["model"]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    last = {**_completion_chunk(model, ""), "choices": [], "usage": COMPLETION_USAGE}
+    await response.write(
+        _event(_completion_chunk(model, COMPLETION_TEXT[:-1]))
+        + _event(_completion_chunk(model, COMPLETION_TEXT[-1], finish="stop"))
+        + _event(last)
+        + b"data: [DONE]\n\n"
+    )
+    return response
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    body = await request.json()
+    request.app[RECEIVED].append(body)
+    given = body["input"]
+    inputs = [given] if isinstance(given, str) or isinstance(given[0], int) else given
+    data = []
+    for index, _ in enumerate(inputs):
+        vector = [float(index + 1)] * EMBEDDING_DIM
+        if body.get("encoding_format") == "base64":
+            vector = base64.b64encode(struct.pack(f"<{EMBEDDING_DIM}f", *vector)).decode()
+        data.append({"index": index, "object": "embedding", "embedding": vector})
+    tokens = 3 * len(inputs)
+    return web.json_response(
+        {
+            "id": "embd-stub",
+            "object": "list",
+            "created": 1,
+            "model": body["model"],
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
+    )

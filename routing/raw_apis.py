@@ -1,0 +1,485 @@
+"""The /v1 APIs beside chat: OpenAI's legacy completions (a raw prompt) and embeddings.
+
+Both yield the pipeline's events (`routing.events`), so the interfaces, the request log and the
+metrics read them as they read a chat answer's: `route`, then tokens (`complete`) or the vectors
+(`embed`), then `done`; or an `error`.
+
+A completion is routed as a chat question is, with no knowledge base: the rule that takes the
+prompt's text decides (a named endpoint must be listed by it; `auto` tries the rule's chain), its
+token ceiling applies, and the chain is tried by `pipeline._generate` itself (breaker, replicas,
+fallback before the first token, the limits' reservation and settlement). The prompt goes to the
+engine as the client sent it: no system prompt, no passages.
+
+Embeddings go to the endpoint the client names, where a rule that admits the caller lists it (what
+/v1/models shows), or to the knowledge base's own embedding model (`auto`, or its name on
+/v1/models), run in this process off the event loop. Either is counted against the caller's
+limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, replace
+
+from django.conf import settings
+
+from inference_ops import openai_fields
+from inference_ops.client import EndpointConfig, Finish
+from inference_ops.exceptions import EngineError
+from inference_ops.other_apis import create_embeddings, stream_completion
+from knowledge.embedding import QUERY, aembed_query, embed_texts, spec_of
+from knowledge.exceptions import EmbeddingError
+from knowledge.models import EmbeddingModel
+from knowledge.selectors import aserving_model
+from routing import breaker, replicas
+from routing.events import Done, Error, Event, RouteRequest, Token, route_event, usage_of
+from routing.pipeline import (
+    Attempts,
+    _engine_failed,
+    _generate,
+    _match,
+    _Meter,
+    _over_budget,
+    _Plan,
+    _reserve,
+    _spend_of,
+    answer_budget,
+    order_targets,
+)
+from routing.prompt import approx_tokens
+from routing.rules import Snapshot, Target, asnapshot, named_target
+from spend import ledger
+from spend.prices import FREE
+
+COMPLETIONS, EMBEDDINGS = "completions", "embeddings"
+# The knowledge base's embedding model on /v1/models: `kb:` and its name, which no endpoint's name
+# (a slug) can be. A switch of the KB's model changes the name, so a client that keeps vectors
+# sees the change instead of mixing two models' vectors.
+KB_PREFIX = "kb:"
+
+_rng = random.Random()
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+# --- completions ---------------------------------------------------------------------------------
+
+
+async def complete(
+    request: RouteRequest, prompt: str | list, *, rng: random.Random | None = None
+) -> AsyncGenerator[Event, None]:
+    """A raw completion of `prompt`, sent as the client sent it (a string, a list of one, token
+    ids); its text in `request.text` for the rules ("" for token ids), the client's other fields
+    in `request.passthrough.fields`."""
+    started = time.monotonic()
+    text = request.text
+    ids = _token_ids(prompt)
+    if max(len(text), ids) > settings.ROUTING_MAX_INPUT_CHARS:
+        size = f"{len(text)} characters" if text else f"{ids} tokens"
+        yield Error(
+            code="too_long",
+            message=f"The prompt has {size}; the limit is {settings.ROUTING_MAX_INPUT_CHARS}.",
+            param="prompt",
+        )
+        return
+    snap = await asnapshot()
+    named = bool(request.model) and request.model != "auto"
+    if named and request.model not in snap.targets_by_model:
+        yield Error(
+            code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
+        )
+        return
+    specs, over_budget = await _spend_of(request)
+    rule, why = await _match(snap, request, text, None, over_budget=over_budget)
+    if over_budget and rule is None:
+        yield _over_budget(specs, None)
+        return
+    if named:
+        assert request.model is not None
+        target, refusal = named_target(rule, request.model)
+        if target is None:
+            yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
+            return
+        # The endpoint asked for, not its replica group's least busy member (as for chat).
+        targets = [replace(target, replicas=())]
+        why = f"model {request.model} requested; {why}"
+    elif rule is None:
+        yield Error(
+            code="no_route", message="No routing rule matches and there is no default rule."
+        )
+        return
+    elif rule.action != "generate":
+        yield Error(
+            code="model_not_allowed",
+            message=f"Rule {rule.name!r} answers from the knowledge base only, and a completion "
+            "of a raw prompt is no question it answers.",
+            rule=rule.name,
+        )
+        return
+    else:
+        targets = order_targets(rule, rng or _rng)
+        if not targets:
+            yield Error(
+                code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name
+            )
+            return
+    fields = request.passthrough.fields
+    suffix = fields.get("suffix")
+    tokens = (approx_tokens(text) if text else ids) + (
+        approx_tokens(suffix) if isinstance(suffix, str) else 0
+    )
+    plan = _Plan(
+        request=request,
+        text=text,
+        rule=rule,
+        targets=targets,
+        started=started,
+        why=why,
+        named=named,
+        direct=None,
+        kb=None,
+        max_tokens=answer_budget(request.max_tokens, rule),
+        temperature=(
+            request.temperature
+            if request.temperature is not None
+            else (rule.temperature if rule else None)
+        ),
+        system="",
+        context="",
+        citations=[],
+        prompt_tokens=tokens,
+        fixed_tokens=tokens,  # a raw prompt has no history to trim
+    )
+
+    def stream_from(plan, target, attempts, meter, standing):
+        return _complete_from(plan, target, attempts, meter, standing, prompt=prompt)
+
+    async for event in _generate(
+        request,
+        text,
+        rule,
+        targets,
+        started,
+        why=why,
+        rng=rng or _rng,
+        specs=specs,
+        plan=plan,
+        stream_from=stream_from,
+    ):
+        yield event
+
+
+def _token_ids(prompt: str | list) -> int:
+    """How many token ids a prompt of token ids holds (a list of them, or a list of one list);
+    0 for a text prompt."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return 0
+
+
+async def _complete_from(
+    plan: _Plan,
+    target: Target,
+    attempts: Attempts,
+    meter: _Meter,
+    standing: ledger.Standing | None,
+    *,
+    prompt: str | list,
+) -> AsyncGenerator[Event, None]:
+    """One target's completion: the route at its first token (or at its end, for an empty one),
+    the tokens, then done. Raises EngineError when the target fails."""
+    answer_text: list[str] = []
+    meter.begin(target, [{"content": plan.text}] if plan.text else [], answer_text)
+    ttft: float | None = None
+
+    def route(engine_seconds: float):
+        nonlocal ttft
+        ttft = _ms(time.monotonic() - plan.started)
+        return route_event(
+            target,
+            plan.rule_name,
+            plan.why,
+            attempts.notes,
+            0,
+            named=plan.named,
+            engine_ms=_ms(engine_seconds),
+            standing=standing,
+        )
+
+    async with contextlib.aclosing(
+        stream_completion(
+            target.config,
+            prompt,
+            max_tokens=plan.max_tokens,
+            temperature=plan.temperature,
+            fields=plan.request.passthrough.fields,
+        )
+    ) as stream:
+        async for event in stream:
+            if isinstance(event, Finish):
+                await breaker.success(target.endpoint)
+                meter.finish(event)
+                if ttft is None:
+                    yield route(event.total)
+                yield Done(
+                    road=target.road,
+                    rule=plan.rule_name,
+                    target=target.endpoint,
+                    ttft_ms=ttft,
+                    latency_ms=_ms(time.monotonic() - plan.started),
+                    usage=usage_of(event),
+                    finish_reason=event.finish_reason,
+                    citations=[],
+                    engine_ms=_ms(event.total),
+                    fell_back_from=tuple(attempts.passed),
+                    finish_reasons=event.finish_reasons if len(event.finish_reasons) > 1 else None,
+                    system_fingerprint=event.system_fingerprint,
+                )
+                return
+            if ttft is None:
+                yield route(event.elapsed)
+            answer_text.append(event.text)
+            if event.choices is not None:
+                # The other choices' text, for the estimate of a stream cut short.
+                meter.more.extend(c.get("text") or "" for c in event.choices if c.get("index"))
+            yield Token(text=event.text, choices=event.choices)
+
+
+# --- embeddings ----------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Vectors(Event):
+    """The embeddings, one per input in order: floats, or a base64 string as the engine encoded
+    it (encoding_format base64)."""
+
+    vectors: list
+    type: str = "vectors"
+
+
+@dataclass(frozen=True)
+class EmbeddingAsk:
+    """What an embeddings request asks: its input as sent, and the texts in it (None for token
+    ids)."""
+
+    input: str | list
+    texts: list[str] | None
+    tokens: int  # their tokens: counted for token ids, estimated for texts
+    encoding_format: str  # float | base64
+    dimensions: int | None
+
+
+def kb_model_id(model: EmbeddingModel) -> str:
+    return f"{KB_PREFIX}{model.name}"
+
+
+async def kb_model_name() -> str | None:
+    """The knowledge base's embedding model as /v1/models names it, when one serves."""
+    model = await aserving_model()
+    return kb_model_id(model) if model is not None else None
+
+
+def embedding_targets(snap: Snapshot, *, groups: frozenset[str], client: str) -> list[str]:
+    """The endpoints serving embeddings this caller may name (the rules that admit it list them)."""
+    return [
+        name
+        for name in snap.nameable(groups=groups, client=client)
+        if EMBEDDINGS in snap.targets_by_model[name].apis
+    ]
+
+
+async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Event, None]:
+    """The embeddings of `ask`'s input by the model `request.model` names: `route`, `vectors`,
+    `done`, or an `error`."""
+    started = time.monotonic()
+    found = await _embedding_target(request, ask)
+    if isinstance(found, Error):
+        yield found
+        return
+    target, model, why = found
+    limited = request.passthrough.limited
+    if limited and (name := openai_fields.field_refused(limited, target.kind)) is not None:
+        yield Error(
+            code="unsupported_parameter",
+            message=openai_fields.refusal_for(name, limited[name], target.kind, target.endpoint),
+            param=name,
+            target=target.endpoint,
+            road=target.road,
+        )
+        return
+    plan = _Plan(
+        request=request,
+        text="",
+        rule=None,
+        targets=[target],
+        started=started,
+        why=why,
+        named=True,
+        direct=None,
+        kb=None,
+        max_tokens=0,
+        temperature=None,
+        system="",
+        context="",
+        citations=[],
+        prompt_tokens=ask.tokens,
+        fixed_tokens=ask.tokens,
+    )
+    specs, over_budget = await _spend_of(request)
+    if over_budget and target.price != FREE:
+        # No over-budget rule reroutes an embedding; the gateway's own model costs nothing.
+        yield _over_budget(specs, None)
+        return
+    reservation = None
+    if specs:
+        booked = await _reserve(plan, specs)
+        if isinstance(booked, Error):
+            yield booked
+            return
+        reservation = booked
+    spent = request.spent
+    try:
+        if model is not None:
+            try:
+                vectors: list = await _kb_vectors(model, ask)
+            except EmbeddingError as exc:
+                yield Error(
+                    code="unavailable",
+                    message=f"The knowledge base's embedding model failed: {exc}",
+                    retryable=True,
+                    target=target.endpoint,
+                    road=target.road,
+                )
+                return
+            used, engine_ms = ask.tokens, None
+        else:
+            attempts = Attempts()
+            replicas.started(target.endpoint_id)
+            try:
+                if not await breaker.allow(target.endpoint):
+                    attempts.skipped(target, "circuit open or resting after a Retry-After")
+                    yield await attempts.error(plan)
+                    return
+                result = await create_embeddings(
+                    target.config,
+                    ask.input,
+                    encoding_format=ask.encoding_format,
+                    fields=request.passthrough.fields,
+                )
+            except EngineError as exc:
+                await _engine_failed(target, exc)
+                attempts.failed(target, exc)
+                yield await attempts.error(plan)
+                return
+            finally:
+                replicas.ended(target.endpoint_id)
+            await breaker.success(target.endpoint)
+            vectors = result.vectors
+            used = result.prompt_tokens if result.prompt_tokens is not None else ask.tokens
+            engine_ms = _ms(result.seconds)
+        spent.prompt_tokens, spent.completion_tokens = used, 0
+        spent.cost = target.price.cost(used, 0, (engine_ms or 0.0) / 1000)
+        yield route_event(
+            target,
+            None,
+            why,
+            [],
+            0,
+            named=True,
+            engine_ms=engine_ms or 0.0,
+            standing=reservation.standing if reservation else None,
+        )
+        yield Vectors(vectors=vectors)
+        yield Done(
+            road=target.road,
+            rule=None,
+            target=target.endpoint,
+            ttft_ms=None,
+            latency_ms=_ms(time.monotonic() - started),
+            usage={"prompt_tokens": used, "total_tokens": used},
+            finish_reason="stop",
+            citations=[],
+            engine_ms=engine_ms,
+        )
+    finally:
+        if reservation is not None:
+            ledger.settle_soon(reservation, tokens=spent.prompt_tokens or 0, cost=spent.cost or 0.0)
+
+
+async def _embedding_target(
+    request: RouteRequest, ask: EmbeddingAsk
+) -> tuple[Target, EmbeddingModel | None, str] | Error:
+    """(the target, the KB's model when it is the one, why), or the refusal."""
+    asked = request.model or "auto"
+    if asked == "auto" or asked.startswith(KB_PREFIX):
+        model = await aserving_model()
+        if model is None or (asked != "auto" and asked != kb_model_id(model)):
+            serving = f"; it is {kb_model_id(model)}" if model is not None else ""
+            return Error(
+                code="unknown_model",
+                message=f"No embedding model {asked!r} serves the knowledge base{serving}.",
+            )
+        name = kb_model_id(model)
+        if ask.texts is None:
+            return Error(
+                code="unsupported_parameter",
+                message=f"{name} embeds text: send `input` as a string or a list of strings, not "
+                "token ids (which are another model's tokens).",
+                param="input",
+            )
+        if ask.dimensions is not None and ask.dimensions != model.dimensions:
+            return Error(
+                code="unsupported_parameter",
+                message=f"{name} has {model.dimensions} dimensions and no shorter ones (it is no "
+                "Matryoshka model): leave `dimensions` out or send its own.",
+                param="dimensions",
+            )
+        own = Target(
+            endpoint_id=0,
+            endpoint=name,
+            road="local",  # the gateway's own CPU: no engine, no price
+            position=1,
+            weight=1,
+            config=EndpointConfig(name=name, base_url="", model=model.name),
+            context_window=settings.ROUTING_MAX_INPUT_CHARS,
+            price=FREE,
+            kind=openai_fields.KB,
+            apis=frozenset({EMBEDDINGS}),
+        )
+        return own, model, "the knowledge base's embedding model"
+    snap = await asnapshot()
+    target = snap.targets_by_model.get(asked)
+    if target is None:
+        return Error(code="unknown_model", message=f"No model named {asked!r}; see /v1/models.")
+    if EMBEDDINGS not in target.apis:
+        return Error(
+            code="unsupported_api",
+            message=f"{asked} serves {', '.join(sorted(target.apis))}, not embeddings.",
+            param="model",
+        )
+    if asked not in embedding_targets(snap, groups=request.groups, client=request.client):
+        return Error(
+            code="model_not_allowed",
+            message=f"No routing rule for this caller lists {asked!r}; see /v1/models.",
+        )
+    return target, None, f"model {asked} requested"
+
+
+async def _kb_vectors(model: EmbeddingModel, ask: EmbeddingAsk) -> list[list[float]]:
+    """The knowledge base's vectors of the texts, as it embeds a question (role `query`, which
+    E5's authors advise for both sides of a symmetric comparison). A short single text is embedded
+    as a question is, micro-batched with the questions of the moment and kept in their cache;
+    a list goes to the model in one call, in a thread."""
+    spec = spec_of(model)
+    texts = ask.texts or []
+    if len(texts) == 1 and len(texts[0]) <= settings.KB_QUERY_EMBED_CHARS:
+        return [list(await aembed_query(spec, texts[0]))]
+    return await asyncio.to_thread(embed_texts, spec, texts, QUERY)
