@@ -81,7 +81,7 @@ _USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
 class Token:
     text: str  # the first choice's content of every chunk that arrived in one network read
     elapsed: float  # seconds since the request started
-    chunks: int = 1  # how many chunks the engine sent for it
+    chunks: int = 1  # how many of the engine's chunks said something in it
     # The choices of those chunks as the engine sent them, finish reasons taken out, when one
     # held more than the first choice's text (a tool call, logprobs, another choice, a refusal);
     # None otherwise, the common case, which costs nothing more than the text.
@@ -94,7 +94,7 @@ class Finish:
     usage: Usage | None
     ttft: float | None  # seconds to the first token
     total: float
-    tokens: int  # chunks received
+    tokens: int  # chunks that said something (text, a tool call's part, logprobs), all reads
     finish_reasons: dict[int, str] = field(default_factory=dict)  # every choice's, by index
     system_fingerprint: str | None = None
 
@@ -264,10 +264,9 @@ async def stream_chat(
                 if not produced:
                     produced, ttft = True, elapsed
                     deadline.first_token()
-                count += len(choices)
-                yield Token(
-                    text="".join(texts), elapsed=elapsed, chunks=len(choices), choices=relayed
-                )
+                said = len(relayed) if relayed else len(texts)
+                count += said
+                yield Token(text="".join(texts), elapsed=elapsed, chunks=said, choices=relayed)
             if failed is not None:
                 raise failed
         if not finish_reasons:

@@ -79,7 +79,10 @@ async def test_it_streams_tokens_then_a_finish_with_usage_and_timings(sim):
     assert isinstance(finish, Finish)
     assert finish.finish_reason == "length"
     assert finish.usage.completion_tokens == 12 and finish.usage.prompt_tokens > 0
-    assert finish.tokens == len(tokens)
+    # One Token per network read, holding every chunk of the read: how many chunks share a read
+    # (and how many tokens a chunk holds: an engine merges them for a reader that falls behind)
+    # depends on the moment, but every chunk that said something is counted once.
+    assert 1 <= len(tokens) <= finish.tokens == sum(t.chunks for t in tokens) <= 12
     assert 0 < finish.ttft <= tokens[-1].elapsed <= finish.total
 
 
