@@ -184,7 +184,7 @@ class Admitted:
 
 
 def _intake(turn: TurnRequest) -> str | None:
-    turn_admit()
+    turn_admit()  # draining: refused before anything is counted
     return turn.content if turn.regenerate is not None else services.message_validate(turn.content)
 
 
@@ -245,11 +245,9 @@ async def run_turn(
     task = asyncio.current_task()
     arrived = time.monotonic() if arrived is None else arrived
     request_key = request_key or uuid.uuid4()
-    passthrough = turn.passthrough
     spent = events.Spent()  # the pipeline fills it in; the request log reads it
-    content = turn.content
 
-    def request_for(history: list[dict], groups: frozenset[str]) -> events.RouteRequest:
+    def request_for(content: str, history: list[dict], groups: frozenset[str]):
         return events.RouteRequest(
             text=content,
             history=history,
@@ -260,73 +258,30 @@ async def run_turn(
             max_tokens=turn.max_tokens,
             temperature=turn.temperature,
             system=turn.system,
-            passthrough=passthrough,
+            passthrough=turn.passthrough,
             store=turn.store,
             key=request_key,
             api_key_id=turn.api_key_id,
             spent=spent,
         )
 
-    first: asyncio.Future | None = None
-    start: services.TurnStart | None = None
-    slot = admitted.slot if admitted is not None else None
-    try:
-        turn_admit()
-        _running.add(task)
-        if admitted is None:
-            # The turn's start: the rate limit and a stream slot (one Redis round trip, on the loop)
-            # and one statement (on the loop inside core.db.unbound, as /v1 and the socket run; in
-            # the request's thread elsewhere).
-            admitted = await aquestion_intake(turn)
-            slot = admitted.slot
-        content = admitted.content
-        if admitted.started is not None:
-            starting = _ready(admitted.started)
-        elif turn.redo is not None:
-            starting = services.aturn_redo_start(
-                user=user,
-                message_id=turn.redo,
-                content=None if turn.regenerate is not None else content,
-            )
-        elif turn.store:
-            starting = services.aturn_start(
-                user=user,
-                session_id=turn.session_id,
-                content=content,
-                source=turn.source,
-                history=turn.history,
-            )
-        else:
-            starting = None
-        if turn.history is not None and turn.groups is not None:
-            answer = pipeline.answer(request_for(turn.history, turn.groups))
-            if starting is not None:
-                first = asyncio.ensure_future(
-                    answer.__anext__()
-                )  # the pipeline up to its first event
-                try:
-                    start = await starting
-                except BaseException:
-                    await _abandon(first, answer)
-                    raise
-        else:
-            start = await starting
-            if turn.regenerate is not None:
-                content = start.question  # the stored question, answered again
-            answer = pipeline.answer(request_for(start.history, start.groups))
-        if start is not None:
+    _running.add(task)
+    begun = await _begin(turn, admitted, request_for)
+    answer, first, start, slot = begun.answer, begun.first, begun.start, begun.slot
+    if start is not None:
+        try:
             yield SessionEvent(
                 id=start.session_id,
                 title=start.title,
                 message_id=start.assistant_id,
                 question_id=start.question_id,
             )
-    except BaseException:
-        # Refused (draining, no such session), failed or abandoned before the answer began: nothing
-        # to save, but a slot to give back.
-        if slot is not None:
-            await asyncio.shield(services.astream_slot_release(slot=slot))
-        raise
+        except BaseException:
+            # The caller left before the answer began: nothing to save, a slot to give back.
+            await _abandon(first, answer)
+            if slot is not None:
+                await asyncio.shield(services.astream_slot_release(slot=slot))
+            raise
 
     parts = [] if parts is None else parts
     route = None
@@ -359,7 +314,7 @@ async def run_turn(
             error=error,
             key=request_key,
             spent=spent,
-            features=passthrough.features,
+            features=turn.passthrough.features,
         )
         request_note(record)
         metrics.request_ended(record)
@@ -424,6 +379,68 @@ async def run_turn(
         if not saved:
             # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).
             await save(None, cancelled=True)
+
+
+@dataclass
+class _Begun:
+    answer: AsyncIterator[events.Event]  # the pipeline
+    first: asyncio.Future | None  # its first event, when it started before the rows were in
+    start: services.TurnStart | None  # the rows written (None: a turn that stores nothing)
+    slot: services.StreamSlot | None
+
+
+async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _Begun:
+    """The turn's start: the question taken in (unless the caller did), its rows written and the
+    pipeline started. With the history and groups in the request (/v1) the pipeline starts while
+    the rows are written. Refused (draining, no such session), failed or abandoned here: nothing
+    is left running and the slot goes back."""
+    slot = admitted.slot if admitted is not None else None
+    try:
+        turn_admit()  # a caller that took the question in before the drain began
+        if admitted is None:
+            # The rate limit and a stream slot (one Redis round trip, on the loop); then one
+            # statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
+            # request's thread elsewhere).
+            admitted = await aquestion_intake(turn)
+            slot = admitted.slot
+        content = admitted.content
+        if admitted.started is not None:
+            starting = _ready(admitted.started)
+        elif turn.redo is not None:
+            starting = services.aturn_redo_start(
+                user=turn.user,
+                message_id=turn.redo,
+                content=None if turn.regenerate is not None else content,
+            )
+        elif turn.store:
+            starting = services.aturn_start(
+                user=turn.user,
+                session_id=turn.session_id,
+                content=content,
+                source=turn.source,
+                history=turn.history,
+            )
+        else:
+            starting = None
+        if turn.history is not None and turn.groups is not None:
+            answer = pipeline.answer(request_for(content, turn.history, turn.groups))
+            if starting is None:
+                return _Begun(answer, None, None, slot)
+            first = asyncio.ensure_future(answer.__anext__())  # the pipeline to its first event
+            try:
+                return _Begun(answer, first, await starting, slot)
+            except BaseException:
+                await _abandon(first, answer)
+                raise
+        start = await starting
+        if turn.regenerate is not None:
+            content = start.question  # the stored question, answered again
+        answer = pipeline.answer(request_for(content, start.history, start.groups))
+        return _Begun(answer, None, start, slot)
+    except BaseException:
+        if slot is not None:
+            await asyncio.shield(services.astream_slot_release(slot=slot))
+        raise
 
 
 def overhead_ms(arrived: float, engine_ms: float | None) -> float:

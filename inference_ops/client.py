@@ -191,9 +191,8 @@ async def stream_chat(
             extra_headers=extra_headers,
         )
         reads = stream_reads(response)
-        events = SSEDecoder()
-        finish_reasons: dict[int, str] = {}
-        usage, ttft, count, done, fingerprint = None, None, 0, False, None
+        said = _ChatChunks(config)
+        ttft, count = None, 0
         deadline = StreamDeadline(
             loop,
             first=min(first_deadline, total_deadline),
@@ -212,79 +211,97 @@ async def stream_chat(
                 ) from None
             except httpx2.TransportError as exc:
                 raise read_broke(config, exc, produced=produced) from exc
-            if done:
+            if said.done:
                 continue  # read the body to its end, so the connection goes back to the pool
-            texts: list[str] = []
-            # Every choice of this read, kept in case one of them is more than text.
-            choices: list[dict] = []
-            rich = False
-            failed: EngineError | None = None
-            for payload in events.feed(data):
-                if payload == b"[DONE]":
-                    done = True
-                    break
-                try:
-                    chunk = orjson.loads(payload)
-                    if "error" in chunk:
-                        failed = error_event(
-                            config, chunk["error"], produced=produced or bool(texts) or rich
-                        )
-                        break
-                    if chunk.get("usage"):
-                        usage = Usage.of(chunk["usage"])
-                    if fingerprint is None:
-                        fingerprint = chunk.get("system_fingerprint")
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or _EMPTY
-                        index = choice.get("index") or 0
-                        if index == 0 and (text := delta.get("content")):
-                            texts.append(text)
-                        if (reason := choice.get("finish_reason")) is not None:
-                            finish_reasons[index] = reason
-                        choices.append(choice)
-                        rich = rich or (
-                            index != 0
-                            or choice.get("logprobs") is not None
-                            or not delta.keys() <= _PLAIN_DELTA
-                            or not choice.keys() <= _PLAIN_CHOICE  # token_ids, routed_experts
-                        )
-                except (
-                    orjson.JSONDecodeError,
-                    ValueError,
-                    TypeError,
-                    AttributeError,
-                    KeyError,
-                ) as exc:
-                    failed = unreadable_chunk(config, exc, produced=produced or bool(texts) or rich)
-                    break
-            relayed = _relayed(choices) if rich else None
+            texts, relayed, failed = said.read(data, produced=produced)
             if texts or relayed:
                 # What arrived before a failure in the same read still reaches the caller.
                 elapsed = loop.time() - started
                 if not produced:
                     produced, ttft = True, elapsed
                     deadline.first_token()
-                said = len(relayed) if relayed else len(texts)
-                count += said
-                yield Token(text="".join(texts), elapsed=elapsed, chunks=said, choices=relayed)
+                chunks = len(relayed) if relayed else len(texts)
+                count += chunks
+                yield Token(text="".join(texts), elapsed=elapsed, chunks=chunks, choices=relayed)
             if failed is not None:
                 raise failed
-        if not finish_reasons:
+        if not said.finish_reasons:
             raise unfinished(config, produced=produced)
         yield Finish(
-            finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
-            usage=usage,
+            finish_reason=said.finish_reasons.get(0) or next(iter(said.finish_reasons.values())),
+            usage=said.usage,
             ttft=ttft,
             total=loop.time() - started,
             tokens=count,
-            finish_reasons=finish_reasons,
-            system_fingerprint=fingerprint,
+            finish_reasons=said.finish_reasons,
+            system_fingerprint=said.fingerprint,
         )
     finally:
         if deadline is not None:
             deadline.close()
         if response is not None:
             await close_stream(pool, response)
+
+
+class _ChatChunks:
+    """What a chat stream's chunks say, a network read at a time: each read's text of the first
+    choice (and its choices as sent, when one is more than that text), and over the whole stream
+    every choice's finish reason, the usage, the system fingerprint and the end (`[DONE]`). An
+    error event or an unreadable chunk is the read's failure, after what came before it."""
+
+    __slots__ = ("config", "events", "finish_reasons", "usage", "fingerprint", "done")
+
+    def __init__(self, config: EndpointConfig):
+        self.config = config
+        self.events = SSEDecoder()
+        self.finish_reasons: dict[int, str] = {}
+        self.usage: Usage | None = None
+        self.fingerprint: str | None = None
+        self.done = False
+
+    def read(
+        self, data: bytes, *, produced: bool
+    ) -> tuple[list[str], list[dict] | None, EngineError | None]:
+        texts: list[str] = []
+        # Every choice of this read, kept in case one of them is more than text.
+        choices: list[dict] = []
+        rich = False
+        failed: EngineError | None = None
+        for payload in self.events.feed(data):
+            if payload == b"[DONE]":
+                self.done = True
+                break
+            try:
+                chunk = orjson.loads(payload)
+                if "error" in chunk:
+                    failed = error_event(
+                        self.config, chunk["error"], produced=produced or bool(texts) or rich
+                    )
+                    break
+                if chunk.get("usage"):
+                    self.usage = Usage.of(chunk["usage"])
+                if self.fingerprint is None:
+                    self.fingerprint = chunk.get("system_fingerprint")
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or _EMPTY
+                    index = choice.get("index") or 0
+                    if index == 0 and (text := delta.get("content")):
+                        texts.append(text)
+                    if (reason := choice.get("finish_reason")) is not None:
+                        self.finish_reasons[index] = reason
+                    choices.append(choice)
+                    rich = rich or (
+                        index != 0
+                        or choice.get("logprobs") is not None
+                        or not delta.keys() <= _PLAIN_DELTA
+                        or not choice.keys() <= _PLAIN_CHOICE  # token_ids, routed_experts
+                    )
+            except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
+                failed = unreadable_chunk(
+                    self.config, exc, produced=produced or bool(texts) or rich
+                )
+                break
+        return texts, _relayed(choices) if rich else None, failed
 
 
 def _relayed(choices: list[dict]) -> list[dict]:
