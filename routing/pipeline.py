@@ -589,6 +589,27 @@ def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
     return None
 
 
+def done_event(
+    plan: _Plan, target: Target, finish: Finish, attempts: Attempts, ttft: float | None
+) -> Done:
+    """The end of an answer `target` finished."""
+    return Done(
+        road=target.road,
+        rule=plan.rule_name,
+        target=target.endpoint,
+        ttft_ms=ttft,
+        latency_ms=_ms(time.monotonic() - plan.started),
+        usage=usage_of(finish),
+        finish_reason=finish.finish_reason,
+        citations=plan.citations,
+        engine_ms=_ms(finish.total),
+        kb=plan.kb,
+        fell_back_from=tuple(attempts.passed),
+        finish_reasons=finish.finish_reasons if len(finish.finish_reasons) > 1 else None,
+        system_fingerprint=finish.system_fingerprint,
+    )
+
+
 async def _engine_failed(target: Target, exc: EngineError) -> None:
     """What a failure tells the breaker and the engine's supervisor."""
     if exc.retry_after is not None:
@@ -667,23 +688,7 @@ async def _stream_from(
                         yield route(event.total)
                     if plan.direct is not None:
                         _record_miss(request, plan.text, "".join(answer_text), plan.direct)
-                    yield Done(
-                        road=target.road,
-                        rule=plan.rule_name,
-                        target=target.endpoint,
-                        ttft_ms=ttft,
-                        latency_ms=_ms(time.monotonic() - plan.started),
-                        usage=usage_of(event),
-                        finish_reason=event.finish_reason,
-                        citations=plan.citations,
-                        engine_ms=_ms(event.total),
-                        kb=plan.kb,
-                        fell_back_from=tuple(attempts.passed),
-                        finish_reasons=event.finish_reasons
-                        if len(event.finish_reasons) > 1
-                        else None,
-                        system_fingerprint=event.system_fingerprint,
-                    )
+                    yield done_event(plan, target, event, attempts, ttft)
                     return
                 if ttft is None:
                     if chat:

@@ -36,7 +36,7 @@ from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import aserving_model
 from routing import breaker, replicas
-from routing.events import Done, Error, Event, RouteRequest, Token, route_event, usage_of
+from routing.events import Done, Error, Event, RouteRequest, Token, route_event
 from routing.pipeline import (
     Attempts,
     _engine_failed,
@@ -48,6 +48,7 @@ from routing.pipeline import (
     _reserve,
     _spend_of,
     answer_budget,
+    done_event,
     order_targets,
 )
 from routing.prompt import approx_tokens
@@ -229,20 +230,7 @@ async def _complete_from(
                 meter.finish(event)
                 if ttft is None:
                     yield route(event.total)
-                yield Done(
-                    road=target.road,
-                    rule=plan.rule_name,
-                    target=target.endpoint,
-                    ttft_ms=ttft,
-                    latency_ms=_ms(time.monotonic() - plan.started),
-                    usage=usage_of(event),
-                    finish_reason=event.finish_reason,
-                    citations=[],
-                    engine_ms=_ms(event.total),
-                    fell_back_from=tuple(attempts.passed),
-                    finish_reasons=event.finish_reasons if len(event.finish_reasons) > 1 else None,
-                    system_fingerprint=event.system_fingerprint,
-                )
+                yield done_event(plan, target, event, attempts, ttft)
                 return
             if ttft is None:
                 yield route(event.elapsed)

@@ -18,9 +18,10 @@ import orjson
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
     Reply,
-    error_message_for,
     failure_reply,
+    pipeline_error_event,
     pipeline_error_reply,
+    stream_error_event,
 )
 from routing import events
 
@@ -53,11 +54,6 @@ def _chunk(
     if overhead is not None:
         body["gateway_overhead_ms"] = overhead
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-def _error_event(error: dict) -> str:
-    """The stream's last event when it fails: the headers are out, a status can no longer say it."""
-    return f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
 
 
 async def completion_stream(
@@ -121,17 +117,10 @@ async def completion_stream(
                     )
                 yield end + "data: [DONE]\n\n"
             elif isinstance(event, events.Error):
-                yield _error_event(
-                    {
-                        "message": await error_message_for(event, user),
-                        "type": "api_error",
-                        "param": None,
-                        "code": event.code,
-                    }
-                )
+                yield await pipeline_error_event(event, user)
     except Exception as exc:  # noqa: BLE001 - the failure is the stream's last event
         failure = failure_reply(exc, method="POST", path="/v1/chat/completions")
-        yield _error_event(failure.body["error"])
+        yield stream_error_event(failure.body["error"])
     finally:
         await turn.aclose()
 

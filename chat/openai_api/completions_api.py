@@ -9,7 +9,6 @@ routing.raw_apis.complete (the rules, no knowledge base) and answered by text_co
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from chat.openai_api.replies import (
     pipeline_error_reply,
     route_headers,
 )
-from chat.openai_api.schema import MAX_CHOICES, MAX_STOPS
+from chat.openai_api.schema import MAX_CHOICES, MAX_STOPS, request_fields
 from core.text import text_problem
 from inference_ops import openai_fields
 from observability.models import RequestLog
@@ -131,28 +130,14 @@ class CompletionsRequest:
 
 def completions_request(raw_body: bytes) -> CompletionsRequest | Reply:
     """The request as routing.raw_apis takes it, or the 400 refusing it."""
-    try:
-        body = json.loads(raw_body or b"")
-    except ValueError as exc:
-        return error_reply(400, f"The body is not valid JSON: {exc}.")
-    if not isinstance(body, dict):
-        return error_reply(400, "The request body must be a JSON object.")
-    for name in body:
-        if name in openai_fields.COMPLETION_REFUSED:
-            return error_reply(
-                400,
-                f"`{name}` may not be set by a client: {openai_fields.COMPLETION_REFUSED[name]}.",
-                code="unsupported_parameter",
-                param=name,
-            )
-        if name not in openai_fields.COMPLETION_KNOWN:
-            return error_reply(
-                400,
-                f"Unrecognized request argument supplied: {name}. This gateway passes on every "
-                "field of OpenAI's completion request and vLLM's own; see docs/api.md.",
-                code="unknown_parameter",
-                param=name,
-            )
+    body = request_fields(
+        raw_body,
+        known=openai_fields.COMPLETION_KNOWN,
+        refused=openai_fields.COMPLETION_REFUSED,
+        what="completion",
+    )
+    if isinstance(body, Reply):
+        return body
     try:
         request = _Body.model_validate(body)
     except ValidationError as exc:

@@ -11,7 +11,6 @@ is routed by routing.raw_apis.embed.
 from __future__ import annotations
 
 import base64
-import json
 import uuid
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from chat.openai_api.replies import (
     pipeline_error_reply,
     route_headers,
 )
+from chat.openai_api.schema import request_fields
 from core.text import text_problem
 from inference_ops import openai_fields
 from observability.models import RequestLog
@@ -49,28 +49,14 @@ class EmbeddingsRequest:
 
 def embeddings_request(raw_body: bytes) -> EmbeddingsRequest | Reply:
     """The request as routing.raw_apis takes it, or the 4xx refusing it."""
-    try:
-        body = json.loads(raw_body or b"")
-    except ValueError as exc:
-        return error_reply(400, f"The body is not valid JSON: {exc}.")
-    if not isinstance(body, dict):
-        return error_reply(400, "The request body must be a JSON object.")
-    for name in body:
-        if name in openai_fields.EMBEDDING_REFUSED:
-            return error_reply(
-                400,
-                f"`{name}` may not be set by a client: {openai_fields.EMBEDDING_REFUSED[name]}.",
-                code="unsupported_parameter",
-                param=name,
-            )
-        if name not in openai_fields.EMBEDDING_KNOWN:
-            return error_reply(
-                400,
-                f"Unrecognized request argument supplied: {name}. This gateway passes on every "
-                "field of OpenAI's embeddings request and vLLM's own; see docs/api.md.",
-                code="unknown_parameter",
-                param=name,
-            )
+    body = request_fields(
+        raw_body,
+        known=openai_fields.EMBEDDING_KNOWN,
+        refused=openai_fields.EMBEDDING_REFUSED,
+        what="embeddings",
+    )
+    if isinstance(body, Reply):
+        return body
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error_reply(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -85,6 +86,19 @@ async def error_message_for(event: events.Error, user) -> str:
     if await areads_route_details(user):
         return event.message
     return events.message_for_users(event.code, event.message, partial=event.partial)
+
+
+def stream_error_event(error: dict) -> str:
+    """A stream's last events when it fails: the headers are out, a status can no longer say it."""
+    return f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
+
+
+async def pipeline_error_event(event: events.Error, user) -> str:
+    """A pipeline error that ends a stream, in OpenAI's error shape."""
+    message = await error_message_for(event, user)
+    return stream_error_event(
+        {"message": message, "type": "api_error", "param": None, "code": event.code}
+    )
 
 
 async def pipeline_error_reply(event: events.Error, user) -> Reply:

@@ -187,8 +187,11 @@ class CompletionRequest:
     passthrough: Passthrough
 
 
-def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
-    """The request as the pipeline takes it, or the 400 refusing it."""
+def request_fields(
+    raw_body: bytes, *, known: frozenset[str], refused: dict[str, str], what: str
+) -> dict | Reply:
+    """The body as a JSON object, or the 400 for one that is not JSON, not an object, or names a
+    field a client may not set (`refused`, with why) or this API does not know (`known`)."""
     try:
         body = json.loads(raw_body or b"")
     except ValueError as exc:
@@ -196,21 +199,31 @@ def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
     if not isinstance(body, dict):
         return error_reply(400, "The request body must be a JSON object.")
     for name in body:
-        if name in openai_fields.REFUSED:
+        if name in refused:
             return error_reply(
                 400,
-                f"`{name}` may not be set by a client: {openai_fields.REFUSED[name]}.",
+                f"`{name}` may not be set by a client: {refused[name]}.",
                 code="unsupported_parameter",
                 param=name,
             )
-        if name not in openai_fields.KNOWN:
+        if name not in known:
             return error_reply(
                 400,
                 f"Unrecognized request argument supplied: {name}. This gateway passes on every "
-                "field of OpenAI's chat completion request and vLLM's own; see docs/api.md.",
+                f"field of OpenAI's {what} request and vLLM's own; see docs/api.md.",
                 code="unknown_parameter",
                 param=name,
             )
+    return body
+
+
+def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
+    """The request as the pipeline takes it, or the 400 refusing it."""
+    body = request_fields(
+        raw_body, known=openai_fields.KNOWN, refused=openai_fields.REFUSED, what="chat completion"
+    )
+    if isinstance(body, Reply):
+        return body
     try:
         request = _Body.model_validate(body)
     except ValidationError as exc:

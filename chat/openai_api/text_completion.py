@@ -20,9 +20,10 @@ import orjson
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
     Reply,
-    error_message_for,
     failure_reply,
+    pipeline_error_event,
     pipeline_error_reply,
+    stream_error_event,
 )
 from routing import events
 
@@ -65,11 +66,6 @@ def _choice(index: int, text: str = "", finish: str | None = None) -> dict:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
 
 
-def _error_event(error: dict) -> str:
-    """The stream's last event when it fails: the headers are out, a status can no longer say it."""
-    return f"data: {json.dumps({'error': error}, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
-
-
 def _usage(done: events.Done) -> dict:
     return done.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
@@ -108,16 +104,9 @@ async def completion_stream(
                     )
                 yield end + "data: [DONE]\n\n"
             elif isinstance(event, events.Error):
-                yield _error_event(
-                    {
-                        "message": await error_message_for(event, user),
-                        "type": "api_error",
-                        "param": None,
-                        "code": event.code,
-                    }
-                )
+                yield await pipeline_error_event(event, user)
     except Exception as exc:  # noqa: BLE001 - the failure is the stream's last event
-        yield _error_event(failure_reply(exc, method="POST", path=PATH).body["error"])
+        yield stream_error_event(failure_reply(exc, method="POST", path=PATH).body["error"])
     finally:
         await call.aclose()
 
