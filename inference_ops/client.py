@@ -102,6 +102,8 @@ class Finish:
 # A choice of the first index with nothing but text in its delta: relayed as its text alone.
 _PLAIN_DELTA = frozenset({"content", "role"})
 _PLAIN_CHOICE = frozenset({"index", "delta", "logprobs", "finish_reason", "stop_reason"})
+# vLLM 0.32 writes `"token_ids": null` into every chunk: null, it says nothing.
+_TEXT_CHOICE = _PLAIN_CHOICE | {"token_ids"}
 _EMPTY: dict = {}
 
 
@@ -294,7 +296,8 @@ class _ChatChunks:
                         index != 0
                         or choice.get("logprobs") is not None
                         or not delta.keys() <= _PLAIN_DELTA
-                        or not choice.keys() <= _PLAIN_CHOICE  # token_ids, routed_experts
+                        or not choice.keys() <= _TEXT_CHOICE  # routed_experts, ...
+                        or choice.get("token_ids") is not None
                     )
             except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
                 failed = unreadable_chunk(

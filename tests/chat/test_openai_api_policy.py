@@ -59,11 +59,18 @@ def test_a_key_cannot_name_a_model_its_rule_does_not_list(asgi_server, intern_ke
 
 
 def test_the_model_list_shows_what_the_key_may_name(asgi_server, intern_key, alice_key):
-    assert [m.id for m in sdk(asgi_server, intern_key).models.list()] == ["auto", "local"]
+    # Besides the chat models, every key may name the knowledge base's embedding model.
+    embedder = "kb:multilingual-e5-small"
+    assert [m.id for m in sdk(asgi_server, intern_key).models.list()] == [
+        "auto",
+        "local",
+        embedder,
+    ]
     assert [m.id for m in sdk(asgi_server, alice_key).models.list()] == [
         "auto",
         "external",
         "local",
+        embedder,
     ]
 
 

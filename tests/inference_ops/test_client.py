@@ -83,6 +83,8 @@ async def test_it_streams_tokens_then_a_finish_with_usage_and_timings(sim):
     # (and how many tokens a chunk holds: an engine merges them for a reader that falls behind)
     # depends on the moment, but every chunk that said something is counted once.
     assert 1 <= len(tokens) <= finish.tokens == sum(t.chunks for t in tokens) <= 12
+    # Text alone (vLLM's `"token_ids": null` says nothing): the relay's text path, no choices.
+    assert all(t.choices is None for t in tokens)
     assert 0 < finish.ttft <= tokens[-1].elapsed <= finish.total
 
 
