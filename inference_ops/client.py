@@ -314,12 +314,21 @@ def _relayed(choices: list[dict]) -> list[dict]:
     for choice in choices:
         choice.pop("finish_reason", None)
         choice.pop("stop_reason", None)
-        delta = choice.get("delta") or _EMPTY
-        said = any(value for key, value in delta.items() if key != "role")
-        extra = any(value for key, value in choice.items() if key not in _PLAIN_CHOICE)
-        if said or extra or choice.get("logprobs") is not None:
+        if choice.get("logprobs") is not None or _says(choice):
             relayed.append(choice)
     return relayed
+
+
+def _says(choice: dict) -> bool:
+    """Whether a choice holds something beyond its role (checked key by key: a tool call's
+    delta answers at its first)."""
+    for key, value in (choice.get("delta") or _EMPTY).items():
+        if value and key != "role":
+            return True
+    for key, value in choice.items():
+        if value and key not in _PLAIN_CHOICE:
+            return True
+    return False
 
 
 def _options(

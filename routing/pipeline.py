@@ -26,6 +26,7 @@ from django.conf import settings
 from core import tracing
 from inference_ops import openai_fields
 from inference_ops.client import Finish, stream_chat
+from inference_ops.client import Token as EngineToken
 from inference_ops.exceptions import EngineError
 from knowledge.hits import hit_note
 from knowledge.misses import miss_note
@@ -376,12 +377,6 @@ class Attempts:
         )
 
 
-# What answers from one target: the chat's `_stream_from`, or another API's (routing.raw_apis).
-StreamFrom = Callable[
-    ["_Plan", Target, Attempts, "_Meter", "ledger.Standing | None"], AsyncGenerator[Event, None]
-]
-
-
 async def _generate(
     request: RouteRequest,
     text: str,
@@ -394,13 +389,13 @@ async def _generate(
     direct: DirectAnswer | None = None,
     specs: tuple[Spec, ...] = (),
     plan: _Plan | None = None,
-    stream_from: StreamFrom | None = None,
+    attempt_of: Callable[..., _Attempt] | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The chain tried in order, each target until one answers (see the module docstring).
-    `plan` and `stream_from`: another API's own (routing.raw_apis), instead of a chat answer's."""
+    `plan` and `attempt_of`: another API's own (routing.raw_apis), instead of a chat answer's."""
     if plan is None:
         plan = await _plan(request, text, rule, targets, started, why=why, direct=direct)
-    stream = stream_from or _stream_from
+    attempt_of = attempt_of or _Attempt
     reservation = None
     if specs:
         booked = await _reserve(plan, specs)
@@ -424,14 +419,22 @@ async def _generate(
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     continue
                 produced = False
+                attempt = attempt_of(
+                    plan, target, attempts, meter, reservation.standing if reservation else None
+                )
                 try:
-                    async for event in stream(
-                        plan, target, attempts, meter, reservation.standing if reservation else None
-                    ):
-                        produced = produced or isinstance(event, Token)
-                        yield event
-                    return
+                    async with contextlib.aclosing(attempt.stream()) as stream:
+                        async for event in stream:
+                            if isinstance(event, Finish):
+                                for ending in await attempt.finished(event):
+                                    yield ending
+                                return
+                            if not produced:
+                                produced = True
+                                yield attempt.route(event.elapsed)
+                            yield attempt.token(event)
                 except EngineError as exc:
+                    attempt.failed(exc)
                     await _engine_failed(target, exc)
                     if produced or exc.produced_tokens:
                         # Tokens are out: never switch targets mid-answer.
@@ -450,6 +453,8 @@ async def _generate(
                     attempts.failed(target, exc)
                     if not exc.retryable:
                         break
+                finally:
+                    attempt.end()
             finally:
                 replicas.ended(target.endpoint_id)
         yield await attempts.error(plan)
@@ -620,91 +625,101 @@ async def _engine_failed(target: Target, exc: EngineError) -> None:
         report_engine_failure(target.endpoint_id)
 
 
-async def _stream_from(
-    plan: _Plan,
-    target: Target,
-    attempts: Attempts,
-    meter: _Meter,
-    standing: ledger.Standing | None,
-) -> AsyncGenerator[Event, None]:
-    """One target's answer: the route at its first token (or at its end, for an empty answer),
-    the tokens, then done. Raises EngineError when the target fails."""
-    request = plan.request
-    passthrough = request.passthrough
-    messages, dropped = build_messages(
-        system=plan.system,
-        history=request.history,
-        question=_question(request),
-        budget=target.context_window - plan.max_tokens,
-        passages=plan.context,
-        after=passthrough.after,
-    )
-    answer_text: list[str] = []
-    meter.begin(target, messages, answer_text)
-    chat = (
-        tracing.Chat(
-            model=target.config.model,
-            base_url=target.config.base_url,
-            max_tokens=plan.max_tokens,
-            temperature=plan.temperature,
-        )
-        if tracing.ENABLED
-        else None
-    )
-    ttft: float | None = None
+class _Attempt:
+    """One target's try at the answer: the prompt it is sent, the engine's stream, and what that
+    stream's events become (the route at the first token, or at the end of an empty answer, the
+    tokens, the done event). `_generate` drives it: no generator layer of its own between the
+    engine's stream and the caller, since every token passes through here."""
 
-    def route(engine_seconds: float) -> Route:
-        nonlocal ttft
-        ttft = _ms(time.monotonic() - plan.started)
-        return route_event(
-            target,
-            plan.rule_name,
-            plan.why,
-            attempts.notes,
-            dropped,
-            named=plan.named,
-            engine_ms=_ms(engine_seconds),
-            standing=standing,
-        )
-
-    try:
-        async with contextlib.aclosing(
-            stream_chat(
-                target.config,
-                messages,
+    def __init__(
+        self,
+        plan: _Plan,
+        target: Target,
+        attempts: Attempts,
+        meter: _Meter,
+        standing: ledger.Standing | None,
+    ):
+        self.plan, self.target, self.attempts = plan, target, attempts
+        self.meter, self.standing = meter, standing
+        self.ttft: float | None = None
+        self.dropped = 0  # history messages left out to fit the window
+        self.text: list[str] = []
+        self.chat = (
+            tracing.Chat(
+                model=target.config.model,
+                base_url=target.config.base_url,
                 max_tokens=plan.max_tokens,
-                max_tokens_field=passthrough.max_tokens_field,
                 temperature=plan.temperature,
-                fields=passthrough.fields,
             )
-        ) as stream:
-            async for event in stream:
-                if isinstance(event, Finish):
-                    if chat:
-                        chat.finished(event.finish_reason, event.usage)
-                    await breaker.success(target.endpoint)
-                    meter.finish(event)
-                    if ttft is None:
-                        yield route(event.total)
-                    if plan.direct is not None:
-                        _record_miss(request, plan.text, "".join(answer_text), plan.direct)
-                    yield done_event(plan, target, event, attempts, ttft)
-                    return
-                if ttft is None:
-                    if chat:
-                        chat.first_chunk(event.elapsed)
-                    yield route(event.elapsed)
-                answer_text.append(event.text)
-                if event.choices is not None:
-                    meter.extra(event.choices)
-                yield Token(text=event.text, choices=event.choices)
-    except EngineError as exc:
-        if chat:
-            chat.failed(exc.kind)
-        raise
-    finally:
-        if chat:
-            chat.end()
+            if tracing.ENABLED
+            else None
+        )
+
+    def stream(self) -> AsyncGenerator[EngineToken | Finish, None]:
+        """The engine's stream for this target: the chat prompt, laid out for its window."""
+        request, plan = self.plan.request, self.plan
+        passthrough = request.passthrough
+        messages, self.dropped = build_messages(
+            system=plan.system,
+            history=request.history,
+            question=_question(request),
+            budget=self.target.context_window - plan.max_tokens,
+            passages=plan.context,
+            after=passthrough.after,
+        )
+        self.meter.begin(self.target, messages, self.text)
+        return stream_chat(
+            self.target.config,
+            messages,
+            max_tokens=plan.max_tokens,
+            max_tokens_field=passthrough.max_tokens_field,
+            temperature=plan.temperature,
+            fields=passthrough.fields,
+        )
+
+    def route(self, engine_seconds: float, *, first_token: bool = True) -> Route:
+        self.ttft = _ms(time.monotonic() - self.plan.started)
+        if self.chat and first_token:
+            self.chat.first_chunk(engine_seconds)
+        return route_event(
+            self.target,
+            self.plan.rule_name,
+            self.plan.why,
+            self.attempts.notes,
+            self.dropped,
+            named=self.plan.named,
+            engine_ms=_ms(engine_seconds),
+            standing=self.standing,
+        )
+
+    def token(self, event: EngineToken) -> Token:
+        self.text.append(event.text)
+        if event.choices is not None:
+            self.meter.extra(event.choices)
+        return Token(text=event.text, choices=event.choices)
+
+    async def finished(self, event: Finish) -> list[Event]:
+        """The events that end the answer: the route, for an answer without a token, and done."""
+        if self.chat:
+            self.chat.finished(event.finish_reason, event.usage)
+        await breaker.success(self.target.endpoint)
+        self.meter.finish(event)
+        ending: list[Event] = []
+        if self.ttft is None:  # an answer without a token
+            ending.append(self.route(event.total, first_token=False))
+        plan = self.plan
+        if plan.direct is not None:
+            _record_miss(plan.request, plan.text, "".join(self.text), plan.direct)
+        ending.append(done_event(plan, self.target, event, self.attempts, self.ttft))
+        return ending
+
+    def failed(self, exc: EngineError) -> None:
+        if self.chat:
+            self.chat.failed(exc.kind)
+
+    def end(self) -> None:
+        if self.chat:
+            self.chat.end()
 
 
 class _Meter:
@@ -716,38 +731,51 @@ class _Meter:
         self.target: Target | None = None
         self.messages: list[dict] = []
         self.parts: list[str] = []
-        self.more: list[str] = []  # what else was produced: tool calls' arguments, other choices
+        self.rich: list[list[dict]] = []  # the choices of chunks that held more than text
         self.since = 0.0
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
-        self.target, self.messages, self.parts, self.more = target, messages, parts, []
+        self.target, self.messages, self.parts, self.rich = target, messages, parts, []
         self.since = time.monotonic()
 
     def extra(self, choices: list[dict]) -> None:
-        """Count what a chunk holds beyond the first choice's text."""
-        for choice in choices:
-            delta = choice.get("delta") or {}
-            if choice.get("index"):
-                self.more.append(delta.get("content") or "")
-            for call in delta.get("tool_calls") or ():
-                self.more.append((call.get("function") or {}).get("arguments") or "")
-                if call.get("id"):
-                    self.spent.tool_calls += 1
+        """Keep a chunk's choices beyond the first choice's text, read when the answer ends (not
+        per chunk): what they produced, when the engine does not say, and the tool calls."""
+        self.rich.append(choices)
+
+    def _read_rich(self) -> str:
+        """What the kept choices produced (tool calls' arguments, other choices' text); counts the
+        tool calls."""
+        produced = []
+        for choices in self.rich:
+            for choice in choices:
+                delta = choice.get("delta") or {}
+                if choice.get("index"):  # another choice's text (a completion's: `text`)
+                    produced.append(choice.get("text") or delta.get("content") or "")
+                for call in delta.get("tool_calls") or ():
+                    produced.append((call.get("function") or {}).get("arguments") or "")
+                    if call.get("id"):
+                        self.spent.tool_calls += 1
+        self.rich = []
+        return "".join(produced)
 
     @property
     def prompt(self) -> int:
         """The prompt's tokens as estimated (counted only when the engine did not say)."""
         return sum(map(message_tokens, self.messages))
 
-    @property
-    def produced(self) -> int:
-        return approx_tokens("".join(self.parts) + "".join(self.more))
+    def _produced(self) -> int:
+        return approx_tokens("".join(self.parts) + self._read_rich())
 
     def finish(self, finish: Finish) -> None:
         assert self.target is not None
         usage = finish.usage
-        prompt = usage.prompt_tokens if usage else self.prompt
-        completion = usage.completion_tokens if usage else self.produced
+        if usage:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+            if self.rich:
+                self._read_rich()  # the tool calls
+        else:
+            prompt, completion = self.prompt, self._produced()
         self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
         self.spent.cost = self.target.price.cost(prompt, completion, finish.total)
         self.target = None
@@ -755,9 +783,9 @@ class _Meter:
     def close(self) -> None:
         """The answer ended without a Finish: what the last target produced, if anything (a
         target that failed before its first token costs nothing)."""
-        if self.target is None or not (self.parts or self.more):
+        if self.target is None or not (self.parts or self.rich):
             return
-        prompt, completion = self.prompt, self.produced
+        prompt, completion = self.prompt, self._produced()
         self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
         self.spent.cost = self.target.price.cost(prompt, completion, time.monotonic() - self.since)
         self.target = None

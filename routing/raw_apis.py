@@ -19,7 +19,6 @@ limits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import AsyncGenerator
@@ -28,7 +27,7 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 
 from inference_ops import openai_fields
-from inference_ops.client import EndpointConfig, Finish
+from inference_ops.client import EndpointConfig
 from inference_ops.exceptions import EngineError
 from inference_ops.other_apis import create_embeddings, stream_completion
 from knowledge.embedding import QUERY, aembed_query, embed_texts, spec_of
@@ -36,19 +35,18 @@ from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import aserving_model
 from routing import breaker, replicas
-from routing.events import Done, Error, Event, RouteRequest, Token, route_event
+from routing.events import Done, Error, Event, RouteRequest, route_event
 from routing.pipeline import (
     Attempts,
+    _Attempt,
     _engine_failed,
     _generate,
     _match,
-    _Meter,
     _over_budget,
     _Plan,
     _reserve,
     _spend_of,
     answer_budget,
-    done_event,
     order_targets,
 )
 from routing.prompt import approx_tokens
@@ -158,8 +156,8 @@ async def complete(
         fixed_tokens=tokens,  # a raw prompt has no history to trim
     )
 
-    def stream_from(plan, target, attempts, meter, standing):
-        return _complete_from(plan, target, attempts, meter, standing, prompt=prompt)
+    def attempt_of(*args) -> _Completion:
+        return _Completion(*args, prompt=prompt)
 
     async for event in _generate(
         request,
@@ -171,7 +169,7 @@ async def complete(
         rng=rng or _rng,
         specs=specs,
         plan=plan,
-        stream_from=stream_from,
+        attempt_of=attempt_of,
     ):
         yield event
 
@@ -186,59 +184,23 @@ def _token_ids(prompt: str | list) -> int:
     return 0
 
 
-async def _complete_from(
-    plan: _Plan,
-    target: Target,
-    attempts: Attempts,
-    meter: _Meter,
-    standing: ledger.Standing | None,
-    *,
-    prompt: str | list,
-) -> AsyncGenerator[Event, None]:
-    """One target's completion: the route at its first token (or at its end, for an empty one),
-    the tokens, then done. Raises EngineError when the target fails."""
-    answer_text: list[str] = []
-    meter.begin(target, [{"content": plan.text}] if plan.text else [], answer_text)
-    ttft: float | None = None
+class _Completion(_Attempt):
+    """One target's try at a completion: the prompt as the client sent it, to /v1/completions."""
 
-    def route(engine_seconds: float):
-        nonlocal ttft
-        ttft = _ms(time.monotonic() - plan.started)
-        return route_event(
-            target,
-            plan.rule_name,
-            plan.why,
-            attempts.notes,
-            0,
-            named=plan.named,
-            engine_ms=_ms(engine_seconds),
-            standing=standing,
-        )
+    def __init__(self, *args, prompt: str | list):
+        super().__init__(*args)
+        self.prompt = prompt
 
-    async with contextlib.aclosing(
-        stream_completion(
-            target.config,
-            prompt,
+    def stream(self):
+        plan = self.plan
+        self.meter.begin(self.target, [{"content": plan.text}] if plan.text else [], self.text)
+        return stream_completion(
+            self.target.config,
+            self.prompt,
             max_tokens=plan.max_tokens,
             temperature=plan.temperature,
             fields=plan.request.passthrough.fields,
         )
-    ) as stream:
-        async for event in stream:
-            if isinstance(event, Finish):
-                await breaker.success(target.endpoint)
-                meter.finish(event)
-                if ttft is None:
-                    yield route(event.total)
-                yield done_event(plan, target, event, attempts, ttft)
-                return
-            if ttft is None:
-                yield route(event.elapsed)
-            answer_text.append(event.text)
-            if event.choices is not None:
-                # The other choices' text, for the estimate of a stream cut short.
-                meter.more.extend(c.get("text") or "" for c in event.choices if c.get("index"))
-            yield Token(text=event.text, choices=event.choices)
 
 
 # --- embeddings ----------------------------------------------------------------------------------
