@@ -285,20 +285,29 @@ class _ChatChunks:
                 if self.fingerprint is None:
                     self.fingerprint = chunk.get("system_fingerprint")
                 for choice in chunk.get("choices") or ():
+                    choices.append(choice)
                     delta = choice.get("delta") or _EMPTY
+                    # The first choice's text and nothing more (its role, a finish reason, vLLM
+                    # 0.32's null token_ids): nearly every chunk. Inline, the cheap checks first:
+                    # this runs per chunk of every stream.
+                    if (
+                        ("content" in delta if len(delta) == 1 else delta.keys() <= _PLAIN_DELTA)
+                        and choice.get("logprobs") is None
+                        and not choice.get("index")
+                        and choice.get("token_ids") is None
+                        and choice.keys() <= _TEXT_CHOICE
+                    ):
+                        if text := delta.get("content"):
+                            texts.append(text)
+                        if (reason := choice.get("finish_reason")) is not None:
+                            self.finish_reasons[0] = reason
+                        continue
+                    rich = True
                     index = choice.get("index") or 0
                     if index == 0 and (text := delta.get("content")):
                         texts.append(text)
                     if (reason := choice.get("finish_reason")) is not None:
                         self.finish_reasons[index] = reason
-                    choices.append(choice)
-                    rich = rich or (
-                        index != 0
-                        or choice.get("logprobs") is not None
-                        or not delta.keys() <= _PLAIN_DELTA
-                        or not choice.keys() <= _TEXT_CHOICE  # routed_experts, ...
-                        or choice.get("token_ids") is not None
-                    )
             except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
                 failed = unreadable_chunk(
                     self.config, exc, produced=produced or bool(texts) or rich
