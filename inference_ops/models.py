@@ -250,9 +250,12 @@ class EngineProcess(models.Model):
     environment = models.JSONField(
         default=dict,
         blank=True,
-        help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, '
-        "HF_*, VLLM_*, OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the "
-        "gateway's own environment.",
+        help_text='Extra environment, e.g. {"HF_HOME": "/data", "OMP_NUM_THREADS": "8"}; only '
+        "engine variables allowed by exact name (inference_ops/policy.py: CUDA_VISIBLE_DEVICES, "
+        "HF_HOME, VLLM_CPU_KVCACHE_SPACE, NCCL_DEBUG, OMP_NUM_THREADS, …), never one that loads "
+        "code or names host files (LD_*, PATH, PYTHON*, CUDA_INJECTION64_PATH, OMP_TOOL_LIBRARIES, "
+        "TRITON_CACHE_MANAGER, VLLM_SERVER_DEV_MODE, …). The engine never sees the gateway's own "
+        "environment.",
     )
     startup_timeout = models.PositiveIntegerField(
         default=900, help_text="Seconds to become ready (vLLM loads weights)."
