@@ -250,6 +250,7 @@ def test_a_started_engine_requires_its_key_which_the_gateway_and_the_checks_send
     )
     assert len(key) == 64 and environ[b"VLLM_API_KEY"] == key.encode()
     assert key not in " ".join(psutil.Process(engine.pid).cmdline())
+    assert key not in repr(EndpointConfig.from_endpoint(engine.endpoint))  # nor in a log line
 
     models = f"{engine.base_url}/v1/models"
     assert probes._get(models, 2)[0] == 401
