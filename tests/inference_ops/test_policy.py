@@ -392,9 +392,8 @@ def test_a_variable_of_an_allowed_family_that_is_not_listed_is_refused_and_the_f
 def test_the_operators_list_adds_exact_names_not_patterns(settings):
     settings.ENGINE_ENV_ALLOWED = ["ACME_TUNING", "ACME_*"]
     make_engine(environment={"ACME_TUNING": "1"}).full_clean()
-    assert (
-        "ACME_OTHER" in field_errors(make_engine(environment={"ACME_OTHER": "1"}))["environment"][0]
-    )
+    other = make_engine(name="other", environment={"ACME_OTHER": "1"})
+    assert field_errors(other)["environment"][0].startswith("ACME_OTHER is not an engine variable")
 
 
 def test_no_engine_inherits_dev_mode_runtime_lora_or_a_key_from_the_workers_environment(
