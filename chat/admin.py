@@ -1,7 +1,11 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 
-from chat.apikeys import apikey_revoke
+from chat.apikeys import apikey_client_set, apikey_revoke
+from chat.exceptions import ApiKeyInvalid
 from chat.models import ApiKey, ChatSession, Message
+from routing.validation import client_name_problem
 
 
 class MessageInline(admin.TabularInline):
@@ -53,26 +57,68 @@ class MessageAdmin(admin.ModelAdmin):
         return False
 
 
+class ApiKeyForm(forms.ModelForm):
+    class Meta:
+        model = ApiKey
+        fields = ["client_name"]
+
+    def clean_client_name(self):
+        name = (self.cleaned_data.get("client_name") or "").strip()
+        if name and (problem := client_name_problem(name)):
+            raise forms.ValidationError(f"The client name {problem}.")
+        return name
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Keys are immutable but for revocation: an un-revoked key would bring a leaked one back, and a
-    new name would move a key onto another client's routing rule (`key:NAME`). Revoking is the
-    action, for staff with the change permission; the owner revokes their own from the keys page."""
+    """A key's client name is the one thing staff change in its form: what routing rules know its
+    traffic by ("client:NAME"), so it is staff's to give, never the owner's (a key's own name is
+    its user's choice, and another user's key may share it). The rest is immutable: an un-revoked
+    key would bring a leaked one back. Revoking is the action; both need the change permission.
+    A revoked key is read-only. The owner revokes their own from the keys page."""
 
-    list_display = ["name", "user", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+    form = ApiKeyForm
+    list_display = [
+        "name",
+        "user",
+        "client_name",
+        "prefix",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["revoked_at"]
-    search_fields = ["name", "user__username", "prefix"]
-    fields = ["name", "user", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+    search_fields = ["name", "client_name", "user__username", "prefix"]
+    fields = [
+        "name",
+        "user",
+        "client_name",
+        "prefix",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    readonly_fields = [f for f in fields if f != "client_name"]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
         return False  # keys are created by their owner (page, API) or `manage.py createapikey`
 
     def has_change_permission(self, request, obj=None):
-        return False  # the change form is read-only for everyone, superusers included
+        if obj is not None and obj.revoked_at is not None:
+            return False  # nothing of a revoked key changes, superusers included
+        return super().has_change_permission(request, obj)
 
     def has_revoke_permission(self, request):
         return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    def save_model(self, request, obj, form, change):
+        try:
+            apikey_client_set(key=obj, client_name=form.cleaned_data["client_name"])
+        except ApiKeyInvalid as exc:  # revoked meanwhile: the form was checked before
+            raise PermissionDenied(str(exc)) from None
 
     @admin.action(description="Revoke selected keys", permissions=["revoke"])
     def revoke(self, request, queryset):

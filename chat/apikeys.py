@@ -21,6 +21,7 @@ from chat.exceptions import ApiKeyInvalid
 from chat.models import ApiKey
 from core import db, rawsql
 from core.flight import SingleFlight
+from routing.validation import client_name_problem
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +49,36 @@ def apikey_create(*, user, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
     return key, raw
 
 
+def apikey_client_set(*, key: ApiKey, client_name: str) -> ApiKey:
+    """Give a live key the client name routing rules know it by ("client:NAME"), or none ("").
+
+    Staff only (the admin): a rule that lists clients decides a model and a system prompt, so
+    what it matches must not be something the key's owner picks, as the key's name is. Several
+    keys may share a client name (a partner's keys across a rotation). This process forgets the
+    key's cached copy now; the others see the change within API_KEY_CACHE_SECONDS."""
+    client_name = (client_name or "").strip()
+    if client_name and (problem := client_name_problem(client_name)):
+        raise ApiKeyInvalid(fields={"client_name": problem})
+    if key.revoked_at is not None:
+        raise ApiKeyInvalid(fields={"client_name": "the key is revoked"})
+    _forget(key)
+    key.client_name = client_name
+    key.save(update_fields=["client_name"])
+    return key
+
+
 def apikey_revoke(*, key: ApiKey) -> ApiKey:
     """Revoke now in this process; other processes refuse it within API_KEY_CACHE_SECONDS."""
-    for digest in [d for d, (_, cached) in _recent_keys.items() if cached.pk == key.pk]:
-        _recent_keys.pop(digest, None)
+    _forget(key)
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
     return key
+
+
+def _forget(key: ApiKey) -> None:
+    for digest in [d for d, (_, cached) in _recent_keys.items() if cached.pk == key.pk]:
+        _recent_keys.pop(digest, None)
 
 
 def apikey_authenticate(*, raw: str) -> ApiKey | None:

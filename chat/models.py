@@ -8,6 +8,8 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 
+from routing.validation import CLIENT_PREFIX
+
 
 class ChatSession(models.Model):
     class Source(models.TextChoices):
@@ -117,6 +119,15 @@ class ApiKey(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
     )
     name = models.CharField(max_length=100)
+    # Staff's (the admin): what routing rules know this key's traffic by. Never the key's own
+    # name, which its user chooses and another user's key may share.
+    client_name = models.CharField(
+        "client name",
+        max_length=100,
+        blank=True,
+        help_text='Routing rules that list "client:NAME" take this key\'s traffic. Set by staff '
+        "here only; the key's owner cannot set it. Empty: no rule that lists clients takes it.",
+    )
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
     scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list)
@@ -142,5 +153,6 @@ class ApiKey(models.Model):
 
     @property
     def client(self) -> str:
-        """How routing rules name this key's traffic."""
-        return f"key:{self.name}"
+        """How routing rules name this key's traffic: "client:NAME" with the client name staff
+        gave it, or "api", which no rule can list (routing.validation.clients_problem)."""
+        return f"{CLIENT_PREFIX}{self.client_name}" if self.client_name else "api"

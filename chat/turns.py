@@ -134,7 +134,7 @@ class TurnRequest:
     user: Any
     content: str | None  # None: a regeneration, which answers the stored question again
     interface: str = RequestLog.Interface.WEB
-    client: str = "web"  # what the rules match as the client (chat.apikeys: key:<name>)
+    client: str = "web"  # what the rules match as the client (chat.models.ApiKey.client)
     source: str = ChatSession.Source.WEB  # a session's origin, for one this turn creates
     # What the model gets besides the question: a model the client named, the token ceiling and
     # temperature it asked for, its system text, and what /v1 carries as it was sent.

@@ -31,7 +31,8 @@ class EndpointConfig:
     name: str
     base_url: str
     model: str
-    api_key: str = ""
+    # Out of the repr: a local endpoint's key is the one its engines require (engine_keys).
+    api_key: str = field(default="", repr=False)
     connect_timeout: float = 3.0
     first_token_timeout: float = 30.0
     idle_timeout: float = 15.0

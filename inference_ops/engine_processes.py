@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 from django.conf import settings
 
+from inference_ops import engine_keys
 from inference_ops.engine_command import command_line, environment
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess
@@ -106,7 +107,10 @@ def launch(engine: EngineProcess) -> int:
     # From the project folder: the clean environment has no PYTHONPATH to find the launcher by.
     result = subprocess.run(
         [sys.executable, "-m", "inference_ops.launch", str(log_path(engine)), "--", *argv],
-        env=environment(engine),
+        # The key only here, where the supervisor starts it: the engine refuses whoever reaches
+        # its port without it (inference_ops.engine_keys). A benchmark's engine run in its own
+        # foreground (benchmarks.engines) is called by the harness directly, without one.
+        env={**environment(engine), **engine_keys.key_environment(engine)},
         cwd=settings.BASE_DIR,
         capture_output=True,
         text=True,

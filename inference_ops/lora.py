@@ -12,17 +12,20 @@ import logging
 import urllib.error
 import urllib.request
 
+from inference_ops import engine_keys
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, LoraAdapter
 
 logger = logging.getLogger(__name__)
 
 
-def _post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
+def _post(engine: EngineProcess, path: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
+    # With the engine's key: its adapter routes load from whatever path they are sent, so only the
+    # gateway, with the rows' paths, may call them (inference_ops.engine_keys).
     request = urllib.request.Request(
-        url,
+        f"{engine.base_url}{path}",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **engine_keys.auth_headers(engine)},
         method="POST",
     )
     try:
@@ -62,7 +65,8 @@ def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
         raise SupervisorError(refusal)
     try:
         status, body = _post(
-            f"{engine.base_url}/v1/load_lora_adapter",
+            engine,
+            "/v1/load_lora_adapter",
             {"lora_name": adapter.name, "lora_path": adapter.path},
         )
     except OSError as exc:
@@ -80,9 +84,7 @@ def adapter_load(*, adapter: LoraAdapter) -> LoraAdapter:
 def adapter_unload(*, adapter: LoraAdapter) -> LoraAdapter:
     engine = adapter.engine
     try:
-        status, body = _post(
-            f"{engine.base_url}/v1/unload_lora_adapter", {"lora_name": adapter.name}
-        )
+        status, body = _post(engine, "/v1/unload_lora_adapter", {"lora_name": adapter.name})
     except OSError as exc:
         status, body = 0, f"no answer from {engine.base_url}: {exc}"
     if status == 200:

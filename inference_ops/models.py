@@ -10,6 +10,7 @@ from django.db import models
 
 from core.key_env import key_env_problem
 from inference_ops import policy
+from inference_ops.engine_keys import derived_key
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,9 @@ class ModelEndpoint(models.Model):
     @property
     def api_key(self) -> str:
         if not self.api_key_env:
-            return ""
+            # A local endpoint's engines started by our supervisor require this one
+            # (inference_ops.engine_keys); an engine of someone else's without a key ignores it.
+            return derived_key(self.pk) if self.pk and self.kind != self.Kind.EXTERNAL else ""
         # Checked again at use: a row written before the rule, or by the ORM, must not leak a
         # secret.
         if problem := key_env_problem(self.api_key_env):
@@ -239,7 +242,8 @@ class EngineProcess(models.Model):
     runtime_lora_updating = models.BooleanField(
         default=False,
         help_text="Allow loading and unloading adapters at run time "
-        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
+        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING): the adapters of this row, sent by the gateway, "
+        "whose key the engine requires.",
     )
     extra_args = models.JSONField(
         default=list,
@@ -250,9 +254,12 @@ class EngineProcess(models.Model):
     environment = models.JSONField(
         default=dict,
         blank=True,
-        help_text='Extra environment, e.g. {"HF_HOME": "/data"}; only engine variables (CUDA_*, '
-        "HF_*, VLLM_*, OMP_*, ...), never LD_*, PATH or PYTHON*. The engine never sees the "
-        "gateway's own environment.",
+        help_text='Extra environment, e.g. {"HF_HOME": "/data", "OMP_NUM_THREADS": "8"}; only '
+        "engine variables allowed by exact name (inference_ops/policy.py: CUDA_VISIBLE_DEVICES, "
+        "HF_HOME, VLLM_CPU_KVCACHE_SPACE, NCCL_DEBUG, OMP_NUM_THREADS, …), never one that loads "
+        "code or names host files (LD_*, PATH, PYTHON*, CUDA_INJECTION64_PATH, OMP_TOOL_LIBRARIES, "
+        "TRITON_CACHE_MANAGER, VLLM_SERVER_DEV_MODE, …). The engine never sees the gateway's own "
+        "environment, and gets its API key from the supervisor.",
     )
     startup_timeout = models.PositiveIntegerField(
         default=900, help_text="Seconds to become ready (vLLM loads weights)."

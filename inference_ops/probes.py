@@ -12,6 +12,7 @@ import urllib.request
 from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_ops import engine_keys
 from inference_ops.models import EngineProcess
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,12 @@ def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> tup
 def probe(engine: EngineProcess, timeout: float | None = None) -> tuple[bool, str, dict]:
     """(healthy, reason, metrics): /health, the served model in /v1/models, and a /metrics
     scrape."""
-    return probe_url(engine.base_url, engine.api_name, timeout or settings.ENGINE_CHECK_TIMEOUT)
+    return probe_url(
+        engine.base_url,
+        engine.api_name,
+        timeout or settings.ENGINE_CHECK_TIMEOUT,
+        engine_keys.auth_headers(engine) or None,  # the key our engines require
+    )
 
 
 def probe_url(

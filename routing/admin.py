@@ -20,7 +20,11 @@ class RuleForm(forms.ModelForm):
         required=False, help_text="One per line; any of them matches (Chinese or English)."
     )
     intent_examples = LinesField(required=False, help_text="Example questions, one per line.")
-    clients = LinesField(required=False, help_text='One per line: "web", or "key:NAME".')
+    clients = LinesField(
+        required=False,
+        help_text='One per line: "web" (the chat page), or "client:NAME" for the API keys staff '
+        "gave that client name (API keys in the admin).",
+    )
     requested_models = LinesField(
         required=False, help_text="Model names an API request may ask for."
     )
@@ -184,7 +188,11 @@ class TesterForm(forms.Form):
         help_text="A username: the rules see that user's groups.",
         error_messages={"invalid_choice": "There is no user with this username."},
     )
-    client = forms.CharField(required=False, initial="web")
+    client = forms.CharField(
+        required=False,
+        initial="web",
+        help_text='"web", "client:NAME" (a key with that client name), or "api" (a key with none).',
+    )
     model = forms.CharField(
         required=False, help_text="A model name from /v1/models forces that target."
     )

@@ -62,7 +62,9 @@ class RoutingRule(models.Model):
         models.CharField(max_length=100),
         default=list,
         blank=True,
-        help_text='Only for these clients: "web", or "key:NAME" for an API key.',
+        help_text='Only for these clients: "web" (the chat page), or "client:NAME" for the API '
+        "keys staff gave that client name (API keys in the admin; never a key's own name, "
+        "which its user chooses).",
     )
     requested_models = ArrayField(
         models.CharField(max_length=200),

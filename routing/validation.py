@@ -33,6 +33,39 @@ def regex_compile(pattern: str) -> re2._Regexp:
         ) from None
 
 
+# How a rule names the traffic of an API key: by the client name staff gave the key in the admin
+# (chat.ApiKey.client_name), never by the key's own name, which its user chooses and which two
+# users' keys may share.
+CLIENT_PREFIX = "client:"
+
+
+def client_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a client name (on a key, after "client:" in a rule), or None."""
+    if not name or len(name) > 100:
+        return "must be 1 to 100 characters"
+    if name != name.strip() or not name.isprintable():
+        return "must not start or end with spaces or hold control characters"
+    return None
+
+
+def clients_problem(clients: list[str]) -> str | None:
+    """Why a rule's client list cannot be, or None: each entry is "web" or "client:NAME"."""
+    for entry in clients:
+        if entry == "web":
+            continue
+        if entry.startswith("key:"):
+            return (
+                f"{entry!r}: a key's name is chosen by its user, so rules no longer match it; "
+                f'write "{CLIENT_PREFIX}NAME" with the client name staff give the key '
+                "(API keys in the admin)"
+            )
+        if not entry.startswith(CLIENT_PREFIX):
+            return f'{entry!r}: a client is "web" or "{CLIENT_PREFIX}NAME"'
+        if problem := client_name_problem(entry.removeprefix(CLIENT_PREFIX)):
+            return f"{entry!r}: the client name {problem}"
+    return None
+
+
 def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
     """Refuse a rule that can never match and a chain that names inactive endpoints.
 
@@ -61,6 +94,8 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
         not normalize(k) for k in fields.get("keywords") or []
     ):
         errors["keywords"] = "a keyword made only of spaces or punctuation can never match"
+    if problem := clients_problem(list(fields.get("clients") or [])):
+        errors["clients"] = problem
     low, high = fields.get("min_length"), fields.get("max_length")
     if low is not None and high is not None and low > high:
         errors["max_length"] = f"is below min_length ({high} < {low}): the rule could never match"

@@ -298,8 +298,9 @@ ADMIN_PAGES = {
     "chat.chatsession": ("", "", "", "", "vacd"),
     "chat.message": ("", "", "", "", "vcd"),
     "observability.requestlog": ("", "", "", "", "v"),
-    # Keys are immutable but for revocation (an action): no one changes one in its form.
-    "chat.apikey": ("", "v", "v", "vd", "vd"),
+    # Keys are immutable but for revocation (an action) and the client name staff give one (routing
+    # rules match it), both the change permission's.
+    "chat.apikey": ("", "v", "vc", "vcd", "vcd"),
     "knowledge.entry": ("", "v", "vac", "vacd", "vacd"),
     "knowledge.miss": ("", "v", "vc", "vcd", "vcd"),  # misses are written by requests only
     "knowledge.hit": ("", "v", "vc", "vcd", "vcd"),  # so are direct answers; curators judge them

@@ -98,6 +98,13 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         default=20,
         help="the most logprobs a request may ask for per token (-1: no limit)",
     )
+    parser.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="require one of these keys (Bearer) under /v1, /v2, /inference and /cohere, as vLLM "
+        "does; default: VLLM_API_KEY",
+    )
     parser.add_argument("--time-to-first-token", type=float, default=50.0, help="milliseconds")
     parser.add_argument("--inter-token-latency", type=float, default=20.0, help="milliseconds")
     parser.add_argument(
@@ -226,6 +233,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         strict_tool_calling=environ.get(STRICT_TOOL_CALLING_ENV, "True").lower() in ("true", "1"),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         max_logprobs=args.max_logprobs,
+        # vLLM's rule (serve/middleware/register.py): --api-key first, else VLLM_API_KEY.
+        api_keys=tuple(k for k in (args.api_key or [environ.get("VLLM_API_KEY")]) if k),
         ignored_args=tuple(unknown),
     )
 

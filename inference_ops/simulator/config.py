@@ -45,6 +45,9 @@ class SimConfig:
     strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, on by default in vLLM
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
+    # --api-key or VLLM_API_KEY: the keys one of which a request under /v1 (and vLLM's other
+    # guarded prefixes) must carry as a Bearer token.
+    api_keys: tuple[str, ...] = ()
     ignored_args: tuple[str, ...] = field(default=())
 
     @property

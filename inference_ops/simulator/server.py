@@ -2,7 +2,9 @@
 model load, the listening socket, shutdown on a signal)."""
 
 import asyncio
+import hashlib
 import logging
+import secrets
 import signal
 import sys
 
@@ -10,14 +12,39 @@ from aiohttp import web
 
 from . import completions, info, lora_adapters, pooling
 from .config import SimConfig
-from .http_json import errors
+from .http_json import errors, json_response
 from .state import SIM, Simulator
 
 logger = logging.getLogger("inference_ops.simulator")
 
 
+# vLLM's AuthenticationMiddleware guards these path prefixes only: /health, /metrics and
+# /tokenize answer anyone, as they do there.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _authenticate(keys: tuple[str, ...]):
+    hashes = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and request.path.startswith(GUARDED_PREFIX):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            digest = hashlib.sha256(token.encode()).digest()
+            matched = False
+            for expected in hashes:  # every one compared, in constant time, as vLLM does
+                matched |= secrets.compare_digest(digest, expected)
+            if scheme.lower() != "bearer" or not matched:
+                return json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return authenticate
+
+
 def make_app(sim: Simulator) -> web.Application:
-    app = web.Application(middlewares=[errors])
+    # Without a key no middleware at all: the benchmarks' simulator pays nothing for it.
+    keys = sim.config.api_keys
+    app = web.Application(middlewares=[_authenticate(keys), errors] if keys else [errors])
     app[SIM] = sim
     app.router.add_get("/health", info.health)
     app.router.add_route("*", "/ping", info.health)  # SageMaker's probe, served by vLLM too

@@ -6,9 +6,11 @@ import time
 import openai
 import pytest
 from django.contrib.auth.models import Group
+from rest_framework.test import APIClient
 
 from chat.apikeys import apikey_create
-from tests.support.factories import rule
+from chat.models import ApiKey
+from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,6 +74,63 @@ def test_the_model_list_shows_what_the_key_may_name(asgi_server, intern_key, ali
         "local",
         embedder,
     ]
+
+
+def test_a_key_named_like_a_partners_client_gets_neither_its_rule_nor_its_model(
+    asgi_server, product, external_sim, alice, django_user_model, admin_client
+):
+    """A rule for a partner lists the client name staff gave the partner's key: another user who
+    names a key of theirs the same (the keys page lets anyone pick any name) gets the rules every
+    key gets, not the partner's, and the partner's key still gets the partner's."""
+    premium = endpoint("premium", external_sim, kind="external")
+    rule("partner", premium, clients=["client:acme"], priority=1, use_kb_context=False)
+    partner = django_user_model.objects.create_user("acme-bot", password="pw-acme-123456")
+    partner_key, partner_raw = apikey_create(user=partner, name="acme", scopes=["chat"])
+    given = admin_client.post(
+        f"/admin/chat/apikey/{partner_key.pk}/change/", {"client_name": "acme"}
+    )
+    assert given.status_code == 302
+
+    keys_page = APIClient()
+    keys_page.force_login(alice)
+    created = keys_page.post(
+        "/api/keys/",
+        {"name": "acme", "scopes": ["chat"], "client_name": "acme"},  # the last one is not hers
+        format="json",
+    )
+    assert created.status_code == 201
+    intruder = created.json()["key"]
+    assert ApiKey.objects.get(pk=created.json()["id"]).client_name == ""
+
+    embedder = "kb:multilingual-e5-small"
+    assert [m.id for m in sdk(asgi_server, intruder).models.list()] == [
+        "auto",
+        "external",
+        "local",
+        embedder,
+    ]
+    assert [m.id for m in sdk(asgi_server, partner_raw).models.list()] == [
+        "auto",
+        "premium",
+        embedder,
+    ]
+    ask = [{"role": "user", "content": "Draft a press release"}]
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        sdk(asgi_server, intruder).chat.completions.create(
+            model="premium", messages=ask, max_tokens=3
+        )
+    assert refused.value.body["code"] == "model_not_allowed"
+    theirs = sdk(asgi_server, intruder).chat.completions.with_raw_response.create(
+        model="auto", messages=ask, max_tokens=3
+    )
+    assert theirs.headers["X-Route-Rule"] == "default"
+    partners = sdk(asgi_server, partner_raw).chat.completions.with_raw_response.create(
+        model="premium", messages=ask, max_tokens=3
+    )
+    assert (partners.headers["X-Route-Rule"], partners.headers["X-Route-Target"]) == (
+        "partner",
+        "premium",
+    )
 
 
 def test_an_engine_asking_to_wait_gives_a_503_that_says_how_long(asgi_server, alice_key, product):

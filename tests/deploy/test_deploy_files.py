@@ -770,6 +770,25 @@ def test_network_policies_deny_ingress_but_to_the_web_and_vllm_only_from_the_gat
     assert ports <= {53, 443}, f"vllm may connect to ports {ports}"
 
 
+def test_only_the_ingress_controllers_pods_reach_the_web():
+    # daphne's --proxy-headers believes X-Forwarded-For from whoever connects, and the sign-in
+    # throttle counts per address: a pod that reached the web could give each guess a new one.
+    own_namespace = {"kubernetes.io/metadata.name": kustomization()["namespace"]}
+    rules = admitted_from(k8s_workload("web"))
+    assert rules, "deploy/k8s: nothing may reach the web"
+    for rule in rules:
+        sources = rule.get("from")
+        assert sources, f"the web admits every pod and address: {rule}"
+        for source in sources:
+            namespaces, pods = source.get("namespaceSelector"), source.get("podSelector")
+            assert "ipBlock" not in source and namespaces and pods, (
+                f"the web admits more than the ingress controller's pods: {source}"
+            )
+            assert not selects(namespaces, own_namespace), (
+                f"the web admits pods of its own namespace: {source}"
+            )
+
+
 def test_compose_networks_keep_the_data_and_the_engine_to_the_gateway():
     services = compose()["services"]
     networks = compose().get("networks", {})

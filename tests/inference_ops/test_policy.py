@@ -1,6 +1,7 @@
 """What configuration rows may ask of the host: an endpoint's key variable, an engine's
 environment, arguments and model, and who may edit them."""
 
+import json
 import logging
 from pathlib import Path
 
@@ -321,6 +322,96 @@ def test_an_engine_environment_refuses_variables_that_load_code_or_name_host_pat
     )
 
 
+# Issue 40's hole 7: these passed the old patterns (CUDA_*, OMP_*, TRITON_*, VLLM_*) and load code
+# or open what no engine of ours may serve.
+CODE_LOADING = [
+    ("CUDA_INJECTION64_PATH", "/tmp/libevil.so"),  # the CUDA runtime loads it into the engine
+    ("CUDA_INJECTION32_PATH", "/tmp/libevil.so"),
+    ("OMP_TOOL_LIBRARIES", "/tmp/libevil.so"),  # the OpenMP runtime loads it
+    ("OMP_TOOL", "enabled"),
+    ("TRITON_CACHE_MANAGER", "evil:Manager"),  # Triton imports the class it names
+    ("TRITON_REMOTE_CACHE_BACKEND", "evil:Backend"),
+    ("VLLM_SERVER_DEV_MODE", "1"),  # routes its key does not guard (/collective_rpc)
+    ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"),  # the row's own field decides
+    ("VLLM_PLUGINS", "evil"),
+    ("VLLM_ALLOW_INSECURE_SERIALIZATION", "1"),  # unpickles what it is sent
+    ("VLLM_API_KEY", "chosen"),  # the supervisor's
+    ("LLAMA_API_KEY", "chosen"),
+    ("HF_MODULES_CACHE", "/tmp/modules"),  # a folder on sys.path
+]
+
+
+@pytest.mark.parametrize(("name", "value"), CODE_LOADING)
+def test_engine_variables_that_load_code_are_refused_by_name_with_a_clear_message(
+    settings, name, value
+):
+    (message,) = field_errors(make_engine(environment={name: value}))["environment"]
+    assert message.startswith(f"{name} is not allowed in an engine's environment: it loads code")
+    settings.ENGINE_ENV_ALLOWED = [name]  # not even the operator's list lets a row set them
+    again = field_errors(make_engine(name="again", environment={name: value}))["environment"]
+    assert again == [message]
+
+
+@pytest.mark.parametrize(("name", "value"), CODE_LOADING[:6])
+def test_the_superuser_is_refused_each_code_loading_variable_in_the_admin(
+    superuser_client, name, value
+):
+    engine = make_engine()
+    response = superuser_client.post(
+        f"/admin/inference_ops/engineprocess/{engine.pk}/change/",
+        {
+            "name": engine.name,
+            "endpoint": engine.endpoint.pk,
+            "kind": "simulator",
+            "model": "acme/base",
+            "bind_host": "127.0.0.1",
+            "port": engine.port,
+            "desired_state": "stopped",
+            "extra_args": "[]",
+            "environment": json.dumps({name: value, "OMP_NUM_THREADS": "4"}),
+            "startup_timeout": 30,
+            "stop_timeout": 5,
+            "adapters-TOTAL_FORMS": 0,
+            "adapters-INITIAL_FORMS": 0,
+            "events-TOTAL_FORMS": 0,
+            "events-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 200
+    assert f"{name} is not allowed in an engine&#x27;s environment" in response.content.decode()
+    engine.refresh_from_db()
+    assert engine.environment == {}
+
+
+def test_a_variable_of_an_allowed_family_that_is_not_listed_is_refused_and_the_family_named():
+    (message,) = field_errors(make_engine(environment={"CUDA_SOMETHING_NEW": "1"}))["environment"]
+    assert message.startswith("CUDA_SOMETHING_NEW is not an engine variable a row may set")
+    assert "CUDA_VISIBLE_DEVICES" in message and "by exact name" in message
+
+
+def test_the_operators_list_adds_exact_names_not_patterns(settings):
+    settings.ENGINE_ENV_ALLOWED = ["ACME_TUNING", "ACME_*"]
+    make_engine(environment={"ACME_TUNING": "1"}).full_clean()
+    other = make_engine(name="other", environment={"ACME_OTHER": "1"})
+    assert field_errors(other)["environment"][0].startswith("ACME_OTHER is not an engine variable")
+
+
+def test_no_engine_inherits_dev_mode_runtime_lora_or_a_key_from_the_workers_environment(
+    monkeypatch,
+):
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    monkeypatch.setenv("VLLM_API_KEY", "the-workers")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")  # passed through, as before
+    env = engine_command.environment(make_engine())
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert not {"VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_API_KEY"} & set(
+        env
+    )
+    lora = engine_command.environment(make_engine(name="lora", runtime_lora_updating=True))
+    assert lora["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"  # the row's field, not the host's
+
+
 def test_tuning_variables_stay_allowed():
     make_engine(
         environment={
@@ -330,6 +421,13 @@ def test_tuning_variables_stay_allowed():
             "VLLM_CPU_KVCACHE_SPACE": "4",
             "LLAMA_LOG_VERBOSITY": "1",
             "HF_HOME": "/data/hf",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "OMP_NUM_THREADS": "8",
+            "VLLM_CPU_OMP_THREADS_BIND": "0-7",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "NCCL_SOCKET_IFNAME": "eth0",
         }
     ).full_clean()
 

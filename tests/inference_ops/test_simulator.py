@@ -294,6 +294,13 @@ def test_a_generative_runner_takes_no_pooling_flags():
     assert not parse_args(["serve", "acme/x"]).pooling
 
 
+def test_the_key_comes_from_api_key_first_then_vllm_api_key_as_in_vllm():
+    assert parse_args(["serve", "acme/x"], environ={}).api_keys == ()
+    assert parse_args(["serve", "acme/x"], environ={"VLLM_API_KEY": "k"}).api_keys == ("k",)
+    flags = ["serve", "acme/x", "--api-key", "a", "b"]
+    assert parse_args(flags, environ={"VLLM_API_KEY": "k"}).api_keys == ("a", "b")
+
+
 async def test_a_completion_echoes_its_prompt_first_streamed_or_not(simulator):
     async with sdk(simulator) as client:
         whole = await client.completions.create(

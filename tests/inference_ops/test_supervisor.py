@@ -1,18 +1,25 @@
 """Engine supervision with the simulator as the engine process: real processes, real HTTP."""
 
+import json
 import os
 import signal
 import socket
 import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 
 from core.processes import free_port
-from inference_ops import engine_command, engine_processes, lora, probes, supervisor
+from inference_ops import engine_command, engine_keys, engine_processes, lora, probes, supervisor
+from inference_ops.client import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
+from tests.routing.conftest import ask
+from tests.support.factories import rule
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.processes
@@ -230,6 +237,49 @@ def test_start_waits_for_readiness_and_stop_leaves_no_process():
 
 
 @pytest.mark.django_db
+def test_a_started_engine_requires_its_key_which_the_gateway_and_the_checks_send():
+    """The supervisor starts an engine with a key of its own (from the environment, where `ps`
+    does not show it): whatever reaches the port without it is refused, and the gateway's calls
+    (routed by the rules), the supervisor's checks and the adapters' loads carry it."""
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    key = EndpointConfig.from_endpoint(engine.endpoint).api_key  # what routing sends
+    environ = dict(
+        item.split(b"=", 1)
+        for item in Path(f"/proc/{engine.pid}/environ").read_bytes().split(b"\0")
+        if b"=" in item
+    )
+    assert len(key) == 64 and environ[b"VLLM_API_KEY"] == key.encode()
+    assert key not in " ".join(psutil.Process(engine.pid).cmdline())
+    assert key not in repr(EndpointConfig.from_endpoint(engine.endpoint))  # nor in a log line
+
+    models = f"{engine.base_url}/v1/models"
+    assert probes._get(models, 2)[0] == 401
+    assert probes._get(models, 2, {"Authorization": "Bearer EMPTY"})[0] == 401
+    assert probes._get(models, 2, {"Authorization": f"Bearer {key}"})[0] == 200
+    assert probes._get(f"{engine.base_url}/health", 2)[0] == 200  # as vLLM's, unguarded
+    assert supervisor.engine_check(engine_id=engine.pk) is None  # healthy: nothing to do
+    checked = EngineProcess.objects.get(pk=engine.pk)
+    assert (checked.status, checked.last_check_ok) == ("ready", True)
+
+    rule("default", engine.endpoint, is_default=True, use_kb_context=False)
+    events = ask("Hello", max_tokens=3)
+    assert [e.type for e in events][-1] == "done" and events[-1].road == "local"
+
+
+@pytest.mark.django_db
+def test_each_engine_kind_gets_its_key_in_the_variable_it_reads():
+    for kind, variable in (
+        ("vllm", "VLLM_API_KEY"),
+        ("simulator", "VLLM_API_KEY"),
+        ("cpu", "LLAMA_API_KEY"),
+    ):
+        engine = make_engine(name=f"keyed-{kind}", kind=kind)
+        assert engine_keys.key_environment(engine) == {variable: engine.endpoint.api_key}
+    other = make_engine(name="other")
+    assert other.endpoint.api_key != engine.endpoint.api_key  # one key per endpoint
+
+
+@pytest.mark.django_db
 def test_start_refuses_a_port_that_is_taken():
     engine = make_engine()
     with socket.socket() as squatter:
@@ -391,7 +441,7 @@ def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart()
 
     lora.adapter_load(adapter=adapter)
     assert adapter.state == "loaded"
-    _, body = probes._get(f"{engine.base_url}/v1/models", 2)
+    _, body = probes._get(f"{engine.base_url}/v1/models", 2, engine_keys.auth_headers(engine))
     assert b'"legal"' in body
 
     with pytest.raises(SupervisorError, match="HTTP 400"):
@@ -402,7 +452,7 @@ def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart()
     adapter.state = "loaded"
     adapter.save()
     engine = supervisor.engine_restart(engine_id=engine.pk)
-    _, body = probes._get(f"{engine.base_url}/v1/models", 2)
+    _, body = probes._get(f"{engine.base_url}/v1/models", 2, engine_keys.auth_headers(engine))
     assert b'"legal"' in body  # reloaded after the restart
 
     lora.adapter_unload(adapter=adapter)
@@ -410,6 +460,30 @@ def test_runtime_adapters_load_unload_report_errors_and_return_after_a_restart()
     ghost = LoraAdapter.objects.create(engine=engine, name="ghost", path="/x", static=False)
     with pytest.raises(SupervisorError, match="HTTP 404"):
         lora.adapter_unload(adapter=ghost)
+
+
+@pytest.mark.django_db
+def test_a_runtime_adapter_route_refuses_whoever_has_not_the_engines_key():
+    """The hole: an engine loading adapters at run time loads one from any path it is sent. Only
+    the gateway, which holds the key, may send one."""
+    engine = supervisor.engine_start(
+        engine_id=make_engine(enable_lora=True, runtime_lora_updating=True).pk
+    )
+    status, body = lora._post(
+        engine, "/v1/load_lora_adapter", {"lora_name": "mine", "lora_path": "/adapters/mine"}
+    )
+    assert status == 200  # the gateway's own call, with the key
+    request = urllib.request.Request(
+        f"{engine.base_url}/v1/load_lora_adapter",
+        data=json.dumps({"lora_name": "theirs", "lora_path": "/etc"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 401
+    _, listed = probes._get(f"{engine.base_url}/v1/models", 2, engine_keys.auth_headers(engine))
+    assert b'"mine"' in listed and b'"theirs"' not in listed
 
 
 @pytest.mark.django_db

@@ -48,9 +48,9 @@ def test_a_group_limited_to_the_local_model_cannot_name_the_external_one(roads):
 
 def test_a_client_rule_binds_the_api_key_it_names(roads):
     local, _ = roads
-    rule("mobile app", local, clients=["key:mobile"], priority=1, use_kb_context=False)
-    assert ask("Hello", model="external", client="key:mobile")[0].code == "model_not_allowed"
-    assert ask("Hello", model="external", client="key:laptop", max_tokens=2)[0].road == "external"
+    rule("mobile app", local, clients=["client:mobile"], priority=1, use_kb_context=False)
+    assert ask("Hello", model="external", client="client:mobile")[0].code == "model_not_allowed"
+    assert ask("Hello", model="external", client="api", max_tokens=2)[0].road == "external"
 
 
 def test_a_kb_only_rule_cannot_be_bypassed_by_naming_a_model(roads):
@@ -114,9 +114,7 @@ def test_choosing_asks_for_the_vector_only_when_an_intent_rule_could_match(local
         asked.append(1)
         return None
 
-    chosen, _ = async_to_sync(snap.choose)(
-        Context(text="Write an essay", client="key:laptop"), vector
-    )
+    chosen, _ = async_to_sync(snap.choose)(Context(text="Write an essay", client="api"), vector)
     assert chosen.name == "default" and asked == []  # the intent rule is for web clients only
     chosen, _ = async_to_sync(snap.choose)(Context(text="Write an essay", client="web"), vector)
     assert chosen.name == "default" and asked == [
@@ -130,11 +128,11 @@ def test_models_a_caller_may_name_follow_the_rules_that_admit_it(roads):
     interns_only.groups.create(name="interns")
     rule("api external", [(external, 100), (local, 100)], requested_models=["external"], priority=2)
     snap = snapshot()
-    assert snap.nameable(groups=frozenset({"interns"}), client="key:laptop") == ["local"]
-    assert snap.nameable(groups=frozenset(), client="key:laptop") == ["external", "local"]
+    assert snap.nameable(groups=frozenset({"interns"}), client="api") == ["local"]
+    assert snap.nameable(groups=frozenset(), client="api") == ["external", "local"]
     RoutingRule.objects.filter(name="default").update(clients=["web"], is_default=False)
     rules_changed()
-    assert snapshot().nameable(groups=frozenset(), client="key:laptop") == ["external"]
+    assert snapshot().nameable(groups=frozenset(), client="api") == ["external"]
 
 
 # --- regular expressions in RE2 ------------------------------------------------------------------

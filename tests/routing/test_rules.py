@@ -57,7 +57,7 @@ def test_regex_length_group_client_and_model_conditions(local):
     rule("long", local, min_length=200, priority=3)
     staff_rule = rule("staff-roadmap", local, priority=4, keywords=["roadmap"])
     staff_rule.groups.add(staff)
-    rule("mobile", local, clients=["key:mobile-app"], priority=5)
+    rule("mobile", local, clients=["client:mobile-app"], priority=5)
     rule("forced", local, requested_models=["gpt-4o"], priority=6)
     rule("default", local, is_default=True)
 
@@ -69,7 +69,8 @@ def test_regex_length_group_client_and_model_conditions(local):
         chosen("What is on the roadmap for 2027?", groups=frozenset({"staff"})) == "staff-roadmap"
     )
     assert chosen("What is on the roadmap for 2027?", groups=frozenset({"users"})) == "default"
-    assert chosen("Tell me something about shipping", client="key:mobile-app") == "mobile"
+    assert chosen("Tell me something about shipping", client="client:mobile-app") == "mobile"
+    assert chosen("Tell me something about shipping", client="api") == "default"
     assert chosen("Tell me something about shipping", client="web") == "default"
     assert chosen("Tell me something about shipping", model="gpt-4o") == "forced"
 
@@ -176,6 +177,51 @@ def test_the_admin_refuses_an_invalid_rule_with_a_message(admin_client, local_si
     html = response.content.decode()
     assert response.status_code == 200
     assert "could never match" in html
+    from routing.models import RoutingRule
+
+    assert not RoutingRule.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("clients", "message"),
+    [
+        (["key:acme"], "a key's name is chosen by its user"),
+        (["web", "acme"], 'a client is "web" or "client:NAME"'),
+        (["client:"], "the client name must be 1 to 100 characters"),
+        (["client: acme"], "must not start or end with spaces"),
+    ],
+)
+def test_a_rule_names_api_keys_only_by_the_client_name_staff_give_them(clients, message):
+    with pytest.raises(RuleInvalid) as info:
+        rule_validate(fields={"clients": clients})
+    assert message in info.value.errors["clients"]
+    rule_validate(fields={"clients": ["web", "client:acme", "client:Mobile app 2"]})
+
+
+def test_the_admin_refuses_a_rule_that_names_a_key_by_its_own_name(admin_client, local_sim):
+    local = endpoint("local", local_sim)
+    response = admin_client.post(
+        "/admin/routing/routingrule/add/",
+        {
+            "name": "partner",
+            "priority": 1,
+            "active": "on",
+            "action": "generate",
+            "intent_threshold": 0.6,
+            "context_k": 4,
+            "use_kb_context": "on",
+            "clients": "key:acme",
+            "targets-TOTAL_FORMS": 1,
+            "targets-INITIAL_FORMS": 0,
+            "targets-0-position": 1,
+            "targets-0-endpoint": local.pk,
+            "targets-0-weight": 100,
+        },
+    )
+    assert response.status_code == 200
+    assert "a key&#x27;s name is chosen by its user, so rules no longer match it" in (
+        response.content.decode()
+    )
     from routing.models import RoutingRule
 
     assert not RoutingRule.objects.exists()
