@@ -3,10 +3,10 @@ operating points.
 
 The questions come from a labelled file, or from traffic (`traffic_read`): the direct answers and
 the misses of the last days, with the vectors their requests computed and the verdicts people gave
-(a curator's review, else the users' thumbs; a miss a curator attached to an entry or dismissed).
+(the users' thumbs and the curators' reviews; a miss a curator attached to an entry or dismissed).
 A verdict counts once per person and question, and a curator's decides its question
-(`verdicts_per_person`). Traffic that no one judged counts in the hit rate, not in precision or
-recall.
+(`verdicts_per_person`); a curator's verdict on a missed question counts once. Traffic that no one
+judged counts in the hit rate, not in precision or recall.
 
 Each question is matched once, by the same statements and guards that serve `/v1`
 (`knowledge.selectors`): an exact match (or a typo of a phrasing) decides by itself; otherwise the
@@ -518,18 +518,15 @@ def verdicts_per_person(hits) -> dict[int, str]:
     person's latest verdict on any of them is their one verdict. One user's five thumbs down on a
     question asked five times are one verdict, as are their fifty thumbs up; repeating it adds
     nothing that calibration does not already know (the same question meets the same entry, at
-    the same score). Where a curator reviewed the question, their latest review is its only
-    verdict, whatever the users said. The other answers count in the hit rate only."""
+    the same score). Where a curator reviewed the question, their latest review stands in for
+    every person's verdict on it, whatever they said, so the question keeps the weight of the
+    people who judged it (one verdict where no one else did). The other answers count in the hit
+    rate only."""
     by_question: dict[tuple[str, int], list] = {}
     for hit in hits:
         by_question.setdefault((hit.normalized, hit.entry_id), []).append(hit)
     said: dict[int, str] = {}
     for answers in by_question.values():
-        reviewed = [hit for hit in answers if hit.review]
-        if reviewed:
-            decider = max(reviewed, key=lambda hit: (hit.reviewed_at or hit.created_at, hit.pk))
-            said[decider.pk] = decider.review
-            continue
         latest: dict[int | None, Any] = {}  # by person; None: users since deleted, as one
         for hit in answers:
             if not hit.thumbs:
@@ -537,6 +534,12 @@ def verdicts_per_person(hits) -> dict[int, str]:
             held = latest.get(hit.judge)
             if held is None or (hit.thumbs_at, hit.pk) > (held.thumbs_at, held.pk):
                 latest[hit.judge] = hit
+        reviewed = [hit for hit in answers if hit.review]
+        if reviewed:
+            curator = max(reviewed, key=lambda hit: (hit.reviewed_at or hit.created_at, hit.pk))
+            for hit in list(latest.values()) or [curator]:
+                said[hit.pk] = curator.review
+            continue
         for hit in latest.values():
             said[hit.pk] = "right" if hit.thumbs == Feedback.Verdict.UP else "wrong"
     return said

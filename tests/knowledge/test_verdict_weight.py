@@ -2,7 +2,8 @@
 with one entry): users ask through the chat API and rate through the verdict API the chat page
 uses, curators judge in the admin and calibrate from traffic there. One user's thumbs, however
 many, steer neither calibration nor the review queue beyond one verdict; a curator's verdict
-decides its question; past a daily allowance a user's thumbs down are kept but queue nothing."""
+decides its question, for everyone who judged it; past a daily allowance a user's thumbs down
+are kept but queue nothing."""
 
 from datetime import timedelta
 
@@ -21,9 +22,10 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "How do I reset my password?"
 HOURS = "What are your opening hours?"
 LORA = "What is LoRA?"
+QLORA = "What is QLoRA?"
 OTHERS = [
     LORA,
-    "What is QLoRA?",
+    QLORA,
     HOURS,
     "How do I cancel my subscription?",
     "How do I cancel my order?",
@@ -120,6 +122,8 @@ def test_a_curators_verdict_outweighs_many_users_verdicts_on_its_question(
         rate(users[0], ask(users[0], HOURS), "up")
     for api in users[1:]:
         rate(api, ask(api, LORA), "down")
+    for api in users[:2]:
+        rate(api, ask(api, QLORA), "up")
     hit_flush()
 
     def judge(question, action):
@@ -129,16 +133,17 @@ def test_a_curators_verdict_outweighs_many_users_verdicts_on_its_question(
         )
         assert acted.status_code == 302
 
-    # The curator marks one answer of each question, against what its users said.
+    # The curator marks one answer of two questions, against what their users said.
     judge(HOURS, "mark_wrong")
     judge(LORA, "mark_right")
 
     run = calibrate(curator_client, "0.5")
-    # Each question counts once, as the curator said: the opening hours wrong, LoRA right. Counted
-    # per answer, the users outweighed the curator: 10 right and 4 wrong of 14 judged.
-    assert run.source == "traffic: last 7 day(s), 14 questions, 2 judged"
-    assert run.precision == pytest.approx(0.5)
-    assert [row["question"] for row in run.wrong] == [HOURS]
+    # The curator's verdict stands for each person's on the question: the opening hours wrong
+    # five times (five people, one of them six times), LoRA right four times; QLoRA's two thumbs
+    # up as given. Counted per answer, the users outweighed the curator: 12 right, 4 wrong.
+    assert run.source == "traffic: last 7 day(s), 16 questions, 11 judged"
+    assert run.precision == pytest.approx(6 / 11)
+    assert [row["question"] for row in run.wrong] == [HOURS] * 5
 
 
 def test_one_users_thumbs_down_do_not_flood_the_review_queue(ask, person, curator_client, settings):
