@@ -117,6 +117,10 @@ class FeedbackSerializer(serializers.Serializer):
 class FeedbackReplySerializer(serializers.Serializer):
     id = serializers.IntegerField()
     verdict = serializers.CharField()
+    note = serializers.CharField(
+        help_text="Empty, or what to tell the user of their verdict: a 👎 past their daily "
+        "allowance of answers sent for review is kept but sent to no reviewer."
+    )
 
 
 class Pagination(PageNumberPagination):
@@ -316,7 +320,7 @@ class MessageFeedbackView(APIView):
     def post(self, request, pk):
         data = FeedbackSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        message = message_feedback(
+        message, note = message_feedback(
             user=request.user,
             message_id=pk,
             verdict=data.validated_data["verdict"],
@@ -326,7 +330,7 @@ class MessageFeedbackView(APIView):
             if isinstance(request.auth, ApiKey)
             else RequestLog.Interface.WEB,
         )
-        return Response({"id": message.pk, "verdict": message.verdict})
+        return Response({"id": message.pk, "verdict": message.verdict, "note": note})
 
 
 async def _run_to_end(request, data, **turn) -> int:

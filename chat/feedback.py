@@ -21,6 +21,7 @@ from django.db import transaction
 
 from chat.exceptions import AnswerNotFinished, SessionNotFound
 from chat.models import Message
+from knowledge.models import Feedback
 from knowledge.services import feedback_record
 
 _PREFIX = "chatcmpl-"
@@ -58,25 +59,41 @@ def completion_key(completion: str, user_id: int) -> uuid.UUID | None:
     return key
 
 
-def feedback_give(*, user, request_key: uuid.UUID, verdict: str, comment: str, interface: str):
+def feedback_give(
+    *,
+    user,
+    request_key: uuid.UUID,
+    verdict: str,
+    comment: str,
+    interface: str,
+    reviewable: bool = True,
+) -> Feedback | None:
     """Keep `user`'s verdict on the answer `request_key` and show it on its stored message, if
-    there is one. Raises EntryInvalid for a verdict or comment it cannot keep."""
+    there is one; the verdict kept (None when taken back). `reviewable`: False for an answer known
+    to be a model's (knowledge.services.feedback_record). Raises EntryInvalid for a verdict or
+    comment it cannot keep."""
     with transaction.atomic():
-        feedback_record(
+        row = feedback_record(
             request_key=request_key,
             user_id=user.pk,
             verdict=verdict,
             comment=comment,
             interface=interface,
+            reviewable=reviewable,
         )
         Message.objects.filter(
             request_key=request_key, session__user=user, role=Message.Role.ASSISTANT
         ).update(verdict=verdict)
+    return row
 
 
-def message_feedback(*, user, message_id: int, verdict: str, comment: str, interface: str):
-    """The verdict on one of `user`'s stored answers. Raises SessionNotFound for a message that
-    is not theirs (or not an answer), AnswerNotFinished while it is being written."""
+def message_feedback(
+    *, user, message_id: int, verdict: str, comment: str, interface: str
+) -> tuple[Message, str]:
+    """The verdict on one of `user`'s stored answers: the message, and what its user should know
+    of the verdict ("", or why their thumbs down on a direct answer goes to no curator). Raises
+    SessionNotFound for a message that is not theirs (or not an answer), AnswerNotFinished while
+    it is being written."""
     with transaction.atomic():
         message = (
             Message.objects.select_for_update()
@@ -90,12 +107,27 @@ def message_feedback(*, user, message_id: int, verdict: str, comment: str, inter
         if message.request_key is None:  # stored before answers had keys
             message.request_key = uuid.uuid4()
             message.save(update_fields=["request_key"])
-        feedback_give(
+        direct = message.road == "kb"
+        row = feedback_give(
             user=user,
             request_key=message.request_key,
             verdict=verdict,
             comment=comment,
             interface=interface,
+            reviewable=direct,
         )
     message.verdict = verdict
-    return message
+    return message, _review_note(row) if direct else ""
+
+
+def _review_note(row: Feedback | None) -> str:
+    """Why a thumbs down on a direct answer went to no curator, or ""."""
+    if row is None or row.verdict != Feedback.Verdict.DOWN or row.queued:
+        return ""
+    allowance = settings.KB_REVIEW_DOWNVOTES_PER_DAY
+    if not allowance:
+        return "Your 👎 is kept; users' verdicts are not sent to reviewers here."
+    return (
+        f"Your 👎 is kept, but it goes to no reviewer: you have sent {allowance} answer(s) for "
+        "review in the last 24 hours, the most we take from one person."
+    )

@@ -4,7 +4,8 @@ The KB's other half of what misses are (`knowledge.misses`): a question it answe
 with the entry, how it matched (exact, typo, vector, rerank), the score, the lead over the
 runner-up and the question's vector when the vector road computed one. These rows are what a
 user's thumbs down puts in the review queue and what calibration from traffic replays
-(`knowledge.calibration.traffic_read`). A request only appends to a bounded buffer
+(`knowledge.calibration.traffic_read`); both count a verdict once per person and question, the
+answers of one normalized question with one entry. A request only appends to a bounded buffer
 (`core.batches.BatchWriter`); the INSERT skips a key stored before, so a batch written twice
 stores each answer once.
 """
@@ -17,7 +18,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import BigIntegerField, Count, Exists, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.batches import BatchWriter, BufferStats
@@ -79,10 +81,52 @@ def hits_with_feedback(queryset: QuerySet[Hit]) -> QuerySet[Hit]:
     return queryset.annotate(user_verdict=users("verdict"), user_comment=users("comment"))
 
 
+def hits_with_reports(queryset: QuerySet[Hit]) -> QuerySet[Hit]:
+    """`queryset` with `reports` on each answer: how many people's queued thumbs down are on its
+    question (every answer of the same normalized question with the same entry), each person once
+    however many they gave. Users since deleted count as one."""
+    same_question = Hit.objects.filter(
+        normalized=OuterRef(OuterRef("normalized")), entry_id=OuterRef(OuterRef("entry_id"))
+    ).values("key")
+    people = (
+        Feedback.objects.filter(
+            verdict=Feedback.Verdict.DOWN, queued=True, request_key__in=same_question
+        )
+        .order_by()
+        .values("queued")
+        .annotate(
+            people=Count(
+                Coalesce("user_id", Value(0), output_field=BigIntegerField()), distinct=True
+            )
+        )
+        .values("people")
+    )
+    return queryset.annotate(reports=Coalesce(Subquery(people), Value(0)))
+
+
 def review_queue(queryset: QuerySet[Hit] | None = None) -> QuerySet[Hit]:
-    """The direct answers a user marked wrong that no curator has judged yet, newest first."""
-    queryset = hits_with_feedback(Hit.objects.all() if queryset is None else queryset)
-    return queryset.filter(user_verdict=Feedback.Verdict.DOWN, review="").order_by("-created_at")
+    """The questions users marked wrong that no curator has judged: one row per question and entry
+    answered (its newest answer with a queued thumbs down, with that user's verdict and comment),
+    the most reported first (`reports`), then the newest. A curator's verdict on any answer of the
+    question settles it: later thumbs down on it do not bring it back. A thumbs down past its
+    user's allowance (`Feedback.queued`) neither queues a question nor adds to its reports."""
+    queryset = hits_with_reports(
+        hits_with_feedback(Hit.objects.all() if queryset is None else queryset)
+    )
+    same_question = Hit.objects.filter(
+        normalized=OuterRef("normalized"), entry_id=OuterRef("entry_id")
+    )
+    queued = Feedback.objects.filter(verdict=Feedback.Verdict.DOWN, queued=True)
+    newest = (
+        same_question.filter(key__in=queued.values("request_key"))
+        .order_by("-created_at", "-pk")
+        .values("pk")[:1]
+    )
+    return (
+        queryset.filter(pk=Subquery(newest))
+        .filter(~Exists(same_question.exclude(review="")))
+        .order_by("-reports", "-created_at")
+    )
 
 
 def hits_prune(*, before) -> tuple[int, int]:

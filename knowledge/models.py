@@ -328,7 +328,8 @@ class Hit(models.Model):
         max_length=8,
         choices=Review.choices,
         blank=True,
-        help_text="A curator's verdict: it overrules the user's (Feedback).",
+        help_text="A curator's verdict: it overrules the users' (Feedback) on every answer of the "
+        "same question with the same entry.",
     )
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -337,6 +338,11 @@ class Hit(models.Model):
 
     class Meta:
         verbose_name = "KB direct answer"
+        indexes = [
+            # Verdicts count once per person and question: the review queue (knowledge.hits) and
+            # calibration from traffic gather the answers of one question with one entry.
+            models.Index(fields=["normalized", "entry"], name="hit_question_entry"),
+        ]
 
     def __str__(self):
         return self.question[:80]
@@ -346,7 +352,7 @@ class Feedback(models.Model):
     """A user's thumbs on one answer, whatever its road, keyed by the answer's request: its
     request-log row, its chat message and, for a direct answer, its Hit carry the same key. One per
     answer: a second verdict replaces the first. A thumbs down on a direct answer puts it in the
-    review queue (knowledge.admin.hits)."""
+    review queue (knowledge.admin.hits) while its user is within their allowance (`queued`)."""
 
     class Verdict(models.TextChoices):
         UP = "up", "👍 right"
@@ -359,11 +365,27 @@ class Feedback(models.Model):
     verdict = models.CharField(max_length=8, choices=Verdict.choices)
     comment = models.TextField(blank=True)
     interface = models.CharField(max_length=8, help_text="web, api or v1: where it was given.")
+    # Decided when the thumbs down is given (knowledge.services.feedback_record), so that one user
+    # cannot flood the curators' queue: past KB_REVIEW_DOWNVOTES_PER_DAY a day the verdict is
+    # kept, and counts in calibration as any other, but it queues nothing and raises no priority.
+    queued = models.BooleanField(
+        default=False,
+        help_text="A thumbs down within its user's daily allowance: it puts a direct answer in "
+        "the review queue.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
     class Meta:
         verbose_name_plural = "feedback"
+        indexes = [
+            # The allowance counts a user's queued thumbs down of the last day.
+            models.Index(
+                fields=["user", "updated_at"],
+                condition=models.Q(queued=True),
+                name="feedback_queued_by_user",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.get_verdict_display()} on {self.request_key}"

@@ -1,12 +1,13 @@
-"""Direct answers in the admin, and the review queue: the ones a user marked wrong (👎) that no
-curator has judged. A curator marks each right or wrong; the verdicts feed calibration from
-traffic (`manage.py kb_calibrate --from-log`)."""
+"""Direct answers in the admin, and the review queue: the questions users marked wrong (👎) that
+no curator has judged, one row per question and entry, the most reported first. A curator marks
+each right or wrong; the verdicts feed calibration from traffic (`manage.py kb_calibrate
+--from-log`)."""
 
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from knowledge.hits import hits_with_feedback, review_queue
+from knowledge.hits import hits_with_feedback, hits_with_reports, review_queue
 from knowledge.models import Feedback, Hit
 from knowledge.services import hits_review
 
@@ -17,7 +18,7 @@ class QueueFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         return [
-            ("open", "To review (👎, no curator verdict)"),
+            ("open", "To review (👎, no curator verdict; one row a question)"),
             ("rated", "Rated by users"),
             ("reviewed", "Reviewed"),
         ]
@@ -45,6 +46,7 @@ class HitAdmin(admin.ModelAdmin):
         "lead_shown",
         "users_verdict",
         "users_comment",
+        "reports_shown",
         "review",
         "created_at",
     ]
@@ -68,7 +70,14 @@ class HitAdmin(admin.ModelAdmin):
     actions = ["mark_right", "mark_wrong"]
 
     def get_queryset(self, request):
-        return hits_with_feedback(super().get_queryset(request)).select_related("entry")
+        # ModelAdmin.get_queryset orders before we could annotate what the queue orders by.
+        queryset = hits_with_reports(hits_with_feedback(Hit.objects.select_related("entry")))
+        return queryset.order_by(*self.get_ordering(request))
+
+    def get_ordering(self, request):
+        if request.GET.get(QueueFilter.parameter_name) == "open":
+            return ["-reports", "-created_at"]  # the queue: the most reported question first
+        return super().get_ordering(request)
 
     def has_add_permission(self, request):
         return False
@@ -95,6 +104,10 @@ class HitAdmin(admin.ModelAdmin):
     @admin.display(description="user's comment")
     def users_comment(self, obj):
         return obj.user_comment or ""
+
+    @admin.display(description="people who marked it wrong", ordering="reports")
+    def reports_shown(self, obj):
+        return obj.reports or "—"
 
     @admin.action(description="Mark right: the entry answers the question", permissions=["change"])
     def mark_right(self, request, queryset):

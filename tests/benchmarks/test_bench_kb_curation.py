@@ -15,8 +15,8 @@ def test_a_short_run_reports_each_day_and_the_curated_groups_raise_the_hit_rate(
     stdout = manage(child_env, "bench_kb_curation", "--days", "3", "--per-day", "120", timeout=280)
     days = re.findall(
         r"^day (\d): hit rate of answerable traffic ([\d.]+) \((\d+) of (\d+)\), precision "
-        r"([\d.]+) \((\d+) wrong\); curator: (\d+) of (\d+) groups accepted, (\d+) thumbs down "
-        r"reviewed; (\d+) direct answers rated$",
+        r"([\d.]+) \((\d+) wrong\); curator: (\d+) of (\d+) groups accepted, (\d+) questions "
+        r"marked wrong reviewed; (\d+) direct answers rated$",
         stdout,
         re.M,
     )

@@ -85,7 +85,7 @@ async def test_a_thumbs_down_puts_the_direct_answer_in_the_review_queue_until_a_
             client_of(alice), done["message_id"], verdict="down", comment="I asked about my PIN"
         )
         assert reply.status_code == 200, reply.content
-        assert reply.json() == {"id": done["message_id"], "verdict": "down"}
+        assert reply.json() == {"id": done["message_id"], "verdict": "down", "note": ""}
         assert Message.objects.get(pk=done["message_id"]).verdict == "down"
         queued = list(review_queue())
         assert [(h.question, h.user_comment) for h in queued] == [

@@ -1,7 +1,7 @@
 """The KB's curation loop, measured: simulated days of traffic, a simulated curator after each.
 
     python manage.py bench_kb_curation [--days 7] [--per-day 300] [--curate 10] [--zipf 1.1]
-        [--seed 28] [--set benchmarks/kb_labelled]
+        [--seed 28] [--users 100] [--set benchmarks/kb_labelled]
 
 In `bench_kb_curation_<database>`, never the developer's data: the labelled set's entries are
 imported and embedded by the configured model at its shipped operating point. Each day,
@@ -15,9 +15,11 @@ the pipeline notes it. At the day's end the misses are grouped, and the curator 
 every question of the group has that entry for its answer; else the group is dismissed
 (`miss_groups_dismiss`), and leaves the list, as the admin's actions do.
 
-People's verdicts: each direct answer is kept (`knowledge.hits`) and a `--rate` share of them is
-rated by its user, honestly (thumbs up when the labelled set says the entry answers it, down
-when not); each evening the curator also judges the review queue by the set. After the last day,
+People's verdicts: each question is asked by one of `--users` simulated users (drawn evenly),
+each direct answer is kept (`knowledge.hits`) and a `--rate` share of them is rated by its user,
+honestly (thumbs up when the labelled set says the entry answers it, down when not); a verdict
+counts once per user and question, as in production. Each evening the curator also judges the
+review queue (one row a question) by the set. After the last day,
 calibration from traffic (`calibrate_from_traffic`, as `kb_calibrate --from-log` runs it)
 replays the whole run with the stored vectors and those verdicts: its recommended point, the
 precision the verdicts estimate there, and the true precision and hit rate there by the set,
@@ -36,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.test import override_settings
 
@@ -71,6 +74,9 @@ class Command(BaseCommand):
         parser.add_argument("--zipf", type=float, default=1.1, help="the Zipf law's exponent")
         parser.add_argument("--seed", type=int, default=28)
         parser.add_argument(
+            "--users", type=int, default=100, help="simulated users who ask and rate"
+        )
+        parser.add_argument(
             "--rate", type=float, default=0.3, help="share of direct answers their user rates"
         )
         parser.add_argument(
@@ -88,8 +94,10 @@ class Command(BaseCommand):
             questions = (folder / "questions.jsonl").read_text(encoding="utf-8")
         except OSError as exc:
             raise CommandError(f"cannot read the set: {exc}") from None
-        if min(options["days"], options["per_day"]) < 1 or options["curate"] < 0:
-            raise CommandError("--days and --per-day must be at least 1, --curate at least 0")
+        if min(options["days"], options["per_day"], options["users"]) < 1 or options["curate"] < 0:
+            raise CommandError(
+                "--days, --per-day and --users must be at least 1, --curate at least 0"
+            )
         name = f"bench_kb_curation_{settings.DATABASES['default']['NAME']}"
         with stack.stack_session(drop=name, say=self.stdout.write):
             stack.database_prepare(name=name, pool_size=2)
@@ -98,6 +106,7 @@ class Command(BaseCommand):
             Feedback.objects.all().delete()
             Entry.objects.all().delete()
             EmbeddingModel.objects.all().delete()
+            user_ids = self.users(options["users"])
             serving_model_forget()
             index_forget()
             model = embedding_model_ensure()
@@ -121,13 +130,24 @@ class Command(BaseCommand):
             # The loop lives on misses and direct answers: noted whatever the environment says (a
             # test run's is off).
             with override_settings(KB_RECORD_MISSES=True, KB_RECORD_HITS=True):
-                days = self.run(model, items, **options)
+                days = self.run(model, items, user_ids=user_ids, **options)
             self.summary(days)
             self.from_traffic(model, {item.question: item.expected for item in items}, days)
 
-    def run(self, model, items, *, days, per_day, curate, zipf, seed, rate, **_):
+    @staticmethod
+    def users(count: int) -> list[int]:
+        """The simulated users' ids, made afresh in the benchmark's database."""
+        model = get_user_model()
+        model.objects.filter(username__startswith="bench-user-").delete()
+        made = model.objects.bulk_create(
+            [model(username=f"bench-user-{i}") for i in range(1, count + 1)]
+        )
+        return [user.pk for user in made]
+
+    def run(self, model, items, *, user_ids, days, per_day, curate, zipf, seed, rate, **_):
         rng = random.Random(seed)
         raters = random.Random(seed + 1)  # apart, so the traffic drawn is the same at any --rate
+        askers = random.Random(seed + 2)  # and at any --users
         ranked = list(items)
         rng.shuffle(ranked)
         weights = [1 / (rank**zipf) for rank in range(1, len(ranked) + 1)]
@@ -141,6 +161,7 @@ class Command(BaseCommand):
                 answerable = item.expected is not None
                 tally["answerable"] += answerable
                 key = uuid.uuid4()
+                user_id = askers.choice(user_ids)
                 if verdict.hit:
                     right = verdict.entry.pk == item.expected
                     tally["right" if right else "wrong"] += 1
@@ -148,7 +169,7 @@ class Command(BaseCommand):
                     if raters.random() < rate:
                         feedback_record(
                             request_key=key,
-                            user_id=None,
+                            user_id=user_id,
                             verdict="up" if right else "down",
                             interface="web",
                         )
@@ -177,7 +198,8 @@ class Command(BaseCommand):
                 f"({tally['right']} of {tally['answerable']}), precision "
                 f"{tally['right'] / hits if hits else 1.0:.3f} ({tally['wrong']} wrong); "
                 f"curator: {accepted} of {looked} groups accepted, "
-                f"{tally['reviewed']} thumbs down reviewed; {tally['rated']} direct answers rated"
+                f"{tally['reviewed']} questions marked wrong reviewed; "
+                f"{tally['rated']} direct answers rated"
             )
         return rows
 
@@ -201,7 +223,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def review(expected_of: dict[str, int | None]) -> int:
-        """The curator judges the review queue by the labelled set; the number judged."""
+        """The curator judges the review queue by the labelled set; the number of questions
+        judged (a question's one row stands for every answer of it with its entry)."""
         queue = list(review_queue())
         for verdict in ("right", "wrong"):
             hits_review(

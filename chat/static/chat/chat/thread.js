@@ -233,6 +233,7 @@ export async function giveVerdict(button) {
     const url = config.messagesUrl + encodeURIComponent(li.dataset.messageId) + "/feedback";
     const reply = await api("POST", url, { verdict: verdict });
     setVerdict(li, reply.verdict);
+    if (reply.note) showBanner(reply.note);
   } catch (err) {
     setVerdict(li, before);
     showBanner("Your verdict was not saved: " + err.message);
