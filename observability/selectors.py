@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import OuterRef, Subquery
 
 from inference_ops.models import EngineEvent, EngineProcess
+from knowledge.hits import review_queue
 from spend.ledger import MONEY, readings
 from spend.models import Limit
 from spend.policy import spec_of
@@ -355,7 +356,7 @@ class LoopDay:
 @dataclass
 class KbLoop:
     days: list[LoopDay]
-    review_open: int  # direct answers marked wrong that no curator has judged
+    review_open: int  # questions marked wrong that no curator has judged (the review queue)
     one_phrasing_groups: int  # open miss groups with a closest entry to attach them to
     one_phrasing_questions: int  # the questions those groups hold
 
@@ -375,10 +376,7 @@ WHERE f.updated_at >= %(start)s GROUP BY 1, 2
 """
 
 _LOOP_OPEN_SQL = """
-SELECT
-  (SELECT count(*) FROM knowledge_feedback f JOIN knowledge_hit h ON h.key = f.request_key
-   WHERE f.verdict = 'down' AND h.review = ''),
-  count(*), coalesce(sum(count), 0)
+SELECT count(*), coalesce(sum(count), 0)
 FROM knowledge_miss
 WHERE group_id IS NULL AND grouped_at IS NOT NULL AND resolved_by_id IS NULL
   AND dismissed_at IS NULL AND best_entry_id IS NOT NULL
@@ -407,7 +405,9 @@ def kb_loop(*, days: int, now: datetime) -> KbLoop:
             else:
                 row.down, row.direct_down = count, extra
         cursor.execute(_LOOP_OPEN_SQL)
-        review_open, groups, questions = cursor.fetchone()
+        groups, questions = cursor.fetchone()
+    # The review queue's own rows: one a question, each person's thumbs down once.
+    review_open = review_queue().count()
     return KbLoop(
         days=list(rows.values()),
         review_open=review_open,

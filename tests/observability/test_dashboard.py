@@ -507,13 +507,16 @@ def test_the_kb_loop_shows_the_hit_rate_of_answerable_traffic_per_day_verdicts_a
         )
         Miss.objects.filter(pk=miss.pk).update(created_at=timezone.now() - timedelta(days=1))
     Miss.objects.filter(question="cancel order 0").update(resolved_by=entry)
-    # Today: 3 direct answers, one marked wrong (in the queue), one wrong and reviewed, one right;
-    # and a thumbs up on a generated answer (no Hit).
+    # Today: 4 direct answers: one question marked wrong twice (one row in the queue), one wrong
+    # and reviewed, one right; and a thumbs up on a generated answer (no Hit).
     queued = _hit("cancel my ordr", entry)
+    again = _hit("cancel my ordr", entry)
     reviewed = _hit("cancel the order", entry, review="wrong")
     liked = _hit("how to cancel my order", entry)
-    for hit, verdict in ((queued, "down"), (reviewed, "down"), (liked, "up")):
-        Feedback.objects.create(request_key=hit.key, verdict=verdict, interface="web")
+    for hit, verdict in ((queued, "down"), (again, "down"), (reviewed, "down"), (liked, "up")):
+        Feedback.objects.create(
+            request_key=hit.key, verdict=verdict, interface="web", queued=verdict == "down"
+        )
     Feedback.objects.create(request_key=uuid.uuid4(), verdict="up", interface="v1")
     # An open group with a closest entry: one phrasing away.
     head = Miss.objects.create(
@@ -523,7 +526,7 @@ def test_the_kb_loop_shows_the_hit_rate_of_answerable_traffic_per_day_verdicts_a
 
     html = admin_client.get(DASHBOARD).content.decode()
     panel = html[html.index('id="kb-loop"') :]
-    assert re.search(r'id="review-open"[^>]*><strong>1</strong> direct answer marked wrong', panel)
+    assert re.search(r'id="review-open"[^>]*><strong>1</strong> question marked wrong', panel)
     assert re.search(
         r'id="one-phrasing"[^>]*><strong>4</strong> missed questions in 1 group', panel
     )
@@ -531,7 +534,7 @@ def test_the_kb_loop_shows_the_hit_rate_of_answerable_traffic_per_day_verdicts_a
     cells = [re.findall(r"<td>([^<]*)</td>", row) for row in rows[:2]]
     # Today, then yesterday: direct, missed, since attached, hit rate, of answerable, up, down,
     # down on direct.
-    assert cells[0] == ["3", "1", "0", "75 %", "100 %", "2", "2", "2"]  # the group's head: a miss
+    assert cells[0] == ["4", "1", "0", "80 %", "100 %", "2", "3", "3"]  # the group's head: a miss
     assert cells[1] == ["1", "3", "1", "25 %", "50 %", "0", "0", "0"]
     assert len(rows) == 14
     assert "chart-loop" in panel
