@@ -298,14 +298,14 @@ class SearchView(APIView):
         page = paginator.paginate_queryset(hits, request, view=self)
         results = [
             {
-                "message_id": message.pk,
-                "session_id": message.session_id,
-                "session_title": message.session.title,
-                "role": message.role,
-                "snippet": selectors.search_snippet(message.content, query),
-                "created_at": message.created_at,
+                "message_id": hit.message_id,
+                "session_id": hit.session_id,
+                "session_title": hit.session_title,
+                "role": hit.role,
+                "snippet": selectors.search_snippet(hit.content, query),
+                "created_at": hit.created_at,
             }
-            for message in page
+            for hit in page
         ]
         return paginator.get_paginated_response(SearchHitSerializer(results, many=True).data)
 

@@ -8,19 +8,26 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from django.conf import settings
 
 from chat import live
 from chat.exceptions import ChatError
 from chat.models import ChatSession, Message
+from chat.services import ajoin_admit
 from chat.turns import SessionEvent, TurnRequest, areads_route_details, run_turn
 from core import db
-from core.errors import unavailable
+from core.errors import DomainError, unavailable
 from core.sockets import JsonFramesConsumer, asocket_login_ended
 from core.threads import own_thread
 from routing.events import Token
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ChatConsumer(JsonFramesConsumer):
@@ -47,9 +54,12 @@ class ChatConsumer(JsonFramesConsumer):
     One answer at a time per socket; it runs as its own task so Stop is heard while tokens flow.
     The answer outlives the socket: when the socket closes once the answer is stored as started,
     it goes on, is stored whole, and any socket of the user's can join it meanwhile.
-    Each question first checks that the login which opened the socket still holds (no logout,
-    expiry, password change or deactivation since): if not, an error frame says so and the
-    socket closes with 4401, as a socket opened without a login is refused.
+    Each question, join and Stop first checks that the login which opened the socket still holds
+    (no logout, expiry, password change or deactivation since): if not, an error frame says so,
+    nothing more is sent, and the socket closes with 4401, as a socket opened without a login is
+    refused. Joins count against the user's CHAT_JOIN_RATE_LIMIT per CHAT_RATE_WINDOW (each costs
+    a statement, and one of an answer run elsewhere a publish and a wait); a frame longer than
+    CHAT_SOCKET_MAX_FRAME_CHARS is refused unread.
 
     No channel layer of its own: a socket does not depend on Redis to stay open (a Redis outage
     is an `unavailable` error frame). Only a join of an answer run by another process goes
@@ -100,6 +110,19 @@ class ChatConsumer(JsonFramesConsumer):
             self.gone = True
 
     async def receive(self, text_data=None, bytes_data=None):
+        if self.gone:
+            return  # closing (its login ended) or closed
+        size, limit = len(text_data or bytes_data or ""), settings.CHAT_SOCKET_MAX_FRAME_CHARS
+        if size > limit:
+            # Refused before it is parsed: a frame's JSON costs memory and CPU in proportion.
+            await self._send(
+                {
+                    "type": "error",
+                    "code": "frame_too_large",
+                    "message": f"A frame may have at most {limit} characters; this one has {size}.",
+                }
+            )
+            return
         try:
             frame = json.loads(text_data or "")
         except ValueError:
@@ -109,10 +132,7 @@ class ChatConsumer(JsonFramesConsumer):
             return
         kind = frame.get("type") if isinstance(frame, dict) else None
         if kind == "stop":
-            if self.task is not None and not self.task.done():
-                self.task.cancel()
-            elif self.watched is not None:
-                await self._stop_watched()
+            await self._stop()
             return
         if kind in ("regenerate", "edit"):
             await self._redo(kind, frame)
@@ -136,8 +156,8 @@ class ChatConsumer(JsonFramesConsumer):
                     {"type": "error", "code": "bad_request", "message": "message_id must be an id."}
                 )
                 return
-            with db.unbound():  # its one statement on the loop's pool, not through a thread
-                await self._join(message_id)
+            with db.unbound():  # its statements on the loop's pool, not through a thread
+                await self._refusing(message_id, self._join_checked(message_id))
             return
         session = frame.get("session")
         if session is not None and (not isinstance(session, int) or isinstance(session, bool)):
@@ -152,6 +172,68 @@ class ChatConsumer(JsonFramesConsumer):
         self.task = asyncio.create_task(
             self._answer(session, frame.get("content"), time.monotonic())
         )
+
+    async def _login_holds(self) -> bool:
+        """Whether the login that opened the socket still holds (core.sockets): checked before
+        each question, join and Stop, since a socket outlives a logout, a password change or a
+        deactivation. If it ended: an error frame says so, nothing more goes out (not the tokens
+        of an answer still being written, nor a joined one's), and the socket closes with 4401.
+        Its answers already running go on, as they would had the socket closed."""
+        ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
+        if ended is None:
+            return True
+        code, message = ended
+        # Gone first: a token sent while this frame is on its way would follow it.
+        self.gone = True
+        await self._unwatch()
+        with contextlib.suppress(Exception):  # the socket may be closed already
+            await self.send(
+                text_data=json.dumps(
+                    {
+                        "type": "error",
+                        "code": code,
+                        "message": message,
+                        "message_id": None,
+                        "status": None,
+                    },
+                    ensure_ascii=False,
+                )
+            )
+            await self.close(code=4401)
+        return False
+
+    async def _stop(self) -> None:
+        """Stop the answer this socket asked or joined, if its login still holds. With nothing to
+        stop, nothing is checked: a Stop costs a statement only when it stops something."""
+        task = self.task
+        asked = task is not None and not task.done() and not task.cancelling()
+        if not asked and self.watched is None:
+            return
+        with db.unbound():
+            if not await self._refusing(None, self._login_holds()):
+                return
+        if asked:
+            task.cancel()
+        else:
+            await self._stop_watched()
+
+    async def _join_checked(self, message_id: int) -> None:
+        """A join, counted against the user's limit (chat.services.ajoin_admit: before the
+        statements it costs), once the login is found to hold."""
+        await ajoin_admit(user_id=self.user.pk)
+        if await self._login_holds():
+            await self._join(message_id)
+
+    async def _refusing(self, message_id: int | None, work: Awaitable[T]) -> T | None:
+        """`work`'s result; a limit or an outage instead becomes an error frame (and None)."""
+        try:
+            return await work
+        except Exception as exc:
+            refusal = exc if isinstance(exc, ChatError) else unavailable(exc)
+            if refusal is None:
+                raise
+            await self._send(_refused(refusal, message_id))
+            return None
 
     async def _busy(self) -> bool:
         """One answer at a time (asked or joined): say so when one is streaming."""
@@ -192,19 +274,7 @@ class ChatConsumer(JsonFramesConsumer):
         message_id = None
         parts: list[str] = []
         try:
-            ended = await asocket_login_ended(user=self.user, session_key=self.session_key)
-            if ended is not None:
-                code, message = ended
-                await self._send(
-                    {
-                        "type": "error",
-                        "code": code,
-                        "message": message,
-                        "message_id": None,
-                        "status": None,
-                    }
-                )
-                await self.close(code=4401)
+            if not await self._login_holds():
                 return
             details = await areads_route_details(self.user)
             turn = TurnRequest(user=self.user, content=content, session_id=session_id, **redo)
@@ -235,16 +305,7 @@ class ChatConsumer(JsonFramesConsumer):
                 await self._send(frame)
                 self._to_watchers(frame)
         except ChatError as exc:
-            await self._send(
-                {
-                    "type": "error",
-                    "code": exc.code,
-                    "message": str(exc),
-                    "message_id": None,
-                    "status": None,
-                    **({"retry_after": exc.retry_after} if hasattr(exc, "retry_after") else {}),
-                }
-            )
+            await self._send(_refused(exc, None))
         except asyncio.CancelledError:
             stopped = {
                 "type": "error",
@@ -395,6 +456,19 @@ _STORED_SQL = (
     f"JOIN {ChatSession._meta.db_table} s ON s.id = m.session_id "
     "WHERE m.id = %s AND s.user_id = %s AND m.role = %s"
 )
+
+
+def _refused(exc: DomainError, message_id: int | None) -> dict:
+    """The error frame of a question or join refused before it began (a limit, bad input, an
+    outage)."""
+    return {
+        "type": "error",
+        "code": exc.code,
+        "message": str(exc),
+        "message_id": message_id,
+        "status": None,
+        **({"retry_after": exc.retry_after} if hasattr(exc, "retry_after") else {}),
+    }
 
 
 def _resume_stored(row: dict) -> dict:

@@ -231,12 +231,19 @@ class Relay:
                 reply_to, watcher = message["reply_to"], message["watcher"]
                 answer.watch(watcher, self._remote_sink(reply_to, watcher))
         elif kind == "frames":
-            future = self.replies.pop(message["watcher"], None)
+            watcher, frames = message["watcher"], message["frames"]
+            future = self.replies.pop(watcher, None)
             if future is not None and not future.done():
                 future.set_result(message["owner"])
-            sink = self.watching.get(message["watcher"])
+            # The answer's last frame ends the watch here as it does at the owner: dropped before
+            # it is sent, or every joined answer would leave its entry behind (the socket, done
+            # watching, has no leave to send).
+            if frames and frames[-1]["type"] in ("done", "error"):
+                sink = self.watching.pop(watcher, None)
+            else:
+                sink = self.watching.get(watcher)
             if sink is not None:
-                await sink(message["frames"])
+                await sink(frames)
         elif kind == "stop":
             answer = running(message["message_id"], message["user_id"])
             if answer is not None:

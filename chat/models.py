@@ -4,8 +4,6 @@ import hashlib
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
-from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 
 from routing.validation import CLIENT_PREFIX
@@ -86,18 +84,9 @@ class Message(models.Model):
     class Meta:
         ordering = ["created_at", "pk"]
         indexes = [
+            # Also the search's way to a user's messages (chat.selectors): it matches those
+            # only, so no index over every user's words (migration 0006 dropped it).
             models.Index(fields=["session", "created_at"]),
-            # Full-text search over a user's messages, Chinese included: chat_search_document
-            # (migration 0005) splits CJK runs into characters and bigrams for the `simple`
-            # configuration, which has no Chinese parser.
-            GinIndex(
-                models.Func(
-                    models.F("content"),
-                    function="chat_search_document",
-                    output_field=SearchVectorField(),
-                ),
-                name="message_search",
-            ),
             # The sweeper looks for turns left streaming by a crashed process.
             models.Index(
                 fields=["created_at"],

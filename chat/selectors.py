@@ -4,12 +4,13 @@ user's messages."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from datetime import datetime
 
-from django.contrib.postgres.search import SearchQueryField, SearchVectorField
-from django.db.models import BooleanField, F, FloatField, Func, QuerySet, Value
+from django.db import connection
 
 from chat.exceptions import SearchInvalid, SessionNotFound
-from chat.models import Message
+from chat.models import ChatSession, Message
 from core.text import text_problem
 
 SEARCH_MAX_CHARS = 200
@@ -27,14 +28,6 @@ def message_get(*, user, message_id: int) -> Message:
     return message
 
 
-class _Matches(Func):
-    """`document @@ query`, a condition the GIN index `message_search` answers."""
-
-    arg_joiner = " @@ "
-    template = "(%(expressions)s)"
-    output_field = BooleanField()
-
-
 def search_query_validate(query) -> str:
     if not isinstance(query, str) or not query.strip():
         raise SearchInvalid("Type something to search for.", fields={"q": "must not be empty"})
@@ -49,20 +42,86 @@ def search_query_validate(query) -> str:
     return query
 
 
-def messages_search(*, user, query: str) -> QuerySet[Message]:
+# The user's matches, best first. The user's messages are found first, by their sessions (an
+# index condition on the messages' (session, created_at) index), and only they are matched: a
+# search costs what the searching user's own messages cost, never a scan of every user's matches
+# of a common word. Each one's document is made once, for the match and the rank alike: OFFSET 0
+# keeps the lateral subquery a step of its own, which PostgreSQL would otherwise fold into the
+# query, the expression written (and computed) twice.
+_SEARCH_SQL = (
+    f"SELECT m.id FROM {Message._meta.db_table} m "
+    "CROSS JOIN LATERAL (SELECT chat_search_document(m.content) AS document OFFSET 0) d "
+    "WHERE m.session_id = ANY(ARRAY("
+    f"SELECT id FROM {ChatSession._meta.db_table} WHERE user_id = %(user)s)) "
+    "AND NOT m.superseded AND m.status <> %(streaming)s "
+    "AND d.document @@ chat_search_query(%(query)s) "
+    "ORDER BY ts_rank(d.document, chat_search_query(%(query)s)) DESC, "
+    "m.created_at DESC, m.id DESC"
+)
+
+_HITS_SQL = (
+    "SELECT m.id, m.session_id, s.title, m.role, m.content, m.created_at "
+    f"FROM {Message._meta.db_table} m JOIN {ChatSession._meta.db_table} s ON s.id = m.session_id "
+    "WHERE m.id = ANY(%(ids)s) AND s.user_id = %(user)s"
+)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    message_id: int
+    session_id: int
+    session_title: str
+    role: str
+    content: str
+    created_at: datetime
+
+
+class SearchHits:
+    """The hits of one search, best first, read as Django's Paginator reads a list (`count()`,
+    then a slice): the matching runs once, for the ids of every hit; a page's rows are then
+    read by id."""
+
+    def __init__(self, *, user_id: int, query: str) -> None:
+        self.user_id = user_id
+        self.query = query
+        self._ids: list[int] | None = None
+
+    def ids(self) -> list[int]:
+        if self._ids is None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _SEARCH_SQL,
+                    {
+                        "user": self.user_id,
+                        "query": self.query,
+                        "streaming": Message.Status.STREAMING.value,
+                    },
+                )
+                self._ids = [row[0] for row in cursor.fetchall()]
+        return self._ids
+
+    def count(self) -> int:
+        return len(self.ids())
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, page: slice) -> list[SearchHit]:
+        ids = self.ids()[page]
+        if not ids:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(_HITS_SQL, {"ids": ids, "user": self.user_id})
+            rows = {row[0]: SearchHit(*row) for row in cursor.fetchall()}
+        return [rows[pk] for pk in ids if pk in rows]
+
+
+def messages_search(*, user, query: str) -> SearchHits:
     """The user's own messages matching `query` (every word; for Chinese, Japanese and Korean
     every pair of characters), best first, then newest first, with their session. Only the
     current versions: a search lists what the conversation says now. `query` as
     `search_query_validate` returned it."""
-    document = Func(F("content"), function="chat_search_document", output_field=SearchVectorField())
-    wanted = Func(Value(query), function="chat_search_query", output_field=SearchQueryField())
-    return (
-        Message.objects.filter(_Matches(document, wanted), session__user=user, superseded=False)
-        .exclude(status=Message.Status.STREAMING)
-        .select_related("session")
-        .annotate(rank=Func(document, wanted, function="ts_rank", output_field=FloatField()))
-        .order_by("-rank", "-created_at", "-pk")
-    )
+    return SearchHits(user_id=user.pk, query=query)
 
 
 def search_snippet(content: str, query: str) -> str:

@@ -84,11 +84,13 @@ def message_validate(content) -> str:
     return content.strip()
 
 
-def _rate_window(user_id: int) -> tuple[str, int, int]:
+def _rate_window(user_id: int, counted: str = "") -> tuple[str, int, int]:
+    """The user's counter of `counted` (questions: "") in the current window, the window's length
+    and the seconds left of it."""
     window = settings.CHAT_RATE_WINDOW
     now = int(time.time())
     return (
-        f"{settings.REDIS_KEY_PREFIX}:chat:rate:{user_id}:{now // window}",
+        f"{settings.REDIS_KEY_PREFIX}:chat:rate:{counted}{user_id}:{now // window}",
         window,
         window - now % window,
     )
@@ -180,6 +182,30 @@ async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
             await slots.give_back(client, key=slot.key, holder=slot.holder)
         raise refused
     return slot
+
+
+async def ajoin_admit(*, user_id: int) -> None:
+    """Count a join (a socket of the user's watching one of the user's answers, chat.live)
+    against CHAT_JOIN_RATE_LIMIT per CHAT_RATE_WINDOW, shared by every process: one round trip.
+    A join is no question (a reload must not use up the questions), but it is not free either:
+    a statement, and for an answer another process runs a publish and a wait. Raises
+    RateLimited when over; Redis unreachable, as question_admit."""
+    key, window, retry_after = _rate_window(user_id, "joins:")
+    pipe = core_redis.aclient().pipeline(transaction=False)
+    pipe.set(key, 0, ex=window + 5, nx=True)
+    pipe.incr(key)
+    try:
+        _, count = await pipe.execute()
+    except (RedisError, OSError) as exc:
+        if outage_lets_through(exc, "the chat join limit"):
+            return
+        raise
+    if count > settings.CHAT_JOIN_RATE_LIMIT:
+        raise RateLimited(
+            f"Too many joins: at most {settings.CHAT_JOIN_RATE_LIMIT} "
+            f"per {settings.CHAT_RATE_WINDOW} s. Try again in {retry_after} s.",
+            retry_after=retry_after,
+        )
 
 
 async def astream_slot_release(*, slot: StreamSlot) -> None:

@@ -340,6 +340,16 @@ if LOCAL_VLLM_KEY_ENV and not re.fullmatch(
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16000, minimum=100)  # longer: 413
 CHAT_RATE_LIMIT = env_int("CHAT_RATE_LIMIT", 30, minimum=1)  # questions per user per window
 CHAT_RATE_WINDOW = env_int("CHAT_RATE_WINDOW", 60, minimum=1)  # seconds
+# Joins of a running answer (chat.live: a reload, another tab) per user per CHAT_RATE_WINDOW; each
+# costs a statement, and across processes a publish and a wait. More: an error frame.
+CHAT_JOIN_RATE_LIMIT = env_int("CHAT_JOIN_RATE_LIMIT", 60, minimum=1)
+# The longest frame a chat socket reads (characters of its JSON text); longer is refused unread
+# with an error frame. The longest question fits with every character escaped (\uXXXX).
+CHAT_SOCKET_MAX_FRAME_CHARS = env_int(
+    "CHAT_SOCKET_MAX_FRAME_CHARS",
+    6 * CHAT_MAX_MESSAGE_CHARS + 1024,
+    minimum=CHAT_MAX_MESSAGE_CHARS + 1024,
+)
 # Answers one user may have in progress at once, on every interface and process together (more:
 # 429).
 CHAT_MAX_STREAMS_PER_USER = env_int("CHAT_MAX_STREAMS_PER_USER", 8, minimum=1)

@@ -2,6 +2,7 @@
 layer."""
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -318,17 +319,17 @@ async def _log_out(client):
     assert (await client.post("/accounts/logout/")).status_code == 302
 
 
-@pytest.mark.parametrize(
-    ("end_login", "code"),
-    [
-        (lambda user, client: _log_out(client), "logged_out"),  # in another tab of the same browser
-        (
-            lambda user, client: _change_password(user),
-            "logged_out",
-        ),  # every other session ends, as Django's
-        (lambda user, client: _deactivate(user), "account_inactive"),
-    ],
-)
+LOGIN_ENDS = [
+    (lambda user, client: _log_out(client), "logged_out"),  # in another tab of the same browser
+    (
+        lambda user, client: _change_password(user),
+        "logged_out",
+    ),  # every other session ends, as Django's
+    (lambda user, client: _deactivate(user), "account_inactive"),
+]
+
+
+@pytest.mark.parametrize(("end_login", "code"), LOGIN_ENDS)
 async def test_a_socket_whose_login_ended_says_so_answers_nothing_and_closes(
     alice, product, end_login, code
 ):
@@ -349,4 +350,117 @@ async def test_a_socket_whose_login_ended_says_so_answers_nothing_and_closes(
     assert [m.content async for m in Message.objects.filter(role="user")] == [
         "How do I reset my password?"
     ]
+    await socket.disconnect()
+
+
+async def _until_closed(socket) -> tuple[list[dict], int]:
+    """The frames a socket gets until it is closed, and the close code."""
+    frames = []
+    while (output := await socket.receive_output(timeout=10))["type"] == "websocket.send":
+        frames.append(json.loads(output["text"]))
+    assert output["type"] == "websocket.close", output
+    return frames, output["code"]
+
+
+@pytest.mark.parametrize(("end_login", "code"), LOGIN_ENDS)
+async def test_after_the_login_ends_a_join_returns_no_text_and_the_socket_closes(
+    alice, product, end_login, code
+):
+    socket, client = await _logged_in_socket(alice)
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
+    done = (await frames_until_end(socket))[-1]
+    join = {"type": "join", "message_id": done["message_id"]}
+    await socket.send_json_to(join)
+    assert (await socket.receive_json_from(timeout=10))["text"] == "Use **Forgot password**."
+
+    await end_login(alice, client)
+    await socket.send_json_to(join)
+    frames, closed = await _until_closed(socket)
+    assert [(f["type"], f["code"]) for f in frames] == [("error", code)]
+    assert "log in" in frames[0]["message"] and "Forgot" not in json.dumps(frames)
+    assert closed == 4401
+    await socket.disconnect()
+
+
+@pytest.mark.parametrize(("end_login", "code"), LOGIN_ENDS)
+async def test_after_the_login_ends_stop_stops_nothing_and_the_socket_closes(
+    alice, slow_sim, end_login, code
+):
+    """The socket's own answer, stored as started, goes on as it would had the socket closed:
+    its Stop is no longer the user's."""
+    await slow_default(slow_sim, max_tokens=100)  # five seconds: time to log out and press Stop
+    socket, client = await _logged_in_socket(alice)
+    await socket.send_json_to({"type": "message", "session": None, "content": "word " * 600})
+    session = await socket.receive_json_from(timeout=10)
+    assert session["type"] == "session"
+
+    await end_login(alice, client)
+    await socket.send_json_to({"type": "stop"})
+    frames, closed = await _until_closed(socket)
+    assert frames[-1]["type"] == "error" and frames[-1]["code"] == code  # no token after it
+    assert all(f["type"] in ("route", "token") for f in frames[:-1]), frames
+    assert closed == 4401
+    await socket.disconnect()
+    message = await _when_stored(session["message_id"])
+    assert message.status == "complete" and message.completion_tokens == 100
+
+
+async def _when_stored(message_id: int) -> Message:
+    for _ in range(200):
+        message = await Message.objects.aget(pk=message_id)
+        if message.status != "streaming":
+            return message
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"answer {message_id} still streaming")
+
+
+async def test_a_frame_over_the_size_limit_is_refused_unread_and_the_socket_stays_open(
+    alice, product, settings
+):
+    limit = settings.CHAT_SOCKET_MAX_FRAME_CHARS
+    socket = await socket_for(alice, connect=True)
+    # The longest question fits, every character escaped: read (and refused for its session).
+    longest = {"type": "message", "session": "x", "content": "é" * settings.CHAT_MAX_MESSAGE_CHARS}
+    await socket.send_to(text_data=json.dumps(longest))
+    assert (await socket.receive_json_from(timeout=10))["code"] == "bad_request"
+
+    frame = json.dumps({"type": "join", "message_id": 1, "padding": "x" * limit})
+    await socket.send_to(text_data=frame)
+    assert await socket.receive_json_from(timeout=10) == {
+        "type": "error",
+        "code": "frame_too_large",
+        "message": f"A frame may have at most {limit} characters; this one has {len(frame)}.",
+    }
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
+    assert (await frames_until_end(socket))[-1]["type"] == "done"
+    await socket.disconnect()
+
+
+async def test_joins_past_the_limit_get_an_error_frame_and_no_text(alice, product, settings):
+    settings.CHAT_JOIN_RATE_LIMIT = 2
+    settings.CHAT_RATE_WINDOW = 86400  # one window for the whole test
+    socket = await socket_for(alice, connect=True)
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
+    done = (await frames_until_end(socket))[-1]
+    join = {"type": "join", "message_id": done["message_id"]}
+    for _ in range(2):
+        await socket.send_json_to(join)
+        assert (await socket.receive_json_from(timeout=10))["type"] == "resume"
+
+    await socket.send_json_to(join)
+    refused = await socket.receive_json_from(timeout=10)
+    assert refused["type"] == "error" and refused["code"] == "rate_limited", refused
+    assert refused["message_id"] == done["message_id"] and refused["retry_after"] >= 1
+    assert refused["message"].startswith("Too many joins: at most 2 per 86400 s.")
+    # Joins are not questions: the user may still ask.
+    await socket.send_json_to(
+        {"type": "message", "session": None, "content": "How do I reset my password?"}
+    )
+    assert (await frames_until_end(socket))[-1]["type"] == "done"
     await socket.disconnect()

@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.test import Client
 
+from chat import live
 from chat.models import Message
 from tests.chat.test_chat_socket import frames_until_end, running
 from tests.support.factories import endpoint, rule
@@ -192,6 +193,23 @@ async def test_an_answer_run_by_another_web_process_is_joined_there_and_stopped_
         await elsewhere.close()
     finally:
         await http.close()
+
+
+async def test_a_joined_answer_of_another_process_leaves_no_watcher_here_when_it_ends(
+    asgi_server, alice, slow_rule
+):
+    """The joining process forgets the watch with the answer's last frame: a socket that watched
+    an answer to its end has nothing to leave, and nothing of it stays behind."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        elsewhere, session = await ask_under_daphne(http, asgi_server, alice)
+        here = await socket_for(alice, connect=True)
+        await here.send_json_to({"type": "join", "message_id": session["message_id"]})
+        frames = await frames_until_end(here)
+        assert frames[0]["type"] == "resume" and frames[0]["live"], frames[0]
+        assert frames[-1]["type"] == "done", frames[-1]
+        assert live.relay().watching == {}
+        await here.disconnect()
+        await elsewhere.close()
 
 
 async def test_under_daphne_a_closed_socket_leaves_its_answer_running_to_the_end(

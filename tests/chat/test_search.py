@@ -3,6 +3,7 @@ sessions only, with a snippet and the ids to open the session at the message."""
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chat.models import ChatSession, Message
 
@@ -142,15 +143,46 @@ def test_the_search_needs_a_login(client):
     assert client.get("/api/chat/search", {"q": "alps"}).status_code in (401, 403)
 
 
-def test_the_search_uses_its_gin_index(api, chats):
-    """The query's condition is the index's expression, so PostgreSQL can answer it from the
-    index (with few rows it may still prefer a scan: the plan is read with scans off)."""
+def test_a_search_reads_only_the_users_own_messages(api, chats, alice, bob):
+    """Bob writes "Alps" in hundreds of messages; Alice's search for it reads her own messages
+    and no others: the statements that match (those calling chat_search_query), as the endpoint
+    ran them, explained with their row counts. With sequential scans and nested loops off,
+    PostgreSQL plans as it may on tables of real size (joining the matches of a common word to
+    the user's sessions, as it did through the GIN index): the user's filter must be a condition
+    of the messages' own scan to keep Bob's rows unread whatever the join."""
+    theirs = ChatSession.objects.create(user=bob, title="Bob's trips")
+    Message.objects.bulk_create(
+        Message(session=theirs, role="user", content=f"Alps by night train, take {n}")
+        for n in range(300)
+    )
+    mine = Message.objects.filter(session__user=alice).count()
+
+    with CaptureQueriesContext(connection) as queries:
+        response = search(api, "alps")
+
+    assert {hit["message_id"] for hit in response.json()["results"]} == {
+        chats["trip_question"].pk,
+        chats["trip_answer"].pk,
+    }
+    matching = [q["sql"] for q in queries.captured_queries if "chat_search_query" in q["sql"]]
+    assert matching
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            "EXPLAIN SELECT id FROM chat_message "
-            "WHERE chat_search_document(content) @@ chat_search_query(%s)",
-            ["重置密码"],
+        cursor.execute("SET LOCAL enable_nestloop = off")
+        for sql in matching:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+            plan = cursor.fetchone()[0][0]["Plan"]
+            assert 0 < _rows_read(plan, Message._meta.db_table) <= mine, plan
+
+
+def _rows_read(node: dict, table: str) -> float:
+    """Rows the plan's scans of `table` read: those they returned and those their conditions
+    removed, over every loop."""
+    read = 0.0
+    if node.get("Relation Name") == table:
+        read += node["Actual Loops"] * (
+            node["Actual Rows"]
+            + node.get("Rows Removed by Filter", 0)
+            + node.get("Rows Removed by Index Recheck", 0)
         )
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "message_search" in plan, plan
+    return read + sum(_rows_read(child, table) for child in node.get("Plans", ()))

@@ -93,6 +93,8 @@ class Command(BaseCommand):
                     gateway_extra={
                         "ROUTING_DEFAULT_MAX_TOKENS": str(max_tokens),
                         "CHAT_RATE_LIMIT": "1000000000",
+                        # Every reconnect of the join phase joins: a user's run past the limit.
+                        "CHAT_JOIN_RATE_LIMIT": "1000000000",
                     },
                 ) as stack,
             ):
