@@ -7,7 +7,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("chat", "0005_versions_and_search"),
+        ("chat", "0006_apikey_client_name"),
     ]
 
     operations = [
