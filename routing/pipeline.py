@@ -66,7 +66,7 @@ from routing.rules import (
     named_target,
     query_vector,
 )
-from spend import ledger
+from spend import engine_time, ledger
 from spend.policy import Spec, apolicies
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
@@ -540,9 +540,7 @@ async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation |
     dearest target that may answer."""
     prompt, completion = plan.prompt_tokens, plan.completion_tokens
     booked = await ledger.areserve(
-        specs,
-        tokens=prompt + completion,
-        cost=max(t.price.cost(prompt, completion) for t in plan.targets),
+        specs, tokens=prompt + completion, cost=_dearest(plan.targets, prompt, completion)
     )
     if isinstance(booked, ledger.Refusal):
         return Error(
@@ -555,6 +553,26 @@ async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation |
             standing=booked.standing,
         )
     return booked
+
+
+def _dearest(targets: list[Target], prompt: int, completion: int) -> float:
+    """The most the answer may cost at any endpoint that may take it, a replica group's members
+    included: its tokens at the endpoint's prices and, for one priced by its time, the engine
+    seconds the answer may hold it (spend.engine_time)."""
+    most = 0.0
+    for target in targets:
+        for one in target.replicas or (target,):
+            price = one.price
+            seconds = 0.0
+            if price.per_engine_second:
+                seconds = engine_time.estimate(
+                    one.endpoint_id,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    ceiling=one.config.total_timeout,
+                )
+            most = max(most, price.cost(prompt, completion, seconds))
+    return most
 
 
 def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
@@ -768,7 +786,8 @@ class _Meter:
         return approx_tokens("".join(self.parts) + self._read_rich())
 
     def finish(self, finish: Finish) -> None:
-        assert self.target is not None
+        target = self.target
+        assert target is not None
         usage = finish.usage
         if usage:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
@@ -776,8 +795,15 @@ class _Meter:
                 self._read_rich()  # the tool calls
         else:
             prompt, completion = self.prompt, self._produced()
+        if target.price.per_engine_second:  # what the next reservations' engine time is told
+            engine_time.observe(
+                target.endpoint_id,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                seconds=finish.total,
+            )
         self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
-        self.spent.cost = self.target.price.cost(prompt, completion, finish.total)
+        self.spent.cost = target.price.cost(prompt, completion, finish.total)
         self.target = None
 
     def close(self) -> None:

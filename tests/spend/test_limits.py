@@ -63,6 +63,11 @@ def usage_of(raw: str) -> dict:
     return APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}").get("/api/usage").json()
 
 
+def _floor(amount: float) -> Decimal:
+    """A budget (four decimals) at most `amount`."""
+    return Decimal(int(amount * 10_000)) / 10_000
+
+
 def test_a_key_within_its_limits_is_told_what_is_left(asgi_server, alice_key, product):
     Limit.objects.create(
         api_key=key_row(alice_key), requests_per_minute=10, tokens_per_minute=100_000
@@ -198,7 +203,7 @@ def test_each_answer_is_priced_in_the_request_log_and_a_spent_budget_refuses(
         timeout=10,
     )
 
-    limit.budget = Decimal(str(round(expected, 4)))  # at most what was spent: the budget is gone
+    limit.budget = _floor(expected)  # at most what was spent: the budget is gone
     limit.save()
     error = refused(asgi_server, alice_key)
     assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
@@ -286,3 +291,48 @@ def test_a_local_engine_priced_by_its_time_costs_its_seconds_in_the_engine(
     row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
     # The engine's share of the request's time, at 2 a second: more than nothing, less than all.
     assert 0 < row.cost < 2 * row.latency_ms / 1000, (row.cost, row.latency_ms)
+
+
+def test_a_budget_priced_by_engine_time_reserves_the_time_and_refuses_once_spent(
+    asgi_server, alice, alice_key, product
+):
+    """Issue 40: a request to an endpoint priced per engine-second reserved no money (its time is
+    known only at its end), and the ledger checks a budget only for an amount above 0: every
+    request went through a spent budget."""
+    local = product["local"]
+    local.price_engine_second = Decimal("1")  # a second of the engine costs 1
+    local.save()
+    limit = Limit.objects.create(user=alice, budget=Decimal("100"), budget_period="day")
+    first = ask(asgi_server, alice_key).parse()
+    assert first.choices[0].message.content
+    request_flush()
+    row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
+    spent = row.cost
+    assert spent > 0
+    assert wait_until(
+        lambda: usage_of(alice_key)["limits"][0]["used"] == pytest.approx(spent, abs=2e-6),
+        timeout=10,
+    ), usage_of(alice_key)
+
+    limit.budget = _floor(spent)  # spent
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "user alice's budget per day is spent" in error.body["message"]
+    assert int(error.response.headers["Retry-After"]) > 0
+
+    # Half a request's time left: the next one may take as long as the first did, and is refused.
+    limit.budget = _floor(spent * 1.5)
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "may cost up to" in error.body["message"], error.body
+
+    # Spent is spent, whatever the request is priced at: the engine's time free again.
+    local.price_engine_second = None
+    local.save()
+    limit.budget = _floor(spent)
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and "is spent" in error.body["message"]
+    assert usage_of(alice_key)["limits"][0]["used"] == pytest.approx(spent, abs=2e-6)
