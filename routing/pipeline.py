@@ -450,6 +450,7 @@ async def _generate(
                             fell_back_from=tuple(attempts.passed),
                         )
                         return
+                    meter.failed(exc)
                     attempts.failed(target, exc)
                     if not exc.retryable:
                         break
@@ -741,16 +742,21 @@ class _Attempt:
 
 
 class _Meter:
-    """What the target answering is using, for the request log and the limits: the engine's
-    usage when it reports it, else an estimate of what was produced (a stream cut short)."""
+    """What the answer is using, for the request log and the limits: the engine's usage when it
+    reports it, else an estimate of what the engine took, its prompt and what it produced (a
+    stream cut short, stopped, failed). A request sent to an engine costs at least its prompt:
+    the engine read it (its prefix cache moved), and an external API bills it."""
 
     def __init__(self, spent: Spent):
         self.spent = spent
-        self.target: Target | None = None
+        self.target: Target | None = None  # the target the request went to, until it is counted
         self.messages: list[dict] = []
         self.parts: list[str] = []
         self.rich: list[list[dict]] = []  # the choices of chunks that held more than text
         self.since = 0.0
+        # What targets that failed before their first token took: their prompts and the cost.
+        self.taken_tokens = 0
+        self.taken_cost = 0.0
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
         self.target, self.messages, self.parts, self.rich = target, messages, parts, []
@@ -802,18 +808,39 @@ class _Meter:
                 completion_tokens=completion,
                 seconds=finish.total,
             )
-        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
-        self.spent.cost = target.price.cost(prompt, completion, finish.total)
+        self._count(prompt, completion, target.price.cost(prompt, completion, finish.total))
+
+    def failed(self, exc: EngineError) -> None:
+        """The target failed before its first token; the next one (if any) starts afresh. It took
+        the prompt unless nothing reached it or it refused the request with an HTTP error."""
+        target = self.target
+        if target is None:
+            return
         self.target = None
+        if exc.kind in ("connect", "timeout_connect") or exc.status_code is not None:
+            return
+        prompt = self.prompt
+        self.taken_tokens += prompt
+        self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
 
     def close(self) -> None:
-        """The answer ended without a Finish: what the last target produced, if anything (a
-        target that failed before its first token costs nothing)."""
-        if self.target is None or not (self.parts or self.rich):
-            return
-        prompt, completion = self.prompt, self._produced()
-        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
-        self.spent.cost = self.target.price.cost(prompt, completion, time.monotonic() - self.since)
+        """The answer ended without a Finish (stopped, cut short, no target left): the last
+        target's prompt and what it produced, if it was sent one, and what failed targets took.
+        A stop while the gateway still waited for one of the endpoint's own slots counts as sent:
+        from here the two cannot be told apart, and the count errs on the side of the limit."""
+        target = self.target
+        if target is not None:
+            prompt = self.prompt
+            completion = self._produced() if self.parts or self.rich else 0
+            elapsed = time.monotonic() - self.since
+            self._count(prompt, completion, target.price.cost(prompt, completion, elapsed))
+        elif self.taken_tokens and self.spent.prompt_tokens is None:
+            self._count(0, 0, 0.0)
+
+    def _count(self, prompt: int, completion: int, cost: float) -> None:
+        self.spent.prompt_tokens = prompt + self.taken_tokens
+        self.spent.completion_tokens = completion
+        self.spent.cost = cost + self.taken_cost
         self.target = None
 
 
