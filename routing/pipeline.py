@@ -50,11 +50,13 @@ from routing.events import (
     usage_of,
 )
 from routing.prompt import (
+    PROMPT_OVERHEAD,
     approx_tokens,
     build_messages,
     fields_tokens,
     message_tokens,
     passages_block,
+    prompt_tokens,
     system_message,
 )
 from routing.rules import (
@@ -496,7 +498,8 @@ async def _plan(
     system = system_message(prompt, with_passages=rule is not None and rule.use_kb_context)
     context = passages_block(passages)
     fixed = (
-        message_tokens({"content": system})
+        PROMPT_OVERHEAD
+        + message_tokens({"content": system})
         + approx_tokens(context)
         + message_tokens(_question(request) or {})
         + sum(map(message_tokens, passthrough.after))
@@ -786,7 +789,7 @@ class _Meter:
     @property
     def prompt(self) -> int:
         """The prompt's tokens as estimated (counted only when the engine did not say)."""
-        return sum(map(message_tokens, self.messages))
+        return prompt_tokens(self.messages)
 
     def _produced(self) -> int:
         return approx_tokens("".join(self.parts) + self._read_rich())

@@ -22,7 +22,7 @@ from chat.apikeys import apikey_create
 from chat.models import ApiKey
 from observability.models import RequestLog
 from observability.requestlog import request_flush
-from routing.prompt import message_tokens
+from routing.prompt import prompt_tokens
 from spend import ledger
 from spend.models import Limit
 from tests.chat.test_spend_limits import frame_of_type
@@ -406,7 +406,7 @@ def test_an_answer_stopped_before_its_first_token_still_counts_its_prompt(alice,
 
     frame = async_to_sync(stopped_at_once)()
     assert frame["code"] == "cancelled"
-    prompt = sum(map(message_tokens, silent.received[0]["messages"]))
+    prompt = prompt_tokens(silent.received[0]["messages"])
     api = APIClient()
     api.force_authenticate(alice)
     used = {limit["limit"]: limit["used"] for limit in api.get("/api/usage").json()["limits"]}
