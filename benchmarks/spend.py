@@ -17,6 +17,18 @@ from spend.policy import Spec
 BURST_QUESTION = [
     {"role": "user", "content": "Describe the harbour at dawn, its boats and its gulls"}
 ]
+# What a tokenizer-free estimate undercounts most: digits and emoji (a token each on Gemma 3's
+# tokenizer, several for an emoji outside its vocabulary), CJK, other scripts, beside Latin prose.
+_MIXED_PARTS = (
+    "Order 4815162342-7730, tracking 90731825446118, phone +86 138 0013 8000, "
+    "shipped 2026-12-05 14:32:07 to 東京都港区芝公園4丁目2-8 ✈️📦🚚; ",
+    "the invoice says 1,284.50 EUR ≈ ¥203,417 — 请确认付款状态并用中文回答，谢谢！ ",
+    "Почему посылка задерживается? 왜 배송이 늦어지나요? क्या आप मदद कर सकते हैं? ",
+    "👨‍👩‍👧‍👦🇯🇵🇩🇪🙏🔥✅🧾 ref 31415926535897932384626433832795028841971693993751 ",
+    "Where is my parcel, and when will it arrive?",
+)
+MIXED_QUESTION = [{"role": "user", "content": "".join(_MIXED_PARTS * 2)}]
+PROMPTS = {"plain": BURST_QUESTION, "mixed": MIXED_QUESTION}
 
 
 @dataclass(frozen=True)
@@ -29,15 +41,17 @@ class Burst:
         return sum(self.answered)
 
 
-async def burst(*, url: str, key: str, streams: int, max_tokens: int) -> Burst:
-    """`streams` streams of the key at once through /v1."""
+async def burst(
+    *, url: str, key: str, streams: int, max_tokens: int, messages: list[dict] = BURST_QUESTION
+) -> Burst:
+    """`streams` streams of the key at once through /v1, each asking `messages`."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
 
     async def one() -> int | None:
         try:
             stream = await client.chat.completions.create(
                 model="auto",
-                messages=BURST_QUESTION,
+                messages=messages,
                 max_tokens=max_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -58,13 +72,15 @@ async def burst(*, url: str, key: str, streams: int, max_tokens: int) -> Burst:
     return Burst([r for r in results if r is not None], sum(r is None for r in results))
 
 
-def reservation_of(*, url: str, key: str, max_tokens: int, limit: int) -> int:
+def reservation_of(
+    *, url: str, key: str, max_tokens: int, limit: int, messages: list[dict] = BURST_QUESTION
+) -> int:
     """The tokens one burst question reserves, read from the x-ratelimit headers of a key whose
     tokens per minute is `limit` and has nothing counted yet."""
     answer = openai.OpenAI(
-        base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60
+        base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120
     ).chat.completions.with_raw_response.create(
-        model="auto", messages=BURST_QUESTION, max_tokens=max_tokens
+        model="auto", messages=messages, max_tokens=max_tokens
     )
     return limit - int(answer.headers["x-ratelimit-remaining-tokens"])
 

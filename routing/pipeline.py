@@ -50,11 +50,13 @@ from routing.events import (
     usage_of,
 )
 from routing.prompt import (
+    PROMPT_OVERHEAD,
     approx_tokens,
     build_messages,
     fields_tokens,
     message_tokens,
     passages_block,
+    prompt_tokens,
     system_message,
 )
 from routing.rules import (
@@ -66,7 +68,7 @@ from routing.rules import (
     named_target,
     query_vector,
 )
-from spend import ledger
+from spend import engine_time, ledger
 from spend.policy import Spec, apolicies
 
 # The canary draw needs no fresh seed per request (seeding one costs more than the draw).
@@ -450,6 +452,7 @@ async def _generate(
                             fell_back_from=tuple(attempts.passed),
                         )
                         return
+                    meter.failed(exc)
                     attempts.failed(target, exc)
                     if not exc.retryable:
                         break
@@ -495,7 +498,8 @@ async def _plan(
     system = system_message(prompt, with_passages=rule is not None and rule.use_kb_context)
     context = passages_block(passages)
     fixed = (
-        message_tokens({"content": system})
+        PROMPT_OVERHEAD
+        + message_tokens({"content": system})
         + approx_tokens(context)
         + message_tokens(_question(request) or {})
         + sum(map(message_tokens, passthrough.after))
@@ -540,9 +544,7 @@ async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation |
     dearest target that may answer."""
     prompt, completion = plan.prompt_tokens, plan.completion_tokens
     booked = await ledger.areserve(
-        specs,
-        tokens=prompt + completion,
-        cost=max(t.price.cost(prompt, completion) for t in plan.targets),
+        specs, tokens=prompt + completion, cost=_dearest(plan.targets, prompt, completion)
     )
     if isinstance(booked, ledger.Refusal):
         return Error(
@@ -555,6 +557,26 @@ async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation |
             standing=booked.standing,
         )
     return booked
+
+
+def _dearest(targets: list[Target], prompt: int, completion: int) -> float:
+    """The most the answer may cost at any endpoint that may take it, a replica group's members
+    included: its tokens at the endpoint's prices and, for one priced by its time, the engine
+    seconds the answer may hold it (spend.engine_time)."""
+    most = 0.0
+    for target in targets:
+        for one in target.replicas or (target,):
+            price = one.price
+            seconds = 0.0
+            if price.per_engine_second:
+                seconds = engine_time.estimate(
+                    one.endpoint_id,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    ceiling=one.config.total_timeout,
+                )
+            most = max(most, price.cost(prompt, completion, seconds))
+    return most
 
 
 def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
@@ -723,16 +745,21 @@ class _Attempt:
 
 
 class _Meter:
-    """What the target answering is using, for the request log and the limits: the engine's
-    usage when it reports it, else an estimate of what was produced (a stream cut short)."""
+    """What the answer is using, for the request log and the limits: the engine's usage when it
+    reports it, else an estimate of what the engine took, its prompt and what it produced (a
+    stream cut short, stopped, failed). A request sent to an engine costs at least its prompt:
+    the engine read it (its prefix cache moved), and an external API bills it."""
 
     def __init__(self, spent: Spent):
         self.spent = spent
-        self.target: Target | None = None
+        self.target: Target | None = None  # the target the request went to, until it is counted
         self.messages: list[dict] = []
         self.parts: list[str] = []
         self.rich: list[list[dict]] = []  # the choices of chunks that held more than text
         self.since = 0.0
+        # What targets that failed before their first token took: their prompts and the cost.
+        self.taken_tokens = 0
+        self.taken_cost = 0.0
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
         self.target, self.messages, self.parts, self.rich = target, messages, parts, []
@@ -762,13 +789,14 @@ class _Meter:
     @property
     def prompt(self) -> int:
         """The prompt's tokens as estimated (counted only when the engine did not say)."""
-        return sum(map(message_tokens, self.messages))
+        return prompt_tokens(self.messages)
 
     def _produced(self) -> int:
         return approx_tokens("".join(self.parts) + self._read_rich())
 
     def finish(self, finish: Finish) -> None:
-        assert self.target is not None
+        target = self.target
+        assert target is not None
         usage = finish.usage
         if usage:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
@@ -776,18 +804,46 @@ class _Meter:
                 self._read_rich()  # the tool calls
         else:
             prompt, completion = self.prompt, self._produced()
-        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
-        self.spent.cost = self.target.price.cost(prompt, completion, finish.total)
+        if target.price.per_engine_second:  # what the next reservations' engine time is told
+            engine_time.observe(
+                target.endpoint_id,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                seconds=finish.total,
+            )
+        self._count(prompt, completion, target.price.cost(prompt, completion, finish.total))
+
+    def failed(self, exc: EngineError) -> None:
+        """The target failed before its first token; the next one (if any) starts afresh. It took
+        the prompt unless nothing reached it or it refused the request with an HTTP error."""
+        target = self.target
+        if target is None:
+            return
         self.target = None
+        if exc.kind in ("connect", "timeout_connect") or exc.status_code is not None:
+            return
+        prompt = self.prompt
+        self.taken_tokens += prompt
+        self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
 
     def close(self) -> None:
-        """The answer ended without a Finish: what the last target produced, if anything (a
-        target that failed before its first token costs nothing)."""
-        if self.target is None or not (self.parts or self.rich):
-            return
-        prompt, completion = self.prompt, self._produced()
-        self.spent.prompt_tokens, self.spent.completion_tokens = prompt, completion
-        self.spent.cost = self.target.price.cost(prompt, completion, time.monotonic() - self.since)
+        """The answer ended without a Finish (stopped, cut short, no target left): the last
+        target's prompt and what it produced, if it was sent one, and what failed targets took.
+        A stop while the gateway still waited for one of the endpoint's own slots counts as sent:
+        from here the two cannot be told apart, and the count errs on the side of the limit."""
+        target = self.target
+        if target is not None:
+            prompt = self.prompt
+            completion = self._produced() if self.parts or self.rich else 0
+            elapsed = time.monotonic() - self.since
+            self._count(prompt, completion, target.price.cost(prompt, completion, elapsed))
+        elif self.taken_tokens and self.spent.prompt_tokens is None:
+            self._count(0, 0, 0.0)
+
+    def _count(self, prompt: int, completion: int, cost: float) -> None:
+        self.spent.prompt_tokens = prompt + self.taken_tokens
+        self.spent.completion_tokens = completion
+        self.spent.cost = cost + self.taken_cost
         self.target = None
 
 

@@ -21,19 +21,123 @@ from __future__ import annotations
 import json
 import math
 import re
+import string
+from itertools import islice, repeat
+from pathlib import Path
 
-from core.text import CJK_RANGES
 from knowledge.selectors import ContextPassage
 
-_CJK = re.compile(f"[{CJK_RANGES}]")
-_MESSAGE_OVERHEAD = 4  # role markers and separators of a chat template
+# What a chat template adds: around each message, its role's markers and separators (Gemma 3's
+# <start_of_turn>user\n…<end_of_turn>\n, Llama 3's headers, OpenAI's documented three); once per
+# prompt, the beginning of the sequence and the prompt for the answer (<start_of_turn>model\n).
+_MESSAGE_OVERHEAD = 5
+PROMPT_OVERHEAD = 5
+
+_DATA = Path(__file__).resolve().parent / "data"
+# The lowercase letters whose every pair is one token (Gemma 3 leaves "qj", "gq", "vj", "wz"… in
+# two): within a run of them no two single letters stay side by side, so a run of n is at most
+# (2n + 1) / 3 tokens, and each letter after the run's first counts two thirds.
+_RUNS = bytes(sorted(set(string.ascii_lowercase.encode()) - set(b"qjvz")))
+_SHAPE = bytes(ord("a") if byte in _RUNS else ord(".") for byte in range(256))
+# For cutting a text into its words after a space: letters and the space stay, any other byte
+# becomes NUL (a word ends there).
+_LETTERS = string.ascii_letters.encode()
+_WORDS = bytes(byte if byte in _LETTERS or byte == 32 else 0 for byte in range(256))
+
+
+def _lines(name: str) -> list[str]:
+    text = (_DATA / name).read_text(encoding="ascii")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def _thirds(data: bytes) -> int:
+    """The bound by bytes, in thirds of a token: a byte a token, but two thirds for a letter
+    inside a run of _RUNS letters."""
+    inside = len(data) - len(data.translate(None, _RUNS))
+    if not inside:
+        return 3 * len(data)
+    shape = data.translate(_SHAPE)
+    inside -= shape.count(b".a") + (shape[0] == ord("a"))  # each run's first letter
+    return 3 * len(data) - inside
+
+
+# Words a vocabulary keeps whole after a space ("▁the"): such a word and its space are one token,
+# where the bound by bytes counts them more; what each saves, in thirds.
+_WORD_SAVINGS = {
+    word: _thirds(b" " + word) - 3 for word in (line.encode() for line in _lines("whole_words.txt"))
+}
+
+
+def _whole_chars() -> tuple[re.Pattern, frozenset[str]]:
+    """Characters beyond ASCII a vocabulary holds whole: one token where their bytes count two to
+    four. Those of the first 65,536 code points as a class (it compiles to a table: a lookup per
+    character), those above (emoji and the like) as a set: in a class with the first, they
+    would make it a list of ranges searched for every character."""
+    ranges = [[int(code, 16) for code in line.split("-")] for line in _lines("whole_chars.txt")]
+    plane = "".join(f"{chr(low)}-{chr(high)}" for low, high in ranges if high <= 0xFFFF)
+    astral = frozenset(
+        chr(code) for low, high in ranges if low > 0xFFFF for code in range(low, high + 1)
+    )
+    return re.compile(f"[{plane}]"), astral
+
+
+_WHOLE_CHARS, _WHOLE_ASTRAL = _whole_chars()
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+# Long texts come back (a conversation's history every turn, a rule's system prompt, the same KB
+# passages): their estimates are kept, up to this many characters of text in all.
+_KEPT: dict[str, int] = {}
+KEEP_FROM = 256
+KEEP_CHARS = 4_000_000
+_kept_chars = 0
 
 
 def approx_tokens(text: str) -> int:
-    """A tokenizer-free estimate that errs high: CJK characters count one each, other text
-    one per three characters (real BPE vocabularies average about four)."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 3)
+    """The tokens of `text`, never fewer than a real tokenizer counts (Gemma 3's, the bundled
+    model's: tests/routing/test_token_estimate.py holds it to that over scripts, digits, emoji
+    and mixed text): what a request reserves against its limits before the engine counts, and
+    what its prompt is cut to fit the window by.
+
+    A bound by UTF-8 bytes, then what a vocabulary surely holds whole. A token holds at least one
+    byte, and a character outside the vocabulary falls back to a token per byte, so a byte
+    counts one: a digit (Gemma 3 splits numbers), punctuation, an emoji's or a rare CJK
+    character's every byte. Less only where that is proven: a lowercase letter inside a run of
+    letters every pair of which is a token counts two thirds (see _RUNS); one of the 10,000 most
+    frequent words of the vocabulary after a space counts one with its space; a character beyond
+    ASCII the vocabulary holds counts one (routing/data/: the pieces of a 262k vocabulary that
+    other modern vocabularies hold whole too, though only Gemma 3's is checked here). How far
+    above the count English prose, code, CJK and other scripts come out, and what it costs:
+    docs/benchmarks.md#fig-token-estimate.
+
+    Not the engine's /tokenize, which would be exact but a round trip to the engine before each
+    reservation (and no help for an external API); nor a tokenizer in the process, many times
+    the cost. This is a few passes in C over the bytes and a dictionary lookup a word, and a long
+    text's estimate is kept: a conversation's history is estimated once, not at every turn."""
+    global _kept_chars
+    long = len(text) >= KEEP_FROM
+    if long and (kept := _KEPT.get(text)) is not None:
+        return kept
+    data = text.encode("utf-8", "surrogatepass")
+    thirds = _thirds(data)
+    if b" " in data:  # words after a space
+        words = data.translate(_WORDS).replace(b"\0", b" \0").split(b" ")
+        thirds -= sum(map(_WORD_SAVINGS.get, islice(words, 1, None), repeat(0)))
+    if len(data) > len(text):  # beyond ASCII: what the whole characters' bytes counted over one
+        rest = _WHOLE_CHARS.sub("", text)
+        thirds -= 3 * (
+            len(data) - len(text) - len(rest.encode("utf-8", "surrogatepass")) + len(rest)
+        )
+        if max(text) > "\uffff":  # four bytes each
+            thirds -= 9 * sum(map(_WHOLE_ASTRAL.__contains__, _ASTRAL.findall(text)))
+    tokens = -(-thirds // 3)
+    if long:
+        if _kept_chars > KEEP_CHARS:
+            _KEPT.clear()
+            _kept_chars = 0
+        _KEPT[text] = tokens
+        _kept_chars += len(text)
+    return tokens
 
 
 # A content part that is not text (an image, audio, a file): what an engine's encoder makes of it
@@ -58,6 +162,11 @@ def message_tokens(message: dict) -> int:
     if calls := message.get("tool_calls"):
         tokens += approx_tokens(json.dumps(calls, ensure_ascii=False))
     return tokens + _MESSAGE_OVERHEAD
+
+
+def prompt_tokens(messages: list[dict]) -> int:
+    """A chat prompt's tokens, estimated high: its messages in their template."""
+    return PROMPT_OVERHEAD + sum(map(message_tokens, messages))
 
 
 def fields_tokens(fields) -> int:
@@ -171,7 +280,7 @@ def build_messages(
     head = [{"role": "system", "content": system}] if system else []
     tail = [question_message(question, passages)] if question is not None else []
     tail += after
-    room = budget - sum(message_tokens(m) for m in head + tail)
+    room = budget - PROMPT_OVERHEAD - sum(message_tokens(m) for m in head + tail)
     costs = [message_tokens(m) for m in history]
     start, excess = 0, sum(costs) - room
     if excess > 0:

@@ -6,10 +6,13 @@ starts: one script checks every counter that applies (its key's, its user's, its
 only if all of them allow it, adds the request, its estimated tokens (prompt + the capped
 max_tokens) and its estimated cost to each, atomically. So concurrent requests in any number of
 processes cannot together pass a limit: a request is let in only if what is already counted,
-reservations included, plus its own estimate fits. When the answer ends, the reservation settles
-to what the engine reported (a cancelled or failed stream to what it produced), in the background
-and in batches: the settlements of the answers that end within SETTLE_EVERY travel in one script
-call, and nothing on an answer's way waits for them.
+reservations included, plus its own estimate fits. The estimates err high (routing.prompt's token
+estimate bounds a real tokenizer's count; the cost is the dearest target's, engine time included:
+spend.engine_time), and a request reserves at least one micro-unit of money, so a spent budget
+refuses it whatever it is priced at. When the answer ends, the reservation settles to what the
+engine reported (a stopped or failed stream to its prompt, which the engine took, and what it
+produced), in the background and in batches: the settlements of the answers that end within
+SETTLE_EVERY travel in one script call, and nothing on an answer's way waits for them.
 
 Leases keep Redis off the answer's way too. A trip to Redis takes, besides the request's own
 estimate, a share of each counter for the requests to come (up to LEASE_REQUESTS requests' worth,
@@ -381,7 +384,9 @@ async def areserve(specs: tuple[Spec, ...], *, tokens: int, cost: float) -> Rese
     all counted, or none and a Refusal that says which limit and when to come back. Admitted in
     memory when this loop's leases cover it, else by one trip to Redis that also renews them."""
     found = counters(specs)
-    spent = micros(cost)
+    # At least one micro-unit: a spent budget refuses a request whatever its estimate, even one
+    # priced at nothing (the script checks a counter only for an amount above 0).
+    spent = max(1, micros(cost))
     if not found:
         return Reservation((), tokens, spent, Standing())
     amounts = _amounts(found, tokens, spent)
@@ -519,14 +524,7 @@ def _refusal(counter: Counter, count: int, amount: int, found: list[Counter]) ->
     standing = _standing(found, [count if c is counter else 0 for c in found])
     who, limit = counter.spec.label, counter.limit or 0  # a refusing counter has a limit
     if counter.unit == MONEY:
-        return Refusal(
-            "budget_exceeded",
-            f"The {who}'s budget per {counter.spec.budget_period} is spent "
-            f"({count / MICROS:.4f} of {limit / MICROS:.4f} "
-            f"{settings.SPEND_CURRENCY}); it renews in {duration(retry)}.",
-            retry,
-            standing,
-        )
+        return _budget_refusal(counter, count, amount, retry, standing)
     if amount > limit:
         return Refusal(
             "limit_exceeded",
@@ -543,6 +541,45 @@ def _refusal(counter: Counter, count: int, amount: int, found: list[Counter]) ->
         retry,
         standing,
     )
+
+
+def _budget_refusal(
+    counter: Counter, count: int, amount: int, retry: int, standing: Standing
+) -> Refusal:
+    """A budget refuses: spent, too small for this request alone, or with less left than this
+    request may cost (its tokens at the dearest target's prices, and its engine time)."""
+    spec, limit, currency = counter.spec, counter.limit or 0, settings.SPEND_CURRENCY
+    period = spec.budget_period
+    if count >= limit:
+        return Refusal(
+            "budget_exceeded",
+            f"The {spec.label}'s budget per {period} is spent ({count / MICROS:.4f} of "
+            f"{limit / MICROS:.4f} {currency}); it renews in {duration(retry)}.",
+            retry,
+            standing,
+        )
+    if amount > limit:
+        return Refusal(
+            "budget_exceeded",
+            f"This request alone may cost up to {_money(amount)} {currency}, more than the "
+            f"{spec.label}'s budget of {_money(limit)} {currency} per {period}: ask for fewer "
+            "max_tokens or a shorter conversation.",
+            None,
+            standing,
+        )
+    return Refusal(
+        "budget_exceeded",
+        f"The {spec.label}'s budget per {period} has {_money(limit - count)} of {_money(limit)} "
+        f"{currency} left, and this request may cost up to {_money(amount)}; it renews in "
+        f"{duration(retry)}.",
+        retry,
+        standing,
+    )
+
+
+def _money(amount: int) -> str:
+    """Micro-units as a sum: 0.00015, 12.5."""
+    return f"{amount / MICROS:.6f}".rstrip("0").rstrip(".")
 
 
 _outage_logged = 0.0

@@ -7,11 +7,13 @@ Limits are counted in fixed UTC minutes: a test that needs two requests in one w
 the beginning of a minute's last 50 seconds at the latest (`same_minute`).
 """
 
+import asyncio
 import time
 from decimal import Decimal
 
 import openai
 import pytest
+from aiohttp import web
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
@@ -20,11 +22,14 @@ from chat.apikeys import apikey_create
 from chat.models import ApiKey
 from observability.models import RequestLog
 from observability.requestlog import request_flush
+from routing.prompt import prompt_tokens
+from spend import ledger
 from spend.models import Limit
 from tests.chat.test_spend_limits import frame_of_type
-from tests.support.factories import rule
+from tests.support.factories import endpoint, rule
 from tests.support.polling import wait_until
 from tests.support.sockets import socket_for
+from tests.support.stub_engine import StubEngine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,6 +66,11 @@ def key_row(raw: str) -> ApiKey:
 
 def usage_of(raw: str) -> dict:
     return APIClient(HTTP_AUTHORIZATION=f"Bearer {raw}").get("/api/usage").json()
+
+
+def _floor(amount: float) -> Decimal:
+    """A budget (four decimals) at most `amount`."""
+    return Decimal(int(amount * 10_000)) / 10_000
 
 
 def test_a_key_within_its_limits_is_told_what_is_left(asgi_server, alice_key, product):
@@ -198,7 +208,7 @@ def test_each_answer_is_priced_in_the_request_log_and_a_spent_budget_refuses(
         timeout=10,
     )
 
-    limit.budget = Decimal(str(round(expected, 4)))  # at most what was spent: the budget is gone
+    limit.budget = _floor(expected)  # at most what was spent: the budget is gone
     limit.save()
     error = refused(asgi_server, alice_key)
     assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
@@ -286,3 +296,121 @@ def test_a_local_engine_priced_by_its_time_costs_its_seconds_in_the_engine(
     row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
     # The engine's share of the request's time, at 2 a second: more than nothing, less than all.
     assert 0 < row.cost < 2 * row.latency_ms / 1000, (row.cost, row.latency_ms)
+
+
+def test_a_budget_priced_by_engine_time_reserves_the_time_and_refuses_once_spent(
+    asgi_server, alice, alice_key, product
+):
+    """Issue 40: a request to an endpoint priced per engine-second reserved no money (its time is
+    known only at its end), and the ledger checks a budget only for an amount above 0: every
+    request went through a spent budget."""
+    local = product["local"]
+    local.price_engine_second = Decimal("1")  # a second of the engine costs 1
+    local.save()
+    limit = Limit.objects.create(user=alice, budget=Decimal("100"), budget_period="day")
+    first = ask(asgi_server, alice_key).parse()
+    assert first.choices[0].message.content
+    request_flush()
+    row = wait_until(lambda: RequestLog.objects.filter(api_key_id=key_row(alice_key).pk).first())
+    spent = row.cost
+    assert spent > 0
+    assert wait_until(
+        lambda: usage_of(alice_key)["limits"][0]["used"] == pytest.approx(spent, abs=2e-6),
+        timeout=10,
+    ), usage_of(alice_key)
+
+    limit.budget = _floor(spent)  # spent
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "user alice's budget per day is spent" in error.body["message"]
+    assert int(error.response.headers["Retry-After"]) > 0
+
+    # Half a request's time left: the next one may take as long as the first did, and is refused.
+    limit.budget = _floor(spent * 1.5)
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and error.body["code"] == "insufficient_quota"
+    assert "may cost up to" in error.body["message"], error.body
+
+    # Spent is spent, whatever the request is priced at: the engine's time free again.
+    local.price_engine_second = None
+    local.save()
+    limit.budget = _floor(spent)
+    limit.save()
+    error = refused(asgi_server, alice_key)
+    assert error.status_code == 429 and "is spent" in error.body["message"]
+    assert usage_of(alice_key)["limits"][0]["used"] == pytest.approx(spent, abs=2e-6)
+
+
+class SilentEngine(StubEngine):
+    """Takes each question and answers its headers, then says nothing until the test ends: an
+    engine still reading a prompt, or queueing it."""
+
+    def __init__(self):
+        super().__init__()
+        self._ended: asyncio.Event | None = None
+
+    def _end(self) -> asyncio.Event:
+        if self._ended is None:
+            self._ended = asyncio.Event()
+        return self._ended
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.received.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await self._end().wait()
+        return response
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(lambda: self._end().set())
+        super().stop()
+
+
+@pytest.fixture
+def silent():
+    engine = SilentEngine().start()
+    yield engine
+    engine.stop()
+
+
+def test_an_answer_stopped_before_its_first_token_still_counts_its_prompt(alice, silent):
+    """Issue 40: the meter gave the whole reservation back when nothing was produced, though the
+    engine had read the prompt (an external API bills it): stop-every-answer traffic cost
+    nothing."""
+    held = endpoint(
+        "held",
+        url=f"{silent.url}/v1",
+        model="held",
+        first_token_timeout=60,
+        price_input=Decimal("1000"),  # per million tokens: 0.001 a prompt token
+    )
+    rule("default", held, is_default=True, use_kb_context=False, max_tokens=64)
+    Limit.objects.create(user=alice, tokens_per_minute=100_000, budget=Decimal("100"))
+    same_minute(20)
+
+    async def stopped_at_once():
+        socket = await socket_for(alice, connect=True)
+        await socket.send_json_to({"type": "message", "session": None, "content": "Stop me"})
+        for _ in range(400):  # until the engine has the request (whatever the machine's pace)
+            if silent.received:
+                break
+            await asyncio.sleep(0.05)
+        assert silent.received
+        await socket.send_json_to({"type": "stop"})
+        frame = await frame_of_type(socket, "error")
+        await socket.disconnect()
+        await ledger.asettled()  # this process's settlements sent, its leases given back
+        return frame
+
+    frame = async_to_sync(stopped_at_once)()
+    assert frame["code"] == "cancelled"
+    prompt = prompt_tokens(silent.received[0]["messages"])
+    api = APIClient()
+    api.force_authenticate(alice)
+    used = {limit["limit"]: limit["used"] for limit in api.get("/api/usage").json()["limits"]}
+    # The prompt as the gateway estimates it (the engine reported nothing), and its price; not
+    # the 64 tokens reserved for the answer that never came.
+    assert used["tokens per minute"] == prompt > 0, used
+    assert used["budget per month"] == pytest.approx(prompt * 0.001, abs=2e-6), used

@@ -3,6 +3,7 @@ processes.
 
     python manage.py bench_spend [--requests 5000] [--concurrency 64]
         [--processes 2] [--streams 64] [--bursts 3] [--max-tokens 48] [--share 4]
+        [--prompts mixed|plain] [--engine simulator|vllm]
 
 1. The check's cost, in this process against the real Redis: `--requests` answers reserved and
    settled, `--concurrency` at a time, as the pipeline does for each generated answer, against a
@@ -15,7 +16,12 @@ processes.
    concurrent streams of one key, each burst in a fresh minute, against a tokens-per-minute limit
    that admits about 1/`--share` of the burst's reservations. Per burst: the tokens the answered
    streams used against the limit, and the overshoot, in tokens and in reservations (the issue's
-   target: at most one).
+   target: at most one). `--prompts mixed` (the default) asks a question of mixed scripts (digits,
+   CJK, emoji, Cyrillic, Hangul, Devanagari beside Latin), what a token estimate undercounts
+   most; `plain`, a short English one. The tokens used are what the engine counts: the real vLLM
+   (`--engine vllm`, the bundled Gemma 3 270M; `manage.py vllm_engine_build` installs it) counts
+   with Gemma 3's tokenizer, the simulator with a word tokenizer of its own, which counts a run of
+   digits or CJK as one token: only the real engine's count tests the estimate.
 
 Figures, not a test: the machine is shared, so quote medians of several runs.
 """
@@ -34,6 +40,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import engine, spend
+from benchmarks.engines import bundled_vllm_fields
 from benchmarks.stack import StackError, stack_run, stack_session
 from spend.policy import VERSION_KEY, Spec
 
@@ -52,6 +59,8 @@ class Command(BaseCommand):
             "--share", type=int, default=4, help="the limit admits 1/SHARE of a burst"
         )
         parser.add_argument("--skip-exactness", action="store_true")
+        parser.add_argument("--prompts", choices=sorted(spend.PROMPTS), default="mixed")
+        parser.add_argument("--engine", choices=("simulator", "vllm"), default="simulator")
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -59,7 +68,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **o):
         # One line per request from the OpenAI SDK's HTTP client would bury the figures.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        for name in ("httpx", "httpx2"):  # the SDK's client, whichever transport it runs on
+            logging.getLogger(name).setLevel(logging.WARNING)
         if min(o["requests"], o["concurrency"], o["processes"], o["streams"], o["bursts"]) < 1:
             raise CommandError("every count must be at least 1")
         self.check_cost(requests=o["requests"], concurrency=o["concurrency"])
@@ -126,9 +136,15 @@ class Command(BaseCommand):
         from spend.models import Limit
 
         sim_args = engine.simulator_args(max_num_seqs=512, ttft=20, itl=10)
+        engine_fields = (
+            bundled_vllm_fields(max_num_seqs=o["streams"] // o["share"] or 1)
+            if o["engine"] == "vllm"
+            else None
+        )
+        messages = spend.PROMPTS[o["prompts"]]
         self.out(
             f"exactness: {o['processes']} daphne processes, bursts of {o['streams']} streams, "
-            f"max_tokens {o['max_tokens']}"
+            f"max_tokens {o['max_tokens']}, {o['prompts']} prompts, on the {o['engine']}"
         )
         holder = {}
 
@@ -143,6 +159,7 @@ class Command(BaseCommand):
         with stack_run(
             name=name,
             sim_args=sim_args,
+            engine_fields=engine_fields,
             gateway_extra={"CHAT_RATE_LIMIT": "1000000", "CHAT_MAX_STREAMS_PER_USER": "1000000"},
             local_max_concurrency=o["streams"] * 2,
             web_concurrency=o["processes"],
@@ -154,7 +171,11 @@ class Command(BaseCommand):
                 _fresh_minute()
                 if index == 0:
                     reservation = spend.reservation_of(
-                        url=url, key=holder["probe"], max_tokens=o["max_tokens"], limit=10**9
+                        url=url,
+                        key=holder["probe"],
+                        max_tokens=o["max_tokens"],
+                        limit=10**9,
+                        messages=messages,
                     )
                     limit = reservation * o["streams"] // o["share"]
                     self.out(
@@ -171,14 +192,17 @@ class Command(BaseCommand):
                         key=holder["burst"],
                         streams=o["streams"],
                         max_tokens=o["max_tokens"],
+                        messages=messages,
                     )
                 )
                 over = result.spent - limit
                 rows.append(over / reservation)
+                used = max(result.answered, default=0)
                 self.out(
                     f"  burst {index + 1}: {len(result.answered)} answered, {result.refused} "
                     f"refused; {result.spent} tokens used of {limit} "
-                    f"(overshoot {over:+d} tokens, {over / reservation:+.2f} reservations)"
+                    f"(overshoot {over:+d} tokens, {over / reservation:+.2f} reservations); "
+                    f"an answer used at most {used} tokens of its {reservation} reserved"
                 )
             self.out(
                 f"  overshoot, median of {len(rows)} bursts: {statistics.median(rows):+.2f} "
