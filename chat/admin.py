@@ -78,18 +78,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
     A revoked key is read-only. The owner revokes their own from the keys page."""
 
     form = ApiKeyForm
-    list_display = [
-        "name",
-        "user",
-        "client_name",
-        "prefix",
-        "scopes",
-        "created_at",
-        "last_used_at",
-        "revoked_at",
-    ]
-    list_filter = ["revoked_at"]
-    search_fields = ["name", "client_name", "user__username", "prefix"]
     fields = [
         "name",
         "user",
@@ -100,6 +88,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "last_used_at",
         "revoked_at",
     ]
+    list_display = fields
+    list_filter = ["revoked_at"]
+    search_fields = ["name", "client_name", "user__username", "prefix"]
     readonly_fields = [f for f in fields if f != "client_name"]
     actions = ["revoke"]
 

@@ -357,25 +357,11 @@ def test_the_superuser_is_refused_each_code_loading_variable_in_the_admin(
     superuser_client, name, value
 ):
     engine = make_engine()
-    response = superuser_client.post(
-        f"/admin/inference_ops/engineprocess/{engine.pk}/change/",
-        {
-            "name": engine.name,
-            "endpoint": engine.endpoint.pk,
-            "kind": "simulator",
-            "model": "acme/base",
-            "bind_host": "127.0.0.1",
-            "port": engine.port,
-            "desired_state": "stopped",
-            "extra_args": "[]",
-            "environment": json.dumps({name: value, "OMP_NUM_THREADS": "4"}),
-            "startup_timeout": 30,
-            "stop_timeout": 5,
-            "adapters-TOTAL_FORMS": 0,
-            "adapters-INITIAL_FORMS": 0,
-            "events-TOTAL_FORMS": 0,
-            "events-INITIAL_FORMS": 0,
-        },
+    response = _post_engine_form(
+        superuser_client,
+        engine,
+        extra_args="[]",
+        environment=json.dumps({name: value, "OMP_NUM_THREADS": "4"}),
     )
     assert response.status_code == 200
     assert f"{name} is not allowed in an engine&#x27;s environment" in response.content.decode()
@@ -510,7 +496,22 @@ def test_staff_can_view_engines_and_endpoints_but_not_change_them(staff_client):
 
 def test_the_superuser_sees_why_an_engine_row_is_refused(superuser_client):
     engine = make_engine()
-    response = superuser_client.post(
+    response = _post_engine_form(
+        superuser_client,
+        engine,
+        extra_args='["--trust-remote-code"]',
+        environment='{"LD_PRELOAD": "/tmp/evil.so"}',
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "LD_PRELOAD" in html and "--trust-remote-code" in html and "not allowed" in html
+    engine.refresh_from_db()
+    assert engine.environment == {}
+
+
+def _post_engine_form(client, engine, *, extra_args: str, environment: str):
+    """The engine row's admin form as a superuser would post it, with these two fields."""
+    return client.post(
         f"/admin/inference_ops/engineprocess/{engine.pk}/change/",
         {
             "name": engine.name,
@@ -520,8 +521,8 @@ def test_the_superuser_sees_why_an_engine_row_is_refused(superuser_client):
             "bind_host": "127.0.0.1",
             "port": engine.port,
             "desired_state": "stopped",
-            "extra_args": '["--trust-remote-code"]',
-            "environment": '{"LD_PRELOAD": "/tmp/evil.so"}',
+            "extra_args": extra_args,
+            "environment": environment,
             "startup_timeout": 30,
             "stop_timeout": 5,
             "adapters-TOTAL_FORMS": 0,
@@ -530,8 +531,3 @@ def test_the_superuser_sees_why_an_engine_row_is_refused(superuser_client):
             "events-INITIAL_FORMS": 0,
         },
     )
-    assert response.status_code == 200
-    html = response.content.decode()
-    assert "LD_PRELOAD" in html and "--trust-remote-code" in html and "not allowed" in html
-    engine.refresh_from_db()
-    assert engine.environment == {}
