@@ -47,9 +47,10 @@ def test_a_quick_run_compares_tool_calls_with_text_of_the_same_length(child_env,
         # Every stream as long as the call: the text by ignore_eos, the call by the seed.
         assert phase["completion_tokens"] == [tokens, tokens]
     # A call streams fewer chunks than its tokens (nothing until the name is whole, nor for the
-    # closing tags); the text one per token.
+    # closing tags); the text at most one per token: the engine sends one per token, but under
+    # load one network read can hold several, and the relay passes a read on as one chunk.
     chunks = {p["kind"]: p["chunks_per_request"] for p in report["phases"]}
-    assert chunks["text"] == tokens and chunks["tool"] < tokens
+    assert 0 < chunks["text"] <= tokens and chunks["tool"] < tokens
 
 
 def _phase(kind: str, round_number: int, cpu_ms: float, seconds: float = 2.0) -> tools.Phase:
