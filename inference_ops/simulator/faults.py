@@ -4,7 +4,8 @@ before a request is handled. Where the faults of a stream strike is up to each r
 A fault is named per request by the `X-Sim-Fail` header, or per model name by `--fault
 MODEL=SPEC` (a request whose `model` is MODEL gets SPEC), or drawn at --failure-injection-rate.
 SPEC is `<fault>[;key=value]...`; every fault takes `times=N`: it strikes the first N requests
-that carry the same SPEC (counted per process), then requests succeed (default: always).
+that carry the same SPEC (counted per process, and for --fault per model), then requests succeed
+(default: always).
 
 - `500`, `503[;retry-after=S]`: the status with vLLM's error body; `429[;retry-after=S|none]`
   (`Retry-After: 1` unless told otherwise; `none` sends no header).

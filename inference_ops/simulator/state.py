@@ -1,6 +1,7 @@
 """What the simulated server holds while it runs: its engine and metrics, the LoRA adapters it
 serves, the random streams of text and faults; and which served model a request names."""
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -32,8 +33,10 @@ class Simulator:
         )
         self.loras: dict[str, LoraModule] = {m.name: m for m in config.lora_modules}
         # The models named by --fault are served too, each answering under its own name.
+        # Counted per model: two models given the same SPEC each get its `times`.
         self.model_faults: dict[str, Fault] = {
-            model: parse_spec(spec) for model, spec in config.faults
+            model: dataclasses.replace(parse_spec(spec), spec=f"{model}={spec}")
+            for model, spec in config.faults
         }
         self.fault_models = tuple(m for m in self.model_faults if m not in self.served_names)
         self.faults = FaultBook()

@@ -34,6 +34,8 @@ def faulty():
         "--fault",
         "m-twice=500;times=2",
         "--fault",
+        "m-twice-too=500;times=2",
+        "--fault",
         "m-reset=connect-close",
         "--fault",
         "m-context=context-length",
@@ -168,6 +170,9 @@ async def test_times_strikes_the_first_requests_then_lets_them_through(faulty):
         status, _ = await post(faulty, "/v1/chat/completions", seeded(model="m-twice"))
         statuses.append(status)
     assert statuses == [500, 500, 200]
+    # Another model given the same SPEC has a count of its own.
+    status, _ = await post(faulty, "/v1/chat/completions", seeded(model="m-twice-too"))
+    assert status == 500
     # Counted per SPEC: a header with another SPEC has its own count.
     headers = {"X-Sim-Fail": "500;times=1"}
     first, _ = await post(faulty, "/v1/chat/completions", seeded(), headers=headers)
