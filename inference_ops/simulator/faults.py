@@ -12,9 +12,11 @@ that carry the same SPEC (counted per process, and for --fault per model), then 
 - `connect-close`: the connection reset before any header; `hang`: accepted, never answered.
 - `before-first-token`: a stream's 200 and headers, then the connection dropped.
 - `slow-first-token;delay=S`: the first token S seconds late, then the normal pace.
-- `mid-stream[;after=N][;how=error|close]`: the stream breaks after N content tokens (default:
-  a few, always before the end): vLLM's in-stream error event then `[DONE]` (`how=error`, the
-  default: an engine failure as vLLM reports it), or the connection dropped (`how=close`).
+- `mid-stream[;after=N][;how=error|close]`: the stream breaks after N content tokens: the
+  connection dropped (`how=close`), or vLLM's in-stream error event then `[DONE]` (`how=error`:
+  an engine failure as vLLM reports it). Without `after`, as it always was: after a few tokens,
+  always before the end, with the error event; with `after`, the connection is dropped unless
+  `how=error`.
 - `stall[;after=N]`: no token after the Nth; the connection is left open.
 - `malformed[;after=N]`: one unreadable `data:` line after N tokens; the stream then goes on
   whole.
@@ -135,6 +137,8 @@ def parse_spec(text: str) -> Fault:
         if values["how"] not in ("error", "close"):
             raise ValueError(f"how={values['how']!r}: expected error or close")
         fault["how"] = values["how"]
+    elif kind == "mid-stream" and "after" in values:
+        fault["how"] = "close"  # the grammar agreed for the gateway's tests: after=N cuts
     if "delay" in values:
         fault["delay"] = _number(values, "delay", float, minimum=0)
     elif kind == "slow-first-token":

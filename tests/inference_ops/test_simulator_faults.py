@@ -115,8 +115,11 @@ def finish_reasons(events: list) -> list:
 
 
 def test_a_spec_parses_its_keys_and_refuses_what_its_fault_does_not_take():
-    fault = parse_spec("mid-stream;after=4;how=close;times=2")
-    assert (fault.kind, fault.after, fault.how, fault.times) == ("mid-stream", 4, "close", 2)
+    fault = parse_spec("mid-stream;after=4;how=error;times=2")
+    assert (fault.kind, fault.after, fault.how, fault.times) == ("mid-stream", 4, "error", 2)
+    # mid-stream as it always was sends the error event; with after=N it cuts the connection.
+    assert parse_spec("mid-stream").how == "error"
+    assert parse_spec("mid-stream;after=4").how == "close"
     assert parse_spec("429").retry_after == "1"
     assert parse_spec("429;retry-after=none").retry_after is None
     assert parse_spec("503").retry_after is None
@@ -258,7 +261,8 @@ async def test_a_slow_first_token_outlasts_a_short_read_timeout_and_then_answers
 
 async def test_mid_stream_after_n_sends_n_tokens_then_vllms_error_event(faulty):
     tokens, _ = await reference(faulty)
-    events, error = await raw_stream(faulty, seeded(), {"X-Sim-Fail": "mid-stream;after=4"})
+    spec = "mid-stream;after=4;how=error"
+    events, error = await raw_stream(faulty, seeded(), {"X-Sim-Fail": spec})
     assert error is None
     assert content(events) == "".join(tokens[:4])
     assert events[-2]["error"]["type"] == "InternalServerError"
@@ -268,9 +272,7 @@ async def test_mid_stream_after_n_sends_n_tokens_then_vllms_error_event(faulty):
 
 async def test_mid_stream_closed_drops_the_connection_after_n_tokens(faulty):
     tokens, _ = await reference(faulty)
-    events, error = await raw_stream(
-        faulty, seeded(), {"X-Sim-Fail": "mid-stream;after=5;how=close"}
-    )
+    events, error = await raw_stream(faulty, seeded(), {"X-Sim-Fail": "mid-stream;after=5"})
     assert isinstance(error, aiohttp.ClientPayloadError)
     assert content(events) == "".join(tokens[:5])
     assert "[DONE]" not in events
