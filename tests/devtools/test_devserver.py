@@ -12,9 +12,11 @@ import psutil
 import pytest
 
 from config.settings import BASE_DIR
-from core.processes import free_port
+from core.processes import ENGINE_OWNER, free_port
 from devtools import devserver
+from inference_ops.engine_processes import ENGINE_TAG
 from tests.conftest import http_get
+from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -111,6 +113,103 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     )
     assert "local engine stopped" in "".join(lines)
     assert "stopped" in lines[-1]
+
+
+# A stand-in for vLLM that is as slow to open its port as the real one on a CPU, with a child that
+# ignores SIGTERM (as vLLM's EngineCore may, busy compiling): the simulator, through a script
+# given as VLLM_EXECUTABLE.
+SLOW_VLLM = """#!/bin/sh
+"{python}" -c 'import signal as s, time; s.signal(s.SIGTERM, s.SIG_IGN); time.sleep(600)' &
+exec "{python}" -m inference_ops.simulator "$@" --startup-duration 300
+"""
+
+
+def _engine_processes(owner: int) -> list[psutil.Process]:
+    """The processes of the engines started for `owner` (a `make run`), by their tags."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            environ = process.environ()
+            if environ.get(ENGINE_TAG) and environ.get(ENGINE_OWNER) == str(owner):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.Error:
+            continue
+    return alive
+
+
+@pytest.mark.parametrize("stop", ["one SIGTERM", "SIGTERM then SIGKILL 5 s later"])
+def test_a_stop_while_the_local_engine_starts_leaves_no_engine_process(stop, child_env, tmp_path):
+    script = tmp_path / "slow-vllm"
+    script.write_text(SLOW_VLLM.format(python=sys.executable))
+    script.chmod(0o755)
+    env = {
+        **child_env,
+        "PORT": str(free_port()),
+        "VAR_DIR": str(tmp_path),
+        "DEBUG": "true",
+        "VLLM_ENGINE_PORT": str(free_port()),
+        "LOCAL_ENGINE": "vllm",
+        "VLLM_EXECUTABLE": str(script),
+    }
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "devtools.devserver"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(runner.stdout), daemon=True).start()
+    engine: list[psutil.Process] = []
+    descendants: list[psutil.Process] = []
+    try:
+        # The engine's server and its child, still starting (its port not open yet).
+        engine = (
+            wait_until(
+                lambda: len(_engine_processes(runner.pid)) >= 2 and _engine_processes(runner.pid),
+                timeout=120,
+                step=0.3,
+            )
+            or []
+        )
+        assert engine, "".join(lines)
+        assert any("starting the local engine local-vllm" in line for line in lines)
+        descendants = psutil.Process(runner.pid).children(recursive=True)
+
+        runner.send_signal(signal.SIGTERM)
+        if stop == "one SIGTERM":
+            runner.wait(90)
+            assert runner.returncode == 0, "".join(lines)
+            assert "local engine stopped" in "".join(lines)
+        else:
+            time.sleep(5)
+            runner.kill()
+            runner.wait(10)
+        # The engine's stop timeout (15 s) for the child that ignores SIGTERM, then its SIGKILL.
+        gone = wait_until(lambda: not _alive(engine + _engine_processes(runner.pid)), timeout=60)
+        assert gone, [p.cmdline() for p in _alive(engine)]
+        assert wait_until(lambda: not _alive(descendants), timeout=60), [
+            p.cmdline() for p in _alive(descendants)
+        ]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+        for process in _alive(engine + descendants + _engine_processes(runner.pid)):
+            process.kill()
 
 
 def test_the_log_pump_labels_every_line_and_passes_the_bytes_through():
