@@ -93,6 +93,8 @@ def launched(engine) -> EngineProcess | None:
 @pytest.fixture(autouse=True)
 def stop_what_is_left(request):
     yield
+    if request.node.get_closest_marker("django_db") is None:
+        return
     for engine in EngineProcess.objects.all():
         for process in tagged(engine):
             process.kill()
