@@ -9,9 +9,10 @@ engine's pid and exits.
 With `--owner`, a watchdog stays behind for the engine's life: when the owner process is gone,
 however it went (a SIGKILL runs no handler, a closed terminal, the OOM killer), the watchdog stops
 the engine's whole session (SIGTERM, `--grace` seconds, SIGKILL) and exits; it exits with the
-engine too. PR_SET_PDEATHSIG cannot do this: the engine's parent is this launcher, which exits at
-once, and vLLM's EngineCore children are not the engine's first process. The watchdog leads a
-session of its own, so a Ctrl-C or a hang-up meant for the owner's terminal does not reach it.
+engine's session too (its last process, not its first). PR_SET_PDEATHSIG cannot do this: the
+engine's parent is this launcher, which exits at once, and vLLM's EngineCore children are not
+the engine's first process. The watchdog leads a session of its own, so a Ctrl-C or a hang-up
+meant for the owner's terminal does not reach it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 
 import psutil
 
-from core.processes import stop_session
+from core.processes import session_members, stop_session
 
 WATCH_STEP = 0.2  # seconds between looks at the owner and the engine
 
@@ -95,7 +96,9 @@ def _watchdog(owner: psutil.Process, engine_pid: int, grace: float, log_path: st
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         while True:
-            if not _alive(engine_pid):
+            # Until the whole session is gone: a leader that exits on SIGTERM may leave a child
+            # that ignores it (vLLM's EngineCore), and a stop that began may never finish.
+            if not _alive(engine_pid) and not session_members(engine_pid):
                 break
             if _gone(owner):
                 with open(log_path, "ab", buffering=0) as log:
