@@ -64,12 +64,12 @@ def terminate_session(pid: int, timeout: float) -> None:
     stop_session(pid, grace=timeout)
 
 
-def kill_leftovers(engine: EngineProcess) -> None:
-    """What a dead engine left: every process with its tag. vLLM's API server may die alone (a
+def kill_leftovers(engine: EngineProcess, pid: int | None) -> None:
+    """What a dead engine left (`pid`: its recorded process). vLLM's API server may die alone (a
     SIGKILL, the OOM killer) while its EngineCore and workers live on, holding the model's memory
     (a GPU's, on a GPU host) that a restart needs. With their API server gone nothing is served
     that a graceful stop would finish, so they are killed at once: a restart waits for none."""
-    stop_processes(tagged_processes(engine), grace=0)
+    stop_processes(leftovers(engine, pid), grace=0)
 
 
 # --- whose is it ----------------------------------------------------------------------------------
@@ -108,23 +108,32 @@ def owner_gone(pid: int | None) -> bool:
     return False
 
 
-def tagged_processes(engine: EngineProcess) -> list[psutil.Process]:
-    """Every live process carrying this engine's tag: the engine, its children, its watchdog."""
+def leftovers(engine: EngineProcess, pid: int | None = None) -> list[psutil.Process]:
+    """Every live process of this engine: those carrying its tag, and every member of their
+    sessions and of the session of `pid` (a pid the supervisor launched). vLLM's EngineCore and
+    workers overwrite their environment when they rename themselves, so the tag alone misses
+    them; their session does not. A session counts only when its leader is gone or is ours:
+    Linux never hands out a pid still naming a session, so the members of a dead engine's
+    session are its own, while a live leader without the tag (the worker whose launcher is in
+    flight, a stranger on a reused pid) is never ours."""
     wanted = tag(engine)
-    found = []
+    seen: dict[int, tuple[psutil.Process, int, bool]] = {}
     for process in psutil.process_iter(["pid"]):
         if process.pid == os.getpid():
             continue
-        with contextlib.suppress(psutil.Error):
-            if (
-                process.status() != psutil.STATUS_ZOMBIE
-                and _environ(process).get(ENGINE_TAG) == wanted
-            ):
-                found.append(process)
-    return found
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            mine = _environ(process).get(ENGINE_TAG) == wanted
+            seen[process.pid] = (process, os.getsid(process.pid), mine)
+    sessions = {sid for _, sid, mine in seen.values() if mine}
+    if pid:
+        sessions.add(pid)
+    sessions = {sid for sid in sessions if sid not in seen or seen[sid][2]}
+    return [process for process, sid, mine in seen.values() if mine or sid in sessions]
 
 
-def stop_tagged(engine: EngineProcess, processes: list[psutil.Process]) -> list[str]:
+def stop_leftovers(engine: EngineProcess, processes: list[psutil.Process]) -> list[str]:
     """Stop these processes of the engine (SIGTERM, the engine's stop timeout, SIGKILL); what
     they were, for the record."""
     described = [describe(process.pid) for process in processes]

@@ -28,13 +28,13 @@ from inference_ops.engine_processes import (
     is_ours,
     kill_leftovers,
     launch,
+    leftovers,
     log_tail,
     owner_gone,
     port_holder,
     port_in_use,
     process_alive,
-    stop_tagged,
-    tagged_processes,
+    stop_leftovers,
     terminate_session,
 )
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
@@ -150,8 +150,8 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
                 engine.name,
                 describe(engine.pid),
             )
-        if leftovers := tagged_processes(engine):
-            stopped = stop_tagged(engine, leftovers)
+        if left := leftovers(engine, engine.pid):
+            stopped = stop_leftovers(engine, left)
             logger.warning(
                 "engine %s: stopped what an earlier run left: %s", engine.name, "; ".join(stopped)
             )
@@ -271,8 +271,8 @@ def engine_stop(
     if is_ours(engine, pid):
         terminate_session(pid, engine.stop_timeout)
     # A start still under way may have launched it a moment ago, before its pid was recorded.
-    if leftovers := tagged_processes(engine):
-        stop_tagged(engine, leftovers)
+    if left := leftovers(engine, pid):
+        stop_leftovers(engine, left)
     if not keep_adapters:
         LoraAdapter.objects.filter(
             engine=engine, static=False, state=LoraAdapter.State.LOADED
@@ -308,10 +308,10 @@ def engine_check(*, engine_id: int) -> str | None:
             return _schedule_restart(engine, engine.status_reason or "not running")
         return None
 
-    if not is_ours(engine, engine.pid):
+    if not process_alive(engine.pid):
         CHECKS.labels(engine.name, "exited").inc()
-        # The row forgets the pid next: what the dead engine left (its tag's) goes now.
-        kill_leftovers(engine)
+        # The row forgets the pid next: what the dead engine left goes now.
+        kill_leftovers(engine, engine.pid)
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
@@ -334,7 +334,8 @@ def engine_check(*, engine_id: int) -> str | None:
         return None
     failed = engine.failed_checks + 1
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:
-        terminate_session(engine.pid, engine.stop_timeout)
+        if is_ours(engine, engine.pid):  # a pid the row kept across a reboot names a stranger
+            terminate_session(engine.pid, engine.stop_timeout)
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
@@ -358,7 +359,7 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
     since = engine.status_changed_at or engine.started_at or now
     if now - since <= timedelta(seconds=engine.startup_timeout + settings.ENGINE_START_GRACE):
         return None
-    if not is_ours(engine, engine.pid):
+    if not process_alive(engine.pid):
         return _schedule_restart(engine, "start-up never finished (its start task was lost)")
     healthy, reason, metrics = probe(engine)
     if healthy:
@@ -373,7 +374,8 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
             last_check_ok=True,
         )
         return None
-    terminate_session(engine.pid, engine.stop_timeout)
+    if is_ours(engine, engine.pid):
+        terminate_session(engine.pid, engine.stop_timeout)
     return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
 
 

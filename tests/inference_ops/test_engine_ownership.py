@@ -52,7 +52,7 @@ def make_engine(name="own-sim", *, startup=0.0, first_token_timeout=30.0, **fiel
 
 
 def tagged(engine) -> list[psutil.Process]:
-    return engine_processes.tagged_processes(engine)
+    return engine_processes.leftovers(engine)
 
 
 def none_left(engine, timeout=30) -> bool:
