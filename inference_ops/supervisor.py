@@ -194,6 +194,10 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
     try:
         pid = launch(engine)
     except SupervisorError as exc:
+        if _stopped_meanwhile(engine):  # the stop ended the launcher too: not a crash
+            raise SupervisorError(
+                f"{engine.name}: start cancelled: the engine was stopped"
+            ) from exc
         _transition(engine, Status.CRASHED, str(exc))
         raise
     # Conditional: a stop that came while the launch ran found no pid to stop; this one sees it.
