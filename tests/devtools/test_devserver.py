@@ -206,16 +206,18 @@ def test_a_stop_while_the_local_engine_starts_leaves_no_engine_process(
     engine: list[psutil.Process] = []
     descendants: list[psutil.Process] = []
     try:
-        # The engine's server and its child, still starting (its port not open yet).
-        engine = (
-            wait_until(
-                lambda: len(_engine_processes(runner.pid)) >= 2 and _engine_processes(runner.pid),
-                timeout=120,
-                step=0.3,
-            )
-            or []
-        )
+        # The engine's server and its child, still starting (its port not open yet): the real
+        # vLLM once its EngineCore is up (loading the model).
+        child = "sleep(600)" if vllm == "stand-in" else "EngineCore"
+
+        def started() -> list[psutil.Process]:
+            found = _engine_processes(runner.pid)
+            names = " ".join(" ".join(p.cmdline()) for p in _alive(found))
+            return found if child in names else []
+
+        engine = wait_until(started, timeout=240, step=0.3) or []
         assert engine, "".join(lines)
+        assert not port_in_use("127.0.0.1", int(env["VLLM_ENGINE_PORT"]))  # still starting
         assert any("starting the local engine local-vllm" in line for line in lines)
         descendants = psutil.Process(runner.pid).children(recursive=True)
 
