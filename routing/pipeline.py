@@ -413,20 +413,20 @@ async def _generate(
             if (refusal := _refusal(plan, target)) is not None:
                 attempts.refused(target, *refusal)
                 continue
-            # An engine of ours that is starting (waited for, when no target is left after it) or
-            # kept from its port by another process: never a connect error, never that process.
-            if target.road == "local" and (
-                unserved := await engine_state.unserved(
-                    target.endpoint_id,
-                    wait=target.config.first_token_timeout if target is chain[-1] else 0.0,
-                )
-            ):
-                attempts.refused(target, unserved.note, _unserved_error(plan, target, unserved))
-                continue
-            # Counted before the breaker's check (which may wait on Redis), so the requests picking
-            # a replica meanwhile see this one.
+            # Counted before the checks below (which may wait on Redis), so the requests picking a
+            # replica meanwhile see this one.
             replicas.started(target.endpoint_id)
             try:
+                # An engine of ours that is starting (waited for when no target follows it) or kept
+                # from its port by another process: never a connect error, never that process.
+                if target.road == "local" and (
+                    unserved := await engine_state.unserved(
+                        target.endpoint_id,
+                        wait=target.config.first_token_timeout if target is chain[-1] else 0.0,
+                    )
+                ):
+                    attempts.refused(target, unserved.note, _unserved_error(plan, target, unserved))
+                    continue
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     continue
