@@ -5,11 +5,14 @@ start, and a port held by a process the gateway did not start is reported and ne
 Real processes (the simulator as the engine, slow to open its port with --startup-duration),
 real signals; each check of "no process left" waits a bounded time for the process to go."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
@@ -309,6 +312,33 @@ def test_a_question_the_starting_engine_cannot_meet_in_time_is_told_to_come_back
     assert reply.status == 503 and reply.headers["Retry-After"] == "5"
     assert reply.body["error"]["code"] == "engine_starting"
     assert reply.body["error"]["message"].startswith("The local model is starting")
+
+    supervisor.engine_stop(engine_id=engine.pk)
+    thread.join(30)
+    assert none_left(engine)
+
+
+@transactional
+def test_v1_tells_a_client_the_local_model_is_starting_with_retry_after(asgi_server, alice_key):
+    engine = make_engine(startup=60, first_token_timeout=1.0)
+    rule("default", engine.endpoint, is_default=True, use_kb_context=False)
+    thread, _ = start_in_background(engine)
+    assert wait_until(lambda: launched(engine), timeout=30)
+
+    request = urllib.request.Request(
+        f"{asgi_server}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "auto", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {alice_key}"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "5"
+    error = json.loads(refused.value.read())["error"]
+    assert error["code"] == "engine_starting"
+    assert error["message"].startswith("The local model is starting")
 
     supervisor.engine_stop(engine_id=engine.pk)
     thread.join(30)
