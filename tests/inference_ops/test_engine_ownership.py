@@ -163,6 +163,35 @@ def test_the_launcher_refuses_an_owner_that_is_already_gone(tmp_path):
     assert not (tmp_path / "engine.log").exists()
 
 
+def test_the_watchdog_leaves_with_the_engine(tmp_path):
+    owner = sleeper()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "inference_ops.launch", "--owner", str(owner.pid)]
+            + [str(tmp_path / "engine.log"), "--", "sleep", "1"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 0, result.stderr
+
+        def watchdogs():
+            return [
+                p
+                for p in psutil.process_iter(["cmdline"])
+                if "inference_ops.launch" in (p.info["cmdline"] or [])
+                and str(owner.pid) in (p.info["cmdline"] or [])
+                and p.status() != "zombie"
+            ]
+
+        assert wait_until(lambda: not watchdogs(), timeout=30), watchdogs()
+        assert owner.poll() is None  # the owner is never touched
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
 # --- a stop at any moment -------------------------------------------------------------------------
 
 
@@ -276,6 +305,28 @@ def test_a_port_held_by_another_process_is_reported_never_stopped_nor_routed_to(
     finally:
         foreign.kill()
         foreign.wait(10)
+
+
+@transactional
+def test_a_stranger_on_the_rows_pid_is_never_killed_by_the_health_checks(settings):
+    """A pid the row kept across a reboot may name anyone's process: the checks find no engine
+    behind the port and restart it, but never signal that process."""
+    settings.ENGINE_UNHEALTHY_AFTER = 1
+    settings.ENGINE_RESTART_UNHEALTHY_AFTER = 2
+    stranger = sleeper()
+    try:
+        engine = make_engine()
+        EngineProcess.objects.filter(pk=engine.pk).update(
+            status="ready", pid=stranger.pid, desired_state="running"
+        )
+        assert supervisor.engine_check(engine_id=engine.pk) is None  # unhealthy
+        assert supervisor.engine_check(engine_id=engine.pk) == "scheduled"
+        assert stranger.poll() is None
+        row = EngineProcess.objects.get(pk=engine.pk)
+        assert row.status == "restarting" and row.pid is None
+    finally:
+        stranger.kill()
+        stranger.wait(10)
 
 
 # --- a question while the engine starts -----------------------------------------------------------
