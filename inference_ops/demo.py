@@ -163,6 +163,8 @@ def missing(engine: EngineProcess) -> str | None:
     """What the demo engine still needs before it can start (a build, an install, a conversion)."""
     if engine.kind == EngineProcess.Kind.CPU:
         return cpu_engine.missing_files(engine.model)
+    if settings.VLLM_EXECUTABLE != vllm_engine.PROJECT_VENV:
+        return None  # a vLLM of the operator's: theirs to install
     if not vllm_engine.installed():
         return "vLLM is not installed yet"
     if not vllm_engine.model_ready(engine.model):

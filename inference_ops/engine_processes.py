@@ -1,13 +1,20 @@
 """An engine's processes: launched detached in a session of their own, found by that session,
 stopped with everything they started; the engine's log file, and whether its port is free.
 
+Every engine carries a tag in its environment, ENGINE_TAG: this database's id and the row's,
+inherited by all it starts (vLLM's EngineCore and workers). By it the supervisor tells its own
+engines from anything else on the machine: a pid on the row that now names another process is
+not ours to stop, the leftovers of an engine whose owner died are found at the next start, and a
+port held by a process without the tag is someone else's.
+
 No row is written here: the supervisor records what these do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +22,9 @@ from pathlib import Path
 
 import psutil
 from django.conf import settings
+from django.db import connection
 
+from core.processes import ENGINE_OWNER, TEST_RUN_TAG, session_members, stop_processes, stop_session
 from inference_ops import engine_keys
 from inference_ops.engine_command import command_line, environment
 from inference_ops.exceptions import SupervisorError
@@ -48,44 +57,107 @@ def process_alive(pid: int | None) -> bool:
 def session_processes(pid: int) -> list[psutil.Process]:
     """Every process of the engine's session: vLLM's EngineCore workers rename themselves and
     may leave the process group, but not the session the launcher gave the engine."""
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(process.pid) == pid and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (OSError, psutil.Error):
-            continue
-    return found
+    return session_members(pid)
 
 
 def terminate_session(pid: int, timeout: float) -> None:
-    processes = session_processes(pid)
-    for process in processes:
-        try:
-            process.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    for process in alive + session_processes(pid):
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    stop_session(pid, grace=timeout)
 
 
-def kill_leftovers(pid: int) -> None:
-    """What a dead engine's session left. vLLM's API server may die alone (a SIGKILL, the OOM
-    killer) while its EngineCore and workers live on, holding the model's memory (a GPU's, on a GPU
-    host) that a restart needs. With their API server gone nothing is served that a graceful stop
-    would finish, so they are killed at once: a restart waits for none of them."""
-    processes = session_processes(pid)
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(processes, timeout=5)
+def kill_leftovers(engine: EngineProcess, pid: int | None) -> None:
+    """What a dead engine left (`pid`: its recorded process). vLLM's API server may die alone (a
+    SIGKILL, the OOM killer) while its EngineCore and workers live on, holding the model's memory
+    (a GPU's, on a GPU host) that a restart needs. With their API server gone nothing is served
+    that a graceful stop would finish, so they are killed at once: a restart waits for none."""
+    stop_processes(leftovers(engine, pid), grace=0)
+
+
+# --- whose is it ----------------------------------------------------------------------------------
+
+ENGINE_TAG = "GATEWAY_ENGINE"
+
+
+def tag(engine: EngineProcess) -> str:
+    """This engine's tag: the row's id in this database (its server and name: two checkouts or two
+    test runs on one machine have rows with the same ids, and never touch each other's engines)."""
+    db = connection.settings_dict
+    where = f"{db.get('HOST')}:{db.get('PORT')}/{db.get('NAME')}"
+    return f"{hashlib.sha256(where.encode()).hexdigest()[:16]}/{engine.pk}"
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error, OSError):
+        return process.environ()
+    return {}  # gone, or another user's: not ours either way
+
+
+def is_ours(engine: EngineProcess, pid: int | None) -> bool:
+    """The process `pid` is alive and is (part of) this engine as we started it."""
+    if not process_alive(pid):
+        return False
+    with contextlib.suppress(psutil.Error):
+        return _environ(psutil.Process(pid)).get(ENGINE_TAG) == tag(engine)
+    return False
+
+
+def owner_gone(pid: int | None) -> bool:
+    """The engine was started for an owner (`make run`) that is no longer running."""
+    with contextlib.suppress(psutil.Error, ValueError):
+        owner = _environ(psutil.Process(pid or 0)).get(ENGINE_OWNER)
+        return bool(owner) and not psutil.pid_exists(int(owner))
+    return False
+
+
+def leftovers(engine: EngineProcess, pid: int | None = None) -> list[psutil.Process]:
+    """Every live process of this engine: those carrying its tag, and every member of their
+    sessions and of the session of `pid` (a pid the supervisor launched). vLLM's EngineCore and
+    workers overwrite their environment when they rename themselves, so the tag alone misses
+    them; their session does not. A session counts only when its leader is gone or is ours:
+    Linux never hands out a pid still naming a session, so the members of a dead engine's
+    session are its own, while a live leader without the tag (the worker whose launcher is in
+    flight, a stranger on a reused pid) is never ours."""
+    wanted = tag(engine)
+    seen: dict[int, tuple[psutil.Process, int, bool]] = {}
+    for process in psutil.process_iter(["pid"]):
+        if process.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            mine = _environ(process).get(ENGINE_TAG) == wanted
+            seen[process.pid] = (process, os.getsid(process.pid), mine)
+    sessions = {sid for _, sid, mine in seen.values() if mine}
+    if pid:
+        sessions.add(pid)
+    sessions = {sid for sid in sessions if sid not in seen or seen[sid][2]}
+    return [process for process, sid, mine in seen.values() if mine or sid in sessions]
+
+
+def stop_leftovers(engine: EngineProcess, processes: list[psutil.Process]) -> list[str]:
+    """Stop these processes of the engine (SIGTERM, the engine's stop timeout, SIGKILL); what
+    they were, for the record."""
+    described = [describe(process.pid) for process in processes]
+    stop_processes(processes, grace=engine.stop_timeout)
+    return described
+
+
+def describe(pid: int | None) -> str:
+    """`pid 1234 (its command line)`, as far as this user may see it."""
+    if not pid:
+        return "a process this user cannot see"
+    with contextlib.suppress(psutil.Error):
+        command = " ".join(psutil.Process(pid).cmdline()) or psutil.Process(pid).name()
+        return f"pid {pid} ({command[:160]})"
+    return f"pid {pid}"
+
+
+def port_holder(port: int) -> int | None:
+    """The pid listening on `port`, when this user may know it."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    return None
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -104,13 +176,30 @@ def port_in_use(host: str, port: int) -> bool:
 
 def launch(engine: EngineProcess) -> int:
     argv = command_line(engine)
+    env = {**environment(engine), ENGINE_TAG: tag(engine)}
+    # A test run's tag travels by name (tests/support/orphans.py sweeps what a killed run left);
+    # the owner's makes the launcher watch it (`make run` sets it: docs/operations.md).
+    for name in (TEST_RUN_TAG, ENGINE_OWNER):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    owner = ["--owner", env[ENGINE_OWNER]] if env.get(ENGINE_OWNER) else []
+    grace = ["--grace", str(engine.stop_timeout)]
     # From the project folder: the clean environment has no PYTHONPATH to find the launcher by.
     result = subprocess.run(
-        [sys.executable, "-m", "inference_ops.launch", str(log_path(engine)), "--", *argv],
+        [
+            sys.executable,
+            "-m",
+            "inference_ops.launch",
+            *owner,
+            *grace,
+            str(log_path(engine)),
+            "--",
+            *argv,
+        ],
         # The key only here, where the supervisor starts it: the engine refuses whoever reaches
         # its port without it (inference_ops.engine_keys). A benchmark's engine run in its own
         # foreground (benchmarks.engines) is called by the harness directly, without one.
-        env={**environment(engine), **engine_keys.key_environment(engine)},
+        env={**env, **engine_keys.key_environment(engine)},
         cwd=settings.BASE_DIR,
         capture_output=True,
         text=True,

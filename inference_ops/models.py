@@ -199,6 +199,7 @@ class EngineProcess(models.Model):
         UNHEALTHY = "unhealthy", "unhealthy"
         CRASHED = "crashed", "crashed"
         RESTARTING = "restarting", "restarting (waiting for its backoff)"
+        PORT_TAKEN = "port_taken", "not started: its port is held by another process"
 
     name = models.SlugField(max_length=100, unique=True)
     endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="engines")

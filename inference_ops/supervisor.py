@@ -22,13 +22,19 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from core.events import ops_event_broadcast
-from inference_ops import policy
+from inference_ops import engine_state, policy
 from inference_ops.engine_processes import (
+    describe,
+    is_ours,
     kill_leftovers,
     launch,
+    leftovers,
     log_tail,
+    owner_gone,
+    port_holder,
     port_in_use,
     process_alive,
+    stop_leftovers,
     terminate_session,
 )
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
@@ -85,6 +91,8 @@ def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> En
             )
             payload = {"engine": engine.name, "status": status, "reason": reason}
             transaction.on_commit(lambda: _broadcast(payload))
+            if status != previous:
+                transaction.on_commit(engine_state.changed)
     if changed:
         logger.info("engine %s: %s (%s)", engine.name, status, reason)
     return engine
@@ -114,8 +122,11 @@ def _broadcast(payload: dict) -> None:
 def engine_start(*, engine_id: int, reason: str = "started by an operator") -> EngineProcess:
     """Start the engine unless it runs or is being started; wait until it is ready.
 
-    Raises EngineStartRefused (port taken, unknown kind) and SupervisorError when the
-    process exits or does not become ready in `startup_timeout`; the row says why.
+    Before a launch, whatever an earlier run of this engine left (found by its tag: a `make run`
+    killed outright, a worker gone) is stopped; a port then still taken is someone else's, and the
+    row says whose (status `port_taken`: never routed to as this engine). Raises EngineStartRefused
+    (port taken, unknown kind) and SupervisorError when the process exits or does not become ready
+    in `startup_timeout`, or the engine is stopped meanwhile; the row says why.
     """
     with transaction.atomic():
         engine = (
@@ -123,15 +134,27 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         )
         engine.desired_state = EngineProcess.Desired.RUNNING
         engine.save(update_fields=["desired_state"])
-        if engine.status in (Status.READY, Status.UNHEALTHY) and process_alive(engine.pid):
+        # An engine whose owner is gone (a `make run` killed outright) is a leftover, not adopted:
+        # nobody would stop it.
+        running = is_ours(engine, engine.pid) and not owner_gone(engine.pid)
+        if engine.status in (Status.READY, Status.UNHEALTHY) and running:
             return engine
         if engine.status == Status.STARTING and _start_in_progress(engine):
             return engine
-        if process_alive(engine.pid):
+        if is_ours(engine, engine.pid):
             # A leftover of a failed start or an unhealthy run: replace it, never run two.
             terminate_session(engine.pid, engine.stop_timeout)
-        elif engine.pid:
-            kill_leftovers(engine.pid)
+        elif engine.pid and process_alive(engine.pid):
+            logger.warning(
+                "engine %s: its recorded %s is not an engine of ours; left alone",
+                engine.name,
+                describe(engine.pid),
+            )
+        if left := leftovers(engine, engine.pid):
+            stopped = stop_leftovers(engine, left)
+            logger.warning(
+                "engine %s: stopped what an earlier run left: %s", engine.name, "; ".join(stopped)
+            )
         problems = policy.engine_problems(engine)
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
         if refused:
@@ -158,38 +181,62 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         raise EngineStartRefused(f"{engine.name}: {refused}")
 
     if port_in_use(engine.bind_host, engine.port):
+        holder = describe(port_holder(engine.port))
+        why = (
+            f"port {engine.port} is held by a process the gateway did not start: {holder}; "
+            "not started, and nothing is sent to that port as this engine. Stop that process "
+            "(or give the engine another port), then start the engine"
+        )
         _transition(
-            engine,
-            Status.STOPPED,
-            f"port {engine.port} is already in use; not started",
-            desired_state=EngineProcess.Desired.STOPPED,
+            engine, Status.PORT_TAKEN, why, pid=None, desired_state=EngineProcess.Desired.STOPPED
         )
-        raise EngineStartRefused(
-            f"{engine.name}: port {engine.port} on {engine.bind_host} is already in use"
-        )
+        raise EngineStartRefused(f"{engine.name}: {why}")
     try:
         pid = launch(engine)
     except SupervisorError as exc:
+        if _stopped_meanwhile(engine):  # the stop ended the launcher too: not a crash
+            raise SupervisorError(
+                f"{engine.name}: start cancelled: the engine was stopped"
+            ) from exc
         _transition(engine, Status.CRASHED, str(exc))
         raise
-    EngineProcess.objects.filter(pk=engine.pk).update(pid=pid)
+    # Conditional: a stop that came while the launch ran found no pid to stop; this one sees it.
+    if not EngineProcess.objects.filter(
+        pk=engine.pk, desired_state=EngineProcess.Desired.RUNNING
+    ).update(pid=pid):
+        terminate_session(pid, engine.stop_timeout)
+        raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
     engine.pid = pid
     return _wait_ready(engine)
 
 
 def _start_in_progress(engine: EngineProcess) -> bool:
-    if process_alive(engine.pid):
+    if is_ours(engine, engine.pid) and not owner_gone(engine.pid):
         return True
     # Between the STARTING commit and the recorded pid another start is launching it.
     changed = engine.status_changed_at or timezone.now()
     return engine.pid is None and timezone.now() - changed < timedelta(seconds=60)
 
 
+def _stopped_meanwhile(engine: EngineProcess) -> bool:
+    desired = (
+        EngineProcess.objects.filter(pk=engine.pk).values_list("desired_state", flat=True).first()
+    )
+    return desired != EngineProcess.Desired.RUNNING
+
+
 def _wait_ready(engine: EngineProcess) -> EngineProcess:
     deadline = time.monotonic() + engine.startup_timeout
     reason = "not probed yet"
     while time.monotonic() < deadline:
+        if _stopped_meanwhile(engine):
+            # engine_stop (an operator, `make run` stopping) has written the row; a stop that
+            # raced the launch may have missed the process, so it goes here too.
+            terminate_session(engine.pid, engine.stop_timeout)
+            raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
         if not process_alive(engine.pid):
+            if _stopped_meanwhile(engine):  # stopped between the two looks: not a crash
+                raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
             tail = log_tail(engine, 15)
             _transition(
                 engine, Status.CRASHED, f"exited during start-up. Log:\n{tail}"[-1000:], pid=None
@@ -225,8 +272,11 @@ def engine_stop(
         engine.desired_state = EngineProcess.Desired.STOPPED
         engine.save(update_fields=["desired_state"])
         pid = engine.pid
-    if pid:
+    if is_ours(engine, pid):
         terminate_session(pid, engine.stop_timeout)
+    # A start still under way may have launched it a moment ago, before its pid was recorded.
+    if left := leftovers(engine, pid):
+        stop_leftovers(engine, left)
     if not keep_adapters:
         LoraAdapter.objects.filter(
             engine=engine, static=False, state=LoraAdapter.State.LOADED
@@ -264,8 +314,8 @@ def engine_check(*, engine_id: int) -> str | None:
 
     if not process_alive(engine.pid):
         CHECKS.labels(engine.name, "exited").inc()
-        # The row forgets the pid next: what the dead engine's session left goes now.
-        kill_leftovers(engine.pid)
+        # The row forgets the pid next: what the dead engine left goes now.
+        kill_leftovers(engine, engine.pid)
         return _schedule_restart(engine, "the process exited")
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
@@ -288,7 +338,8 @@ def engine_check(*, engine_id: int) -> str | None:
         return None
     failed = engine.failed_checks + 1
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:
-        terminate_session(engine.pid, engine.stop_timeout)
+        if is_ours(engine, engine.pid):  # a pid the row kept across a reboot names a stranger
+            terminate_session(engine.pid, engine.stop_timeout)
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
@@ -327,7 +378,8 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
             last_check_ok=True,
         )
         return None
-    terminate_session(engine.pid, engine.stop_timeout)
+    if is_ours(engine, engine.pid):
+        terminate_session(engine.pid, engine.stop_timeout)
     return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
 
 

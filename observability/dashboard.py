@@ -36,6 +36,7 @@ STATES = {
     EngineProcess.Status.UNHEALTHY: "#d9a10d",
     EngineProcess.Status.CRASHED: "#c0392b",
     EngineProcess.Status.STOPPED: "#888888",
+    EngineProcess.Status.PORT_TAKEN: "#7a4b1f",
 }
 NO_RECORD = "#d0d0d0"
 PERIOD_NAMES = {"hour": "last hour", "day": "last day", "week": "last week"}

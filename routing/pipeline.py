@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from core import tracing
-from inference_ops import openai_fields
+from inference_ops import engine_state, openai_fields
 from inference_ops.client import Finish, stream_chat
 from inference_ops.client import Token as EngineToken
 from inference_ops.exceptions import EngineError
@@ -413,10 +413,20 @@ async def _generate(
             if (refusal := _refusal(plan, target)) is not None:
                 attempts.refused(target, *refusal)
                 continue
-            # Counted before the breaker's check (which may wait on Redis), so the requests picking
-            # a replica meanwhile see this one.
+            # Counted before the checks below (which may wait on Redis), so the requests picking a
+            # replica meanwhile see this one.
             replicas.started(target.endpoint_id)
             try:
+                # An engine of ours that is starting (waited for when no target follows it) or kept
+                # from its port by another process: never a connect error, never that process.
+                if target.road == "local" and (
+                    unserved := await engine_state.unserved(
+                        target.endpoint_id,
+                        wait=target.config.first_token_timeout if target is chain[-1] else 0.0,
+                    )
+                ):
+                    attempts.refused(target, unserved.note, _unserved_error(plan, target, unserved))
+                    continue
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     continue
@@ -469,6 +479,18 @@ async def _generate(
                 tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
                 cost=meter.spent.cost or 0.0,
             )
+
+
+def _unserved_error(plan: _Plan, target: Target, unserved: engine_state.Unserved) -> Error:
+    return Error(
+        code=unserved.code,
+        message=unserved.message,
+        retryable=unserved.retryable,
+        retry_after=unserved.retry_after,
+        road=target.road,
+        rule=plan.rule_name,
+        target=target.endpoint,
+    )
 
 
 async def _plan(

@@ -292,10 +292,11 @@ def _no_rows_of_earlier_tests():
 
 @pytest.fixture(autouse=True)
 def _fresh_routing_state():
-    """Closed breakers, fresh rate and spend limits and a rebuilt rule snapshot for every
-    test."""
+    """Closed breakers, fresh rate and spend limits and a rebuilt rule snapshot and engine states
+    for every test."""
     import redis as redis_client
 
+    from inference_ops.engine_state import changed as engine_states_changed
     from routing.rules import rules_changed
     from spend.policy import limits_changed
 
@@ -312,6 +313,8 @@ def _fresh_routing_state():
             client.delete(key)
     rules_changed()
     limits_changed()
+    engine_states_changed()
     yield
     rules_changed()
     limits_changed()
+    engine_states_changed()

@@ -12,9 +12,11 @@ import psutil
 import pytest
 
 from config.settings import BASE_DIR
-from core.processes import free_port
+from core.processes import ENGINE_OWNER, free_port
 from devtools import devserver
+from inference_ops.engine_processes import ENGINE_TAG, port_in_use
 from tests.conftest import http_get
+from tests.support.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -111,6 +113,179 @@ def test_the_runner_serves_the_product_and_stops_every_process_it_started(child_
     )
     assert "local engine stopped" in "".join(lines)
     assert "stopped" in lines[-1]
+
+
+# A stand-in for vLLM that is as slow to open its port as the real one on a CPU, with a child that
+# ignores SIGTERM (as vLLM's EngineCore may, busy compiling): the simulator, through a script
+# given as VLLM_EXECUTABLE.
+SLOW_VLLM = """#!/bin/sh
+"{python}" -c 'import signal as s, time; s.signal(s.SIGTERM, s.SIG_IGN); time.sleep(600)' &
+exec "{python}" -m inference_ops.simulator "$@" --startup-duration 300
+"""
+
+
+def _engine_processes(owner: int) -> list[psutil.Process]:
+    """The processes of the engines started for `owner` (a `make run`): those with the tags, and
+    the members of their sessions (vLLM's EngineCore overwrites its environment when it renames
+    itself)."""
+    tagged, sessions, everyone = [], set(), []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            everyone.append((process, os.getsid(process.pid)))
+            environ = process.environ()
+        except (psutil.Error, OSError):
+            continue
+        if environ.get(ENGINE_TAG) and environ.get(ENGINE_OWNER) == str(owner):
+            tagged.append(process)
+            sessions.add(os.getsid(process.pid))
+    # A session counts when its leader is one of them or gone (a launcher in flight is tagged too,
+    # in the caller's session, which is not the engine's).
+    alive = {p.pid for p, _ in everyone}
+    tagged_pids = {p.pid for p in tagged}
+    sessions = {sid for sid in sessions if sid in tagged_pids or sid not in alive}
+    members = [p for p, sid in everyone if sid in sessions and p.pid not in tagged_pids]
+    return tagged + members
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def _runner(env: dict[str, str]) -> tuple[subprocess.Popen, list[str]]:
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "devtools.devserver"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(runner.stdout), daemon=True).start()
+    return runner, lines
+
+
+def _slow_vllm(tmp_path) -> str:
+    script = tmp_path / "slow-vllm"
+    script.write_text(SLOW_VLLM.format(python=sys.executable))
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    "vllm",
+    [
+        "stand-in",
+        # vLLM's API server and its EngineCore, loading the model (`make engines` built it).
+        pytest.param("real", marks=pytest.mark.engines),
+    ],
+)
+@pytest.mark.parametrize("stop", ["one SIGTERM", "SIGTERM then SIGKILL 5 s later"])
+def test_a_stop_while_the_local_engine_starts_leaves_no_engine_process(
+    stop, vllm, child_env, tmp_path
+):
+    env = {
+        **child_env,
+        "PORT": str(free_port()),
+        "VAR_DIR": str(tmp_path),
+        "DEBUG": "true",
+        "VLLM_ENGINE_PORT": str(free_port()),
+        "LOCAL_ENGINE": "vllm",
+        "VLLM_EXECUTABLE": _slow_vllm(tmp_path) if vllm == "stand-in" else "project",
+    }
+    runner, lines = _runner(env)
+    engine: list[psutil.Process] = []
+    descendants: list[psutil.Process] = []
+    try:
+        # The engine's server and its child, still starting (its port not open yet): the real
+        # vLLM once its EngineCore is up (loading the model).
+        child = "sleep(600)" if vllm == "stand-in" else "EngineCore"
+
+        def started() -> list[psutil.Process]:
+            found = _engine_processes(runner.pid)
+            names = " ".join(" ".join(p.cmdline()) for p in _alive(found))
+            return found if child in names else []
+
+        engine = wait_until(started, timeout=240, step=0.3) or []
+        assert engine, "".join(lines)
+        assert not port_in_use("127.0.0.1", int(env["VLLM_ENGINE_PORT"]))  # still starting
+        assert any("starting the local engine local-vllm" in line for line in lines)
+        descendants = psutil.Process(runner.pid).children(recursive=True)
+
+        runner.send_signal(signal.SIGTERM)
+        if stop == "one SIGTERM":
+            runner.wait(90)
+            assert runner.returncode == 0, "".join(lines)
+            assert "local engine stopped" in "".join(lines)
+        else:
+            time.sleep(5)
+            runner.kill()
+            runner.wait(10)
+        # The engine's stop timeout (15 s) for the child that ignores SIGTERM, then its SIGKILL.
+        gone = wait_until(lambda: not _alive(engine + _engine_processes(runner.pid)), timeout=60)
+        assert gone, [p.cmdline() for p in _alive(engine)]
+        assert wait_until(lambda: not _alive(descendants), timeout=60), [
+            p.cmdline() for p in _alive(descendants)
+        ]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+        for process in _alive(engine + descendants + _engine_processes(runner.pid)):
+            process.kill()
+
+
+def test_a_port_held_by_another_process_is_reported_and_that_process_left_alone(
+    child_env, tmp_path
+):
+    port = free_port()
+    stranger = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        **child_env,
+        "PORT": str(free_port()),
+        "VAR_DIR": str(tmp_path),
+        "DEBUG": "true",
+        "VLLM_ENGINE_PORT": str(port),
+        "LOCAL_ENGINE": "vllm",
+        "VLLM_EXECUTABLE": _slow_vllm(tmp_path),
+    }
+    runner = None
+    try:
+        assert wait_until(lambda: port_in_use("127.0.0.1", port))
+        runner, lines = _runner(env)
+        said = wait_until(
+            lambda: next((line for line in lines if "local engine not started" in line), None),
+            timeout=120,
+            step=0.3,
+        )
+        assert said, "".join(lines)
+        assert f"port {port} is held by a process the gateway did not start" in said
+        assert f"pid {stranger.pid}" in said and "http.server" in said
+        assert not _engine_processes(runner.pid)
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(90)
+        assert runner.returncode == 0, "".join(lines)
+        assert stranger.poll() is None  # not ours: never signalled
+    finally:
+        if runner is not None and runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
+        stranger.kill()
+        stranger.wait(10)
 
 
 def test_the_log_pump_labels_every_line_and_passes_the_bytes_through():

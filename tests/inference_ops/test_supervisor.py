@@ -285,10 +285,10 @@ def test_start_refuses_a_port_that_is_taken():
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", engine.port))
         squatter.listen()
-        with pytest.raises(EngineStartRefused, match="already in use"):
+        with pytest.raises(EngineStartRefused, match="held by a process the gateway did not"):
             supervisor.engine_start(engine_id=engine.pk)
     engine.refresh_from_db()
-    assert engine.status == "stopped" and "already in use" in engine.status_reason
+    assert engine.status == "port_taken" and f"pid {os.getpid()}" in engine.status_reason
     assert not processes_on(engine.port)
 
 

@@ -4,9 +4,9 @@ on, in sessions of their own, and a stray vLLM takes a core for as long as the m
 spoiling every figure measured beside it.
 
 Each run tags the processes it starts: OWNER, the run's pid, travels in their environment (the
-engines get a clean one, so `benchmarks.engines.engine_run` passes the tag on by name). The next
-run sweeps every tagged process whose run is gone, with all that process started (a worker's
-engines), before it starts anything itself. A run still going, another checkout's among them,
+engines get a clean one, so `benchmarks.engines.engine_run` and the supervisor's launch pass the
+tag on by name). The next run sweeps every tagged process whose run is gone, with all that
+process started, before it starts anything itself. A run still going, another checkout's among them,
 is left alone; so are the embedded PostgreSQL and Redis, which outlive runs on purpose
 (devtools.embedded)."""
 
