@@ -92,6 +92,16 @@ def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
     return ordered
 
 
+def named_chain(rule: CompiledRule, named: Target, rng: random.Random) -> list[Target]:
+    """The chain of a request that names a model: the endpoint asked for first (not its replica
+    group's least busy member), then, unless the rule pins named requests, the rest of the rule's
+    chain in its usual order, as fallbacks."""
+    first = dataclasses.replace(named, replicas=())
+    if rule.pin_named:
+        return [first]
+    return [first, *(t for t in order_targets(rule, rng) if t.endpoint != named.endpoint)]
+
+
 @tracing.answer_span
 async def answer(
     request: RouteRequest, *, rng: random.Random | None = None
@@ -129,13 +139,12 @@ async def answer(
         if target is None:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
             return
-        # The endpoint asked for, not its replica group's least busy member.
-        named = dataclasses.replace(target, replicas=())
+        assert rule is not None  # a target was found in its chain
         async for event in _generate(
             request,
             text,
             rule,
-            [named],
+            named_chain(rule, target, rng),
             started,
             why=f"model {request.model} requested; {why}",
             rng=rng,
@@ -709,7 +718,8 @@ class _Attempt:
             self.plan.why,
             self.attempts.notes,
             self.dropped,
-            named=self.plan.named,
+            # A named request answered by a fallback was not answered by the model named.
+            named=self.plan.named and self.target.endpoint == self.plan.request.model,
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
         )

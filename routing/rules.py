@@ -96,6 +96,7 @@ class CompiledRule:
     temperature: float | None
     chain: tuple[tuple[Target, ...], ...] = field(default_factory=tuple)  # by position
     broken: str = ""  # why the rule can never match (a regex written before RE2 was the engine)
+    pin_named: bool = False  # a request naming a model gets no fallback
 
     @functools.cached_property
     def intent_matrix(self) -> np.ndarray:
@@ -362,6 +363,7 @@ def snapshot_build() -> Snapshot:
                 max_tokens=rule.max_tokens,
                 temperature=rule.temperature,
                 chain=chain,
+                pin_named=rule.pin_named,
             )
         )
     targets_by_model: dict[str, Target] = {}

@@ -323,3 +323,19 @@ def test_text_that_cannot_be_stored_is_a_400_that_stores_nothing_and_spends_no_r
         model="auto", messages=[{"role": "user", "content": "how do I\treset my\r\npassword?"}]
     )
     assert ok.choices[0].message.content
+
+
+def test_a_named_model_that_fails_is_answered_by_its_fallback_which_the_reply_names(
+    asgi_server, alice_key, local_sim, external_sim
+):
+    from tests.support.factories import endpoint, rule
+
+    down = endpoint("down", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=0)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", down, external, is_default=True, use_kb_context=False)
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="down", messages=ASK, max_tokens=3
+    )
+    completion = raw.parse()
+    assert raw.headers["X-Route-Target"] == "external" and completion.model == "external"
+    assert completion.usage.completion_tokens == 3 and completion.choices[0].message.content
