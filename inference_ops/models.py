@@ -5,7 +5,7 @@ import os
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from core.key_env import key_env_problem
@@ -72,6 +72,27 @@ class ModelEndpoint(models.Model):
     total_timeout = models.FloatField(default=300.0, validators=[MinValueValidator(1)])
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
+    )
+    # Retries before the first token (routing.pipeline): a transient failure (5xx, reset,
+    # refused, no headers in time, a 429) is tried again on this endpoint, after a backoff with
+    # full jitter, before the chain's next target is.
+    retries = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MaxValueValidator(10)],
+        help_text="Tries again after a transient failure before the first token, before the next "
+        "target of the chain. 0: straight to the next target.",
+    )
+    retry_base = models.FloatField(
+        "retry backoff base",
+        default=0.25,
+        validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
+        help_text="Seconds; the n-th retry waits a random time up to base × 2^(n-1), capped.",
+    )
+    retry_cap = models.FloatField(
+        "retry backoff cap",
+        default=2.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
+        help_text="Seconds: the longest backoff between two tries.",
     )
     extra_headers = models.JSONField(
         default=dict,

@@ -105,7 +105,7 @@ class KbLookup:
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
 # KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing")
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing", "retried", "skipped_chunks")
 
 
 @dataclass(kw_only=True)
@@ -183,6 +183,9 @@ class Done(Event):
     # every choice's finish reason by its index, when the engine answered several
     finish_reasons: dict[int, str] | None = None
     system_fingerprint: str | None = None
+    # same-target retries before the first token: (endpoint, the failure's kind, seconds waited)
+    retried: tuple[tuple[str, str, float], ...] = ()
+    skipped_chunks: int = 0  # unreadable chunks of the engine's stream passed over
     type: str = "done"
 
 
@@ -200,6 +203,7 @@ class Error(Event):
     fell_back_from: tuple[str, ...] = ()
     standing: Standing | None = None  # a limit's refusal: the caller's limits (x-ratelimit-*)
     param: str | None = None  # the request field at fault, when one is
+    retried: tuple[tuple[str, str, float], ...] = ()  # as Done's
     type: str = "error"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -211,7 +215,11 @@ class Error(Event):
 
 # Errors whose message names endpoints, hosts, status lines or the attempts before: an engine's
 # failure (EngineError.kind), or no target left to try.
-_OPERATORS_FAILURES = frozenset(EngineError.KINDS) | {"unavailable", "no_target"}
+# A content-policy refusal is the provider's reason, about the request: the user reads it.
+_OPERATORS_FAILURES = (frozenset(EngineError.KINDS) - {"content_filter"}) | {
+    "unavailable",
+    "no_target",
+}
 
 
 def message_for_users(code: str, message: str, *, partial: bool) -> str:
@@ -251,11 +259,14 @@ def route_event(
     named: bool,
     engine_ms: float,
     standing: Standing | None = None,
+    retries: str = "",
 ) -> Route:
     """The `route` event of a generated answer: the road taken, with the details for operators
     (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
     notes = [why]
     reason = f"answered by the {target.road} model" + (" you named" if named else "")
+    if retries:
+        notes.append("retried " + retries)
     if attempts:
         notes.append("fell back after " + "; ".join(attempts))
         reason += ", as a fallback: the first choice could not answer"

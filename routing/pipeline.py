@@ -14,9 +14,11 @@ themselves are `routing.events`; a local engine that seems gone is reported by
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -332,6 +334,11 @@ class _Plan:
         return self.max_tokens * self.request.passthrough.choices
 
 
+# How vLLM's and OpenAI's 400s name the window: "maximum context length is 4096 tokens",
+# "maximum model length of 4096".
+_ENGINE_LIMIT = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)")
+
+
 @dataclass
 class Attempts:
     """The chain tried so far: each target passed over and why, for the route's explanation, the
@@ -343,6 +350,11 @@ class Attempts:
     resting: list[str] = dataclasses.field(default_factory=list)  # kept closed by the breaker
     failure: EngineError | None = None  # the last engine failure
     refusal: Error | None = None  # the first target that cannot take the request as it is
+    # Same-target retries before the first token: (endpoint, the failure's kind, seconds waited).
+    retried: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    # The largest context window an engine found the prompt too long for: smaller ones are
+    # passed over.
+    too_small: int | None = None
 
     def refused(self, target: Target, note: str, error: Error) -> None:
         """The request itself does not fit this target (too long, a field it does not take)."""
@@ -355,8 +367,41 @@ class Attempts:
         self.resting.append(target.endpoint)
         self.passed.append(target.endpoint)
 
-    def failed(self, target: Target, exc: EngineError) -> None:
-        self.notes.append(f"{target.endpoint}: {exc.kind}")
+    def retry(self, target: Target, exc: EngineError, wait: float) -> None:
+        self.retried.append((target.endpoint, exc.kind, wait))
+
+    def retry_notes(self) -> str:
+        """The retries as the route's explanation says them."""
+        return "; ".join(
+            f"{endpoint}: {kind}, tried again after {wait:.2f}s"
+            for endpoint, kind, wait in self.retried
+        )
+
+    def too_long(self, plan: _Plan, target: Target, exc: EngineError) -> None:
+        """The engine found the prompt longer than its context window: a target with a larger
+        window may take it; if none does, the client gets a 400 naming the limit."""
+        # The engine's own limit when it says it (a row may claim more than its engine holds).
+        said = _ENGINE_LIMIT.search(exc.detail)
+        limit = int(said.group(1)) if said else target.context_window
+        self.too_small = max(self.too_small or 0, min(limit, target.context_window))
+        self.refused(
+            target,
+            "context_length",
+            Error(
+                code="too_long",
+                message=f"The question does not fit the context window of {target.endpoint} "
+                f"(set to {target.context_window} tokens, {plan.max_tokens} of them kept for "
+                f"the answer); its engine said: {exc.detail}",
+                rule=plan.rule_name,
+                target=target.endpoint,
+                road=target.road,
+            ),
+        )
+
+    def failed(self, target: Target, exc: EngineError, tries: int = 1) -> None:
+        self.notes.append(
+            f"{target.endpoint}: {exc.kind}" + (f" ({tries} tries)" if tries > 1 else "")
+        )
         self.passed.append(target.endpoint)
         if exc.retry_after is not None:
             self.resting.append(target.endpoint)
@@ -376,6 +421,7 @@ class Attempts:
                 target=failure.endpoint or None,
                 kb=plan.kb,
                 fell_back_from=tuple(self.passed),
+                retried=tuple(self.retried),
             )
         return Error(
             code=failure.kind if failure else "unavailable",
@@ -385,6 +431,7 @@ class Attempts:
             retry_after=await _soonest(self.resting),
             kb=plan.kb,
             fell_back_from=tuple(self.passed),
+            retried=tuple(self.retried),
         )
 
 
@@ -422,6 +469,11 @@ async def _generate(
             if (refusal := _refusal(plan, target)) is not None:
                 attempts.refused(target, *refusal)
                 continue
+            if attempts.too_small is not None and target.context_window <= attempts.too_small:
+                attempts.notes.append(
+                    f"{target.endpoint}: its {target.context_window}-token window is no larger"
+                )
+                continue
             # Counted before the breaker's check (which may wait on Redis), so the requests picking
             # a replica meanwhile see this one.
             replicas.started(target.endpoint_id)
@@ -429,44 +481,74 @@ async def _generate(
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     continue
-                produced = False
-                attempt = attempt_of(
-                    plan, target, attempts, meter, reservation.standing if reservation else None
-                )
-                try:
-                    async with contextlib.aclosing(attempt.stream()) as stream:
-                        async for event in stream:
-                            if isinstance(event, Finish):
-                                for ending in await attempt.finished(event):
-                                    yield ending
-                                return
-                            if not produced:
-                                produced = True
-                                yield attempt.route(event.elapsed)
-                            yield attempt.token(event)
-                except EngineError as exc:
-                    attempt.failed(exc)
-                    await _engine_failed(target, exc)
-                    if produced or exc.produced_tokens:
+                tries, first_try = 0, time.monotonic()
+                while True:
+                    produced, failure = False, None
+                    attempt = attempt_of(
+                        plan, target, attempts, meter, reservation.standing if reservation else None
+                    )
+                    try:
+                        async with contextlib.aclosing(attempt.stream()) as stream:
+                            async for event in stream:
+                                if isinstance(event, Finish):
+                                    for ending in await attempt.finished(event):
+                                        yield ending
+                                    return
+                                if not produced:
+                                    produced = True
+                                    yield attempt.route(event.elapsed)
+                                yield attempt.token(event)
+                    except EngineError as exc:
+                        attempt.failed(exc)
+                        failure = exc
+                    finally:
+                        attempt.end()
+                    assert failure is not None  # a stream ends with its Finish or an EngineError
+                    tries += 1
+                    if produced or failure.produced_tokens:
+                        await _engine_failed(target, failure)
                         # Tokens are out: never switch targets mid-answer.
                         yield Error(
-                            code=exc.kind,
-                            message=str(exc),
-                            retryable=exc.retryable,
+                            code=failure.kind,
+                            message=str(failure),
+                            retryable=failure.retryable,
                             partial=True,
                             road=target.road,
                             rule=plan.rule_name,
                             target=target.endpoint,
                             kb=plan.kb,
                             fell_back_from=tuple(attempts.passed),
+                            retried=tuple(attempts.retried),
                         )
                         return
-                    meter.failed(exc)
-                    attempts.failed(target, exc)
-                    if not exc.retryable:
+                    meter.failed(failure)
+                    wait = retry_wait(target, failure, tries, first_try, rng)
+                    if wait is None:
                         break
-                finally:
-                    attempt.end()
+                    attempts.retry(target, failure, wait)
+                    await asyncio.sleep(wait)
+                # One vote per request for the breaker, however many tries it took.
+                await _engine_failed(target, failure)
+                if failure.kind == "content_filter":
+                    # The same request meets the same policy anywhere: the provider's reason goes
+                    # to the client as it is, no other target is asked.
+                    yield Error(
+                        code="content_filter",
+                        message=failure.detail,
+                        road=target.road,
+                        rule=plan.rule_name,
+                        target=target.endpoint,
+                        kb=plan.kb,
+                        fell_back_from=tuple(attempts.passed),
+                        retried=tuple(attempts.retried),
+                    )
+                    return
+                if failure.kind == "context_length":
+                    attempts.too_long(plan, target, failure)
+                    continue
+                attempts.failed(target, failure, tries)
+                if not failure.retryable:
+                    break
             finally:
                 replicas.ended(target.endpoint_id)
         yield await attempts.error(plan)
@@ -478,6 +560,42 @@ async def _generate(
                 tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
                 cost=meter.spent.cost or 0.0,
             )
+
+
+# Failures before the first token that another try of the same target may not meet: nothing
+# reached the engine, it failed or was busy for a moment, it dropped the stream before a token.
+_RETRIED = frozenset(
+    {
+        "connect",
+        "timeout_connect",
+        "timeout_first_token",
+        "server_error",
+        "rate_limited",
+        "stream_error",
+        "stream_truncated",
+    }
+)
+
+
+def retry_wait(
+    target: Target, exc: EngineError, tries: int, first_try: float, rng: random.Random
+) -> float | None:
+    """How long to wait before trying `target` again after its `tries`-th failure, or None to
+    go on to the next target. The endpoint's retries are bounded (`retries`); the wait is its
+    Retry-After when it sent one, else an exponential backoff with full jitter (a random time up
+    to base × 2^(tries-1), capped), so that many gateways retrying together spread out. A retry
+    must fit in the endpoint's first-token timeout counted from its first try: a 429 asking for
+    longer, or an endpoint that hung, sends the request on to the next target instead."""
+    config = target.config
+    if tries > config.retries or exc.kind not in _RETRIED:
+        return None
+    if exc.retry_after is not None:
+        wait = exc.retry_after
+    else:
+        wait = rng.uniform(0.0, min(config.retry_cap, config.retry_base * 2 ** (tries - 1)))
+    if time.monotonic() + wait >= first_try + config.first_token_timeout:
+        return None
+    return wait
 
 
 async def _plan(
@@ -643,6 +761,8 @@ def done_event(
         fell_back_from=tuple(attempts.passed),
         finish_reasons=finish.finish_reasons if len(finish.finish_reasons) > 1 else None,
         system_fingerprint=finish.system_fingerprint,
+        retried=tuple(attempts.retried),
+        skipped_chunks=finish.skipped_chunks,
     )
 
 
@@ -718,6 +838,7 @@ class _Attempt:
             self.plan.why,
             self.attempts.notes,
             self.dropped,
+            retries=self.attempts.retry_notes() if self.attempts.retried else "",
             # A named request answered by a fallback was not answered by the model named.
             named=self.plan.named and self.target.endpoint == self.plan.request.model,
             engine_ms=_ms(engine_seconds),

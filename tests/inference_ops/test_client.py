@@ -175,6 +175,12 @@ async def stub():
             b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
         )
         if state["mode"] == "malformed":
+            await response.write(chunk + b"data: {not json\n\n" + chunk)
+            await response.write(
+                b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+                b"data: [DONE]\n\n"
+            )
+        elif state["mode"] == "only-malformed":
             await response.write(b"data: {not json\n\n")
         elif state["mode"] == "stall":
             await response.write(chunk)
@@ -212,10 +218,18 @@ async def stub():
     await runner.cleanup()
 
 
-async def test_a_malformed_chunk_is_a_malformed_error(stub):
+async def test_an_unreadable_chunk_is_skipped_and_counted_and_the_answer_goes_on(stub):
+    _, url = stub
+    events = await collect(config_for(url))
+    assert "".join(e.text for e in events[:-1]) == "hihi"
+    assert events[-1].finish_reason == "stop" and events[-1].skipped_chunks == 1
+
+
+async def test_a_stream_of_nothing_readable_is_truncated_not_complete(stub):
     state, url = stub
-    error, _ = await failure(config_for(url))
-    assert error.kind == "malformed" and not error.retryable
+    state["mode"] = "only-malformed"
+    error, events = await failure(config_for(url))
+    assert error.kind == "stream_truncated" and not error.produced_tokens and events == []
 
 
 async def test_a_stall_between_tokens_is_an_idle_timeout(stub):

@@ -217,14 +217,14 @@ def test_a_named_model_that_fails_falls_back_to_the_rest_of_its_rules_chain(
     assert done.usage["completion_tokens"] == 3  # the usage of the model that answered
 
 
-def test_a_named_model_is_tried_first_even_when_it_is_the_rules_fallback(
-    local_sim, external_sim
-):
+def test_a_named_model_is_tried_first_even_when_it_is_the_rules_fallback(local_sim, external_sim):
     local = endpoint("local", local_sim)
     external = endpoint("external", external_sim, kind="external")
     rule("default", local, external, is_default=True, use_kb_context=False)
     route = ask("Hello", model="external", max_tokens=2)[0]
-    assert route.target == "external" and "you named" in route.reason and "fell back" not in route.why
+    assert (
+        route.target == "external" and "you named" in route.reason and "fell back" not in route.why
+    )
 
 
 def test_a_rule_that_pins_named_requests_gives_them_no_fallback(local_sim, external_sim):

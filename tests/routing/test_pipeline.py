@@ -111,7 +111,10 @@ def test_when_every_target_fails_the_error_lists_them(local_sim):
     rule("default", a, b, is_default=True, use_kb_context=False)
     (error,) = ask("Hello there")
     assert error.type == "error" and error.retryable
-    assert error.message == "No target could answer: a: connect; b: server_error"
+    # Each tried again twice (the endpoints' default) before the next.
+    assert (
+        error.message == "No target could answer: a: connect (3 tries); b: server_error (3 tries)"
+    )
 
 
 def test_a_requested_model_forces_its_target_and_skips_the_kb(roads):
