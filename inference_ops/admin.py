@@ -89,8 +89,8 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
             {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"]},
         ),
         (
-            "Retries before the first token",
-            {"fields": ["retries", "retry_base", "retry_cap"]},
+            "Retries and continuation",
+            {"fields": ["retries", "retry_base", "retry_cap", "accepts_prefill"]},
         ),
         (
             "Prices (the request log's cost and the budgets; empty: free)",

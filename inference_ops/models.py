@@ -88,6 +88,13 @@ class ModelEndpoint(models.Model):
         validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
         help_text="Seconds; the n-th retry waits a random time up to base × 2^(n-1), capped.",
     )
+    accepts_prefill = models.BooleanField(
+        "accepts prefill",
+        default=False,
+        help_text="Continues a partial assistant answer sent as the last message "
+        "(continue_final_message, as vLLM does): an answer cut mid-stream elsewhere may be "
+        "finished here. vLLM endpoints always do.",
+    )
     retry_cap = models.FloatField(
         "retry backoff cap",
         default=2.0,
@@ -151,6 +158,11 @@ class ModelEndpoint(models.Model):
     def road(self) -> str:
         """The road a request to this endpoint takes: local (our own engines) or external."""
         return "external" if self.kind == self.Kind.EXTERNAL else "local"
+
+    @property
+    def continues_answers(self) -> bool:
+        """Whether an answer cut elsewhere may be continued here (an assistant prefill)."""
+        return self.kind == self.Kind.VLLM or self.accepts_prefill
 
     @property
     def request_model(self) -> str:

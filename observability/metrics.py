@@ -182,6 +182,12 @@ SKIPPED_CHUNKS = Counter(
     "Unreadable chunks of an engine's stream passed over, by the target that sent them.",
     ["target"],
 )
+CONTINUATIONS = Counter(
+    "gateway_continuations_total",
+    "Answers whose stream broke after their first tokens and were finished from where they were "
+    "cut (an assistant prefill), by the endpoint that continued them.",
+    ["target"],
+)
 FEATURES = Counter(
     "gateway_request_features_total",
     "Requests that asked a model for more than text, by what they asked "
@@ -267,6 +273,8 @@ def _ended(record: RequestRecord) -> None:
     for endpoint, cause, wait in record.retried:
         _child(RETRIES, _name(endpoint), _one_of(cause, ERROR_CODES)).inc()
         _child(RETRY_WAIT, _name(endpoint)).inc(wait)
+    for continuing in record.continued:
+        _child(CONTINUATIONS, _name(continuing)).inc()
     if record.skipped_chunks:
         _child(SKIPPED_CHUNKS, target).inc(record.skipped_chunks)
     if record.features:

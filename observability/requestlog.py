@@ -59,6 +59,7 @@ class RequestRecord:
     # Same-target retries before the first token: (endpoint, the failure's kind, seconds waited).
     retried: tuple[tuple[str, str, float], ...] = ()
     skipped_chunks: int = 0  # unreadable chunks of the engine's stream passed over
+    continued: tuple[str, ...] = ()  # endpoints that continued the answer after a cut (metrics)
     # What it asked beyond text: observability.models.REQUEST_FEATURES' names, space-separated.
     features: str = ""
     api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)

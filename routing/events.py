@@ -135,6 +135,9 @@ class Route(Event):
     engine_ms: float | None = None
     # the caller's tightest request and token limits after this request (/v1's x-ratelimit-*)
     standing: Standing | None = None
+    # A route in the middle of an answer: the endpoint whose stream broke after its first tokens,
+    # the answer going on here from where it was cut.
+    continued_from: str | None = None
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -186,6 +189,8 @@ class Done(Event):
     # same-target retries before the first token: (endpoint, the failure's kind, seconds waited)
     retried: tuple[tuple[str, str, float], ...] = ()
     skipped_chunks: int = 0  # unreadable chunks of the engine's stream passed over
+    # The endpoints that continued the answer after a stream broke mid-answer, in order.
+    continued: tuple[str, ...] = ()
     type: str = "done"
 
 

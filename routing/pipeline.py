@@ -468,7 +468,7 @@ async def _generate(
     attempts = Attempts()
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
-        for target in chain:
+        for at, target in enumerate(chain):
             if (refusal := _refusal(plan, target)) is not None:
                 attempts.refused(target, *refusal)
                 continue
@@ -510,8 +510,8 @@ async def _generate(
                     tries += 1
                     if produced or failure.produced_tokens:
                         await _engine_failed(target, failure)
-                        # Tokens are out: never switch targets mid-answer.
-                        yield Error(
+                        # Tokens are out: the answer goes on from where it was cut, or ends.
+                        cut = Error(
                             code=failure.kind,
                             message=str(failure),
                             retryable=failure.retryable,
@@ -523,6 +523,12 @@ async def _generate(
                             fell_back_from=tuple(attempts.passed),
                             retried=tuple(attempts.retried),
                         )
+                        if attempt_of is not _Attempt or not _continuable(plan, attempt, failure):
+                            yield cut
+                            return
+                        rest = [t for t in chain[at + 1 :] if _refusal(plan, t) is None]
+                        async for step in _continue(attempt, failure, rest, cut):
+                            yield step
                         return
                     meter.failed(failure)
                     wait = retry_wait(target, failure, tries, first_try, rng)
@@ -563,6 +569,99 @@ async def _generate(
                 tokens=(meter.spent.prompt_tokens or 0) + (meter.spent.completion_tokens or 0),
                 cost=meter.spent.cost or 0.0,
             )
+
+
+def _continuable(plan: _Plan, broken: _Attempt, failure: EngineError) -> bool:
+    """Whether an answer cut after its first tokens may be continued elsewhere: plain text of one
+    choice (a tool call's arguments or several choices cannot be resumed as a prefill), with
+    nothing of the client's own after its question (its own prefill, tool results), and time left
+    in the request's budget."""
+    passthrough = plan.request.passthrough
+    return (
+        failure.kind != "timeout_total"
+        and passthrough.choices == 1
+        and not passthrough.after
+        and not broken.meter.rich
+        and bool(broken.text)
+    )
+
+
+@dataclass
+class _Resumed:
+    """What an answer continued after a cut carries from its attempts before: the text sent as the
+    prefill, the first token's time, the usage (estimated for a stream cut before the engine said
+    it), the endpoints that continued it."""
+
+    text: list[str]
+    ttft: float | None
+    cut_at: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    on: list[str] = dataclasses.field(default_factory=list)
+
+    def usage(self, last: dict | None) -> dict | None:
+        if last is None:
+            return None
+        usage = dict(last)
+        usage["prompt_tokens"] = last["prompt_tokens"] + self.prompt_tokens
+        usage["completion_tokens"] = last["completion_tokens"] + self.completion_tokens
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return usage
+
+
+async def _continue(
+    broken: _Attempt, failure: EngineError, rest: list[Target], cut: Error
+) -> AsyncGenerator[Event, None]:
+    """Finish an answer whose stream broke after its first tokens: the text so far goes as an
+    assistant prefill (`continue_final_message`) to the same target when it may be retried, then
+    to the chain's next targets that accept one, and the new tokens follow the old in the same
+    stream. When none can, `cut`: the original failure, never a prefill refusal in its place."""
+    plan, attempts, meter = broken.plan, broken.attempts, broken.meter
+    resumed = _Resumed(text=list(broken.text), ttft=broken.ttft, cut_at=broken.target.endpoint)
+    taken = meter.carry()
+    resumed.prompt_tokens, resumed.completion_tokens = taken
+    attempts.notes.append(f"{broken.target.endpoint}: {failure.kind} after its first tokens")
+    candidates = ([broken.target] if broken.target.config.retries else []) + rest
+    for target in candidates:
+        if not target.accepts_prefill:
+            attempts.notes.append(f"{target.endpoint}: takes no prefill")
+            continue
+        replicas.started(target.endpoint_id)
+        try:
+            if target is not broken.target and not await breaker.allow(target.endpoint):
+                attempts.notes.append(f"{target.endpoint}: circuit open or resting")
+                continue
+            attempt = _Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
+            new = False
+            try:
+                async with contextlib.aclosing(attempt.stream()) as stream:
+                    async for event in stream:
+                        if isinstance(event, Finish):
+                            for ending in await attempt.finished(event):
+                                yield ending
+                            return
+                        if not new:
+                            new = True
+                            yield attempt.route(event.elapsed)
+                        yield attempt.token(event)
+            except EngineError as exc:
+                attempt.failed(exc)
+                # A refused prefill (a 400) is no failure of the endpoint: not for the breaker.
+                await _engine_failed(target, exc)
+                attempts.notes.append(f"{target.endpoint}: {exc.kind} while continuing")
+                if new or exc.produced_tokens:
+                    # It added to the answer before it broke too: the next one goes on from there.
+                    resumed.text.extend(attempt.text)
+                    prompt, completion = meter.carry()
+                    resumed.prompt_tokens += prompt
+                    resumed.completion_tokens += completion
+                else:
+                    meter.failed(exc)
+            finally:
+                attempt.end()
+        finally:
+            replicas.ended(target.endpoint_id)
+    yield cut
 
 
 # Failures before the first token that another try of the same target may not meet: nothing
@@ -792,9 +891,12 @@ class _Attempt:
         attempts: Attempts,
         meter: _Meter,
         standing: ledger.Standing | None,
+        *,
+        resumed: _Resumed | None = None,
     ):
         self.plan, self.target, self.attempts = plan, target, attempts
         self.meter, self.standing = meter, standing
+        self.resumed = resumed  # continuing an answer cut elsewhere
         self.ttft: float | None = None
         self.dropped = 0  # history messages left out to fit the window
         self.text: list[str] = []
@@ -821,20 +923,31 @@ class _Attempt:
             passages=plan.context,
             after=passthrough.after,
         )
+        max_tokens, extra_body = plan.max_tokens, None
+        if self.resumed is not None:
+            # The answer so far as the assistant's message, which the engine continues (vLLM's
+            # fields; the template then leaves the turn open); the ceiling is what is left of it.
+            so_far = "".join(self.resumed.text)
+            messages.append({"role": "assistant", "content": so_far})
+            extra_body = {"continue_final_message": True, "add_generation_prompt": False}
+            max_tokens = max(1, plan.max_tokens - approx_tokens(so_far))
         self.meter.begin(self.target, messages, self.text)
         return stream_chat(
             self.target.config,
             messages,
-            max_tokens=plan.max_tokens,
+            max_tokens=max_tokens,
             max_tokens_field=passthrough.max_tokens_field,
             temperature=plan.temperature,
             fields=passthrough.fields,
+            extra_body=extra_body,
         )
 
     def route(self, engine_seconds: float, *, first_token: bool = True) -> Route:
         self.ttft = _ms(time.monotonic() - self.plan.started)
         if self.chat and first_token:
             self.chat.first_chunk(engine_seconds)
+        if self.resumed is not None:
+            return self._continued_route(engine_seconds)
         return route_event(
             self.target,
             self.plan.rule_name,
@@ -846,6 +959,24 @@ class _Attempt:
             named=self.plan.named and self.target.endpoint == self.plan.request.model,
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
+        )
+
+    def _continued_route(self, engine_seconds: float) -> Route:
+        """The route of the answer's continuation: where it goes on, and where it was cut."""
+        resumed, target = self.resumed, self.target
+        assert resumed is not None
+        same = target.endpoint == resumed.cut_at
+        return Route(
+            road=target.road,
+            rule=self.plan.rule_name,
+            target=target.endpoint,
+            why=f"{self.plan.why}. Continued on {target.endpoint} from where the stream was cut, "
+            f"the partial answer sent as a prefill, after " + "; ".join(self.attempts.notes),
+            reason="the answer was cut short and is continued by the "
+            + ("same model" if same else f"{target.road} model"),
+            engine_ms=_ms(engine_seconds),
+            standing=self.standing,
+            continued_from=resumed.cut_at,
         )
 
     def token(self, event: EngineToken) -> Token:
@@ -863,10 +994,17 @@ class _Attempt:
         ending: list[Event] = []
         if self.ttft is None:  # an answer without a token
             ending.append(self.route(event.total, first_token=False))
-        plan = self.plan
+        plan, resumed = self.plan, self.resumed
+        text = "".join(self.text) if resumed is None else "".join(resumed.text + self.text)
         if plan.direct is not None:
-            _record_miss(plan.request, plan.text, "".join(self.text), plan.direct)
-        ending.append(done_event(plan, self.target, event, self.attempts, self.ttft))
+            _record_miss(plan.request, plan.text, text, plan.direct)
+        done = done_event(plan, self.target, event, self.attempts, self.ttft)
+        if resumed is not None:
+            resumed.on.append(self.target.endpoint)
+            done.ttft_ms = resumed.ttft
+            done.usage = resumed.usage(done.usage)
+            done.continued = tuple(resumed.on)
+        ending.append(done)
         return ending
 
     def failed(self, exc: EngineError) -> None:
@@ -894,6 +1032,7 @@ class _Meter:
         # What targets that failed before their first token took: their prompts and the cost.
         self.taken_tokens = 0
         self.taken_cost = 0.0
+        self.taken_completion = 0  # what streams cut mid-answer produced, before a continuation
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
         self.target, self.messages, self.parts, self.rich = target, messages, parts, []
@@ -960,6 +1099,20 @@ class _Meter:
         self.taken_tokens += prompt
         self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
 
+    def carry(self) -> tuple[int, int]:
+        """The target's stream broke after its first tokens and the answer goes on elsewhere: what
+        it took and produced is counted with the rest (estimated: a cut stream says no usage).
+        Returns its prompt and completion tokens."""
+        target = self.target
+        if target is None:
+            return 0, 0
+        self.target = None
+        prompt, completion = self.prompt, self._produced()
+        self.taken_tokens += prompt
+        self.taken_completion += completion
+        self.taken_cost += target.price.cost(prompt, completion, time.monotonic() - self.since)
+        return prompt, completion
+
     def close(self) -> None:
         """The answer ended without a Finish (stopped, cut short, no target left): the last
         target's prompt and what it produced, if it was sent one, and what failed targets took.
@@ -976,7 +1129,7 @@ class _Meter:
 
     def _count(self, prompt: int, completion: int, cost: float) -> None:
         self.spent.prompt_tokens = prompt + self.taken_tokens
-        self.spent.completion_tokens = completion
+        self.spent.completion_tokens = completion + self.taken_completion
         self.spent.cost = cost + self.taken_cost
         self.target = None
 

@@ -51,6 +51,8 @@ class Target:
     replicas: tuple[
         Target, ...
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
+    # It continues an answer cut elsewhere, sent as an assistant prefill (ModelEndpoint).
+    accepts_prefill: bool = False
 
 
 @dataclass
@@ -294,6 +296,7 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
             price=Price.of(endpoint),
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
+            accepts_prefill=endpoint.continues_answers,
         )
 
     target = one(t.endpoint)
@@ -379,6 +382,7 @@ def snapshot_build() -> Snapshot:
             price=Price.of(endpoint),
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
+            accepts_prefill=endpoint.continues_answers,
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)

@@ -185,7 +185,8 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
             user=key.user,
             choices=choices,
         )
-    reply.headers.update(route_headers(route))
+    # Under the reply's own: an answer continued elsewhere names the endpoint that finished it.
+    reply.headers = {**route_headers(route), **reply.headers}
     return reply
 
 
