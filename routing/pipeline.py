@@ -5,9 +5,10 @@ the stored answer as one token. Generation streams from the first available
 target of the matched rule's chain (a named model's endpoint first): a transient
 failure before the first token is retried on the same target, a bounded number of
 times with backoff, then the next target is tried (`retry_wait`; the policy is in
-docs/architecture.md, "Retries and fallback"); after the first token the pipeline
-never switches and ends with an `error` event (partial=True) so the caller can keep
-the partial answer.
+docs/architecture.md, "Retries and fallback"). A stream that breaks after its first
+token is continued from where it was cut, its text sent as an assistant prefill to the
+same target or the next that takes one (`_continue`); when none can, it ends with an
+`error` event (partial=True) so the caller can keep the partial answer.
 
 It runs as an async generator inside the ASGI process: no lock, no Celery hop.
 Closing the generator (client gone, Stop) closes the upstream stream at once. The events
