@@ -575,8 +575,8 @@ async def _generate(
 def _continuable(plan: _Plan, broken: _Attempt, failure: EngineError) -> bool:
     """Whether an answer cut after its first tokens may be continued elsewhere: plain text of one
     choice (a tool call's arguments or several choices cannot be resumed as a prefill), with
-    nothing of the client's own after its question (its own prefill, tool results), and time left
-    in the request's budget."""
+    nothing of the client's own after its question (its own prefill, tool results), and not cut
+    by the request's own total time."""
     passthrough = plan.request.passthrough
     return (
         failure.kind != "timeout_total"
