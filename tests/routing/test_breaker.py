@@ -58,6 +58,7 @@ def test_failed_probes_wait_longer_each_time_up_to_the_cap_and_a_success_closes(
 def test_a_request_under_way_when_the_breaker_opened_does_not_delay_the_probe(settings):
     settings.ROUTING_BREAKER_FAILURES = 1
     settings.ROUTING_BREAKER_PROBE_FIRST = 10
+    settings.ROUTING_BREAKER_COOLDOWN = 30
     async_to_sync(breaker.failure)("busy")
     async_to_sync(breaker.failure)("busy")  # no probe was sent: a straggler's failure
     assert 9 < async_to_sync(breaker.state)("busy").retry_in <= 10

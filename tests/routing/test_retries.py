@@ -79,9 +79,11 @@ def test_an_endpoint_with_no_retries_goes_straight_to_the_next_target(local_sim,
 
 
 def test_a_429s_retry_after_is_waited_when_it_fits_the_first_token_budget(local_sim, external_sim):
-    # The simulator's 429 asks for 1 s; the endpoint gives its first token 3 s: one retry fits
-    # after 1 s, a second would not, and the next target answers.
-    busy = endpoint("busy", local_sim, extra_headers={"X-Sim-Fail": "429"}, first_token_timeout=3)
+    # The simulator's 429 asks for 1 s, which fits in the endpoint's 3 s to its first token: one
+    # retry (its bound) after 1 s, then the next target answers.
+    busy = endpoint(
+        "busy", local_sim, extra_headers={"X-Sim-Fail": "429"}, first_token_timeout=3, retries=1
+    )
     spare = endpoint("spare", external_sim, kind="external")
     rule("default", busy, spare, is_default=True, use_kb_context=False)
     done = ask("Hello there", max_tokens=2)[-1]
