@@ -169,8 +169,8 @@ FALLBACKS = Counter(
 )
 RETRIES = Counter(
     "gateway_retries_total",
-    "Same-target retries before the first token, by endpoint and the failure retried.",
-    ["endpoint", "cause"],
+    "Same-target retries before the first token, by endpoint and the failure retried (its code).",
+    ["endpoint", "code"],
 )
 RETRY_WAIT = Counter(
     "gateway_retry_wait_seconds_total",
