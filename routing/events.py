@@ -145,6 +145,8 @@ class Route(Event):
         reason = fields.pop("reason")
         if not details:
             fields["why"] = reason
+        if fields["continued_from"] is None:  # said only by a continuation's route
+            del fields["continued_from"]
         return fields
 
 
@@ -192,6 +194,12 @@ class Done(Event):
     # The endpoints that continued the answer after a stream broke mid-answer, in order.
     continued: tuple[str, ...] = ()
     type: str = "done"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        if not fields["continued"]:  # said only by an answer continued after a cut
+            del fields["continued"]
+        return fields
 
 
 @dataclass(kw_only=True)
