@@ -30,10 +30,15 @@ response_format and structured_outputs (a value of the JSON schema, a choice, a 
 structured.py), logprobs (logprobs.py), n > 1, and usage.prompt_tokens_details with
 --enable-prompt-tokens-details. Requests are validated with vLLM's 400s (errors.py).
 
-Faults for a single request come from the `X-Sim-Fail` header
-(connect-close, before-first-token, mid-stream, 500, 429, hang), or at random
-with --failure-injection-rate. `python -m benchmarks.engine`
-measures the pacing under load. See `--help` for every flag.
+As vLLM does, a chat with `continue_final_message: true` (and `add_generation_prompt` not true)
+continues the last message, the assistant's partial answer: the answer is only the new tokens,
+and the prefill counts as prompt. A seeded request plans its whole answer and writes what comes
+after the prefill, so an answer cut and continued with the same seed reads as the uncut one.
+
+Faults (faults.py, whose docstring is the grammar) come per request from the `X-Sim-Fail` header
+(`500;times=1`, `mid-stream;after=5;how=close`, `flap;down=5;up=5`, ...), per model from
+`--fault MODEL=SPEC` (MODEL is served too), or at random with --failure-injection-rate.
+`python -m benchmarks.engine` measures the pacing under load. See `--help` for every flag.
 
 A standalone process: no Django here, only asyncio and aiohttp.
 """

@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 
-from .config import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL, FAULTS, LoraModule, SimConfig
+from .config import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL, LoraModule, SimConfig
+from .faults import FAULTS, parse_spec
 from .tools import STRICT_TOOL_CALLING_ENV, TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         prog="python -m inference_ops.simulator",
         description="A CPU-only simulator of vLLM's OpenAI-compatible server.",
         epilog="Other vLLM flags (--dtype, --gpu-memory-utilization, ...) are accepted and "
-        "ignored. Per request, the X-Sim-Fail header injects a fault: " + ", ".join(FAULTS) + ".",
+        "ignored. Per request, the X-Sim-Fail header injects a fault (SPEC: "
+        "<fault>[;key=value]..., every fault takes times=N): " + ", ".join(FAULTS) + ".",
         allow_abbrev=False,  # an unknown vLLM flag must never be read as an abbreviation of ours
     )
     parser.add_argument("--model", help="model name or path (also accepted as `serve MODEL`)")
@@ -112,6 +114,15 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
     )
     parser.add_argument(
         "--failure-injection-rate", type=float, default=0.0, help="0..1 of requests get a fault"
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        type=_model_fault,
+        default=[],
+        metavar="MODEL=SPEC",
+        help="serve MODEL too, every request naming it getting the fault SPEC (as X-Sim-Fail "
+        "takes it, e.g. '500;times=1'); repeatable",
     )
     parser.add_argument(
         "--mode",
@@ -235,6 +246,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         max_logprobs=args.max_logprobs,
         # vLLM's rule (serve/middleware/register.py): --api-key first, else VLLM_API_KEY.
         api_keys=tuple(k for k in (args.api_key or [environ.get("VLLM_API_KEY")]) if k),
+        faults=tuple(args.fault),
         ignored_args=tuple(unknown),
     )
 
@@ -255,6 +267,17 @@ def _token_count(value: str) -> int:
                 factor = 1024 if suffix == "k" else 1024 * 1024
             return int(float(lowered[:-1]) * factor)
     return int(lowered)
+
+
+def _model_fault(value: str) -> tuple[str, str]:
+    model, sep, spec = value.partition("=")
+    if not sep or not model.strip() or not spec.strip():
+        raise argparse.ArgumentTypeError(f"invalid fault {value!r}: expected MODEL=SPEC")
+    try:
+        parse_spec(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid fault {value!r}: {exc}") from None
+    return model.strip(), spec.strip()
 
 
 def _lora_module(value: str) -> LoraModule:

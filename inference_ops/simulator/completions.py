@@ -17,7 +17,14 @@ from aiohttp import web
 from . import generation, structured, tools
 from . import logprobs as lp
 from .engine import Sequence, merged
-from .faults import drop_connection, early_fault, pick_fault
+from .faults import (
+    HANG_SECONDS,
+    Fault,
+    drop_connection,
+    early_fault,
+    late_fault,
+    pick_fault,
+)
 from .http_json import json_body, json_response
 from .protocol import (
     ENGINE_ERROR_MESSAGE,
@@ -62,29 +69,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, parse) -> web.StreamResponse:
     sim = request.app[SIM]
     raw = await request.read()  # read first, so a dropped connection closes cleanly
-    fault = pick_fault(request)
-    if (refused := await early_fault(request, fault)) is not None:
+    fault = pick_fault(request, sim, raw)
+    if (refused := await early_fault(request, sim, fault)) is not None:
         return refused
 
     params = parse(json_body(request, raw))
     # The client's id (X-Request-Id, else the body's request_id) names the response, as in vLLM.
     base_id = request.headers.get("X-Request-Id") or params.request_id or tools.random_uuid()
     request_id = f"chatcmpl-{base_id}" if params.endpoint == "chat" else f"cmpl-{base_id}"
+    if fault is not None and fault.kind == "context-length":
+        _context_fault(sim, params, fault)
     model, choices = _plan(sim, params, request_id)
     # What vLLM's engine refuses when it takes the request in: a 400 before a whole answer, an
     # error event after the 200 of a stream.
     refusal = _engine_refusal(sim, params)
     if refusal is not None and not params.stream:
         raise refusal
-    if fault == "before-first-token":
+    fault = late_fault(sim, fault, prefill=params.continue_final)
+    if fault is not None and fault.kind == "before-first-token":
         # The engine dies during prefill: a stream has its 200 and headers, then nothing.
         if params.stream:
             await web.StreamResponse(headers=SSE_HEADERS).prepare(request)
         await asyncio.sleep(sim.config.ttft / 2)
         await drop_connection(request)
-    # Where a mid-stream fault strikes: after a few tokens, always before the end.
     first = choices[0].seq
-    fail_after = max(1, min(3, len(first.output.tokens) - 1)) if fault == "mid-stream" else None
+    cut = _cut(fault, len(first.output.tokens))
     writer = ChunkWriter(
         endpoint=params.endpoint,
         model=model,
@@ -93,12 +102,58 @@ async def _generate(request: web.Request, parse) -> web.StreamResponse:
         include_usage=params.include_usage,
     )
     if not params.stream:
-        return await _complete(sim, params, writer, choices, fail_after)
+        return await _complete(sim, request, params, writer, choices, cut)
     if refusal is not None:
         return await _refused_stream(request, writer, refusal)
     if params.plain and choices[0].tool_call is None:
-        return await _stream(sim, request, params, writer, first, fail_after)
-    return await _stream_choices(sim, request, params, writer, choices, fail_after)
+        return await _stream(sim, request, params, writer, first, cut)
+    return await _stream_choices(sim, request, params, writer, choices, cut)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where and how a stream fault strikes: after `after` content tokens (counted over the
+    choices), or, for slow-first-token, `delay` seconds before the first."""
+
+    kind: str
+    after: int = 0
+    how: str = "error"
+    delay: float = 0.0
+
+    def reached(self, tokens: int) -> bool:
+        """Whether it strikes once `tokens` content tokens are out."""
+        return self.kind != "slow-first-token" and tokens >= self.after
+
+
+def _cut(fault: Fault | None, planned: int) -> Cut | None:
+    if fault is None:
+        return None
+    if fault.kind == "slow-first-token":
+        return Cut(kind=fault.kind, delay=fault.delay)
+    # By default after a few tokens, always before the end.
+    after = fault.after if fault.after is not None else max(1, min(3, planned - 1))
+    return Cut(kind=fault.kind, after=after, how=fault.how)
+
+
+def _context_fault(sim: Simulator, params: GenerationParams, fault: Fault) -> None:
+    # The fault shrinks the model's window for this request: vLLM's 400 when the request does
+    # not fit it, the request answered when it does.
+    error = context_length_error(
+        max_model_len=fault.max_model_len,
+        prompt_tokens=len(params.prompt_tokens),
+        max_tokens=params.max_tokens,
+    )
+    if error is not None and sim.faults.take(fault):
+        raise error
+
+
+async def _first_token_delay(cut: Cut | None) -> None:
+    if cut is not None and cut.kind == "slow-first-token":
+        await asyncio.sleep(cut.delay)
+
+
+# One line a client cannot read: a chunk cut off inside its JSON.
+MALFORMED_LINE = b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{\n\n'
 
 
 def _echoed(params: GenerationParams) -> str:
@@ -161,6 +216,7 @@ def _plan(sim: Simulator, params: GenerationParams, request_id: str) -> tuple[st
             stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output,
             content_tokens=content,
+            skip=params.prefill_tokens,
         )
         seq = Sequence(
             request_id=request_id if params.n == 1 else f"{index}_{request_id}",
@@ -234,11 +290,12 @@ async def _refused_stream(request, writer: ChunkWriter, refusal: APIError) -> we
 
 
 async def _stream(
-    sim: Simulator, request, params, writer: ChunkWriter, seq: Sequence, fail_after: int | None
+    sim: Simulator, request, params, writer: ChunkWriter, seq: Sequence, cut: Cut | None
 ) -> web.StreamResponse:
     """The plain stream: one choice of text, only the token text encoded per chunk."""
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+    await _first_token_delay(cut)
     sim.engine.submit(seq)
     sent = 0
     echo = _echoed(params)  # goes out with the first tokens, as vLLM sends it
@@ -246,16 +303,22 @@ async def _stream(
         async for batch in seq.stream():
             if sent == 0 and writer.chat:
                 await response.write(writer.roles())
-            if fail_after is not None and sent + len(batch) >= fail_after:
-                text = echo + "".join(batch[: fail_after - sent])
+            if (
+                cut is not None
+                and cut.kind != "slow-first-token"
+                and sent + len(batch) >= cut.after
+            ):
+                head, batch = batch[: cut.after - sent], batch[cut.after - sent :]
+                text, echo = echo + "".join(head), ""
                 if text:
                     await response.write(writer.delta(text))
-                sim.engine.abort(seq)
-                # vLLM reports an engine failure inside the stream as an error
-                # event, then still ends the stream with [DONE].
-                await response.write(writer.error())
-                await response.write(writer.DONE)
-                return response
+                sent += len(head)
+                if cut.kind != "malformed":
+                    sim.engine.abort(seq)
+                    await _break_stream(request, response, cut)
+                    return response
+                await response.write(MALFORMED_LINE)
+                cut = None  # then the stream goes on whole
             sent += len(batch)
             text, echo = echo + "".join(batch), ""
             if seq.finished and not seq.aborted and sent == seq.generated:
@@ -273,8 +336,23 @@ async def _stream(
     return response
 
 
+async def _break_stream(request, response: web.StreamResponse, cut: Cut) -> None:
+    """How a stream fault ends a stream once its tokens are out."""
+    if cut.kind == "mid-stream" and cut.how == "error":
+        # vLLM reports an engine failure inside the stream as an error event, then still ends
+        # the stream with [DONE].
+        await response.write(ChunkWriter.error())
+        await response.write(ChunkWriter.DONE)
+    elif cut.kind == "mid-stream":
+        await drop_connection(request)
+    elif cut.kind == "stall":
+        await asyncio.sleep(HANG_SECONDS)  # until the client gives up
+        await drop_connection(request)
+    # no-done: the response just ends, with neither a finish_reason nor [DONE].
+
+
 async def _stream_choices(
-    sim: Simulator, request, params, writer: ChunkWriter, choices: list[Choice], fail_after
+    sim: Simulator, request, params, writer: ChunkWriter, choices: list[Choice], cut: Cut | None
 ) -> web.StreamResponse:
     """Every other stream: n choices, logprobs, tool calls."""
     response = web.StreamResponse(headers=SSE_HEADERS)
@@ -295,6 +373,7 @@ async def _stream_choices(
         )
         for index, choice in enumerate(choices)
     ]
+    await _first_token_delay(cut)
     for seq in seqs:
         sim.engine.submit(seq)
     sent = 0
@@ -302,12 +381,20 @@ async def _stream_choices(
         async for index, start, end in merged(seqs):
             if sent == 0 and writer.chat:
                 await response.write(writer.roles(len(seqs)))
-            if fail_after is not None and sent + end - start >= fail_after:
-                for seq in seqs:
-                    sim.engine.abort(seq)
-                await response.write(writer.error())
-                await response.write(writer.DONE)
-                return response
+            # Off the plain path a fault strikes between chunks, once `after` tokens are out.
+            if (
+                cut is not None
+                and cut.kind != "slow-first-token"
+                and sent + end - start > cut.after
+            ):
+                if cut.kind == "malformed":
+                    await response.write(MALFORMED_LINE)
+                    cut = None
+                else:
+                    for seq in seqs:
+                        sim.engine.abort(seq)
+                    await _break_stream(request, response, cut)
+                    return response
             sent += end - start
             seq = seqs[index]
             last = seq.finished and not seq.aborted and end == seq.generated
@@ -326,16 +413,26 @@ async def _stream_choices(
 
 
 async def _complete(
-    sim: Simulator, params, writer: ChunkWriter, choices: list[Choice], fail_after: int | None
+    sim: Simulator, request, params, writer: ChunkWriter, choices: list[Choice], cut: Cut | None
 ) -> web.Response:
+    """A whole answer. Of the stream faults, mid-stream is a 500 (or a dropped connection) once
+    `after` tokens are generated, a stall never answers; malformed and no-done, which spoil a
+    stream's events, leave it whole."""
     seqs = [choice.seq for choice in choices]
+    await _first_token_delay(cut)
     for seq in seqs:
         sim.engine.submit(seq)
     try:
-        if fail_after is not None:
+        if cut is not None and cut.kind in ("mid-stream", "stall"):
             async for _ in seqs[0].stream():
-                if seqs[0].generated >= fail_after:
+                if seqs[0].generated >= cut.after:
                     break
+            if cut.kind == "stall" or cut.how == "close":
+                for seq in seqs:
+                    sim.engine.abort(seq)
+                if cut.kind == "stall":
+                    await asyncio.sleep(HANG_SECONDS)
+                await drop_connection(request)
             raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
         for seq in seqs:
             await seq.wait_finished()

@@ -8,7 +8,6 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # vLLM's own default model
 # size of the small sentence-transformers models.
 DEFAULT_EMBEDDING_DIM = 384
 VLLM_VERSION = "0.32.0+sim"  # the vLLM version whose API this simulates, marked as a simulator
-FAULTS = ("connect-close", "before-first-token", "mid-stream", "500", "429", "hang")
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,9 @@ class SimConfig:
     # --api-key or VLLM_API_KEY: the keys one of which a request under /v1 (and vLLM's other
     # guarded prefixes) must carry as a Bearer token.
     api_keys: tuple[str, ...] = ()
+    # --fault MODEL=SPEC: (model, spec) pairs; each model is served, and its requests get the
+    # fault (faults.py).
+    faults: tuple[tuple[str, str], ...] = ()
     ignored_args: tuple[str, ...] = field(default=())
 
     @property

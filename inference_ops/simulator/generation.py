@@ -48,6 +48,7 @@ def plan_output(
     stop: list[str],
     include_stop_str_in_output: bool = False,
     content_tokens: list[str] | None = None,
+    skip: int = 0,
 ) -> PlannedOutput:
     """Plan the completion of one request.
 
@@ -55,20 +56,24 @@ def plan_output(
     output when the request gives no max_tokens (vLLM's default max_tokens).
     `content_tokens` is a structured answer or a tool call, decided by the
     caller: the model writes it and stops, in either mode.
+    `skip` is the length in tokens of an assistant prefill being continued
+    (`continue_final_message`): the model plans its whole answer and writes
+    what comes after those tokens, so an answer cut and continued with the
+    same seed reads as the uncut one.
     """
     limit = max_tokens if max_tokens is not None else room
     if content_tokens is not None:
-        tokens = content_tokens or [""]
+        tokens = content_tokens[skip:] or [""]
         finish = "stop"
     elif mode == "echo" and echo_text is not None:
-        tokens = tokenize(echo_text) or [""]  # an empty prompt still "generates" EOS
+        tokens = tokenize(echo_text)[skip:] or [""]  # an empty prompt still "generates" EOS
         finish = "stop"
     elif max_tokens is not None:
         # A requested length is honoured exactly: the model never stops early.
-        tokens = _random_tokens(rng, max_tokens)
+        tokens = _random_tokens(rng, skip + max_tokens)[skip:]
         finish = "length"
     else:
-        tokens = _random_tokens(rng, rng.randint(*RANDOM_LENGTH))
+        tokens = _random_tokens(rng, rng.randint(*RANDOM_LENGTH))[skip:] or [""]
         finish = "stop"
     if len(tokens) > limit:
         tokens, finish = tokens[:limit], "length"

@@ -23,7 +23,8 @@ async def version(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     sim = request.app[SIM]
     cards = [
-        _model_card(sim, name, root=sim.config.model, parent=None) for name in sim.served_names
+        _model_card(sim, name, root=sim.config.model, parent=None)
+        for name in (*sim.served_names, *sim.fault_models)
     ]
     for lora in sim.loras.values():
         parent = (
@@ -80,9 +81,12 @@ async def tokenize(request: web.Request) -> web.Response:
     sim.resolve_model(body.get("model"))
     if isinstance(body.get("messages"), list):
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        tokens = messages.render(body["messages"], tools).tokens
-        if body.get("add_generation_prompt") is False:
-            tokens = tokens[:-3]  # the trailing "<|im_start|>assistant\n"
+        tokens = messages.render(
+            body["messages"],
+            tools,
+            add_generation_prompt=body.get("add_generation_prompt") is not False,
+            continue_final=body.get("continue_final_message") is True,
+        ).tokens
     elif isinstance(body.get("prompt"), str):
         tokens = tokenizer.tokenize(body["prompt"])
     else:

@@ -46,9 +46,22 @@ class Prompt:
     media_tokens: dict[str, int] = field(default_factory=dict)  # placeholder tokens by modality
     echo_text: str = ""  # what echo mode repeats: the last user message, or the last tool result
     ends_with_tool_result: bool = False
+    prefill: str | None = None  # the assistant's partial answer being continued
 
 
-def parse_messages(messages, tools: list[dict] | None = None) -> Prompt:
+# vLLM's refusal (its Mistral and DeepSeek renderers; the one the gateway's prefill must not hit).
+NOT_ASSISTANT_FINAL = (
+    "Cannot set `continue_final_message` to True when the last message is not from the assistant."
+)
+
+
+def parse_messages(
+    messages,
+    tools: list[dict] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final: bool = False,
+) -> Prompt:
     """Validate chat messages like vLLM and render the simulated prompt."""
     if messages is None:
         raise validation_error("messages", "Field required", "missing", None)
@@ -56,15 +69,29 @@ def parse_messages(messages, tools: list[dict] | None = None) -> Prompt:
         raise validation_error("messages", "Input should be a valid list", "list_type", messages)
     for index, message in enumerate(messages):
         _check_message(index, message)
-    return render(messages, tools)
+    if continue_final and (not messages or messages[-1].get("role") != "assistant"):
+        raise vllm_error(NOT_ASSISTANT_FINAL)
+    return render(
+        messages, tools, add_generation_prompt=add_generation_prompt, continue_final=continue_final
+    )
 
 
-def render(messages: list, tools: list[dict] | None = None) -> Prompt:
+def render(
+    messages: list,
+    tools: list[dict] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final: bool = False,
+) -> Prompt:
     """The tokens of a ChatML-style rendering, generation prompt included.
 
     Real chat templates count markers, tool definitions and tool calls as prompt tokens too; this
     gives each the same plausible overhead, so counts move the way a real server's do. /tokenize
-    uses it unvalidated, so it tolerates any shape."""
+    uses it unvalidated, so it tolerates any shape.
+
+    With `continue_final` (vLLM's `continue_final_message`), the last message is left open, as
+    transformers cuts the rendered chat right after its content: the model's answer goes on from
+    there, and no generation prompt follows."""
     prompt = Prompt(tokens=[])
     tokens = prompt.tokens
     if tools:
@@ -73,13 +100,16 @@ def render(messages: list, tools: list[dict] | None = None) -> Prompt:
             tokens += tokenize("\n" + json.dumps(tool, ensure_ascii=False))
         tokens += ["\n", "</tools>", IM_END, "\n"]
     last_user = ""
-    for message in messages:
+    for number, message in enumerate(messages, start=1):
         if not isinstance(message, dict):
             continue
         role = str(message.get("role", ""))
         tokens += [IM_START, role, "\n"]
         text = _content(message.get("content"), prompt)
         tokens += tokenize(text)
+        if continue_final and number == len(messages):
+            prompt.prefill = text
+            return prompt
         for call in message.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
@@ -90,7 +120,8 @@ def render(messages: list, tools: list[dict] | None = None) -> Prompt:
             last_user = text
         prompt.ends_with_tool_result = role == "tool"
         prompt.echo_text = text if role == "tool" else last_user
-    tokens += [IM_START, "assistant", "\n"]
+    if add_generation_prompt:
+        tokens += [IM_START, "assistant", "\n"]
     return prompt
 
 

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from . import embeddings as sim_embeddings
 from . import scoring
-from .faults import drop_connection, early_fault, pick_fault
+from .faults import HANG_SECONDS, drop_connection, early_fault, late_fault, pick_fault
 from .http_json import json_body, json_response
 from .protocol import (
     ENGINE_ERROR_MESSAGE,
@@ -134,8 +134,8 @@ async def _score(request: web.Request, parse) -> web.Response:
     streamed: a drop or a 500 during the pass."""
     sim = request.app[SIM]
     raw = await request.read()
-    fault = pick_fault(request)
-    if (refused := await early_fault(request, fault)) is not None:
+    fault = pick_fault(request, sim, raw)
+    if (refused := await early_fault(request, sim, fault)) is not None:
         return refused
     params = parse(json_body(request, raw))
     model, _ = sim.resolve_model(params.model, pooling=True)
@@ -149,11 +149,20 @@ async def _score(request: web.Request, parse) -> web.Response:
         if error is not None:
             raise error
         tokens += count
-    if fault == "before-first-token":
+    fault = late_fault(sim, fault, prefill=False)
+    kind = fault.kind if fault is not None else None
+    if kind == "before-first-token":
         await asyncio.sleep(sim.config.ttft / 2)
         await drop_connection(request)
+    if kind == "slow-first-token":
+        await asyncio.sleep(fault.delay)
     await asyncio.sleep(sim.config.ttft)
-    if fault == "mid-stream":
+    if kind == "stall":
+        await asyncio.sleep(HANG_SECONDS)
+        await drop_connection(request)
+    if kind == "mid-stream":
+        if fault.how == "close":
+            await drop_connection(request)
         raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
     if sim.config.cross_encoder:
         scores = [scoring.cross_encoder_score(one, two) for one, two in pairs]

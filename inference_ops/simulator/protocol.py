@@ -50,6 +50,10 @@ class GenerationParams:
     constraint: Constraint | None = None
     media_tokens: dict[str, int] = field(default_factory=dict)
     ends_with_tool_result: bool = False
+    # continue_final_message: the tokens of the assistant's partial answer, which the answer
+    # continues (0: a new answer).
+    prefill_tokens: int = 0
+    continue_final: bool = False
 
     @property
     def plain(self) -> bool:
@@ -66,8 +70,19 @@ def parse_chat(body) -> GenerationParams:
     )
     logprobs = _chat_logprobs(body)
     _check_stream_options(body)
+    # ChatCompletionRequest.check_generation_prompt, a validator on the raw values.
+    if body.get("continue_final_message") and body.get("add_generation_prompt"):
+        raise vllm_error(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    continue_final = _optional_bool(body, "continue_final_message")
+    add_generation_prompt = _optional_bool(body, "add_generation_prompt")
     prompt = messages.parse_messages(
-        body.get("messages"), tool_request.tools if tool_request else None
+        body.get("messages"),
+        tool_request.tools if tool_request else None,
+        # vLLM's default is true; with continue_final_message, unset counts as false.
+        add_generation_prompt=add_generation_prompt is not False and not continue_final,
+        continue_final=bool(continue_final),
     )
     # vLLM: max_completion_tokens supersedes the deprecated max_tokens.
     max_tokens = _optional_int(body, "max_completion_tokens")
@@ -86,6 +101,8 @@ def parse_chat(body) -> GenerationParams:
             constraint=constraint,
             media_tokens=prompt.media_tokens,
             ends_with_tool_result=prompt.ends_with_tool_result,
+            prefill_tokens=len(tokenize(prompt.prefill)) if prompt.prefill else 0,
+            continue_final=bool(continue_final),
         ),
     )
 
@@ -308,6 +325,13 @@ def _optional_int(body: dict, key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise validation_error(key, "Input should be a valid integer", "int_type", value)
+    return value
+
+
+def _optional_bool(body: dict, key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise validation_error(key, "Input should be a valid boolean", "bool_type", value)
     return value
 
 

@@ -1,6 +1,7 @@
 """What the simulated server holds while it runs: its engine and metrics, the LoRA adapters it
 serves, the random streams of text and faults; and which served model a request names."""
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -9,6 +10,7 @@ from aiohttp import web
 
 from .config import VLLM_VERSION, LoraModule, SimConfig
 from .engine import Engine
+from .faults import Fault, FaultBook, parse_spec
 from .metrics import Metrics
 from .protocol import APIError
 
@@ -30,6 +32,14 @@ class Simulator:
             prefix_caching=config.enable_prefix_caching,
         )
         self.loras: dict[str, LoraModule] = {m.name: m for m in config.lora_modules}
+        # The models named by --fault are served too, each answering under its own name.
+        # Counted per model: two models given the same SPEC each get its `times`.
+        self.model_faults: dict[str, Fault] = {
+            model: dataclasses.replace(parse_spec(spec), spec=f"{model}={spec}")
+            for model, spec in config.faults
+        }
+        self.fault_models = tuple(m for m in self.model_faults if m not in self.served_names)
+        self.faults = FaultBook()
         # Two streams from one seed, so injected faults do not shift generated text.
         self.text_rng = random.Random(config.seed)
         self.fault_rng = random.Random(None if config.seed is None else config.seed + 1)
@@ -43,6 +53,8 @@ class Simulator:
             # vLLM answers with the primary served name, whichever alias was asked for; a request
             # that names no model at all goes to the base model.
             return self.served_names[0], None
+        if name in self.model_faults:
+            return name, None
         if name in self.loras:
             return name, name
         message = f"The model `{name}` does not exist."
