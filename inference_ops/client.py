@@ -185,6 +185,7 @@ async def stream_chat(
     produced = False
     response = None
     deadline = None
+    count = 0
     body = {
         **(fields or _EMPTY),
         "model": config.model,
@@ -204,7 +205,7 @@ async def stream_chat(
         )
         reads = stream_reads(response)
         said = _ChatChunks(config)
-        ttft, count = None, 0
+        ttft = None
         deadline = StreamDeadline(
             loop,
             first=min(first_deadline, total_deadline),
@@ -249,6 +250,11 @@ async def stream_chat(
             system_fingerprint=said.fingerprint,
             skipped_chunks=said.skipped,
         )
+    except EngineError as exc:
+        # The chunks that reached the caller before the failure: the tokens an answer continued
+        # elsewhere already has (its ceiling there is the rest).
+        exc.chunks = count
+        raise
     finally:
         if deadline is not None:
             deadline.close()

@@ -57,6 +57,7 @@ class EngineError(InferenceError):
             retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
         )
         self.detail = message  # what failed, without the endpoint's name
+        self.chunks = 0  # the stream's chunks that reached the caller before it failed
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
 
     @property

@@ -596,15 +596,25 @@ class _Resumed:
     text: list[str]
     ttft: float | None
     cut_at: str
+    produced: int = 0  # the engines' chunks of the answer so far (about one token each)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     on: list[str] = dataclasses.field(default_factory=list)
+    # The answer's chunks so far when each attempt that was cut began (0: the first).
+    starts: list[int] = dataclasses.field(default_factory=lambda: [0])
 
     def usage(self, last: dict | None) -> dict | None:
+        """The usage of every attempt: the last one's as its engine reported it, and the cut
+        ones' derived from it. The last prompt is the first one with the answer so far appended
+        (the prefill, as many tokens as the engines produced), so each cut attempt's prompt is
+        the last one's less what was produced after that attempt began; the estimates only where
+        that cannot hold."""
         if last is None:
             return None
         usage = dict(last)
-        usage["prompt_tokens"] = last["prompt_tokens"] + self.prompt_tokens
+        first = last["prompt_tokens"] - self.produced
+        cut = sum(first + start for start in self.starts) if first > 0 else self.prompt_tokens
+        usage["prompt_tokens"] = last["prompt_tokens"] + cut
         usage["completion_tokens"] = last["completion_tokens"] + self.completion_tokens
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return usage
@@ -618,9 +628,13 @@ async def _continue(
     to the chain's next targets that accept one, and the new tokens follow the old in the same
     stream. When none can, `cut`: the original failure, never a prefill refusal in its place."""
     plan, attempts, meter = broken.plan, broken.attempts, broken.meter
-    resumed = _Resumed(text=list(broken.text), ttft=broken.ttft, cut_at=broken.target.endpoint)
-    taken = meter.carry()
-    resumed.prompt_tokens, resumed.completion_tokens = taken
+    resumed = _Resumed(
+        text=list(broken.text),
+        ttft=broken.ttft,
+        cut_at=broken.target.endpoint,
+        produced=failure.chunks,
+    )
+    resumed.prompt_tokens, resumed.completion_tokens = meter.carry(failure.chunks)
     attempts.notes.append(f"{broken.target.endpoint}: {failure.kind} after its first tokens")
     candidates = ([broken.target] if broken.target.config.retries else []) + rest
     for target in candidates:
@@ -653,7 +667,9 @@ async def _continue(
                 if new or exc.produced_tokens:
                     # It added to the answer before it broke too: the next one goes on from there.
                     resumed.text.extend(attempt.text)
-                    prompt, completion = meter.carry()
+                    resumed.starts.append(resumed.produced)
+                    resumed.produced += exc.chunks
+                    prompt, completion = meter.carry(exc.chunks)
                     resumed.prompt_tokens += prompt
                     resumed.completion_tokens += completion
                 else:
@@ -931,7 +947,7 @@ class _Attempt:
             so_far = "".join(self.resumed.text)
             messages.append({"role": "assistant", "content": so_far})
             extra_body = {"continue_final_message": True, "add_generation_prompt": False}
-            max_tokens = max(1, plan.max_tokens - approx_tokens(so_far))
+            max_tokens = max(1, plan.max_tokens - (self.resumed.produced or approx_tokens(so_far)))
         self.meter.begin(self.target, messages, self.text)
         return stream_chat(
             self.target.config,
@@ -1100,15 +1116,16 @@ class _Meter:
         self.taken_tokens += prompt
         self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
 
-    def carry(self) -> tuple[int, int]:
+    def carry(self, chunks: int) -> tuple[int, int]:
         """The target's stream broke after its first tokens and the answer goes on elsewhere: what
-        it took and produced is counted with the rest (estimated: a cut stream says no usage).
+        it took and produced is counted with the rest (a cut stream says no usage: its prompt
+        estimated, its completion the chunks it sent, about a token each, else estimated).
         Returns its prompt and completion tokens."""
         target = self.target
         if target is None:
             return 0, 0
         self.target = None
-        prompt, completion = self.prompt, self._produced()
+        prompt, completion = self.prompt, chunks or self._produced()
         self.taken_tokens += prompt
         self.taken_completion += completion
         self.taken_cost += target.price.cost(prompt, completion, time.monotonic() - self.since)
