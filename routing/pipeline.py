@@ -471,6 +471,12 @@ async def _generate(
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for at, target in enumerate(chain):
             if (refusal := _refusal(plan, target)) is not None:
+                if plan.named and at == 0 and refusal[1].code != "too_long":
+                    # The model named cannot take a field or API the client sent: the client's
+                    # to change, not a failure another model should hide (a prompt too long for
+                    # its window is what a larger one is for).
+                    yield refusal[1]
+                    return
                 attempts.refused(target, *refusal)
                 continue
             if attempts.too_small is not None and target.context_window <= attempts.too_small:
