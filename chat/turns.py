@@ -507,6 +507,9 @@ def _record(
         kb_entry_id=kb.entry_id if kb else None,
         kb_score=kb.score if kb else None,
         fell_back_from=source.fell_back_from if source is not None else (),
+        retried=source.retried if source is not None else (),
+        skipped_chunks=done.skipped_chunks if done is not None else 0,
+        continued=done.continued if done is not None else (),
         features=" ".join((*features, "tool_calls") if spent.tool_calls else features),
         key=key,
     )

@@ -223,7 +223,10 @@ CHANNEL_LAYERS = {
 ROUTING_BREAKER_FAILURES = env_int("ROUTING_BREAKER_FAILURES", 5, minimum=1)  # in a row, to open
 # A process trusts a breaker it found closed and clean this long without asking Redis again.
 ROUTING_BREAKER_CHECK_SECONDS = env_float("ROUTING_BREAKER_CHECK_SECONDS", 0.5, minimum=0.0)
-ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 30.0, minimum=0.1)  # seconds open
+# An open breaker probes its endpoint after ROUTING_BREAKER_PROBE_FIRST seconds, then twice as long
+# after each failed probe, at most ROUTING_BREAKER_COOLDOWN apart (routing.breaker).
+ROUTING_BREAKER_PROBE_FIRST = env_float("ROUTING_BREAKER_PROBE_FIRST", 1.0, minimum=0.1)
+ROUTING_BREAKER_COOLDOWN = env_float("ROUTING_BREAKER_COOLDOWN", 8.0, minimum=0.1)
 # The longest an endpoint's Retry-After (429/503) keeps it skipped.
 ROUTING_MAX_RETRY_AFTER = env_float("ROUTING_MAX_RETRY_AFTER", 120.0, minimum=0.0)
 # How often a process asks Redis whether the rules changed: a change reaches every process within

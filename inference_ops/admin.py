@@ -89,6 +89,10 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
             {"fields": ["connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"]},
         ),
         (
+            "Retries and continuation",
+            {"fields": ["retries", "retry_base", "retry_cap", "accepts_prefill"]},
+        ),
+        (
             "Prices (the request log's cost and the budgets; empty: free)",
             {"fields": ["price_input", "price_output", "price_engine_second"]},
         ),

@@ -39,6 +39,11 @@ class EndpointConfig:
     total_timeout: float = 300.0
     max_concurrency: int = 64
     headers: tuple[tuple[str, str], ...] = ()
+    # Retries before the first token, the pipeline's (routing.pipeline): how many, and the
+    # backoff's base and cap in seconds.
+    retries: int = 2
+    retry_base: float = 0.25
+    retry_cap: float = 2.0
 
     @classmethod
     def from_endpoint(cls, endpoint) -> EndpointConfig:
@@ -55,6 +60,9 @@ class EndpointConfig:
             headers=tuple(
                 sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())
             ),
+            retries=endpoint.retries,
+            retry_base=endpoint.retry_base,
+            retry_cap=endpoint.retry_cap,
         )
 
 
@@ -98,6 +106,7 @@ class Finish:
     tokens: int  # chunks that said something (text, a tool call's part, logprobs), all reads
     finish_reasons: dict[int, str] = field(default_factory=dict)  # every choice's, by index
     system_fingerprint: str | None = None
+    skipped_chunks: int = 0  # unreadable chunks passed over
 
 
 # A choice of the first index with nothing but text in its delta: relayed as its text alone.
@@ -176,6 +185,7 @@ async def stream_chat(
     produced = False
     response = None
     deadline = None
+    count = 0
     body = {
         **(fields or _EMPTY),
         "model": config.model,
@@ -195,7 +205,7 @@ async def stream_chat(
         )
         reads = stream_reads(response)
         said = _ChatChunks(config)
-        ttft, count = None, 0
+        ttft = None
         deadline = StreamDeadline(
             loop,
             first=min(first_deadline, total_deadline),
@@ -238,7 +248,13 @@ async def stream_chat(
             tokens=count,
             finish_reasons=said.finish_reasons,
             system_fingerprint=said.fingerprint,
+            skipped_chunks=said.skipped,
         )
+    except EngineError as exc:
+        # The chunks that reached the caller before the failure: the tokens an answer continued
+        # elsewhere already has (its ceiling there is the rest).
+        exc.chunks = count
+        raise
     finally:
         if deadline is not None:
             deadline.close()
@@ -250,9 +266,10 @@ class _ChatChunks:
     """What a chat stream's chunks say, a network read at a time: each read's text of the first
     choice (and its choices as sent, when one is more than that text), and over the whole stream
     every choice's finish reason, the usage, the system fingerprint and the end (`[DONE]`). An
-    error event or an unreadable chunk is the read's failure, after what came before it."""
+    error event is the read's failure, after what came before it; an unreadable chunk is skipped
+    and counted."""
 
-    __slots__ = ("config", "events", "finish_reasons", "usage", "fingerprint", "done")
+    __slots__ = ("config", "events", "finish_reasons", "usage", "fingerprint", "done", "skipped")
 
     def __init__(self, config: EndpointConfig):
         self.config = config
@@ -261,6 +278,7 @@ class _ChatChunks:
         self.usage: Usage | None = None
         self.fingerprint: str | None = None
         self.done = False
+        self.skipped = 0  # unreadable chunks passed over
 
     def read(
         self, data: bytes, *, produced: bool
@@ -309,11 +327,11 @@ class _ChatChunks:
                         texts.append(text)
                     if (reason := choice.get("finish_reason")) is not None:
                         self.finish_reasons[index] = reason
-            except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
-                failed = unreadable_chunk(
-                    self.config, exc, produced=produced or bool(texts) or rich
-                )
-                break
+            except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError):
+                # One unreadable chunk is skipped, not fatal: the stream's end still has to come
+                # (a finish reason), or the answer fails as truncated. Counted for the metrics.
+                self.skipped += 1
+                continue
         return texts, _relayed(choices) if rich else None, failed
 
 

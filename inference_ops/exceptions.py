@@ -29,6 +29,11 @@ class EngineError(InferenceError):
         "stream_error": True,  # an error frame inside the SSE stream
         "stream_truncated": True,  # the stream ended without a finish reason or [DONE]
         "malformed": False,  # a chunk that is not the API's JSON
+        # HTTP 400s that say what of the request failed: the prompt is over the engine's context
+        # window (a target with a larger one may take it), a content policy refused it (the same
+        # anywhere: passed to the client with the provider's reason).
+        "context_length": False,
+        "content_filter": False,
     }
 
     def __init__(
@@ -52,6 +57,7 @@ class EngineError(InferenceError):
             retry_after  # seconds the engine asked to be left alone (429/503 Retry-After)
         )
         self.detail = message  # what failed, without the endpoint's name
+        self.chunks = 0  # the stream's chunks that reached the caller before it failed
         super().__init__(f"{endpoint + ': ' if endpoint else ''}{message}")
 
     @property

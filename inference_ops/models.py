@@ -5,7 +5,7 @@ import os
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from core.key_env import key_env_problem
@@ -73,6 +73,34 @@ class ModelEndpoint(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
     )
+    # Retries before the first token (routing.pipeline): a transient failure (5xx, reset,
+    # refused, no headers in time, a 429) is tried again on this endpoint, after a backoff with
+    # full jitter, before the chain's next target is.
+    retries = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MaxValueValidator(10)],
+        help_text="Tries again after a transient failure before the first token, before the next "
+        "target of the chain. 0: straight to the next target.",
+    )
+    retry_base = models.FloatField(
+        "retry backoff base",
+        default=0.25,
+        validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
+        help_text="Seconds; the n-th retry waits a random time up to base × 2^(n-1), capped.",
+    )
+    accepts_prefill = models.BooleanField(
+        "accepts prefill",
+        default=False,
+        help_text="Continues a partial assistant answer sent as the last message "
+        "(continue_final_message, as vLLM does): an answer cut mid-stream elsewhere may be "
+        "finished here. vLLM endpoints always do.",
+    )
+    retry_cap = models.FloatField(
+        "retry backoff cap",
+        default=2.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
+        help_text="Seconds: the longest backoff between two tries.",
+    )
     extra_headers = models.JSONField(
         default=dict,
         blank=True,
@@ -130,6 +158,11 @@ class ModelEndpoint(models.Model):
     def road(self) -> str:
         """The road a request to this endpoint takes: local (our own engines) or external."""
         return "external" if self.kind == self.Kind.EXTERNAL else "local"
+
+    @property
+    def continues_answers(self) -> bool:
+        """Whether an answer cut elsewhere may be continued here (an assistant prefill)."""
+        return self.kind == self.Kind.VLLM or self.accepts_prefill
 
     @property
     def request_model(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import json
+import re
 
 import httpx2
 import openai
@@ -45,9 +46,14 @@ def engine_error_from_sdk(
         kind = (
             "rate_limited" if status == 429 else "server_error" if status >= 500 else "client_error"
         )
+        message = f"HTTP {status}: {exc.message}"
+        if kind == "client_error":
+            kind = _refusal_kind(exc) or kind
+            if kind == "content_filter":
+                message = _provider_message(exc)  # the provider's reason, for the client
         return EngineError(
             kind,
-            f"HTTP {status}: {exc.message}",
+            message,
             produced_tokens=produced,
             status_code=status,
             endpoint=endpoint,
@@ -63,6 +69,38 @@ def engine_error_from_sdk(
     return EngineError(
         "malformed", f"unreadable response: {exc}", produced_tokens=produced, endpoint=endpoint
     )
+
+
+# vLLM's 400s for a prompt over --max-model-len (its versions word it differently) and OpenAI's.
+_CONTEXT_LENGTH = re.compile(
+    r"maximum context length|maximum model length|context length|context window", re.IGNORECASE
+)
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+# OpenAI's (and Azure OpenAI's) content-policy refusals.
+_FILTER_CODES = frozenset({"content_filter", "content_policy_violation"})
+
+
+def _refusal_kind(exc: openai.APIStatusError) -> str | None:
+    """What a 4xx says of the request, when it says one of the two things a gateway acts on: the
+    prompt is too long for this engine, or a content policy refused it."""
+    code = exc.code if isinstance(exc.code, str) else None
+    if code in _FILTER_CODES:
+        return "content_filter"
+    if exc.status_code == 400 and (
+        code in _CONTEXT_CODES or _CONTEXT_LENGTH.search(exc.message or "")
+    ):
+        return "context_length"
+    return None
+
+
+def _provider_message(exc: openai.APIStatusError) -> str:
+    """The error's own message as the provider wrote it, without the SDK's status preamble."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        if isinstance(inner.get("message"), str) and inner["message"]:
+            return inner["message"]
+    return exc.message
 
 
 def retry_after(headers) -> float | None:

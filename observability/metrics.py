@@ -167,6 +167,27 @@ FALLBACKS = Counter(
     "target that answered (empty: none did).",
     ["passed_over", "target"],
 )
+RETRIES = Counter(
+    "gateway_retries_total",
+    "Same-target retries before the first token, by endpoint and the failure retried (its code).",
+    ["endpoint", "code"],
+)
+RETRY_WAIT = Counter(
+    "gateway_retry_wait_seconds_total",
+    "Time requests waited before retrying an endpoint (backoff or its Retry-After).",
+    ["endpoint"],
+)
+SKIPPED_CHUNKS = Counter(
+    "gateway_stream_chunks_skipped_total",
+    "Unreadable chunks of an engine's stream passed over, by the target that sent them.",
+    ["target"],
+)
+CONTINUATIONS = Counter(
+    "gateway_continuations_total",
+    "Answers whose stream broke after their first tokens and were finished from where they were "
+    "cut (an assistant prefill), by the endpoint that continued them.",
+    ["target"],
+)
 FEATURES = Counter(
     "gateway_request_features_total",
     "Requests that asked a model for more than text, by what they asked "
@@ -249,6 +270,13 @@ def _ended(record: RequestRecord) -> None:
         _child(KB_LOOKUPS, method, result).inc()
     for passed_over in record.fell_back_from:
         _child(FALLBACKS, _name(passed_over), target).inc()
+    for endpoint, cause, wait in record.retried:
+        _child(RETRIES, _name(endpoint), _one_of(cause, ERROR_CODES)).inc()
+        _child(RETRY_WAIT, _name(endpoint)).inc(wait)
+    for continuing in record.continued:
+        _child(CONTINUATIONS, _name(continuing)).inc()
+    if record.skipped_chunks:
+        _child(SKIPPED_CHUNKS, target).inc(record.skipped_chunks)
     if record.features:
         for feature in record.features.split():
             _child(FEATURES, interface, _one_of(feature, FEATURE_NAMES)).inc()

@@ -84,6 +84,13 @@ class RequestLog(models.Model):
     )
     kb_score = models.FloatField("KB score", null=True)
     fallbacks = models.SmallIntegerField(default=0)
+    # Same-target retries before the first token (routing.pipeline): how many, the time they
+    # waited in all, their causes (engine failure kinds, space-separated, each once).
+    retries = models.SmallIntegerField(default=0)
+    retry_wait_ms = models.FloatField("retry wait ms", null=True)
+    retry_causes = models.CharField(max_length=100, blank=True, default="")
+    # Unreadable chunks of the engine's stream passed over.
+    skipped_chunks = models.SmallIntegerField(default=0)
     # REQUEST_FEATURES' names, space-separated: what the request asked beyond text.
     features = models.CharField(max_length=100, blank=True, default="")
     request_key = models.UUIDField()

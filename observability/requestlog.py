@@ -56,6 +56,10 @@ class RequestRecord:
     kb_entry_id: int | None  # the entry that answered, or the best candidate that did not
     kb_score: float | None
     fell_back_from: tuple[str, ...] = ()  # endpoints passed over before the answer
+    # Same-target retries before the first token: (endpoint, the failure's kind, seconds waited).
+    retried: tuple[tuple[str, str, float], ...] = ()
+    skipped_chunks: int = 0  # unreadable chunks of the engine's stream passed over
+    continued: tuple[str, ...] = ()  # endpoints that continued the answer after a cut (metrics)
     # What it asked beyond text: observability.models.REQUEST_FEATURES' names, space-separated.
     features: str = ""
     api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)
@@ -164,6 +168,10 @@ COLUMNS = (
     ("kb_entry_id", "bigint"),
     ("kb_score", "float8"),
     ("fallbacks", "smallint"),
+    ("retries", "smallint"),
+    ("retry_wait_ms", "float8"),
+    ("retry_causes", "text"),
+    ("skipped_chunks", "smallint"),
     ("features", "text"),
     ("request_key", "uuid"),
 )
@@ -179,6 +187,14 @@ _INSERT_SQL = (
 def _short(value: str, limit: int) -> str:
     # Names and codes only; a NUL cannot be stored in text and must not sink the batch.
     return value.replace("\x00", "")[:limit]
+
+
+def _waited_ms(retried: tuple[tuple[str, str, float], ...]) -> float | None:
+    return round(sum(wait for _, _, wait in retried) * 1000, 1) if retried else None
+
+
+def _causes(retried: tuple[tuple[str, str, float], ...]) -> str:
+    return _short(" ".join(dict.fromkeys(kind for _, kind, _ in retried)), 100)
 
 
 def _write(batch: list[RequestRecord]) -> int:
@@ -207,6 +223,10 @@ def _write(batch: list[RequestRecord]) -> int:
         [r.kb_entry_id for r in batch],
         [r.kb_score for r in batch],
         [min(len(r.fell_back_from), 32767) for r in batch],
+        [min(len(r.retried), 32767) for r in batch],
+        [_waited_ms(r.retried) for r in batch],
+        [_causes(r.retried) for r in batch],
+        [min(r.skipped_chunks, 32767) for r in batch],
         [_short(r.features, 100) for r in batch],
         [r.key for r in batch],
     )

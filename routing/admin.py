@@ -107,6 +107,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             "Generation",
             {
                 "fields": [
+                    "pin_named",
                     "system_prompt",
                     "use_kb_context",
                     "context_k",

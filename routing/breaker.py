@@ -2,8 +2,13 @@
 
 closed    -> requests flow; consecutive retryable failures are counted.
 open      -> after N failures in a row: requests skip the endpoint at once, no timeout paid.
-half-open -> after the cool-down, exactly one request (whoever sets the probe key first)
-             tries the endpoint; success closes the breaker, failure opens it again.
+half-open -> when the probe is due, exactly one request (whoever sets the probe key first)
+             tries the endpoint; success closes the breaker, failure keeps it open and puts the
+             next probe further off: ROUTING_BREAKER_PROBE_FIRST, then twice as long after each
+             failed probe, at most ROUTING_BREAKER_COOLDOWN. A failed probe never restarts a
+             long cool-down, so an endpoint that recovers gets its traffic back within the cap
+             (a primary down for a few seconds was shut out for a whole cool-down at every
+             probe); a dead one costs one request per interval.
 resting   -> the endpoint answered 429 or 503 with Retry-After: skipped for that long (capped),
              whatever the failure count; the next request after it goes through.
 
@@ -22,7 +27,9 @@ only when this process last saw something to clear. A failure always goes to Red
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -91,7 +98,7 @@ def _reading(data: dict[bytes, bytes], probing: int) -> BreakerState:
             return BreakerState("resting", failures, None, resting)
         return BreakerState("closed", failures, None, None)
     opened_at = float(data[b"opened_at"])
-    retry_in = opened_at + settings.ROUTING_BREAKER_COOLDOWN - time.time()
+    retry_in = _probe_at(data) - time.time()
     if retry_in <= 0 and probing:
         return BreakerState("half_open", failures, opened_at, None)
     return BreakerState(
@@ -99,8 +106,24 @@ def _reading(data: dict[bytes, bytes], probing: int) -> BreakerState:
     )
 
 
+def _probe_at(data: Mapping) -> float:
+    """When an open breaker's next probe may go (a hash written before probe_at existed: its
+    opening plus the first interval)."""
+    if b"probe_at" in data:
+        return float(data[b"probe_at"])
+    return float(data[b"opened_at"]) + _interval(0)
+
+
+def _interval(failed_probes: int) -> float:
+    """The wait before the next probe, after `failed_probes` probes failed in a row."""
+    return min(
+        settings.ROUTING_BREAKER_COOLDOWN,
+        settings.ROUTING_BREAKER_PROBE_FIRST * 2 ** min(failed_probes, 30),
+    )
+
+
 async def allow(endpoint: str) -> bool:
-    """May a request go to `endpoint` now? Open: no. Past the cool-down: one probe."""
+    """May a request go to `endpoint` now? Open: no. Its probe due: one request, the probe."""
     if _clean_until.get(endpoint, 0.0) > time.monotonic():
         return True
     key, probe = _keys(endpoint)
@@ -114,12 +137,13 @@ async def allow(endpoint: str) -> bool:
             if not data:
                 _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
             return float(data.get(b"rest_until", 0)) <= time.time()
-        if time.time() - float(data[b"opened_at"]) < settings.ROUTING_BREAKER_COOLDOWN:
+        if time.time() < _probe_at(data):
             return False
-        # Half-open: the first process to set the probe key sends the probe; the others wait.
+        # Half-open: the first process to set the probe key sends the probe; the others wait. The
+        # key lapses on its own should the probe's process die with it.
         return bool(
             await _redis().set(
-                probe, "1", nx=True, ex=max(1, int(settings.ROUTING_BREAKER_COOLDOWN))
+                probe, "1", nx=True, ex=max(1, math.ceil(settings.ROUTING_BREAKER_COOLDOWN))
             )
         )
     except Exception:  # noqa: BLE001
@@ -137,11 +161,21 @@ async def success(endpoint: str) -> None:
 
 
 # One failure, atomically: two processes failing at once cannot both read "not open yet" and lose
-# a count, and one round trip instead of five. A failed probe re-opens for a fresh cool-down.
+# a count, and one round trip instead of five. Open, a failed probe (its key still set) puts the
+# next one twice as far off, capped; a request that was already under way when the breaker opened
+# changes nothing.
 _FAILURE = """
 local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-if failures >= tonumber(ARGV[1]) or redis.call('HGET', KEYS[1], 'state') == 'open' then
-  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', ARGV[2])
+local now = tonumber(ARGV[2])
+local first, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+if redis.call('HGET', KEYS[1], 'state') == 'open' then
+  if redis.call('DEL', KEYS[2]) == 1 then
+    local probes = redis.call('HINCRBY', KEYS[1], 'probes', 1)
+    redis.call('HSET', KEYS[1], 'probe_at', now + math.min(cap, first * 2 ^ math.min(probes, 30)))
+  end
+elseif failures >= tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', ARGV[2], 'probes', 0,
+             'probe_at', now + math.min(cap, first))
   redis.call('DEL', KEYS[2])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -155,7 +189,15 @@ async def failure(endpoint: str) -> None:
     key, probe = _keys(endpoint)
     try:
         await _redis().eval(
-            _FAILURE, 2, key, probe, settings.ROUTING_BREAKER_FAILURES, repr(time.time()), _TTL
+            _FAILURE,
+            2,
+            key,
+            probe,
+            settings.ROUTING_BREAKER_FAILURES,
+            repr(time.time()),
+            _TTL,
+            settings.ROUTING_BREAKER_PROBE_FIRST,
+            settings.ROUTING_BREAKER_COOLDOWN,
         )
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable", exc_info=True)

@@ -105,7 +105,7 @@ class KbLookup:
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
 # KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing")
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing", "retried", "skipped_chunks")
 
 
 @dataclass(kw_only=True)
@@ -135,6 +135,9 @@ class Route(Event):
     engine_ms: float | None = None
     # the caller's tightest request and token limits after this request (/v1's x-ratelimit-*)
     standing: Standing | None = None
+    # A route in the middle of an answer: the endpoint whose stream broke after its first tokens,
+    # the answer going on here from where it was cut.
+    continued_from: str | None = None
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -142,6 +145,8 @@ class Route(Event):
         reason = fields.pop("reason")
         if not details:
             fields["why"] = reason
+        if fields["continued_from"] is None:  # said only by a continuation's route
+            del fields["continued_from"]
         return fields
 
 
@@ -183,7 +188,18 @@ class Done(Event):
     # every choice's finish reason by its index, when the engine answered several
     finish_reasons: dict[int, str] | None = None
     system_fingerprint: str | None = None
+    # same-target retries before the first token: (endpoint, the failure's kind, seconds waited)
+    retried: tuple[tuple[str, str, float], ...] = ()
+    skipped_chunks: int = 0  # unreadable chunks of the engine's stream passed over
+    # The endpoints that continued the answer after a stream broke mid-answer, in order.
+    continued: tuple[str, ...] = ()
     type: str = "done"
+
+    def as_dict(self, *, details: bool = False) -> dict:
+        fields = super().as_dict()
+        if not fields["continued"]:  # said only by an answer continued after a cut
+            del fields["continued"]
+        return fields
 
 
 @dataclass(kw_only=True)
@@ -200,6 +216,7 @@ class Error(Event):
     fell_back_from: tuple[str, ...] = ()
     standing: Standing | None = None  # a limit's refusal: the caller's limits (x-ratelimit-*)
     param: str | None = None  # the request field at fault, when one is
+    retried: tuple[tuple[str, str, float], ...] = ()  # as Done's
     type: str = "error"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -211,7 +228,11 @@ class Error(Event):
 
 # Errors whose message names endpoints, hosts, status lines or the attempts before: an engine's
 # failure (EngineError.kind), or no target left to try.
-_OPERATORS_FAILURES = frozenset(EngineError.KINDS) | {"unavailable", "no_target"}
+# A content-policy refusal is the provider's reason, about the request: the user reads it.
+_OPERATORS_FAILURES = (frozenset(EngineError.KINDS) - {"content_filter"}) | {
+    "unavailable",
+    "no_target",
+}
 
 
 def message_for_users(code: str, message: str, *, partial: bool) -> str:
@@ -251,11 +272,14 @@ def route_event(
     named: bool,
     engine_ms: float,
     standing: Standing | None = None,
+    retries: str = "",
 ) -> Route:
     """The `route` event of a generated answer: the road taken, with the details for operators
     (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
     notes = [why]
     reason = f"answered by the {target.road} model" + (" you named" if named else "")
+    if retries:
+        notes.append("retried " + retries)
     if attempts:
         notes.append("fell back after " + "; ".join(attempts))
         reason += ", as a fallback: the first choice could not answer"

@@ -82,6 +82,12 @@ class RoutingRule(models.Model):
     )
 
     action = models.CharField(max_length=16, choices=Action.choices, default=Action.GENERATE)
+    pin_named = models.BooleanField(
+        "named requests use only the named model",
+        default=False,
+        help_text="Off: a request naming a model of this rule's chain gets it first, then the "
+        "rest of the chain as fallbacks. On: only the model named, no fallback.",
+    )
     system_prompt = models.TextField(blank=True)
     use_kb_context = models.BooleanField(default=True)
     context_k = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(20)])

@@ -2,9 +2,13 @@
 
 Events, in order: `route`, `token`…, then `done` or `error`. The KB road yields
 the stored answer as one token. Generation streams from the first available
-target of the matched rule's chain: a failure before the first token moves on to
-the next target; after the first token the pipeline never switches and ends with
-an `error` event (partial=True) so the caller can keep the partial answer.
+target of the matched rule's chain (a named model's endpoint first): a transient
+failure before the first token is retried on the same target, a bounded number of
+times with backoff, then the next target is tried (`retry_wait`; the policy is in
+docs/architecture.md, "Retries and fallback"). A stream that breaks after its first
+token is continued from where it was cut, its text sent as an assistant prefill to the
+same target or the next that takes one (`_continue`); when none can, it ends with an
+`error` event (partial=True) so the caller can keep the partial answer.
 
 It runs as an async generator inside the ASGI process: no lock, no Celery hop.
 Closing the generator (client gone, Stop) closes the upstream stream at once. The events
@@ -14,9 +18,11 @@ themselves are `routing.events`; a local engine that seems gone is reported by
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -92,6 +98,16 @@ def order_targets(rule: CompiledRule, rng: random.Random) -> list[Target]:
     return ordered
 
 
+def named_chain(rule: CompiledRule, named: Target, rng: random.Random) -> list[Target]:
+    """The chain of a request that names a model: the endpoint asked for first (not its replica
+    group's least busy member), then, unless the rule pins named requests, the rest of the rule's
+    chain in its usual order, as fallbacks."""
+    first = dataclasses.replace(named, replicas=())
+    if rule.pin_named:
+        return [first]
+    return [first, *(t for t in order_targets(rule, rng) if t.endpoint != named.endpoint)]
+
+
 @tracing.answer_span
 async def answer(
     request: RouteRequest, *, rng: random.Random | None = None
@@ -129,13 +145,12 @@ async def answer(
         if target is None:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
             return
-        # The endpoint asked for, not its replica group's least busy member.
-        named = dataclasses.replace(target, replicas=())
+        assert rule is not None  # a target was found in its chain
         async for event in _generate(
             request,
             text,
             rule,
-            [named],
+            named_chain(rule, target, rng),
             started,
             why=f"model {request.model} requested; {why}",
             rng=rng,
@@ -323,6 +338,11 @@ class _Plan:
         return self.max_tokens * self.request.passthrough.choices
 
 
+# How vLLM's and OpenAI's 400s name the window: "maximum context length is 4096 tokens",
+# "maximum model length of 4096".
+_ENGINE_LIMIT = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)")
+
+
 @dataclass
 class Attempts:
     """The chain tried so far: each target passed over and why, for the route's explanation, the
@@ -334,6 +354,11 @@ class Attempts:
     resting: list[str] = dataclasses.field(default_factory=list)  # kept closed by the breaker
     failure: EngineError | None = None  # the last engine failure
     refusal: Error | None = None  # the first target that cannot take the request as it is
+    # Same-target retries before the first token: (endpoint, the failure's kind, seconds waited).
+    retried: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    # The largest context window an engine found the prompt too long for: smaller ones are
+    # passed over.
+    too_small: int | None = None
 
     def refused(self, target: Target, note: str, error: Error) -> None:
         """The request itself does not fit this target (too long, a field it does not take)."""
@@ -346,8 +371,41 @@ class Attempts:
         self.resting.append(target.endpoint)
         self.passed.append(target.endpoint)
 
-    def failed(self, target: Target, exc: EngineError) -> None:
-        self.notes.append(f"{target.endpoint}: {exc.kind}")
+    def retry(self, target: Target, exc: EngineError, wait: float) -> None:
+        self.retried.append((target.endpoint, exc.kind, wait))
+
+    def retry_notes(self) -> str:
+        """The retries as the route's explanation says them."""
+        return "; ".join(
+            f"{endpoint}: {kind}, tried again after {wait:.2f}s"
+            for endpoint, kind, wait in self.retried
+        )
+
+    def too_long(self, plan: _Plan, target: Target, exc: EngineError) -> None:
+        """The engine found the prompt longer than its context window: a target with a larger
+        window may take it; if none does, the client gets a 400 naming the limit."""
+        # The engine's own limit when it says it (a row may claim more than its engine holds).
+        said = _ENGINE_LIMIT.search(exc.detail)
+        limit = int(said.group(1)) if said else target.context_window
+        self.too_small = max(self.too_small or 0, min(limit, target.context_window))
+        self.refused(
+            target,
+            "context_length",
+            Error(
+                code="too_long",
+                message=f"The question does not fit the context window of {target.endpoint} "
+                f"(set to {target.context_window} tokens, {plan.max_tokens} of them kept for "
+                f"the answer); its engine said: {exc.detail}",
+                rule=plan.rule_name,
+                target=target.endpoint,
+                road=target.road,
+            ),
+        )
+
+    def failed(self, target: Target, exc: EngineError, tries: int = 1) -> None:
+        self.notes.append(
+            f"{target.endpoint}: {exc.kind}" + (f" ({tries} tries)" if tries > 1 else "")
+        )
         self.passed.append(target.endpoint)
         if exc.retry_after is not None:
             self.resting.append(target.endpoint)
@@ -367,6 +425,7 @@ class Attempts:
                 target=failure.endpoint or None,
                 kb=plan.kb,
                 fell_back_from=tuple(self.passed),
+                retried=tuple(self.retried),
             )
         return Error(
             code=failure.kind if failure else "unavailable",
@@ -376,6 +435,7 @@ class Attempts:
             retry_after=await _soonest(self.resting),
             kb=plan.kb,
             fell_back_from=tuple(self.passed),
+            retried=tuple(self.retried),
         )
 
 
@@ -409,9 +469,20 @@ async def _generate(
     attempts = Attempts()
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
-        for target in chain:
+        for at, target in enumerate(chain):
             if (refusal := _refusal(plan, target)) is not None:
+                if plan.named and at == 0 and refusal[1].code != "too_long":
+                    # The model named cannot take a field or API the client sent: the client's
+                    # to change, not a failure another model should hide (a prompt too long for
+                    # its window is what a larger one is for).
+                    yield refusal[1]
+                    return
                 attempts.refused(target, *refusal)
+                continue
+            if attempts.too_small is not None and target.context_window <= attempts.too_small:
+                attempts.notes.append(
+                    f"{target.endpoint}: its {target.context_window}-token window is no larger"
+                )
                 continue
             # Counted before the checks below (which may wait on Redis), so the requests picking a
             # replica meanwhile see this one.
@@ -430,44 +501,80 @@ async def _generate(
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     continue
-                produced = False
-                attempt = attempt_of(
-                    plan, target, attempts, meter, reservation.standing if reservation else None
-                )
-                try:
-                    async with contextlib.aclosing(attempt.stream()) as stream:
-                        async for event in stream:
-                            if isinstance(event, Finish):
-                                for ending in await attempt.finished(event):
-                                    yield ending
-                                return
-                            if not produced:
-                                produced = True
-                                yield attempt.route(event.elapsed)
-                            yield attempt.token(event)
-                except EngineError as exc:
-                    attempt.failed(exc)
-                    await _engine_failed(target, exc)
-                    if produced or exc.produced_tokens:
-                        # Tokens are out: never switch targets mid-answer.
-                        yield Error(
-                            code=exc.kind,
-                            message=str(exc),
-                            retryable=exc.retryable,
+                tries, first_try = 0, time.monotonic()
+                while True:
+                    produced, failure = False, None
+                    attempt = attempt_of(
+                        plan, target, attempts, meter, reservation.standing if reservation else None
+                    )
+                    try:
+                        async with contextlib.aclosing(attempt.stream()) as stream:
+                            async for event in stream:
+                                if isinstance(event, Finish):
+                                    for ending in await attempt.finished(event):
+                                        yield ending
+                                    return
+                                if not produced:
+                                    produced = True
+                                    yield attempt.route(event.elapsed)
+                                yield attempt.token(event)
+                    except EngineError as exc:
+                        attempt.failed(exc)
+                        failure = exc
+                    finally:
+                        attempt.end()
+                    assert failure is not None  # a stream ends with its Finish or an EngineError
+                    tries += 1
+                    if produced or failure.produced_tokens:
+                        await _engine_failed(target, failure)
+                        # Tokens are out: the answer goes on from where it was cut, or ends.
+                        cut = Error(
+                            code=failure.kind,
+                            message=str(failure),
+                            retryable=failure.retryable,
                             partial=True,
                             road=target.road,
                             rule=plan.rule_name,
                             target=target.endpoint,
                             kb=plan.kb,
                             fell_back_from=tuple(attempts.passed),
+                            retried=tuple(attempts.retried),
                         )
+                        if attempt_of is not _Attempt or not _continuable(plan, attempt, failure):
+                            yield cut
+                            return
+                        rest = [t for t in chain[at + 1 :] if _refusal(plan, t) is None]
+                        async for step in _continue(attempt, failure, rest, cut):
+                            yield step
                         return
-                    meter.failed(exc)
-                    attempts.failed(target, exc)
-                    if not exc.retryable:
+                    meter.failed(failure)
+                    wait = retry_wait(target, failure, tries, first_try, rng)
+                    if wait is None:
                         break
-                finally:
-                    attempt.end()
+                    attempts.retry(target, failure, wait)
+                    await asyncio.sleep(wait)
+                # One vote per request for the breaker, however many tries it took.
+                await _engine_failed(target, failure)
+                if failure.kind == "content_filter":
+                    # The same request meets the same policy anywhere: the provider's reason goes
+                    # to the client as it is, no other target is asked.
+                    yield Error(
+                        code="content_filter",
+                        message=failure.detail,
+                        road=target.road,
+                        rule=plan.rule_name,
+                        target=target.endpoint,
+                        kb=plan.kb,
+                        fell_back_from=tuple(attempts.passed),
+                        retried=tuple(attempts.retried),
+                    )
+                    return
+                if failure.kind == "context_length":
+                    attempts.too_long(plan, target, failure)
+                    continue
+                attempts.failed(target, failure, tries)
+                if not failure.retryable:
+                    break
             finally:
                 replicas.ended(target.endpoint_id)
         yield await attempts.error(plan)
@@ -491,6 +598,151 @@ def _unserved_error(plan: _Plan, target: Target, unserved: engine_state.Unserved
         rule=plan.rule_name,
         target=target.endpoint,
     )
+
+
+def _continuable(plan: _Plan, broken: _Attempt, failure: EngineError) -> bool:
+    """Whether an answer cut after its first tokens may be continued elsewhere: plain text of one
+    choice (a tool call's arguments or several choices cannot be resumed as a prefill), with
+    nothing of the client's own after its question (its own prefill, tool results), and not cut
+    by the request's own total time."""
+    passthrough = plan.request.passthrough
+    return (
+        failure.kind != "timeout_total"
+        and passthrough.choices == 1
+        and not passthrough.after
+        and not broken.meter.rich
+        and bool(broken.text)
+    )
+
+
+@dataclass
+class _Resumed:
+    """What an answer continued after a cut carries from its attempts before: the text sent as the
+    prefill, the first token's time, the usage (estimated for a stream cut before the engine said
+    it), the endpoints that continued it."""
+
+    text: list[str]
+    ttft: float | None
+    cut_at: str
+    produced: int = 0  # the engines' chunks of the answer so far (about one token each)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    on: list[str] = dataclasses.field(default_factory=list)
+    # The answer's chunks so far when each attempt that was cut began (0: the first).
+    starts: list[int] = dataclasses.field(default_factory=lambda: [0])
+
+    def usage(self, last: dict | None) -> dict | None:
+        """The usage of every attempt: the last one's as its engine reported it, and the cut
+        ones' derived from it. The last prompt is the first one with the answer so far appended
+        (the prefill, as many tokens as the engines produced), so each cut attempt's prompt is
+        the last one's less what was produced after that attempt began; the estimates only where
+        that cannot hold."""
+        if last is None:
+            return None
+        usage = dict(last)
+        first = last["prompt_tokens"] - self.produced
+        cut = sum(first + start for start in self.starts) if first > 0 else self.prompt_tokens
+        usage["prompt_tokens"] = last["prompt_tokens"] + cut
+        usage["completion_tokens"] = last["completion_tokens"] + self.completion_tokens
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return usage
+
+
+async def _continue(
+    broken: _Attempt, failure: EngineError, rest: list[Target], cut: Error
+) -> AsyncGenerator[Event, None]:
+    """Finish an answer whose stream broke after its first tokens: the text so far goes as an
+    assistant prefill (`continue_final_message`) to the same target when it may be retried, then
+    to the chain's next targets that accept one, and the new tokens follow the old in the same
+    stream. When none can, `cut`: the original failure, never a prefill refusal in its place."""
+    plan, attempts, meter = broken.plan, broken.attempts, broken.meter
+    resumed = _Resumed(
+        text=list(broken.text),
+        ttft=broken.ttft,
+        cut_at=broken.target.endpoint,
+        produced=failure.chunks,
+    )
+    resumed.prompt_tokens, resumed.completion_tokens = meter.carry(failure.chunks)
+    attempts.notes.append(f"{broken.target.endpoint}: {failure.kind} after its first tokens")
+    candidates = ([broken.target] if broken.target.config.retries else []) + rest
+    for target in candidates:
+        if not target.accepts_prefill:
+            attempts.notes.append(f"{target.endpoint}: takes no prefill")
+            continue
+        replicas.started(target.endpoint_id)
+        try:
+            if target is not broken.target and not await breaker.allow(target.endpoint):
+                attempts.notes.append(f"{target.endpoint}: circuit open or resting")
+                continue
+            attempt = _Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
+            new = False
+            try:
+                async with contextlib.aclosing(attempt.stream()) as stream:
+                    async for event in stream:
+                        if isinstance(event, Finish):
+                            for ending in await attempt.finished(event):
+                                yield ending
+                            return
+                        if not new:
+                            new = True
+                            yield attempt.route(event.elapsed)
+                        yield attempt.token(event)
+            except EngineError as exc:
+                attempt.failed(exc)
+                # A refused prefill (a 400) is no failure of the endpoint: not for the breaker.
+                await _engine_failed(target, exc)
+                attempts.notes.append(f"{target.endpoint}: {exc.kind} while continuing")
+                if new or exc.produced_tokens:
+                    # It added to the answer before it broke too: the next one goes on from there.
+                    resumed.text.extend(attempt.text)
+                    resumed.starts.append(resumed.produced)
+                    resumed.produced += exc.chunks
+                    prompt, completion = meter.carry(exc.chunks)
+                    resumed.prompt_tokens += prompt
+                    resumed.completion_tokens += completion
+                else:
+                    meter.failed(exc)
+            finally:
+                attempt.end()
+        finally:
+            replicas.ended(target.endpoint_id)
+    yield cut
+
+
+# Failures before the first token that another try of the same target may not meet: nothing
+# reached the engine, it failed or was busy for a moment, it dropped the stream before a token.
+_RETRIED = frozenset(
+    {
+        "connect",
+        "timeout_connect",
+        "timeout_first_token",
+        "server_error",
+        "rate_limited",
+        "stream_error",
+        "stream_truncated",
+    }
+)
+
+
+def retry_wait(
+    target: Target, exc: EngineError, tries: int, first_try: float, rng: random.Random
+) -> float | None:
+    """How long to wait before trying `target` again after its `tries`-th failure, or None to
+    go on to the next target. The endpoint's retries are bounded (`retries`); the wait is its
+    Retry-After when it sent one, else an exponential backoff with full jitter (a random time up
+    to base × 2^(tries-1), capped), so that many gateways retrying together spread out. A retry
+    must fit in the endpoint's first-token timeout counted from its first try: a 429 asking for
+    longer, or an endpoint that hung, sends the request on to the next target instead."""
+    config = target.config
+    if tries > config.retries or exc.kind not in _RETRIED:
+        return None
+    if exc.retry_after is not None:
+        wait = exc.retry_after
+    else:
+        wait = rng.uniform(0.0, min(config.retry_cap, config.retry_base * 2 ** (tries - 1)))
+    if time.monotonic() + wait >= first_try + config.first_token_timeout:
+        return None
+    return wait
 
 
 async def _plan(
@@ -656,6 +908,8 @@ def done_event(
         fell_back_from=tuple(attempts.passed),
         finish_reasons=finish.finish_reasons if len(finish.finish_reasons) > 1 else None,
         system_fingerprint=finish.system_fingerprint,
+        retried=tuple(attempts.retried),
+        skipped_chunks=finish.skipped_chunks,
     )
 
 
@@ -682,9 +936,12 @@ class _Attempt:
         attempts: Attempts,
         meter: _Meter,
         standing: ledger.Standing | None,
+        *,
+        resumed: _Resumed | None = None,
     ):
         self.plan, self.target, self.attempts = plan, target, attempts
         self.meter, self.standing = meter, standing
+        self.resumed = resumed  # continuing an answer cut elsewhere
         self.ttft: float | None = None
         self.dropped = 0  # history messages left out to fit the window
         self.text: list[str] = []
@@ -711,29 +968,60 @@ class _Attempt:
             passages=plan.context,
             after=passthrough.after,
         )
+        max_tokens, extra_body = plan.max_tokens, None
+        if self.resumed is not None:
+            # The answer so far as the assistant's message, which the engine continues (vLLM's
+            # fields; the template then leaves the turn open); the ceiling is what is left of it.
+            so_far = "".join(self.resumed.text)
+            messages.append({"role": "assistant", "content": so_far})
+            extra_body = {"continue_final_message": True, "add_generation_prompt": False}
+            max_tokens = max(1, plan.max_tokens - (self.resumed.produced or approx_tokens(so_far)))
         self.meter.begin(self.target, messages, self.text)
         return stream_chat(
             self.target.config,
             messages,
-            max_tokens=plan.max_tokens,
+            max_tokens=max_tokens,
             max_tokens_field=passthrough.max_tokens_field,
             temperature=plan.temperature,
             fields=passthrough.fields,
+            extra_body=extra_body,
         )
 
     def route(self, engine_seconds: float, *, first_token: bool = True) -> Route:
         self.ttft = _ms(time.monotonic() - self.plan.started)
         if self.chat and first_token:
             self.chat.first_chunk(engine_seconds)
+        if self.resumed is not None:
+            return self._continued_route(engine_seconds)
         return route_event(
             self.target,
             self.plan.rule_name,
             self.plan.why,
             self.attempts.notes,
             self.dropped,
-            named=self.plan.named,
+            retries=self.attempts.retry_notes() if self.attempts.retried else "",
+            # A named request answered by a fallback was not answered by the model named.
+            named=self.plan.named and self.target.endpoint == self.plan.request.model,
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
+        )
+
+    def _continued_route(self, engine_seconds: float) -> Route:
+        """The route of the answer's continuation: where it goes on, and where it was cut."""
+        resumed, target = self.resumed, self.target
+        assert resumed is not None
+        same = target.endpoint == resumed.cut_at
+        return Route(
+            road=target.road,
+            rule=self.plan.rule_name,
+            target=target.endpoint,
+            why=f"{self.plan.why}. Continued on {target.endpoint} from where the stream was cut, "
+            f"the partial answer sent as a prefill, after " + "; ".join(self.attempts.notes),
+            reason="the answer was cut short and is continued by the "
+            + ("same model" if same else f"{target.road} model"),
+            engine_ms=_ms(engine_seconds),
+            standing=self.standing,
+            continued_from=resumed.cut_at,
         )
 
     def token(self, event: EngineToken) -> Token:
@@ -751,10 +1039,17 @@ class _Attempt:
         ending: list[Event] = []
         if self.ttft is None:  # an answer without a token
             ending.append(self.route(event.total, first_token=False))
-        plan = self.plan
+        plan, resumed = self.plan, self.resumed
+        text = "".join(self.text) if resumed is None else "".join(resumed.text + self.text)
         if plan.direct is not None:
-            _record_miss(plan.request, plan.text, "".join(self.text), plan.direct)
-        ending.append(done_event(plan, self.target, event, self.attempts, self.ttft))
+            _record_miss(plan.request, plan.text, text, plan.direct)
+        done = done_event(plan, self.target, event, self.attempts, self.ttft)
+        if resumed is not None:
+            resumed.on.append(self.target.endpoint)
+            done.ttft_ms = resumed.ttft
+            done.usage = resumed.usage(done.usage)
+            done.continued = tuple(resumed.on)
+        ending.append(done)
         return ending
 
     def failed(self, exc: EngineError) -> None:
@@ -782,6 +1077,7 @@ class _Meter:
         # What targets that failed before their first token took: their prompts and the cost.
         self.taken_tokens = 0
         self.taken_cost = 0.0
+        self.taken_completion = 0  # what streams cut mid-answer produced, before a continuation
 
     def begin(self, target: Target, messages: list[dict], parts: list[str]) -> None:
         self.target, self.messages, self.parts, self.rich = target, messages, parts, []
@@ -848,6 +1144,21 @@ class _Meter:
         self.taken_tokens += prompt
         self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
 
+    def carry(self, chunks: int) -> tuple[int, int]:
+        """The target's stream broke after its first tokens and the answer goes on elsewhere: what
+        it took and produced is counted with the rest (a cut stream says no usage: its prompt
+        estimated, its completion the chunks it sent, about a token each, else estimated).
+        Returns its prompt and completion tokens."""
+        target = self.target
+        if target is None:
+            return 0, 0
+        self.target = None
+        prompt, completion = self.prompt, chunks or self._produced()
+        self.taken_tokens += prompt
+        self.taken_completion += completion
+        self.taken_cost += target.price.cost(prompt, completion, time.monotonic() - self.since)
+        return prompt, completion
+
     def close(self) -> None:
         """The answer ended without a Finish (stopped, cut short, no target left): the last
         target's prompt and what it produced, if it was sent one, and what failed targets took.
@@ -864,7 +1175,7 @@ class _Meter:
 
     def _count(self, prompt: int, completion: int, cost: float) -> None:
         self.spent.prompt_tokens = prompt + self.taken_tokens
-        self.spent.completion_tokens = completion
+        self.spent.completion_tokens = completion + self.taken_completion
         self.spent.cost = cost + self.taken_cost
         self.target = None
 

@@ -22,7 +22,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -47,6 +47,7 @@ from routing.pipeline import (
     _reserve,
     _spend_of,
     answer_budget,
+    named_chain,
     order_targets,
 )
 from routing.prompt import approx_tokens
@@ -105,8 +106,9 @@ async def complete(
         if target is None:
             yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
             return
-        # The endpoint asked for, not its replica group's least busy member (as for chat).
-        targets = [replace(target, replicas=())]
+        assert rule is not None  # a target was found in its chain
+        # The endpoint asked for, then the rule's chain as fallbacks (as for chat).
+        targets = named_chain(rule, target, rng or _rng)
         why = f"model {request.model} requested; {why}"
     elif rule is None:
         yield Error(

@@ -51,6 +51,8 @@ class Target:
     replicas: tuple[
         Target, ...
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
+    # It continues an answer cut elsewhere, sent as an assistant prefill (ModelEndpoint).
+    accepts_prefill: bool = False
 
 
 @dataclass
@@ -96,6 +98,7 @@ class CompiledRule:
     temperature: float | None
     chain: tuple[tuple[Target, ...], ...] = field(default_factory=tuple)  # by position
     broken: str = ""  # why the rule can never match (a regex written before RE2 was the engine)
+    pin_named: bool = False  # a request naming a model gets no fallback
 
     @functools.cached_property
     def intent_matrix(self) -> np.ndarray:
@@ -293,6 +296,7 @@ def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
             price=Price.of(endpoint),
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
+            accepts_prefill=endpoint.continues_answers,
         )
 
     target = one(t.endpoint)
@@ -362,6 +366,7 @@ def snapshot_build() -> Snapshot:
                 max_tokens=rule.max_tokens,
                 temperature=rule.temperature,
                 chain=chain,
+                pin_named=rule.pin_named,
             )
         )
     targets_by_model: dict[str, Target] = {}
@@ -377,6 +382,7 @@ def snapshot_build() -> Snapshot:
             price=Price.of(endpoint),
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
+            accepts_prefill=endpoint.continues_answers,
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)

@@ -25,6 +25,8 @@ from chat.openai_api.replies import (
 )
 from routing import events
 
+CONTINUED_HEADER = "X-Route-Continued"
+
 
 def _chunk(
     completion_id,
@@ -37,6 +39,7 @@ def _chunk(
     overhead=None,
     index=0,
     fingerprint=None,
+    continued=(),
 ) -> str:
     body = {
         "id": completion_id,
@@ -53,6 +56,9 @@ def _chunk(
         body["usage"] = usage
     if overhead is not None:
         body["gateway_overhead_ms"] = overhead
+    if continued:
+        # The answer's stream broke mid-answer and these endpoints went on with it.
+        body["gateway_continued"] = list(continued)
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -103,6 +109,7 @@ async def completion_stream(
                         finish=reason,
                         fingerprint=event.system_fingerprint,
                         overhead=event.overhead_ms if number == len(ends) - 1 else None,
+                        continued=event.continued if number == len(ends) - 1 else (),
                     )
                     for number, (index, reason) in enumerate(ends)
                 )
@@ -232,4 +239,10 @@ async def completion_body(
     }
     if done.system_fingerprint is not None:
         body["system_fingerprint"] = done.system_fingerprint
-    return Reply(200, headers={OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}, body=body)
+    headers = {OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}
+    if done.continued:
+        # The answer's stream broke mid-answer and these endpoints went on with it; the route
+        # headers name the one that finished it.
+        headers[CONTINUED_HEADER] = ", ".join(done.continued)
+        headers["X-Route-Target"] = done.target or ""
+    return Reply(200, headers=headers, body=body)

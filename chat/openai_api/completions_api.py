@@ -281,7 +281,12 @@ async def completions(headers: dict[str, str], raw_body: bytes, arrived: float) 
         code = "rate_limit_exceeded" if exc.code == RateLimited.code else exc.code
         return error_reply(429, str(exc), code=code, headers={"Retry-After": str(exc.retry_after)})
     assert route is not None  # the pipeline's first event is a route or an error
-    model = parsed.model if parsed.model != "auto" else f"auto:{route.target or route.road}"
+    # The model that answers: the one named, or the fallback that answered in its place.
+    model = (
+        f"auto:{route.target or route.road}"
+        if parsed.model == "auto"
+        else route.target or parsed.model
+    )
     answer = text_completion.Answer(
         completion_id=f"cmpl-{request_key.hex}", created=int(time.time()), model=model
     )

@@ -149,7 +149,12 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         return error_reply(404, str(exc), code="session_not_found", param="X-Session-Id")
     except ChatError as exc:
         return error_reply(exc.status, str(exc), code=exc.code, param="messages")
-    model_name = parsed.model if parsed.model != "auto" else f"auto:{route.target or route.road}"
+    # The model that answers: the one named, or the fallback that answered in its place.
+    model_name = (
+        f"auto:{route.target or route.road}"
+        if parsed.model == "auto"
+        else route.target or parsed.model
+    )
     choices = parsed.passthrough.choices
     if parsed.stream:
         reply = Reply(
@@ -180,7 +185,8 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
             user=key.user,
             choices=choices,
         )
-    reply.headers.update(route_headers(route))
+    # Under the reply's own: an answer continued elsewhere names the endpoint that finished it.
+    reply.headers = {**route_headers(route), **reply.headers}
     return reply
 
 

@@ -34,6 +34,8 @@ _PIPELINE_STATUS = {
     # The request as sent: a field no target of the rule takes, or the engine refused it.
     "unsupported_parameter": 400,
     "request_refused": 400,
+    # A content policy refused it: the provider's reason, in OpenAI's shape.
+    "content_filter": 400,
     # The model named serves another API (embeddings only, or no embeddings).
     "unsupported_api": 400,
 }

@@ -323,3 +323,50 @@ def test_text_that_cannot_be_stored_is_a_400_that_stores_nothing_and_spends_no_r
         model="auto", messages=[{"role": "user", "content": "how do I\treset my\r\npassword?"}]
     )
     assert ok.choices[0].message.content
+
+
+def test_a_named_model_that_fails_is_answered_by_its_fallback_which_the_reply_names(
+    asgi_server, alice_key, local_sim, external_sim
+):
+    from tests.support.factories import endpoint, rule
+
+    down = endpoint("down", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=0)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", down, external, is_default=True, use_kb_context=False)
+    raw = sdk(asgi_server, alice_key).chat.completions.with_raw_response.create(
+        model="down", messages=ASK, max_tokens=3
+    )
+    completion = raw.parse()
+    assert raw.headers["X-Route-Target"] == "external" and completion.model == "external"
+    assert completion.usage.completion_tokens == 3 and completion.choices[0].message.content
+
+
+def test_a_stream_cut_mid_answer_goes_on_in_the_same_stream(asgi_server, alice_key, local_sim):
+    from tests.support.factories import endpoint, rule
+
+    cut = endpoint("cut", local_sim, extra_headers={"X-Sim-Fail": "mid-stream;after=3"}, retries=0)
+    spare = endpoint("spare", local_sim)  # the echo simulator: the same answer, to its end
+    rule("default", cut, spare, is_default=True, use_kb_context=False)
+    client = sdk(asgi_server, alice_key)
+    whole = client.chat.completions.create(model="spare", messages=ASK, max_tokens=200)
+    chunks = list(
+        client.chat.completions.create(
+            model="auto",
+            messages=ASK,
+            max_tokens=200,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # nothing repeated, nothing lost
+    assert len({c.id for c in chunks}) == 1
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert last.choices[0].finish_reason == "stop"
+    assert last.model_extra["gateway_continued"] == ["spare"]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=200
+    )
+    assert raw.parse().choices[0].message.content == whole.choices[0].message.content
+    assert raw.headers["X-Route-Continued"] == "spare" and raw.headers["X-Route-Target"] == "spare"

@@ -39,8 +39,10 @@ def engine():
 def roads(engine):
     """Endpoints named after the stub's behaviours. `model: auto` goes to the burst one when the
     question says "burst", to the slow one otherwise; each may be named (its own rule lists it)."""
+    # The stub knows nothing of a prefill: no retry on the same endpoint and no fallback for a
+    # named one, so a stream broken mid-answer is not continued (routing.pipeline._continue).
     made = {
-        name: endpoint(name, url=f"{engine.url}/v1", model=name, idle_timeout=5)
+        name: endpoint(name, url=f"{engine.url}/v1", model=name, idle_timeout=5, retries=0)
         for name in ("burst", "broken", "slow")
     }
     rule(
@@ -49,6 +51,7 @@ def roads(engine):
         requested_models=list(made),
         priority=1,
         use_kb_context=False,
+        pin_named=True,
     )
     rule("bursts", made["burst"], keywords=["burst"], priority=10, use_kb_context=False)
     rule("default", made["slow"], is_default=True, use_kb_context=False)

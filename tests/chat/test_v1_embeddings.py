@@ -412,6 +412,9 @@ def _endpoint_form(**fields) -> dict:
         "first_token_timeout": "30",
         "idle_timeout": "15",
         "total_timeout": "300",
+        "retries": "2",
+        "retry_base": "0.25",
+        "retry_cap": "2",
         "extra_headers": "{}",
         **fields,
     }

@@ -186,6 +186,8 @@ def test_a_fallback_counts_the_endpoint_passed_over_and_the_one_that_answered(
     assert raw.headers["X-Route-Target"] == "local"
     after = scrape()
     assert after.since(before, "gateway_fallbacks_total", passed_over="dead", target="local") == 1
+    # The refused connection was tried again twice (the endpoint's default) before the fallback.
+    assert after.since(before, "gateway_retries_total", endpoint="dead", code="connect") == 2
     assert (
         after.since(
             before,

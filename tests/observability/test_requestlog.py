@@ -137,6 +137,21 @@ def test_a_fallback_is_logged_with_the_target_that_answered(asgi_server, alice_k
         "complete",
         1,
     )
+    # The refused connection was tried again twice (the endpoint's default) before the fallback.
+    assert (row.retries, row.retry_causes) == (2, "connect") and row.retry_wait_ms >= 0
+
+
+def test_an_answer_without_a_retry_logs_none(asgi_server, alice_key, external_sim):
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", external, is_default=True, use_kb_context=False)
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=3)
+    [row] = logged()
+    assert (row.retries, row.retry_wait_ms, row.retry_causes, row.skipped_chunks) == (
+        0,
+        None,
+        "",
+        0,
+    )
 
 
 def test_a_failure_is_logged_with_its_error_code_and_what_was_tried(asgi_server, alice_key):

@@ -273,6 +273,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
             completion_tokens=None,
             cost=None,
             fell_back_from=("local",),
+            retried=(("local", "server_error", 0.125), ("local", "connect", 0.25)),
             interface="v1",
             api="completions",
         )
@@ -318,6 +319,10 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "kb_entry_id": "",
         "kb_score": "",
         "fallbacks": "1",
+        "retries": "2",
+        "retry_wait_ms": "375.0",
+        "retry_causes": "server_error connect",
+        "skipped_chunks": "0",
         "features": "",
         "request_key": str(kept.key),
     }

@@ -201,3 +201,37 @@ def test_a_stored_pattern_re2_cannot_run_never_matches_and_says_why(local_sim):
             "the rule never matches until it is fixed"
         ],
     )
+
+
+def test_a_named_model_that_fails_falls_back_to_the_rest_of_its_rules_chain(
+    local_sim, external_sim
+):
+    down = endpoint("down", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=0)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", down, external, is_default=True, use_kb_context=False)
+    events = ask("Summarise the plot of Hamlet", model="down", max_tokens=3)
+    route, done = events[0], events[-1]
+    assert (route.target, done.type, done.target) == ("external", "done", "external")
+    assert done.fell_back_from == ("down",) and "fell back after down: server_error" in route.why
+    assert "you named" not in route.reason and "as a fallback" in route.reason
+    assert done.usage["completion_tokens"] == 3  # the usage of the model that answered
+
+
+def test_a_named_model_is_tried_first_even_when_it_is_the_rules_fallback(local_sim, external_sim):
+    local = endpoint("local", local_sim)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", local, external, is_default=True, use_kb_context=False)
+    route = ask("Hello", model="external", max_tokens=2)[0]
+    assert (
+        route.target == "external" and "you named" in route.reason and "fell back" not in route.why
+    )
+
+
+def test_a_rule_that_pins_named_requests_gives_them_no_fallback(local_sim, external_sim):
+    down = endpoint("down", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=0)
+    external = endpoint("external", external_sim, kind="external")
+    rule("default", down, external, is_default=True, use_kb_context=False, pin_named=True)
+    (error,) = ask("Hello", model="down", max_tokens=2)
+    assert error.type == "error" and error.code == "server_error"
+    assert error.message == "No target could answer: down: server_error"
+    assert ask("Hello", max_tokens=2)[0].target == "external"  # auto still falls back

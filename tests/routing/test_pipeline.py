@@ -111,7 +111,10 @@ def test_when_every_target_fails_the_error_lists_them(local_sim):
     rule("default", a, b, is_default=True, use_kb_context=False)
     (error,) = ask("Hello there")
     assert error.type == "error" and error.retryable
-    assert error.message == "No target could answer: a: connect; b: server_error"
+    # Each tried again twice (the endpoints' default) before the next.
+    assert (
+        error.message == "No target could answer: a: connect (3 tries); b: server_error (3 tries)"
+    )
 
 
 def test_a_requested_model_forces_its_target_and_skips_the_kb(roads):
@@ -196,6 +199,7 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(
 @pytest.mark.processes
 def test_the_breaker_is_shared_by_processes(child_env, settings):
     settings.ROUTING_BREAKER_FAILURES = 1
+    settings.ROUTING_BREAKER_PROBE_FIRST = 60  # no probe due while the child starts
     async_to_sync(breaker.failure)("shared")
     script = (
         "import asyncio, django; django.setup(); from routing import breaker; "
