@@ -157,8 +157,13 @@ def rows(django_db_setup, django_db_blocker, local_sim):
     """Committed rows, for the pipeline's own processes; removed after the module."""
     with django_db_blocker.unblock():
         local = endpoint("tr-local", local_sim)
-        broken_a = endpoint("tr-broken-a", local_sim, extra_headers={"X-Sim-Fail": "500"})
-        broken_b = endpoint("tr-broken-b", local_sim, extra_headers={"X-Sim-Fail": "500"})
+        # Two retries after the first try (the default), each try a span of its own; and none.
+        broken_a = endpoint(
+            "tr-broken-a", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=2, retry_base=0
+        )
+        broken_b = endpoint(
+            "tr-broken-b", local_sim, extra_headers={"X-Sim-Fail": "500"}, retries=0
+        )
         made = {
             "entry": entry_create(
                 question="How do I reset my password?",
@@ -288,14 +293,16 @@ def test_a_failed_attempt_is_a_failed_chat_span_before_the_one_that_answers(trac
     ]
     assert fallback.root.name == "answer local" and fallback.root.status != Status.STATUS_CODE_ERROR
     assert fallback.root.attributes["gateway.fell_back_from"] == ["tr-broken-a"]
-    failed, answered = sorted(
+    *failed, answered = sorted(
         (s for s in fallback.children if s.name == "chat acme/local"), key=lambda s: s.start
     )
-    assert (
-        failed.attributes["error.type"] == "server_error"
-        and failed.status == Status.STATUS_CODE_ERROR
-    )
-    assert failed.attributes["gen_ai.response.finish_reasons"] == ["error"]
+    assert len(failed) == 3  # the first try and its two retries, one span each
+    for span in failed:
+        assert (
+            span.attributes["error.type"] == "server_error"
+            and span.status == Status.STATUS_CODE_ERROR
+        )
+        assert span.attributes["gen_ai.response.finish_reasons"] == ["error"]
     assert "error.type" not in answered.attributes and answered.status != Status.STATUS_CODE_ERROR
     assert answered.attributes["gen_ai.response.finish_reasons"] == ["length"]
 

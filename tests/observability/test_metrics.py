@@ -476,3 +476,8 @@ def test_spend_counts_by_target_and_budgets_show_their_state(
     assert samples.since(before, "gateway_spend_warnings_total", kind="key", level="warn") == 1
     assert samples.at("gateway_budgets", kind="key", state="warn") == 1
     assert samples.at("gateway_budgets", kind="key", state="spent") == 0
+    # The answer's request-log row is written in the background too: it lands in this test,
+    # not in the next one's database.
+    from observability.models import RequestLog
+
+    assert wait_until(lambda: RequestLog.objects.filter(interface="v1").exists())
