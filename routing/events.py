@@ -105,7 +105,7 @@ class KbLookup:
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
 # KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing")
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing", "context")
 
 
 @dataclass(kw_only=True)
@@ -135,6 +135,9 @@ class Route(Event):
     engine_ms: float | None = None
     # the caller's tightest request and token limits after this request (/v1's x-ratelimit-*)
     standing: Standing | None = None
+    # The question's KB passages as the engine got them (routing.prompt.passages_block; "" for
+    # none): what a stored conversation replays the question with on later turns. Not for clients.
+    context: str = ""
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -251,6 +254,7 @@ def route_event(
     named: bool,
     engine_ms: float,
     standing: Standing | None = None,
+    context: str = "",
 ) -> Route:
     """The `route` event of a generated answer: the road taken, with the details for operators
     (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
@@ -273,4 +277,5 @@ def route_event(
         reason=reason,
         engine_ms=engine_ms,
         standing=standing,
+        context=context,
     )

@@ -712,6 +712,7 @@ class _Attempt:
             named=self.plan.named,
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
+            context=self.plan.context,
         )
 
     def token(self, event: EngineToken) -> Token:
