@@ -212,7 +212,13 @@ class Command(BaseCommand):
             setup=setup,
         ) as stack:
             with_passages = sum(bool(p) for p in holder["passages"].values())
-            self.out(f"  {with_passages} of {len(holder['passages'])} questions get KB passages")
+            passages = holder["passages"]
+            follow_ups = [(a, b) for script in scripts for a, b in zip(script, script[1:])]
+            same = sum(passages[a] == passages[b] for a, b in follow_ups)
+            self.out(
+                f"  {with_passages} of {len(passages)} questions get KB passages; "
+                f"{same} of {len(follow_ups)} follow-ups the same ones as the question before"
+            )
             for system in ("short", "long"):
                 for via, what in (("v1", "/v1, plain history"), ("chat", "stored sessions")):
                     prefix.engine_cache_reset(stack.simulator_url)
