@@ -1,10 +1,12 @@
 """Multi-turn conversations through the gateway, for the engine's prefix cache: shared by
 `manage.py bench_prefix` and its test.
 
-Each conversation is asked turn after turn, as a client of `/v1` does: the whole conversation so
-far, then the next question. Conversations run side by side. What is measured is what a user
-waits for, the time to the first token of each turn, and what the engine says it reused, the
-change of its prefix-cache counters over the run.
+Each conversation is asked turn after turn, as a client of `/v1` does (the whole conversation so
+far, then the next question) or as the chat API's stored sessions are (one question a turn, the
+gateway replaying the rest); `layouts_compare` sends the same conversations to the engine itself
+with `/v1`'s KB passages in each place they could go. Conversations run side by side. What is
+measured is what a user waits for, the time to the first token of each turn, and what the engine
+says it reused, the change of its prefix-cache counters over the run.
 """
 
 from __future__ import annotations
