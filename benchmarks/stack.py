@@ -18,7 +18,7 @@ import os
 import signal
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.conf import settings
@@ -135,6 +135,7 @@ def stack_run(
     log_dir: Path | None = None,
     setup: Callable[[], None] | None = None,
     engine_fields: dict | None = None,
+    engine_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """Database `name` prepared, the simulator with `sim_args` (and tool calls served, as by make
     run's engine), the demo data, then the gateway with `gateway_extra` added to its environment
@@ -143,7 +144,9 @@ def stack_run(
 
     `engine_fields`: instead of the simulator, the engine an engine row with these fields runs (the
     real vLLM: benchmarks.engines.bundled_vllm_fields), started from the row's own argv; `model` is
-    then the name it serves.
+    then the name it serves. `engine_env` adds to its environment what no row may set (a bench's
+    VLLM_SERVER_DEV_MODE, for /reset_prefix_cache between measurements; the engine listens on
+    the loopback only).
 
     `web_concurrency`: the gateway through config.web with that many daphne processes (None:
     one daphne, started directly). Logs go to `log_dir`, else to a directory removed at the end.
@@ -167,9 +170,12 @@ def stack_run(
                     )
                 )
             else:
+                command = engine_command(fields=engine_fields)
+                if engine_env:
+                    command = replace(command, env={**command.env, **engine_env})
                 running = stack.enter_context(
                     engine_run(
-                        command=engine_command(fields=engine_fields),
+                        command=command,
                         log_path=log_dir / "engine.log",
                     )
                 )

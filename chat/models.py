@@ -47,6 +47,10 @@ class Message(models.Model):
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
+    # A question's KB passages as the engine got them ahead of its text (routing.prompt's
+    # passages block, "" for none): a later turn replays the question with them, byte for byte,
+    # so the engine finds the conversation's start in its prefix cache. Written at the turn's end.
+    context = models.TextField(blank=True, db_default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     road = models.CharField(max_length=16, blank=True)
     rule = models.CharField(max_length=100, blank=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -26,6 +27,7 @@ from chat.models import ChatSession, Message
 from core import db, rawsql, slots
 from core import redis as core_redis
 from core.text import text_problem
+from routing.prompt import question_message
 from spend.ledger import outage_lets_through
 
 logger = logging.getLogger(__name__)
@@ -284,11 +286,12 @@ def _turn_start_statement(
             "RETURNING id, title"
         )
     earlier = (
-        f"SELECT role, content, created_at, id FROM {message} WHERE session_id = %(sid)s "
+        f"SELECT role, content, context, created_at, id FROM {message} "
+        "WHERE session_id = %(sid)s "
         "AND status <> %(streaming)s AND content <> '' AND NOT superseded "
         "ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
         if read_history
-        else "SELECT NULL::text AS role, NULL::text AS content, "
+        else "SELECT NULL::text AS role, NULL::text AS content, NULL::text AS context, "
         "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false"
     )
     sql = f"""
@@ -308,7 +311,8 @@ def _turn_start_statement(
             (SELECT id FROM m WHERE role = %(user_role)s),
             ARRAY({rawsql.user_groups("%(user)s")}),
             ARRAY(SELECT role FROM h ORDER BY created_at, id),
-            ARRAY(SELECT content FROM h ORDER BY created_at, id)
+            ARRAY(SELECT content FROM h ORDER BY created_at, id),
+            ARRAY(SELECT context FROM h ORDER BY created_at, id)
         FROM s
     """
     return sql, params
@@ -338,14 +342,24 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     ]
 
 
+def history_replay(rows: Iterable[tuple[str, str, str]]) -> list[dict]:
+    """The earlier turns (role, text, passages), oldest first, as the engine got them: each
+    question with the KB passages it was sent with, laid out as routing.prompt lays out a
+    question, so a turn's prompt starts byte for byte as the last one did and the engine finds
+    it in its prefix cache. A question sent without passages, or stored before they were kept,
+    replays as its text."""
+    return [
+        question_message({"role": role, "content": text}, context or "")
+        for role, text, context in rows
+    ]
+
+
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
-    sid, title, assistant_id, question_id, groups, roles, contents = row
+    sid, title, assistant_id, question_id, groups, roles, contents, contexts = row
     if history is None:
-        history = [
-            {"role": role, "content": text} for role, text in zip(roles, contents, strict=True)
-        ]
+        history = history_replay(zip(roles, contents, contexts, strict=True))
     return TurnStart(
         session_id=sid,
         title=title,
@@ -420,14 +434,14 @@ def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
             .exclude(status=Message.Status.STREAMING)
             .exclude(content="")
             .order_by("-created_at", "-pk")
-            .values_list("role", "content")[: settings.CHAT_HISTORY_TURNS]
+            .values_list("role", "content", "context")[: settings.CHAT_HISTORY_TURNS]
         )
         groups = frozenset(user.groups.values_list("name", flat=True))
     return TurnStart(
         session_id=session.pk,
         title=session.title,
         assistant_id=new_answer.pk,
-        history=[{"role": role, "content": text} for role, text in reversed(earlier)],
+        history=history_replay(reversed(earlier)),
         groups=groups,
         question_id=question.pk,
         question=question.content,
@@ -449,9 +463,11 @@ async def aturn_finish(
     done=None,
     error=None,
     request_key=None,
+    question_id: int | None = None,
 ) -> None:
     """Persist the end of an assistant turn: its text, status, route, timings, usage and request
-    key (one UPDATE)."""
+    key, and, once a model was asked, the KB passages its question (`question_id`) was sent with
+    (one statement)."""
     await db.query_one(
         *_turn_finish_statement(
             message_id=message_id,
@@ -461,12 +477,21 @@ async def aturn_finish(
             done=done,
             error=error,
             request_key=request_key,
+            question_id=question_id,
         )
     )
 
 
 def _turn_finish_statement(
-    *, message_id: int, status: str, content: str, route, done, error, request_key=None
+    *,
+    message_id: int,
+    status: str,
+    content: str,
+    route,
+    done,
+    error,
+    request_key=None,
+    question_id: int | None = None,
 ) -> tuple[str, dict]:
     fields = {"status": status, "content": content, "finished_at": timezone.now()}
     if request_key is not None:
@@ -491,9 +516,19 @@ def _turn_finish_statement(
             fields.update(road=error.road or "", rule=error.rule or "", target=error.target or "")
     # The column names are this function's own (Message's fields), never input.
     assignments = ", ".join(f'"{name}" = %({name})s' for name in fields)
+    table = Message._meta.db_table
+    params = {**fields, "message_id": message_id}
+    question = ""
+    if route is not None and question_id is not None:
+        # The question's passages as this answer's prompt had them (a KB answer: none), written
+        # in the same statement: what a later turn replays (history_replay).
+        question = (
+            f"WITH q AS (UPDATE {table} SET context = %(context)s WHERE id = %(question_id)s) "
+        )
+        params.update(context=route.context, question_id=question_id)
     return (
-        f"UPDATE {Message._meta.db_table} SET {assignments} WHERE id = %(message_id)s",
-        {**fields, "message_id": message_id},
+        f"{question}UPDATE {table} SET {assignments} WHERE id = %(message_id)s",
+        params,
     )
 
 

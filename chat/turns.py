@@ -329,6 +329,7 @@ async def run_turn(
                     done=done,
                     error=error,
                     request_key=request_key,
+                    question_id=start.question_id,
                 )
             )
         if slot is not None:

@@ -105,7 +105,7 @@ class KbLookup:
 
 # What the request log and the metrics read of an event, but the client's frame leaves out: the
 # KB's scores and the endpoints that failed are the operators' business.
-_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing", "retried", "skipped_chunks")
+_NOT_FOR_CLIENTS = ("kb", "fell_back_from", "standing", "retried", "skipped_chunks", "context")
 
 
 @dataclass(kw_only=True)
@@ -138,6 +138,9 @@ class Route(Event):
     # A route in the middle of an answer: the endpoint whose stream broke after its first tokens,
     # the answer going on here from where it was cut.
     continued_from: str | None = None
+    # The question's KB passages as the engine got them (routing.prompt.passages_block; "" for
+    # none): what a stored conversation replays the question with on later turns. Not for clients.
+    context: str = ""
     type: str = "route"
 
     def as_dict(self, *, details: bool = False) -> dict:
@@ -273,6 +276,7 @@ def route_event(
     engine_ms: float,
     standing: Standing | None = None,
     retries: str = "",
+    context: str = "",
 ) -> Route:
     """The `route` event of a generated answer: the road taken, with the details for operators
     (the rule's reasons, the fallbacks, history left out) and a plain reason for users."""
@@ -297,4 +301,5 @@ def route_event(
         reason=reason,
         engine_ms=engine_ms,
         standing=standing,
+        context=context,
     )

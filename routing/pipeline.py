@@ -1004,6 +1004,7 @@ class _Attempt:
             named=self.plan.named and self.target.endpoint == self.plan.request.model,
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
+            context=self.plan.context,
         )
 
     def _continued_route(self, engine_seconds: float) -> Route:
@@ -1022,6 +1023,7 @@ class _Attempt:
             engine_ms=_ms(engine_seconds),
             standing=self.standing,
             continued_from=resumed.cut_at,
+            context=self.plan.context,
         )
 
     def token(self, event: EngineToken) -> Token:

@@ -39,3 +39,41 @@ def test_conversations_hit_the_prefix_cache_when_it_is_on_and_not_when_it_is_off
     assert float(ratio_on) > 0.5 and int(hits_on) > 0 and int(queries_on) > int(hits_on)
     assert int(hits_off) == 0
     assert re.search(r"turn 2\+ TTFT p50: \d+ ms without the cache, \d+ ms with it", printed)
+
+
+@pytest.mark.processes
+def test_on_the_default_rule_stored_sessions_reuse_more_than_plain_history(
+    test_database_url, child_env
+):
+    printed = manage(
+        child_env,
+        "bench_prefix",
+        "--engine",
+        "simulator",
+        "--rule",
+        "default",
+        "--conversations",
+        "2",
+        "--turns",
+        "3",
+        "--max-tokens",
+        "8",
+        timeout=280,
+    )
+    assert re.search(r"(\d+) of \1 questions get KB passages", printed), printed
+    runs = dict(
+        re.findall(
+            r"  (.+?): 2 conversations x 3 turns, 0 failed, \d+ empty: .*? "
+            r"prefix cache hits ([\d.]+) \(",
+            printed,
+        )
+    )
+    for system in ("short", "long"):
+        plain = float(runs[f"{system} system prompt, /v1, plain history"])
+        replayed = float(runs[f"{system} system prompt, stored sessions"])
+        # Each stored question goes again with its passages: the next turn finds the last one.
+        assert replayed > plain, printed
+    assert set(runs) >= {
+        f"layout {layout}, short system prompt"
+        for layout in ("before the question", "after the question", "replayed")
+    }, printed

