@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import queue
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -358,12 +359,14 @@ class Outcome:
     started: float = 0.0
     elapsed: float = 0.0
     ttft: float | None = None
+    longest_gap: float | None = None  # the longest wait between two chunks of text, seconds
 
 
 async def ask(client: openai.AsyncOpenAI, *, model: str, messages: list, plan: Plan) -> Outcome:
     """One streamed question, as an SDK user asks it, read to its end or the deadline."""
     outcome = Outcome(started=time.monotonic())
     parts: list[str] = []
+    last = outcome.started
     try:
         async with asyncio.timeout(plan.deadline):
             stream = await client.chat.completions.create(
@@ -381,8 +384,12 @@ async def ask(client: openai.AsyncOpenAI, *, model: str, messages: list, plan: P
                     outcome.usage = chunk.usage.model_dump(exclude_none=True)
                 for choice in chunk.choices:
                     if choice.delta and choice.delta.content:
+                        now = time.monotonic()
                         if outcome.ttft is None:
-                            outcome.ttft = time.monotonic() - outcome.started
+                            outcome.ttft = now - outcome.started
+                        else:
+                            outcome.longest_gap = max(outcome.longest_gap or 0.0, now - last)
+                        last = now
                         parts.append(choice.delta.content)
                     if choice.finish_reason:
                         outcome.finish_reason = choice.finish_reason
@@ -631,8 +638,13 @@ def _row(scenario, mode, verdict, got, outcome: Outcome, attempts: list[Attempt]
         "gaps_s": gaps,
         "time_s": round(outcome.elapsed, 2),
         "ttft_s": None if outcome.ttft is None else round(outcome.ttft, 2),
+        # For an answer cut and continued: the cut's whole cost as the caller saw it, from the
+        # last token before it to the first after (the stall's includes its idle timeout).
+        "longest_gap_s": None if outcome.longest_gap is None else round(outcome.longest_gap, 3),
         "caller": {
-            k: v for k, v in asdict(outcome).items() if k not in ("started", "elapsed", "ttft")
+            k: v
+            for k, v in asdict(outcome).items()
+            if k not in ("started", "elapsed", "ttft", "longest_gap")
         },
     }
 
@@ -683,4 +695,32 @@ def table_text(report: dict) -> str:
     lines.append("")
     for mode, counts in report["totals"].items():
         lines.append(f"{mode:<6} " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS))
+    if line := continuation_line(report["rows"]):
+        lines.append(line)
     return "\n".join(lines)
+
+
+# Scenarios whose stream is cut at once (no idle timeout to wait out first) and then continued.
+CUT_AT_ONCE = ("cut-mid-stream", "no-done", "accounting", "prefill-refused")
+
+
+def continuation_line(rows: list[dict]) -> str | None:
+    """A continuation's cost as the caller sees it: the longest wait between two tokens of the
+    whole answers of the scenarios cut at once (from the last token before the cut to the first
+    after it), their median and range."""
+    gaps = sorted(
+        r["longest_gap_s"]
+        for r in rows
+        if r["scenario"] in CUT_AT_ONCE
+        and r["verdict"] == "pass"
+        and r.get("prefill_attempts")
+        and r.get("longest_gap_s") is not None
+    )
+    if not gaps:
+        return None
+    median = statistics.median(gaps)
+    return (
+        f"continued after a cut: the caller waited {median * 1000:.0f} ms from the last token "
+        f"before it to the first after (median of {len(gaps)}; {gaps[0] * 1000:.0f}–"
+        f"{gaps[-1] * 1000:.0f} ms)"
+    )

@@ -77,6 +77,31 @@ def test_a_content_refusal_passes_only_as_a_clean_error_with_the_providers_reaso
     assert score(answered, expected=WHOLE, kind="refusal")[0] == "partial"
 
 
+def test_a_continuations_cost_is_the_callers_longest_wait_over_answers_cut_at_once():
+    def row(scenario, gap, verdict="pass", prefills=2):
+        return {
+            "scenario": scenario,
+            "verdict": verdict,
+            "prefill_attempts": prefills,
+            "longest_gap_s": gap,
+        }
+
+    rows = [
+        row("cut-mid-stream", 0.030),
+        row("no-done", 0.050),
+        row("accounting", 0.040),
+        row("stall", 3.1),  # its idle timeout is the detection's, not the continuation's
+        row("prefill-refused", 0.9, verdict="safe"),  # not a whole answer
+        row("500-once", 0.2, prefills=0),
+    ]
+    line = failover.continuation_line(rows)
+    assert line == (
+        "continued after a cut: the caller waited 40 ms from the last token before it to the "
+        "first after (median of 3; 30–50 ms)"
+    )
+    assert failover.continuation_line(rows[3:]) is None
+
+
 def test_an_unknown_scenario_is_refused_with_the_known_ones():
     with pytest.raises(CommandError, match="unknown scenario.*500-once"):
         call_command("bench_failover", scenarios="500-once,teapot")
