@@ -354,7 +354,7 @@ async def _run_to_end(request, data, **turn) -> int:
             message_id = event.message_id
         elif isinstance(event, Error) and event.code in SPEND_REFUSALS:
             refused = SpendRefused(
-                event.message,
+                message_for_users(event.code, event.message, partial=False),
                 code=event.code,
                 retry_after=None if event.retry_after is None else int(event.retry_after),
             )

@@ -18,6 +18,7 @@ import openai
 import orjson
 
 from core.loops import PerLoop
+from inference_ops import admission
 from inference_ops.exceptions import EngineError
 from inference_ops.sdk_errors import SDK_ERRORS, engine_error_from_sdk
 from inference_ops.sse import SSEDecoder
@@ -38,6 +39,7 @@ class EndpointConfig:
     idle_timeout: float = 15.0
     total_timeout: float = 300.0
     max_concurrency: int = 64
+    capacity: int | None = None  # all processes together (inference_ops.admission); None: no limit
     headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
@@ -52,6 +54,7 @@ class EndpointConfig:
             idle_timeout=endpoint.idle_timeout,
             total_timeout=endpoint.total_timeout,
             max_concurrency=endpoint.max_concurrency,
+            capacity=endpoint.capacity,
             headers=tuple(
                 sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())
             ),
@@ -170,6 +173,12 @@ async def stream_chat(
     """
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
+    # Room at the endpoint's capacity, before its clocks start: the wait has its own deadline.
+    admitted = (
+        await admission.admit(config.name, config.capacity, config.total_timeout)
+        if config.capacity
+        else None
+    )
     started = loop.time()
     first_deadline = started + config.first_token_timeout
     total_deadline = started + config.total_timeout
@@ -242,8 +251,12 @@ async def stream_chat(
     finally:
         if deadline is not None:
             deadline.close()
-        if response is not None:
-            await close_stream(pool, response)
+        try:
+            if response is not None:
+                await close_stream(pool, response)
+        finally:
+            if admitted is not None:
+                admitted.leave()
 
 
 class _ChatChunks:

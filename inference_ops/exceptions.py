@@ -29,6 +29,9 @@ class EngineError(InferenceError):
         "stream_error": True,  # an error frame inside the SSE stream
         "stream_truncated": True,  # the stream ended without a finish reason or [DONE]
         "malformed": False,  # a chunk that is not the API's JSON
+        # No room at the endpoint's capacity within the request's deadline (admission): the
+        # gateway's own queue, not the engine's failure; another target may have room.
+        "busy": True,
     }
 
     def __init__(

@@ -73,6 +73,15 @@ class ModelEndpoint(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
     )
+    capacity = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "Requests in flight to this endpoint from all gateway processes together (e.g. the "
+            "engine's max_num_seqs); more wait in the gateway, by priority class and fair share "
+            "(inference_ops.admission). Blank: no shared admission, only the per-process limit."
+        ),
+    )
     extra_headers = models.JSONField(
         default=dict,
         blank=True,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx2
 import orjson
 
+from inference_ops import admission
 from inference_ops.client import (
     EndpointConfig,
     Finish,
@@ -58,6 +59,11 @@ async def stream_completion(
     `contextlib.aclosing`: closing it closes the engine's stream."""
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
+    admitted = (
+        await admission.admit(config.name, config.capacity, config.total_timeout)
+        if config.capacity
+        else None
+    )
     started = loop.time()
     first_deadline = min(started + config.first_token_timeout, started + config.total_timeout)
     total_deadline = started + config.total_timeout
@@ -153,8 +159,12 @@ async def stream_completion(
     finally:
         if deadline is not None:
             deadline.close()
-        if response is not None:
-            await close_stream(pool, response)
+        try:
+            if response is not None:
+                await close_stream(pool, response)
+        finally:
+            if admitted is not None:
+                admitted.leave()
 
 
 class _Read:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from core import tracing
-from inference_ops import openai_fields
+from inference_ops import admission, openai_fields
 from inference_ops.client import Finish, stream_chat
 from inference_ops.client import Token as EngineToken
 from inference_ops.exceptions import EngineError
@@ -349,7 +349,7 @@ class Attempts:
     def failed(self, target: Target, exc: EngineError) -> None:
         self.notes.append(f"{target.endpoint}: {exc.kind}")
         self.passed.append(target.endpoint)
-        if exc.retry_after is not None:
+        if exc.retry_after is not None and exc.kind != "busy":
             self.resting.append(target.endpoint)
         self.failure = exc
 
@@ -373,7 +373,11 @@ class Attempts:
             message="No target could answer: " + "; ".join(self.notes),
             retryable=failure.retryable if failure else True,
             rule=plan.rule_name,
-            retry_after=await _soonest(self.resting),
+            retry_after=(
+                failure.retry_after
+                if failure is not None and failure.kind == "busy"
+                else await _soonest(self.resting)
+            ),
             kb=plan.kb,
             fell_back_from=tuple(self.passed),
         )
@@ -407,6 +411,12 @@ async def _generate(
         reservation = booked
     meter = _Meter(request.spent)
     attempts = Attempts()
+    waiting = admission.Ticket(
+        tenant=_tenant(request),
+        priority=request.priority or ("api" if request.api_key_id else "interactive"),
+        tokens=plan.prompt_tokens + plan.completion_tokens,
+    )
+    admission.ticket.set(waiting)
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for target in chain:
@@ -462,6 +472,7 @@ async def _generate(
                 replicas.ended(target.endpoint_id)
         yield await attempts.error(plan)
     finally:
+        request.spent.waited = waiting.waited
         meter.close()
         if reservation is not None:
             ledger.settle_soon(
@@ -638,7 +649,10 @@ def done_event(
 
 
 async def _engine_failed(target: Target, exc: EngineError) -> None:
-    """What a failure tells the breaker and the engine's supervisor."""
+    """What a failure tells the breaker and the engine's supervisor (nothing when the endpoint
+    had no room: that queue is the gateway's own, inference_ops.admission)."""
+    if exc.kind == "busy":
+        return
     if exc.retry_after is not None:
         await breaker.rest(target.endpoint, exc.retry_after)
     elif exc.retryable:
@@ -866,6 +880,11 @@ async def _soonest(endpoints: list[str]) -> float | None:
         if state.retry_in is not None
     ]
     return round(min(waits), 1) if waits else None
+
+
+def _tenant(request: RouteRequest) -> str:
+    """Whose fair share a request counts in: its user (an API key's requests are its owner's)."""
+    return f"u{request.user_id}" if request.user_id is not None else "anonymous"
 
 
 def _record_miss(
