@@ -35,7 +35,7 @@ an outage and counted in gateway_admission_unchecked_total.
 from __future__ import annotations
 
 import asyncio
-import heapq
+import collections
 import itertools
 import logging
 import math
@@ -109,7 +109,8 @@ def deadline_of(priority: str) -> float:
 # KEYS: held (slot -> end of lease), waiting (member -> score), lapses (member -> end of its place),
 # usage (tenant -> "tokens time"). ARGV: slot ("tenant|id"), tenant, capacity, the most one tenant
 # may hold, lease, class rank, member ("tenant|process", '' to try without queueing), the member
-# to take out first ('' none), wait lease, tokens to count, half-life. Returns 1 admitted, 0 not.
+# to take out first ('' none), wait lease, tokens to count, half-life. Returns 1 admitted, 0 not
+# (queued when a member is given), 2 not because the tenant holds all it may (not queued).
 _TAKE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
@@ -146,8 +147,11 @@ if used > 0 then
     place = now / half + math.log(used) / math.log(2)
 end
 local score = rank * 1e12 + place
+if (per[tenant] or 0) >= most then
+    return 2
+end
 local room = capacity - #holders
-if room > 0 and (per[tenant] or 0) < most then
+if room > 0 then
     local ahead = 0
     for _, name in ipairs(redis.call('ZRANGEBYSCORE', waiting, '-inf', '(' .. score)) do
         if name ~= member and (per[string.match(name, '^(.*)|')] or 0) < most then
@@ -193,13 +197,14 @@ def _outage(exc: BaseException, endpoint: str) -> None:
         )
 
 
-@dataclass(order=True)
+@dataclass(eq=False)
 class _Waiter:
-    order: tuple[int, float, int]
-    ticket: Ticket = field(compare=False)
-    slot: str = field(compare=False)
+    ticket: Ticket
+    rank: int
+    arrival: int
+    slot: str  # its name in the held set, "tenant|id"
     # The slot's name once admitted through Redis, "" when admitted by this process alone.
-    future: asyncio.Future[str] = field(compare=False)
+    future: asyncio.Future[str] = field(repr=False)
 
 
 @dataclass(slots=True)
@@ -213,6 +218,10 @@ class Admitted:
         self.gate.leave(self.slot)
 
 
+# What the script answers.
+_REFUSED, _ADMITTED, _TENANT_FULL = 0, 1, 2
+
+
 class _Gate:
     """One endpoint's admission in this process (and event loop)."""
 
@@ -221,7 +230,9 @@ class _Gate:
         base = f"{settings.REDIS_KEY_PREFIX}:admission:{name}"
         self.keys = (f"{base}:held", f"{base}:waiting", f"{base}:lapses", f"{base}:usage")
         self.process = secrets.token_hex(6)
-        self.queue: list[_Waiter] = []
+        # Waiters by tenant and class, each in arrival order: the next to try is the head with
+        # the best class, then the tenant with the fewest tokens now (not when it arrived).
+        self.queues: dict[tuple[str, int], collections.deque[_Waiter]] = {}
         self.arrivals = itertools.count()
         self.wake = asyncio.Event()
         self.pump: asyncio.Task | None = None
@@ -235,30 +246,35 @@ class _Gate:
         reserve = settings.ADMISSION_RESERVE
         return self.capacity - reserve if self.capacity > reserve else self.capacity
 
-    async def _take(self, waiter: _Waiter, member: str) -> bool:
+    async def _take(self, waiter: _Waiter, member: str) -> int:
         t = waiter.ticket
-        rank = CLASSES.index(t.priority) if t.priority in CLASSES else 1
-        took = await core_redis.aclient().eval(
-            _TAKE,
-            4,
-            *self.keys,
-            waiter.slot,
-            t.tenant,
-            self.capacity,
-            self.most(),
-            self.lease,
-            rank,
-            member,
-            self.standing if self.standing != member else "",
-            WAIT_LEASE,
-            t.tokens,
-            settings.ADMISSION_HALF_LIFE,
+        took = int(
+            await core_redis.aclient().eval(
+                _TAKE,
+                4,
+                *self.keys,
+                waiter.slot,
+                t.tenant,
+                self.capacity,
+                self.most(),
+                self.lease,
+                waiter.rank,
+                member,
+                self.standing if member and self.standing != member else "",
+                WAIT_LEASE,
+                t.tokens,
+                settings.ADMISSION_HALF_LIFE,
+            )
         )
         if member:
-            self.standing = "" if took else member
-        if took:
+            # Queued when refused for room; the member before it is taken out in either case.
+            if took == _REFUSED:
+                self.standing = member
+            elif took == _ADMITTED or self.standing != member:
+                self.standing = ""
+        if took == _ADMITTED:
             self._count(t)
-        return bool(took)
+        return took
 
     def _count(self, t: Ticket) -> None:
         """This process's view of the tenant's recent tokens: orders its own waiters."""
@@ -267,29 +283,46 @@ class _Gate:
         decayed = tokens * 0.5 ** ((now - at) / settings.ADMISSION_HALF_LIFE)
         self.used[t.tenant] = (decayed + t.tokens, now)
 
-    def _order(self, t: Ticket) -> tuple[int, float, int]:
-        """Class, then the tenant's place as in the script (its decayed count, in a form that
-        does not change with time), then arrival: one tenant's waiters in turn."""
-        rank = CLASSES.index(t.priority) if t.priority in CLASSES else 1
-        tokens, at = self.used.get(t.tenant, (0.0, 0.0))
-        place = at / settings.ADMISSION_HALF_LIFE + math.log2(tokens) if tokens > 0 else -1e11
-        return (rank, place, next(self.arrivals))
+    def _place(self, tenant: str) -> float:
+        """The tenant's place as in the script: its decayed count, in a form that does not
+        change with time (log2 of the count plus the time in half-lives)."""
+        tokens, at = self.used.get(tenant, (0.0, 0.0))
+        return at / settings.ADMISSION_HALF_LIFE + math.log2(tokens) if tokens > 0 else -1e11
+
+    def _candidates(self) -> list[_Waiter]:
+        """The head of each tenant's and class's queue, best first; queues emptied of the
+        waiters that left."""
+        heads = []
+        for key in list(self.queues):
+            queue = self.queues[key]
+            while queue and queue[0].future.done():  # gone: timed out or cancelled
+                queue.popleft()
+            if queue:
+                heads.append(queue[0])
+            else:
+                del self.queues[key]
+        heads.sort(key=lambda w: (w.rank, self._place(w.ticket.tenant), w.arrival))
+        return heads
 
     async def enter(self, t: Ticket) -> Admitted:
         loop = asyncio.get_running_loop()
         started = loop.time()
         priority = t.priority if t.priority in CLASSES else "api"
         waiter = _Waiter(
-            self._order(t), t, f"{t.tenant}|{secrets.token_hex(8)}", loop.create_future()
+            t,
+            CLASSES.index(priority),
+            next(self.arrivals),
+            f"{t.tenant}|{secrets.token_hex(8)}",
+            loop.create_future(),
         )
-        if not self.queue:
+        if not self.queues:
             try:
-                if await self._take(waiter, ""):
+                if await self._take(waiter, "") == _ADMITTED:
                     return Admitted(self, waiter.slot)
             except RedisError as exc:
                 _outage(exc, self.name)
                 return await self._enter_alone(t, started, priority)
-        heapq.heappush(self.queue, waiter)
+        self.queues.setdefault((t.tenant, waiter.rank), collections.deque()).append(waiter)
         if self.pump is None:
             self.pump = loop.create_task(self._pump())
         self.wake.set()
@@ -341,34 +374,42 @@ class _Gate:
         return Admitted(self, "")
 
     async def _pump(self) -> None:
-        """Admit this process's waiters, best first, one at a time."""
+        """Admit this process's waiters, best first: each round tries the best head, and the
+        next tenant's when a tenant holds all it may; it waits when one is refused for room."""
         try:
-            while self.queue:
-                waiter = self.queue[0]
-                if waiter.future.done():  # gone: timed out or cancelled
-                    heapq.heappop(self.queue)
-                    continue
+            while candidates := self._candidates():
                 self.wake.clear()
-                try:
-                    took = await self._take(waiter, f"{waiter.ticket.tenant}|{self.process}")
-                except RedisError as exc:
-                    _outage(exc, self.name)
-                    heapq.heappop(self.queue)
-                    if not waiter.future.done():
-                        waiter.future.set_result("")
-                    continue
-                if took:
-                    heapq.heappop(self.queue)
-                    if waiter.future.done():  # it left while its slot was being taken
-                        self.leave(waiter.slot)
-                    else:
-                        waiter.future.set_result(waiter.slot)
-                    continue
-                try:
-                    async with asyncio.timeout(POLL):
-                        await self.wake.wait()
-                except TimeoutError:
-                    pass
+                for waiter in candidates:
+                    try:
+                        took = await self._take(waiter, f"{waiter.ticket.tenant}|{self.process}")
+                    except Exception as exc:  # the waiters must not be left without a pump
+                        if isinstance(exc, RedisError):
+                            _outage(exc, self.name)
+                        else:
+                            logger.exception("admission to %s failed; admitting alone", self.name)
+                        took = None
+                    if took == _TENANT_FULL:
+                        continue
+                    queue = self.queues.get((waiter.ticket.tenant, waiter.rank))
+                    if took != _REFUSED and queue and queue[0] is waiter:
+                        queue.popleft()
+                    if took is None:
+                        if not waiter.future.done():
+                            waiter.future.set_result("")
+                    elif took == _ADMITTED:
+                        if waiter.future.done():  # it left while its slot was being taken
+                            self.leave(waiter.slot)
+                        else:
+                            waiter.future.set_result(waiter.slot)
+                    break
+                else:
+                    took = _REFUSED  # every tenant waiting here holds all it may
+                if took == _REFUSED:
+                    try:
+                        async with asyncio.timeout(POLL):
+                            await self.wake.wait()
+                    except TimeoutError:
+                        pass
         finally:
             self.pump = None
             if self.standing:

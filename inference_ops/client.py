@@ -239,6 +239,11 @@ async def stream_chat(
                 raise failed
         if not said.finish_reasons:
             raise unfinished(config, produced=produced)
+        if admitted is not None:
+            # The engine is done with it: the place goes back now, not when the caller, done
+            # with its own end of the answer (the stored message, the log), closes this stream.
+            admitted.leave()
+            admitted = None
         yield Finish(
             finish_reason=said.finish_reasons.get(0) or next(iter(said.finish_reasons.values())),
             usage=said.usage,

@@ -147,6 +147,11 @@ async def stream_completion(
                 raise read.failed
         if not finish_reasons:
             raise unfinished(config, produced=produced)
+        if admitted is not None:
+            # The engine is done with it: the place goes back now, not when the caller, done
+            # with its own end of the answer (the stored message, the log), closes this stream.
+            admitted.leave()
+            admitted = None
         yield Finish(
             finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
             usage=usage,

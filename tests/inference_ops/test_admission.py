@@ -200,3 +200,19 @@ async def test_without_redis_each_process_admits_up_to_the_capacity_alone(name, 
     again = await enter(name, "someone", capacity=2)
     for place in (places[1], again):
         place.leave()
+
+
+async def test_a_tenant_holding_all_it_may_does_not_keep_another_waiting(name, settings):
+    settings.ADMISSION_RESERVE = 1
+    settings.ADMISSION_DEADLINE_API = 5.0
+    held = [await enter(name, "noisy", capacity=3, tokens=5000) for _ in range(2)]
+    backlog = [asyncio.create_task(enter(name, "noisy", capacity=3, tokens=5000)) for _ in range(3)]
+    await asyncio.sleep(0.1)  # queued here, first in line
+    quiet = await enter(name, "quiet", capacity=3, tokens=50)  # the free slot, no one leaving
+    assert quiet.slot.startswith("quiet|")
+    assert not any(task.done() for task in backlog)
+    for place in (*held, quiet):
+        place.leave()
+    async with asyncio.timeout(20):
+        for admitted in asyncio.as_completed(backlog):  # two at a time: the reserve holds
+            (await admitted).leave()
