@@ -98,6 +98,13 @@ class Ticket:
 ticket: ContextVar[Ticket | None] = ContextVar("admission_ticket", default=None)
 
 
+def rank() -> int:
+    """The running request's class as vLLM's `priority` (lower goes first): 0 interactive, 1 api,
+    2 batch."""
+    t = ticket.get()
+    return CLASSES.index(t.priority) if t is not None and t.priority in CLASSES else 1
+
+
 def deadline_of(priority: str) -> float:
     return {
         "interactive": settings.ADMISSION_DEADLINE_INTERACTIVE,

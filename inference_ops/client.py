@@ -40,6 +40,8 @@ class EndpointConfig:
     total_timeout: float = 300.0
     max_concurrency: int = 64
     capacity: int | None = None  # all processes together (inference_ops.admission); None: no limit
+    # An engine of the endpoint runs vLLM's priority scheduling: requests carry their class.
+    priority_scheduling: bool = False
     headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
@@ -193,6 +195,8 @@ async def stream_chat(
         **_options(max_tokens, max_tokens_field, temperature, stop),
         **(extra_body or _EMPTY),
     }
+    if config.priority_scheduling:
+        body["priority"] = admission.rank()
     try:
         response = await open_stream(
             pool,

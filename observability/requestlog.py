@@ -60,6 +60,7 @@ class RequestRecord:
     features: str = ""
     api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
+    wait_ms: float | None = None  # waiting for room at an endpoint's capacity; None: no wait
 
 
 def request_note(record: RequestRecord) -> None:
@@ -166,6 +167,7 @@ COLUMNS = (
     ("fallbacks", "smallint"),
     ("features", "text"),
     ("request_key", "uuid"),
+    ("wait_ms", "float8"),
 )
 
 # One statement per batch, one array per column: the text is the same for every batch size.
@@ -209,6 +211,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [min(len(r.fell_back_from), 32767) for r in batch],
         [_short(r.features, 100) for r in batch],
         [r.key for r in batch],
+        [r.wait_ms for r in batch],
     )
     try:
         with (

@@ -111,6 +111,8 @@ async def answer(
         )
         return
     snap = await asnapshot()
+    if request.priority is None:  # none from its API key: its groups', if they have one
+        request.priority = snap.priority_of(request.groups)
 
     if request.model and request.model != "auto":
         # A named model skips the KB, not the rules: the rule that takes this question must

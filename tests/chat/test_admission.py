@@ -11,8 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from observability.models import RequestLog
 from tests.chat.test_spend_limits import GatedEngine, frame_of_type, v1_client
 from tests.support.factories import endpoint, rule
+from tests.support.polling import wait_until
 from tests.support.sockets import socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,6 +134,14 @@ async def test_a_request_with_no_room_goes_to_the_rules_next_target(
     )
     assert raw.parse().choices[0].message.content == "held done"
     assert raw.headers["X-Route-Target"] == "overflow"
+
+    # Its log row says how long it waited for the first target before going to the next.
+    def logged():
+        return RequestLog.objects.filter(target="overflow").values_list("wait_ms", flat=True)
+
+    await sync_to_async(wait_until)(lambda: list(logged()))
+    (waited,) = await sync_to_async(list)(logged())
+    assert waited >= float(DEADLINE) * 1000
 
     gated.release("takes the place")
     [chunk async for chunk in first]
