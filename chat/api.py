@@ -481,18 +481,18 @@ class UsageSpendSerializer(serializers.Serializer):
 
 
 class UsagePrioritySerializer(serializers.Serializer):
-    # "class" is a Python keyword: the field is declared under another name, renamed below.
-    klass = serializers.CharField(help_text="interactive, api or batch")
-    source = serializers.CharField(help_text="this API key, your groups, or a default")
     deadline_seconds = serializers.FloatField(
         help_text="how long a request waits at most at a full endpoint before a 429"
     )
 
-    def get_fields(self):
-        fields = super().get_fields()
-        fields["class"], fields["from"] = fields.pop("klass"), fields.pop("source")
-        fields["class"].source, fields["from"].source = "class", "from"
-        return fields
+
+# "class" and "from" are Python keywords: declared after the class statement.
+UsagePrioritySerializer._declared_fields.update(
+    {
+        "class": serializers.CharField(help_text="interactive, api or batch"),
+        "from": serializers.CharField(help_text="this API key, your groups, or a default"),
+    }
+)
 
 
 class UsageSerializer(serializers.Serializer):

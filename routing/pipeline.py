@@ -440,11 +440,13 @@ async def _generate(
                     async with contextlib.aclosing(attempt.stream()) as stream:
                         async for event in stream:
                             if isinstance(event, Finish):
+                                request.spent.waited = waiting.waited
                                 for ending in await attempt.finished(event):
                                     yield ending
                                 return
                             if not produced:
                                 produced = True
+                                request.spent.waited = waiting.waited
                                 yield attempt.route(event.elapsed)
                             yield attempt.token(event)
                 except EngineError as exc:
@@ -472,6 +474,7 @@ async def _generate(
                     attempt.end()
             finally:
                 replicas.ended(target.endpoint_id)
+        request.spent.waited = waiting.waited
         yield await attempts.error(plan)
     finally:
         request.spent.waited = waiting.waited
