@@ -329,7 +329,13 @@ class _Gate:
             except RedisError as exc:
                 _outage(exc, self.name)
                 return await self._enter_alone(t, started, priority)
-        self.queues.setdefault((t.tenant, waiter.rank), collections.deque()).append(waiter)
+        queue = self.queues.setdefault((t.tenant, waiter.rank), collections.deque())
+        # In arrival order: requests that tried at once without queueing come back from Redis in
+        # any order.
+        at = len(queue)
+        while at and queue[at - 1].arrival > waiter.arrival:
+            at -= 1
+        queue.insert(at, waiter)
         if self.pump is None:
             self.pump = loop.create_task(self._pump())
         self.wake.set()
