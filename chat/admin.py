@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 
-from chat.apikeys import apikey_client_set, apikey_revoke
+from chat.apikeys import apikey_client_set, apikey_priority_set, apikey_revoke
 from chat.exceptions import ApiKeyInvalid
 from chat.models import ApiKey, ChatSession, Message
 from routing.validation import client_name_problem
@@ -60,7 +60,7 @@ class MessageAdmin(admin.ModelAdmin):
 class ApiKeyForm(forms.ModelForm):
     class Meta:
         model = ApiKey
-        fields = ["client_name"]
+        fields = ["client_name", "priority"]
 
     def clean_client_name(self):
         name = (self.cleaned_data.get("client_name") or "").strip()
@@ -71,9 +71,10 @@ class ApiKeyForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """A key's client name is the one thing staff change in its form: what routing rules know its
-    traffic by ("client:NAME"), so it is staff's to give, never the owner's (a key's own name is
-    its user's choice, and another user's key may share it). The rest is immutable: an un-revoked
+    """A key's client name and priority class are what staff change in its form: what routing
+    rules know its traffic by ("client:NAME") and its place at a full endpoint, so they are
+    staff's to give, never the owner's (a key's own name is its user's choice, and another user's
+    key may share it). The rest is immutable: an un-revoked
     key would bring a leaked one back. Revoking is the action; both need the change permission.
     A revoked key is read-only. The owner revokes their own from the keys page."""
 
@@ -82,6 +83,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "name",
         "user",
         "client_name",
+        "priority",
         "prefix",
         "scopes",
         "created_at",
@@ -91,7 +93,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = fields
     list_filter = ["revoked_at"]
     search_fields = ["name", "client_name", "user__username", "prefix"]
-    readonly_fields = [f for f in fields if f != "client_name"]
+    readonly_fields = [f for f in fields if f not in ("client_name", "priority")]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
@@ -108,6 +110,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         try:
             apikey_client_set(key=obj, client_name=form.cleaned_data["client_name"])
+            apikey_priority_set(key=obj, priority=form.cleaned_data["priority"])
         except ApiKeyInvalid as exc:  # revoked meanwhile: the form was checked before
             raise PermissionDenied(str(exc)) from None
 

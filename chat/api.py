@@ -139,10 +139,13 @@ def _details(request) -> dict:
 
 
 def _logged_as(request) -> dict:
-    """How the request log names this request's origin."""
+    """How the request log names this request's origin; and its API key's priority class at a
+    full endpoint, when staff gave it one."""
+    key = request.auth if isinstance(request.auth, ApiKey) else None
     return {
         "interface": RequestLog.Interface.API,
-        "api_key_id": request.auth.pk if isinstance(request.auth, ApiKey) else None,
+        "api_key_id": key.pk if key is not None else None,
+        "priority": (key.priority or None) if key is not None else None,
     }
 
 
@@ -354,7 +357,7 @@ async def _run_to_end(request, data, **turn) -> int:
             message_id = event.message_id
         elif isinstance(event, Error) and event.code in SPEND_REFUSALS:
             refused = SpendRefused(
-                event.message,
+                message_for_users(event.code, event.message, partial=False),
                 code=event.code,
                 retry_after=None if event.retry_after is None else int(event.retry_after),
             )
@@ -477,15 +480,34 @@ class UsageSpendSerializer(serializers.Serializer):
     this_month = serializers.FloatField()
 
 
+class UsagePrioritySerializer(serializers.Serializer):
+    deadline_seconds = serializers.FloatField(
+        help_text="how long a request waits at most at a full endpoint before a 429"
+    )
+
+
+# "class" and "from" are Python keywords: declared after the class statement.
+UsagePrioritySerializer._declared_fields.update(
+    {
+        "class": serializers.CharField(help_text="interactive, api or batch"),
+        "from": serializers.CharField(help_text="this API key, your groups, or a default"),
+    }
+)
+
+
 class UsageSerializer(serializers.Serializer):
     limits = UsageLimitSerializer(many=True)
     spend = UsageSpendSerializer()
+    priority = UsagePrioritySerializer(
+        help_text="Your requests' priority class when an endpoint is at its capacity."
+    )
 
 
 class UsageView(APIView):
     """GET your limits, what is left of each in its window, and what you spent today and this
     month (with an API key: that key's spend). The limits are your key's, your own and your
-    groups' (spend limits, set by the operators)."""
+    groups' (spend limits, set by the operators). Also your priority class when an endpoint is
+    at its capacity, and how long your requests wait there at most."""
 
     permission_classes = [ChatScope]
 
@@ -493,7 +515,7 @@ class UsageView(APIView):
     def get(self, request):
         api_key_id = request.auth.pk if isinstance(request.auth, ApiKey) else None
         usage = usage_read(user=request.user, api_key_id=api_key_id)
-        return Response({"limits": usage.limits, "spend": usage.spend})
+        return Response({"limits": usage.limits, "spend": usage.spend, "priority": usage.priority})
 
 
 # --- API keys -------------------------------------------------------------------------------------

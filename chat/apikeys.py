@@ -21,6 +21,7 @@ from chat.exceptions import ApiKeyInvalid
 from chat.models import ApiKey
 from core import db, rawsql
 from core.flight import SingleFlight
+from inference_ops.admission import CLASSES
 from routing.validation import client_name_problem
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,20 @@ def apikey_client_set(*, key: ApiKey, client_name: str) -> ApiKey:
     _forget(key)
     key.client_name = client_name
     key.save(update_fields=["client_name"])
+    return key
+
+
+def apikey_priority_set(*, key: ApiKey, priority: str) -> ApiKey:
+    """Give a live key its priority class at an endpoint's capacity ("" for the default, api).
+    Staff only (the admin), as the client name: a key's owner does not move itself up the
+    queue. The other processes see it within API_KEY_CACHE_SECONDS."""
+    if priority and priority not in CLASSES:
+        raise ApiKeyInvalid(fields={"priority": f"one of {', '.join(CLASSES)}, or empty"})
+    if key.revoked_at is not None:
+        raise ApiKeyInvalid(fields={"priority": "the key is revoked"})
+    _forget(key)
+    key.priority = priority
+    key.save(update_fields=["priority"])
     return key
 
 

@@ -63,8 +63,9 @@ class SpendRefused(ChatError):
         super().__init__(message)
 
 
-# The pipeline's error codes that are a spend refusal, not a failure.
-SPEND_REFUSALS = frozenset({"limit_exceeded", "budget_exceeded", "limits_unavailable"})
+# The pipeline's error codes that are a spend refusal, not a failure; and "busy": no room at an
+# endpoint's capacity within the request's deadline (inference_ops.admission), a 429 as well.
+SPEND_REFUSALS = frozenset({"limit_exceeded", "budget_exceeded", "limits_unavailable", "busy"})
 
 
 class ApiKeyInvalid(ChatError):

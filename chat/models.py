@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from inference_ops.admission import CLASSES
 from routing.validation import CLIENT_PREFIX
 
 
@@ -120,6 +121,15 @@ class ApiKey(models.Model):
         blank=True,
         help_text='Routing rules that list "client:NAME" take this key\'s traffic. Set by staff '
         "here only; the key's owner cannot set it. Empty: no rule that lists clients takes it.",
+    )
+    # Staff's too: the key's priority class at an endpoint's capacity (inference_ops.admission).
+    priority = models.CharField(
+        "priority class",
+        max_length=16,
+        blank=True,
+        choices=[(name, name) for name in CLASSES],
+        help_text="Its requests' place when an endpoint is at its capacity: interactive first, "
+        "then api, then batch, each with its own deadline (ADMISSION_DEADLINE_*). Empty: api.",
     )
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)

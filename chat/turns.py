@@ -148,6 +148,8 @@ class TurnRequest:
     history: list[dict] | None = None
     groups: frozenset[str] | None = None
     api_key_id: int | None = None
+    # The API key's priority class at an endpoint's capacity, when staff gave it one.
+    priority: str | None = None
     # Where it is kept: a session (None: a new one), nowhere (store=False, /v1 naming no
     # session), or a new version of the session's last exchange (regenerate: an answer's id;
     # edit: a question's id, replaced by `content`).
@@ -254,6 +256,7 @@ async def run_turn(
             user_id=user.pk,
             groups=groups,
             client=turn.client,
+            priority=turn.priority,
             model=turn.model,
             max_tokens=turn.max_tokens,
             temperature=turn.temperature,
@@ -513,6 +516,7 @@ def _record(
         continued=done.continued if done is not None else (),
         features=" ".join((*features, "tool_calls") if spent.tool_calls else features),
         key=key,
+        wait_ms=round(spent.waited * 1000, 1) if spent.waited else None,
     )
 
 

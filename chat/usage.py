@@ -1,4 +1,5 @@
 """What a caller may still spend: `GET /api/usage` for a key's owner (or a signed-in user).
+Also its priority class at an endpoint's capacity (inference_ops.admission).
 
 The limits that apply to the caller (its API key's, its own, its groups') with what each has
 used in its current window, from Redis, where they are counted; and what the caller spent today
@@ -12,7 +13,10 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db.models import Sum
 
+from chat.models import ApiKey
+from inference_ops.admission import deadline_of
 from observability.models import RequestLog
+from routing.rules import snapshot
 from spend.ledger import MONEY, readings
 from spend.policy import policies
 from spend.prices import MICROS
@@ -22,6 +26,25 @@ from spend.prices import MICROS
 class Usage:
     limits: list[dict]
     spend: dict
+    priority: dict
+
+
+def _priority(*, api_key_id: int | None, groups: frozenset[str]) -> dict:
+    """The caller's priority class at a full endpoint, where it comes from, and how long its
+    requests wait there at most (inference_ops.admission)."""
+    own = (
+        ApiKey.objects.filter(pk=api_key_id).values_list("priority", flat=True).first()
+        if api_key_id
+        else None
+    )
+    group = snapshot().priority_of(groups)
+    if own:
+        name, source = own, "this API key"
+    elif group:
+        name, source = group, "your groups"
+    else:
+        name, source = ("api", "default for API keys") if api_key_id else ("interactive", "default")
+    return {"class": name, "from": source, "deadline_seconds": deadline_of(name)}
 
 
 def usage_read(*, user, api_key_id: int | None) -> Usage:
@@ -54,6 +77,7 @@ def usage_read(*, user, api_key_id: int | None) -> Usage:
     totals = mine.aggregate(month=Sum("cost"))
     today = mine.filter(at__gte=day).aggregate(day=Sum("cost"))
     return Usage(
+        priority=_priority(api_key_id=api_key_id, groups=groups),
         limits=limits,
         spend={
             "currency": settings.SPEND_CURRENCY,

@@ -366,6 +366,20 @@ CHAT_STALE_STREAMING_AFTER = env_int("CHAT_STALE_STREAMING_AFTER", 900, minimum=
 # worth of work, the knowledge base's model runs on the gateway's CPU. More: 400.
 V1_EMBEDDING_MAX_INPUTS = env_int("V1_EMBEDDING_MAX_INPUTS", 256, minimum=1, maximum=2048)
 
+# --- Admission at an endpoint's capacity (inference_ops.admission) -----------------------------
+
+# How long a request of each priority class may wait for room at an endpoint with a capacity
+# before it is refused (429 with Retry-After) or goes to its rule's next target.
+ADMISSION_DEADLINE_INTERACTIVE = env_float("ADMISSION_DEADLINE_INTERACTIVE", 10.0, minimum=0.0)
+ADMISSION_DEADLINE_API = env_float("ADMISSION_DEADLINE_API", 30.0, minimum=0.0)
+ADMISSION_DEADLINE_BATCH = env_float("ADMISSION_DEADLINE_BATCH", 300.0, minimum=0.0)
+# Slots of an endpoint's capacity that one tenant may not fill: kept for the others, so a tenant
+# who arrives beside a busy one starts at once instead of waiting for a long stream to end.
+ADMISSION_RESERVE = env_int("ADMISSION_RESERVE", 1, minimum=0)
+# How long "recently" is in "who used the fewest tokens recently goes first": a tenant's counted
+# tokens halve every this many seconds.
+ADMISSION_HALF_LIFE = env_float("ADMISSION_HALF_LIFE", 60.0, minimum=1.0)
+
 # --- Spend: limits and budgets (spend.ledger) ----------------------------------------------------
 
 # The currency of the endpoints' prices and of the budgets (a label: nothing is converted).

@@ -18,6 +18,7 @@ import openai
 import orjson
 
 from core.loops import PerLoop
+from inference_ops import admission
 from inference_ops.exceptions import EngineError
 from inference_ops.sdk_errors import SDK_ERRORS, engine_error_from_sdk
 from inference_ops.sse import SSEDecoder
@@ -38,6 +39,9 @@ class EndpointConfig:
     idle_timeout: float = 15.0
     total_timeout: float = 300.0
     max_concurrency: int = 64
+    capacity: int | None = None  # all processes together (inference_ops.admission); None: no limit
+    # An engine of the endpoint runs vLLM's priority scheduling: requests carry their class.
+    priority_scheduling: bool = False
     headers: tuple[tuple[str, str], ...] = ()
     # Retries before the first token, the pipeline's (routing.pipeline): how many, and the
     # backoff's base and cap in seconds.
@@ -57,6 +61,7 @@ class EndpointConfig:
             idle_timeout=endpoint.idle_timeout,
             total_timeout=endpoint.total_timeout,
             max_concurrency=endpoint.max_concurrency,
+            capacity=endpoint.capacity,
             headers=tuple(
                 sorted((str(k), str(v)) for k, v in (endpoint.extra_headers or {}).items())
             ),
@@ -179,6 +184,12 @@ async def stream_chat(
     """
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
+    # Room at the endpoint's capacity, before its clocks start: the wait has its own deadline.
+    admitted = (
+        await admission.admit(config.name, config.capacity, config.total_timeout)
+        if config.capacity
+        else None
+    )
     started = loop.time()
     first_deadline = started + config.first_token_timeout
     total_deadline = started + config.total_timeout
@@ -194,6 +205,8 @@ async def stream_chat(
         **_options(max_tokens, max_tokens_field, temperature, stop),
         **(extra_body or _EMPTY),
     }
+    if config.priority_scheduling:
+        body["priority"] = admission.rank()
     try:
         response = await open_stream(
             pool,
@@ -240,6 +253,11 @@ async def stream_chat(
                 raise failed
         if not said.finish_reasons:
             raise unfinished(config, produced=produced)
+        if admitted is not None:
+            # The engine is done with it: the place goes back now, not when the caller, done
+            # with its own end of the answer (the stored message, the log), closes this stream.
+            admitted.leave()
+            admitted = None
         yield Finish(
             finish_reason=said.finish_reasons.get(0) or next(iter(said.finish_reasons.values())),
             usage=said.usage,
@@ -258,8 +276,12 @@ async def stream_chat(
     finally:
         if deadline is not None:
             deadline.close()
-        if response is not None:
-            await close_stream(pool, response)
+        try:
+            if response is not None:
+                await close_stream(pool, response)
+        finally:
+            if admitted is not None:
+                admitted.leave()
 
 
 class _ChatChunks:

@@ -34,6 +34,9 @@ class EngineError(InferenceError):
         # anywhere: passed to the client with the provider's reason).
         "context_length": False,
         "content_filter": False,
+        # No room at the endpoint's capacity within the request's deadline (admission): the
+        # gateway's own queue, not the engine's failure; another target may have room.
+        "busy": True,
     }
 
     def __init__(

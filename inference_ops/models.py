@@ -101,6 +101,15 @@ class ModelEndpoint(models.Model):
         validators=[MinValueValidator(0.0), MaxValueValidator(60.0)],
         help_text="Seconds: the longest backoff between two tries.",
     )
+    capacity = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "Requests in flight to this endpoint from all gateway processes together (e.g. the "
+            "engine's max_num_seqs); more wait in the gateway, by priority class and fair share "
+            "(inference_ops.admission). Blank: no shared admission, only the per-process limit."
+        ),
+    )
     extra_headers = models.JSONField(
         default=dict,
         blank=True,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx2
 import orjson
 
+from inference_ops import admission
 from inference_ops.client import (
     EndpointConfig,
     Finish,
@@ -58,6 +59,11 @@ async def stream_completion(
     `contextlib.aclosing`: closing it closes the engine's stream."""
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
+    admitted = (
+        await admission.admit(config.name, config.capacity, config.total_timeout)
+        if config.capacity
+        else None
+    )
     started = loop.time()
     first_deadline = min(started + config.first_token_timeout, started + config.total_timeout)
     total_deadline = started + config.total_timeout
@@ -141,6 +147,11 @@ async def stream_completion(
                 raise read.failed
         if not finish_reasons:
             raise unfinished(config, produced=produced)
+        if admitted is not None:
+            # The engine is done with it: the place goes back now, not when the caller, done
+            # with its own end of the answer (the stored message, the log), closes this stream.
+            admitted.leave()
+            admitted = None
         yield Finish(
             finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
             usage=usage,
@@ -153,8 +164,12 @@ async def stream_completion(
     finally:
         if deadline is not None:
             deadline.close()
-        if response is not None:
-            await close_stream(pool, response)
+        try:
+            if response is not None:
+                await close_stream(pool, response)
+        finally:
+            if admitted is not None:
+                admitted.leave()
 
 
 class _Read:

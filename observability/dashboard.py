@@ -222,6 +222,7 @@ def _target_row(t: selectors.TargetLatency) -> dict:
             "latency_p95",
             "overhead_p50",
             "overhead_p95",
+            "wait_p95",
         )
     }
     return {"name": _target_name(t), "road": t.road, "target": t.target, "row": t, "ms": ms}

@@ -68,6 +68,9 @@ class RequestLog(models.Model):
     ttft_ms = models.FloatField("TTFT ms", null=True)
     latency_ms = models.FloatField("latency ms")
     overhead_ms = models.FloatField("gateway ms", null=True)
+    # Time spent waiting for room at an endpoint's capacity (inference_ops.admission), every
+    # attempt together; part of ttft_ms and overhead_ms. None: it never waited.
+    wait_ms = models.FloatField("wait ms", null=True)
     prompt_tokens = models.IntegerField("tokens in", null=True)
     completion_tokens = models.IntegerField("tokens out", null=True)
     # In SPEND_CURRENCY, by the endpoint's prices: 0 for a direct answer, None when no price

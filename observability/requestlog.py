@@ -64,6 +64,7 @@ class RequestRecord:
     features: str = ""
     api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
+    wait_ms: float | None = None  # waiting for room at an endpoint's capacity; None: no wait
 
 
 def request_note(record: RequestRecord) -> None:
@@ -174,6 +175,7 @@ COLUMNS = (
     ("skipped_chunks", "smallint"),
     ("features", "text"),
     ("request_key", "uuid"),
+    ("wait_ms", "float8"),
 )
 
 # One statement per batch, one array per column: the text is the same for every batch size.
@@ -229,6 +231,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [min(r.skipped_chunks, 32767) for r in batch],
         [_short(r.features, 100) for r in batch],
         [r.key for r in batch],
+        [r.wait_ms for r in batch],
     )
     try:
         with (

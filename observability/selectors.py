@@ -139,6 +139,8 @@ class TargetLatency:
     latency_p95: float | None
     overhead_p50: float | None
     overhead_p95: float | None
+    waited: int  # requests that waited for room at the endpoint's capacity
+    wait_p95: float | None  # of those
 
 
 # The KB's rows name their entry as target (KB#12): they count as one target here.
@@ -150,7 +152,8 @@ SELECT road, CASE WHEN road = 'kb' THEN '' ELSE target END AS name, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status = 'complete'),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status = 'complete'),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY overhead_ms),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY overhead_ms)
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY overhead_ms),
+       count(wait_ms), percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_ms)
 FROM chat_requestlog
 WHERE at >= %(start)s AND at < %(end)s
 GROUP BY 1, 2
@@ -159,7 +162,8 @@ ORDER BY 3 DESC, 1, 2
 
 
 def latency_by_target(period: Period) -> list[TargetLatency]:
-    """TTFT, latency and the gateway's own share, p50 and p95, per target, busiest first."""
+    """TTFT, latency and the gateway's own share, p50 and p95, per target, busiest first; and the
+    requests that waited for room at the target's capacity, with their wait's p95."""
     with connection.cursor() as cursor:
         cursor.execute(_TARGETS_SQL, {"start": period.start, "end": period.end})
         return [TargetLatency(*row) for row in cursor.fetchall()]

@@ -10,7 +10,7 @@ from django.urls import path
 
 from core.forms import LinesField
 from routing.exceptions import RuleInvalid
-from routing.models import RouteTarget, RoutingRule
+from routing.models import GroupPriority, RouteTarget, RoutingRule
 from routing.selectors import route_explain
 from routing.validation import rule_validate
 
@@ -197,3 +197,13 @@ class TesterForm(forms.Form):
     model = forms.CharField(
         required=False, help_text="A model name from /v1/models forces that target."
     )
+
+
+@admin.register(GroupPriority)
+class GroupPriorityAdmin(admin.ModelAdmin):
+    """Each group's priority class at an endpoint's capacity; an API key's own class, set on the
+    key, comes first."""
+
+    list_display = ["group", "priority"]
+    list_editable = ["priority"]
+    autocomplete_fields = ["group"]

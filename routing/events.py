@@ -70,6 +70,9 @@ class RouteRequest:
     # The /v1 API asked (chat, completions, embeddings): a target that does not serve it is
     # passed over.
     api: str = "chat"
+    # Its priority class at an endpoint's capacity (inference_ops.admission.CLASSES); None: the
+    # interface's default (interactive for people, api for an API key).
+    priority: str | None = None
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Spent:
     completion_tokens: int | None = None
     cost: float | None = None
     tool_calls: int = 0  # the tool calls the model made
+    waited: float = 0.0  # seconds spent waiting for room at an endpoint's capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +247,8 @@ def message_for_users(code: str, message: str, *, partial: bool) -> str:
     long, an unknown model, …), a plain one when it is about the operator's engines."""
     if code not in _OPERATORS_FAILURES:
         return message
+    if code == "busy":
+        return "Every model that could answer is busy right now; try again in a few seconds."
     return (
         "The model failed while answering."
         if partial

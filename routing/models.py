@@ -11,6 +11,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from inference_ops.admission import CLASSES
 from inference_ops.models import ModelEndpoint
 
 
@@ -136,3 +137,25 @@ class RouteTarget(models.Model):
     def __str__(self):
         adapter = f" + {self.lora_adapter}" if self.lora_adapter else ""
         return f"{self.position}. {self.endpoint.name}{adapter}"
+
+
+class GroupPriority(models.Model):
+    """A user group's priority class at an endpoint's capacity (inference_ops.admission): its
+    members' requests wait in that class, unless their API key names another. A user in several
+    groups gets the best of their classes."""
+
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, related_name="priority_class")
+    priority = models.CharField(
+        "priority class",
+        max_length=16,
+        choices=[(name, name) for name in CLASSES],
+        help_text="interactive first, then api, then batch, each with its own deadline "
+        "(ADMISSION_DEADLINE_*).",
+    )
+
+    class Meta:
+        verbose_name = "group priority class"
+        verbose_name_plural = "group priority classes"
+
+    def __str__(self):
+        return f"{self.group.name}: {self.priority}"

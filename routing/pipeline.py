@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from core import tracing
-from inference_ops import engine_state, openai_fields
+from inference_ops import admission, engine_state, openai_fields
 from inference_ops.client import Finish, stream_chat
 from inference_ops.client import Token as EngineToken
 from inference_ops.exceptions import EngineError
@@ -127,6 +127,8 @@ async def answer(
         )
         return
     snap = await asnapshot()
+    if request.priority is None:  # none from its API key: its groups', if they have one
+        request.priority = snap.priority_of(request.groups)
 
     if request.model and request.model != "auto":
         # A named model skips the KB, not the rules: the rule that takes this question must
@@ -407,7 +409,7 @@ class Attempts:
             f"{target.endpoint}: {exc.kind}" + (f" ({tries} tries)" if tries > 1 else "")
         )
         self.passed.append(target.endpoint)
-        if exc.retry_after is not None:
+        if exc.retry_after is not None and exc.kind != "busy":
             self.resting.append(target.endpoint)
         self.failure = exc
 
@@ -432,7 +434,11 @@ class Attempts:
             message="No target could answer: " + "; ".join(self.notes),
             retryable=failure.retryable if failure else True,
             rule=plan.rule_name,
-            retry_after=await _soonest(self.resting),
+            retry_after=(
+                failure.retry_after
+                if failure is not None and failure.kind == "busy"
+                else await _soonest(self.resting)
+            ),
             kb=plan.kb,
             fell_back_from=tuple(self.passed),
             retried=tuple(self.retried),
@@ -467,6 +473,12 @@ async def _generate(
         reservation = booked
     meter = _Meter(request.spent)
     attempts = Attempts()
+    waiting = admission.Ticket(
+        tenant=_tenant(request),
+        priority=request.priority or ("api" if request.api_key_id else "interactive"),
+        tokens=plan.prompt_tokens + plan.completion_tokens,
+    )
+    admission.ticket.set(waiting)
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for at, target in enumerate(chain):
@@ -511,11 +523,13 @@ async def _generate(
                         async with contextlib.aclosing(attempt.stream()) as stream:
                             async for event in stream:
                                 if isinstance(event, Finish):
+                                    request.spent.waited = waiting.waited
                                     for ending in await attempt.finished(event):
                                         yield ending
                                     return
                                 if not produced:
                                     produced = True
+                                    request.spent.waited = waiting.waited
                                     yield attempt.route(event.elapsed)
                                 yield attempt.token(event)
                     except EngineError as exc:
@@ -577,8 +591,10 @@ async def _generate(
                     break
             finally:
                 replicas.ended(target.endpoint_id)
+        request.spent.waited = waiting.waited
         yield await attempts.error(plan)
     finally:
+        request.spent.waited = waiting.waited
         meter.close()
         if reservation is not None:
             ledger.settle_soon(
@@ -914,7 +930,10 @@ def done_event(
 
 
 async def _engine_failed(target: Target, exc: EngineError) -> None:
-    """What a failure tells the breaker and the engine's supervisor."""
+    """What a failure tells the breaker and the engine's supervisor (nothing when the endpoint
+    had no room: that queue is the gateway's own, inference_ops.admission)."""
+    if exc.kind == "busy":
+        return
     if exc.retry_after is not None:
         await breaker.rest(target.endpoint, exc.retry_after)
     elif exc.retryable:
@@ -1140,8 +1159,8 @@ class _Meter:
         if target is None:
             return
         self.target = None
-        if exc.kind in ("connect", "timeout_connect") or exc.status_code is not None:
-            return
+        if exc.kind in ("connect", "timeout_connect", "busy") or exc.status_code is not None:
+            return  # nothing reached the engine (busy: no room, it waited in the gateway)
         prompt = self.prompt
         self.taken_tokens += prompt
         self.taken_cost += target.price.cost(prompt, 0, time.monotonic() - self.since)
@@ -1201,6 +1220,11 @@ async def _soonest(endpoints: list[str]) -> float | None:
         if state.retry_in is not None
     ]
     return round(min(waits), 1) if waits else None
+
+
+def _tenant(request: RouteRequest) -> str:
+    """Whose fair share a request counts in: its user (an API key's requests are its owner's)."""
+    return f"u{request.user_id}" if request.user_id is not None else "anonymous"
 
 
 def _record_miss(

@@ -18,13 +18,14 @@ import re2
 from django.conf import settings
 
 from core.versioned import Versioned
+from inference_ops.admission import CLASSES
 from inference_ops.client import EndpointConfig
-from inference_ops.models import ModelEndpoint
+from inference_ops.models import EngineProcess, ModelEndpoint
 from knowledge.embedding import embed_texts, spec_of
 from knowledge.normalize import normalize
 from knowledge.selectors import aquery_vector, serving_model
 from routing.exceptions import RuleInvalid
-from routing.models import RouteTarget, RoutingRule
+from routing.models import GroupPriority, RouteTarget, RoutingRule
 from routing.validation import regex_compile
 from spend.policy import POLICIES
 from spend.prices import FREE, Price
@@ -214,6 +215,13 @@ class CompiledRule:
 class Snapshot:
     rules: tuple[CompiledRule, ...]
     targets_by_model: dict[str, Target]  # `model` names a client may force, for /v1
+    # Group name -> its priority class at an endpoint's capacity (routing.models.GroupPriority).
+    group_priorities: dict[str, str] = field(default_factory=dict)
+
+    def priority_of(self, groups: frozenset[str]) -> str | None:
+        """The best priority class of these groups, None when none has one."""
+        classes = [self.group_priorities[g] for g in groups if g in self.group_priorities]
+        return min(classes, key=CLASSES.index) if classes else None
 
     async def choose(
         self, ctx: Context, vector: Callable[[], Awaitable[tuple[float, ...] | None]]
@@ -280,9 +288,15 @@ def named_target(rule: CompiledRule | None, model: str) -> tuple[Target | None, 
 # --- building -------------------------------------------------------------------------------------
 
 
-def _target(t: RouteTarget, groups: dict[str, list] | None = None) -> Target:
+def _target(
+    t: RouteTarget,
+    groups: dict[str, list] | None = None,
+    prioritized: frozenset[int] = frozenset(),
+) -> Target:
     def one(endpoint) -> Target:
         config = EndpointConfig.from_endpoint(endpoint)
+        if endpoint.pk in prioritized:
+            config = replace(config, priority_scheduling=True)
         if t.lora_adapter:
             config = EndpointConfig(**{**config.__dict__, "model": t.lora_adapter})
         return Target(
@@ -315,6 +329,21 @@ def _intent_vectors(examples: list[str]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(v) for v in embed_texts(spec_of(model), examples))
 
 
+def _priority_scheduled() -> frozenset[int]:
+    """The endpoints an engine row of which runs vLLM's priority scheduling (its extra arguments
+    say `--scheduling-policy priority`): their requests carry the priority class as vLLM's
+    `priority`, which the default first-come policy would refuse."""
+    found = set()
+    for endpoint_id, args in EngineProcess.objects.values_list("endpoint_id", "extra_args"):
+        args = [str(a) for a in args or ()]
+        for index, arg in enumerate(args):
+            if arg == "--scheduling-policy=priority" or (
+                arg == "--scheduling-policy" and args[index + 1 : index + 2] == ["priority"]
+            ):
+                found.add(endpoint_id)
+    return frozenset(found)
+
+
 def snapshot_build() -> Snapshot:
     rules = []
     queryset = (
@@ -327,8 +356,9 @@ def snapshot_build() -> Snapshot:
         ModelEndpoint.objects.filter(active=True).exclude(replica_group="").order_by("name")
     ):
         groups.setdefault(member.replica_group, []).append(member)
+    prioritized = _priority_scheduled()
     for rule in queryset:
-        targets = [_target(t, groups) for t in rule.targets.all() if t.endpoint.active]
+        targets = [_target(t, groups, prioritized) for t in rule.targets.all() if t.endpoint.active]
         pattern, broken = None, ""
         if rule.regex:
             try:
@@ -385,7 +415,11 @@ def snapshot_build() -> Snapshot:
             accepts_prefill=endpoint.continues_answers,
         )
         targets_by_model.setdefault(endpoint.name, target)
-    return Snapshot(rules=tuple(rules), targets_by_model=targets_by_model)
+    return Snapshot(
+        rules=tuple(rules),
+        targets_by_model=targets_by_model,
+        group_priorities=dict(GroupPriority.objects.values_list("group__name", "priority")),
+    )
 
 
 _snapshots: Versioned[Snapshot] = Versioned(

@@ -25,6 +25,7 @@ from chat.models import ChatSession, Message
 from inference_ops.models import EngineProcess, LoraAdapter
 from knowledge.models import Calibration, EmbeddingModel, Hit, Miss
 from knowledge.services import entry_create
+from routing.models import GroupPriority
 from spend.models import Limit
 from tests.support.factories import endpoint, rule
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
@@ -308,6 +309,8 @@ ADMIN_PAGES = {
     "knowledge.embeddingmodel": ("", "v", "v", "v", "vacd"),
     "knowledge.calibration": ("", "v", "v", "v", "vd"),  # written by `manage.py kb_calibrate`
     "routing.routingrule": ("", "v", "vac", "vacd", "vacd"),
+    # A group's priority class at a full endpoint, as a key's is: the curators' (routing).
+    "routing.grouppriority": ("", "v", "vac", "vacd", "vacd"),
     "inference_ops.modelendpoint": ("", "v", "v", "v", "vacd"),
     # Spend limits decide what is paid for: not the curators'; granted apart (spend.*).
     "spend.limit": ("", "", "", "", "vacd"),
@@ -348,6 +351,7 @@ ACTIONS = {
     ("knowledge.calibration", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("knowledge.calibration", "apply"): (NO, NO, NO, NO, RAN),
     ("routing.routingrule", "delete_selected"): (NO, NO, NO, RAN, RAN),
+    ("routing.grouppriority", "delete_selected"): (NO, NO, NO, RAN, RAN),
     ("inference_ops.modelendpoint", "delete_selected"): (NO, NO, NO, NO, RAN),
     ("spend.limit", "delete_selected"): (NO, NO, NO, NO, RAN),
     # Operating engines and adapters: the model's change permission; editing their rows: superusers.
@@ -430,6 +434,7 @@ def world(django_user_model, local_sim):
         key=uuid.uuid4(),
     )
     Limit.objects.create(group=Group.objects.create(name="editors"), requests_per_minute=600)
+    GroupPriority.objects.create(group=Group.objects.get(name="editors"), priority="batch")
     cookies = {}
     for name, user in users.items():
         client = Client()

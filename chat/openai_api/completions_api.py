@@ -246,6 +246,7 @@ async def completions(headers: dict[str, str], raw_body: bytes, arrived: float) 
         user_id=key.user_id,
         groups=key.group_names,
         client=key.client,
+        priority=key.priority or None,
         model=parsed.model,
         max_tokens=parsed.max_tokens,
         temperature=parsed.temperature,

@@ -112,6 +112,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         content=parsed.text,
         interface=RequestLog.Interface.V1,
         client=key.client,
+        priority=key.priority or None,
         source=ChatSession.Source.API,
         model=parsed.model,
         max_tokens=parsed.max_tokens,

@@ -27,6 +27,8 @@ _PIPELINE_STATUS = {
     "no_target": 503,
     "client_error": 502,
     "rate_limited": 503,
+    # No room at an endpoint's capacity within the request's deadline (inference_ops.admission).
+    "busy": 429,
     # Spend limits (spend.ledger): OpenAI's 429s, rate and quota.
     "limit_exceeded": 429,
     "budget_exceeded": 429,
@@ -44,6 +46,7 @@ _OPENAI_CODES = {
     "too_long": "context_length_exceeded",
     "unknown_model": "model_not_found",
     "limit_exceeded": "rate_limit_exceeded",
+    "busy": "rate_limit_exceeded",
     "budget_exceeded": "insufficient_quota",
 }
 

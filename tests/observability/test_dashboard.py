@@ -65,6 +65,7 @@ def the_traffic():
             ttft_ms=50.0,
             latency_ms=500.0,
             interface="v1",
+            wait_ms=40.0,  # waited for room at the endpoint's capacity
             ago=timedelta(minutes=1),
         ),
         record(
@@ -141,6 +142,8 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
         "latency-p95": "3850",
         "overhead-p50": "25",
         "overhead-p95": "38.5",
+        "waited": "0",
+        "wait-p95": "—",
         "failed": "0",
         "fallbacks": "0",
     }
@@ -150,6 +153,7 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
         "50",
         "500",
     )
+    assert (external["waited"], external["wait-p95"]) == ("1", "40")
     assert (external["failed"], external["fallbacks"]) == (
         "1",
         "1",

@@ -311,6 +311,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "ttft_ms": "",
         "latency_ms": "2500.5",
         "overhead_ms": "",
+        "wait_ms": "",
         "prompt_tokens": "",
         "completion_tokens": "",
         "cost": "",
