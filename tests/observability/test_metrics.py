@@ -48,6 +48,7 @@ LABELS = {
     "state",
     "level",  # a budget's crossing: warn | spent
     "outcome",  # limits Redis could not count: open | closed
+    "priority",  # an admission's class: interactive | api | batch
     "le",
 }
 
