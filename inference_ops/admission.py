@@ -356,13 +356,7 @@ class _Gate:
                 self.leave(future.result())
             if not isinstance(exc, TimeoutError):
                 raise
-            REFUSED.labels(self.name, priority).inc()
-            raise EngineError(
-                "busy",
-                f"no room within {deadline:g}s: {self.capacity} requests in flight",
-                endpoint=self.name,
-                retry_after=RETRY_AFTER,
-            ) from None
+            raise self._busy(priority, deadline) from None
         finally:
             WAITING.labels(self.name, priority).dec()
             waited = loop.time() - started
@@ -375,16 +369,20 @@ class _Gate:
             async with asyncio.timeout(deadline):
                 await self.alone.acquire()
         except TimeoutError:
-            REFUSED.labels(self.name, priority).inc()
-            raise EngineError(
-                "busy",
-                f"no room within {deadline:g}s: {self.capacity} requests in flight",
-                endpoint=self.name,
-                retry_after=RETRY_AFTER,
-            ) from None
+            raise self._busy(priority, deadline) from None
         finally:
             t.waited += asyncio.get_running_loop().time() - started
         return Admitted(self, "")
+
+    def _busy(self, priority: str, deadline: float) -> EngineError:
+        """No room within the class's deadline: counted, and the error the caller gets."""
+        REFUSED.labels(self.name, priority).inc()
+        return EngineError(
+            "busy",
+            f"no room within {deadline:g}s: {self.capacity} requests in flight",
+            endpoint=self.name,
+            retry_after=RETRY_AFTER,
+        )
 
     async def _pump(self) -> None:
         """Admit this process's waiters, best first: each round tries the best head, and the
