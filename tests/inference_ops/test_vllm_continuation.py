@@ -81,6 +81,11 @@ class CuttingRelay:
             self._loop.run_until_complete(runner.cleanup())
             self._loop.close()
 
+    def cut(self) -> bool:
+        """CUT_AFTER content chunks went through: True drops the connection now."""
+        self.cuts += 1
+        return True
+
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         asked = json.loads(body) if body else {}
@@ -101,17 +106,21 @@ class CuttingRelay:
             reply = web.StreamResponse(status=upstream.status)
             reply.content_type = upstream.content_type
             await reply.prepare(request)
-            content = 0
-            async for line in upstream.content:
-                await reply.write(line)
-                if asked.get("stream") and not continuing and _CONTENT.search(line):
-                    content += 1
-                    if content == CUT_AFTER:
-                        self.cuts += 1
-                        assert request.transport is not None
-                        request.transport.close()  # no [DONE], no finish reason: cut
-                        return reply
-            await reply.write_eof()
+            content, broken = 0, False
+            try:
+                async for line in upstream.content:
+                    await reply.write(line)
+                    if asked.get("stream") and not continuing and _CONTENT.search(line):
+                        content += 1
+                        if content == CUT_AFTER and self.cut():
+                            break
+            except aiohttp.ClientError:
+                broken = True  # the engine's stream broke
+            if broken or content >= CUT_AFTER:
+                assert request.transport is not None
+                request.transport.close()  # no [DONE], no finish reason: cut
+            else:
+                await reply.write_eof()
             return reply
 
 
@@ -219,34 +228,8 @@ class _KillAfterFirstTokens(CuttingRelay):
         self.engine = engine
         self.killed = False
 
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        asked = json.loads(body) if body else {}
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(
-                request.method,
-                self.upstream + request.path_qs,
-                data=body,
-                headers={"Content-Type": "application/json"},
-            ) as upstream,
-        ):
-            reply = web.StreamResponse(status=upstream.status)
-            reply.content_type = upstream.content_type
-            await reply.prepare(request)
-            content = 0
-            try:
-                async for line in upstream.content:
-                    await reply.write(line)
-                    if asked.get("stream") and _CONTENT.search(line):
-                        content += 1
-                        if content == CUT_AFTER and not self.killed:
-                            self.killed = True
-                            os.killpg(os.getpgid(self.engine.pid), signal.SIGKILL)
-            except aiohttp.ClientError:
-                pass
-            # The engine's stream broke: so does the one relayed, as a dead engine's would.
-            assert request.transport is not None
-            request.transport.close()
-            return reply
+    def cut(self) -> bool:
+        if not self.killed:
+            self.killed = True
+            os.killpg(os.getpgid(self.engine.pid), signal.SIGKILL)
+        return False  # the dead engine's stream breaks by itself, and so does the one relayed
