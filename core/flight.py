@@ -22,6 +22,15 @@ class SingleFlight:
         self._calls: dict[tuple[int, Hashable], asyncio.Task] = {}
 
     async def do(self, key: Hashable, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        return await asyncio.shield(self._flight(key, make))
+
+    def start(self, key: Hashable, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Start `make()` for `key` unless it is in flight, and wait for nothing: a refresh
+        ahead of an expiry, while the caller goes on with what it has. Its failure is the
+        call's to log; a caller of `do` meanwhile awaits the same call."""
+        self._flight(key, make)
+
+    def _flight(self, key: Hashable, make: Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task:
         loop = asyncio.get_running_loop()
         slot = (id(loop), key)
         task = self._calls.get(slot)
@@ -29,7 +38,7 @@ class SingleFlight:
             task = loop.create_task(make())
             self._calls[slot] = task
             task.add_done_callback(lambda done: self._landed(slot, done))
-        return await asyncio.shield(task)
+        return task
 
     def _landed(self, slot, task: asyncio.Task) -> None:
         if self._calls.get(slot) is task:

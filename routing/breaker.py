@@ -22,6 +22,10 @@ without waiting out the cool-down (`inference_ops.signals.engine_ready`, connect
 A healthy endpoint costs no Redis round trip per request: a process that found the breaker
 closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success writes
 only when this process last saw something to clear. A failure always goes to Redis at once.
+While requests flow no request waits for that look either: one in the second half of the trust
+starts the next look in the background and goes through (a look awaited on a busy loop took tens
+of milliseconds, for every request that found the trust expired at once); a look that finds
+something to clear ends the trust, and the next request reads the breaker itself.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from core import redis as core_redis
+from core.flight import SingleFlight
 from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,12 @@ class BreakerState:
 _clean_until: dict[str, float] = {}
 # endpoints whose breaker this process last saw with something to clear (failures, open)
 _dirty: set[str] = set()
+# endpoint -> count of this process's own writes (a failure, a rest, a reset): a look started
+# before one of them lands after it and must not undo what it recorded.
+_writes: dict[str, int] = {}
+_looks = SingleFlight()
+# The part of the trust after which a request starts the next look in the background.
+AHEAD = 0.5
 
 
 def _redis() -> aioredis.Redis:
@@ -124,18 +135,17 @@ def _interval(failed_probes: int) -> float:
 
 async def allow(endpoint: str) -> bool:
     """May a request go to `endpoint` now? Open: no. Its probe due: one request, the probe."""
-    if _clean_until.get(endpoint, 0.0) > time.monotonic():
+    left = _clean_until.get(endpoint, 0.0) - time.monotonic()
+    if left > 0:
+        if left < settings.ROUTING_BREAKER_CHECK_SECONDS * AHEAD:
+            writes = _writes.get(endpoint, 0)  # as the look begins, not as its task runs
+            _looks.start(endpoint, lambda: _look_behind(endpoint, writes))
         return True
     key, probe = _keys(endpoint)
+    writes = _writes.get(endpoint, 0)
     try:
-        data = await _redis().hgetall(key)
-        if data:
-            _dirty.add(endpoint)
-        else:
-            _dirty.discard(endpoint)
+        data = _seen(endpoint, await _redis().hgetall(key), writes)
         if data.get(b"state") != b"open":
-            if not data:
-                _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
             return float(data.get(b"rest_until", 0)) <= time.time()
         if time.time() < _probe_at(data):
             return False
@@ -149,6 +159,34 @@ async def allow(endpoint: str) -> bool:
     except Exception:  # noqa: BLE001
         logger.warning("breaker unavailable; letting the request through", exc_info=True)
         return True
+
+
+def _seen(endpoint: str, data: dict, writes: int) -> dict:
+    """Note what a look at the breaker found, unless this process wrote to it since the look
+    began (`writes`: the count then): nothing to clear is trusted for a while."""
+    if _writes.get(endpoint, 0) != writes:
+        return data
+    if data:
+        _dirty.add(endpoint)
+        _clean_until.pop(endpoint, None)
+    else:
+        _dirty.discard(endpoint)
+        _clean_until[endpoint] = time.monotonic() + settings.ROUTING_BREAKER_CHECK_SECONDS
+    return data
+
+
+async def _look_behind(endpoint: str, writes: int) -> None:
+    try:
+        _seen(endpoint, await _redis().hgetall(_keys(endpoint)[0]), writes)
+    except Exception:  # noqa: BLE001 - the trust runs out; the next request looks itself
+        logger.debug("breaker look behind the requests failed", exc_info=True)
+
+
+def _wrote(endpoint: str) -> None:
+    """This process is about to write the breaker: stop trusting what it last saw."""
+    _writes[endpoint] = _writes.get(endpoint, 0) + 1
+    _clean_until.pop(endpoint, None)
+    _dirty.add(endpoint)
 
 
 async def success(endpoint: str) -> None:
@@ -184,8 +222,7 @@ return failures
 
 
 async def failure(endpoint: str) -> None:
-    _clean_until.pop(endpoint, None)
-    _dirty.add(endpoint)
+    _wrote(endpoint)
     key, probe = _keys(endpoint)
     try:
         await _redis().eval(
@@ -208,8 +245,7 @@ async def rest(endpoint: str, seconds: float) -> float:
     (at most ROUTING_MAX_RETRY_AFTER seconds), the chain's next target answers meanwhile. Returns
     the rest applied."""
     seconds = min(max(seconds, 0.0), settings.ROUTING_MAX_RETRY_AFTER)
-    _clean_until.pop(endpoint, None)
-    _dirty.add(endpoint)
+    _wrote(endpoint)
     key, _ = _keys(endpoint)
     try:
         client = _redis()
@@ -221,8 +257,7 @@ async def rest(endpoint: str, seconds: float) -> float:
 
 
 async def reset(endpoint: str) -> None:
-    _clean_until.pop(endpoint, None)
-    _dirty.add(endpoint)
+    _wrote(endpoint)
     await success(endpoint)
 
 

@@ -2,6 +2,7 @@
 whole new cool-down), a successful one closes it, so a primary that recovers gets its traffic
 back within the longest probe interval."""
 
+import asyncio
 import time
 
 import pytest
@@ -90,3 +91,58 @@ def test_traffic_returns_to_a_primary_that_recovers(flapping_sim, external_sim, 
         time.sleep(0.2)
     assert answered_by[-1] == "primary", answered_by
     assert async_to_sync(breaker.state)("primary").state == "closed"
+
+
+def test_a_look_behind_the_requests_sees_another_process_open_it(settings):
+    """Late in its trust a closed breaker is read again in the background while requests go
+    through; what another process recorded (an open breaker) ends the trust."""
+    settings.ROUTING_BREAKER_CHECK_SECONDS = 0.4
+    settings.ROUTING_BREAKER_FAILURES = 1
+    name = "behind"
+
+    async def scenario() -> list[bool]:
+        seen = [await breaker.allow(name)]  # clean: trusted for 0.4 s
+        # Another process's failure opens it (written straight into Redis, as that process would).
+        key = f"{settings.REDIS_KEY_PREFIX}:breaker:{name}"
+        await core_redis.aclient().hset(
+            key,
+            mapping={
+                "state": "open",
+                "failures": 1,
+                "opened_at": repr(time.time()),
+                "probe_at": repr(time.time() + 30),
+            },
+        )
+        seen.append(await breaker.allow(name))  # still trusted: through
+        await asyncio.sleep(0.25)  # the trust's second half
+        seen.append(await breaker.allow(name))  # through, and a look starts behind it
+        await asyncio.sleep(0.1)
+        seen.append(await breaker.allow(name))  # the look found it open: skipped
+        return seen
+
+    try:
+        assert asyncio.run(scenario()) == [True, True, True, False]
+    finally:
+        async_to_sync(breaker.reset)(name)
+
+
+def test_a_look_started_before_a_failure_does_not_undo_it(settings):
+    """A look read the breaker clean, then this process recorded a failure, then the look's reply
+    landed: the failure stands (not trusted clean, a success will clear it)."""
+    settings.ROUTING_BREAKER_CHECK_SECONDS = 0.4
+    settings.ROUTING_BREAKER_FAILURES = 5
+    name = "raced"
+
+    async def scenario() -> None:
+        assert await breaker.allow(name)
+        began = breaker._writes.get(name, 0)  # a look begins here and reads "nothing to clear"
+        await breaker.failure(name)
+        breaker._seen(name, {}, began)  # its reply lands after the failure
+        assert name not in breaker._clean_until
+        assert name in breaker._dirty
+
+    try:
+        asyncio.run(scenario())
+        assert async_to_sync(breaker.state)(name).failures == 1
+    finally:
+        async_to_sync(breaker.reset)(name)
