@@ -9,12 +9,14 @@ nothing: no query, no round trip, no thread hop.
 
 An async reader never waits for a check while traffic flows: a read in the second half of the
 interval starts the check in the background (one per process) and goes on with the value it has,
-so the check lands before the value expires; the check reads the versions on the loop's own
-Redis client (a thread only to rebuild). Only a read after a quiet interval (or after this
-process's own `changed`) waits for it. Under load a check that readers wait for costs them a thread
-hop and a round trip on a busy loop, tens of milliseconds each time it falls due: the request path
-of `bench_gateway` at 64 streams had three such waits a second (the rules, the spend limits, the
-engines' states), seen as a longer time to the first token with the same CPU.
+and so does a read up to two intervals after the last check (the check is still on its way, as on
+a saturated loop); the check reads the versions on the loop's own Redis client (a thread only to
+rebuild). Only a read after a quiet spell (or after this process's own `changed`) waits for it. So
+a change another process made is seen within two intervals. Under load a check that readers wait
+for costs them a round trip on a busy loop (and a thread hop, as it was), tens of milliseconds
+each time it falls due: the request path of `bench_gateway` at 64 streams had three such waits a
+second (the rules, the spend limits, the engines' states), seen as a longer time to the first
+token with the same CPU.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ T = TypeVar("T")
 # The cache's own encoding of a value (config/settings.py CACHES), to read a version on the loop.
 _SERIALIZER = JSONSerializer()
 
-# The part of the check interval after which a read starts the next check in the background.
+# In check intervals: a read after AHEAD starts the next check in the background and goes on with
+# the value it has; so does one up to STALE (the check is slow or was not started); later a read
+# waits for a check.
 AHEAD = 0.5
+STALE = 2.0
 
 
 class Versioned(Generic[T]):
@@ -105,13 +110,16 @@ class Versioned(Generic[T]):
         self._checked_at = now
 
     async def aget(self) -> T:
-        if (value := self._current()) is not None:
-            # The hot path: no I/O; in the interval's second half the next check starts behind
-            # the readers (see the module docstring).
-            if time.monotonic() - self._checked_at >= self._check_every() * AHEAD:
+        if self._value is not None:
+            age, every = time.monotonic() - self._checked_at, self._check_every()
+            if age < every * AHEAD:
+                return self._value  # the hot path: no I/O
+            if age < every * STALE:
+                # Due: the check starts behind the readers, who go on with the value they have
+                # (see the module docstring).
                 self._flights.start(self.key, self._check_behind)
-            return value
-        # No value, or a whole interval without a read: one reader looks, the others wait.
+                return self._value
+        # No value, or no read for a while: one reader looks, the others wait.
         return await self._flights.do(self.key, self._acheck)
 
     async def _acheck(self) -> T:

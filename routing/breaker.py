@@ -22,10 +22,12 @@ without waiting out the cool-down (`inference_ops.signals.engine_ready`, connect
 A healthy endpoint costs no Redis round trip per request: a process that found the breaker
 closed with no failures trusts that for ROUTING_BREAKER_CHECK_SECONDS, and a success writes
 only when this process last saw something to clear. A failure always goes to Redis at once.
-While requests flow no request waits for that look either: one in the second half of the trust
-starts the next look in the background and goes through (a look awaited on a busy loop took tens
-of milliseconds, for every request that found the trust expired at once); a look that finds
-something to clear ends the trust, and the next request reads the breaker itself.
+While requests flow no request waits for that look either: one in the second half of that time,
+or up to twice it (the look is still on its way), starts the next look in the background and goes
+through (a look awaited on a busy loop took tens of milliseconds, for every request that found the
+trust run out at once); a look that finds something to clear ends the trust, and the next request
+reads the breaker itself (those that find it run out together share one read). So another
+process's opening is seen here within twice ROUTING_BREAKER_CHECK_SECONDS.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ _dirty: set[str] = set()
 # before one of them lands after it and must not undo what it recorded.
 _writes: dict[str, int] = {}
 _looks = SingleFlight()
-# The part of the trust after which a request starts the next look in the background.
+# In ROUTING_BREAKER_CHECK_SECONDS since the last look: a request after AHEAD starts the next look
+# in the background and goes through; so does one up to STALE; later a request looks itself.
 AHEAD = 0.5
+STALE = 2.0
 
 
 def _redis() -> aioredis.Redis:
@@ -135,16 +139,18 @@ def _interval(failed_probes: int) -> float:
 
 async def allow(endpoint: str) -> bool:
     """May a request go to `endpoint` now? Open: no. Its probe due: one request, the probe."""
+    trust = settings.ROUTING_BREAKER_CHECK_SECONDS
     left = _clean_until.get(endpoint, 0.0) - time.monotonic()
-    if left > 0:
-        if left < settings.ROUTING_BREAKER_CHECK_SECONDS * AHEAD:
-            writes = _writes.get(endpoint, 0)  # as the look begins, not as its task runs
-            _looks.start(endpoint, lambda: _look_behind(endpoint, writes))
+    if left > trust * (1 - AHEAD):
+        return True
+    if left > trust * (1 - STALE):
+        writes = _writes.get(endpoint, 0)  # as the look begins, not as its task runs
+        _looks.start(endpoint, lambda: _look_behind(endpoint, writes))
         return True
     key, probe = _keys(endpoint)
-    writes = _writes.get(endpoint, 0)
     try:
-        data = _seen(endpoint, await _redis().hgetall(key), writes)
+        # The requests that find the trust run out at once share one look.
+        data = await _looks.do(endpoint, lambda: _look(endpoint, _writes.get(endpoint, 0)))
         if data.get(b"state") != b"open":
             return float(data.get(b"rest_until", 0)) <= time.time()
         if time.time() < _probe_at(data):
@@ -175,11 +181,16 @@ def _seen(endpoint: str, data: dict, writes: int) -> dict:
     return data
 
 
-async def _look_behind(endpoint: str, writes: int) -> None:
+async def _look(endpoint: str, writes: int) -> dict:
+    return _seen(endpoint, await _redis().hgetall(_keys(endpoint)[0]), writes)
+
+
+async def _look_behind(endpoint: str, writes: int) -> dict:
     try:
-        _seen(endpoint, await _redis().hgetall(_keys(endpoint)[0]), writes)
+        return await _look(endpoint, writes)
     except Exception:  # noqa: BLE001 - the trust runs out; the next request looks itself
         logger.debug("breaker look behind the requests failed", exc_info=True)
+        raise
 
 
 def _wrote(endpoint: str) -> None:
