@@ -130,7 +130,7 @@ async def route_explain(
         )
     except RedisError:
         occupancy = None
-    chain = []
+    chain: list[dict] = []
     for group in chain_targets:
         total = sum(t.weight for t in group) or 1
         for target in group:
