@@ -419,6 +419,8 @@ class _Gate:
                     )
                 except RedisError:
                     pass  # what was written lapses with its lease; admission logs the outage
+                except Exception:  # the counts must not stop being kept
+                    logger.exception("admission: publishing %s's waiting counts failed", self.name)
                 if not any(counts) and not self.recounted.is_set():
                     return
                 try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from redis.exceptions import RedisError
@@ -93,7 +95,15 @@ async def route_explain(
             if target
             else {"road": None, "reason": refusal, "rule": rule_name}
         )
-        chain_targets = [[target]] if target else []
+        # As the pipeline tries them (pipeline.named_chain): the endpoint named, then, unless the
+        # rule pins named requests, the rest of its chain.
+        chain_targets = [[dataclasses.replace(target, replicas=())]] if target else []
+        if target and chosen is not None and not chosen.pin_named:
+            chain_targets += [
+                rest
+                for group in chosen.chain
+                if (rest := [t for t in group if t.endpoint != target.endpoint])
+            ]
     elif kb.hit and kb.entry is not None:
         decision = {"road": "kb", "reason": kb.reason, "rule": None, "entry_id": kb.entry.pk}
         chain_targets = [list(group) for group in chosen.chain] if chosen else []
@@ -155,9 +165,7 @@ async def route_explain(
                         target,
                         None if occupancy is None else occupancy.get(target.endpoint),
                         klass,
-                        then=f"the next target, {flat[after].endpoint}"
-                        if after < len(flat)
-                        else REFUSED_BUSY,
+                        then=_then(target, flat[after] if after < len(flat) else None),
                     ),
                 }
             )
@@ -188,6 +196,14 @@ async def route_explain(
             "deadline_seconds": admission.deadline_of(klass),
         },
     }
+
+
+def _then(target: Target, following: Target | None) -> str:
+    """Where a request goes when it found no room at `target` within its deadline."""
+    then = f"the next target, {following.endpoint}" if following is not None else REFUSED_BUSY
+    if len(target.replicas) > 1:  # the group's replicas are tried in turn (routing.replicas)
+        then = f"the other replicas of its group (each with its own wait), then {then}"
+    return then
 
 
 def _admission(

@@ -9,7 +9,8 @@ from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
 from chat.apikeys import apikey_create, apikey_priority_set
-from routing.models import GroupPriority
+from routing.models import GroupPriority, RoutingRule
+from routing.rules import rules_changed
 from tests.support.admission import Standing, endpoint_name, forget
 from tests.support.factories import endpoint, rule
 from tests.support.polling import wait_until
@@ -166,3 +167,26 @@ def test_the_route_tester_page_says_whether_the_request_would_wait(
 
     html = admin_client.get(TESTER, {"text": "hello", "api_key": "nope"}).content.decode()
     assert "There is no live API key with this prefix." in html
+
+
+def test_a_named_model_goes_on_to_the_rules_other_targets_unless_the_rule_pins_it(ops, chain):
+    busy, overflow = chain
+    body = explain(ops, model=busy.name)
+    assert [c["endpoint"] for c in body["chain"]] == [busy.name, overflow.name]
+    assert body["chain"][0]["admission"]["past_deadline"].endswith(
+        f"the next target, {overflow.name}"
+    )
+    RoutingRule.objects.filter(name="default").update(pin_named=True)
+    rules_changed()
+    body = explain(ops, model=busy.name)
+    assert [c["endpoint"] for c in body["chain"]] == [busy.name]
+    assert "a 429 rate_limit_exceeded" in body["chain"][0]["admission"]["past_deadline"]
+
+
+def test_with_redis_unreachable_the_wait_is_unknown_and_the_rest_is_explained(ops, chain, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    body = explain(ops)
+    admission = body["chain"][0]["admission"]
+    assert admission["would_wait"] is None and admission["held"] is None
+    assert admission["why"].startswith("Redis could not be read")
+    assert body["decision"]["rule"] == "default"
