@@ -517,6 +517,7 @@ def _record(
         features=" ".join((*features, "tool_calls") if spent.tool_calls else features),
         key=key,
         wait_ms=round(spent.waited * 1000, 1) if spent.waited else None,
+        priority=spent.priority,
     )
 
 

@@ -37,13 +37,12 @@ def _priority(*, api_key_id: int | None, groups: frozenset[str]) -> dict:
         if api_key_id
         else None
     )
-    group = snapshot().priority_of(groups)
-    if own:
-        name, source = own, "this API key"
-    elif group:
-        name, source = group, "your groups"
-    else:
-        name, source = ("api", "default for API keys") if api_key_id else ("interactive", "default")
+    name, source = snapshot().class_of(own=own, groups=groups, api_key=bool(api_key_id))
+    source = {
+        "key": "this API key",
+        "groups": "your groups",
+        "default": "default for API keys" if api_key_id else "default",
+    }[source]
     return {"class": name, "from": source, "deadline_seconds": deadline_of(name)}
 
 

@@ -3,8 +3,9 @@
 Counts (observability.metrics; the worker's engine checks in inference_ops.supervisor) are in
 every process's files in settings.METRICS_DIR, and a scrape adds them up. What is state rather
 than a count is read here, from where it is kept: each endpoint's status and the gauges its engine
-reported at its last health check, each engine's status (one query), each breaker (Redis). So it
-is right whichever process or host wrote it, and a request pays nothing for it.
+reported at its last health check, each engine's status (one query), each breaker (Redis), each
+capacity's slots held (Redis, inference_ops.admission). So it is right whichever process or host
+wrote it, and a request pays nothing for it.
 
 Access: with METRICS_TOKEN set, `Authorization: Bearer <METRICS_TOKEN>` or 401. Without a token,
 a loopback client may scrape while DEBUG is on (make run); everyone else gets 403, which says
@@ -27,8 +28,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
+from redis.exceptions import RedisError
 
 from core.errors import unavailable
+from inference_ops import admission
 from inference_ops.models import EngineProcess, ModelEndpoint
 from observability.selectors import budgets
 from routing import breaker
@@ -105,6 +108,8 @@ class _State:
     endpoints: dict[str, dict] = field(default_factory=dict)  # active endpoints by name
     engines: dict[str, dict] = field(default_factory=dict)
     breakers: dict[str, breaker.BreakerState] = field(default_factory=dict)
+    # endpoints with a capacity: the slots held now by every process, None when Redis is away
+    held: dict[str, admission.Occupancy] | None = None
     # budgets by (subject kind, state): ok, warn (past the warning share), spent
     budgets: dict[tuple[str, str], int] | None = None
 
@@ -122,6 +127,7 @@ def _state_read() -> _State:
             "requests_running",
             "requests_waiting",
             "kv_cache_usage",
+            "capacity",
             "engines__name",
             "engines__status",
         )
@@ -143,6 +149,12 @@ def _state_read() -> _State:
         # The breaker's own reading (its Redis trouble reads as closed, as routing then lets
         # requests through), every endpoint in one round trip.
         state.breakers = async_to_sync(breaker.states)(list(state.endpoints))
+    try:
+        state.held = async_to_sync(admission.occupancy)(
+            [name for name, row in state.endpoints.items() if row["capacity"]]
+        )
+    except RedisError as exc:
+        logger.warning("metrics: admission slots unavailable: %s", exc)
     try:
         state.budgets = {}
         for budget in budgets():
@@ -238,6 +250,24 @@ class _StateCollector:
             failures.add_metric([name], float(reading.failures))
         yield states
         yield failures
+
+        capacity = GaugeMetricFamily(
+            "gateway_admission_capacity",
+            "Requests the endpoint takes at once from all gateway processes (its capacity).",
+            labels=["endpoint"],
+        )
+        held = GaugeMetricFamily(
+            "gateway_admission_held",
+            "Slots of the endpoint's capacity held now, by every gateway process (Redis).",
+            labels=["endpoint"],
+        )
+        for name, row in state.endpoints.items():
+            if row["capacity"]:
+                capacity.add_metric([name], float(row["capacity"]))
+                if state.held is not None and name in state.held:
+                    held.add_metric([name], float(state.held[name].held))
+        yield capacity
+        yield held
 
         if state.budgets is not None:
             budget_states = GaugeMetricFamily(

@@ -61,6 +61,11 @@ CLASSES = ("interactive", "api", "batch")
 POLL = 0.05  # seconds between a waiting process's tries for slots other processes give back
 WAIT_LEASE = 2.0  # a process's place in the waiting set lapses after this unless renewed
 LEASE_MARGIN = 30.0  # a slot's lease: the endpoint's total_timeout and this
+# Each process's waiting counts, by class, for the dashboard and the route tester (`occupancy`):
+# written this long after they change, so a burst of arrivals costs one write; each write lasts
+# QUEUED_LEASE, renewed at half of it while requests wait, so a dead process's counts lapse.
+PUBLISH_AFTER = 0.2
+QUEUED_LEASE = 10.0
 
 WAITING = Gauge(
     "gateway_admission_waiting",
@@ -96,6 +101,10 @@ class Ticket:
 
 
 ticket: ContextVar[Ticket | None] = ContextVar("admission_ticket", default=None)
+
+
+def _base(endpoint: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:admission:{endpoint}"
 
 
 def rank() -> int:
@@ -186,6 +195,28 @@ end
 return 0
 """
 
+# KEYS: queued (process -> "end of lease, then its waiting count per class"). ARGV: process,
+# lease, one count per class of CLASSES. Drops the lapsed entries of dead processes on the way.
+_PUBLISH = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local key, lease = KEYS[1], tonumber(ARGV[2])
+local entries = redis.call('HGETALL', key)
+for i = 1, #entries, 2 do
+    if tonumber(string.match(entries[i + 1], '^(%S+)')) < now then
+        redis.call('HDEL', key, entries[i])
+    end
+end
+if ARGV[3] == '0' and ARGV[4] == '0' and ARGV[5] == '0' then
+    redis.call('HDEL', key, ARGV[1])
+else
+    local counts = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5]
+    redis.call('HSET', key, ARGV[1], string.format('%.3f ', now + lease) .. counts)
+    redis.call('EXPIRE', key, math.ceil(lease) + 1)
+end
+return 1
+"""
+
 _outage_logged = 0.0
 
 
@@ -234,8 +265,9 @@ class _Gate:
 
     def __init__(self, name: str, capacity: int, lease: float):
         self.name, self.capacity, self.lease = name, capacity, lease
-        base = f"{settings.REDIS_KEY_PREFIX}:admission:{name}"
+        base = _base(name)
         self.keys = (f"{base}:held", f"{base}:waiting", f"{base}:lapses", f"{base}:usage")
+        self.queued_key = f"{base}:queued"  # process -> its waiting counts by class (`occupancy`)
         self.process = secrets.token_hex(6)
         # Waiters by tenant and class, each in arrival order: the next to try is the head with
         # the best class, then the tenant with the fewest tokens now (not when it arrived).
@@ -247,6 +279,9 @@ class _Gate:
         self.alone = asyncio.Semaphore(capacity)  # admission while Redis is unreachable
         self.used: dict[str, tuple[float, float]] = {}  # this process's view: tokens, when
         self.tasks: set[asyncio.Task] = set()
+        self.queued = dict.fromkeys(CLASSES, 0)  # waiting in this process now, by class
+        self.recounted = asyncio.Event()
+        self.publisher: asyncio.Task | None = None
 
     def most(self) -> int:
         """The slots one tenant may hold."""
@@ -339,7 +374,7 @@ class _Gate:
         if self.pump is None:
             self.pump = loop.create_task(self._pump())
         self.wake.set()
-        WAITING.labels(self.name, priority).inc()
+        self._queue_count(priority, 1)
         deadline = deadline_of(priority)
         slot = None
         try:
@@ -358,10 +393,43 @@ class _Gate:
                 raise
             raise self._busy(priority, deadline) from None
         finally:
-            WAITING.labels(self.name, priority).dec()
+            self._queue_count(priority, -1)
             waited = loop.time() - started
             WAIT.labels(self.name, priority).observe(waited)
             t.waited += waited
+
+    def _queue_count(self, priority: str, step: int) -> None:
+        WAITING.labels(self.name, priority).inc(step)
+        self.queued[priority] += step
+        self.recounted.set()
+        if self.publisher is None:
+            self.publisher = asyncio.get_running_loop().create_task(self._publish())
+
+    async def _publish(self) -> None:
+        """Keep this process's waiting counts in Redis while requests wait here: a request below
+        the capacity never waits, so it costs nothing; the last write says nothing waits."""
+        try:
+            while True:
+                await asyncio.sleep(PUBLISH_AFTER)
+                self.recounted.clear()
+                counts = [self.queued[c] for c in CLASSES]
+                try:
+                    await core_redis.aclient().eval(
+                        _PUBLISH, 1, self.queued_key, self.process, QUEUED_LEASE, *counts
+                    )
+                except RedisError:
+                    pass  # what was written lapses with its lease; admission logs the outage
+                except Exception:  # the counts must not stop being kept
+                    logger.exception("admission: publishing %s's waiting counts failed", self.name)
+                if not any(counts) and not self.recounted.is_set():
+                    return
+                try:
+                    async with asyncio.timeout(QUEUED_LEASE / 2):
+                        await self.recounted.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            self.publisher = None
 
     async def _enter_alone(self, t: Ticket, started: float, priority: str) -> Admitted:
         deadline = deadline_of(priority)
@@ -471,3 +539,48 @@ async def admit(name: str, capacity: int, total_timeout: float) -> Admitted:
         lambda: _Gate(name, capacity, total_timeout + LEASE_MARGIN), (name, capacity, total_timeout)
     )
     return await gate.enter(ticket.get() or Ticket())
+
+
+# KEYS: held, queued. Returns the slots held now and the waiting counts of every live process,
+# one per class of CLASSES.
+_OCCUPANCY = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local held = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local counts = {0, 0, 0}
+local entries = redis.call('HGETALL', KEYS[2])
+for i = 2, #entries, 2 do
+    local lease, a, b, c = string.match(entries[i], '^(%S+) (%S+) (%S+) (%S+)$')
+    if lease and tonumber(lease) >= now then
+        counts[1], counts[2], counts[3] = counts[1] + a, counts[2] + b, counts[3] + c
+    end
+end
+return {held, counts[1], counts[2], counts[3]}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """An endpoint's admission now, as every process sees it."""
+
+    held: int  # slots taken and not given back (a dead process's until their lease ends)
+    waiting: dict[str, int]  # requests waiting for room, by class, in every process
+
+
+async def occupancy(names: list[str]) -> dict[str, Occupancy]:
+    """Each endpoint's held slots and waiting requests (read-only; one round trip for all).
+    Raises RedisError when Redis cannot be read."""
+    if not names:
+        return {}
+    client = core_redis.aclient()
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            base = _base(name)
+            pipe.eval(_OCCUPANCY, 2, f"{base}:held", f"{base}:queued")
+        rows = await pipe.execute()
+    return {
+        name: Occupancy(
+            held=int(row[0]), waiting=dict(zip(CLASSES, map(int, row[1:]), strict=True))
+        )
+        for name, row in zip(names, rows, strict=True)
+    }

@@ -290,6 +290,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "latency_ms",
         "overhead_ms",
         "wait_ms",
+        "priority",
         "prompt_tokens",
         "completion_tokens",
         "cost",
@@ -306,6 +307,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "status",
         "interface",
         "api",
+        "priority",
         "kb_hit",
     ]
     search_fields = ["rule", "target", "error_code", "user__username"]
@@ -317,6 +319,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "latency_ms",
         "overhead_ms",
         "wait_ms",
+        "priority",
         "prompt_tokens",
         "completion_tokens",
         "kb_score",
@@ -338,6 +341,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "latency_ms",
         "overhead_ms",
         "wait_ms",
+        "priority",
         "prompt_tokens",
         "completion_tokens",
         "kb_method",

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from core import charts
+from inference_ops.admission import CLASSES
 from inference_ops.models import EngineProcess
 from knowledge.models import Hit, Miss
 from observability import selectors
@@ -59,6 +60,11 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         )
     now = timezone.now()
     period = selectors.period_at(name, now=now)
+    if request.GET.get("panel") == "admission":
+        # What the page's script refreshes: the panel's live cells, without the period's waits.
+        return TemplateResponse(
+            request, "admin/observability/admission.html", _admission_context(period, live=True)
+        )
     traffic = selectors.traffic(period)
     targets = selectors.latency_by_target(period)
     errors = selectors.errors(period)
@@ -187,8 +193,36 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
             )
         ),
         "engine_chart": mark_safe(_engine_chart(engines, period, now=now, cut=events_cut)),
+        **_admission_context(period),
     }
     return TemplateResponse(request, "admin/observability/dashboard.html", context)
+
+
+def _admission_context(period: selectors.Period, *, live: bool = False) -> dict:
+    rows = selectors.admission_now(None if live else period)
+    return {
+        "period": period,
+        "classes": CLASSES,
+        "admission": [
+            {
+                "row": row,
+                "classes": [
+                    {
+                        "name": name,
+                        "waiting": "—" if row.waiting is None else row.waiting[name],
+                        "waited": row.waited.get(name, 0),
+                        "wait_p95": charts.number(row.wait_p95[name])
+                        if row.wait_p95.get(name) is not None
+                        else "—",
+                    }
+                    for name in CLASSES
+                ],
+            }
+            for row in rows
+        ],
+        "admission_unread": any(row.held is None for row in rows),
+        "admission_columns": 3 + 2 * len(CLASSES),
+    }
 
 
 def _loop_chart(loop: selectors.KbLoop) -> str:

@@ -71,6 +71,9 @@ class RequestLog(models.Model):
     # Time spent waiting for room at an endpoint's capacity (inference_ops.admission), every
     # attempt together; part of ttft_ms and overhead_ms. None: it never waited.
     wait_ms = models.FloatField("wait ms", null=True)
+    # Its priority class at an endpoint's capacity (inference_ops.admission.CLASSES); "" when no
+    # model was asked (a direct answer, a refusal before the chain).
+    priority = models.CharField("class", max_length=16, blank=True, default="")
     prompt_tokens = models.IntegerField("tokens in", null=True)
     completion_tokens = models.IntegerField("tokens out", null=True)
     # In SPEND_CURRENCY, by the endpoint's prices: 0 for a direct answer, None when no price

@@ -65,6 +65,7 @@ class RequestRecord:
     api: str = "chat"  # chat | completions | embeddings (observability.models.RequestLog.Api)
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
     wait_ms: float | None = None  # waiting for room at an endpoint's capacity; None: no wait
+    priority: str = ""  # its class at an endpoint's capacity; "" when no model was asked
 
 
 def request_note(record: RequestRecord) -> None:
@@ -176,6 +177,7 @@ COLUMNS = (
     ("features", "text"),
     ("request_key", "uuid"),
     ("wait_ms", "float8"),
+    ("priority", "text"),
 )
 
 # One statement per batch, one array per column: the text is the same for every batch size.
@@ -232,6 +234,7 @@ def _write(batch: list[RequestRecord]) -> int:
         [_short(r.features, 100) for r in batch],
         [r.key for r in batch],
         [r.wait_ms for r in batch],
+        [_short(r.priority, 16) for r in batch],
     )
     try:
         with (

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.db.models import OuterRef, Subquery
+from redis.exceptions import RedisError
 
-from inference_ops.models import EngineEvent, EngineProcess
+from inference_ops import admission
+from inference_ops.models import EngineEvent, EngineProcess, ModelEndpoint
 from knowledge.hits import review_queue
 from spend.ledger import MONEY, readings
 from spend.models import Limit
@@ -167,6 +170,64 @@ def latency_by_target(period: Period) -> list[TargetLatency]:
     with connection.cursor() as cursor:
         cursor.execute(_TARGETS_SQL, {"start": period.start, "end": period.end})
         return [TargetLatency(*row) for row in cursor.fetchall()]
+
+
+@dataclass
+class AdmissionNow:
+    """An endpoint with a capacity: its admission now (every process's, from Redis) and how long
+    its requests waited in the period, by priority class (inference_ops.admission)."""
+
+    endpoint_id: int
+    endpoint: str
+    capacity: int
+    held: int | None  # slots taken now; None: Redis could not be read
+    waiting: dict[str, int] | None  # requests waiting now, by class; None: Redis unread
+    waited: dict[str, int] = field(default_factory=dict)  # requests of the period that waited
+    wait_p95: dict[str, float] = field(default_factory=dict)  # ms, of those
+
+    @property
+    def waiting_total(self) -> int | None:
+        return None if self.waiting is None else sum(self.waiting.values())
+
+
+# Rows that waited, by the endpoint that answered (or failed) last and their class.
+_WAITS_SQL = """
+SELECT target, priority, count(*), percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_ms)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s AND wait_ms IS NOT NULL AND target = ANY(%(names)s)
+GROUP BY 1, 2
+"""
+
+
+def admission_now(period: Period | None) -> list[AdmissionNow]:
+    """Each active endpoint with a capacity: its capacity, the slots held and the requests waiting
+    now by class (Redis, one round trip for all), and the period's waits by class (the request
+    log: a request's wait is counted at the target it ended on); no period, no waits (the page's
+    refresh of what is live)."""
+    rows = [
+        AdmissionNow(endpoint_id=pk, endpoint=name, capacity=capacity, held=None, waiting=None)
+        for pk, name, capacity in ModelEndpoint.objects.filter(active=True, capacity__isnull=False)
+        .order_by("name")
+        .values_list("pk", "name", "capacity")
+    ]
+    if not rows:
+        return rows
+    names = [row.endpoint for row in rows]
+    try:
+        now = async_to_sync(admission.occupancy)(names)
+    except RedisError:
+        now = {}  # the page says Redis could not be read, and shows the rest
+    by_name = {row.endpoint: row for row in rows}
+    for name, reading in now.items():
+        by_name[name].held, by_name[name].waiting = reading.held, reading.waiting
+    if period is None:
+        return rows
+    with connection.cursor() as cursor:
+        cursor.execute(_WAITS_SQL, {"start": period.start, "end": period.end, "names": names})
+        for name, priority, waited, p95 in cursor.fetchall():
+            by_name[name].waited[priority] = waited
+            by_name[name].wait_p95[priority] = p95
+    return rows
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from django.urls import path
 from core.forms import LinesField
 from routing.exceptions import RuleInvalid
 from routing.models import GroupPriority, RouteTarget, RoutingRule
-from routing.selectors import route_explain
+from routing.selectors import apikey_find, asker, route_explain
 from routing.validation import rule_validate
 
 
@@ -159,14 +159,10 @@ class RoutingRuleAdmin(admin.ModelAdmin):
         result = None
         if request.GET and form.is_valid():
             data = form.cleaned_data
-            groups: frozenset[str] = frozenset()
-            if data.get("user"):
-                groups = frozenset(data["user"].groups.values_list("name", flat=True))
             result = async_to_sync(route_explain)(
                 text=data["text"],
-                groups=groups,
-                client=data["client"] or "web",
                 model=data["model"] or None,
+                **asker(user=data.get("user"), key=data.get("api_key"), client=data["client"]),
             )
         context = {
             **self.admin_site.each_context(request),
@@ -189,14 +185,37 @@ class TesterForm(forms.Form):
         help_text="A username: the rules see that user's groups.",
         error_messages={"invalid_choice": "There is no user with this username."},
     )
+    api_key = forms.CharField(
+        required=False,
+        label="API key",
+        max_length=16,
+        help_text="A live key's prefix (API keys in the admin): its owner's groups, its client "
+        "and its priority class apply.",
+    )
     client = forms.CharField(
         required=False,
-        initial="web",
-        help_text='"web", "client:NAME" (a key with that client name), or "api" (a key with none).',
+        help_text='"web", "client:NAME" (a key with that client name), or "api" (a key with none). '
+        "Empty: the API key's, else web.",
     )
     model = forms.CharField(
         required=False, help_text="A model name from /v1/models forces that target."
     )
+
+    def clean_api_key(self):
+        prefix = self.cleaned_data["api_key"].strip()
+        if not prefix:
+            return None
+        key = apikey_find(prefix)
+        if key is None:
+            raise forms.ValidationError("There is no live API key with this prefix.")
+        return key
+
+    def clean(self):
+        cleaned = super().clean()
+        key, user = cleaned.get("api_key"), cleaned.get("user")
+        if key is not None and user is not None and key.user_id != user.pk:
+            self.add_error("api_key", f"This key is {key.user.get_username()}'s, not {user}'s.")
+        return cleaned
 
 
 @admin.register(GroupPriority)

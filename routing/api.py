@@ -7,7 +7,7 @@ from rest_framework.views import APIView
 
 from knowledge.api import KBPermission
 from routing.models import RoutingRule
-from routing.selectors import route_explain
+from routing.selectors import apikey_find, asker, route_explain
 
 
 class ExplainRequestSerializer(serializers.Serializer):
@@ -15,7 +15,15 @@ class ExplainRequestSerializer(serializers.Serializer):
     user = serializers.CharField(
         required=False, help_text="Username whose groups the rules should see."
     )
-    client = serializers.CharField(required=False, default="web", max_length=100)
+    api_key = serializers.CharField(
+        required=False,
+        max_length=16,
+        help_text="A live API key's prefix: its owner's groups, its client and its priority class "
+        "apply.",
+    )
+    client = serializers.CharField(
+        required=False, max_length=100, help_text="Default: the API key's client, else web."
+    )
     model = serializers.CharField(required=False, allow_null=True, max_length=200)
 
     def validate_user(self, value):
@@ -23,6 +31,20 @@ class ExplainRequestSerializer(serializers.Serializer):
         if user is None:
             raise serializers.ValidationError(f"no user named {value!r}")
         return user
+
+    def validate_api_key(self, value):
+        key = apikey_find(value)
+        if key is None:
+            raise serializers.ValidationError("no live API key with this prefix")
+        return key
+
+    def validate(self, attrs):
+        key, user = attrs.get("api_key"), attrs.get("user")
+        if key is not None and user is not None and key.user_id != user.pk:
+            raise serializers.ValidationError(
+                {"api_key": f"this key is {key.user.get_username()}'s, not {user.get_username()}'s"}
+            )
+        return attrs
 
 
 class ExplainPermission(KBPermission):
@@ -49,6 +71,7 @@ class ExplainView(APIView):
                 "kb": serializers.DictField(),
                 "rules": serializers.ListField(),
                 "chain": serializers.ListField(),
+                "priority": serializers.DictField(),
             },
         ),
     )
@@ -56,9 +79,9 @@ class ExplainView(APIView):
         params = ExplainRequestSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         data = params.validated_data
-        user = data.get("user")
-        groups = frozenset(user.groups.values_list("name", flat=True)) if user else frozenset()
         result = async_to_sync(route_explain)(
-            text=data["text"], groups=groups, client=data["client"], model=data.get("model")
+            text=data["text"],
+            model=data.get("model"),
+            **asker(user=data.get("user"), key=data.get("api_key"), client=data.get("client")),
         )
         return Response(result)

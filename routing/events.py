@@ -86,6 +86,7 @@ class Spent:
     cost: float | None = None
     tool_calls: int = 0  # the tool calls the model made
     waited: float = 0.0  # seconds spent waiting for room at an endpoint's capacity
+    priority: str = ""  # its class there (inference_ops.admission.CLASSES); "": no model asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -479,6 +479,7 @@ async def _generate(
         tokens=plan.prompt_tokens + plan.completion_tokens,
     )
     admission.ticket.set(waiting)
+    request.spent.priority = waiting.priority  # the request log's class
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for at, target in enumerate(chain):

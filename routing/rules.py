@@ -223,6 +223,19 @@ class Snapshot:
         classes = [self.group_priorities[g] for g in groups if g in self.group_priorities]
         return min(classes, key=CLASSES.index) if classes else None
 
+    def class_of(
+        self, *, own: str | None, groups: frozenset[str], api_key: bool
+    ) -> tuple[str, str]:
+        """A request's priority class at an endpoint's capacity, and where it comes from ("key",
+        "groups" or "default"): its API key's own class, else its groups' best, else the default
+        (api for a key, interactive for a person), as the pipeline's admission ticket takes it."""
+        if own:
+            return own, "key"
+        group = self.priority_of(groups)
+        if group:
+            return group, "groups"
+        return ("api" if api_key else "interactive"), "default"
+
     async def choose(
         self, ctx: Context, vector: Callable[[], Awaitable[tuple[float, ...] | None]]
     ) -> tuple[CompiledRule | None, str]:

@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
+import dataclasses
 
+from asgiref.sync import sync_to_async
+from django.apps import apps
+from redis.exceptions import RedisError
+
+from inference_ops import admission
 from inference_ops.models import ModelEndpoint
 from knowledge.selectors import direct_answer
 from routing import breaker
-from routing.rules import Context, asnapshot, named_target, query_vector
+from routing.rules import Context, Target, asnapshot, named_target, query_vector
+
+# What the caller gets when no room is found at the chain's last target within the deadline.
+REFUSED_BUSY = (
+    "a 429 rate_limit_exceeded with Retry-After (/v1 and the chat API), an error frame busy with "
+    "retry_after on the socket"
+)
+
+
+def apikey_find(prefix: str):
+    """The live API key with this prefix (the admin lists it), with its user; or None. Chat's
+    model, named by its label: chat sits above routing and is never imported here."""
+    return (
+        apps.get_model("chat", "ApiKey")
+        .objects.select_related("user")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
+    )
+
+
+def asker(*, user=None, key=None, client: str | None = None) -> dict:
+    """Who asks, as route_explain takes it: a user's groups; an API key's owner's groups, its
+    client and its own priority class. `client` given overrides the key's (else web)."""
+    user = key.user if key is not None else user
+    return {
+        "groups": frozenset(user.groups.values_list("name", flat=True)) if user else frozenset(),
+        "client": client or (key.client if key is not None else "web"),
+        "priority": (key.priority or None) if key is not None else None,
+        "api_key": key is not None,
+    }
 
 
 async def route_explain(
@@ -16,9 +50,13 @@ async def route_explain(
     groups: frozenset[str] = frozenset(),
     client: str = "web",
     model: str | None = None,
+    priority: str | None = None,
+    api_key: bool = False,
 ) -> dict:
     """The decision for `text`: KB verdict and top matches, every rule with match / no match
-    and why, and the chosen chain with each endpoint's health and breaker state."""
+    and why, and the chosen chain with each endpoint's health and breaker state, and whether a
+    request would wait now for room at its capacity. `priority`: the asking API key's own class;
+    `api_key`: whether an API key asks (its default class is api, a person's interactive)."""
     snap = await asnapshot()
     kb = await sync_to_async(direct_answer)(text, with_matches=True)
     ctx = Context(text=text, groups=groups, client=client, model=model)
@@ -57,7 +95,15 @@ async def route_explain(
             if target
             else {"road": None, "reason": refusal, "rule": rule_name}
         )
-        chain_targets = [[target]] if target else []
+        # As the pipeline tries them (pipeline.named_chain): the endpoint named, then, unless the
+        # rule pins named requests, the rest of its chain.
+        chain_targets = [[dataclasses.replace(target, replicas=())]] if target else []
+        if target and chosen is not None and not chosen.pin_named:
+            chain_targets += [
+                rest
+                for group in chosen.chain
+                if (rest := [t for t in group if t.endpoint != target.endpoint])
+            ]
     elif kb.hit and kb.entry is not None:
         decision = {"road": "kb", "reason": kb.reason, "rule": None, "entry_id": kb.entry.pk}
         chain_targets = [list(group) for group in chosen.chain] if chosen else []
@@ -86,10 +132,19 @@ async def route_explain(
 
     endpoints = await sync_to_async(lambda: {e.pk: e for e in ModelEndpoint.objects.all()})()
     breakers = await breaker.states([t.endpoint for group in chain_targets for t in group])
-    chain = []
+    klass, source = snap.class_of(own=priority, groups=groups, api_key=api_key)
+    flat = [t for group in chain_targets for t in group]
+    try:
+        occupancy = await admission.occupancy(
+            sorted({t.endpoint for t in flat if t.config.capacity})
+        )
+    except RedisError:
+        occupancy = None
+    chain: list[dict] = []
     for group in chain_targets:
         total = sum(t.weight for t in group) or 1
         for target in group:
+            after = len(chain) + 1  # the next target in the order the pipeline tries them
             endpoint = endpoints.get(target.endpoint_id)
             state = breakers[target.endpoint]
             chain.append(
@@ -106,6 +161,12 @@ async def route_explain(
                     "breaker_retry_in": None
                     if state.retry_in is None
                     else round(state.retry_in, 1),
+                    "admission": _admission(
+                        target,
+                        None if occupancy is None else occupancy.get(target.endpoint),
+                        klass,
+                        then=_then(target, flat[after] if after < len(flat) else None),
+                    ),
                 }
             )
     return {
@@ -129,4 +190,60 @@ async def route_explain(
         },
         "rules": rules,
         "chain": chain,
+        "priority": {
+            "class": klass,
+            "from": source,
+            "deadline_seconds": admission.deadline_of(klass),
+        },
+    }
+
+
+def _then(target: Target, following: Target | None) -> str:
+    """Where a request goes when it found no room at `target` within its deadline."""
+    then = f"the next target, {following.endpoint}" if following is not None else REFUSED_BUSY
+    if len(target.replicas) > 1:  # the group's replicas are tried in turn (routing.replicas)
+        then = f"the other replicas of its group (each with its own wait), then {then}"
+    return then
+
+
+def _admission(
+    target: Target, now: admission.Occupancy | None, klass: str, *, then: str
+) -> dict | None:
+    """Would a request of class `klass` wait for room at the target now, and why; what happens
+    to it past its class's deadline. None: the endpoint has no capacity (nothing waits)."""
+    capacity = target.config.capacity
+    if not capacity:
+        return None
+    deadline = admission.deadline_of(klass)
+    shown = {
+        "capacity": capacity,
+        "held": None,
+        "waiting": None,
+        "would_wait": None,
+        "why": "Redis could not be read: the slots held and the requests waiting are unknown",
+        "past_deadline": f"after {deadline:g} s without room: {then}",
+    }
+    if now is None:
+        return shown
+    free = max(0, capacity - now.held)
+    # Waiting requests of a class at least as good go first (those of the same class by fair
+    # share, which may put this one before some of them: counted as ahead, the safe side).
+    rank = admission.CLASSES.index(klass)
+    ahead = sum(
+        count for name, count in now.waiting.items() if admission.CLASSES.index(name) <= rank
+    )
+    if free == 0:
+        why = f"all {capacity} slots are held"
+    elif ahead >= free:
+        why = f"{free} of {capacity} slots free, {ahead} waiting of class {klass} or better"
+    else:
+        why = f"{free} of {capacity} slots free"
+        if ahead:
+            why += f", {ahead} waiting of class {klass} or better"
+    return {
+        **shown,
+        "held": now.held,
+        "waiting": now.waiting,
+        "would_wait": ahead >= free,
+        "why": why,
     }

@@ -22,6 +22,7 @@ from inference_ops.tasks import engine_check_task
 from observability import metrics
 from routing import breaker
 from tests.chat.test_openai_api import raw_post
+from tests.support.admission import Standing, endpoint_name, forget
 from tests.support.factories import endpoint, rule
 from tests.support.polling import wait_until
 
@@ -393,6 +394,40 @@ def test_endpoint_gauges_and_an_open_breaker_are_read_at_scrape_time(settings, s
     assert samples.at("gateway_endpoint_kv_cache_usage_ratio", endpoint="busy") == 0.5
     assert samples.at("gateway_state_read_ok") == 1
     assert not any(("endpoint", "retired") in labels for _, labels in samples)
+
+
+def test_admission_shows_its_capacity_slots_held_and_waiting_by_class(settings, scrape):
+    settings.ADMISSION_DEADLINE_BATCH = 120.0
+    settings.ADMISSION_RESERVE = 0
+    name, url = endpoint_name("capped"), settings.REDIS_URL
+    endpoint(name, url="http://127.0.0.1:9/v1", capacity=2)
+    standing = Standing()
+    try:
+        for tenant in ("a", "b"):
+            standing.enter(name, 2, tenant=tenant, priority="api").result(10)
+        waiting = standing.enter(name, 2, tenant="c", priority="batch")
+        samples = wait_until(
+            lambda: (
+                found
+                if (found := scrape()).at(
+                    "gateway_admission_waiting", endpoint=name, priority="batch"
+                )
+                == 1
+                else None
+            ),
+            timeout=15,
+        )
+        assert samples is not None
+        assert samples.at("gateway_admission_capacity", endpoint=name) == 2
+        assert samples.at("gateway_admission_held", endpoint=name) == 2
+        assert samples.at("gateway_admission_waiting", endpoint=name, priority="api") == 0
+        assert not waiting.done()
+    finally:
+        standing.close()
+        forget(name, url)
+    after = scrape()
+    assert after.at("gateway_admission_waiting", endpoint=name, priority="batch") == 0
+    assert after.at("gateway_admission_held", endpoint=name) == 0
 
 
 # --- who may scrape -------------------------------------------------------------------------------

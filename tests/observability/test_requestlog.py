@@ -90,6 +90,7 @@ def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(
         row.latency_ms, abs=1.0
     )
     assert row.prompt_tokens is None and row.error_code == "" and row.fallbacks == 0
+    assert row.priority == ""  # no model was asked: no class at an endpoint's capacity
     assert float(headers["X-Gateway-Overhead-Ms"]) >= 0
 
 
@@ -110,6 +111,19 @@ def test_a_generated_answer_is_logged_with_its_tokens_and_the_engines_share_left
     assert float(response.headers["X-Gateway-Overhead-Ms"]) == pytest.approx(
         row.overhead_ms, abs=5.0
     )
+
+
+def test_a_generated_answer_is_logged_with_its_keys_priority_class(
+    asgi_server, alice, alice_key, product
+):
+    from chat.apikeys import apikey_create, apikey_priority_set
+
+    nightly, raw = apikey_create(user=alice, name="nightly", scopes=["chat"])
+    apikey_priority_set(key=nightly, priority="batch")
+    sdk(asgi_server, alice_key).chat.completions.create(model="auto", messages=ASK, max_tokens=2)
+    sdk(asgi_server, raw).chat.completions.create(model="auto", messages=ASK, max_tokens=2)
+    rows = logged(2)
+    assert [(row.road, row.priority) for row in rows] == [("local", "api"), ("local", "batch")]
 
 
 def test_a_streamed_answer_says_the_gateways_overhead_in_its_last_chunk(

@@ -326,6 +326,7 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "skipped_chunks": "0",
         "features": "",
         "request_key": str(kept.key),
+        "priority": "",
     }
     everything = exported(operator_client.get(EXPORT, {"period": "all"}))
     assert len(everything) == 4
