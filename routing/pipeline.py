@@ -690,6 +690,17 @@ async def _continue(
             if target is not broken.target and not await breaker.allow(target.endpoint):
                 attempts.notes.append(f"{target.endpoint}: circuit open or resting")
                 continue
+            # As before the first token: an engine of ours that is (re)starting, the one that just
+            # died included once its supervisor knows, is waited for within its first-token
+            # budget when no target follows it; one kept from its port is passed over.
+            if target.road == "local" and (
+                unserved := await engine_state.unserved(
+                    target.endpoint_id,
+                    wait=target.config.first_token_timeout if target is candidates[-1] else 0.0,
+                )
+            ):
+                attempts.notes.append(f"{target.endpoint}: {unserved.note}")
+                continue
             attempt = _Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
             new = False
             try:

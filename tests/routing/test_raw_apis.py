@@ -118,9 +118,7 @@ def test_a_400_refusing_embeddings_is_not_retried(embed_sim):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_v1_embeddings_answer_after_a_500_once_and_say_the_retry(
-    asgi_server, alice_key, embed_sim
-):
+def test_v1_embeddings_answer_after_a_500_once_and_say_the_retry(asgi_server, alice_key, embed_sim):
     embedder(embed_sim, "500;times=1")
     status, body = post(asgi_server, alice_key, {"model": "embedder", "input": TEXTS})
     assert status == 200, body
