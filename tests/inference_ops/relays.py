@@ -1,6 +1,6 @@
 """Relays in front of an engine that cut an answer mid-stream, for the continuation tests (by
-dropping the connection, or by killing a supervised engine and having its supervisor start it
-again), and the answer read as a client reads it."""
+dropping the connection, or by killing a supervised engine, which its supervisor starts again),
+and the answer read as a client reads it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from aiohttp import web
 from django.db import connection
 
 from core.processes import free_port
-from inference_ops import engine_processes, supervisor
-from inference_ops.exceptions import SupervisorError
+from inference_ops import engine_processes
 from inference_ops.models import EngineProcess, ModelEndpoint
 from tests.support.factories import rule
 from tests.support.polling import wait_until
@@ -117,67 +116,42 @@ class CuttingRelay:
             return reply
 
 
-class RestartingRelay(CuttingRelay):
+class KillingRelay(CuttingRelay):
     """A relay to a supervised engine (an EngineProcess row) that, once CUT_AFTER content chunks
-    went through, SIGKILLs the engine's process group and lets its supervisor find it dead and
-    start it again, as the Celery tasks would: `engine_check` (the row `restarting`), then
-    `engine_start` in a thread. The check runs before the relay reads on, so the row says the
-    engine is restarting before the broken stream reaches the gateway; in production the
-    gateway's failure report asks for that check, which may come after the gateway's first try to
-    continue (see docs/architecture.md, "Retries and fallback")."""
+    went through, SIGKILLs the engine's process group (its API server and EngineCore) and waits
+    until it is dead; the stream then breaks as a dead engine's does. The rest is the gateway's and
+    the supervisor's, as in production: the failure reported, the check (a Celery task) finding
+    the engine dead, its restart."""
 
     def __init__(self):
         self.engine_port = free_port()  # the engine's, which the row gets (`supervised`)
         super().__init__(f"http://127.0.0.1:{self.engine_port}")
         self.engine: EngineProcess | None = None  # set once the row exists
         self.killed_pid: int | None = None
-        self.checked: str | None = None  # what the supervisor's check decided
-        self.restarted: list = []  # the restart's outcome: the status, or the SupervisorError
-        self._restart: threading.Thread | None = None
 
     def cut(self) -> bool:
-        if self.engine is None or self.killed_pid is not None:
-            return False
-        # In a thread of its own (the ORM is not for an event loop's), waited for: the relay
-        # reads on only once the supervisor has seen the engine dead.
-        killing = threading.Thread(target=self._kill, daemon=True)
-        killing.start()
-        killing.join(60)
-        self._restart = threading.Thread(target=self._start, daemon=True)
-        self._restart.start()
+        if self.engine is not None and self.killed_pid is None:
+            # In a thread (no ORM on an event loop), waited for: the relay reads on once the
+            # engine is dead, not dying.
+            killing = threading.Thread(target=self._kill, daemon=True)
+            killing.start()
+            killing.join(30)
         return False  # the dead engine's stream breaks by itself, and so does the one relayed
 
     def _kill(self) -> None:
         assert self.engine is not None
         try:
-            row = EngineProcess.objects.get(pk=self.engine.pk)
-            assert row.pid is not None
-            self.killed_pid = row.pid
-            os.killpg(os.getpgid(row.pid), signal.SIGKILL)
-            # Dead, not dying: a check that finds it still alive probes it instead.
-            assert wait_until(lambda: not engine_processes.process_alive(row.pid), timeout=10)
-            self.checked = supervisor.engine_check(engine_id=row.pk)
+            pid = EngineProcess.objects.values_list("pid", flat=True).get(pk=self.engine.pk)
         finally:
             connection.close()  # this thread's own connection
-
-    def _start(self) -> None:
-        assert self.engine is not None
-        try:
-            self.restarted.append(
-                supervisor.engine_start(engine_id=self.engine.pk, reason="automatic restart").status
-            )
-        except SupervisorError as exc:
-            self.restarted.append(exc)
-        finally:
-            connection.close()
-
-    def restart_join(self, timeout: float) -> None:
-        if self._restart is not None:
-            self._restart.join(timeout)
+        assert pid is not None
+        self.killed_pid = pid
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        assert wait_until(lambda: not engine_processes.process_alive(pid), timeout=10)
 
 
 def supervised(
-    relay: RestartingRelay, *, model: str, endpoint_fields: dict, **engine_fields
+    relay: KillingRelay, *, model: str, endpoint_fields: dict, **engine_fields
 ) -> EngineProcess:
     """An engine row of the supervisor's on the relay's engine port, its endpoint (which may be
     tried again: a continuation goes to it first) reached through the relay, the default rule's

@@ -1,30 +1,34 @@
 """An answer cut because its engine died is finished by the same engine once its supervisor has
 started it again (issue 41, item 7, on the simulator; tests/inference_ops/test_vllm_continuation.py
-has it on the real vLLM). The continuation waits for the engine within the endpoint's first-token
-budget, as a question that meets a starting engine does, rather than failing on its closed port.
+has it on the real vLLM). The continuation waits for the supervisor's word on the engine the
+gateway reported gone, then for its start, within the endpoint's first-token budget, rather than
+failing on its closed port.
 
-The engine is a supervised simulator row, slow to open its port again (--startup-duration); the
-relay in front of it kills it mid-answer and has the supervisor restart it. A seeded answer is as
-fixed as a greedy one: the user's answer must read as the one no fault touched."""
+All of it real: the engine is a supervised simulator row, slow to open its port again
+(--startup-duration), killed mid-answer by the relay in front of it; the gateway (daphne) reports
+it, and the Celery worker's check finds it dead and restarts it. A seeded answer is as fixed as a
+greedy one: the user's answer must read as the one no fault touched."""
 
+import openai
 import pytest
 
 from inference_ops import engine_processes, supervisor
-from inference_ops.models import EngineProcess
+from inference_ops.models import EngineEvent, EngineProcess
 from tests.inference_ops.relays import (
     ANSWER_TOKENS,
-    RestartingRelay,
+    KillingRelay,
     sdk_client,
     streamed,
     supervised,
 )
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.processes
 
 SEED = 41
 
 
-def _supervised(relay: RestartingRelay, *, first_token_timeout: float, startup: float):
+def _supervised(relay: KillingRelay, *, first_token_timeout: float, startup: float):
     return supervised(
         relay,
         model="acme/base",
@@ -43,11 +47,16 @@ def _supervised(relay: RestartingRelay, *, first_token_timeout: float, startup: 
     )
 
 
+def _ready_again(engine: EngineProcess, killed: int | None) -> EngineProcess | None:
+    row = EngineProcess.objects.get(pk=engine.pk)
+    return row if row.status == "ready" and row.pid not in (None, killed) else None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_cut_by_its_engine_dying_is_finished_by_the_same_engine_restarted(
-    asgi_server, alice_key
+    asgi_server, celery_worker, alice_key
 ):
-    with RestartingRelay() as relay:
+    with KillingRelay() as relay:
         engine = _supervised(relay, first_token_timeout=60, startup=3)
         try:
             first = supervisor.engine_start(engine_id=engine.pk)
@@ -58,27 +67,27 @@ def test_an_answer_cut_by_its_engine_dying_is_finished_by_the_same_engine_restar
             relay.armed = True
 
             text, finish, usage, continued = streamed(client, "auto", seed=SEED)
-            relay.restart_join(60)
+            again = wait_until(lambda: _ready_again(engine, relay.killed_pid), timeout=30)
         finally:
             supervisor.engine_stop(engine_id=engine.pk)
 
-    assert relay.killed_pid == first.pid and relay.checked == "scheduled"
-    assert relay.restarted == ["ready"] and relay.continued == 1
+    assert relay.killed_pid == first.pid and relay.continued == 1
     assert text == expected  # nothing lost, nothing repeated
     assert finish == "length" and continued == ["own"]
     assert usage is not None and usage["completion_tokens"] == ANSWER_TOKENS
-    assert not engine_processes.process_alive(first.pid)
+    assert again and not engine_processes.process_alive(first.pid)
+    events = EngineEvent.objects.filter(engine=engine).order_by("at", "id")
+    history = list(events.values_list("status", flat=True))
+    assert history[:4] == ["starting", "ready", "restarting", "starting"], history
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_engine_that_restarts_past_the_first_token_budget_leaves_the_answer_partial(
-    asgi_server, alice_key
+    asgi_server, celery_worker, alice_key
 ):
     """No wait past the budget: the caller gets what it has, marked as cut, with the failure that
-    cut it (never one about the engine starting in its place)."""
-    import openai
-
-    with RestartingRelay() as relay:
+    cut it (never one about the engine starting in its place), and the engine is not asked."""
+    with KillingRelay() as relay:
         engine = _supervised(relay, first_token_timeout=2, startup=30)
         try:
             supervisor.engine_start(engine_id=engine.pk)
@@ -96,9 +105,7 @@ def test_an_engine_that_restarts_past_the_first_token_budget_leaves_the_answer_p
                     text += [choice.delta.content or "" for choice in chunk.choices]
         finally:
             supervisor.engine_stop(engine_id=engine.pk)
-            relay.restart_join(60)
 
     assert relay.killed_pid is not None and relay.continued == 0
     assert "".join(text)  # the tokens before the cut reached the caller
     assert "starting" not in str(cut.value)
-    assert EngineProcess.objects.get(pk=engine.pk).status == "stopped"
