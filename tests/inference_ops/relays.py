@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import aiohttp
 from aiohttp import web
@@ -179,10 +180,13 @@ def sdk_client(asgi_server: str, key: str, timeout: float = 180):
     return openai.OpenAI(base_url=f"{asgi_server}/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
-def streamed(client, model: str, **more) -> tuple[str, str | None, dict | None, list[str]]:
+def streamed(
+    client, model: str, gaps: list[float] | None = None, **more
+) -> tuple[str, str | None, dict | None, list[str]]:
     """The answer's text, finish reason, usage and the endpoints that continued it (the final
     chunk's `gateway_continued`), streamed as a chat UI does. `more`: other fields of the body
-    (a seed for the simulator, whose seeded answer is as fixed as a greedy one)."""
+    (a seed for the simulator, whose seeded answer is as fixed as a greedy one). `gaps` gets the
+    seconds between chunks with text, for a benchmark's print (never asserted)."""
     stream = client.chat.completions.create(
         model=model,
         messages=QUESTION,
@@ -193,8 +197,14 @@ def streamed(client, model: str, **more) -> tuple[str, str | None, dict | None, 
         extra_body={"ignore_eos": True, **more},
     )
     text, finish, usage, continued = [], None, None, []
+    last = None
     for chunk in stream:
         for choice in chunk.choices:
+            if choice.delta.content and gaps is not None:
+                now = time.monotonic()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
             text.append(choice.delta.content or "")
             finish = choice.finish_reason or finish
         if chunk.usage:
