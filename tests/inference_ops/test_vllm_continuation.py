@@ -137,16 +137,17 @@ def test_an_answer_cut_by_the_real_vllm_dying_is_finished_by_the_same_vllm_resta
     the Celery worker's check finds it dead and starts it again, and meanwhile the request waits;
     the restarted engine continues the answer from the text the user already has, token for token
     the greedy answer no fault touched."""
+    fields = bundled_vllm_fields(max_num_seqs=4, max_model_len=MAX_MODEL_LEN, kv_cache_mb=256)
     with KillingRelay() as relay:
         engine = supervised(
             relay,
-            model=BASE,
+            model=fields.pop("model"),
             endpoint_fields=dict(
                 first_token_timeout=RESTART_BUDGET, idle_timeout=30, total_timeout=RESTART_BUDGET
             ),
             startup_timeout=RESTART_BUDGET,
             stop_timeout=15,
-            **bundled_vllm_fields(max_num_seqs=4, max_model_len=MAX_MODEL_LEN, kv_cache_mb=256),
+            **fields,
         )
         try:
             first = supervisor.engine_start(engine_id=engine.pk)
