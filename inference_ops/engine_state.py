@@ -6,13 +6,15 @@ Read once per request for a local target, so it costs nothing when engines are u
 from the engine rows once per process and rebuilt when the supervisor changes an engine's status
 (core.versioned: a version in Redis checked at most every ROUTING_RULES_CHECK_SECONDS, no query
 or round trip between checks). Only a question that meets a starting engine reads the row again,
-while it waits for it (one read per endpoint and process at a time).
+while it waits for it (one read per endpoint and process at a time), and an answer whose engine
+seems to have died mid-stream, while it waits for the supervisor's word on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Q
@@ -28,6 +30,12 @@ Status = EngineProcess.Status
 # start's end is not known (vLLM takes a minute or more on a CPU, seconds on a warm GPU host).
 STARTING_RETRY_AFTER = 5.0
 WAIT_STEP = 0.5  # seconds between looks at a starting engine's row
+
+
+def _verdict_seconds() -> float:
+    # The check a failure report asks for comes at once; one debounced away (another request
+    # reported the engine a moment ago) comes with the beat's next round.
+    return settings.ENGINE_CHECK_INTERVAL + settings.ENGINE_CHECK_TIMEOUT + 1.0
 
 
 @dataclass(frozen=True)
@@ -111,18 +119,53 @@ async def _look(endpoint_id: int) -> Unserved | None:
     return await _looks.do(endpoint_id, read)
 
 
-async def unserved(endpoint_id: int, *, wait: float = 0.0) -> Unserved | None:
+async def unserved(
+    endpoint_id: int, *, wait: float = 0.0, failed_at: datetime | None = None
+) -> Unserved | None:
     """None when this endpoint is not known to be kept from serving (the hot path's answer: no
     I/O). An engine that is starting is waited for up to `wait` seconds (the question's
-    first-token budget): None as soon as it is ready, else why it is still not served."""
-    found = (await _states.aget()).get(endpoint_id)
-    if found is None or found.code != "engine_starting" or wait <= 0:
-        return found
+    first-token budget): None as soon as it is ready, else why it is still not served.
+
+    `failed_at`: when a request found the engine seemingly gone (its stream broke), a failure
+    reported to its supervisor (routing.engine_failures). With a `wait`, the supervisor's check
+    since then is waited for first, read from the rows (the map may lag it): an engine found dead
+    is restarting, and is waited for as it starts, instead of its closed port being tried."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
+    if failed_at is not None and wait > 0:
+        until = min(deadline, loop.time() + _verdict_seconds())
+        found = await _verdict(endpoint_id, failed_at, until=until)
+    else:
+        found = (await _states.aget()).get(endpoint_id)
+    if found is None or found.code != "engine_starting" or wait <= 0:
+        return found
     while loop.time() < deadline:
         await asyncio.sleep(min(WAIT_STEP, max(0.0, deadline - loop.time())))
         found = await _look(endpoint_id)
         if found is None or found.code != "engine_starting":
             return found
     return found
+
+
+def _verdict_read(endpoint_id: int, since: datetime) -> tuple[Unserved | None, bool]:
+    """Why the endpoint is not served, and whether its engines' supervisor has looked at them
+    since `since` (a check writes `last_check_at`, a change of status `status_changed_at`); True
+    as well when it has no engine of ours: no check is coming."""
+    looked = EngineProcess.objects.filter(endpoint_id=endpoint_id).values_list(
+        "last_check_at", "status_changed_at"
+    )
+    if not looked:
+        return None, True
+    seen = any(at is not None and at >= since for row in looked for at in row)
+    return states_build(endpoint_id).get(endpoint_id), seen
+
+
+async def _verdict(endpoint_id: int, since: datetime, *, until: float) -> Unserved | None:
+    """The supervisor's word on an engine reported gone at `since`: why it is not served (it is
+    restarting), or None once a check found it running, or at `until` without a word."""
+    loop = asyncio.get_running_loop()
+    while True:
+        found, seen = await db.run(_verdict_read, endpoint_id, since)
+        if found is not None or seen or loop.time() >= until:
+            return found
+        await asyncio.sleep(WAIT_STEP)

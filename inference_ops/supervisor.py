@@ -181,12 +181,8 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         raise EngineStartRefused(f"{engine.name}: {refused}")
 
     if port_in_use(engine.bind_host, engine.port):
-        holder = describe(port_holder(engine.port))
-        why = (
-            f"port {engine.port} is held by a process the gateway did not start: {holder}; "
-            "not started, and nothing is sent to that port as this engine. Stop that process "
-            "(or give the engine another port), then start the engine"
-        )
+        why = f"{_port_held(engine)}; not started, and nothing is sent to that port as this engine"
+        why += ". Stop that process (or give the engine another port), then start the engine"
         _transition(
             engine, Status.PORT_TAKEN, why, pid=None, desired_state=EngineProcess.Desired.STOPPED
         )
@@ -208,6 +204,11 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
     engine.pid = pid
     return _wait_ready(engine)
+
+
+def _port_held(engine: EngineProcess) -> str:
+    holder = describe(port_holder(engine.port))
+    return f"port {engine.port} is held by a process the gateway did not start: {holder}"
 
 
 def _start_in_progress(engine: EngineProcess) -> bool:
@@ -281,7 +282,15 @@ def engine_stop(
         LoraAdapter.objects.filter(
             engine=engine, static=False, state=LoraAdapter.State.LOADED
         ).update(state=LoraAdapter.State.UNLOADED)
-    return _transition(engine, Status.STOPPED, reason, pid=None, next_restart_at=None, metrics={})
+    status = Status.STOPPED
+    if port_in_use(engine.bind_host, engine.port):
+        # Ours is gone, so whoever listens there is not this engine (a `port_taken` row stopped,
+        # a stranger that took the port meanwhile): the row keeps saying so, and nothing is sent
+        # to that port as this engine (engine_state), until the checks find the port free
+        # (`_check_port_taken`) or a start does.
+        status = Status.PORT_TAKEN
+        reason = f"{reason}; {_port_held(engine)}: nothing is sent to that port as this engine"
+    return _transition(engine, status, reason, pid=None, next_restart_at=None, metrics={})
 
 
 def engine_restart(*, engine_id: int, reason: str = "restarted by an operator") -> EngineProcess:
@@ -300,6 +309,8 @@ def engine_check(*, engine_id: int) -> str | None:
     """One health check. Returns "restart" when the caller should start the engine now, and
     "scheduled" when it should start it at the row's `next_restart_at`."""
     engine = EngineProcess.objects.select_related("endpoint").filter(pk=engine_id).first()
+    if engine is not None and engine.status == Status.PORT_TAKEN:
+        return _check_port_taken(engine)
     if engine is None or engine.desired_state != EngineProcess.Desired.RUNNING:
         return None
     now = timezone.now()
@@ -354,6 +365,24 @@ def engine_check(*, engine_id: int) -> str | None:
         last_check_ok=False,
     )
     return None
+
+
+def _check_port_taken(engine: EngineProcess) -> None:
+    """A row kept from its port by another process turns `stopped` once the port is free: it is
+    routed to as a stopped engine is again, and a start may launch it there. Under the row's lock,
+    so a start that has begun meanwhile (the row `starting`, its engine on the port soon) is left
+    alone."""
+    with transaction.atomic():
+        row = EngineProcess.objects.select_for_update().filter(pk=engine.pk).first()
+        if row is None or row.status != Status.PORT_TAKEN:
+            return
+        if port_in_use(row.bind_host, row.port):
+            return
+        _transition(
+            row,
+            Status.STOPPED,
+            f"port {row.port} is free again; the engine is stopped: start it to serve",
+        )
 
 
 def _check_starting(engine: EngineProcess, now) -> str | None:

@@ -5,6 +5,7 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.db.models import Q
 
 from core import redis as core_redis
 from inference_ops import endpoint_checks, lora, supervisor
@@ -65,10 +66,11 @@ def engine_check_task(engine_id: int) -> str | None:
 
 @shared_task(name="inference_ops.tasks.engines_check_all", soft_time_limit=30, time_limit=60)
 def engines_check_all() -> int:
-    """Beat, every few seconds: one check per engine that should run, on the engine's own queue."""
-    engines = EngineProcess.objects.filter(desired_state=EngineProcess.Desired.RUNNING).only(
-        "pk", "host"
-    )
+    """Beat, every few seconds: one check per engine that should run, or whose port another
+    process holds (it is served again once that port is free), on the engine's own queue."""
+    engines = EngineProcess.objects.filter(
+        Q(desired_state=EngineProcess.Desired.RUNNING) | Q(status=EngineProcess.Status.PORT_TAKEN)
+    ).only("pk", "host")
     for engine in engines:
         engine_check_task.apply_async((engine.pk,), queue=engine.queue, expires=30)
     return len(engines)

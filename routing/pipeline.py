@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.utils import timezone
 
 from core import tracing
 from inference_ops import admission, engine_state, openai_fields
@@ -673,6 +674,7 @@ async def _continue(
     to the chain's next targets that accept one, and the new tokens follow the old in the same
     stream. When none can, `cut`: the original failure, never a prefill refusal in its place."""
     plan, attempts, meter = broken.plan, broken.attempts, broken.meter
+    failed_at = timezone.now() if failure.kind in ENGINE_GONE else None
     resumed = _Resumed(
         text=list(broken.text),
         ttft=broken.ttft,
@@ -690,6 +692,19 @@ async def _continue(
         try:
             if target is not broken.target and not await breaker.allow(target.endpoint):
                 attempts.notes.append(f"{target.endpoint}: circuit open or resting")
+                continue
+            # As before the first token: an engine of ours that is (re)starting is waited for
+            # within its first-token budget when no target follows it; one kept from its port is
+            # passed over. The engine that broke the stream may have died: its supervisor's check,
+            # which the failure report asked for, is awaited before its port is tried again.
+            if target.road == "local" and (
+                unserved := await engine_state.unserved(
+                    target.endpoint_id,
+                    wait=target.config.first_token_timeout if target is candidates[-1] else 0.0,
+                    failed_at=failed_at if target is broken.target else None,
+                )
+            ):
+                attempts.notes.append(f"{target.endpoint}: {unserved.note}")
                 continue
             attempt = _Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
             new = False

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from inference_ops import openai_fields
+from inference_ops import engine_state, openai_fields
 from inference_ops.client import EndpointConfig
 from inference_ops.exceptions import EngineError
-from inference_ops.other_apis import create_embeddings, stream_completion
+from inference_ops.other_apis import Embeddings, create_embeddings, stream_completion
 from knowledge.embedding import QUERY, aembed_query, embed_texts, spec_of
 from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel
@@ -46,9 +46,11 @@ from routing.pipeline import (
     _Plan,
     _reserve,
     _spend_of,
+    _unserved_error,
     answer_budget,
     named_chain,
     order_targets,
+    retry_wait,
 )
 from routing.prompt import approx_tokens
 from routing.rules import Snapshot, Target, asnapshot, named_target
@@ -248,9 +250,13 @@ def embedding_targets(snap: Snapshot, *, groups: frozenset[str], client: str) ->
     ]
 
 
-async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Event, None]:
+async def embed(
+    request: RouteRequest, ask: EmbeddingAsk, *, rng: random.Random | None = None
+) -> AsyncGenerator[Event, None]:
     """The embeddings of `ask`'s input by the model `request.model` names: `route`, `vectors`,
-    `done`, or an `error`."""
+    `done`, or an `error`. A transient failure is tried again on the same endpoint as a chat
+    answer's is before its first token (`_create_embeddings`); no other endpoint is asked, since
+    another model's vectors are no substitute."""
     started = time.monotonic()
     found = await _embedding_target(request, ask)
     if isinstance(found, Error):
@@ -298,6 +304,7 @@ async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Even
             return
         reservation = booked
     spent = request.spent
+    attempts: Attempts | None = None
     try:
         if model is not None:
             try:
@@ -316,20 +323,22 @@ async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Even
             attempts = Attempts()
             replicas.started(target.endpoint_id)
             try:
+                if target.road == "local" and (
+                    unserved := await engine_state.unserved(
+                        target.endpoint_id, wait=target.config.first_token_timeout
+                    )
+                ):
+                    yield _unserved_error(plan, target, unserved)
+                    return
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
                     yield await attempts.error(plan)
                     return
-                result = await create_embeddings(
-                    target.config,
-                    ask.input,
-                    encoding_format=ask.encoding_format,
-                    fields=request.passthrough.fields,
-                )
+                result = await _create_embeddings(request, ask, target, attempts, rng or _rng)
             except EngineError as exc:
+                # One vote per request for the breaker, however many tries it took.
                 await _engine_failed(target, exc)
-                attempts.failed(target, exc)
-                yield await attempts.error(plan)
+                yield await _embeddings_error(plan, target, attempts, exc)
                 return
             finally:
                 replicas.ended(target.endpoint_id)
@@ -348,6 +357,7 @@ async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Even
             named=True,
             engine_ms=engine_ms or 0.0,
             standing=reservation.standing if reservation else None,
+            retries=attempts.retry_notes() if attempts and attempts.retried else "",
         )
         yield Vectors(vectors=vectors)
         yield Done(
@@ -360,10 +370,65 @@ async def embed(request: RouteRequest, ask: EmbeddingAsk) -> AsyncGenerator[Even
             finish_reason="stop",
             citations=[],
             engine_ms=engine_ms,
+            retried=tuple(attempts.retried) if attempts else (),
         )
     finally:
         if reservation is not None:
             ledger.settle_soon(reservation, tokens=spent.prompt_tokens or 0, cost=spent.cost or 0.0)
+
+
+async def _create_embeddings(
+    request: RouteRequest,
+    ask: EmbeddingAsk,
+    target: Target,
+    attempts: Attempts,
+    rng: random.Random,
+) -> Embeddings:
+    """The endpoint's embeddings, with the retries of a chat answer before its first token
+    (`pipeline.retry_wait`: the endpoint's `retries`, a jittered backoff or its Retry-After, all
+    within its first-token timeout); each retry noted in `attempts`. Raises the last failure."""
+    first_try = time.monotonic()
+    while True:
+        try:
+            return await create_embeddings(
+                target.config,
+                ask.input,
+                encoding_format=ask.encoding_format,
+                fields=request.passthrough.fields,
+            )
+        except EngineError as exc:
+            wait = retry_wait(target, exc, len(attempts.retried) + 1, first_try, rng)
+            if wait is None:
+                raise
+            attempts.retry(target, exc, wait)
+            await asyncio.sleep(wait)
+
+
+async def _embeddings_error(
+    plan: _Plan, target: Target, attempts: Attempts, exc: EngineError
+) -> Error:
+    """What the caller gets when the endpoint did not answer: a content-policy refusal with the
+    provider's reason and an input too long for the model as the request's own fault, as for chat;
+    else the failure, with its tries."""
+    if exc.kind == "content_filter":
+        return Error(
+            code="content_filter",
+            message=exc.detail,
+            road=target.road,
+            target=target.endpoint,
+            retried=tuple(attempts.retried),
+        )
+    if exc.kind == "context_length":
+        return Error(
+            code="too_long",
+            message=f"The input does not fit the context window of {target.endpoint}; its "
+            f"engine said: {exc.detail}",
+            param="input",
+            road=target.road,
+            target=target.endpoint,
+        )
+    attempts.failed(target, exc, len(attempts.retried) + 1)
+    return await attempts.error(plan)
 
 
 async def _embedding_target(

@@ -30,9 +30,13 @@ from .tokenizer import tokenize
 
 async def embeddings(request: web.Request) -> web.Response:
     """vLLM's /v1/embeddings (EmbeddingCompletionRequest): texts or token ids in, one vector per
-    input, float or base64; the route exists for an embedding model only (server.make_app)."""
+    input, float or base64; the route exists for an embedding model only (server.make_app). The
+    faults that strike before a request is handled apply (a drop, a hang, an error status)."""
     sim = request.app[SIM]
-    body = json_body(request, await request.read())
+    raw = await request.read()
+    if (refused := await early_fault(request, sim, pick_fault(request, sim, raw))) is not None:
+        return refused
+    body = json_body(request, raw)
     if not isinstance(body, dict):
         raise validation_error("body", "Input should be a valid dictionary", "dict_type")
     model, _ = sim.resolve_model(body.get("model"), pooling=True)

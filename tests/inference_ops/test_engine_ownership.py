@@ -308,6 +308,50 @@ def test_a_port_held_by_another_process_is_reported_never_stopped_nor_routed_to(
 
 
 @transactional
+def test_a_stopped_engine_whose_port_another_process_holds_is_still_never_routed_to():
+    """Stopping a `port_taken` engine stops nothing of the stranger's and keeps the endpoint
+    unserved while the stranger holds the port; once the port is free, a check turns the row
+    `stopped`, and the endpoint is an ordinary stopped engine's again."""
+    port = free_port()
+    foreign = launch_simulator("serve", "acme/base", "--host", "127.0.0.1", "--port", str(port))
+    try:
+        assert wait_until(lambda: engine_processes.port_in_use("127.0.0.1", port), timeout=30)
+        engine = make_engine(port=port)  # the stranger serves the model the row names
+        rule("default", engine.endpoint, is_default=True, use_kb_context=False)
+        with pytest.raises(EngineStartRefused):
+            supervisor.engine_start(engine_id=engine.pk)
+
+        stopped = supervisor.engine_stop(engine_id=engine.pk)
+        assert stopped.status == "port_taken" and foreign.poll() is None
+        assert stopped.status_reason.startswith("stopped by an operator; port ")
+        assert f"pid {foreign.pid}" in stopped.status_reason
+        events = ask("Hello", max_tokens=3)
+        assert events[-1].type == "error" and events[-1].code == "engine_port_taken", events
+        assert not [e for e in events if e.type == "token"]  # never the stranger's answer
+
+        assert supervisor.engine_check(engine_id=engine.pk) is None  # still held: no change
+        assert EngineProcess.objects.get(pk=engine.pk).status == "port_taken"
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+    assert wait_until(lambda: not engine_processes.port_in_use("127.0.0.1", port), timeout=10)
+    supervisor.engine_check(engine_id=engine.pk)
+    row = EngineProcess.objects.select_related("endpoint").get(pk=engine.pk)
+    assert row.status == "stopped" and "free again" in row.status_reason
+    assert row.desired_state == "stopped"  # a check frees the row, it starts nothing
+    error = ask("Hello", max_tokens=3)[-1]
+    assert error.type == "error" and error.code == "connect", error  # nobody there now
+
+
+@transactional
+def test_a_stopped_engine_of_ours_leaves_its_port_free_and_its_row_stopped():
+    engine = supervisor.engine_start(engine_id=make_engine().pk)
+    stopped = supervisor.engine_stop(engine_id=engine.pk)
+    assert (stopped.status, stopped.status_reason) == ("stopped", "stopped by an operator")
+    assert not engine_processes.port_in_use("127.0.0.1", engine.port)
+
+
+@transactional
 def test_a_stranger_on_the_rows_pid_is_never_killed_by_the_health_checks(settings):
     """A pid the row kept across a reboot may name anyone's process: the checks find no engine
     behind the port and restart it, but never signal that process."""
