@@ -49,6 +49,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import db
+from inference_ops import admission
 from inference_ops.models import ModelEndpoint
 
 logger = logging.getLogger(__name__)
@@ -95,14 +96,35 @@ def ended(endpoint_id: int) -> None:
 
 
 def expand(targets, affinity: str):
-    """The targets in the order to try, each grouped target replaced by its group's replicas."""
+    """The targets in the order to try, each grouped target replaced by its group's replicas.
+    The replicas with a capacity are admitted as one pool, in this order (the running request's
+    admission ticket says so: inference_ops.admission)."""
     if not any(t.replicas for t in targets):
         return targets
     _refresh_soon()
     ordered = []
+    waiting = admission.ticket.get()
     for target in targets:
-        ordered.extend(_ordered(target, affinity) if target.replicas else [target])
+        if not target.replicas:
+            ordered.append(target)
+            continue
+        replicas = _ordered(target, affinity)
+        if waiting is not None:
+            _pool(waiting, replicas)
+        ordered.extend(replicas)
     return ordered
+
+
+def _pool(waiting: admission.Ticket, replicas: list) -> None:
+    """Each replica's pool: the group's replicas with a capacity, from it on."""
+    members = [
+        (r.config.name, r.config.capacity, r.config.total_timeout)
+        for r in replicas
+        if r.config.capacity
+    ]
+    if len(members) > 1:
+        for index, member in enumerate(members):
+            waiting.pools[member[0]] = tuple(members[index:])
 
 
 def affinity_of(history: list[dict], question: str) -> str:
