@@ -301,6 +301,10 @@ def test_a_replica_group_is_admitted_as_one_pool(capped_pool, settings):
         finally:
             for stream in streams:
                 await stream.aclose()
+            # The places given back, in the background, before this loop closes.
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            async with asyncio.timeout(20):
+                await asyncio.gather(*others, return_exceptions=True)
 
     first, second, waited, last = async_to_sync(three)()
     assert (first, second) == ("capped-a", "capped-b")
