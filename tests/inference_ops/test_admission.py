@@ -341,3 +341,18 @@ def test_an_old_report_counts_for_nothing(name, slow_engine, no_reserve, setting
     checked(sim, name, 4)
     settings.ROUTING_LOAD_FRESH_SECONDS = 0.0  # the report just made is already too old
     assert admitted_of(name, 4, 5) == 4
+
+
+@pytest.mark.django_db
+def test_the_endpoint_health_check_reports_the_engines_room(
+    name, slow_engine, no_reserve, settings
+):
+    from inference_ops.endpoint_checks import endpoint_check
+    from tests.support.factories import endpoint
+
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(2)
+    row = endpoint(name, sim, capacity=3)
+    assert endpoint_check(endpoint_id=row.pk) == "ready"
+    assert admitted_of(name, 3, 3) == 1  # three, less the two it runs for someone else
