@@ -34,6 +34,10 @@ hashes to, so the engine's prefix cache is reused) while that replica is not ful
 than ROUTING_AFFINITY_SLACK requests busier than the least busy.
 
 ROUTING_REPLICA_PICK=round_robin turns all this off for comparison (the benchmark's baseline).
+
+The replicas with a capacity are admitted as one pool in the order picked here
+(inference_ops.admission): a request waits for room at any of them, and takes the first with
+room, rather than wait in the queue of the one it was sent to while another has room.
 """
 
 from __future__ import annotations
