@@ -356,3 +356,30 @@ def test_the_endpoint_health_check_reports_the_engines_room(
     row = endpoint(name, sim, capacity=3)
     assert endpoint_check(endpoint_id=row.pk) == "ready"
     assert admitted_of(name, 3, 3) == 1  # three, less the two it runs for someone else
+
+
+# --- a replica group as one pool ------------------------------------------------------------------
+
+
+async def test_a_pool_takes_the_next_replica_s_room_and_gives_it_back_if_the_chain_leaves(name):
+    a, b = f"{name}-a", f"{name}-b"
+    pools = {a: ((a, 1, 60.0), (b, 1, 60.0)), b: ((b, 1, 60.0),)}
+    admission.ticket.set(admission.Ticket(tenant="first", pools=pools))
+    held = await admission.admit(a, 1, 60.0)  # a's room
+    waiting = admission.Ticket(tenant="second", pools=pools)
+    admission.ticket.set(waiting)
+    with pytest.raises(EngineError) as moved:
+        await admission.admit(a, 1, 60.0)  # a is full: b's room is taken, a fails at once
+    assert moved.value.kind == "busy" and b in str(moved.value)
+    place = await admission.admit(b, 1, 60.0)  # the chain's next replica: the place kept for it
+    assert place.name == b and place.slot.startswith("second|")
+    place.leave()
+
+    with pytest.raises(EngineError):
+        await admission.admit(a, 1, 60.0)  # b's room taken again
+    other = await admission.admit(f"{name}-c", 1, 60.0)  # the chain went elsewhere
+    await settled()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert client.zcard(f"{settings.REDIS_KEY_PREFIX}:admission:{b}:held") == 0  # given back
+    for one in (held, other):
+        one.leave()
