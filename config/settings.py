@@ -379,6 +379,9 @@ ADMISSION_RESERVE = env_int("ADMISSION_RESERVE", 1, minimum=0)
 # How long "recently" is in "who used the fewest tokens recently goes first": a tenant's counted
 # tokens halve every this many seconds.
 ADMISSION_HALF_LIFE = env_float("ADMISSION_HALF_LIFE", 60.0, minimum=1.0)
+# An engine whose last health check found its KV cache at least this full (0 to 1) is sent no more
+# requests at once than it was running: past it vLLM queues or preempts what comes next.
+ADMISSION_KV_THRESHOLD = env_float("ADMISSION_KV_THRESHOLD", 0.9, minimum=0.0, maximum=1.0)
 
 # --- Spend: limits and budgets (spend.ledger) ----------------------------------------------------
 

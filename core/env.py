@@ -60,7 +60,13 @@ def env_int(
     return number
 
 
-def env_float(name: str, default: float | None, *, minimum: float | None = None) -> float | None:
+def env_float(
+    name: str,
+    default: float | None,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float | None:
     value = _raw(name)
     if value is None:
         return default
@@ -70,6 +76,8 @@ def env_float(name: str, default: float | None, *, minimum: float | None = None)
         raise _fail(name, "a number", value) from None
     if minimum is not None and number < minimum:
         raise _fail(name, f"at least {minimum}", value)
+    if maximum is not None and number > maximum:
+        raise _fail(name, f"at most {maximum}", value)
     return number
 
 

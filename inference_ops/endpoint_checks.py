@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter
 
+from inference_ops import admission
 from inference_ops.models import EngineProcess, ModelEndpoint
 from inference_ops.probes import probe_url
 from inference_ops.signals import engine_ready
@@ -64,6 +65,8 @@ def endpoint_check(*, endpoint_id: int) -> str | None:
             kv_cache_usage=metrics.get("kv_cache_usage"),
         )
     ModelEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    if healthy and endpoint.capacity:
+        admission.engine_report(name=endpoint.name, capacity=endpoint.capacity, metrics=metrics)
     if healthy and endpoint.status != ModelEndpoint.Status.READY:
         try:
             engine_ready.send(sender=ModelEndpoint, engine=None, endpoint=endpoint.name)

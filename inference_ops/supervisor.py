@@ -22,7 +22,7 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from core.events import ops_event_broadcast
-from inference_ops import engine_state, policy
+from inference_ops import admission, engine_state, policy
 from inference_ops.engine_processes import (
     describe,
     is_ours,
@@ -346,6 +346,10 @@ def engine_check(*, engine_id: int) -> str | None:
             kv_cache_usage=metrics.get("kv_cache_usage"),
             checked_at=now,
         )
+        if engine.endpoint.capacity:
+            admission.engine_report(
+                name=engine.endpoint.name, capacity=engine.endpoint.capacity, metrics=metrics
+            )
         return None
     failed = engine.failed_checks + 1
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:

@@ -34,6 +34,10 @@ hashes to, so the engine's prefix cache is reused) while that replica is not ful
 than ROUTING_AFFINITY_SLACK requests busier than the least busy.
 
 ROUTING_REPLICA_PICK=round_robin turns all this off for comparison (the benchmark's baseline).
+
+The replicas with a capacity are admitted as one pool in the order picked here
+(inference_ops.admission): a request waits for room at any of them, and takes the first with
+room, rather than wait in the queue of the one it was sent to while another has room.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import db
+from inference_ops import admission
 from inference_ops.models import ModelEndpoint
 
 logger = logging.getLogger(__name__)
@@ -95,14 +100,35 @@ def ended(endpoint_id: int) -> None:
 
 
 def expand(targets, affinity: str):
-    """The targets in the order to try, each grouped target replaced by its group's replicas."""
+    """The targets in the order to try, each grouped target replaced by its group's replicas.
+    The replicas with a capacity are admitted as one pool, in this order (the running request's
+    admission ticket says so: inference_ops.admission)."""
     if not any(t.replicas for t in targets):
         return targets
     _refresh_soon()
     ordered = []
+    waiting = admission.ticket.get()
     for target in targets:
-        ordered.extend(_ordered(target, affinity) if target.replicas else [target])
+        if not target.replicas:
+            ordered.append(target)
+            continue
+        replicas = _ordered(target, affinity)
+        if waiting is not None:
+            _pool(waiting, replicas)
+        ordered.extend(replicas)
     return ordered
+
+
+def _pool(waiting: admission.Ticket, replicas: list) -> None:
+    """Each replica's pool: the group's replicas with a capacity, from it on."""
+    members = [
+        (r.config.name, r.config.capacity, r.config.total_timeout)
+        for r in replicas
+        if r.config.capacity
+    ]
+    if len(members) > 1:
+        for index, member in enumerate(members):
+            waiting.pools[member[0]] = tuple(members[index:])
 
 
 def affinity_of(history: list[dict], question: str) -> str:

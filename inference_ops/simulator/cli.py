@@ -50,6 +50,13 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         "--max-num-seqs", type=int, default=256, help="sequences decoded together; more wait"
     )
     parser.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="the order waiting sequences run in: arrival, or each request's `priority` (lower "
+        "first, then arrival)",
+    )
+    parser.add_argument(
         "--max-model-len", type=_token_count, default=4096, help="context window, e.g. 4096 or 4k"
     )
     parser.add_argument(
@@ -220,6 +227,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimCon
         host=args.host,
         port=args.port,
         max_num_seqs=args.max_num_seqs,
+        scheduling_policy=args.scheduling_policy,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,

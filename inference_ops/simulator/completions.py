@@ -224,6 +224,7 @@ def _plan(sim: Simulator, params: GenerationParams, request_id: str) -> tuple[st
             output=output,
             lora=lora,
             wake=wake,
+            priority=params.priority,
         )
         choices.append(Choice(seq=seq, tool_call=tool_call))
     return model, choices

@@ -24,6 +24,8 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_num_seqs: int = 256
+    # vLLM's --scheduling-policy: "fcfs", or "priority" (the waiting queue by request priority)
+    scheduling_policy: str = "fcfs"
     max_model_len: int = 4096
     block_size: int = 16  # tokens per KV-cache block
     enable_prefix_caching: bool = True  # vLLM V1's default

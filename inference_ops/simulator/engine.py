@@ -4,7 +4,9 @@ One asyncio task plays vLLM's engine loop. Every step (one --inter-token-latency
 each running sequence gets its next token, however many are running: that is
 why two concurrent requests finish in about the time of one. At most
 --max-num-seqs sequences run; the rest wait in FIFO order for a slot, which
-frees the moment a sequence finishes or is aborted.
+frees the moment a sequence finishes or is aborted (by each request's `priority`,
+lower first, under --scheduling-policy priority, as vLLM's priority queue; vLLM
+takes a priority under either policy, so the simulator does too).
 
 A newly admitted sequence gets its first token --time-to-first-token after
 admission, on the step closest to that moment: steps keep their rhythm for the
@@ -48,8 +50,10 @@ class Sequence:
         output: PlannedOutput,
         lora: str | None = None,
         wake: asyncio.Event | None = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
+        self.priority = priority  # lower runs first under the priority policy
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.output = output
@@ -137,8 +141,10 @@ class Engine:
         max_loras: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
+        priority_scheduling: bool = False,
     ):
         self.max_num_seqs = max_num_seqs
+        self.priority_scheduling = priority_scheduling
         self.max_model_len = max_model_len
         self.ttft = ttft
         self.itl = itl
@@ -168,6 +174,12 @@ class Engine:
         seq.arrival = now
         if len(self.running) < self.max_num_seqs:
             self._admit(seq, now)
+        elif self.priority_scheduling:
+            # vLLM's priority queue: by (priority, arrival); equal priorities keep their order.
+            at = len(self.waiting)
+            while at and self.waiting[at - 1].priority > seq.priority:
+                at -= 1
+            self.waiting.insert(at, seq)
         else:
             self.waiting.append(seq)
         self._wake.set()

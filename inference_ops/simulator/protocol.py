@@ -54,6 +54,8 @@ class GenerationParams:
     # continues (0: a new answer).
     prefill_tokens: int = 0
     continue_final: bool = False
+    # vLLM takes it under either policy; only --scheduling-policy priority orders by it.
+    priority: int = 0
 
     @property
     def plain(self) -> bool:
@@ -251,6 +253,7 @@ def _common(body: dict, params: GenerationParams) -> GenerationParams:
         raise validation_error("stop", "Input should be a valid list", "list_type", stop)
     params.include_stop_str_in_output = bool(body.get("include_stop_str_in_output", False))
     params.seed = _optional_int(body, "seed")
+    params.priority = _optional_int(body, "priority") or 0
     n = _optional_int(body, "n")
     params.n = 1 if n is None else n
     request_id = body.get("request_id")

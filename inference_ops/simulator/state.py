@@ -23,6 +23,7 @@ class Simulator:
         self.metrics = Metrics(config.primary_name)
         self.engine = Engine(
             max_num_seqs=config.max_num_seqs,
+            priority_scheduling=config.scheduling_policy == "priority",
             max_model_len=config.max_model_len,
             ttft=config.ttft,
             itl=config.itl,

@@ -62,6 +62,11 @@ def test_check_deploy_is_clean_in_a_production_environment(production_env):
             "Environment variable CSRF_TRUSTED_ORIGINS must be a URL",
         ),
         (
+            "ADMISSION_KV_THRESHOLD",
+            "90",
+            "Environment variable ADMISSION_KV_THRESHOLD must be at most 1.0",
+        ),
+        (
             "LOG_LEVEL",
             "LOUD",
             "Environment variable LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR",

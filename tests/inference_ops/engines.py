@@ -70,12 +70,17 @@ def _fields(kind: str) -> dict:
 
 
 @contextlib.contextmanager
-def start_engine(kind: str, folder: Path, django_db_blocker=None) -> Iterator[Engine]:
-    """Start `kind` ("simulator" or "vllm") from an engine row's argv and stop it on exit."""
+def start_engine(
+    kind: str, folder: Path, django_db_blocker=None, extra_args: tuple[str, ...] = ()
+) -> Iterator[Engine]:
+    """Start `kind` ("simulator" or "vllm") from an engine row's argv and stop it on exit;
+    `extra_args` go after the row's own."""
     static, runtime = _adapters(kind, folder)
+    fields = _fields(kind)
+    fields["extra_args"] = [*fields["extra_args"], *extra_args]
     with django_db_blocker.unblock() if django_db_blocker is not None else contextlib.nullcontext():
         command = engine_command(
-            fields=_fields(kind), adapters={STATIC_ADAPTER: str(static)}, name=f"contract-{kind}"
+            fields=fields, adapters={STATIC_ADAPTER: str(static)}, name=f"contract-{kind}"
         )
     with engine_run(
         command=command, log_path=folder / "engine.log", start_timeout=600 if kind == "vllm" else 30

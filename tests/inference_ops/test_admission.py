@@ -6,6 +6,8 @@ No timing is asserted: the waits are bounded by deadlines only so that a broken 
 instead of hanging."""
 
 import asyncio
+import http.client
+import json
 import subprocess
 import sys
 import threading
@@ -15,8 +17,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from inference_ops import admission
+from inference_ops import admission, probes
 from inference_ops.exceptions import EngineError
+from tests.support.polling import wait_until
 
 
 @pytest.fixture
@@ -24,7 +27,7 @@ def name():
     endpoint = f"test-admission-{time.monotonic_ns()}"
     yield endpoint
     client = redis.Redis.from_url(settings.REDIS_URL)
-    keys = client.keys(f"{settings.REDIS_KEY_PREFIX}:admission:{endpoint}:*")
+    keys = client.keys(f"{settings.REDIS_KEY_PREFIX}:admission:{endpoint}*")
     if keys:
         client.delete(*keys)
 
@@ -216,3 +219,167 @@ async def test_a_tenant_holding_all_it_may_does_not_keep_another_waiting(name, s
     async with asyncio.timeout(20):
         for admitted in asyncio.as_completed(backlog):  # two at a time: the reserve holds
             (await admitted).leave()
+
+
+# --- the room the engine's own gauges leave -------------------------------------------------------
+
+
+class OutsideStreams:
+    """Streams sent straight to an engine, not through the gateway: another client of it."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.connections: list[http.client.HTTPConnection] = []
+
+    def open(self, count: int) -> None:
+        for _ in range(count):
+            connection = http.client.HTTPConnection(*self.url.split("//")[1].split(":"), timeout=10)
+            body = {
+                "model": "acme/local",
+                "messages": [{"role": "user", "content": "tell me a long story"}],
+                "max_tokens": 1000,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            connection.request(
+                "POST",
+                "/v1/chat/completions",
+                body=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
+            assert connection.getresponse().status == 200
+            self.connections.append(connection)
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()  # the engine aborts the request
+        self.connections.clear()
+
+
+@pytest.fixture
+def slow_engine():
+    from tests.inference_ops.simulator_process import start_simulator
+
+    sim = start_simulator(
+        "serve", "acme/local", "--max-num-seqs", "2", "--inter-token-latency", "1000"
+    )
+    outside = OutsideStreams(sim.url)
+    yield sim, outside
+    outside.close()
+    sim.stop()
+
+
+def checked(sim, name, capacity):
+    """A health check's scrape of the engine, as the checks report it to admission."""
+    healthy, reason, metrics = probes.probe_url(sim.url, "acme/local", 10)
+    assert healthy, reason
+    admission.engine_report(name=name, capacity=capacity, metrics=metrics)
+    return metrics
+
+
+def admitted_of(name, capacity, tries):
+    """How many of `tries` requests of different tenants find room at once (none leaves)."""
+
+    async def run():
+        places = []
+        for n in range(tries):
+            try:
+                places.append(await enter(name, f"tenant {n}", capacity=capacity))
+            except EngineError as exc:
+                assert exc.kind == "busy"
+        for place in places:
+            place.leave()
+        await settled()
+        return len(places)
+
+    return asyncio.run(run())
+
+
+def test_requests_the_engine_runs_for_others_count_against_the_room(
+    name, slow_engine, no_reserve, settings
+):
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(1)
+    assert checked(sim, name, 4)["running"] == 1
+    assert admitted_of(name, 4, 5) == 3  # four, less the one the engine runs for someone else
+    outside.close()
+    assert wait_until(lambda: checked(sim, name, 4)["running"] == 0)
+    assert admitted_of(name, 4, 5) == 4  # gone: the whole capacity again
+
+
+def test_an_engine_with_its_own_queue_gets_one_at_a_time_never_none(
+    name, slow_engine, no_reserve, settings
+):
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(3)  # it runs two (--max-num-seqs 2) and queues one
+    metrics = checked(sim, name, 4)
+    assert (metrics["running"], metrics["waiting"]) == (2, 1)
+    assert admitted_of(name, 4, 3) == 1
+
+
+def test_a_full_kv_cache_admits_no_more_than_the_engine_runs(
+    name, slow_engine, no_reserve, settings
+):
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(1)
+    settings.ADMISSION_KV_THRESHOLD = 0.0  # any use is past it
+    checked(sim, name, 4)
+    # It runs one, someone else's: the gateway may add none (but never less than one).
+    assert admitted_of(name, 4, 3) == 1
+    settings.ADMISSION_KV_THRESHOLD = 1.0
+    checked(sim, name, 4)
+    assert admitted_of(name, 4, 4) == 3
+
+
+def test_an_old_report_counts_for_nothing(name, slow_engine, no_reserve, settings):
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(3)
+    checked(sim, name, 4)
+    settings.ROUTING_LOAD_FRESH_SECONDS = 0.0  # the report just made is already too old
+    assert admitted_of(name, 4, 5) == 4
+
+
+@pytest.mark.django_db
+def test_the_endpoint_health_check_reports_the_engines_room(
+    name, slow_engine, no_reserve, settings
+):
+    from inference_ops.endpoint_checks import endpoint_check
+    from tests.support.factories import endpoint
+
+    settings.ADMISSION_DEADLINE_API = 0.3
+    sim, outside = slow_engine
+    outside.open(2)
+    row = endpoint(name, sim, capacity=3)
+    assert endpoint_check(endpoint_id=row.pk) == "ready"
+    assert admitted_of(name, 3, 3) == 1  # three, less the two it runs for someone else
+
+
+# --- a replica group as one pool ------------------------------------------------------------------
+
+
+async def test_a_pool_takes_the_next_replica_s_room_and_gives_it_back_if_the_chain_leaves(name):
+    a, b = f"{name}-a", f"{name}-b"
+    pools = {a: ((a, 1, 60.0), (b, 1, 60.0)), b: ((b, 1, 60.0),)}
+    admission.ticket.set(admission.Ticket(tenant="first", pools=pools))
+    held = await admission.admit(a, 1, 60.0)  # a's room
+    waiting = admission.Ticket(tenant="second", pools=pools)
+    admission.ticket.set(waiting)
+    with pytest.raises(EngineError) as moved:
+        await admission.admit(a, 1, 60.0)  # a is full: b's room is taken, a fails at once
+    assert moved.value.kind == "busy" and b in str(moved.value)
+    place = await admission.admit(b, 1, 60.0)  # the chain's next replica: the place kept for it
+    assert place.name == b and place.slot.startswith("second|")
+    place.leave()
+
+    with pytest.raises(EngineError):
+        await admission.admit(a, 1, 60.0)  # b's room taken again
+    other = await admission.admit(f"{name}-c", 1, 60.0)  # the chain went elsewhere
+    await settled()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert client.zcard(f"{settings.REDIS_KEY_PREFIX}:admission:{b}:held") == 0  # given back
+    for one in (held, other):
+        one.leave()

@@ -587,3 +587,98 @@ async def test_stream_chunks_carry_exactly_vllms_fields(engine):
         "prompt_tokens_details",
         "completion_tokens_details",
     }
+
+
+# --- priority -------------------------------------------------------------------------------------
+#
+# vLLM 0.32 takes a request's `priority` under either scheduling policy (its input processor no
+# longer refuses one under fcfs, as older versions did: "Got priority ... but Priority scheduling
+# is not enabled"); only an engine started with `--scheduling-policy priority` orders its waiting
+# requests by it. The gateway sends it only to those (routing.rules._priority_scheduled).
+
+
+async def test_a_priority_is_an_integer_taken_under_the_default_policy(engine):
+    body = _greedy(model=BASE, messages=_CAPITAL, max_tokens=2)
+    status, answer = await _post(engine, "/v1/chat/completions", {**body, "priority": 2})
+    assert status == 200, answer
+    status, refused = await _post(engine, "/v1/chat/completions", {**body, "priority": "high"})
+    assert status == 400 and refused["error"]["code"] == 400
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("simulator", "fcfs"),
+        ("simulator", "priority"),
+        ("vllm", "fcfs"),
+        ("vllm", "priority"),
+    ],
+    ids=lambda param: "-".join(param),
+)
+def scheduled(request, django_db_setup, tmp_path_factory):
+    """An engine with a scheduling policy: the shared real vLLM for fcfs (its default), else one
+    started with `--scheduling-policy` (the simulator's tokens slowed so that its answers outlast
+    the test's steps)."""
+    kind, policy = request.param
+    if kind == "vllm" and policy == "fcfs":
+        yield request.getfixturevalue("real_vllm"), policy
+        return
+    extra = ("--scheduling-policy", policy)
+    if kind == "simulator":
+        extra += ("--inter-token-latency", "100")
+    with start_engine(
+        kind,
+        tmp_path_factory.mktemp(f"contract-{kind}-{policy}"),
+        request.getfixturevalue("django_db_blocker"),
+        extra_args=extra,
+    ) as running:
+        yield running, policy
+
+
+async def _until(engine: Engine, name: str, value: float) -> None:
+    deadline = time.monotonic() + 60
+    while (seen := await _metric(engine, name)) != value and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert seen == value, f"{name} stayed {seen}, not {value}"
+
+
+async def test_a_waiting_request_runs_by_priority_only_under_the_priority_policy(scheduled):
+    engine, policy = scheduled
+    story = [{"role": "user", "content": "Tell me a long story."}]
+    first: list[str] = []
+
+    async def read(name: str, response: aiohttp.ClientResponse) -> None:
+        async for line in response.content:
+            if b'"content"' in line and b'"content":""' not in line:
+                first.append(name)
+                return
+
+    async with aiohttp.ClientSession(timeout=HTTP) as session:
+
+        async def stream(priority: int) -> aiohttp.ClientResponse:
+            body = _greedy(model=BASE, messages=story, max_tokens=400, stream=True)
+            return await session.post(
+                engine.v1 + "/chat/completions", json={**body, "priority": priority}
+            )
+
+        # The engine's four slots (max_num_seqs) taken, then two wait: a priority 5 before a 0.
+        fillers = [await stream(1) for _ in range(4)]
+        await _until(engine, "vllm:num_requests_running", 4)
+        late = await stream(5)
+        await _until(engine, "vllm:num_requests_waiting", 1)
+        urgent = await stream(0)
+        await _until(engine, "vllm:num_requests_waiting", 2)
+        readers = [
+            asyncio.create_task(read("late", late)),
+            asyncio.create_task(read("urgent", urgent)),
+        ]
+        try:
+            fillers[0].close()  # one slot frees: the engine picks one of the two
+            done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED, timeout=60)
+            assert done, "neither waiting request started"
+        finally:
+            for response in (*fillers, late, urgent):
+                response.close()
+            for reader in readers:
+                reader.cancel()
+    assert first[0] == ("urgent" if policy == "priority" else "late")

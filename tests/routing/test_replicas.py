@@ -239,3 +239,74 @@ def slow_pool():
     yield members
     for sim in sims:
         sim.stop()
+
+
+@pytest.fixture
+def capped_pool(settings):
+    """Two replicas of one group, each with a capacity of one: answers that take long."""
+    import redis
+
+    from tests.inference_ops.simulator_process import start_simulator
+
+    def forget_places():
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        for name in ("capped-a", "capped-b"):
+            keys = client.keys(f"{settings.REDIS_KEY_PREFIX}:admission:{name}:*")
+            if keys:
+                client.delete(*keys)
+
+    forget_places()
+    sims = [
+        start_simulator("serve", "acme/local", "--mode", "echo", "--inter-token-latency", "500")
+        for _ in range(2)
+    ]
+    members = [
+        endpoint(
+            f"capped-{letter}",
+            sim,
+            replica_group="capped",
+            capacity=1,
+            idle_timeout=60,
+            total_timeout=120,
+        )
+        for letter, sim in zip("ab", sims, strict=True)
+    ]
+    rule("default", members[0], is_default=True, use_kb_context=False)
+    yield members
+    for sim in sims:
+        sim.stop()
+    forget_places()
+
+
+def test_a_replica_group_is_admitted_as_one_pool(capped_pool, settings):
+    settings.ROUTING_AFFINITY_SLACK = -1  # no conversation kept: the order is the loads'
+    settings.ADMISSION_DEADLINE_INTERACTIVE = 120
+    reported(**{"capped-b": {"requests_running": 2}})  # b looks busier: a is always tried first
+
+    async def three():
+        streams = [
+            pipeline.answer(RouteRequest(text=f"story {n} " * 50, max_tokens=100)) for n in range(3)
+        ]
+        try:
+            first = await streams[0].__anext__()
+            # a is full: the second takes b's room rather than wait in a's queue.
+            second = await streams[1].__anext__()
+            third = asyncio.ensure_future(streams[2].__anext__())
+            await asyncio.sleep(0.5)
+            waited = not third.done()  # both replicas full: it waits
+            await streams[1].aclose()  # b's answer ends; a's goes on
+            async with asyncio.timeout(60):
+                last = await third
+            return first.target, second.target, waited, last.target
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            # The places given back, in the background, before this loop closes.
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            async with asyncio.timeout(20):
+                await asyncio.gather(*others, return_exceptions=True)
+
+    first, second, waited, last = async_to_sync(three)()
+    assert (first, second) == ("capped-a", "capped-b")
+    assert waited
+    assert last == "capped-b"  # the room at b, though a comes first in its order

@@ -2,6 +2,7 @@
 
     python manage.py bench_fairness [--streams 48] [--max-num-seqs 16] [--seconds 40]
         [--long-tokens 256] [--short-tokens 16] [--ttft 100] [--itl 20] [--processes 2]
+        [--engine simulator|vllm]
 
 Each run starts its own stack (a database of its own, the demo data, the simulator as the engine
 with `--max-num-seqs` sequences decoded at once, the gateway with `--processes` daphne processes
@@ -18,7 +19,9 @@ Per mode: the quiet tenant's TTFT p50/p99 (what its client sees), the engine's o
 second (its own counter) while the quiet tenant asks, and the noisy tenant's requests: started,
 completed, failed (the ones still going when the quiet tenant stops are waited for). The issue's
 targets: quiet p99 with admission ≤ 2× alone, throughput ≥ 0.95× of off, no noisy request lost.
-Figures, not a test: the machine is shared, so quote several runs.
+Figures, not a test: the machine is shared, so quote several runs. `--engine vllm`: the real vLLM
+(the bundled model, from an engine row's argv with `--max-num-seqs`) instead of the simulator;
+--ttft and --itl are then its own.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarks import engine, fairness
+from benchmarks.engines import bundled_vllm_fields
 from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.stats import percentile
 from benchmarks.users import bench_api_key
@@ -51,6 +55,7 @@ class Command(BaseCommand):
         parser.add_argument("--ttft", type=float, default=100.0, help="the simulator's, ms")
         parser.add_argument("--itl", type=float, default=20.0, help="the simulator's, ms")
         parser.add_argument("--processes", type=int, default=2, help="daphne processes")
+        parser.add_argument("--engine", choices=("simulator", "vllm"), default="simulator")
         parser.add_argument("--modes", default=",".join(MODES))
         parser.add_argument("--log-dir", type=Path, help="keep the processes' logs there")
 
@@ -67,9 +72,14 @@ class Command(BaseCommand):
         if min(o["streams"], o["max_num_seqs"], o["processes"]) < 1 or o["seconds"] <= 0:
             raise CommandError("--streams, --max-num-seqs, --processes and --seconds must be > 0")
         name = f"bench_fairness_{settings.DATABASES['default']['NAME']}"
+        timing = (
+            f"TTFT {o['ttft']:g} ms, ITL {o['itl']:g} ms"
+            if o["engine"] == "simulator"
+            else "its own"
+        )
         self.out(
-            f"simulator: max-num-seqs {o['max_num_seqs']}, TTFT {o['ttft']:g} ms, ITL "
-            f"{o['itl']:g} ms; noisy: {o['streams']} streams of {o['long_tokens']} tokens; quiet: "
+            f"{o['engine']}: max-num-seqs {o['max_num_seqs']}, {timing}; noisy: {o['streams']} "
+            f"streams of {o['long_tokens']} tokens; quiet: "
             f"one question of {o['short_tokens']} tokens at a time; {o['processes']} daphne "
             f"processes; {o['seconds']:g} s per mode"
         )
@@ -98,6 +108,11 @@ class Command(BaseCommand):
             name=name,
             sim_args=engine.simulator_args(
                 max_num_seqs=o["max_num_seqs"], ttft=o["ttft"], itl=o["itl"]
+            ),
+            engine_fields=(
+                bundled_vllm_fields(max_num_seqs=o["max_num_seqs"])
+                if o["engine"] == "vllm"
+                else None
             ),
             gateway_extra={
                 "CHAT_RATE_LIMIT": "1000000",
