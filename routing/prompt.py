@@ -263,8 +263,9 @@ class History(list[dict]):
     question with the KB passages it was sent with (question_message), so the next turn starts
     with the whole of the last one's prompt. `plain` holds the same messages with the questions
     as their text, for a rule that does not replay passages (RoutingRule.replay_passages): one
-    message for one, so the window's cut falls alike. Everything else reads the replayed
-    messages; their estimate is the larger, so a reservation never falls short of either."""
+    message for one, so the messages a cut drops count alike. Everything else (the spend
+    estimate, the replica's affinity) reads the replayed messages: their estimate is the larger,
+    so a reservation never falls short of either."""
 
     def __init__(self, replayed: Iterable[dict], plain: Iterable[dict]):
         super().__init__(replayed)
