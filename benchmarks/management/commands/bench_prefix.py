@@ -26,7 +26,7 @@ they replayed the passages) and through the chat API's stored sessions (each ear
 replayed with its passages), the engine's prefix cache emptied before each (vLLM's dev-mode
 /reset_prefix_cache). Then, for `/v1`, the layouts of the passages compared on the engine itself
 (benchmarks.prefix.LAYOUTS). `--block-size`: the engine's KV block, the unit of its prefix cache
-(vLLM on CPU: 128 unless set).
+(vLLM on CPU: inference_ops.engine_command.CPU_BLOCK_SIZE unless set; vLLM's own is 128).
 
 `--throughput`: the engine alone as `make run` runs it (VLLM_ENGINE_MAX_SEQS, _CONTEXT,
 _KV_CACHE_MB; `--block-size` on its command line when given), no gateway: after a warm-up,
