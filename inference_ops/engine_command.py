@@ -15,7 +15,6 @@ from inference_ops import cpu_engine, policy, vllm_engine
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineProcess
 
-
 # vLLM's CPU backend keeps its KV cache in blocks of 128 tokens unless told otherwise; the prefix
 # cache reuses whole blocks only, so a turn's last partial block (at 128 tokens, most of a short
 # conversation turn's new text) is computed again by the next turn. 32 is the smallest block its
