@@ -333,3 +333,82 @@ async def layouts_compare(
     finally:
         await client.close()
     return results
+
+
+@dataclass
+class Load:
+    """What the engine got through under a steady load."""
+
+    seconds: float = 0.0
+    answered: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0  # as the engine counted them (usage)
+    completion_tokens: int = 0
+    queries: float = 0.0  # prefix-cache counters over the load, as for Conversations
+    hits: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prompt and answer tokens a second: what the engine computed, both phases."""
+        return (self.prompt_tokens + self.completion_tokens) / self.seconds if self.seconds else 0
+
+    @property
+    def completion_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds else 0.0
+
+
+def load_prompt(index: int, repeats: int) -> str:
+    """A prompt of its own: its first words are the request's number, so no two share a KV block
+    and the prefix cache gives nothing; then `repeats` times the shop's policies (about 80 tokens
+    each)."""
+    return f"Case {index}. Read the policies, then answer.\n\n{_POLICY * repeats}Which applies?"
+
+
+async def engine_load(
+    *,
+    engine_url: str,
+    model: str,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    repeats: int = 6,
+    first: int = 0,
+) -> Load:
+    """`requests` prompts of their own (load_prompt, numbered from `first`) sent to the engine
+    itself, `concurrency` at once, each answer run to `max_tokens` (vLLM's `ignore_eos`): the
+    engine's throughput where the prefix cache has nothing to give, so what its KV block's size
+    costs the computation shows alone."""
+    client = openai.AsyncOpenAI(
+        base_url=f"{engine_url}/v1", api_key="-", max_retries=0, timeout=600
+    )
+    result = Load()
+    numbers = iter(range(first, first + requests))
+
+    async def worker() -> None:
+        for index in numbers:
+            try:
+                reply = await client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": load_prompt(index, repeats)}],
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    extra_body={"ignore_eos": True},
+                )
+            except openai.APIError:
+                result.failed += 1
+                continue
+            result.answered += 1
+            if reply.usage is not None:
+                result.prompt_tokens += reply.usage.prompt_tokens
+                result.completion_tokens += reply.usage.completion_tokens
+
+    before = await asyncio.to_thread(engine_counters, engine_url)
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    result.seconds = time.perf_counter() - started
+    after = await asyncio.to_thread(engine_counters, engine_url)
+    result.queries, result.hits = after[0] - before[0], after[1] - before[1]
+    return result

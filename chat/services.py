@@ -27,7 +27,7 @@ from chat.models import ChatSession, Message
 from core import db, rawsql, slots
 from core import redis as core_redis
 from core.text import text_problem
-from routing.prompt import question_message
+from routing.prompt import History, question_message
 from spend.ledger import outage_lets_through
 
 logger = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class TurnStart:
     session_id: int
     title: str
     assistant_id: int
-    history: list[dict]  # earlier turns for the prompt, oldest first
+    history: list[dict]  # earlier turns for the prompt, oldest first (a History when stored)
     groups: frozenset[str]  # the user's group names, for the routing rules
     question_id: int | None = None  # the stored question
     question: str = ""  # its text, when the turn answers a stored question again (turn_redo_start)
@@ -285,15 +285,21 @@ def _turn_start_statement(
             f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
             "RETURNING id, title"
         )
+    # The session's messages a prompt may hold (the current versions, finished, with text): the
+    # last CHAT_HISTORY_TURNS of them, and how many there are, for the stepped cut
+    # (history_start).
+    replayable = (
+        f"FROM {message} WHERE session_id = %(sid)s "
+        "AND status <> %(streaming)s AND content <> '' AND NOT superseded"
+    )
     earlier = (
-        f"SELECT role, content, context, created_at, id FROM {message} "
-        "WHERE session_id = %(sid)s "
-        "AND status <> %(streaming)s AND content <> '' AND NOT superseded "
+        f"SELECT role, content, context, created_at, id {replayable} "
         "ORDER BY created_at DESC, id DESC LIMIT %(turns)s"
         if read_history
         else "SELECT NULL::text AS role, NULL::text AS content, NULL::text AS context, "
         "NULL::timestamptz AS created_at, NULL::bigint AS id WHERE false"
     )
+    total = f"(SELECT count(*) {replayable})" if read_history else "0"
     sql = f"""
         WITH s AS ({the_session}),
         h AS ({earlier}),
@@ -312,7 +318,8 @@ def _turn_start_statement(
             ARRAY({rawsql.user_groups("%(user)s")}),
             ARRAY(SELECT role FROM h ORDER BY created_at, id),
             ARRAY(SELECT content FROM h ORDER BY created_at, id),
-            ARRAY(SELECT context FROM h ORDER BY created_at, id)
+            ARRAY(SELECT context FROM h ORDER BY created_at, id),
+            {total}
         FROM s
     """
     return sql, params
@@ -342,29 +349,58 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     ]
 
 
-def history_replay(rows: Iterable[tuple[str, str, str]]) -> list[dict]:
+def history_start(total: int) -> int:
+    """Where a prompt's history starts among a session's `total` earlier messages: all of them up
+    to CHAT_HISTORY_TURNS, then from a point that moves in steps of half that many.
+
+    The last CHAT_HISTORY_TURNS alone would move the prompt's start at every turn once the
+    conversation is that long, and the engine's prefix cache would hold nothing of the next
+    turn but the system prompt. Cut at a multiple of the step, the start stays put while the
+    conversation grows by up to a step, the turns meanwhile share their whole prompt start;
+    between half and all of CHAT_HISTORY_TURNS are sent (routing.prompt trims for the window
+    the same way)."""
+    turns = settings.CHAT_HISTORY_TURNS
+    if total <= turns:
+        return 0
+    step = max(1, turns // 2)
+    return -(-(total - turns) // step) * step
+
+
+def history_replay(rows: Iterable[tuple[str, str, str]]) -> History:
     """The earlier turns (role, text, passages), oldest first, as the engine got them: each
     question with the KB passages it was sent with, laid out as routing.prompt lays out a
     question, so a turn's prompt starts byte for byte as the last one did and the engine finds
     it in its prefix cache. A question sent without passages, or stored before they were kept,
-    replays as its text."""
-    return [
-        question_message({"role": role, "content": text}, context or "")
-        for role, text, context in rows
-    ]
+    replays as its text. The plain form (the questions as their text) goes along, for a rule
+    that does not replay passages."""
+    rows = list(rows)
+    plain = [{"role": role, "content": text} for role, text, _ in rows]
+    return History(
+        (
+            question_message(message, context or "")
+            for message, (_, _, context) in zip(plain, rows, strict=True)
+        ),
+        plain,
+    )
+
+
+def _kept(rows: list, total: int) -> list:
+    """Of the last CHAT_HISTORY_TURNS of a session's `total` earlier messages (oldest first),
+    those from history_start on."""
+    return rows[max(0, len(rows) - (total - history_start(total))) :]
 
 
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
-    sid, title, assistant_id, question_id, groups, roles, contents, contexts = row
+    sid, title, assistant_id, question_id, groups, roles, contents, contexts, total = row
     if history is None:
-        history = history_replay(zip(roles, contents, contexts, strict=True))
+        history = history_replay(_kept(list(zip(roles, contents, contexts, strict=True)), total))
     return TurnStart(
         session_id=sid,
         title=title,
         assistant_id=assistant_id,
-        history=list(history),
+        history=history,
         groups=frozenset(groups),
         question_id=question_id,
     )
@@ -428,20 +464,24 @@ def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
             version_of_id=answer.version_of_id or answer.pk,
         )
         session.save(update_fields=["updated_at"])
-        earlier = (
+        replayable = (
             session.messages.filter(superseded=False, created_at__lte=question.created_at)
             .exclude(pk__in=[question.pk, new_answer.pk])
             .exclude(status=Message.Status.STREAMING)
             .exclude(content="")
-            .order_by("-created_at", "-pk")
-            .values_list("role", "content", "context")[: settings.CHAT_HISTORY_TURNS]
         )
+        earlier = list(
+            replayable.order_by("-created_at", "-pk").values_list("role", "content", "context")[
+                : settings.CHAT_HISTORY_TURNS
+            ]
+        )[::-1]
+        earlier = _kept(earlier, replayable.count())
         groups = frozenset(user.groups.values_list("name", flat=True))
     return TurnStart(
         session_id=session.pk,
         title=session.title,
         assistant_id=new_answer.pk,
-        history=history_replay(reversed(earlier)),
+        history=history_replay(earlier),
         groups=groups,
         question_id=question.pk,
         question=question.content,

@@ -15,6 +15,13 @@ from inference_ops import cpu_engine, policy, vllm_engine
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineProcess
 
+# vLLM's CPU backend keeps its KV cache in blocks of 128 tokens unless told otherwise; the prefix
+# cache reuses whole blocks only, so a turn's last partial block (at 128 tokens, most of a short
+# conversation turn's new text) is computed again by the next turn. 32 is the smallest block its
+# optimized kernels take (a multiple of 32); a row that names its own keeps it.
+# docs/local-engine.md#the-kv-block-on-the-cpu
+CPU_BLOCK_SIZE = 32
+
 
 def _flag(args: list[str], name: str, value) -> None:
     if value not in (None, ""):
@@ -71,6 +78,8 @@ def command_line(engine: EngineProcess) -> list[str]:
                     "run `python manage.py vllm_engine_build`"
                 )
             _, model, *rest = vllm_arguments(engine)
+            if not any(arg.split("=", 1)[0] == "--block-size" for arg in rest):
+                rest += ["--block-size", str(CPU_BLOCK_SIZE)]
             if cpu_engine.is_bundled(model) and not engine.served_model_name:
                 rest = [
                     *rest[:4],

@@ -110,6 +110,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
                     "pin_named",
                     "system_prompt",
                     "use_kb_context",
+                    "replay_passages",
                     "context_k",
                     "max_tokens",
                     "temperature",

@@ -91,6 +91,15 @@ class RoutingRule(models.Model):
     )
     system_prompt = models.TextField(blank=True)
     use_kb_context = models.BooleanField(default=True)
+    replay_passages = models.BooleanField(
+        "replay earlier questions with their passages",
+        default=True,
+        help_text="On: in a conversation the gateway keeps (the chat page, the chat API), each "
+        "earlier question is sent again with the KB passages it was sent with, so the prompt "
+        "starts as the last turn's did and the engine reuses its prefix cache; the prompt is "
+        "longer. Off: earlier questions as their text, a shorter prompt the cache serves only "
+        "up to the first question.",
+    )
     context_k = models.PositiveIntegerField(default=4, validators=[MaxValueValidator(20)])
     max_tokens = models.PositiveIntegerField(
         null=True,

@@ -25,6 +25,7 @@ import json
 import math
 import re
 import string
+from collections.abc import Iterable
 from itertools import islice, repeat
 from pathlib import Path
 
@@ -257,6 +258,22 @@ def question_message(question: dict, passages: str) -> dict:
     return {**question, "content": content}
 
 
+class History(list[dict]):
+    """The earlier turns of a conversation the gateway keeps, as the engine got them: each
+    question with the KB passages it was sent with (question_message), so the next turn starts
+    with the whole of the last one's prompt. `plain` holds the same messages with the questions
+    as their text, for a rule that does not replay passages (RoutingRule.replay_passages): one
+    message for one, so the messages a cut drops count alike. Everything else (the spend
+    estimate, the replica's affinity) reads the replayed messages: their estimate is the larger,
+    so a reservation never falls short of either."""
+
+    def __init__(self, replayed: Iterable[dict], plain: Iterable[dict]):
+        super().__init__(replayed)
+        self.plain = list(plain)
+        if len(self.plain) != len(self):
+            raise ValueError("a replayed history and its plain form hold the same messages")
+
+
 # Over the window, the oldest history goes in steps of this share of its room: the cut falls
 # at the same message for every turn until the conversation has grown by another step.
 TRIM_STEP = 0.5
@@ -270,16 +287,20 @@ def build_messages(
     budget: int,
     passages: str = "",
     after: tuple[dict, ...] | list[dict] = (),
+    replay: bool = True,
 ) -> tuple[list[dict], int]:
     """Messages within `budget` tokens: system, the question (with its passages) and what
     follows it (tool calls and their results) always, then the history, all of it if it fits,
     else from a cut that moves in steps. Returns (messages, history messages dropped).
+    `replay` False: a kept conversation's earlier questions go as their text (History.plain).
 
     The cut: the tokens to drop rounded up to a multiple of the step (TRIM_STEP of the room),
     then the first message at which that many lie before it. A conversation's history only
     grows at its end, so the cut stays at one message while it grows by up to a step: the turns
     meanwhile share their whole prompt start, where dropping just enough would move it every
     turn."""
+    if not replay and isinstance(history, History):
+        history = history.plain
     head = [{"role": "system", "content": system}] if system else []
     tail = [question_message(question, passages)] if question is not None else []
     tail += after

@@ -100,6 +100,8 @@ class CompiledRule:
     chain: tuple[tuple[Target, ...], ...] = field(default_factory=tuple)  # by position
     broken: str = ""  # why the rule can never match (a regex written before RE2 was the engine)
     pin_named: bool = False  # a request naming a model gets no fallback
+    # Earlier questions of a stored conversation go with their passages (routing.prompt.History).
+    replay_passages: bool = True
 
     @functools.cached_property
     def intent_matrix(self) -> np.ndarray:
@@ -410,6 +412,7 @@ def snapshot_build() -> Snapshot:
                 temperature=rule.temperature,
                 chain=chain,
                 pin_named=rule.pin_named,
+                replay_passages=rule.replay_passages,
             )
         )
     targets_by_model: dict[str, Target] = {}

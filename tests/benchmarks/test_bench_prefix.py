@@ -77,3 +77,41 @@ def test_on_the_default_rule_stored_sessions_reuse_more_than_plain_history(
         f"layout {layout}, short system prompt"
         for layout in ("before the question", "after the question", "replayed")
     }, printed
+
+
+@pytest.mark.processes
+def test_the_throughput_mode_loads_the_engine_alone_with_prompts_the_cache_cannot_help(
+    test_database_url, child_env
+):
+    printed = manage(
+        child_env,
+        "bench_prefix",
+        "--throughput",
+        "--engine",
+        "simulator",
+        "--block-size",
+        "32",
+        "--requests",
+        "12",
+        "--concurrency",
+        "4",
+        "--rounds",
+        "2",
+        "--max-tokens",
+        "8",
+        timeout=280,
+    )
+    rounds = re.findall(
+        r"round \d: 12 answered, 0 failed in [\d.]+ s: \d+ tokens/s \((\d+) prompt \+ (\d+) "
+        r"answer\), [\d.]+ answer tokens/s; prefix cache hits ([\d.]+)",
+        printed,
+    )
+    assert len(rounds) == 2, printed
+    for prompt, answer, hits in rounds:
+        # Every answer runs to its ceiling, and no prompt finds another's blocks.
+        assert int(answer) == 12 * 8 and int(prompt) > 12 * 32
+        assert float(hits) == 0
+    assert re.search(
+        r"throughput, block 32, 4 at once, median of 2: \d+ tokens/s, [\d.]+ answer tokens/s",
+        printed,
+    ), printed

@@ -204,3 +204,37 @@ def test_questions_stored_without_passages_still_replay_as_their_text(
     stored = Message.objects.filter(session=session, role="user").order_by("created_at", "pk")
     assert [bool(m.context) for m in stored] == [False, True]
     assert sent[3]["content"] == f"{stored[1].context}\n\n{QUESTIONS[1]}"
+
+
+# Strict: it fails the day the pipeline passes the switch, to be taken off then.
+@pytest.mark.xfail(
+    strict=True,
+    reason="routing/pipeline.py does not pass the rule's replay_passages to build_messages yet",
+)
+def test_a_rule_that_does_not_replay_passages_sends_the_earlier_questions_as_their_text(
+    asgi_server, alice_key, engine, kb
+):
+    rule(
+        "default",
+        endpoint("stub", url=f"{engine.url}/v1", model="quick"),
+        is_default=True,
+        use_kb_context=True,
+        context_k=2,
+        replay_passages=False,
+    )
+    passages_reach(
+        asgi_server,
+        alice_key,
+        lambda _: "<passage " in engine.received[-1]["messages"][-1]["content"],
+    )
+    before = len(engine.received)
+    _, answers = converse(asgi_server, alice_key, QUESTIONS[:2])
+    first, second = (body["messages"] for body in engine.received[before:])
+    # Each question still goes with its passages, and they are kept...
+    assert "<passage " in first[-1]["content"] and "<passage " in second[-1]["content"]
+    # ...but the next turn sends the earlier question as the user wrote it: a shorter prompt
+    # whose cached start ends at that question.
+    assert second[1:3] == [
+        {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": answers[0]["content"]},
+    ]

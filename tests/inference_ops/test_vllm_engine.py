@@ -73,7 +73,23 @@ def test_with_no_vllm_executable_the_engine_venv_serves_the_row_with_the_model_a
         "--max-num-seqs",
         "8",
         "--enable-prefix-caching",
+        # The CPU's KV block, smaller than vLLM's CPU default, for the prefix cache.
+        "--block-size",
+        str(engine_command.CPU_BLOCK_SIZE),
     ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("own", [["--block-size", "128"], ["--block-size=64"]])
+def test_a_row_that_names_its_block_size_keeps_it(settings, tmp_path, own):
+    settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
+    settings.VLLM_EXECUTABLE = "project"
+    _venv(tmp_path, complete=True)
+    engine = _engine()
+    engine.extra_args = own
+    argv = engine_command.command_line(engine)
+    assert argv[-len(own) :] == own
+    assert sum(arg.split("=")[0] == "--block-size" for arg in argv) == 1
 
 
 @pytest.mark.django_db

@@ -137,3 +137,69 @@ def test_trimming_a_replayed_conversation_drops_whole_turns_with_their_passages(
         assert [m["role"] for m in history] == ["user", "assistant"] * (len(history) // 2)
         number = history[0]["content"].split("question ")[1][:2]
         assert f'id="KB#{int(number)}"' in history[0]["content"]
+
+
+def test_a_rule_that_does_not_replay_passages_sends_earlier_questions_as_their_text():
+    from chat.services import history_replay
+
+    system = system_message("Be brief.", with_passages=True)
+    first = passages_block([passage(1, "Refunds take 5 days.")])
+    history = history_replay([("user", "question 0", first), ("assistant", "answer 0", "")])
+    question = {"role": "user", "content": "question 1"}
+    now = passages_block([passage(2, "Shipping takes 2 days.")])
+
+    replayed, _ = build_messages(
+        system=system, history=history, question=question, budget=4000, passages=now
+    )
+    plain, _ = build_messages(
+        system=system, history=history, question=question, budget=4000, passages=now, replay=False
+    )
+
+    assert replayed[1] == {"role": "user", "content": f"{first}\n\nquestion 0"}
+    assert plain[1] == {"role": "user", "content": "question 0"}
+    # Only the earlier question differs: this question still goes with its passages.
+    assert plain[0] == replayed[0] and plain[2:] == replayed[2:]
+    assert plain[-1]["content"] == f"{now}\n\nquestion 1"
+
+
+def test_a_clients_own_history_goes_as_sent_whatever_the_rule_replays():
+    # /v1 sends its history itself: no plain form to fall back on, nothing taken out.
+    history = [
+        {"role": "user", "content": "<passage>my own notes</passage> question 0"},
+        {"role": "assistant", "content": "answer 0"},
+    ]
+    question = {"role": "user", "content": "question 1"}
+    for replay in (True, False):
+        messages, _ = build_messages(
+            system="", history=history, question=question, budget=4000, replay=replay
+        )
+        assert messages == [*history, question]
+
+
+def test_the_plain_history_is_cut_at_a_user_turn_like_the_replayed_one():
+    from chat.services import history_replay
+
+    rows = []
+    for turn in range(30):
+        block = passages_block([passage(turn, f"fact {turn} " + "blah " * 30)])
+        rows += [("user", f"question {turn:02d}", block), ("assistant", f"answer {turn:02d}", "")]
+    history = history_replay(rows)
+    question = {"role": "user", "content": "question 30"}
+    budget = 20 * message_tokens({"content": "blah " * 40})
+    for replay in (True, False):
+        messages, dropped = build_messages(
+            system="Be brief.", history=history, question=question, budget=budget, replay=replay
+        )
+        assert sum(map(message_tokens, messages)) <= budget
+        assert messages[1]["role"] == "user"
+        assert messages[1]["content"].endswith(f"question {dropped // 2:02d}")
+    # The plain questions are shorter: more of the conversation fits.
+    kept = {
+        replay: len(
+            build_messages(
+                system="Be brief.", history=history, question=question, budget=budget, replay=replay
+            )[0]
+        )
+        for replay in (True, False)
+    }
+    assert kept[False] > kept[True]

@@ -1,6 +1,7 @@
 """Rule conditions, priority, default, canary weights, validation, explain."""
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -13,7 +14,7 @@ from knowledge.services import entry_create
 from routing import breaker
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
-from routing.rules import Context, query_vector, snapshot
+from routing.rules import Context, query_vector, snapshot, snapshot_build
 from routing.validation import rule_validate
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule
@@ -225,6 +226,35 @@ def test_the_admin_refuses_a_rule_that_names_a_key_by_its_own_name(admin_client,
     from routing.models import RoutingRule
 
     assert not RoutingRule.objects.exists()
+
+
+def test_a_rule_replays_passages_unless_the_admin_switches_it_off(admin_client, local_sim):
+    local = endpoint("local", local_sim)
+    rule("default", local, is_default=True)
+    form = admin_client.get("/admin/routing/routingrule/add/").content.decode()
+    assert re.search(r'<input[^>]*name="replay_passages"[^>]*checked', form), "on by default"
+    response = admin_client.post(
+        "/admin/routing/routingrule/add/",
+        {
+            "name": "short-prompts",
+            "priority": 1,
+            "active": "on",
+            "action": "generate",
+            "intent_threshold": 0.6,
+            "context_k": 4,
+            "use_kb_context": "on",
+            "keywords": "refund",
+            "targets-TOTAL_FORMS": 1,
+            "targets-INITIAL_FORMS": 0,
+            "targets-0-position": 1,
+            "targets-0-endpoint": local.pk,
+            "targets-0-weight": 100,
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+
+    compiled = {r.name: r.replay_passages for r in snapshot_build().rules}
+    assert compiled == {"short-prompts": False, "default": True}
 
 
 def test_a_rule_change_is_seen_by_the_next_request(local_sim, django_capture_on_commit_callbacks):

@@ -2,6 +2,8 @@
 
     python manage.py bench_prefix [--conversations 4] [--turns 4] [--max-tokens 16]
         [--engine vllm|simulator] [--only on|off] [--rule long|default] [--block-size N]
+    python manage.py bench_prefix --throughput [--block-size N] [--requests 48]
+        [--concurrency 8] [--rounds 3] [--max-tokens 64] [--engine vllm|simulator]
 
 Multi-turn conversations on one rule whose system prompt is about a thousand tokens
 (benchmarks.prefix), asked through `/v1` turn after turn as a client does, conversations side by
@@ -24,13 +26,24 @@ they replayed the passages) and through the chat API's stored sessions (each ear
 replayed with its passages), the engine's prefix cache emptied before each (vLLM's dev-mode
 /reset_prefix_cache). Then, for `/v1`, the layouts of the passages compared on the engine itself
 (benchmarks.prefix.LAYOUTS). `--block-size`: the engine's KV block, the unit of its prefix cache
-(vLLM on CPU: 128 unless set).
+(vLLM on CPU: inference_ops.engine_command.CPU_BLOCK_SIZE unless set; vLLM's own is 128).
+
+`--throughput`: the engine alone as `make run` runs it (VLLM_ENGINE_MAX_SEQS, _CONTEXT,
+_KV_CACHE_MB; `--block-size` on its command line when given), no gateway: after a warm-up,
+`--rounds` rounds of `--requests` prompts of their own (no two share a block, so the prefix cache
+gives nothing and the block's own cost shows), `--concurrency` at once, each answer run to
+`--max-tokens`. Per round and the median: prompt and answer tokens a second, answer tokens a
+second. Compare block sizes by running it once per size, interleaved.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
+import statistics
+import tempfile
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -56,6 +69,14 @@ class Command(BaseCommand):
             "run's default rule with KB passages, /v1 against stored sessions, and the layouts",
         )
         parser.add_argument("--block-size", type=int, help="the engine's KV block, in tokens")
+        parser.add_argument(
+            "--throughput",
+            action="store_true",
+            help="the engine's throughput alone, as make run runs it (see the module docstring)",
+        )
+        parser.add_argument("--requests", type=int, default=48, help="--throughput: per round")
+        parser.add_argument("--concurrency", type=int, default=8, help="--throughput: at once")
+        parser.add_argument("--rounds", type=int, default=3, help="--throughput: rounds")
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -70,6 +91,15 @@ class Command(BaseCommand):
             raise CommandError("--turns must be at least 2: the later turns are the point")
         name = f"bench_prefix_{settings.DATABASES['default']['NAME']}"
         runs = {}
+        if o["throughput"]:
+            if min(o["requests"], o["concurrency"], o["rounds"]) < 1:
+                raise CommandError("every count must be at least 1")
+            try:
+                with stack_session(drop=name, say=self.out):
+                    self.run_throughput(name=name, **o)
+            except StackError as exc:
+                raise CommandError(str(exc)) from None
+            return
         if o["rule"] == "default":
             try:
                 with stack_session(drop=name, say=self.out):
@@ -252,3 +282,65 @@ class Command(BaseCommand):
                     self.out(f"  layout {layout}: refused by the engine: {outcome}")
                 else:
                     self.report(outcome, label=f"layout {layout}, short system prompt: ", **o)
+
+    def run_throughput(self, *, name: str, **o) -> None:
+        """The engine alone under a steady load of prompts the cache cannot help (see the module
+        docstring)."""
+        from benchmarks.engines import bundled_vllm_fields, engine_command, engine_run
+        from benchmarks.servers import simulator
+        from benchmarks.stack import database_prepare
+
+        database_prepare(name=name)  # the engine row's argv is built in it, then rolled back
+        extra = ["--block-size", str(o["block_size"])] if o["block_size"] else []
+        with tempfile.TemporaryDirectory(prefix=f"{name}_") as logs:
+            if o["engine"] == "vllm":
+                fields = bundled_vllm_fields(
+                    max_num_seqs=settings.VLLM_ENGINE_MAX_SEQS,
+                    max_model_len=settings.VLLM_ENGINE_CONTEXT,
+                    kv_cache_mb=settings.VLLM_ENGINE_KV_CACHE_MB,
+                )
+                fields["extra_args"] += extra
+                command = engine_command(fields=fields)
+                self.out(f"starting vLLM: {shlex.join(command.argv)}")
+                try:
+                    with engine_run(command=command, log_path=Path(logs) / "engine.log") as vllm:
+                        self.load_rounds(url=vllm.url, model=vllm.model, **o)
+                except RuntimeError as exc:
+                    raise CommandError(str(exc)) from None
+            else:
+                args = engine.simulator_args(
+                    max_num_seqs=settings.VLLM_ENGINE_MAX_SEQS, ttft=20, itl=10
+                )
+                with simulator(
+                    model="bench", args=[*args, *extra], log_path=Path(logs) / "simulator.log"
+                ) as url:
+                    self.load_rounds(url=url, model="bench", **o)
+
+    def load_rounds(self, *, url: str, model: str, **o) -> None:
+        load = {
+            "engine_url": url,
+            "model": model,
+            "concurrency": o["concurrency"],
+            "max_tokens": o["max_tokens"],
+        }
+        # The first requests compile and warm what the engine keeps: not measured.
+        asyncio.run(prefix.engine_load(requests=o["concurrency"], first=-o["concurrency"], **load))
+        rounds = []
+        for index in range(o["rounds"]):
+            result = asyncio.run(
+                prefix.engine_load(requests=o["requests"], first=index * o["requests"], **load)
+            )
+            rounds.append(result)
+            hits = f"{result.hits / result.queries:.3f}" if result.queries else "-"
+            self.out(
+                f"  round {index + 1}: {result.answered} answered, {result.failed} failed in "
+                f"{result.seconds:.1f} s: {result.tokens_per_s:.0f} tokens/s "
+                f"({result.prompt_tokens} prompt + {result.completion_tokens} answer), "
+                f"{result.completion_per_s:.1f} answer tokens/s; prefix cache hits {hits}"
+            )
+        block = o["block_size"] or "the engine's default"
+        self.out(
+            f"throughput, block {block}, {o['concurrency']} at once, median of {len(rounds)}: "
+            f"{statistics.median(r.tokens_per_s for r in rounds):.0f} tokens/s, "
+            f"{statistics.median(r.completion_per_s for r in rounds):.1f} answer tokens/s"
+        )
