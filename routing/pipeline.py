@@ -998,6 +998,7 @@ class _Attempt:
         messages, self.dropped = build_messages(
             system=plan.system,
             history=request.history,
+            replay=plan.rule is None or plan.rule.replay_passages,
             question=_question(request),
             budget=self.target.context_window - plan.max_tokens,
             passages=plan.context,

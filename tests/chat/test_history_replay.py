@@ -207,10 +207,6 @@ def test_questions_stored_without_passages_still_replay_as_their_text(
 
 
 # Strict: it fails the day the pipeline passes the switch, to be taken off then.
-@pytest.mark.xfail(
-    strict=True,
-    reason="routing/pipeline.py does not pass the rule's replay_passages to build_messages yet",
-)
 def test_a_rule_that_does_not_replay_passages_sends_the_earlier_questions_as_their_text(
     asgi_server, alice_key, engine, kb
 ):
