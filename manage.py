@@ -5,12 +5,15 @@ import sys
 
 def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
+    from config.bootstrap import process_setup
+
     try:
-        settings.INSTALLED_APPS  # noqa: B018 - load settings now, to report a bad environment plainly
+        # Development's servers and key with DEBUG on, then the settings read now, to report a bad
+        # environment plainly.
+        process_setup()
     except ImproperlyConfigured as exc:
         print(f"Configuration error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -6,9 +6,11 @@ before it listens, so a process takes no connection before it has loaded what a 
 
 import os
 
+from config.bootstrap import process_setup
 from config.handlers import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+process_setup()
 
 # Django must be set up before anything imports models (consumers, auth middleware).
 django_asgi_app = get_asgi_application()

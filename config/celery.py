@@ -1,4 +1,4 @@
-"""The Celery app. Its configuration is the CELERY_* block of config/settings.py.
+"""The Celery app. Its configuration is the CELERY_* names of config/settings/worker.py.
 
 Queues: `default`, `ops` (engine supervision; consumed only on the host that owns
 the GPU) and `embeddings` (KB vectors). The development worker consumes all three.
@@ -8,6 +8,9 @@ import os
 
 from celery import Celery
 from celery.signals import worker_init
+from django.core.exceptions import ImproperlyConfigured
+
+from config.bootstrap import process_setup
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -16,6 +19,17 @@ QUEUES = ("default", "ops", "embeddings")
 app = Celery("gateway")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@app.on_configure.connect
+def _process_setup(**kwargs):
+    # Before Celery reads the settings, which in a worker or beat is before Django sets up: the
+    # process prepares as every entry point does. Once per process (a web process has already).
+    try:
+        process_setup()
+    except ImproperlyConfigured as exc:
+        # SystemExit, not the exception: Celery logs a receiver's exceptions and goes on.
+        raise SystemExit(f"Configuration error: {exc}") from None
 
 
 def redelivery_problems(celery_app: Celery = app) -> list[str]:

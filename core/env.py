@@ -133,11 +133,13 @@ def _redact(url: str) -> str:
 redact_url = _redact
 
 
-def var_dir() -> Path:
+def var_dir(*, create: bool = True) -> Path:
     """The folder for the gateway's own files (`VAR_DIR`, default `var/` in the checkout): the
-    development secret key, engine logs, the embedded servers' data. Created if missing."""
+    development secret key, engine logs, the embedded servers' data. Created if missing, unless
+    `create` is off (the settings only name it)."""
     path = Path(
         os.environ.get("VAR_DIR") or Path(__file__).resolve().parent.parent / "var"
     ).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path

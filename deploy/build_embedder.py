@@ -16,6 +16,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 import django  # noqa: E402
 
+from config.bootstrap import process_setup  # noqa: E402
+
+process_setup()
 django.setup()
 
 from knowledge.embedding import E5_SMALL, EmbeddingSpec, embed_texts, embedder_for  # noqa: E402

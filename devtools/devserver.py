@@ -98,6 +98,9 @@ def prepare() -> dict[str, str]:
     import django
     from django.core.management import call_command
 
+    from config.bootstrap import process_setup
+
+    process_setup()  # the embedded servers and the development key, as manage.py does
     django.setup()
     from django.conf import settings
     from django.db import connections

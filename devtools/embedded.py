@@ -1,9 +1,11 @@
 """Embedded PostgreSQL (with pgvector) and Redis for development and tests.
 
 Production sets DATABASE_URL and REDIS_URL and never reaches this module's
-start-up code. Without them, settings call `postgres_url()` and `redis_url()`,
-which start the servers on first use and reuse them afterwards, so every
-`manage.py` command, `make run` and `make test` find the same data under var/.
+start-up code. Without them and with DEBUG on, the entry points call
+`postgres_url()` and `redis_url()` before the settings are read
+(config.bootstrap; the test settings do the same), which start the servers on
+first use and reuse them afterwards, so every `manage.py` command, `make run`
+and `make test` find the same data under var/.
 
 The servers are daemons in their own sessions: Ctrl-C in a terminal does not
 reach them. Long-lived users (`make run`, a test session) register as holders;

@@ -37,7 +37,12 @@ if not os.environ.get("REDIS_URL"):
 if not os.environ.get("DATABASE_URL"):
     os.environ["DATABASE_URL"] = embedded.postgres_url()
 
+from config.bootstrap import folders_make  # noqa: E402
 from config.settings import *  # noqa: E402,F403
+
+# What the entry points do before Django sets up (config.bootstrap), done here: pytest-django
+# loads these settings itself.
+folders_make(var=VAR_DIR, metrics=METRICS_DIR)  # noqa: F405 - from config.settings
 
 # Tests render templates without running collectstatic first.
 STORAGES = {

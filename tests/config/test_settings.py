@@ -1,3 +1,4 @@
+import os
 import secrets
 import subprocess
 import sys
@@ -5,6 +6,8 @@ import sys
 import pytest
 
 from config.settings import BASE_DIR
+from core.processes import free_port
+from devtools.embedded import redis_answers
 
 
 def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -102,3 +105,51 @@ def test_production_never_starts_an_embedded_server_of_its_own(production_env, v
     assert result.returncode == 2
     assert f"{variable} must be set when DEBUG is off" in result.stderr
     assert not (tmp_path / "pgdata").exists() and not (tmp_path / "redis").exists()
+
+
+_IMPORT = """
+import os
+from django.core.exceptions import ImproperlyConfigured
+try:
+    import config.settings
+    print("imported")
+except ImproperlyConfigured as exc:
+    print(exc)
+print("PROMETHEUS_MULTIPROC_DIR" in os.environ)
+"""
+
+
+@pytest.mark.parametrize("urls", [False, True], ids=["without URLs", "with URLs"])
+def test_importing_the_settings_starts_no_server_and_makes_nothing(tmp_path, urls):
+    """Importing the settings reads the environment and nothing else, in development too: the
+    embedded servers, the development key and the folders are the entry points' to make
+    (config.bootstrap)."""
+    var = tmp_path / "var"
+    redis_port = free_port()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "DEBUG": "true",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "VAR_DIR": str(var),
+        "EMBEDDED_REDIS_PORT": str(redis_port),
+    }
+    if urls:
+        env.update(DATABASE_URL="postgresql://127.0.0.1:1/x", REDIS_URL="redis://127.0.0.1:1/0")
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    said, named_metrics = result.stdout.splitlines()
+    if urls:
+        assert said == "imported"
+    else:
+        assert "DATABASE_URL must be set (with DEBUG on, manage.py and make run start" in said
+    assert named_metrics == "False"
+    assert not var.exists()
+    assert not redis_answers("127.0.0.1", redis_port)
