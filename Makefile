@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint lint-py lint-js engines stop install check-deploy clean audit
+.PHONY: run test test-fast lint lint-py lint-js lint-commits engines stop install check-deploy clean audit
 
 install: $(STAMP)
 
@@ -38,9 +38,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not browser and not processes and not engines and not torch" $(PYTEST_ARGS)
 
-# Lint, format and types (pyproject.toml), then the JavaScript (eslint.config.js). CI runs it
-# before the tests.
-lint: lint-py lint-js
+# Lint, format and types (pyproject.toml), the JavaScript (eslint.config.js), then the subjects
+# of the commits made since the rule came in (devtools/commit_subjects.py). CI runs it before the
+# tests; .pre-commit-config.yaml runs the same on each commit.
+lint: lint-py lint-js lint-commits
 
 lint-py: $(STAMP)
 	$(PY) -m ruff check .
@@ -49,6 +50,9 @@ lint-py: $(STAMP)
 
 lint-js: node_modules/.installed
 	node_modules/.bin/eslint .
+
+lint-commits: $(STAMP)
+	$(PY) -m devtools.commit_subjects
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
