@@ -37,7 +37,8 @@ from core.flight import SingleFlight
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# The cache's own encoding of a value (config/settings.py CACHES), to read a version on the loop.
+# The cache's own encoding of a value (CACHES in config/settings/databases.py), to read a version
+# on the loop.
 _SERIALIZER = JSONSerializer()
 
 # In check intervals: a read after AHEAD starts the next check in the background and goes on with

@@ -4,7 +4,7 @@ Runs in the vLLM venv (`<venv>/bin/python -m inference_ops.gguf_convert GGUF OUT
 app's: it needs that venv's transformers with `gguf` and `accelerate`, and imports nothing of
 Django. `inference_ops.vllm_engine.ensure_model()` runs it once per machine.
 
-What the conversion must mend, found by trying (issue 25):
+What the conversion must mend, found by trying:
 - transformers loads a GGUF dequantized (in float32 here, see below) but keeps a
   `quantization_config` marker saying "gguf"; vLLM would then look for a GGUF file. The weights
   saved are plain bf16, so the marker goes.

@@ -2,7 +2,7 @@
 config.metrics).
 
 Each process (every daphne, the Celery worker) keeps its counts in prometheus_client's
-multiprocess files in PROMETHEUS_MULTIPROC_DIR, which config.settings sets before any app
+multiprocess files in PROMETHEUS_MULTIPROC_DIR, which config.bootstrap sets before any app
 imports prometheus_client; /metrics adds up the files of every process of the host. A count is
 a few writes to memory: no query, no round trip, nothing per token.
 
@@ -312,7 +312,7 @@ def _process_exit() -> None:
 
 
 if values.ValueClass is values.MutexValue:
-    # Something imported prometheus_client before config.settings set the folder: this process
+    # Something imported prometheus_client before config.bootstrap set the folder: this process
     # counts in its own memory, which no scrape of the folder sees.
     logger.warning(
         "metrics: prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set; "

@@ -61,7 +61,7 @@ INSTALLED_APPS = [
     "spend",
     "chat",
     "observability",
-    "benchmarks",  # manage.py bench and bench_kb; no models, nothing at run time imports it
+    "benchmarks",  # the manage.py bench* commands; no models, nothing at run time imports it
 ]
 
 MIDDLEWARE = [

@@ -1,6 +1,6 @@
 """An answer cut because its engine died is finished by the same engine once its supervisor has
-started it again (issue 41, item 7, on the simulator; tests/inference_ops/test_vllm_continuation.py
-has it on the real vLLM). The continuation waits for the supervisor's word on the engine the
+started it again (on the simulator; tests/inference_ops/test_vllm_continuation.py has it on the
+real vLLM). The continuation waits for the supervisor's word on the engine the
 gateway reported gone, then for its start, within the endpoint's first-token budget, rather than
 failing on its closed port.
 

@@ -30,7 +30,7 @@ def field_errors(instance) -> dict[str, list[str]]:
     return caught.value.message_dict
 
 
-# --- hole 4: the variable an endpoint's key comes from --------------------------------------------
+# --- The variable an endpoint's key comes from ----------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "REDIS_URL", "HOME"])
@@ -100,7 +100,7 @@ def test_the_admin_form_names_the_rule(superuser_client):
     assert not ModelEndpoint.objects.filter(name="evil").exists()
 
 
-# --- hole 5: what an engine row may run -----------------------------------------------------------
+# --- What an engine row may run -------------------------------------------------------------------
 
 
 def test_an_engine_gets_a_clean_environment_without_the_gateways_secrets(monkeypatch):
@@ -202,7 +202,7 @@ def test_the_arguments_in_use_today_are_allowed(settings, kind, args):
     make_engine(kind=kind, extra_args=args).full_clean()
 
 
-# --- hole 12: flags and variables that reach the host's files or load code ------------------------
+# --- Flags and variables that reach the host's files or load code ---------------------------------
 
 
 FILES = "/srv/engine-files"
@@ -322,8 +322,8 @@ def test_an_engine_environment_refuses_variables_that_load_code_or_name_host_pat
     )
 
 
-# Issue 40's hole 7: these passed the old patterns (CUDA_*, OMP_*, TRITON_*, VLLM_*) and load code
-# or open what no engine of ours may serve.
+# These passed the engine environment's earlier patterns (CUDA_*, OMP_*, TRITON_*, VLLM_*) and load
+# code or open what no engine of ours may serve.
 CODE_LOADING = [
     ("CUDA_INJECTION64_PATH", "/tmp/libevil.so"),  # the CUDA runtime loads it into the engine
     ("CUDA_INJECTION32_PATH", "/tmp/libevil.so"),

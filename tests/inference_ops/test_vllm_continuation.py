@@ -1,4 +1,4 @@
-"""An answer cut mid-stream is finished by the real vLLM from where it was cut (issue 41, item 7).
+"""An answer cut mid-stream is finished by the real vLLM from where it was cut.
 
 The real engine is what these prove: it takes the partial answer as an assistant prefill
 (`continue_final_message`) and goes on with the tokens it would have given anyway, so the

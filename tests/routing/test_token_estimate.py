@@ -1,7 +1,7 @@
 """The gateway's token estimate (`routing.prompt.approx_tokens`) against a real tokenizer:
 Gemma 3's, the local engines' (built offline from the bundled GGUF). The estimate must never be
 under the real count, whatever the text: it is what a request reserves against its limits before
-the engine counts, and what the prompt is cut to fit the window by. Issue 40: at three characters
+the engine counts, and what the prompt is cut to fit the window by. Once, at three characters
 a token, 1,200 digits were estimated at 400 tokens and counted 1,200 (a digit is a token), emoji
 and some scripts at a third or a quarter of their count, and six such requests passed a limit
 together by a multiple. And it must not price English prose far above its count: a limit would

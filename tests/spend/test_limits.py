@@ -301,7 +301,7 @@ def test_a_local_engine_priced_by_its_time_costs_its_seconds_in_the_engine(
 def test_a_budget_priced_by_engine_time_reserves_the_time_and_refuses_once_spent(
     asgi_server, alice, alice_key, product
 ):
-    """Issue 40: a request to an endpoint priced per engine-second reserved no money (its time is
+    """A bug once: a request to an endpoint priced per engine-second reserved no money (its time is
     known only at its end), and the ledger checks a budget only for an amount above 0: every
     request went through a spent budget."""
     local = product["local"]
@@ -376,7 +376,7 @@ def silent():
 
 
 def test_an_answer_stopped_before_its_first_token_still_counts_its_prompt(alice, silent):
-    """Issue 40: the meter gave the whole reservation back when nothing was produced, though the
+    """A bug once: the meter gave the whole reservation back when nothing was produced, though the
     engine had read the prompt (an external API bills it): stop-every-answer traffic cost
     nothing."""
     held = endpoint(
