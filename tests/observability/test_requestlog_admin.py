@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from chat.apikeys import apikey_create
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from observability.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
 from observability.models import RequestLog
 from observability.requestlog import RequestRecord, partition_ensure, request_flush, request_note
