@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from chat.apikeys import apikey_create
 from knowledge.services.entries import entry_create
-from observability.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
+from observability.admin import CountOrEstimatePaginator
+from observability.export import EXPORT_COLUMNS
 from observability.models import RequestLog
 from observability.requestlog import RequestRecord, partition_ensure, request_flush, request_note
 from tests.support.personas import client_of
