@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 from knowledge.models import Entry
 from knowledge.selectors import direct_answer
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 
 # --- the synthetic KB ---------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ def demo_setup(
     from inference_ops import demo as engine_demo
     from inference_ops.models import ModelEndpoint
     from knowledge.demo import demo_kb_load
-    from knowledge.services import embedding_model_ensure
+    from knowledge.services.vectors import embedding_model_ensure
     from routing.demo import demo_rules_ensure
 
     # What LOCAL_VLLM_URL and LOCAL_VLLM_MODEL do for seed_demo, for this run's simulator.

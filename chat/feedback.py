@@ -22,7 +22,7 @@ from django.db import transaction
 from chat.exceptions import AnswerNotFinished, SessionNotFound
 from chat.models import Message
 from knowledge.models import Feedback
-from knowledge.services import feedback_record
+from knowledge.services.verdicts import feedback_record
 
 _PREFIX = "chatcmpl-"
 _SIGNATURE_CHARS = 16  # 64 bits of HMAC-SHA256: a forgery is a guess in 2**64
@@ -70,8 +70,8 @@ def feedback_give(
 ) -> Feedback | None:
     """Keep `user`'s verdict on the answer `request_key` and show it on its stored message, if
     there is one; the verdict kept (None when taken back). `reviewable`: False for an answer known
-    to be a model's (knowledge.services.feedback_record). Raises EntryInvalid for a verdict or
-    comment it cannot keep."""
+    to be a model's (knowledge.services.verdicts.feedback_record). Raises EntryInvalid for a verdict
+    or comment it cannot keep."""
     with transaction.atomic():
         row = feedback_record(
             request_key=request_key,

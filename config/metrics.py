@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from core.errors import unavailable
 from inference_ops import admission
 from inference_ops.models import EngineProcess, ModelEndpoint
-from observability.selectors import budgets
+from observability.selectors.spending import budgets
 from routing import breaker
 
 logger = logging.getLogger(__name__)

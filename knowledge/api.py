@@ -9,9 +9,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.fields import TextField
-from knowledge import services
 from knowledge.models import Entry
 from knowledge.selectors import context_passages, direct_answer
+from knowledge.services.entries import entry_create, entry_delete, entry_update
 
 MAX_QUERY_CHARS = 2000
 
@@ -63,8 +63,8 @@ class EntrySerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        # Review ends only by activating the entry (knowledge.services.entry_update), never by a
-        # write of its own.
+        # Review ends only by activating the entry (knowledge.services.entries.entry_update), never
+        # by a write of its own.
         read_only_fields = [
             "id",
             "needs_review",
@@ -115,7 +115,7 @@ class EntryListView(APIView):
     def post(self, request):
         serializer = EntrySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        entry = services.entry_create(**serializer.validated_data, author=request.user)
+        entry = entry_create(**serializer.validated_data, author=request.user)
         return Response(EntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
 
@@ -138,12 +138,12 @@ class EntryDetailView(APIView):
         entry = get_object_or_404(Entry, pk=pk)
         serializer = EntrySerializer(entry, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
-        entry = services.entry_update(entry=entry, **serializer.validated_data)
+        entry = entry_update(entry=entry, **serializer.validated_data)
         return Response(EntrySerializer(entry).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request, pk):
-        services.entry_delete(entry=get_object_or_404(Entry, pk=pk))
+        entry_delete(entry=get_object_or_404(Entry, pk=pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

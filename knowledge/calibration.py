@@ -1,12 +1,12 @@
 """Calibration of the direct answer: labelled questions through the live matcher, swept across
 operating points.
 
-The questions come from a labelled file, or from traffic (`traffic_read`): the direct answers and
-the misses of the last days, with the vectors their requests computed and the verdicts people gave
-(the users' thumbs and the curators' reviews; a miss a curator attached to an entry or dismissed).
-A verdict counts once per person and question, and a curator's decides its question
-(`verdicts_per_person`); a curator's verdict on a missed question counts once. Traffic that no one
-judged counts in the hit rate, not in precision or recall.
+The questions come from a labelled file, or from traffic (`knowledge.calibration_traffic`): the
+direct answers and the misses of the last days, with the vectors their requests computed and the
+verdicts people gave (the users' thumbs and the curators' reviews; a miss a curator attached to an
+entry or dismissed). A verdict counts once per person and question, and a curator's decides its
+question (`verdicts_per_person`); a curator's verdict on a missed question counts once. Traffic
+that no one judged counts in the hit rate, not in precision or recall.
 
 Each question is matched once, by the same statements and guards that serve `/v1`
 (`knowledge.selectors`): an exact match (or a typo of a phrasing) decides by itself; otherwise the
@@ -20,35 +20,28 @@ Precision counts the direct answers that are the expected entry; recall counts t
 questions (those with an expected entry) answered with it. A wrong direct answer is worse than
 none, so the recommended point is the one with the best recall among those that reach the target
 precision, and among equals the strictest.
+
+A run is kept, and its point applied, by `knowledge.services.calibrations`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
 
 import numpy as np
-from django.db import transaction
-from django.db.models import OuterRef, Subquery
-from django.utils import timezone
 
 from knowledge.exceptions import EntryInvalid
-from knowledge.models import Calibration, EmbeddingModel, Entry, Feedback, Hit, Miss
+from knowledge.models import EmbeddingModel, Entry
 from knowledge.normalize import normalize
 from knowledge.selectors import (
     exact_match,
     faq_matches,
     serving_model,
-    serving_model_forget,
     typo_match,
 )
 from knowledge.verdict import guards_refusal
-
-logger = logging.getLogger(__name__)
 
 KINDS = ("exact", "paraphrase", "cross_lingual", "near_miss", "out_of_domain")
 # The grid: thresholds across the scales of the models we ship (E5's is compressed near 1),
@@ -348,219 +341,3 @@ def calibrate(
             elif got is None and ev.item.judged and ev.item.expected is not None:
                 result.missed.append(row)
     return result
-
-
-def calibration_save(result: Result, *, source: str, apply: bool = False) -> Calibration:
-    """Keep the run for the admin's chart; with `apply`, the chosen point becomes the model's."""
-    run = Calibration.objects.create(
-        model=result.model,
-        source=source[:200],
-        target=result.target,
-        questions=len(result.evidence),
-        answerable=result.answerable,
-        threshold=result.chosen.threshold if result.chosen else None,
-        margin=result.chosen.margin if result.chosen else None,
-        precision=result.chosen.precision if result.chosen else None,
-        recall=result.chosen.recall if result.chosen else None,
-        hit_rate=result.chosen.hit_rate if result.chosen else None,
-        curve=[
-            [p.threshold, p.margin, round(p.precision, 4), round(p.recall, 4)]
-            for p in curve(result.points, result.target)
-        ],
-        wrong=result.wrong[:200],
-        by_kind=result.by_kind(),
-    )
-    if apply and result.chosen is not None:
-        run = calibration_apply(run_id=run.pk)
-    return run
-
-
-def calibration_apply(*, run_id: int, by=None) -> Calibration:
-    """The run's recommended point becomes its model's own threshold and margin, logged with who
-    applied it (`by`: a user, None for the command line). Raises EntryInvalid for a run that
-    reached no point at its target precision."""
-    with transaction.atomic():
-        run = Calibration.objects.select_for_update().get(pk=run_id)
-        if run.threshold is None or run.margin is None:
-            raise EntryInvalid(
-                {
-                    "calibration": f"calibration #{run.pk} reached no operating point at precision "
-                    f"{run.target:.2f}: there is nothing to apply"
-                }
-            )
-        model = EmbeddingModel.objects.select_for_update().get(pk=run.model_id)
-        before = (model.threshold, model.margin)
-        EmbeddingModel.objects.filter(pk=run.model_id).update(
-            direct_threshold=run.threshold, direct_margin=run.margin
-        )
-        run.applied, run.applied_at, run.applied_by = True, timezone.now(), by
-        run.save(update_fields=["applied", "applied_at", "applied_by"])
-    logger.warning(
-        "calibration #%s applied by %s: %s answers directly at threshold %.3f, margin %.3f "
-        "(was %.3f, %.3f)",
-        run.pk,
-        by.get_username() if by is not None else "the command line",
-        model.name,
-        run.threshold,
-        run.margin,
-        *before,
-    )
-    # This process answers with the new point at once; the others when their cached row expires.
-    serving_model_forget()
-    return run
-
-
-# --- from traffic -------------------------------------------------------------------------------
-
-
-def traffic_read(
-    *, days: int, model: EmbeddingModel, limit: int = 20000, now: datetime | None = None
-) -> list[Labelled]:
-    """The questions the KB judged in the last `days` days (the newest `limit` direct answers and
-    misses), each with the vector its request computed when it was by `model`, and what people
-    said of it (`verdicts_per_person` picks the answers whose verdict counts):
-
-    - a direct answer: up or right says its entry answers it, down or wrong says it does not (the
-      right one unknown); no verdict: not judged;
-    - a miss: attached by a curator to an entry (that entry answers it), in a group a curator
-      dismissed (nothing should answer it), else not judged.
-    """
-    if days < 1:
-        raise EntryInvalid({"days": "must be at least 1"})
-    since = (now or timezone.now()) - timedelta(days=days)
-    thumbs = Feedback.objects.filter(request_key=OuterRef("key"))
-    hits = list(
-        Hit.objects.filter(created_at__gte=since, entry__isnull=False)
-        .annotate(
-            thumbs=Subquery(thumbs.values("verdict")[:1]),
-            judge=Subquery(thumbs.values("user_id")[:1]),
-            thumbs_at=Subquery(thumbs.values("updated_at")[:1]),
-        )
-        .order_by("-created_at")
-        .values_list(
-            "pk",
-            "question",
-            "normalized",
-            "entry_id",
-            "method",
-            "model_id",
-            "created_at",
-            "review",
-            "reviewed_at",
-            "thumbs",
-            "judge",
-            "thumbs_at",
-            named=True,
-        )[:limit]
-    )
-    misses = list(
-        Miss.objects.filter(created_at__gte=since)
-        .order_by("-created_at")
-        .values_list(
-            "pk",
-            "question",
-            "normalized",
-            "resolved_by_id",
-            "group__dismissed_at",
-            "dismissed_at",
-            named=True,
-        )[:limit]
-    )
-    vectors = _vectors(Hit, [h.pk for h in hits if h.model_id == model.pk], model)
-    miss_vectors = _vectors(Miss, [m.pk for m in misses], model)
-    said = verdicts_per_person(hits)
-    items = []
-    for hit in hits:
-        verdict = said.get(hit.pk, "")
-        items.append(
-            Labelled(
-                line=hit.pk,
-                question=hit.question,
-                expected=hit.entry_id if verdict == "right" else None,
-                wrong=hit.entry_id if verdict == "wrong" else None,
-                judged=verdict == "right",
-                kind=f"direct ({hit.method})",
-                vector=vectors.get(hit.pk),
-            )
-        )
-    # A curator judges a missed question once, for every time it was asked (the misses come
-    # newest first): it counts once, as a verdict on a direct answer does.
-    counted: set[str] = set()
-    for miss in misses:
-        judged = miss.resolved_by_id is not None or bool(
-            miss.group__dismissed_at or miss.dismissed_at
-        )
-        judged = judged and miss.normalized not in counted
-        if judged:
-            counted.add(miss.normalized)
-        items.append(
-            Labelled(
-                line=miss.pk,
-                question=miss.question,
-                expected=miss.resolved_by_id if judged else None,
-                judged=judged,
-                kind="miss",
-                vector=miss_vectors.get(miss.pk),
-            )
-        )
-    if not items:
-        raise EntryInvalid({"days": f"no questions reached the KB in the last {days} day(s)"})
-    return items
-
-
-def verdicts_per_person(hits) -> dict[int, str]:
-    """Which direct answers carry a verdict, by hit id: "right" or "wrong". `hits`: rows with
-    `pk`, `normalized`, `entry_id`, `created_at`, `review`, `reviewed_at`, and the user's thumbs
-    (`thumbs`, `judge`: their user id, `thumbs_at`).
-
-    A verdict judges a question and the entry that answered it, so it counts once per person and
-    question: the answers of one normalized question with one entry are one question, and each
-    person's latest verdict on any of them is their one verdict. One user's five thumbs down on a
-    question asked five times are one verdict, as are their fifty thumbs up; repeating it adds
-    nothing that calibration does not already know (the same question meets the same entry, at
-    the same score). Where a curator reviewed the question, their latest review stands in for
-    every person's verdict on it, whatever they said, so the question keeps the weight of the
-    people who judged it (one verdict where no one else did). The other answers count in the hit
-    rate only."""
-    by_question: dict[tuple[str, int], list] = {}
-    for hit in hits:
-        by_question.setdefault((hit.normalized, hit.entry_id), []).append(hit)
-    said: dict[int, str] = {}
-    for answers in by_question.values():
-        latest: dict[int | None, Any] = {}  # by person; None: users since deleted, as one
-        for hit in answers:
-            if not hit.thumbs:
-                continue
-            held = latest.get(hit.judge)
-            if held is None or (hit.thumbs_at, hit.pk) > (held.thumbs_at, held.pk):
-                latest[hit.judge] = hit
-        reviewed = [hit for hit in answers if hit.review]
-        if reviewed:
-            curator = max(reviewed, key=lambda hit: (hit.reviewed_at or hit.created_at, hit.pk))
-            for hit in list(latest.values()) or [curator]:
-                said[hit.pk] = curator.review
-            continue
-        for hit in latest.values():
-            said[hit.pk] = "right" if hit.thumbs == Feedback.Verdict.UP else "wrong"
-    return said
-
-
-def _vectors(table, ids: list[int], model: EmbeddingModel) -> dict[int, tuple[float, ...]]:
-    """The stored vectors by `model` of these rows, by id."""
-    rows = table.objects.filter(pk__in=ids, model=model, embedding__isnull=False)
-    return {pk: tuple(map(float, vector)) for pk, vector in rows.values_list("pk", "embedding")}
-
-
-def calibrate_from_traffic(
-    *, days: int = 7, target: float = 0.98, limit: int = 20000, model: EmbeddingModel | None = None
-) -> Result:
-    model = model or serving_model()
-    if model is None:
-        raise EntryInvalid({"model": "no embedding model serves yet"})
-    items = traffic_read(days=days, model=model, limit=limit)
-    return calibrate(items, target=target, model=model, near_serving=True)
-
-
-def traffic_source(days: int, result: Result) -> str:
-    judged = sum(ev.item.judged or ev.item.wrong is not None for ev in result.evidence)
-    return f"traffic: last {days} day(s), {len(result.evidence)} questions, {judged} judged"

@@ -4,8 +4,8 @@ The KB's other half of what misses are (`knowledge.misses`): a question it answe
 with the entry, how it matched (exact, typo, vector, rerank), the score, the lead over the
 runner-up and the question's vector when the vector road computed one. These rows are what a
 user's thumbs down puts in the review queue and what calibration from traffic replays
-(`knowledge.calibration.traffic_read`); both count a verdict once per person and question, the
-answers of one normalized question with one entry. A request only appends to a bounded buffer
+(`knowledge.calibration_traffic.traffic_read`); both count a verdict once per person and question,
+the answers of one normalized question with one entry. A request only appends to a bounded buffer
 (`core.batches.BatchWriter`); the INSERT skips a key stored before, so a batch written twice
 stores each answer once.
 """

@@ -23,13 +23,8 @@ from core.text import text_problem
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Entry
 from knowledge.normalize import normalize
-from knowledge.services import (
-    embedding_models_active,
-    entry_create,
-    entry_update,
-    entry_validate,
-    missing_vectors_embed,
-)
+from knowledge.services.entries import entry_create, entry_update, entry_validate
+from knowledge.services.vectors import embedding_models_active, missing_vectors_embed
 
 COLUMNS = ("id", "question", "answer", "aliases", "kind", "tags")
 

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from knowledge.models import EmbeddingModel, Entry, Miss
-from knowledge.services import entry_add_phrasings, entry_create
+from knowledge.services.entries import entry_add_phrasings, entry_create
 
 # Heads a miss may join: grouped rows without a group whose question has no entry yet.
 _HEAD = "h.group_id IS NULL AND h.grouped_at IS NOT NULL AND h.resolved_by_id IS NULL"

@@ -4,7 +4,7 @@ Vectors live in their own tables keyed by embedding model, because a model chang
 re-embeds everything while the old vectors keep serving: for a while each
 phrasing has two vectors, of two models and possibly two dimensions. The vector
 column is therefore untyped; each model gets a partial HNSW index on
-`embedding::vector(dims)` (see `knowledge.services.embedding_model_index_ensure`).
+`embedding::vector(dims)` (see `knowledge.services.vectors.embedding_model_index_ensure`).
 """
 
 from django.conf import settings
@@ -365,9 +365,9 @@ class Feedback(models.Model):
     verdict = models.CharField(max_length=8, choices=Verdict.choices)
     comment = models.TextField(blank=True)
     interface = models.CharField(max_length=8, help_text="web, api or v1: where it was given.")
-    # Decided when the thumbs down is given (knowledge.services.feedback_record), so that one user
-    # cannot flood the curators' queue: past KB_REVIEW_DOWNVOTES_PER_DAY a day the verdict is
-    # kept, and counts in calibration as any other, but it queues nothing and raises no priority.
+    # Decided when the thumbs down is given (knowledge.services.verdicts.feedback_record), so that
+    # one user cannot flood the curators' queue: past KB_REVIEW_DOWNVOTES_PER_DAY a day the verdict
+    # is kept, and counts in calibration as any other, but it queues nothing and raises no priority.
     queued = models.BooleanField(
         default=False,
         help_text="A thumbs down within its user's daily allowance: it puts a direct answer in "

@@ -4,7 +4,8 @@ from celery import shared_task
 
 from knowledge.exceptions import EmbeddingError
 from knowledge.miss_groups import misses_group
-from knowledge.services import ENTRY_EMBED_TASK, entry_embed, kb_reembed
+from knowledge.services.entries import ENTRY_EMBED_TASK
+from knowledge.services.vectors import entry_embed, kb_reembed
 
 
 @shared_task(

@@ -1,31 +1,26 @@
-"""The request log in the admin: read-only rows filtered by time first, exported as CSV; the
-operators' dashboard served beside it (observability.dashboard)."""
+"""The request log in the admin: read-only rows filtered by time first, exported as CSV
+(observability.export); the operators' dashboard served beside it (observability.dashboard)."""
 
-import csv
 import json
-from collections.abc import Iterator
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 
-from asgiref.sync import sync_to_async
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
-from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
 from django.db import OperationalError, connections, transaction
-from django.http import HttpResponseBadRequest, StreamingHttpResponse
+from django.http import HttpResponseBadRequest
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from psycopg import errors as pg_errors
 
-from core.csvcells import csv_cell
 from inference_ops.models import ModelEndpoint
-from observability import requestlog, selectors
 from observability.dashboard import PERIOD_NAMES, dashboard_page
+from observability.export import QueryOnlyChangeList, export_response
 from observability.models import REQUEST_FEATURES, RequestLog
+from observability.selectors import periods
 
 
 class CountOrEstimatePaginator(Paginator):
@@ -64,7 +59,7 @@ class TimeFilter(admin.ListFilter):
     template = "admin/observability/requestlog/time_filter.html"
     # The dashboard's periods, so its links to the log name the same ones.
     PERIODS = {
-        **{name: (PERIOD_NAMES[name], span) for name, (span, _) in selectors.PERIODS.items()},
+        **{name: (PERIOD_NAMES[name], span) for name, (span, _) in periods.PERIODS.items()},
         "all": ("any time", None),
     }
     DEFAULT = "day"
@@ -182,84 +177,6 @@ class TargetFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         return queryset if self.value() is None else queryset.filter(target=self.value())
-
-
-class QueryOnlyChangeList(ChangeList):
-    """The changelist's rows (filters, search, order) without its page and count: for the export."""
-
-    def get_results(self, request):
-        self.result_count = self.full_result_count = None
-        self.result_list = self.queryset.none()
-        self.can_show_all = self.multi_page = False
-
-
-# The export's columns, (heading, value path): the table's as the writer fills them
-# (observability.requestlog.COLUMNS), in its order, and beside an id the name a person reads.
-_EXPORT_HEADINGS = {"at": "time"}
-_EXPORT_NAMES = {"user_id": ("user", "user__username"), "api_key_id": ("api_key", "api_key__name")}
-
-
-def _export_columns() -> list[tuple[str, str]]:
-    columns = []
-    for name, _ in requestlog.COLUMNS:
-        columns.append((_EXPORT_HEADINGS.get(name, name), name))
-        if name in _EXPORT_NAMES:
-            columns.append(_EXPORT_NAMES[name])
-    return columns
-
-
-EXPORT_COLUMNS = _export_columns()
-EXPORT_CHUNK_ROWS = 2000
-
-
-class _Line:
-    """A csv writer's file: hands back what it was given."""
-
-    def write(self, value):
-        return value
-
-
-def _cell(value):
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat()
-    return csv_cell(value)
-
-
-def _csv_chunks(queryset) -> Iterator[str]:
-    """The rows as CSV, a chunk of lines at a time, read through a server-side cursor: memory holds
-    one chunk whatever the number of rows."""
-    writer = csv.writer(_Line())
-    lines = [writer.writerow([heading for heading, _ in EXPORT_COLUMNS])]
-    rows = queryset.values_list(*[path for _, path in EXPORT_COLUMNS]).iterator(
-        chunk_size=EXPORT_CHUNK_ROWS
-    )
-    for row in rows:
-        lines.append(writer.writerow([_cell(value) for value in row]))
-        if len(lines) >= EXPORT_CHUNK_ROWS:
-            yield "".join(lines)
-            lines = []
-    if lines:
-        yield "".join(lines)
-
-
-def _streamed(request, chunks: Iterator[str]):
-    """What a StreamingHttpResponse streams under either server. Under ASGI Django reads a plain
-    iterator to its end before it sends a byte; there, each chunk is read in the request's thread
-    (where the cursor lives) and sent from the event loop."""
-    if not isinstance(request, ASGIRequest):
-        return chunks
-
-    async def pull():
-        try:
-            read = sync_to_async(next, thread_sensitive=True)
-            while (chunk := await read(chunks, None)) is not None:
-                yield chunk
-        finally:
-            # A client gone mid-file: the cursor is closed now, not left open on a pooled
-            # connection.
-            await sync_to_async(chunks.close, thread_sensitive=True)()
-
-    return pull()
 
 
 def _related(obj, name):
@@ -440,13 +357,7 @@ class RequestLogAdmin(admin.ModelAdmin):
                 f"Those filters do not apply to the request log: {exc}",
                 content_type="text/plain; charset=utf-8",
             )
-        response = StreamingHttpResponse(
-            _streamed(request, _csv_chunks(changelist.queryset)),
-            content_type="text/csv; charset=utf-8",
-        )
-        stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-        response["Content-Disposition"] = f'attachment; filename="request-log-{stamp}.csv"'
-        return response
+        return export_response(request, changelist.queryset)
 
     def dashboard_view(self, request):
         return dashboard_page(request, admin_site=self.admin_site)

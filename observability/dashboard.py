@@ -19,8 +19,8 @@ from core import charts
 from inference_ops.admission import CLASSES
 from inference_ops.models import EngineProcess
 from knowledge.models import Hit, Miss
-from observability import selectors
 from observability.models import REQUEST_FEATURES
+from observability.selectors import curation, endpoints, periods, request_log, spending
 
 ROADS = {
     "kb": ("knowledge base", "#2a9d4b"),
@@ -53,37 +53,37 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
     if not request.user.has_perm("observability.view_requestlog"):
         raise PermissionDenied
     name = request.GET.get("period", "day")
-    if name not in selectors.PERIODS:
+    if name not in periods.PERIODS:
         return HttpResponseBadRequest(
-            f"period must be one of: {', '.join(selectors.PERIODS)}.",
+            f"period must be one of: {', '.join(periods.PERIODS)}.",
             content_type="text/plain; charset=utf-8",
         )
     now = timezone.now()
-    period = selectors.period_at(name, now=now)
+    period = periods.period_at(name, now=now)
     if request.GET.get("panel") == "admission":
         # What the page's script refreshes: the panel's live cells, without the period's waits.
         return TemplateResponse(
             request, "admin/observability/admission.html", _admission_context(period, live=True)
         )
-    traffic = selectors.traffic(period)
-    targets = selectors.latency_by_target(period)
-    errors = selectors.errors(period)
-    features = selectors.features(period)
-    engines, events_cut = selectors.engine_history(period)
+    traffic = request_log.traffic(period)
+    targets = request_log.latency_by_target(period)
+    errors = request_log.errors(period)
+    features = request_log.features(period)
+    engines, events_cut = endpoints.engine_history(period)
     miss_admin = admin_site.get_model_admin(Miss) if admin_site.is_registered(Miss) else None
     can_see_misses = miss_admin is not None and miss_admin.has_view_permission(request)
-    misses, misses_waiting = selectors.top_misses(period) if can_see_misses else ([], 0)
+    misses, misses_waiting = curation.top_misses(period) if can_see_misses else ([], 0)
     hit_admin = admin_site.get_model_admin(Hit) if admin_site.is_registered(Hit) else None
     can_see_loop = (
         can_see_misses and hit_admin is not None and hit_admin.has_view_permission(request)
     )
-    loop = selectors.kb_loop(days=LOOP_DAYS, now=now) if can_see_loop else None
-    spend = selectors.spend(period)
+    loop = curation.kb_loop(days=LOOP_DAYS, now=now) if can_see_loop else None
+    spend = spending.spend(period)
     can_see_budgets = request.user.has_perm("spend.view_limit")
     budgets, budgets_unread = [], False
     if can_see_budgets:
         try:
-            budgets = selectors.budgets()
+            budgets = spending.budgets()
         except Exception:  # noqa: BLE001 - Redis away: the page says so and shows the rest
             budgets_unread = True
 
@@ -198,8 +198,8 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
     return TemplateResponse(request, "admin/observability/dashboard.html", context)
 
 
-def _admission_context(period: selectors.Period, *, live: bool = False) -> dict:
-    rows = selectors.admission_now(None if live else period)
+def _admission_context(period: periods.Period, *, live: bool = False) -> dict:
+    rows = endpoints.admission_now(None if live else period)
     return {
         "period": period,
         "classes": CLASSES,
@@ -225,7 +225,7 @@ def _admission_context(period: selectors.Period, *, live: bool = False) -> dict:
     }
 
 
-def _loop_chart(loop: selectors.KbLoop) -> str:
+def _loop_chart(loop: curation.KbLoop) -> str:
     return charts.lines_over_time(
         [day.day.strftime("%b %d") for day in loop.days],
         [
@@ -240,13 +240,13 @@ def _loop_chart(loop: selectors.KbLoop) -> str:
     )
 
 
-def _target_name(t: selectors.TargetLatency) -> str:
+def _target_name(t: request_log.TargetLatency) -> str:
     if t.road == "kb":
         return "knowledge base"
     return t.target or "no target"
 
 
-def _target_row(t: selectors.TargetLatency) -> dict:
+def _target_row(t: request_log.TargetLatency) -> dict:
     ms = {
         name: "—" if getattr(t, name) is None else charts.number(getattr(t, name))
         for name in (
@@ -262,7 +262,7 @@ def _target_row(t: selectors.TargetLatency) -> dict:
     return {"name": _target_name(t), "road": t.road, "target": t.target, "row": t, "ms": ms}
 
 
-def _recent_events(engines: list[selectors.EngineHistory]) -> list[dict]:
+def _recent_events(engines: list[endpoints.EngineHistory]) -> list[dict]:
     events = [
         {"engine": e.name, "at": ev.at, "status": ev.status, "reason": ev.reason}
         for e in engines
@@ -273,7 +273,7 @@ def _recent_events(engines: list[selectors.EngineHistory]) -> list[dict]:
 
 
 def _engine_chart(
-    engines: list[selectors.EngineHistory], period: selectors.Period, *, now: datetime, cut: bool
+    engines: list[endpoints.EngineHistory], period: periods.Period, *, now: datetime, cut: bool
 ) -> str:
     span = (period.end - period.start).total_seconds()
     stop = min(now, period.end)

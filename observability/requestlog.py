@@ -146,7 +146,7 @@ def requestlog_prune(*, now: datetime | None = None) -> list[date]:
 _ready: set[date] = set()
 
 # The table's columns as the writer fills them, each with its SQL type (the export reads the same
-# list, observability.admin).
+# list, observability.export).
 COLUMNS = (
     ("at", "timestamptz"),
     ("interface", "text"),

@@ -121,7 +121,7 @@ def user_client(django_user_model):
 @pytest.fixture
 def product(local_sim, external_sim):
     """A KB entry, a local and an external endpoint, and a default rule local → external."""
-    from knowledge.services import entry_create
+    from knowledge.services.entries import entry_create
     from tests.support.factories import endpoint, rule
 
     entry = entry_create(

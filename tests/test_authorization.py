@@ -24,7 +24,7 @@ from chat.feedback import completion_id
 from chat.models import ChatSession, Message
 from inference_ops.models import EngineProcess, LoraAdapter
 from knowledge.models import Calibration, EmbeddingModel, Hit, Miss
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from routing.models import GroupPriority
 from spend.models import Limit
 from tests.support.factories import endpoint, rule

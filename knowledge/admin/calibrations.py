@@ -11,15 +11,11 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import path
 from django.utils.safestring import mark_safe
 
-from knowledge.calibration import (
-    calibrate_from_traffic,
-    calibration_apply,
-    calibration_save,
-    traffic_source,
-)
+from knowledge.calibration_traffic import calibrate_from_traffic, traffic_source
 from knowledge.charts import calibration_chart
 from knowledge.exceptions import EntryInvalid
 from knowledge.models import Calibration
+from knowledge.services.calibrations import calibration_apply, calibration_save
 
 
 class TrafficForm(forms.Form):
@@ -177,7 +173,7 @@ class CalibrationAdmin(admin.ModelAdmin):
                 request, "Not calibrated: " + "; ".join(exc.errors.values()), messages.ERROR
             )
             return redirect("admin:knowledge_calibration_changelist")
-        run = calibration_save(result, source=traffic_source(days, result))
+        run = calibration_save(result=result, source=traffic_source(days, result))
         self.log_addition(request, run, [{"added": {}}])
         return redirect("admin:knowledge_calibration_change", run.pk)
 

@@ -9,11 +9,17 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from core.forms import LinesField
-from knowledge import services
 from knowledge.exceptions import EntryInvalid
 from knowledge.importing import detect_format, kb_import
 from knowledge.models import Entry, PassageVector, Phrasing
 from knowledge.selectors import context_passages, direct_answer, serving_model
+from knowledge.services.entries import (
+    entries_set_active,
+    entry_create,
+    entry_update,
+    entry_validate,
+)
+from knowledge.services.vectors import configured_spec
 from knowledge.tasks import entry_embed_task, kb_reembed_task
 
 
@@ -37,9 +43,7 @@ class EntryForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         try:
-            services.entry_validate(
-                {k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")}
-            )
+            entry_validate({k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")})
         except EntryInvalid as exc:
             for field, message in exc.errors.items():
                 self.add_error(field if field in self.fields else None, message)
@@ -146,19 +150,19 @@ class EntryAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         data = {k: form.cleaned_data[k] for k in EntryForm.Meta.fields}
         if change:
-            saved = services.entry_update(entry=obj, **data)
+            saved = entry_update(entry=obj, **data)
         else:
-            saved = services.entry_create(**data, author=request.user)
+            saved = entry_create(**data, author=request.user)
         obj.pk, obj.version = saved.pk, saved.version
 
     @admin.action(description="Activate selected entries", permissions=["change"])
     def activate(self, request, queryset):
-        count = services.entries_set_active(ids=queryset.values_list("pk", flat=True), active=True)
+        count = entries_set_active(ids=queryset.values_list("pk", flat=True), active=True)
         self.message_user(request, f"{count} entries activated.")
 
     @admin.action(description="Deactivate selected entries", permissions=["change"])
     def deactivate(self, request, queryset):
-        count = services.entries_set_active(ids=queryset.values_list("pk", flat=True), active=False)
+        count = entries_set_active(ids=queryset.values_list("pk", flat=True), active=False)
         self.message_user(request, f"{count} entries deactivated.")
 
     @admin.action(
@@ -178,7 +182,7 @@ class EntryAdmin(admin.ModelAdmin):
         kb_reembed_task.delay()
         self.message_user(
             request,
-            f"Re-embedding with {services.configured_spec().name} queued; "
+            f"Re-embedding with {configured_spec().name} queued; "
             "the current model serves until it is done.",
         )
 

@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from knowledge.hits import hits_with_feedback, hits_with_reports, review_queue
 from knowledge.models import Feedback, Hit
-from knowledge.services import hits_review
+from knowledge.services.verdicts import hits_review
 
 
 class QueueFilter(admin.SimpleListFilter):

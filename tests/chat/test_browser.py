@@ -19,7 +19,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from chat.models import ApiKey, ChatSession, Message
 from knowledge.models import Feedback
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.chat.hostile_markdown import ALLOWED, EXPLOIT, HOSTILE, random_sources
 from tests.conftest import BASE_DIR
 from tests.inference_ops.simulator_process import start_simulator

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from chat.models import ChatSession, Message
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.chat import test_browser
 from tests.chat.test_browser import KB_QUESTION, ask, finished, log_in, user
 from tests.support.factories import endpoint, rule

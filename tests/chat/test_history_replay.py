@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.prefix import engine_counters
 from chat.models import ChatSession, Message
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.stub_engine import StubEngine
 

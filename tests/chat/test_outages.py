@@ -233,7 +233,7 @@ GATEWAY_SHAPE = {"code", "message", "fields"}
 
 @pytest.fixture
 def kb(db):
-    from knowledge.services import entry_create
+    from knowledge.services.entries import entry_create
 
     return entry_create(question=QUESTION, answer="Use **Forgot password**.", embed="sync")
 

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from spend.models import Limit
 from tests.spend.test_limits import same_minute
 from tests.support.factories import endpoint, rule

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from chat.apikeys import apikey_create
 from chat.models import ChatSession, Message
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.personas import staff_user
 from tests.support.sockets import socket_for

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from config.settings import BASE_DIR
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from core.processes import free_port
 from inference_ops.models import ModelEndpoint
 from knowledge.models import Entry
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from routing.models import RoutingRule
 from tests.support.factories import endpoint, rule
 

@@ -1,7 +1,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from knowledge.embedding import embed_query, spec_of
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import Entry, Miss, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.support.personas import NO_DELETE, VIEW_ONLY, client_of, shown_messages, staff_user
 
 pytestmark = pytest.mark.django_db

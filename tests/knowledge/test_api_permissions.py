@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from chat.apikeys import apikey_create
 from knowledge.models import Entry
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.support.personas import EVERY_VERB, NO_DELETE, VIEW_ONLY, staff_user
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ import pytest
 from knowledge.charts import calibration_chart
 from knowledge.models import Calibration, EmbeddingModel
 from knowledge.selectors import serving_model
-from knowledge.services import embedding_model_ensure
+from knowledge.services.vectors import embedding_model_ensure
 from tests.config.test_security_headers import InlineCode
 from tests.support.personas import client_of
 

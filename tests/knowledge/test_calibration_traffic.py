@@ -7,7 +7,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 
-from knowledge.calibration import calibrate_from_traffic, traffic_read
+from knowledge.calibration_traffic import calibrate_from_traffic, traffic_read
 from knowledge.hits import hit_flush
 from knowledge.misses import miss_flush
 from knowledge.models import Calibration, Feedback, Hit, Miss

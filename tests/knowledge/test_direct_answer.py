@@ -6,7 +6,7 @@ from knowledge.embedding import E5_SMALL, operating_point
 from knowledge.models import Entry, PhrasingVector
 from knowledge.normalize import normalize
 from knowledge.selectors import direct_answer, serving_model
-from knowledge.services import entry_create, entry_update
+from knowledge.services.entries import entry_create, entry_update
 from knowledge.verdict import Match, vector_verdict
 
 pytestmark = pytest.mark.django_db

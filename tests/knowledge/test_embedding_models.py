@@ -11,7 +11,7 @@ from knowledge.embedding import EmbeddingSpec, embed_texts
 from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model, serving_model_forget
-from knowledge.services import kb_reembed
+from knowledge.services.vectors import kb_reembed
 from tests.inference_ops.simulator_process import start_simulator
 
 

@@ -4,7 +4,8 @@ import pytest
 
 from knowledge.models import PassageVector, PhrasingVector
 from knowledge.selectors import direct_answer
-from knowledge.services import entry_create, entry_embed, entry_update
+from knowledge.services.entries import entry_create, entry_update
+from knowledge.services.vectors import entry_embed
 
 
 def _wait_for(condition, timeout=90.0):

@@ -207,7 +207,7 @@ def test_the_csv_export_writes_no_cell_a_spreadsheet_runs_as_a_formula_and_impor
 ):
     import csv
 
-    from knowledge.services import entry_create
+    from knowledge.services.entries import entry_create
 
     formulas = [
         entry_create(

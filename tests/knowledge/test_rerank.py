@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 
 from knowledge.rerank import arerank_close, arerank_verdict
 from knowledge.selectors import adirect_answer, direct_answer, serving_model
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from knowledge.verdict import Match, vector_verdict
 from tests.inference_ops.simulator_process import start_simulator
 

@@ -11,7 +11,7 @@ from knowledge.exceptions import EntryInvalid
 from knowledge.miss_groups import miss_to_entry
 from knowledge.models import Entry, Miss
 from knowledge.selectors import direct_answer
-from knowledge.services import entries_set_active, entry_create
+from knowledge.services.entries import entries_set_active, entry_create
 from tests.support.personas import NO_DELETE, staff_user
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.utils import timezone
 from core import charts
 from inference_ops.models import EngineEvent, EngineProcess
 from knowledge.models import Entry, Feedback, Hit, Miss
-from observability.selectors import PERIODS, period_at
+from observability.selectors.periods import PERIODS, period_at
 from tests.config.test_security_headers import InlineCode
 from tests.observability.test_requestlog_admin import record, write
 from tests.support.factories import endpoint

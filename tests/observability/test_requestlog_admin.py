@@ -13,8 +13,9 @@ from django.db import connection
 from django.utils import timezone
 
 from chat.apikeys import apikey_create
-from knowledge.services import entry_create
-from observability.admin import EXPORT_COLUMNS, CountOrEstimatePaginator
+from knowledge.services.entries import entry_create
+from observability.admin import CountOrEstimatePaginator
+from observability.export import EXPORT_COLUMNS
 from observability.models import RequestLog
 from observability.requestlog import RequestRecord, partition_ensure, request_flush, request_note
 from tests.support.personas import client_of

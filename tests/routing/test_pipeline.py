@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from routing import breaker, pipeline
 from routing.events import RouteRequest
 from tests.routing.conftest import answer_text, ask, kinds

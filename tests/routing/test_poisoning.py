@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from knowledge.misses import miss_flush
 from knowledge.models import Entry, Miss
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from tests.support.factories import endpoint, rule
 from tests.support.stub_engine import StubEngine
 

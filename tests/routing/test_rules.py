@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
 from knowledge.embedding import E5_SMALL, operating_point
-from knowledge.services import entry_create
+from knowledge.services.entries import entry_create
 from routing import breaker
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets

@@ -26,7 +26,7 @@ from benchmarks import kb, kb_data, servers, stack, stats
 from knowledge.embedding import embed_texts, query_cache, spec_of
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.services import (
+from knowledge.services.vectors import (
     embedding_model_ensure,
     embedding_model_index_ensure,
     missing_vectors_embed,

@@ -43,7 +43,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.test import override_settings
 
 from benchmarks import stack
-from knowledge.calibration import calibrate_from_traffic, labelled_read
+from knowledge.calibration import labelled_read
+from knowledge.calibration_traffic import calibrate_from_traffic
 from knowledge.embedding import embed_query, spec_of
 from knowledge.hits import hit_flush, hit_note, review_queue
 from knowledge.importing import kb_import
@@ -51,12 +52,8 @@ from knowledge.miss_groups import miss_group_to_phrasings, miss_groups_dismiss, 
 from knowledge.misses import miss_flush, miss_note
 from knowledge.models import EmbeddingModel, Entry, Feedback, Hit, Miss
 from knowledge.selectors import direct_answer, serving_model_forget
-from knowledge.services import (
-    embedding_model_ensure,
-    feedback_record,
-    hits_review,
-    missing_vectors_embed,
-)
+from knowledge.services.vectors import embedding_model_ensure, missing_vectors_embed
+from knowledge.services.verdicts import feedback_record, hits_review
 from knowledge.typos import index_forget
 
 SET = Path(__file__).resolve().parents[2] / "kb_labelled"

@@ -22,7 +22,7 @@ from knowledge.calibration import Result, calibrate, labelled_read
 from knowledge.embedding import E5_SMALL, MINILM, embed_texts, operating_point, spec_of
 from knowledge.importing import kb_import
 from knowledge.models import EmbeddingModel, Entry
-from knowledge.services import embedding_model_index_ensure, missing_vectors_embed
+from knowledge.services.vectors import embedding_model_index_ensure, missing_vectors_embed
 
 SET = Path(__file__).resolve().parents[2] / "kb_labelled"
 

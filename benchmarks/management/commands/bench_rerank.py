@@ -34,7 +34,7 @@ from knowledge.embedding import query_cache
 from knowledge.models import Entry
 from knowledge.rerank import arerank_close
 from knowledge.selectors import adirect_answer, serving_model_forget
-from knowledge.services import (
+from knowledge.services.vectors import (
     embedding_model_ensure,
     embedding_model_index_ensure,
     missing_vectors_embed,

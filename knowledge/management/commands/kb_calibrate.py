@@ -2,15 +2,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from knowledge.calibration import (
-    calibrate,
-    calibrate_from_traffic,
-    calibration_save,
-    curve,
-    labelled_read,
-    traffic_source,
-)
+from knowledge.calibration import calibrate, curve, labelled_read
+from knowledge.calibration_traffic import calibrate_from_traffic, traffic_source
 from knowledge.exceptions import EntryInvalid
+from knowledge.services.calibrations import calibration_save
 
 
 class Command(BaseCommand):
@@ -72,7 +67,7 @@ class Command(BaseCommand):
                 lines = (line for message in exc.errors.values() for line in message.splitlines())
                 raise CommandError("\n".join(f"{path.name}: {line}" for line in lines)) from None
             source = path.name
-        run = calibration_save(result, source=source, apply=apply)
+        run = calibration_save(result=result, source=source, apply=apply)
         out = self.stdout.write
         asked = source if from_log else f"{len(result.evidence)} questions"
         out(

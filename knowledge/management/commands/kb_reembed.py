@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from knowledge.models import EmbeddingModel
-from knowledge.services import configured_spec, kb_reembed
+from knowledge.services.vectors import configured_spec, kb_reembed
 
 
 class Command(BaseCommand):
