@@ -12,6 +12,7 @@ import openai
 import redis
 
 from spend import ledger
+from spend.ledger import counter
 from spend.policy import Spec
 
 BURST_QUESTION = [
@@ -118,7 +119,7 @@ async def check_cost(*, specs: tuple[Spec, ...], requests: int, concurrency: int
     from spend.policy import Policies
 
     server = redis.Redis.from_url(redis_url, socket_timeout=5)
-    counters = len(ledger.counters(specs))
+    counters = len(counter.counters(specs))
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:

@@ -10,8 +10,9 @@ unless the key's user may read the routing rules (chat.turns.reads_route_details
 
 The modules, top down: `transport` (the bare ASGI application config.asgi sends `/v1/` to),
 `handlers` (one per endpoint), `schema` (the request as this API reads it), `completion` (a
-turn's events as OpenAI's response, streamed or whole) and `replies` (the Reply a handler
-returns, and every failure in OpenAI's error shape); for the APIs that store no chat message,
+turn's events as OpenAI's response, streamed or whole), `replies` (the Reply a handler
+returns, and every failure in OpenAI's error shape) and `ratelimit` (the caller's limits as
+OpenAI's x-ratelimit-* headers); for the APIs that store no chat message,
 `completions_api` and `text_completion` (a raw completion), `embeddings_api`, and `calls` (their
 admission, request-log row and metrics).
 """

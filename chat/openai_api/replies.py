@@ -9,6 +9,7 @@ import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from chat.openai_api.ratelimit import ratelimit_headers
 from chat.turns import areads_route_details, overhead_ms
 from core.errors import openai_error_body, unavailable
 from routing import events
@@ -132,7 +133,7 @@ def route_headers(route: events.Route | None, error: events.Error | None = None)
         "X-Route-Target": (source.target if source else "") or "",
     }
     if source is not None and source.standing is not None:
-        headers.update(source.standing.headers())
+        headers.update(ratelimit_headers(source.standing))
     return headers
 
 

@@ -10,6 +10,8 @@ import uuid
 
 from core import redis as core_redis
 from spend import ledger
+from spend.ledger import reservations
+from spend.ledger.counter import counters
 from spend.policy import Spec
 from tests.spend.test_limits import same_minute
 
@@ -22,7 +24,7 @@ def spec(**limits) -> Spec:
 
 def counted(limits: Spec) -> dict[str, int]:
     """What Redis counts for each of the spec's counters (what every process sees)."""
-    found = ledger.counters((limits,))
+    found = counters((limits,))
     values = core_redis.client().mget([c.key for c in found])
     return {c.dimension: int(v or 0) for c, v in zip(found, values, strict=True)}
 
@@ -134,14 +136,14 @@ def _fields(limits: Spec) -> dict:
 def test_a_burst_of_64_waits_for_a_few_trips_instead_of_making_one_each(monkeypatch):
     limits = spec(requests_per_minute=100_000, tokens_per_minute=10_000_000)
     trips = []
-    real = ledger._script
+    real = reservations.run_script
 
     async def counted_script(script, keys, args):
-        if script is ledger._RESERVE:
+        if script is reservations._RESERVE:
             trips.append(args[0])
         return await real(script, keys, args)
 
-    monkeypatch.setattr(ledger, "_script", counted_script)
+    monkeypatch.setattr(reservations, "run_script", counted_script)
     same_minute(5)
 
     async def scenario():
