@@ -18,7 +18,7 @@ import openai
 import orjson
 
 from core.loops import PerLoop
-from inference_ops import admission
+from inference_ops import admission, admission_gate
 from inference_ops.exceptions import EngineError
 from inference_ops.sdk_errors import SDK_ERRORS, engine_error_from_sdk
 from inference_ops.sse import SSEDecoder
@@ -186,7 +186,7 @@ async def stream_chat(
     loop = asyncio.get_running_loop()
     # Room at the endpoint's capacity, before its clocks start: the wait has its own deadline.
     admitted = (
-        await admission.admit(config.name, config.capacity, config.total_timeout)
+        await admission_gate.admit(config.name, config.capacity, config.total_timeout)
         if config.capacity
         else None
     )
