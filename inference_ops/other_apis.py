@@ -18,12 +18,9 @@ import httpx2
 import orjson
 
 from inference_ops import admission_gate
-from inference_ops.client import (
+from inference_ops.client import Finish, Token, Usage, _options
+from inference_ops.endpoint_calls import (
     EndpointConfig,
-    Finish,
-    Token,
-    Usage,
-    _options,
     _pool_for,
     close_stream,
     error_event,
