@@ -11,7 +11,7 @@ import sys
 
 from django.conf import settings
 
-from inference_ops import cpu_engine, policy, vllm_engine
+from inference_ops import cpu_engine, policy, policy_env, vllm_engine
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineProcess
 
@@ -110,10 +110,10 @@ def command_line(engine: EngineProcess) -> list[str]:
 def environment(engine: EngineProcess) -> dict[str, str]:
     """A clean environment: the few host variables engines need, then the row's allow-listed ones.
     Never the gateway's own (its secret key, database URL, endpoint keys)."""
-    if problems := policy.environment_problems(engine.environment):
+    if problems := policy_env.environment_problems(engine.environment):
         raise EngineStartRefused(f"{engine.name}: refused: environment: {'; '.join(problems)}")
     env = {
-        **policy.engine_base_environment(),
+        **policy_env.engine_base_environment(),
         **{str(k): str(v) for k, v in engine.environment.items()},
     }
     if engine.runtime_lora_updating:

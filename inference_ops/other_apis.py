@@ -17,13 +17,10 @@ from dataclasses import dataclass
 import httpx2
 import orjson
 
-from inference_ops import admission
-from inference_ops.client import (
+from inference_ops import admission_gate
+from inference_ops.client import Finish, Token, Usage, _options
+from inference_ops.endpoint_calls import (
     EndpointConfig,
-    Finish,
-    Token,
-    Usage,
-    _options,
     _pool_for,
     close_stream,
     error_event,
@@ -60,7 +57,7 @@ async def stream_completion(
     pool = _pool_for(config)
     loop = asyncio.get_running_loop()
     admitted = (
-        await admission.admit(config.name, config.capacity, config.total_timeout)
+        await admission_gate.admit(config.name, config.capacity, config.total_timeout)
         if config.capacity
         else None
     )

@@ -7,7 +7,8 @@ two start requests never launch two processes. Any exit of an engine counts as a
 failure, even status 0: vLLM's API server can exit cleanly after its engine died.
 
 What it builds on, one idea each: the command line (engine_command), the processes
-(engine_processes), the HTTP probes (probes) and the runtime LoRA adapters (lora).
+(engine_processes), the HTTP probes (probes), the runtime LoRA adapters (lora) and the state
+changes, recorded and told after commit (engine_transitions).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 from prometheus_client import Counter
 
-from core.events import ops_event_broadcast
-from inference_ops import admission, engine_state, policy
+from inference_ops import admission, policy
 from inference_ops.engine_processes import (
     describe,
     is_ours,
@@ -37,11 +37,11 @@ from inference_ops.engine_processes import (
     stop_leftovers,
     terminate_session,
 )
+from inference_ops.engine_transitions import transition
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.lora import adapters_reload
-from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.probes import probe
-from inference_ops.signals import engine_ready
 
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
@@ -53,67 +53,6 @@ CHECKS = Counter(
 RESTARTS = Counter(
     "gateway_engine_restarts_total", "Automatic engine restarts scheduled.", ["engine"]
 )
-
-
-# --- state ----------------------------------------------------------------------------------------
-
-_ENDPOINT_STATUS = {
-    Status.READY: ModelEndpoint.Status.READY,
-    Status.UNHEALTHY: ModelEndpoint.Status.UNHEALTHY,
-}
-
-
-def _transition(engine: EngineProcess, status: str, reason: str, **fields) -> EngineProcess:
-    """Store a state change with its reason, mirror it on the endpoint, tell staff after commit."""
-    changed = status != engine.status or reason != engine.status_reason
-    previous = engine.status
-    now = timezone.now()
-    fields.update(status=status, status_reason=reason[:1000])
-    if changed:
-        fields["status_changed_at"] = now
-    with transaction.atomic():
-        EngineProcess.objects.filter(pk=engine.pk).update(**fields)
-        for name, value in fields.items():
-            setattr(engine, name, value)
-        if changed:
-            if status == Status.READY and previous != Status.READY:
-                endpoint = (
-                    ModelEndpoint.objects.filter(pk=engine.endpoint_id)
-                    .values_list("name", flat=True)
-                    .first()
-                )
-                transaction.on_commit(lambda: _ready(engine, endpoint))
-            EngineEvent.objects.create(engine=engine, status=status, reason=reason[:1000])
-            ModelEndpoint.objects.filter(pk=engine.endpoint_id).update(
-                status=_ENDPOINT_STATUS.get(status, ModelEndpoint.Status.DOWN),
-                status_reason=reason[:500],
-                checked_at=now,
-            )
-            payload = {"engine": engine.name, "status": status, "reason": reason}
-            transaction.on_commit(lambda: _broadcast(payload))
-            if status != previous:
-                transaction.on_commit(engine_state.changed)
-    if changed:
-        logger.info("engine %s: %s (%s)", engine.name, status, reason)
-    return engine
-
-
-def _ready(engine: EngineProcess, endpoint: str | None) -> None:
-    # Answers failed while the engine was away, so its endpoint's circuit breaker is likely open;
-    # the engine is back now, and waiting out the breaker's cool-down would only refuse service.
-    if endpoint is None:
-        return
-    try:
-        engine_ready.send(sender=EngineProcess, engine=engine, endpoint=endpoint)
-    except Exception:  # noqa: BLE001 - a receiver's failure must never fail supervision
-        logger.warning("engine %s: a receiver of engine_ready failed", engine.name, exc_info=True)
-
-
-def _broadcast(payload: dict) -> None:
-    try:
-        ops_event_broadcast(kind="engine.status", data=payload)
-    except Exception:  # noqa: BLE001 - a lost notification must never fail supervision
-        logger.warning("could not broadcast engine status", exc_info=True)
 
 
 # --- start, stop, restart -------------------------------------------------------------------------
@@ -159,7 +98,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
         refused = f"refused: {policy.problems_text(problems)}" if problems else ""
         if refused:
             # A row written past the admin's validation (the ORM, an old row): never launched.
-            _transition(
+            transition(
                 engine,
                 Status.STOPPED,
                 refused,
@@ -168,7 +107,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
                 next_restart_at=None,
             )
         else:
-            _transition(
+            transition(
                 engine,
                 Status.STARTING,
                 reason,
@@ -183,7 +122,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
     if port_in_use(engine.bind_host, engine.port):
         why = f"{_port_held(engine)}; not started, and nothing is sent to that port as this engine"
         why += ". Stop that process (or give the engine another port), then start the engine"
-        _transition(
+        transition(
             engine, Status.PORT_TAKEN, why, pid=None, desired_state=EngineProcess.Desired.STOPPED
         )
         raise EngineStartRefused(f"{engine.name}: {why}")
@@ -194,7 +133,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             raise SupervisorError(
                 f"{engine.name}: start cancelled: the engine was stopped"
             ) from exc
-        _transition(engine, Status.CRASHED, str(exc))
+        transition(engine, Status.CRASHED, str(exc))
         raise
     # Conditional: a stop that came while the launch ran found no pid to stop; this one sees it.
     if not EngineProcess.objects.filter(
@@ -239,14 +178,14 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
             if _stopped_meanwhile(engine):  # stopped between the two looks: not a crash
                 raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
             tail = log_tail(engine, 15)
-            _transition(
+            transition(
                 engine, Status.CRASHED, f"exited during start-up. Log:\n{tail}"[-1000:], pid=None
             )
             raise SupervisorError(f"{engine.name} exited during start-up:\n{tail}")
         healthy, reason, metrics = probe(engine, timeout=2.0)
         if healthy:
             adapters_reload(engine=engine)
-            return _transition(
+            return transition(
                 engine,
                 Status.READY,
                 "ready",
@@ -256,7 +195,7 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
             )
         time.sleep(0.25)
     terminate_session(engine.pid, engine.stop_timeout)
-    _transition(
+    transition(
         engine, Status.CRASHED, f"not ready within {engine.startup_timeout}s ({reason})", pid=None
     )
     raise SupervisorError(f"{engine.name} was not ready within {engine.startup_timeout}s: {reason}")
@@ -290,7 +229,7 @@ def engine_stop(
         # (`_check_port_taken`) or a start does.
         status = Status.PORT_TAKEN
         reason = f"{reason}; {_port_held(engine)}: nothing is sent to that port as this engine"
-    return _transition(engine, status, reason, pid=None, next_restart_at=None, metrics={})
+    return transition(engine, status, reason, pid=None, next_restart_at=None, metrics={})
 
 
 def engine_restart(*, engine_id: int, reason: str = "restarted by an operator") -> EngineProcess:
@@ -331,7 +270,7 @@ def engine_check(*, engine_id: int) -> str | None:
     healthy, reason, metrics = probe(engine)
     CHECKS.labels(engine.name, "healthy" if healthy else "unhealthy").inc()
     if healthy:
-        _transition(
+        transition(
             engine,
             Status.READY,
             "ready" if engine.status == Status.READY else "recovered",
@@ -358,7 +297,7 @@ def engine_check(*, engine_id: int) -> str | None:
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
-    _transition(
+    transition(
         engine,
         status,
         f"{failed} failed check(s): {reason}"
@@ -382,7 +321,7 @@ def _check_port_taken(engine: EngineProcess) -> None:
             return
         if port_in_use(row.bind_host, row.port):
             return
-        _transition(
+        transition(
             row,
             Status.STOPPED,
             f"port {row.port} is free again; the engine is stopped: start it to serve",
@@ -401,7 +340,7 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
     healthy, reason, metrics = probe(engine)
     if healthy:
         adapters_reload(engine=engine)
-        _transition(
+        transition(
             engine,
             Status.READY,
             "ready (adopted by a health check: its start task was lost)",
@@ -428,7 +367,7 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         window_start, restarts = now, 0
     budget = settings.ENGINE_RESTART_BUDGET
     if restarts >= budget:
-        _transition(
+        transition(
             engine,
             Status.CRASHED,
             f"{reason}; restart budget exhausted ({budget} in {settings.ENGINE_RESTART_WINDOW}s): "
@@ -440,7 +379,7 @@ def _schedule_restart(engine: EngineProcess, reason: str) -> str | None:
         return None
     delay = min(settings.ENGINE_BACKOFF_BASE * (2**restarts), settings.ENGINE_BACKOFF_MAX)
     RESTARTS.labels(engine.name).inc()
-    _transition(
+    transition(
         engine,
         Status.RESTARTING,
         f"{reason}; automatic restart {restarts + 1}/{budget} in {delay:g}s",

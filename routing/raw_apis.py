@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from inference_ops import engine_state, openai_fields
-from inference_ops.client import EndpointConfig
+from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineError
 from inference_ops.other_apis import Embeddings, create_embeddings, stream_completion
 from knowledge.embedding import QUERY, aembed_query, embed_texts, spec_of

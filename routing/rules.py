@@ -19,7 +19,7 @@ from django.conf import settings
 
 from core.versioned import Versioned
 from inference_ops.admission import CLASSES
-from inference_ops.client import EndpointConfig
+from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.models import EngineProcess, ModelEndpoint
 from knowledge.embedding import embed_texts, spec_of
 from knowledge.normalize import normalize

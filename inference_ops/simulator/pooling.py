@@ -11,18 +11,14 @@ from . import embeddings as sim_embeddings
 from . import scoring
 from .faults import HANG_SECONDS, drop_connection, early_fault, late_fault, pick_fault
 from .http_json import json_body, json_response
-from .protocol import (
-    ENGINE_ERROR_MESSAGE,
-    APIError,
+from .protocol import ENGINE_ERROR_MESSAGE, APIError, usage, validation_error, vllm_error
+from .scoring_protocol import (
     pair_length_error,
     parse_rerank,
     parse_score,
     rerank_response,
     score_pairs,
     score_response,
-    usage,
-    validation_error,
-    vllm_error,
 )
 from .state import SIM
 from .tokenizer import tokenize

@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from inference_ops import admission, probes
+from inference_ops import admission, admission_gate, probes
 from inference_ops.exceptions import EngineError
 from tests.support.polling import wait_until
 
@@ -53,7 +53,7 @@ async def background_work_done():
 
 async def enter(name, tenant, *, capacity=1, tokens=100, priority="api"):
     admission.ticket.set(admission.Ticket(tenant=tenant, priority=priority, tokens=tokens))
-    return await admission.admit(name, capacity, 60.0)
+    return await admission_gate.admit(name, capacity, 60.0)
 
 
 async def test_a_quiet_tenant_is_admitted_before_a_noisy_tenants_backlog(name, no_reserve):
@@ -101,7 +101,7 @@ def test_the_capacity_holds_across_event_loops_and_each_place_given_back_is_take
 ):
     settings.ADMISSION_DEADLINE_API = 1.0
     capacity, each = 3, 5
-    admitted: list[admission.Admitted] = []
+    admitted: list[admission_gate.Admitted] = []
     refused: list[EngineError] = []
     lock = threading.Lock()
     go = threading.Barrier(2)
@@ -170,8 +170,8 @@ async def test_one_tenant_leaves_the_reserve_to_the_others(name, settings):
 def test_a_process_that_dies_holding_a_place_loses_it_when_its_lease_ends(name, child_env):
     script = (
         "import asyncio, os, django; django.setup(); "
-        "from inference_ops import admission; admission.LEASE_MARGIN = 0; "
-        f"asyncio.run(admission.admit({name!r}, 1, 1.0)); os._exit(9)"
+        "from inference_ops import admission_gate; admission_gate.LEASE_MARGIN = 0; "
+        f"asyncio.run(admission_gate.admit({name!r}, 1, 1.0)); os._exit(9)"
     )
     env = {**child_env, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     died = subprocess.run(
@@ -365,19 +365,19 @@ async def test_a_pool_takes_the_next_replica_s_room_and_gives_it_back_if_the_cha
     a, b = f"{name}-a", f"{name}-b"
     pools = {a: ((a, 1, 60.0), (b, 1, 60.0)), b: ((b, 1, 60.0),)}
     admission.ticket.set(admission.Ticket(tenant="first", pools=pools))
-    held = await admission.admit(a, 1, 60.0)  # a's room
+    held = await admission_gate.admit(a, 1, 60.0)  # a's room
     waiting = admission.Ticket(tenant="second", pools=pools)
     admission.ticket.set(waiting)
     with pytest.raises(EngineError) as moved:
-        await admission.admit(a, 1, 60.0)  # a is full: b's room is taken, a fails at once
+        await admission_gate.admit(a, 1, 60.0)  # a is full: b's room is taken, a fails at once
     assert moved.value.kind == "busy" and b in str(moved.value)
-    place = await admission.admit(b, 1, 60.0)  # the chain's next replica: the place kept for it
+    place = await admission_gate.admit(b, 1, 60.0)  # the chain's next replica: its place kept
     assert place.name == b and place.slot.startswith("second|")
     place.leave()
 
     with pytest.raises(EngineError):
-        await admission.admit(a, 1, 60.0)  # b's room taken again
-    other = await admission.admit(f"{name}-c", 1, 60.0)  # the chain went elsewhere
+        await admission_gate.admit(a, 1, 60.0)  # b's room taken again
+    other = await admission_gate.admit(f"{name}-c", 1, 60.0)  # the chain went elsewhere
     await settled()
     client = redis.Redis.from_url(settings.REDIS_URL)
     assert client.zcard(f"{settings.REDIS_KEY_PREFIX}:admission:{b}:held") == 0  # given back

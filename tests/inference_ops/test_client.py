@@ -8,7 +8,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from inference_ops.client import EndpointConfig, Finish, Token, _pool_for, stream_chat
+from inference_ops.client import Finish, Token, stream_chat
+from inference_ops.endpoint_calls import EndpointConfig, _pool_for
 from inference_ops.exceptions import EngineError
 
 from .simulator_process import start_simulator

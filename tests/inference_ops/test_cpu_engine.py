@@ -10,7 +10,8 @@ import pytest
 
 from core.processes import free_port
 from inference_ops import cpu_engine, engine_command, engine_processes, probes, supervisor
-from inference_ops.client import EndpointConfig, Finish, Token, stream_chat
+from inference_ops.client import Finish, Token, stream_chat
+from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
 

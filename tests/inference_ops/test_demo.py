@@ -173,7 +173,7 @@ def test_switching_engines_parks_the_other_one_and_switching_back_restores_it(se
 
 @pytest.mark.django_db
 def test_the_local_vllm_endpoint_sends_the_key_the_server_requires(settings, monkeypatch):
-    from inference_ops.client import EndpointConfig
+    from inference_ops.endpoint_calls import EndpointConfig
 
     settings.LOCAL_VLLM_URL, settings.LOCAL_VLLM_MODEL = "http://vllm:8000/v1", "base"
     settings.LOCAL_VLLM_KEY_ENV = "GW_KEY_VLLM"

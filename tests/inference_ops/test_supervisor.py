@@ -14,7 +14,7 @@ import pytest
 
 from core.processes import free_port
 from inference_ops import engine_command, engine_keys, engine_processes, lora, probes, supervisor
-from inference_ops.client import EndpointConfig
+from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task

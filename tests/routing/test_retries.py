@@ -9,7 +9,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference_ops.client import EndpointConfig
+from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineError
 from routing import breaker
 from routing.pipeline import retry_wait

@@ -8,7 +8,7 @@ import time
 import redis
 from django.conf import settings
 
-from inference_ops import admission
+from inference_ops import admission, admission_gate
 
 
 class Standing:
@@ -26,7 +26,7 @@ class Standing:
 
         async def one():
             admission.ticket.set(admission.Ticket(tenant=tenant, priority=priority, tokens=100))
-            place = await admission.admit(endpoint, capacity, 20.0)
+            place = await admission_gate.admit(endpoint, capacity, 20.0)
             self.places.append(place)
             return place
 

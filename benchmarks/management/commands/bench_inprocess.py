@@ -40,7 +40,7 @@ from benchmarks import inprocess, servers
 from benchmarks.cpu import CpuProbe, cpu_delta
 from benchmarks.prompts import LONG_PROMPTS
 from core.processes import free_port, stop_group
-from inference_ops import policy, vllm_engine
+from inference_ops import policy_env, vllm_engine
 
 SCRIPT = Path(inprocess.__file__)
 SERVED_NAME = vllm_engine.BUNDLED_MODEL
@@ -323,7 +323,7 @@ def _engine_env() -> dict[str, str]:
     # The supervisor's clean environment (no secrets of the gateway's), offline: the model is a
     # folder on disk and nothing may be downloaded in the middle of a measurement.
     return {
-        **policy.engine_base_environment(),
+        **policy_env.engine_base_environment(),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
