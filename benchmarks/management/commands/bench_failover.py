@@ -14,7 +14,6 @@ the end) and the totals. A scorecard, not a test: it fails only when it cannot r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,7 +24,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import failover, servers
+from benchmarks import arguments, failover, servers
 from benchmarks.stack import StackError, stack_run, stack_session
 
 # The per-user limits are the product's defence against one client; the bench is one client.
@@ -49,19 +48,9 @@ class Command(BaseCommand):
             + ", ".join(failover.QUICK)
             + " unless --scenarios, a 20 s deadline, a 10 s flap",
         )
-        parser.add_argument("--json", type=Path, default=None, help="write the report as JSON")
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
-        parser.add_argument(
-            "--log-dir",
-            type=Path,
-            default=None,
-            help="keep the simulators' and the gateway's logs here (default: removed)",
-        )
+        arguments.json_add(parser, what="the report")
+        arguments.keep_add(parser)
+        arguments.log_dir_add(parser, logs="the simulators' and the gateway's logs")
 
     def handle(self, *args, **o):
         plan = failover.Plan()
