@@ -1,5 +1,5 @@
 """The failover scorecard: every provider fault of issue 41 through the real gateway, auto and
-named, scored from the caller's side (benchmarks/failover.py says how).
+named, scored from the caller's side (benchmarks/failover_caller.py says how).
 
     python manage.py bench_failover [--scenarios a,b] [--quick] [--json FILE] [--no-keep]
         [--log-dir DIR]
@@ -24,7 +24,14 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import arguments, failover, servers
+from benchmarks import (
+    arguments,
+    failover,
+    failover_recorder,
+    failover_report,
+    failover_run,
+    servers,
+)
 from benchmarks.stack import StackError, stack_run, stack_session
 
 # The per-user limits are the product's defence against one client; the bench is one client.
@@ -71,7 +78,7 @@ class Command(BaseCommand):
                 "interrupted; the servers started here were stopped", returncode=130
             ) from None
         self.out("")
-        self.out(failover.table_text(report))
+        self.out(failover_report.table_text(report))
         if o["json"]:
             o["json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             self.out(f"wrote {o['json']}")
@@ -110,7 +117,9 @@ class Command(BaseCommand):
             except RuntimeError as exc:
                 raise CommandError(str(exc)) from None
             relays = stack.enter_context(
-                failover.recorders({failover.PRIMARY: primary, failover.FALLBACK: fallback})
+                failover_recorder.recorders(
+                    {failover.PRIMARY: primary, failover.FALLBACK: fallback}
+                )
             )
             try:
                 gateway = stack.enter_context(
@@ -141,8 +150,8 @@ class Command(BaseCommand):
                 f"seeded answers; deadline {plan.deadline:g} s per question; endpoints' first-"
                 f"token timeout {plan.first_token_timeout:g} s, idle {plan.idle_timeout:g} s"
             )
-            self.out(failover.HEADER)
-            bench = failover.Bench(
+            self.out(failover_report.HEADER)
+            bench = failover_run.Bench(
                 gateway_url=gateway.gateway.url,
                 api_key=self.api_key(),
                 fallback_url=fallback,
