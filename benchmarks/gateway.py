@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from benchmarks.cpu import CpuProbe
-from benchmarks.loadgen import Level, LoadOptions, Target, benchmark_run, level_run
+from benchmarks.loadgen import Level, LoadOptions, Target, level_run
+from benchmarks.loadgen_rounds import benchmark_run
 from benchmarks.prompts import PromptSource, prompts_builtin
 from benchmarks.report import _clean
 

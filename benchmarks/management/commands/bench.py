@@ -22,7 +22,8 @@ from django.core.management.base import BaseCommand, CommandError
 from benchmarks import arguments
 from benchmarks import report as bench_report
 from benchmarks.cpu import DEFAULT_MATCH, probe_for
-from benchmarks.loadgen import BenchError, Level, LoadOptions, Target, benchmark_run
+from benchmarks.loadgen import BenchError, Level, LoadOptions, Target
+from benchmarks.loadgen_rounds import benchmark_run
 from benchmarks.prompts import DATASETS, PromptError, prompts_builtin, prompts_load
 
 
