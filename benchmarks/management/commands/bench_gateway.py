@@ -34,11 +34,9 @@ from benchmarks.gateway import (
     Plan,
     case_variants,
     gateway_bench,
-    json_text,
     plan_quick,
-    run_line,
-    summary_text,
 )
+from benchmarks.gateway_report import json_text, run_line, summary_text
 from benchmarks.loadgen import BenchError
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
