@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -15,3 +16,13 @@ def percentile(values: list[float], p: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def median(values: list) -> float | None:
+    """The median of the finite values; None when there are none."""
+    values = [v for v in values if finite(v)]
+    return statistics.median(values) if values else None

@@ -61,7 +61,9 @@ INSTALLED_APPS = [
     "spend",
     "chat",
     "observability",
-    "benchmarks",  # the manage.py bench* commands; no models, nothing at run time imports it
+    # The benchmark harness (the manage.py bench* commands; no models, nothing at run time imports
+    # it) is a checkout's, not the image's: .dockerignore keeps its folder out.
+    *(["benchmarks"] if (BASE_DIR / "benchmarks").is_dir() else []),
 ]
 
 MIDDLEWARE = [

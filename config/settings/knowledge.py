@@ -89,8 +89,9 @@ KB_RECORD_MISSES = env_bool(
 # Keep each direct answer (question, entry, score, vector) for the review queue and calibration from
 # traffic (knowledge.hits): noted in memory, written in batches with the KB_MISS_* limits below.
 KB_RECORD_HITS = env_bool("KB_RECORD_HITS", True)
-# A user's thumbs down that put answers in the curators' review queue, per 24 hours; later ones are
-# kept but queue nothing (knowledge.services.verdicts.feedback_record). 0: users' thumbs never queue.
+# A user's thumbs down that put answers in the curators' review queue, per 24 hours; later ones
+# are kept but queue nothing (knowledge.services.verdicts.feedback_record). 0: users' thumbs never
+# queue.
 KB_REVIEW_DOWNVOTES_PER_DAY = env_int("KB_REVIEW_DOWNVOTES_PER_DAY", 20, minimum=0)
 KB_MISS_GROUP_SCORE = env_float("KB_MISS_GROUP_SCORE", None, minimum=0.0)
 # Misses wait in each process's memory and go to the database in one INSERT per batch: every

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from benchmarks import failover
-from benchmarks.failover import Expected, Outcome, score
+from benchmarks import failover, failover_report
+from benchmarks.failover_caller import Expected, Outcome, score
 from tests.support.commands import manage
 
 WHOLE = Expected(text="Once upon a time, a keeper lit the lamp.", tokens=12)
@@ -94,12 +94,12 @@ def test_a_continuations_cost_is_the_callers_longest_wait_over_answers_cut_at_on
         row("prefill-refused", 0.9, verdict="safe"),  # not a whole answer
         row("500-once", 0.2, prefills=0),
     ]
-    line = failover.continuation_line(rows)
+    line = failover_report.continuation_line(rows)
     assert line == (
         "continued after a cut: the caller waited 40 ms from the last token before it to the "
         "first after (median of 3; 30–50 ms)"
     )
-    assert failover.continuation_line(rows[3:]) is None
+    assert failover_report.continuation_line(rows[3:]) is None
 
 
 def test_an_unknown_scenario_is_refused_with_the_known_ones():
@@ -128,10 +128,10 @@ def test_a_quick_run_scores_every_scenario_in_both_modes_in_the_table_and_the_js
     assert [(row["scenario"], row["mode"]) for row in report["rows"]] == [
         (name, mode) for name in failover.QUICK for mode in ("auto", "named")
     ]
-    assert failover.HEADER in printed
+    assert failover_report.HEADER in printed
     for row in report["rows"]:
         assert row["verdict"] in failover.VERDICTS
-        assert failover.row_line(row) in printed
+        assert failover_report.row_line(row) in printed
         assert row["time_s"] >= 0 and set(row["attempts"]) == {"primary", "fallback"}
     for mode in ("auto", "named"):
         counts = report["totals"][mode]

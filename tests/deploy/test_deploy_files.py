@@ -8,7 +8,9 @@ no schema can say: the probes, the drain, a single beat, the GPU, the autoscaler
 variables and the secrets.
 """
 
+import fnmatch
 import json
+import os
 import re
 import shlex
 import shutil
@@ -31,6 +33,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE_SCHEMA = ROOT / "deploy" / "schemas" / "compose-spec.json"
 K8S_DIR = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
 
 # How the files name the gateway's own image and vLLM's: the variables and probes below are the
 # gateway's only where its image runs.
@@ -333,6 +336,65 @@ def test_hadolint_finds_nothing_to_fix_in_the_dockerfile():
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _image_files(into: Path) -> Path:
+    """The checkout's top-level files and folders the image takes (what .dockerignore does not keep
+    out), linked into `into`; config/ copied, so that the settings' BASE_DIR is `into`."""
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#") and "/" not in line
+    ]
+    into.mkdir()
+    for entry in ROOT.iterdir():
+        if any(fnmatch.fnmatch(entry.name, pattern) for pattern in patterns):
+            continue
+        if entry.name == "config":
+            shutil.copytree(entry, into / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (into / entry.name).symlink_to(entry)
+    return into
+
+
+def test_the_image_leaves_the_tests_and_the_benchmark_harness_out():
+    kept_out = {line.strip() for line in DOCKERIGNORE.read_text().splitlines()}
+    assert {"tests", "benchmarks", "requirements-dev.txt"} <= kept_out
+
+
+@pytest.mark.processes
+def test_the_images_files_set_django_up_without_the_benchmark_harness(tmp_path):
+    image = _image_files(tmp_path / "app")
+    assert not (image / "benchmarks").exists() and (image / "manage.py").exists()
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DJANGO_", "DEBUG", "PYTHONPATH", "VAR_DIR"))
+        },
+        "DEBUG": "0",
+        "SECRET_KEY": "image-files-test",
+        "DATABASE_URL": "postgresql://build@127.0.0.1:1/build",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
+    code = (
+        "import django; django.setup()\n"
+        "from django.conf import settings\n"
+        "from django.core.management import get_commands\n"
+        "print(settings.BASE_DIR, 'benchmarks' in settings.INSTALLED_APPS, "
+        "sorted(c for c in get_commands() if c.startswith(('bench', 'soak'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=image,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == [str(image), "False", "[]"], result.stdout
 
 
 # --- what the schemas cannot say -----------------------------------------------------------------

@@ -14,43 +14,17 @@ first URL adds over the second. Needs no database: it only speaks HTTP.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from benchmarks import arguments
 from benchmarks import report as bench_report
 from benchmarks.cpu import DEFAULT_MATCH, probe_for
-from benchmarks.loadgen import BenchError, Level, LoadOptions, Target, benchmark_run
+from benchmarks.loadgen import BenchError, Level, LoadOptions, Target
+from benchmarks.loadgen_rounds import benchmark_run
 from benchmarks.prompts import DATASETS, PromptError, prompts_builtin, prompts_load
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise CommandError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise CommandError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise CommandError(f"expected comma-separated rates (or inf), got {text!r}") from None
-    if not values or min(values) <= 0 or any(math.isnan(v) for v in values):
-        raise CommandError(f"request rates must be above 0, got {text!r}")
-    return values
-
-
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise CommandError(f"--header wants 'Name: value', got {text!r}")
-    return name.strip(), value.strip()
 
 
 class Command(BaseCommand):
@@ -83,20 +57,20 @@ class Command(BaseCommand):
             "--header",
             action="append",
             default=[],
-            type=_header,
+            type=arguments.header,
             metavar="'NAME: VALUE'",
             help="an extra request header, repeatable (e.g. 'X-Sim-Fail: 429' for the simulator)",
         )
         load = parser.add_argument_group("load")
         load.add_argument(
             "--concurrency",
-            type=_ints,
+            type=arguments.levels,
             default=None,
             help="levels of requests in flight, closed loop (default 1,16,64,256)",
         )
         load.add_argument(
             "--request-rate",
-            type=_rates,
+            type=arguments.rates,
             default=None,
             help="levels of request rate in req/s (inf: all at once), instead of --concurrency",
         )
@@ -126,24 +100,9 @@ class Command(BaseCommand):
             action="store_true",
             help="send ignore_eos (vLLM's extension) so every answer is max_tokens long",
         )
-        load.add_argument(
-            "--timeout",
-            type=float,
-            default=120.0,
-            help="per request, whole stream, s (default 120)",
-        )
-        load.add_argument(
-            "--max-duration",
-            type=float,
-            default=300.0,
-            help="per level, s: requests still in flight then are cut and counted unfinished "
-            "(default 300)",
-        )
+        arguments.load_limits_add(load)
         load.add_argument(
             "--warmup", type=int, default=1, help="uncounted requests per target first (default 1)"
-        )
-        load.add_argument(
-            "--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)"
         )
         load.add_argument(
             "--seed", type=int, default=0, help="order of prompts and arrival times (default 0)"
@@ -186,7 +145,7 @@ class Command(BaseCommand):
         cpu = parser.add_argument_group("server CPU (processes on this machine)")
         cpu.add_argument(
             "--cpu-pids",
-            type=_ints,
+            type=arguments.levels,
             default=None,
             help="measure these processes and their children (for --base-url; a --compare URL "
             "gets the default)",
@@ -199,16 +158,14 @@ class Command(BaseCommand):
             f"the process tree matching {DEFAULT_MATCH!r} that serves its port)",
         )
         output = parser.add_argument_group("output")
-        output.add_argument(
-            "--json", type=Path, default=None, help="write the whole report as JSON"
-        )
+        arguments.json_add(output)
         output.add_argument(
             "--save-requests", action="store_true", help="with --json: every request's raw figures"
         )
         output.add_argument(
             "--plot", type=Path, default=None, help="write a PNG: TTFT and throughput per level"
         )
-        output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+        arguments.progress_add(output)
 
     def handle(self, *args, **o):
         if o["concurrency"] and o["request_rate"]:

@@ -21,7 +21,6 @@ A figure, not a test: nothing here passes or fails.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 from collections import Counter
@@ -30,17 +29,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from benchmarks import chat_ws, engine, servers, stats
+from benchmarks import arguments, chat_ws, engine, servers, stats
 from benchmarks.cpu import CpuProbe, cpu_delta
 from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.users import bench_user, session_cookie
-
-
-def _levels(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive socket counts")
-    return levels
 
 
 def question(socket: int, number: int) -> str:
@@ -63,7 +55,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--sockets",
-            type=_levels,
+            type=arguments.levels,
             default=[16, 64],
             help="concurrent sockets per level, comma-separated (default 16,64)",
         )
@@ -95,18 +87,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--engine-model", help="the model name the engine serves (vLLM requires it)"
         )
-        parser.add_argument(
-            "--ttft", type=float, default=50.0, help="the simulator's time to first token, ms"
-        )
-        parser.add_argument(
-            "--itl", type=float, default=20.0, help="the simulator's inter-token latency, ms"
-        )
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
+        arguments.simulator_latency_add(parser, ttft=50.0, itl=20.0)
+        arguments.keep_add(parser)
 
     def handle(
         self,

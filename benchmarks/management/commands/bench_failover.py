@@ -1,5 +1,5 @@
 """The failover scorecard: every provider fault of issue 41 through the real gateway, auto and
-named, scored from the caller's side (benchmarks/failover.py says how).
+named, scored from the caller's side (benchmarks/failover_caller.py says how).
 
     python manage.py bench_failover [--scenarios a,b] [--quick] [--json FILE] [--no-keep]
         [--log-dir DIR]
@@ -14,7 +14,6 @@ the end) and the totals. A scorecard, not a test: it fails only when it cannot r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,7 +24,14 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import failover, servers
+from benchmarks import (
+    arguments,
+    failover,
+    failover_recorder,
+    failover_report,
+    failover_run,
+    servers,
+)
 from benchmarks.stack import StackError, stack_run, stack_session
 
 # The per-user limits are the product's defence against one client; the bench is one client.
@@ -49,19 +55,9 @@ class Command(BaseCommand):
             + ", ".join(failover.QUICK)
             + " unless --scenarios, a 20 s deadline, a 10 s flap",
         )
-        parser.add_argument("--json", type=Path, default=None, help="write the report as JSON")
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
-        parser.add_argument(
-            "--log-dir",
-            type=Path,
-            default=None,
-            help="keep the simulators' and the gateway's logs here (default: removed)",
-        )
+        arguments.json_add(parser, what="the report")
+        arguments.keep_add(parser)
+        arguments.log_dir_add(parser, logs="the simulators' and the gateway's logs")
 
     def handle(self, *args, **o):
         plan = failover.Plan()
@@ -82,7 +78,7 @@ class Command(BaseCommand):
                 "interrupted; the servers started here were stopped", returncode=130
             ) from None
         self.out("")
-        self.out(failover.table_text(report))
+        self.out(failover_report.table_text(report))
         if o["json"]:
             o["json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             self.out(f"wrote {o['json']}")
@@ -121,7 +117,9 @@ class Command(BaseCommand):
             except RuntimeError as exc:
                 raise CommandError(str(exc)) from None
             relays = stack.enter_context(
-                failover.recorders({failover.PRIMARY: primary, failover.FALLBACK: fallback})
+                failover_recorder.recorders(
+                    {failover.PRIMARY: primary, failover.FALLBACK: fallback}
+                )
             )
             try:
                 gateway = stack.enter_context(
@@ -152,8 +150,8 @@ class Command(BaseCommand):
                 f"seeded answers; deadline {plan.deadline:g} s per question; endpoints' first-"
                 f"token timeout {plan.first_token_timeout:g} s, idle {plan.idle_timeout:g} s"
             )
-            self.out(failover.HEADER)
-            bench = failover.Bench(
+            self.out(failover_report.HEADER)
+            bench = failover_run.Bench(
                 gateway_url=gateway.gateway.url,
                 api_key=self.api_key(),
                 fallback_url=fallback,

@@ -18,7 +18,6 @@ A figure, not a test: the command fails only when it cannot run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -28,18 +27,16 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import engine, servers
+from benchmarks import arguments, engine, servers
 from benchmarks.gateway import (
     PARAPHRASES,
     Gateway,
     Plan,
     case_variants,
     gateway_bench,
-    json_text,
     plan_quick,
-    run_line,
-    summary_text,
 )
+from benchmarks.gateway_report import json_text, run_line, summary_text
 from benchmarks.loadgen import BenchError
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 
@@ -48,26 +45,6 @@ from benchmarks.stack import Stack, StackError, stack_run, stack_session
 # questions.
 RATE_LIMIT = "1000000000"
 WEB_LAUNCHER = importlib.util.find_spec("config.web") is not None
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive integers") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
-    return levels
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-        return value
-
-    return parse
 
 
 class Command(BaseCommand):
@@ -83,19 +60,19 @@ class Command(BaseCommand):
         sweep = parser.add_argument_group("concurrency sweep")
         sweep.add_argument(
             "--concurrency",
-            type=_levels,
+            type=arguments.levels,
             default=list(plan.levels),
             help="levels of requests in flight (default 1,16,64,256)",
         )
         sweep.add_argument(
             "--max-tokens",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=plan.max_tokens,
             help=f"tokens per answer (default {plan.max_tokens})",
         )
         sweep.add_argument(
             "--rounds",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=plan.rounds,
             help=(
                 f"interleaved rounds per level, also of the two-answer run (default {plan.rounds})"
@@ -103,26 +80,26 @@ class Command(BaseCommand):
         )
         sweep.add_argument(
             "--num-requests",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=None,
             help="requests per level and target (default max(4 x concurrency, 32))",
         )
         kb = parser.add_argument_group("KB hits and long answers (concurrency 1)")
         kb.add_argument(
             "--kb-requests",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=plan.kb_requests,
             help=f"KB questions of each kind, exact and paraphrased (default {plan.kb_requests})",
         )
         kb.add_argument(
             "--long-requests",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=plan.long_requests,
             help=f"generated long answers (default {plan.long_requests})",
         )
         kb.add_argument(
             "--long-tokens",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=plan.long_tokens,
             help=f"tokens of a long answer, sent with ignore_eos (default {plan.long_tokens})",
         )
@@ -136,21 +113,10 @@ class Command(BaseCommand):
             "each serving the bundled Gemma 3 270M (`manage.py vllm_engine_build` and "
             "`cpu_engine_build` prepare them once)",
         )
-        stack.add_argument(
-            "--ttft",
-            type=_positive(float),
-            default=100.0,
-            help="the simulator's time to first token, ms (default 100)",
-        )
-        stack.add_argument(
-            "--itl",
-            type=_positive(float),
-            default=13.0,
-            help="the simulator's inter-token latency, ms (default 13)",
-        )
+        arguments.simulator_latency_add(stack, ttft=100.0, itl=13.0, kind=arguments.positive(float))
         stack.add_argument(
             "--max-num-seqs",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=None,
             help="sequences the engine decodes together (default: 512 for the simulator, "
             "16 for the real vLLM)",
@@ -158,41 +124,15 @@ class Command(BaseCommand):
         if WEB_LAUNCHER:
             stack.add_argument(
                 "--web-concurrency",
-                type=_positive(int),
+                type=arguments.positive(int),
                 default=None,
                 help="start the gateway through config.web with N daphne processes (default: one "
                 "daphne, the per-process figure); CPU is then summed over them",
             )
-        stack.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
-        stack.add_argument(
-            "--log-dir",
-            type=Path,
-            default=None,
-            help="keep the simulator's and the gateway's logs here (default: removed)",
-        )
+        arguments.keep_add(stack)
+        arguments.log_dir_add(stack)
         run = parser.add_argument_group("run")
-        run.add_argument(
-            "--timeout",
-            type=_positive(float),
-            default=120.0,
-            help="per request, whole stream, s (default 120)",
-        )
-        run.add_argument(
-            "--max-duration",
-            type=_positive(float),
-            default=300.0,
-            help=(
-                "per level and run, s: requests still in flight then count as failed (default 300)"
-            ),
-        )
-        run.add_argument(
-            "--cooldown", type=float, default=1.0, help="pause between runs, s (default 1)"
-        )
+        arguments.load_limits_add(run, kind=arguments.positive(float))
         run.add_argument("--seed", type=int, default=0, help="order of the prompts (default 0)")
         run.add_argument(
             "--quick",
@@ -209,8 +149,8 @@ class Command(BaseCommand):
             "refuse anything (requests and tokens per minute, tokens per day, a budget): every "
             "generated answer is reserved and settled in Redis, as under real limits",
         )
-        run.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
-        run.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+        arguments.json_add(run)
+        arguments.progress_add(run, bars="bars")
 
     def handle(self, *args, **o):
         if o["cooldown"] < 0:

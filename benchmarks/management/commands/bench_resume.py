@@ -17,7 +17,6 @@ go through Redis (chat.live.Relay). A figure, not a test: nothing here passes or
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 from collections import Counter
@@ -25,7 +24,7 @@ from collections import Counter
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import engine, resume, stats
+from benchmarks import arguments, engine, resume, stats
 from benchmarks.cpu import GATEWAY_KINDS, TICKS, CpuProbe
 from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.users import bench_user, session_cookie
@@ -60,12 +59,7 @@ class Command(BaseCommand):
             "--itl", type=float, default=20.0, help="the simulator's inter-token latency, ms"
         )
         parser.add_argument("--timeout", type=float, default=30.0, help="seconds per frame")
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
+        arguments.keep_add(parser)
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)

@@ -23,18 +23,16 @@ none). A figure, not a test: the command fails only when it cannot run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import time
 from collections import Counter
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import engine, servers, tools
+from benchmarks import arguments, engine, servers, tools
 from benchmarks.cpu import GATEWAY_KINDS, TICKS, CpuProbe
 from benchmarks.stack import Stack, StackError, stack_run, stack_session
 from benchmarks.stats import percentile
@@ -43,26 +41,6 @@ from benchmarks.stats import percentile
 # client, and the bench is one client sending thousands of streams.
 RATE_LIMIT = "1000000000"
 CALIBRATION_CALLS = 3
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive integers") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
-    return levels
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-        return value
-
-    return parse
 
 
 def _span(figure: dict, unit: str = "", digits: int = 2) -> str:
@@ -83,49 +61,40 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--concurrency",
-            type=_levels,
+            type=arguments.levels,
             default=[16, 64],
             help="streams at once, one level after another (default 16,64)",
         )
         parser.add_argument(
             "--requests",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=None,
             help="streams per phase (default max(4 x concurrency, 64))",
         )
         parser.add_argument(
             "--rounds",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=4,
             help="rounds, each a text and a tool phase per level, in ABBA order (default 4)",
         )
-        parser.add_argument(
-            "--ttft",
-            type=_positive(float),
-            default=100.0,
-            help="the simulator's time to first token, ms (default 100)",
-        )
-        parser.add_argument(
-            "--itl",
-            type=_positive(float),
-            default=13.0,
-            help="the simulator's inter-token latency, ms (default 13)",
+        arguments.simulator_latency_add(
+            parser, ttft=100.0, itl=13.0, kind=arguments.positive(float)
         )
         parser.add_argument(
             "--web-concurrency",
-            type=_positive(int),
+            type=arguments.positive(int),
             default=None,
             help="the gateway through config.web with N daphne processes (default: one daphne)",
         )
         parser.add_argument(
             "--timeout",
-            type=_positive(float),
+            type=arguments.positive(float),
             default=120.0,
             help="per stream, s (default 120)",
         )
         parser.add_argument(
             "--idle",
-            type=_positive(float),
+            type=arguments.positive(float),
             default=5.0,
             help="seconds over which the idle gateway's CPU is read, before the rounds (default 5)",
         )
@@ -138,19 +107,9 @@ class Command(BaseCommand):
             help="a short run, for a test: concurrency 4, 8 requests per phase, 2 rounds, "
             "TTFT 20 ms, ITL 2 ms, 0.5 s idle (overrides the options above)",
         )
-        parser.add_argument(
-            "--keep",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the bench database for the next run (default on); --no-keep drops it",
-        )
-        parser.add_argument(
-            "--log-dir",
-            type=Path,
-            default=None,
-            help="keep the simulator's and the gateway's logs here (default: removed)",
-        )
-        parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+        arguments.keep_add(parser)
+        arguments.log_dir_add(parser)
+        arguments.json_add(parser, what="the figures")
 
     def out(self, text: str = "") -> None:
         self.stdout.write(text)

@@ -22,7 +22,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from benchmarks import chat_ws, engine, servers, stats
+from benchmarks import arguments, chat_ws, engine, servers, stats
 from benchmarks.stack import StackError, stack_run, stack_session
 from benchmarks.users import bench_user, session_cookie
 
@@ -76,12 +76,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--seconds", type=float, default=60.0, help="how long they ask (default 60)"
         )
-        parser.add_argument(
-            "--ttft", type=float, default=100.0, help="the simulator's time to first token, ms"
-        )
-        parser.add_argument(
-            "--itl", type=float, default=13.0, help="the simulator's inter-token latency, ms"
-        )
+        arguments.simulator_latency_add(parser, ttft=100.0, itl=13.0)
         parser.add_argument(
             "--timeout",
             type=float,
