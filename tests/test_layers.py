@@ -1,6 +1,6 @@
 """The drawn structure holds (docs/architecture.md, "Layers"): imports only point down, and no
 module imports itself back through others. Read from the source, every import statement, also
-those inside functions."""
+those inside functions. And no module grows past one idea's length."""
 
 import ast
 from pathlib import Path
@@ -106,3 +106,21 @@ def test_no_module_imports_itself_back():
         if node not in index:
             visit(node)
     assert not circles, circles
+
+
+# One idea per module (CONTRIBUTING.md, "Code style"): past this a module has grown a second idea
+# to split off. Migrations are generated and the settings are a table of sections, each its own
+# module; the harness and the development tools are held to it as the product is.
+MAX_MODULE_LINES = 450
+SIZED = [*LAYERS, "benchmarks", "devtools"]
+
+
+def test_no_module_is_longer_than_one_idea():
+    long = sorted(
+        f"{path.relative_to(ROOT)}: {lines} lines"
+        for package in SIZED
+        for path in (ROOT / package).rglob("*.py")
+        if "migrations" not in path.parts
+        and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert not long, f"over {MAX_MODULE_LINES} lines: {long}"
