@@ -35,14 +35,6 @@ logger = logging.getLogger(__name__)
 # --- sessions -------------------------------------------------------------------------------------
 
 
-def session_get(*, user, session_id: int) -> ChatSession:
-    """The user's own session; another user's is indistinguishable from a missing one."""
-    session = ChatSession.objects.filter(pk=session_id, user=user).first()
-    if session is None:
-        raise SessionNotFound(f"No chat session {session_id}.")
-    return session
-
-
 def session_create(*, user, title: str = "", source: str = ChatSession.Source.WEB) -> ChatSession:
     return ChatSession.objects.create(user=user, title=_title(title), source=source)
 
@@ -112,8 +104,8 @@ class StreamSlot:
 
 def _admission(client, user_id: int):
     """One round trip's commands: the rate window's counter (created with its expiry if missing,
-    then counted) and one of the user's stream slots. Returns the pipeline to execute (blocking or
-    async, as `client` is), the rate limit's retry delay and the slot it tries to take."""
+    then counted) and one of the user's stream slots. Returns the pipeline to execute, the rate
+    limit's retry delay and the slot it tries to take."""
     key, window, retry_after = _rate_window(user_id)
     pipe = client.pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
@@ -148,29 +140,12 @@ def _refusal(count: int, taken: int, retry_after: int) -> RateLimited | None:
     return None
 
 
-def question_admit(*, user_id: int) -> StreamSlot | None:
+async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
     """Count the question against the user's rate limit (a fixed window) and take one of the user's
     CHAT_MAX_STREAMS_PER_USER stream slots, both in Redis, shared by every process: one round trip.
     Raises RateLimited or TooManyStreams when over. The slot goes back with `astream_slot_release`
     at the turn's end (chat.turns does it), or by itself when its lease ends. Redis unreachable:
     the outage's error, or, with LIMITS_ON_REDIS_OUTAGE=open, None (admitted uncounted)."""
-    client = core_redis.client()
-    pipe, retry_after, slot = _admission(client, user_id)
-    try:
-        _, count, taken = pipe.execute()
-    except (RedisError, OSError) as exc:
-        if outage_lets_through(exc, "the chat rate limit and stream slots"):
-            return None
-        raise
-    if (refused := _refusal(count, taken, retry_after)) is not None:
-        if taken:
-            slots.give_back(client, key=slot.key, holder=slot.holder)
-        raise refused
-    return slot
-
-
-async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
-    """question_admit on the event loop."""
     client = core_redis.aclient()
     pipe, retry_after, slot = _admission(client, user_id)
     try:
@@ -191,7 +166,7 @@ async def ajoin_admit(*, user_id: int) -> None:
     against CHAT_JOIN_RATE_LIMIT per CHAT_RATE_WINDOW, shared by every process: one round trip.
     A join is no question (a reload must not use up the questions), but it is not free either:
     a statement, and for an answer another process runs a publish and a wait. Raises
-    RateLimited when over; Redis unreachable, as question_admit."""
+    RateLimited when over; Redis unreachable, as aquestion_admit."""
     key, window, retry_after = _rate_window(user_id, "joins:")
     pipe = core_redis.aclient().pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)

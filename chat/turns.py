@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from chat import services
@@ -177,43 +176,35 @@ class TurnRequest:
 class Admitted:
     """A question through the intake: the process takes turns, its text is checked, it is counted
     against the user's rate limit and holds a stream slot (None: limits open in a Redis outage).
-    `started`: a new version the caller already started (a stream whose refusals must be plain
-    4xx before its headers go out)."""
+    `started`: a new version of the last exchange, started by the intake."""
 
     content: str | None
     slot: services.StreamSlot | None
     started: services.TurnStart | None = None
 
 
-def _intake(turn: TurnRequest) -> str | None:
-    turn_admit()  # draining: refused before anything is counted
-    return turn.content if turn.regenerate is not None else services.message_validate(turn.content)
-
-
 async def aquestion_intake(turn: TurnRequest) -> Admitted:
-    """The one way in for a question, on the event loop: every refusal (draining, bad text, the
-    rate limit, too many answers at once) raised before anything is stored or counted."""
-    content = _intake(turn)
-    return Admitted(content, await services.aquestion_admit(user_id=turn.user.pk))
-
-
-def question_intake(turn: TurnRequest, *, start_redo: bool = False) -> Admitted:
-    """aquestion_intake in a request's thread (the chat API's streams). `start_redo`: a
-    regeneration or an edit is started here too, so that a refusal of it (not the last
-    exchange, another user's message) is one as well."""
-    content = _intake(turn)
-    slot = services.question_admit(user_id=turn.user.pk)
-    if not start_redo or turn.redo is None:
+    """The one way in for a question: every refusal (draining, bad text, the rate limit, too many
+    answers at once, for a new version the exchange it replaces) raised before anything is stored
+    or counted. A regeneration or an edit is started here too (`Admitted.started`), so that a
+    refusal of it (not the last exchange, another user's message) is one as well: the chat API's
+    streams call it before their headers go out, run_turn when its caller did not."""
+    turn_admit()  # draining: refused before anything is counted
+    content = (
+        turn.content if turn.regenerate is not None else services.message_validate(turn.content)
+    )
+    slot = await services.aquestion_admit(user_id=turn.user.pk)
+    if turn.redo is None:
         return Admitted(content, slot)
     try:
-        started = services.turn_redo_start(
+        started = await services.aturn_redo_start(
             user=turn.user,
             message_id=turn.redo,
-            content=content if turn.edit is not None else None,
+            content=None if turn.regenerate is not None else content,
         )
     except BaseException:
         if slot is not None:
-            async_to_sync(services.astream_slot_release)(slot=slot)
+            await asyncio.shield(services.astream_slot_release(slot=slot))
         raise
     return Admitted(content, slot, started)
 
@@ -228,7 +219,7 @@ async def run_turn(
 ) -> AsyncIterator[events.Event]:
     """Take the question in, persist, answer: yields the pipeline's events (a `session` event
     first when the turn is stored). Raises ChatError subclasses before anything is stored.
-    `admitted`: the caller took the question in already (`question_intake`); the turn gives its
+    `admitted`: the caller took the question in already (`aquestion_intake`); the turn gives its
     slot back. The slot goes back before the last event is yielded: a client that starts its next
     question as soon as it hears the end finds it free.
 
@@ -402,20 +393,14 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
     try:
         turn_admit()  # a caller that took the question in before the drain began
         if admitted is None:
-            # The rate limit and a stream slot (one Redis round trip, on the loop); then one
-            # statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
-            # request's thread elsewhere).
+            # The rate limit and a stream slot (one Redis round trip, on the loop), and for a new
+            # version its start; then one statement (on the loop inside core.db.unbound, as /v1
+            # and the socket run; in the request's thread elsewhere).
             admitted = await aquestion_intake(turn)
             slot = admitted.slot
         content = admitted.content
-        if admitted.started is not None:
+        if admitted.started is not None:  # a new version of the last exchange (aquestion_intake)
             starting = _ready(admitted.started)
-        elif turn.redo is not None:
-            starting = services.aturn_redo_start(
-                user=turn.user,
-                message_id=turn.redo,
-                content=None if turn.regenerate is not None else content,
-            )
         elif turn.store:
             starting = services.aturn_start(
                 user=turn.user,
