@@ -26,7 +26,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from chat import services
+from chat import services, versions
 from chat.exceptions import Draining
 from chat.models import ChatSession, Message
 from core import db
@@ -197,7 +197,7 @@ async def aquestion_intake(turn: TurnRequest) -> Admitted:
     if turn.redo is None:
         return Admitted(content, slot)
     try:
-        started = await services.aturn_redo_start(
+        started = await versions.aturn_redo_start(
             user=turn.user,
             message_id=turn.redo,
             content=None if turn.regenerate is not None else content,
