@@ -18,7 +18,8 @@ from chat import live
 from chat.exceptions import ChatError
 from chat.models import ChatSession, Message
 from chat.services import ajoin_admit
-from chat.turns import SessionEvent, TurnRequest, areads_route_details, run_turn
+from chat.turn_request import TurnRequest
+from chat.turns import SessionEvent, areads_route_details, run_turn
 from core import db
 from core.errors import DomainError, unavailable
 from core.sockets import JsonFramesConsumer, asocket_login_ended

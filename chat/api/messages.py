@@ -15,7 +15,8 @@ from chat.api.turn_input import RegenerateSerializer, SendSerializer, details, t
 from chat.auth import ChatScope
 from chat.exceptions import SPEND_REFUSALS, SpendRefused
 from chat.models import Message
-from chat.turns import SessionEvent, TurnRequest, run_turn
+from chat.turn_request import TurnRequest
+from chat.turns import SessionEvent, run_turn
 from routing.events import Error, message_for_users
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from chat.models import ApiKey
-from chat.turns import TurnRequest, reads_route_details
+from chat.turn_request import TurnRequest
+from chat.turns import reads_route_details
 from core.fields import TextField
 from observability.models import RequestLog
 
