@@ -1,5 +1,5 @@
-"""Reads of conversations that are more than a lookup: a user's message, and the search over a
-user's messages."""
+"""Reads of conversations: a user's sessions, messages and API keys, a finished turn's two
+messages, and the search over a user's messages."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import connection
 
 from chat.exceptions import SearchInvalid, SessionNotFound
-from chat.models import ChatSession, Message
+from chat.models import ApiKey, ChatSession, Message
 from core.text import text_problem
 
 SEARCH_MAX_CHARS = 200
@@ -18,6 +18,43 @@ SNIPPET_CHARS = 160
 
 # The scripts written without spaces, as the search functions of migration 0005 split them.
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+
+
+def sessions_list(*, user):
+    """The user's sessions, the last one used first."""
+    return ChatSession.objects.filter(user=user).order_by("-updated_at", "-pk")
+
+
+def session_get(*, user, session_id: int) -> ChatSession:
+    """The user's own session; another user's is indistinguishable from a missing one."""
+    session = ChatSession.objects.filter(pk=session_id, user=user).first()
+    if session is None:
+        raise SessionNotFound(f"No chat session {session_id}.")
+    return session
+
+
+def session_messages(*, session: ChatSession):
+    """The conversation, oldest first (its first 1000 messages)."""
+    return session.messages.order_by("created_at", "pk")[:1000]
+
+
+def turn_messages(*, message_id: int) -> tuple[Message, Message | None]:
+    """A stored answer (with its session) and the question it answers."""
+    assistant = Message.objects.select_related("session").get(pk=message_id)
+    user_message = (
+        assistant.session.messages.filter(role="user", pk__lt=assistant.pk).order_by("pk").last()
+    )
+    return assistant, user_message
+
+
+def apikeys_list(*, user):
+    """The user's API keys, the newest first (revoked ones too)."""
+    return ApiKey.objects.filter(user=user).order_by("-created_at")
+
+
+def apikey_get(*, user, key_id: int) -> ApiKey | None:
+    """The user's own API key, or None (another user's too)."""
+    return ApiKey.objects.filter(pk=key_id, user=user).first()
 
 
 def message_get(*, user, message_id: int) -> Message:

@@ -1,46 +1,35 @@
-"""Writes for conversations: sessions, turns and the admission of questions. Validate, then
-mutate. API keys are chat.apikeys."""
+"""Writes for conversations: sessions, turns (their start and end) and the admission of
+questions. Validate, then mutate. API keys are chat.apikeys; new versions of the last exchange
+chat.versions."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 from redis.exceptions import RedisError
 
 from chat.exceptions import (
-    AnswerNotFinished,
     MessageInvalid,
     MessageTooLarge,
-    NotLastExchange,
     RateLimited,
     SessionNotFound,
     TooManyStreams,
 )
+from chat.history import history_kept, history_replay
 from chat.models import ChatSession, Message
 from core import db, rawsql, slots
 from core import redis as core_redis
 from core.text import text_problem
-from routing.prompt import History, question_message
 from spend.ledger import outage_lets_through
 
 logger = logging.getLogger(__name__)
 
 # --- sessions -------------------------------------------------------------------------------------
-
-
-def session_get(*, user, session_id: int) -> ChatSession:
-    """The user's own session; another user's is indistinguishable from a missing one."""
-    session = ChatSession.objects.filter(pk=session_id, user=user).first()
-    if session is None:
-        raise SessionNotFound(f"No chat session {session_id}.")
-    return session
 
 
 def session_create(*, user, title: str = "", source: str = ChatSession.Source.WEB) -> ChatSession:
@@ -112,8 +101,8 @@ class StreamSlot:
 
 def _admission(client, user_id: int):
     """One round trip's commands: the rate window's counter (created with its expiry if missing,
-    then counted) and one of the user's stream slots. Returns the pipeline to execute (blocking or
-    async, as `client` is), the rate limit's retry delay and the slot it tries to take."""
+    then counted) and one of the user's stream slots. Returns the pipeline to execute, the rate
+    limit's retry delay and the slot it tries to take."""
     key, window, retry_after = _rate_window(user_id)
     pipe = client.pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
@@ -148,29 +137,12 @@ def _refusal(count: int, taken: int, retry_after: int) -> RateLimited | None:
     return None
 
 
-def question_admit(*, user_id: int) -> StreamSlot | None:
+async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
     """Count the question against the user's rate limit (a fixed window) and take one of the user's
     CHAT_MAX_STREAMS_PER_USER stream slots, both in Redis, shared by every process: one round trip.
     Raises RateLimited or TooManyStreams when over. The slot goes back with `astream_slot_release`
     at the turn's end (chat.turns does it), or by itself when its lease ends. Redis unreachable:
     the outage's error, or, with LIMITS_ON_REDIS_OUTAGE=open, None (admitted uncounted)."""
-    client = core_redis.client()
-    pipe, retry_after, slot = _admission(client, user_id)
-    try:
-        _, count, taken = pipe.execute()
-    except (RedisError, OSError) as exc:
-        if outage_lets_through(exc, "the chat rate limit and stream slots"):
-            return None
-        raise
-    if (refused := _refusal(count, taken, retry_after)) is not None:
-        if taken:
-            slots.give_back(client, key=slot.key, holder=slot.holder)
-        raise refused
-    return slot
-
-
-async def aquestion_admit(*, user_id: int) -> StreamSlot | None:
-    """question_admit on the event loop."""
     client = core_redis.aclient()
     pipe, retry_after, slot = _admission(client, user_id)
     try:
@@ -191,7 +163,7 @@ async def ajoin_admit(*, user_id: int) -> None:
     against CHAT_JOIN_RATE_LIMIT per CHAT_RATE_WINDOW, shared by every process: one round trip.
     A join is no question (a reload must not use up the questions), but it is not free either:
     a statement, and for an answer another process runs a publish and a wait. Raises
-    RateLimited when over; Redis unreachable, as question_admit."""
+    RateLimited when over; Redis unreachable, as aquestion_admit."""
     key, window, retry_after = _rate_window(user_id, "joins:")
     pipe = core_redis.aclient().pipeline(transaction=False)
     pipe.set(key, 0, ex=window + 5, nx=True)
@@ -227,7 +199,7 @@ class TurnStart:
     history: list[dict]  # earlier turns for the prompt, oldest first (a History when stored)
     groups: frozenset[str]  # the user's group names, for the routing rules
     question_id: int | None = None  # the stored question
-    question: str = ""  # its text, when the turn answers a stored question again (turn_redo_start)
+    question: str = ""  # its text, when the turn answers a stored question again (chat.versions)
 
 
 async def aturn_start(
@@ -349,53 +321,14 @@ def warm_statements() -> list[tuple[str, list | dict]]:
     ]
 
 
-def history_start(total: int) -> int:
-    """Where a prompt's history starts among a session's `total` earlier messages: all of them up
-    to CHAT_HISTORY_TURNS, then from a point that moves in steps of half that many.
-
-    The last CHAT_HISTORY_TURNS alone would move the prompt's start at every turn once the
-    conversation is that long, and the engine's prefix cache would hold nothing of the next
-    turn but the system prompt. Cut at a multiple of the step, the start stays put while the
-    conversation grows by up to a step, the turns meanwhile share their whole prompt start;
-    between half and all of CHAT_HISTORY_TURNS are sent (routing.prompt trims for the window
-    the same way)."""
-    turns = settings.CHAT_HISTORY_TURNS
-    if total <= turns:
-        return 0
-    step = max(1, turns // 2)
-    return -(-(total - turns) // step) * step
-
-
-def history_replay(rows: Iterable[tuple[str, str, str]]) -> History:
-    """The earlier turns (role, text, passages), oldest first, as the engine got them: each
-    question with the KB passages it was sent with, laid out as routing.prompt lays out a
-    question, so a turn's prompt starts byte for byte as the last one did and the engine finds
-    it in its prefix cache. A question sent without passages, or stored before they were kept,
-    replays as its text. The plain form (the questions as their text) goes along, for a rule
-    that does not replay passages."""
-    rows = list(rows)
-    plain = [{"role": role, "content": text} for role, text, _ in rows]
-    return History(
-        (
-            question_message(message, context or "")
-            for message, (_, _, context) in zip(plain, rows, strict=True)
-        ),
-        plain,
-    )
-
-
-def _kept(rows: list, total: int) -> list:
-    """Of the last CHAT_HISTORY_TURNS of a session's `total` earlier messages (oldest first),
-    those from history_start on."""
-    return rows[max(0, len(rows) - (total - history_start(total))) :]
-
-
 def _turn_started(row, *, session_id: int | None, history: list[dict] | None) -> TurnStart:
     if row is None:
         raise SessionNotFound(f"No chat session {session_id}.")
     sid, title, assistant_id, question_id, groups, roles, contents, contexts, total = row
     if history is None:
-        history = history_replay(_kept(list(zip(roles, contents, contexts, strict=True)), total))
+        history = history_replay(
+            history_kept(list(zip(roles, contents, contexts, strict=True)), total)
+        )
     return TurnStart(
         session_id=sid,
         title=title,
@@ -404,94 +337,6 @@ def _turn_started(row, *, session_id: int | None, history: list[dict] | None) ->
         groups=frozenset(groups),
         question_id=question_id,
     )
-
-
-def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
-    """Start a new version of the session's last exchange, as `aturn_start` starts a turn:
-    regenerate (`message_id` the last answer, `content` None: its question is answered again) or
-    edit and resend (`message_id` the last question, `content` its new text, already validated).
-
-    The replaced messages are kept, superseded, and the new ones name the first version
-    (`version_of`): the page shows the versions, and the history of later turns reads the current
-    ones only. Only the last exchange: an earlier one was the ground of the turns after it.
-    Raises SessionNotFound for a message that is not the user's, MessageInvalid for the wrong
-    role, NotLastExchange for an earlier exchange and AnswerNotFinished while it is being written.
-    """
-    regenerate = content is None
-    wanted = Message.Role.ASSISTANT if regenerate else Message.Role.USER
-    with transaction.atomic():
-        message = Message.objects.filter(pk=message_id, session__user=user).first()
-        if message is None:
-            raise SessionNotFound(f"You have no message {message_id}.")
-        if message.role != wanted:
-            raise MessageInvalid(
-                "Only an answer can be regenerated."
-                if regenerate
-                else "Only a question can be edited and sent again."
-            )
-        # The session's row lock orders this against the session's other turns, whose start
-        # updates the same row.
-        session = ChatSession.objects.select_for_update().get(pk=message.session_id)
-        last = list(session.messages.filter(superseded=False).order_by("-created_at", "-pk")[:2])
-        answer, question = (last + [None, None])[:2]
-        if (
-            answer is None
-            or question is None
-            or answer.role != Message.Role.ASSISTANT
-            or question.role != Message.Role.USER
-            or message.pk not in (answer.pk, question.pk)
-        ):
-            raise NotLastExchange(
-                "Only the last answer can be regenerated, and only the last question edited: "
-                "the turns after an earlier one were answered in view of it."
-            )
-        if answer.status == Message.Status.STREAMING:
-            raise AnswerNotFinished("The answer is still being written; stop it or let it end.")
-        replaced = [answer.pk] if regenerate else [answer.pk, question.pk]
-        Message.objects.filter(pk__in=replaced).update(superseded=True)
-        if not regenerate:
-            question = Message.objects.create(
-                session=session,
-                role=Message.Role.USER,
-                content=content,
-                status=Message.Status.COMPLETE,
-                version_of_id=question.version_of_id or question.pk,
-            )
-        new_answer = Message.objects.create(
-            session=session,
-            role=Message.Role.ASSISTANT,
-            status=Message.Status.STREAMING,
-            version_of_id=answer.version_of_id or answer.pk,
-        )
-        session.save(update_fields=["updated_at"])
-        replayable = (
-            session.messages.filter(superseded=False, created_at__lte=question.created_at)
-            .exclude(pk__in=[question.pk, new_answer.pk])
-            .exclude(status=Message.Status.STREAMING)
-            .exclude(content="")
-        )
-        earlier = list(
-            replayable.order_by("-created_at", "-pk").values_list("role", "content", "context")[
-                : settings.CHAT_HISTORY_TURNS
-            ]
-        )[::-1]
-        earlier = _kept(earlier, replayable.count())
-        groups = frozenset(user.groups.values_list("name", flat=True))
-    return TurnStart(
-        session_id=session.pk,
-        title=session.title,
-        assistant_id=new_answer.pk,
-        history=history_replay(earlier),
-        groups=groups,
-        question_id=question.pk,
-        question=question.content,
-    )
-
-
-async def aturn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
-    """turn_redo_start from async code. In a thread, in a transaction: rarer than a question, it
-    is not on the hot path, and the checks read the rows they lock."""
-    return await db.run(turn_redo_start, user=user, message_id=message_id, content=content)
 
 
 async def aturn_finish(

@@ -21,19 +21,14 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
 
-from asgiref.sync import async_to_sync
-from django.utils import timezone
-
-from chat import services
+from chat import services, versions
 from chat.exceptions import Draining
-from chat.models import ChatSession, Message
+from chat.turn_record import _record, _status, overhead_ms  # chat.openai_api's too, from here
+from chat.turn_request import Admitted, TurnRequest
 from core import db
 from observability import metrics
-from observability.models import RequestLog
-from observability.requestlog import RequestRecord, request_note
+from observability.requestlog import request_note
 from routing import events, pipeline
 
 # The process's intake (config.drain): flags read once per turn, and the tasks running a turn,
@@ -112,108 +107,32 @@ class SessionEvent(events.Event):
     type: str = "session"
 
 
-def _status(final: events.Event | None, cancelled: bool, produced: bool) -> str:
-    if isinstance(final, events.Done):
-        return Message.Status.COMPLETE
-    if cancelled:
-        return Message.Status.CANCELLED
-    if isinstance(final, events.Error) and final.partial:
-        return Message.Status.PARTIAL
-    return Message.Status.PARTIAL if produced else Message.Status.FAILED
-
-
 async def _ready(start: services.TurnStart) -> services.TurnStart:
     return start
 
 
-@dataclass(kw_only=True)
-class TurnRequest:
-    """One question as an interface hands it over: who asks, what the model is asked, and where
-    the turn is kept. The same for the browser's socket, the chat API and /v1."""
-
-    user: Any
-    content: str | None  # None: a regeneration, which answers the stored question again
-    interface: str = RequestLog.Interface.WEB
-    client: str = "web"  # what the rules match as the client (chat.models.ApiKey.client)
-    source: str = ChatSession.Source.WEB  # a session's origin, for one this turn creates
-    # What the model gets besides the question: a model the client named, the token ceiling and
-    # temperature it asked for, its system text, and what /v1 carries as it was sent.
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    system: str = ""
-    passthrough: events.Passthrough = events.PLAIN
-    # Sent with the request (/v1): the conversation, and the groups the key lookup brought. The
-    # answer then needs nothing of the turn's rows and starts while they are written.
-    history: list[dict] | None = None
-    groups: frozenset[str] | None = None
-    api_key_id: int | None = None
-    # The API key's priority class at an endpoint's capacity, when staff gave it one.
-    priority: str | None = None
-    # Where it is kept: a session (None: a new one), nowhere (store=False, /v1 naming no
-    # session), or a new version of the session's last exchange (regenerate: an answer's id;
-    # edit: a question's id, replaced by `content`).
-    session_id: int | None = None
-    store: bool = True
-    regenerate: int | None = None
-    edit: int | None = None
-
-    def __post_init__(self):
-        if not self.store and (self.history is None or self.groups is None):
-            raise ValueError(
-                "a turn that stores nothing needs its history and groups from the caller"
-            )
-        if self.redo is not None and (self.history is not None or not self.store):
-            raise ValueError(
-                "a new version of a stored exchange reads its history from the session"
-            )
-
-    @property
-    def redo(self) -> int | None:
-        return self.regenerate if self.regenerate is not None else self.edit
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """A question through the intake: the process takes turns, its text is checked, it is counted
-    against the user's rate limit and holds a stream slot (None: limits open in a Redis outage).
-    `started`: a new version the caller already started (a stream whose refusals must be plain
-    4xx before its headers go out)."""
-
-    content: str | None
-    slot: services.StreamSlot | None
-    started: services.TurnStart | None = None
-
-
-def _intake(turn: TurnRequest) -> str | None:
-    turn_admit()  # draining: refused before anything is counted
-    return turn.content if turn.regenerate is not None else services.message_validate(turn.content)
-
-
 async def aquestion_intake(turn: TurnRequest) -> Admitted:
-    """The one way in for a question, on the event loop: every refusal (draining, bad text, the
-    rate limit, too many answers at once) raised before anything is stored or counted."""
-    content = _intake(turn)
-    return Admitted(content, await services.aquestion_admit(user_id=turn.user.pk))
-
-
-def question_intake(turn: TurnRequest, *, start_redo: bool = False) -> Admitted:
-    """aquestion_intake in a request's thread (the chat API's streams). `start_redo`: a
-    regeneration or an edit is started here too, so that a refusal of it (not the last
-    exchange, another user's message) is one as well."""
-    content = _intake(turn)
-    slot = services.question_admit(user_id=turn.user.pk)
-    if not start_redo or turn.redo is None:
+    """The one way in for a question: every refusal (draining, bad text, the rate limit, too many
+    answers at once, for a new version the exchange it replaces) raised before anything is stored
+    or counted. A regeneration or an edit is started here too (`Admitted.started`), so that a
+    refusal of it (not the last exchange, another user's message) is one as well: the chat API's
+    streams call it before their headers go out, run_turn when its caller did not."""
+    turn_admit()  # draining: refused before anything is counted
+    content = (
+        turn.content if turn.regenerate is not None else services.message_validate(turn.content)
+    )
+    slot = await services.aquestion_admit(user_id=turn.user.pk)
+    if turn.redo is None:
         return Admitted(content, slot)
     try:
-        started = services.turn_redo_start(
+        started = await versions.aturn_redo_start(
             user=turn.user,
             message_id=turn.redo,
-            content=content if turn.edit is not None else None,
+            content=None if turn.regenerate is not None else content,
         )
     except BaseException:
         if slot is not None:
-            async_to_sync(services.astream_slot_release)(slot=slot)
+            await asyncio.shield(services.astream_slot_release(slot=slot))
         raise
     return Admitted(content, slot, started)
 
@@ -228,7 +147,7 @@ async def run_turn(
 ) -> AsyncIterator[events.Event]:
     """Take the question in, persist, answer: yields the pipeline's events (a `session` event
     first when the turn is stored). Raises ChatError subclasses before anything is stored.
-    `admitted`: the caller took the question in already (`question_intake`); the turn gives its
+    `admitted`: the caller took the question in already (`aquestion_intake`); the turn gives its
     slot back. The slot goes back before the last event is yielded: a client that starts its next
     question as soon as it hears the end finds it free.
 
@@ -402,20 +321,14 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
     try:
         turn_admit()  # a caller that took the question in before the drain began
         if admitted is None:
-            # The rate limit and a stream slot (one Redis round trip, on the loop); then one
-            # statement (on the loop inside core.db.unbound, as /v1 and the socket run; in the
-            # request's thread elsewhere).
+            # The rate limit and a stream slot (one Redis round trip, on the loop), and for a new
+            # version its start; then one statement (on the loop inside core.db.unbound, as /v1
+            # and the socket run; in the request's thread elsewhere).
             admitted = await aquestion_intake(turn)
             slot = admitted.slot
         content = admitted.content
-        if admitted.started is not None:
+        if admitted.started is not None:  # a new version of the last exchange (aquestion_intake)
             starting = _ready(admitted.started)
-        elif turn.redo is not None:
-            starting = services.aturn_redo_start(
-                user=turn.user,
-                message_id=turn.redo,
-                content=None if turn.regenerate is not None else content,
-            )
         elif turn.store:
             starting = services.aturn_start(
                 user=turn.user,
@@ -445,80 +358,6 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
         if slot is not None:
             await asyncio.shield(services.astream_slot_release(slot=slot))
         raise
-
-
-def overhead_ms(arrived: float, engine_ms: float | None) -> float:
-    """The gateway's own time since the request arrived: all of it, less the engine's share."""
-    return round(max(0.0, (time.monotonic() - arrived) * 1000 - (engine_ms or 0.0)), 1)
-
-
-def _ms_since(arrived: float, then: float | None) -> float | None:
-    return None if then is None else round((then - arrived) * 1000, 1)
-
-
-def _record(
-    *,
-    arrived: float,
-    first_token_at: float | None,
-    interface: str,
-    user_id: int | None,
-    api_key_id: int | None,
-    session_id: int | None,
-    status: str,
-    route: events.Route | None,
-    done: events.Done | None,
-    error: events.Error | None,
-    key: uuid.UUID,
-    spent: events.Spent,
-    features: tuple[str, ...] = (),
-) -> RequestRecord:
-    now = time.monotonic()
-    source = done or error
-    kb = source.kb if source is not None else None
-    where = route or error
-    usage = done.usage if done is not None and done.usage else {}
-    road = (where.road if where else "") or ""
-    elapsed = round((now - arrived) * 1000, 1)
-    if done is not None:
-        overhead = done.overhead_ms
-    elif (route is None or route.road == "kb") and not (
-        error is not None and (error.target or error.fell_back_from)
-    ):
-        overhead = elapsed  # no engine took part: all of it was the gateway's
-    else:
-        overhead = (
-            None  # an engine's attempt is in there, and it ended before saying how long it took
-        )
-    return RequestRecord(
-        at=timezone.now() - timedelta(seconds=now - arrived),
-        interface=interface,
-        user_id=user_id,
-        api_key_id=api_key_id,
-        session_id=session_id,
-        road=road,
-        rule=(where.rule if where else "") or "",
-        target=(where.target if where else "") or "",
-        status=status,
-        error_code=error.code if error is not None else "",
-        ttft_ms=_ms_since(arrived, first_token_at),
-        latency_ms=elapsed,
-        overhead_ms=overhead,
-        prompt_tokens=usage.get("prompt_tokens", spent.prompt_tokens),
-        completion_tokens=usage.get("completion_tokens", spent.completion_tokens),
-        cost=0.0 if road == "kb" else spent.cost,
-        kb_method=kb.method if kb else "",
-        kb_hit=bool(kb and kb.hit),
-        kb_entry_id=kb.entry_id if kb else None,
-        kb_score=kb.score if kb else None,
-        fell_back_from=source.fell_back_from if source is not None else (),
-        retried=source.retried if source is not None else (),
-        skipped_chunks=done.skipped_chunks if done is not None else 0,
-        continued=done.continued if done is not None else (),
-        features=" ".join((*features, "tool_calls") if spent.tool_calls else features),
-        key=key,
-        wait_ms=round(spent.waited * 1000, 1) if spent.waited else None,
-        priority=spent.priority,
-    )
 
 
 async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[events.Event]) -> None:

@@ -1,36 +1,36 @@
 from django.urls import path
 
-from chat import api
+from chat.api import feedback, messages, search, sessions, streams
 
 urlpatterns = [
-    path("sessions/", api.SessionListView.as_view(), name="chat-sessions"),
-    path("sessions/<int:pk>/", api.SessionDetailView.as_view(), name="chat-session"),
-    path("sessions/<int:pk>/messages/", api.MessageListView.as_view(), name="chat-messages"),
+    path("sessions/", sessions.SessionListView.as_view(), name="chat-sessions"),
+    path("sessions/<int:pk>/", sessions.SessionDetailView.as_view(), name="chat-session"),
+    path("sessions/<int:pk>/messages/", messages.MessageListView.as_view(), name="chat-messages"),
     path(
         "sessions/<int:pk>/messages/stream",
-        api.MessageStreamView.as_view(),
+        streams.MessageStreamView.as_view(),
         name="chat-messages-stream",
     ),
     path(
         "messages/<int:pk>/regenerate",
-        api.MessageRegenerateView.as_view(),
+        messages.MessageRegenerateView.as_view(),
         name="chat-message-regenerate",
     ),
     path(
         "messages/<int:pk>/regenerate/stream",
-        api.MessageRegenerateStreamView.as_view(),
+        streams.MessageRegenerateStreamView.as_view(),
         name="chat-message-regenerate-stream",
     ),
-    path("messages/<int:pk>/edit", api.MessageEditView.as_view(), name="chat-message-edit"),
+    path("messages/<int:pk>/edit", messages.MessageEditView.as_view(), name="chat-message-edit"),
     path(
         "messages/<int:pk>/edit/stream",
-        api.MessageEditStreamView.as_view(),
+        streams.MessageEditStreamView.as_view(),
         name="chat-message-edit-stream",
     ),
-    path("search", api.SearchView.as_view(), name="chat-search"),
+    path("search", search.SearchView.as_view(), name="chat-search"),
     path(
         "messages/<int:pk>/feedback",
-        api.MessageFeedbackView.as_view(),
+        feedback.MessageFeedbackView.as_view(),
         name="chat-message-feedback",
     ),
 ]

@@ -2,7 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from chat import api as chat_api
+from chat.api import keys as chat_keys
+from chat.api import usage as chat_usage
 from config import health, metrics
 from core.login_throttle import AdminLoginForm, refused_with_429
 
@@ -20,9 +21,9 @@ urlpatterns = [
     path("api/kb/", include("knowledge.urls")),
     path("api/routing/", include("routing.urls")),
     path("api/chat/", include("chat.urls")),
-    path("api/keys/", chat_api.ApiKeyListView.as_view(), name="api-keys"),
-    path("api/usage", chat_api.UsageView.as_view(), name="api-usage"),
-    path("api/keys/<int:pk>/", chat_api.ApiKeyDetailView.as_view(), name="api-key"),
+    path("api/keys/", chat_keys.ApiKeyListView.as_view(), name="api-keys"),
+    path("api/usage", chat_usage.UsageView.as_view(), name="api-usage"),
+    path("api/keys/<int:pk>/", chat_keys.ApiKeyDetailView.as_view(), name="api-key"),
     # The schema and its page are public: they read no credentials (a bad key there would
     # otherwise fail inside the page's template, a 500).
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[]), name="api-schema"),

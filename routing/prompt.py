@@ -5,7 +5,7 @@ always in the same words, what changes with each question last.
              rule that sends KB context, the instruction about passages: the same for every
              request of the rule and every turn of a conversation
     history: the conversation so far, trimmed from its oldest end in steps (below), whole
-             messages; where the gateway keeps it (chat.services.history_replay) each earlier
+             messages; where the gateway keeps it (chat.history.history_replay) each earlier
              question as it was sent, its passages ahead of it (question_message), so the next
              turn starts with the whole of the last one's prompt
     user:    this question's KB passages (sorted by entry, so the same passages read the same),

@@ -9,7 +9,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
-from chat import services
+from chat import services, versions
+from chat.history import history_start
 from chat.models import ChatSession, Message
 from routing.prompt import History, build_messages
 
@@ -60,7 +61,7 @@ def test_a_regenerated_answer_reads_the_history_its_turn_read(alice):
     _, histories = converse(alice, 11)
     last = Message.objects.filter(role="assistant").order_by("-created_at", "-pk").first()
 
-    redo = services.turn_redo_start(user=alice, message_id=last.pk, content=None)
+    redo = versions.turn_redo_start(user=alice, message_id=last.pk, content=None)
 
     assert redo.history == histories[-1]
     assert redo.history[0]["content"] == "question 6"
@@ -74,7 +75,7 @@ def test_no_history_is_sent_when_the_limit_is_zero(alice):
 
 def test_the_cut_falls_at_multiples_of_half_the_limit(settings):
     settings.CHAT_HISTORY_TURNS = 20
-    starts = [services.history_start(total) for total in range(0, 61)]
+    starts = [history_start(total) for total in range(0, 61)]
     assert starts[:21] == [0] * 21
     assert starts[21:31] == [10] * 10
     assert starts[31:41] == [20] * 10
@@ -82,7 +83,7 @@ def test_the_cut_falls_at_multiples_of_half_the_limit(settings):
     # Never more than the limit, never fewer than half of it.
     assert all(10 < total - start <= 20 for total, start in enumerate(starts) if total > 20)
     settings.CHAT_HISTORY_TURNS = 1
-    assert [services.history_start(total) for total in range(4)] == [0, 0, 1, 2]
+    assert [history_start(total) for total in range(4)] == [0, 0, 1, 2]
 
 
 def test_the_history_carries_each_question_with_its_passages_and_as_its_text(alice):

@@ -17,7 +17,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.models import Message
-from chat.turns import TurnRequest, run_turn
+from chat.turn_request import TurnRequest
+from chat.turns import run_turn
 from inference_ops import engine_processes, supervisor
 from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task

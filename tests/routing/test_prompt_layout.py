@@ -97,8 +97,8 @@ def test_over_the_window_history_is_cut_to_half_its_room_so_the_next_turns_keep_
 
 def replayed_conversation(turns: int, *, filler: int = 0) -> tuple[str, list[list[dict]]]:
     """`turns` turns of a stored conversation, each question sent with its passages and the
-    history replayed as chat.services.history_replay does; the system message and each prompt."""
-    from chat.services import history_replay
+    history replayed as chat.history.history_replay does; the system message and each prompt."""
+    from chat.history import history_replay
 
     system = system_message("Be brief.", with_passages=True)
     rows: list[tuple[str, str, str]] = []
@@ -140,7 +140,7 @@ def test_trimming_a_replayed_conversation_drops_whole_turns_with_their_passages(
 
 
 def test_a_rule_that_does_not_replay_passages_sends_earlier_questions_as_their_text():
-    from chat.services import history_replay
+    from chat.history import history_replay
 
     system = system_message("Be brief.", with_passages=True)
     first = passages_block([passage(1, "Refunds take 5 days.")])
@@ -177,7 +177,7 @@ def test_a_clients_own_history_goes_as_sent_whatever_the_rule_replays():
 
 
 def test_the_plain_history_is_cut_at_a_user_turn_like_the_replayed_one():
-    from chat.services import history_replay
+    from chat.history import history_replay
 
     rows = []
     for turn in range(30):
