@@ -15,7 +15,7 @@ from observability.requestlog import RequestRecord
 from routing import events
 
 
-def _status(final: events.Event | None, cancelled: bool, produced: bool) -> str:
+def turn_status(final: events.Event | None, cancelled: bool, produced: bool) -> str:
     if isinstance(final, events.Done):
         return Message.Status.COMPLETE
     if cancelled:
@@ -34,7 +34,7 @@ def _ms_since(arrived: float, then: float | None) -> float | None:
     return None if then is None else round((then - arrived) * 1000, 1)
 
 
-def _record(
+def turn_log_row(
     *,
     arrived: float,
     first_token_at: float | None,

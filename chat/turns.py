@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from chat import services, versions
 from chat.exceptions import Draining
-from chat.turn_record import _record, _status, overhead_ms  # chat.openai_api's too, from here
+from chat.turn_record import overhead_ms, turn_log_row, turn_status
 from chat.turn_request import Admitted, TurnRequest
 from core import db
 from observability import metrics
@@ -221,9 +221,9 @@ async def run_turn(
         error = final if isinstance(final, events.Error) else None
         if cancelled:
             error = events.Error(code="cancelled", message="stopped before the answer finished")
-        status = _status(final, cancelled, bool(parts))
+        status = turn_status(final, cancelled, bool(parts))
         done = final if isinstance(final, events.Done) else None
-        record = _record(
+        record = turn_log_row(
             arrived=arrived,
             first_token_at=first_token_at,
             interface=turn.interface,

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 
 from chat import services
 from chat.models import ApiKey
-from chat.turns import _record, _status, overhead_ms, turn_admit
+from chat.turn_record import overhead_ms, turn_log_row, turn_status
+from chat.turns import turn_admit
 from observability import metrics
 from observability.models import RequestLog
 from observability.requestlog import request_note
@@ -54,14 +55,14 @@ async def run_call(
         if cancelled:
             error = events.Error(code="cancelled", message="stopped before the answer finished")
         done = final if isinstance(final, events.Done) else None
-        record = _record(
+        record = turn_log_row(
             arrived=arrived,
             first_token_at=first_token_at,
             interface=RequestLog.Interface.V1,
             user_id=key.user_id,
             api_key_id=key.pk,
             session_id=None,
-            status=_status(final, cancelled, produced),
+            status=turn_status(final, cancelled, produced),
             route=route,
             done=done,
             error=error,

@@ -23,7 +23,8 @@ from chat.openai_api.replies import (
     route_headers,
 )
 from chat.openai_api.schema import completion_request, session_named
-from chat.turns import SessionEvent, TurnRequest, run_turn
+from chat.turn_request import TurnRequest
+from chat.turns import SessionEvent, run_turn
 from core import db
 from knowledge.exceptions import EntryInvalid
 from observability.models import RequestLog

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from chat.openai_api.ratelimit import ratelimit_headers
-from chat.turns import areads_route_details, overhead_ms
+from chat.turn_record import overhead_ms
+from chat.turns import areads_route_details
 from core.errors import openai_error_body, unavailable
 from routing import events
 
