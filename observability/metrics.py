@@ -78,7 +78,7 @@ ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(
         "budget_exceeded",
         "limits_unavailable",
         "insufficient_quota",
-        # /v1's completions and embeddings (chat.openai_api, routing.raw_apis).
+        # /v1's completions and embeddings (chat.openai_api; routing.completions, .embeddings).
         "unsupported_api",
         "unsupported_parameter",
         "too_many_inputs",

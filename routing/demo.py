@@ -2,8 +2,8 @@
 translation and compare/analyse requests to the external model when one is configured (else the
 local one), everything else to the local engine with the external one as fallback. An API client
 that names the local model gets it without KB context (naming a model skips the KB, not the rules:
-see `routing.rules.named_target`). Only missing rows are created, so a curator's edits survive the
-next start."""
+see `routing.compiled.named_target`). Only missing rows are created, so a curator's edits survive
+the next start."""
 
 from typing import Any
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from knowledge.verdict import DirectAnswer
-from routing.rules import Target
+from routing.compiled import Target
 from spend.ledger import Standing
 
 

@@ -12,7 +12,8 @@ from inference_ops import admission
 from inference_ops.models import ModelEndpoint
 from knowledge.selectors import direct_answer
 from routing import breaker
-from routing.rules import Context, Target, asnapshot, named_target, query_vector
+from routing.compiled import Context, Target, named_target
+from routing.rules import asnapshot, query_vector
 
 # What the caller gets when no room is found at the chain's last target within the deadline.
 REFUSED_BUSY = (

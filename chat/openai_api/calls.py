@@ -1,4 +1,5 @@
-"""A /v1 call that stores no chat message: a raw completion or embeddings (routing.raw_apis).
+"""A /v1 call that stores no chat message: a raw completion or embeddings
+(routing.completions, routing.embeddings).
 
 It is taken in as a chat question is (chat.turns: a draining process refuses it; the user's rate
 limit counts it and it holds one of the user's stream slots while it runs) and leaves what a chat

@@ -4,7 +4,7 @@ The request is read as the chat request is (chat.openai_api.schema): every field
 request and vLLM's own is known (inference_ops.openai_fields, its COMPLETION_ tables); the ones the
 gateway owns are read (the model, the prompt, the token ceiling, streaming), the others checked
 for their type and passed on as sent, or refused with a 400 that names them. The call is routed by
-routing.raw_apis.complete (the rules, no knowledge base) and answered by text_completion.
+routing.completions.complete (the rules, no knowledge base) and answered by text_completion.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from chat.openai_api.schema import MAX_CHOICES, MAX_STOPS, request_fields
 from core.text import text_problem
 from inference_ops import openai_fields
 from observability.models import RequestLog
-from routing import events, raw_apis
+from routing import events
+from routing.completions import complete
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs; OpenAI's own limit is 5
 
@@ -129,7 +130,7 @@ class CompletionsRequest:
 
 
 def completions_request(raw_body: bytes) -> CompletionsRequest | Reply:
-    """The request as routing.raw_apis takes it, or the 400 refusing it."""
+    """The request as routing.completions takes it, or the 400 refusing it."""
     body = request_fields(
         raw_body,
         known=openai_fields.COMPLETION_KNOWN,
@@ -260,7 +261,7 @@ async def completions(headers: dict[str, str], raw_body: bytes, arrived: float) 
     call = run_call(
         key=key,
         api=RequestLog.Api.COMPLETIONS,
-        answer=raw_apis.complete(asked, parsed.prompt),
+        answer=complete(asked, parsed.prompt),
         arrived=arrived,
         request_key=request_key,
         spent=spent,

@@ -5,7 +5,7 @@ The request's fields are known (inference_ops.openai_fields, its EMBEDDING_ tabl
 `input` and `encoding_format` are read, the others passed on as sent to the kinds of engine that
 take them, or refused with a 400 that names them. Each input is bounded (ROUTING_MAX_INPUT_CHARS
 characters or token ids: a 413) and so is their number (V1_EMBEDDING_MAX_INPUTS: a 400). The call
-is routed by routing.raw_apis.embed.
+is routed by routing.embeddings.embed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from chat.openai_api.schema import request_fields
 from core.text import text_problem
 from inference_ops import openai_fields
 from observability.models import RequestLog
-from routing import events, raw_apis
+from routing import events
+from routing.embeddings import EmbeddingAsk, Vectors, embed
 from routing.prompt import approx_tokens
 
 _INPUT_SHAPE = (
@@ -43,12 +44,12 @@ _INPUT_SHAPE = (
 @dataclass
 class EmbeddingsRequest:
     model: str
-    ask: raw_apis.EmbeddingAsk
+    ask: EmbeddingAsk
     passthrough: events.Passthrough
 
 
 def embeddings_request(raw_body: bytes) -> EmbeddingsRequest | Reply:
-    """The request as routing.raw_apis takes it, or the 4xx refusing it."""
+    """The request as routing.embeddings takes it, or the 4xx refusing it."""
     body = request_fields(
         raw_body,
         known=openai_fields.EMBEDDING_KNOWN,
@@ -99,7 +100,7 @@ def embeddings_request(raw_body: bytes) -> EmbeddingsRequest | Reply:
     )
 
 
-def _ask(value, *, encoding_format: str, dimensions: int | None) -> raw_apis.EmbeddingAsk | Reply:
+def _ask(value, *, encoding_format: str, dimensions: int | None) -> EmbeddingAsk | Reply:
     """The inputs, each checked: text that can be sent, within the size limit."""
     limit = settings.ROUTING_MAX_INPUT_CHARS
     if isinstance(value, str):
@@ -143,7 +144,7 @@ def _ask(value, *, encoding_format: str, dimensions: int | None) -> raw_apis.Emb
                 code="input_too_large",
                 param=where,
             )
-    return raw_apis.EmbeddingAsk(
+    return EmbeddingAsk(
         input=value,
         texts=texts or None,
         tokens=tokens,
@@ -193,7 +194,7 @@ async def embeddings(headers: dict[str, str], raw_body: bytes, arrived: float) -
     call = run_call(
         key=key,
         api=RequestLog.Api.EMBEDDINGS,
-        answer=raw_apis.embed(asked, parsed.ask),
+        answer=embed(asked, parsed.ask),
         arrived=arrived,
         request_key=request_key,
         spent=spent,
@@ -205,7 +206,7 @@ async def embeddings(headers: dict[str, str], raw_body: bytes, arrived: float) -
                 return await pipeline_error_reply(event, key.user)
             if isinstance(event, events.Route):
                 route = event
-            elif isinstance(event, raw_apis.Vectors):
+            elif isinstance(event, Vectors):
                 vectors = event.vectors
             elif isinstance(event, events.Done):
                 done = event

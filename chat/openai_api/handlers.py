@@ -29,7 +29,7 @@ from core import db
 from knowledge.exceptions import EntryInvalid
 from observability.models import RequestLog
 from routing import events
-from routing.raw_apis import kb_model_name
+from routing.embeddings import kb_model_name
 from routing.rules import asnapshot
 
 

@@ -40,7 +40,7 @@ def roads(engine):
     """Endpoints named after the stub's behaviours. `model: auto` goes to the burst one when the
     question says "burst", to the slow one otherwise; each may be named (its own rule lists it)."""
     # The stub knows nothing of a prefill: no retry on the same endpoint and no fallback for a
-    # named one, so a stream broken mid-answer is not continued (routing.pipeline._continue).
+    # named one, so a stream broken mid-answer is not continued (routing.continuation._continue).
     made = {
         name: endpoint(name, url=f"{engine.url}/v1", model=name, idle_timeout=5, retries=0)
         for name in ("burst", "broken", "slow")

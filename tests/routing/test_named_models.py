@@ -6,9 +6,10 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
+from routing.compiled import Context
 from routing.exceptions import RuleInvalid
 from routing.models import RoutingRule
-from routing.rules import Context, rules_changed, snapshot
+from routing.rules import rules_changed, snapshot
 from routing.validation import rule_validate
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule

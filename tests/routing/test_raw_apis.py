@@ -1,7 +1,8 @@
-"""Retries of the /v1 APIs beside chat (routing.raw_apis): embeddings tried again on the same
-endpoint after a transient failure, as a chat answer is before its first token, and never after a
-refusal that would come again; completions, which go down the chat pipeline's chain, the same.
-The engine is the simulator over HTTP, its faults named by the endpoint's `X-Sim-Fail` header."""
+"""Retries of the /v1 APIs beside chat (routing.completions, routing.embeddings): embeddings tried
+again on the same endpoint after a transient failure, as a chat answer is before its first token,
+and never after a refusal that would come again; completions, which go down the chat pipeline's
+chain, the same. The engine is the simulator over HTTP, its faults named by the endpoint's
+`X-Sim-Fail` header."""
 
 import json
 import urllib.error
@@ -11,7 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from observability.models import RequestLog
-from routing import raw_apis
+from routing import completions, embeddings
 from routing.events import RouteRequest
 from tests.inference_ops.simulator_process import start_simulator
 from tests.support.factories import endpoint, rule
@@ -59,15 +60,15 @@ async def _collect(generator):
 
 def embed(model="embedder"):
     request = RouteRequest(text="", model=model, api="embeddings", store=False)
-    ask = raw_apis.EmbeddingAsk(
+    ask = embeddings.EmbeddingAsk(
         input=TEXTS, texts=TEXTS, tokens=12, encoding_format="float", dimensions=None
     )
-    return async_to_sync(_collect)(raw_apis.embed(request, ask))
+    return async_to_sync(_collect)(embeddings.embed(request, ask))
 
 
 def complete(prompt: str, model="auto"):
     request = RouteRequest(text=prompt, model=model, api="completions", max_tokens=3, store=False)
-    return async_to_sync(_collect)(raw_apis.complete(request, prompt))
+    return async_to_sync(_collect)(completions.complete(request, prompt))
 
 
 # --- embeddings ----------------------------------------------------------------------------------

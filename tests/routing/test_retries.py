@@ -12,8 +12,8 @@ from asgiref.sync import async_to_sync
 from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineError
 from routing import breaker
-from routing.pipeline import retry_wait
-from routing.rules import Target
+from routing.compiled import Target
+from routing.failures import retry_wait
 from tests.inference_ops.simulator_process import start_simulator
 from tests.routing.conftest import answer_text, ask
 from tests.support.factories import endpoint, rule

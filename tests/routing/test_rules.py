@@ -12,9 +12,10 @@ from rest_framework.test import APIClient
 from knowledge.embedding import E5_SMALL, operating_point
 from knowledge.services.entries import entry_create
 from routing import breaker
+from routing.compiled import Context
 from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
-from routing.rules import Context, query_vector, snapshot, snapshot_build
+from routing.rules import query_vector, snapshot, snapshot_build
 from routing.validation import rule_validate
 from tests.routing.conftest import ask
 from tests.support.factories import endpoint, rule

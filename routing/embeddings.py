@@ -1,14 +1,8 @@
-"""The /v1 APIs beside chat: OpenAI's legacy completions (a raw prompt) and embeddings.
+"""/v1/embeddings, beside chat: the vectors of a text or of token ids.
 
-Both yield the pipeline's events (`routing.events`), so the interfaces, the request log and the
-metrics read them as they read a chat answer's: `route`, then tokens (`complete`) or the vectors
-(`embed`), then `done`; or an `error`.
-
-A completion is routed as a chat question is, with no knowledge base: the rule that takes the
-prompt's text decides (a named endpoint must be listed by it; `auto` tries the rule's chain), its
-token ceiling applies, and the chain is tried by `pipeline._generate` itself (breaker, replicas,
-fallback before the first token, the limits' reservation and settlement). The prompt goes to the
-engine as the client sent it: no system prompt, no passages.
+It yields the pipeline's events (`routing.events`), so the interfaces, the request log and the
+metrics read them as they read a chat answer's: `route`, the vectors (`Vectors`), then `done`; or
+an `error`.
 
 Embeddings go to the endpoint the client names, where a rule that admits the caller lists it (what
 /v1/models shows), or to the knowledge base's own embedding model (`auto`, or its name on
@@ -29,185 +23,37 @@ from django.conf import settings
 from inference_ops import engine_state, openai_fields
 from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineError
-from inference_ops.other_apis import Embeddings, create_embeddings, stream_completion
+from inference_ops.other_apis import Embeddings, create_embeddings
 from knowledge.embedding import QUERY, aembed_query, embed_texts, spec_of
 from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import aserving_model
 from routing import breaker, replicas
+from routing.attempt import _ms
+from routing.compiled import Snapshot, Target
 from routing.events import Done, Error, Event, RouteRequest, route_event
-from routing.pipeline import (
+from routing.failures import (
     Attempts,
-    _Attempt,
     _engine_failed,
-    _generate,
-    _match,
-    _over_budget,
-    _Plan,
-    _reserve,
-    _spend_of,
     _unserved_error,
-    answer_budget,
-    named_chain,
-    order_targets,
+    content_filtered,
+    engine_too_long,
     retry_wait,
 )
-from routing.prompt import approx_tokens
-from routing.rules import Snapshot, Target, asnapshot, named_target
+from routing.pipeline import _over_budget, _spend_of
+from routing.plan import _Plan
+from routing.rules import asnapshot
+from routing.spending import _reserve
 from spend import ledger
 from spend.prices import FREE
 
-COMPLETIONS, EMBEDDINGS = "completions", "embeddings"
+EMBEDDINGS = "embeddings"
 # The knowledge base's embedding model on /v1/models: `kb:` and its name, which no endpoint's name
 # (a slug) can be. A switch of the KB's model changes the name, so a client that keeps vectors
 # sees the change instead of mixing two models' vectors.
 KB_PREFIX = "kb:"
 
 _rng = random.Random()
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
-
-
-# --- completions ---------------------------------------------------------------------------------
-
-
-async def complete(
-    request: RouteRequest, prompt: str | list, *, rng: random.Random | None = None
-) -> AsyncGenerator[Event, None]:
-    """A raw completion of `prompt`, sent as the client sent it (a string, a list of one, token
-    ids); its text in `request.text` for the rules ("" for token ids), the client's other fields
-    in `request.passthrough.fields`."""
-    started = time.monotonic()
-    text = request.text
-    ids = _token_ids(prompt)
-    if max(len(text), ids) > settings.ROUTING_MAX_INPUT_CHARS:
-        size = f"{len(text)} characters" if text else f"{ids} tokens"
-        yield Error(
-            code="too_long",
-            message=f"The prompt has {size}; the limit is {settings.ROUTING_MAX_INPUT_CHARS}.",
-            param="prompt",
-        )
-        return
-    snap = await asnapshot()
-    named = bool(request.model) and request.model != "auto"
-    if named and request.model not in snap.targets_by_model:
-        yield Error(
-            code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
-        )
-        return
-    specs, over_budget = await _spend_of(request)
-    rule, why = await _match(snap, request, text, None, over_budget=over_budget)
-    if over_budget and rule is None:
-        yield _over_budget(specs, None)
-        return
-    if named:
-        assert request.model is not None
-        target, refusal = named_target(rule, request.model)
-        if target is None:
-            yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
-            return
-        assert rule is not None  # a target was found in its chain
-        # The endpoint asked for, then the rule's chain as fallbacks (as for chat).
-        targets = named_chain(rule, target, rng or _rng)
-        why = f"model {request.model} requested; {why}"
-    elif rule is None:
-        yield Error(
-            code="no_route", message="No routing rule matches and there is no default rule."
-        )
-        return
-    elif rule.action != "generate":
-        yield Error(
-            code="model_not_allowed",
-            message=f"Rule {rule.name!r} answers from the knowledge base only, and a completion "
-            "of a raw prompt is no question it answers.",
-            rule=rule.name,
-        )
-        return
-    else:
-        targets = order_targets(rule, rng or _rng)
-        if not targets:
-            yield Error(
-                code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name
-            )
-            return
-    fields = request.passthrough.fields
-    suffix = fields.get("suffix")
-    tokens = (approx_tokens(text) if text else ids) + (
-        approx_tokens(suffix) if isinstance(suffix, str) else 0
-    )
-    plan = _Plan(
-        request=request,
-        text=text,
-        rule=rule,
-        targets=targets,
-        started=started,
-        why=why,
-        named=named,
-        direct=None,
-        kb=None,
-        max_tokens=answer_budget(request.max_tokens, rule),
-        temperature=(
-            request.temperature
-            if request.temperature is not None
-            else (rule.temperature if rule else None)
-        ),
-        system="",
-        context="",
-        citations=[],
-        prompt_tokens=tokens,
-        fixed_tokens=tokens,  # a raw prompt has no history to trim
-    )
-
-    def attempt_of(*args) -> _Completion:
-        return _Completion(*args, prompt=prompt)
-
-    async for event in _generate(
-        request,
-        text,
-        rule,
-        targets,
-        started,
-        why=why,
-        rng=rng or _rng,
-        specs=specs,
-        plan=plan,
-        attempt_of=attempt_of,
-    ):
-        yield event
-
-
-def _token_ids(prompt: str | list) -> int:
-    """How many token ids a prompt of token ids holds (a list of them, or a list of one list);
-    0 for a text prompt."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    return 0
-
-
-class _Completion(_Attempt):
-    """One target's try at a completion: the prompt as the client sent it, to /v1/completions."""
-
-    def __init__(self, *args, prompt: str | list):
-        super().__init__(*args)
-        self.prompt = prompt
-
-    def stream(self):
-        plan = self.plan
-        self.meter.begin(self.target, [{"content": plan.text}] if plan.text else [], self.text)
-        return stream_completion(
-            self.target.config,
-            self.prompt,
-            max_tokens=plan.max_tokens,
-            temperature=plan.temperature,
-            fields=plan.request.passthrough.fields,
-        )
-
-
-# --- embeddings ----------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True)
@@ -385,7 +231,7 @@ async def _create_embeddings(
     rng: random.Random,
 ) -> Embeddings:
     """The endpoint's embeddings, with the retries of a chat answer before its first token
-    (`pipeline.retry_wait`: the endpoint's `retries`, a jittered backoff or its Retry-After, all
+    (`failures.retry_wait`: the endpoint's `retries`, a jittered backoff or its Retry-After, all
     within its first-token timeout); each retry noted in `attempts`. Raises the last failure."""
     first_try = time.monotonic()
     while True:
@@ -411,22 +257,9 @@ async def _embeddings_error(
     provider's reason and an input too long for the model as the request's own fault, as for chat;
     else the failure, with its tries."""
     if exc.kind == "content_filter":
-        return Error(
-            code="content_filter",
-            message=exc.detail,
-            road=target.road,
-            target=target.endpoint,
-            retried=tuple(attempts.retried),
-        )
+        return content_filtered(plan, target, attempts, exc)
     if exc.kind == "context_length":
-        return Error(
-            code="too_long",
-            message=f"The input does not fit the context window of {target.endpoint}; its "
-            f"engine said: {exc.detail}",
-            param="input",
-            road=target.road,
-            target=target.endpoint,
-        )
+        return engine_too_long(plan, target, exc)
     attempts.failed(target, exc, len(attempts.retried) + 1)
     return await attempts.error(plan)
 
