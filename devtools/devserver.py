@@ -22,6 +22,7 @@ import urllib.request
 
 from core.env import env_int, env_str
 from core.processes import ENGINE_OWNER, die_with_parent, stop_groups
+from devtools.workers import beat_command, worker_command
 
 COLOURS = {"run": "1", "web": "36", "worker": "33", "beat": "35"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -124,37 +125,10 @@ def prepare() -> dict[str, str]:
 
 
 def commands(*, var_dir: str) -> dict[str, list[str]]:
-    python = sys.executable
     return {
-        "web": [python, "-m", "config.web"],
-        "worker": [
-            python,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-Q",
-            "default,ops,embeddings",
-            "-c",
-            "2",
-            "-l",
-            "INFO",
-            "-n",
-            f"dev-{os.getpid()}@%h",
-        ],
-        "beat": [
-            python,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "beat",
-            "-l",
-            "INFO",
-            "-s",
-            os.path.join(var_dir, "celerybeat-schedule"),
-        ],
+        "web": [sys.executable, "-m", "config.web"],
+        "worker": worker_command(hostname=f"dev-{os.getpid()}@%h", concurrency=2),
+        "beat": beat_command(schedule=os.path.join(var_dir, "celerybeat-schedule")),
     }
 
 

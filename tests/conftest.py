@@ -3,19 +3,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
 
-from core.processes import stop_group as stop_process_group
+from core.processes import stop_group
 from devtools import embedded
 from tests.support import orphans
-
-BASE_DIR = settings.BASE_DIR
+from tests.support.processes import url_with_database
 
 
 def pytest_configure(config):
@@ -56,21 +51,6 @@ def _fresh_serving_model():
     serving_model_forget()
     yield
     serving_model_forget()
-
-
-def http_get(url: str, timeout: float = 10, cookie: str | None = None) -> tuple[int, bytes]:
-    """(status, body) of a GET, an HTTP error status included, for tests of a server in a
-    process."""
-    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def url_with_database(url: str, name: str) -> str:
-    return urlsplit(url)._replace(path="/" + name).geturl()
 
 
 # The users the tests act as, wherever they are.
@@ -158,45 +138,20 @@ def child_env(test_database_url) -> dict[str, str]:
 def celery_worker(child_env, tmp_path_factory):
     """A real Celery worker process consuming every queue through the test Redis database."""
     from config.celery import app
+    from devtools.workers import worker_start
 
     app.control.purge()  # tasks left by an earlier, interrupted run
-    log_path = tmp_path_factory.mktemp("celery") / "worker.log"
-    hostname = f"test-{os.getpid()}@%h"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                "default,ops,embeddings",
-                "-c",
-                "1",
-                "-l",
-                "INFO",
-                "-n",
-                hostname,
-            ],
-            cwd=BASE_DIR,
+    try:
+        process = worker_start(
+            hostname=f"test-{os.getpid()}@%h",
             env=child_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            log_path=tmp_path_factory.mktemp("celery") / "worker.log",
+            cwd=settings.BASE_DIR,
         )
-    deadline = time.monotonic() + 60
-    expected = hostname.replace("%h", os.uname().nodename)
-    while True:
-        replies = app.control.ping(timeout=0.5)
-        if any(expected in reply for reply in replies):
-            break
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_process_group(process)
-            pytest.fail(f"Celery worker did not start:\n{log_path.read_text()}")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield process
-    stop_process_group(process)
+    stop_group(process)
 
 
 @pytest.fixture(scope="session")
@@ -218,7 +173,7 @@ def asgi_server(child_env, tmp_path_factory):
     }
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-        cwd=BASE_DIR,
+        cwd=settings.BASE_DIR,
         env=env,
         check=True,
         timeout=120,

@@ -14,8 +14,8 @@ import pytest
 from django.conf import settings
 
 from benchmarks.gateway import case_variants
-from tests.conftest import url_with_database
 from tests.support.commands import manage
+from tests.support.processes import url_with_database
 
 
 def _number(value) -> bool:

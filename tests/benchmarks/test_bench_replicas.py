@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import BASE_DIR
 from tests.support.commands import manage
+from tests.support.processes import BASE_DIR
 
 pytestmark = pytest.mark.processes  # the command starts simulators, a gateway and its database
 

@@ -21,9 +21,9 @@ from chat.models import ApiKey, ChatSession, Message
 from knowledge.models import Feedback
 from knowledge.services.entries import entry_create
 from tests.chat.hostile_markdown import ALLOWED, EXPLOIT, HOSTILE, random_sources
-from tests.conftest import BASE_DIR
 from tests.inference_ops.simulator_process import start_simulator
 from tests.support.factories import endpoint, rule
+from tests.support.processes import BASE_DIR
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

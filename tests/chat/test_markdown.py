@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tests.chat.hostile_markdown import EXPLOIT, HOSTILE, markup_problems, random_sources
-from tests.conftest import BASE_DIR
+from tests.support.processes import BASE_DIR
 
 STATIC = BASE_DIR / "chat/static/chat"
 # The order of templates/chat/chat.html.

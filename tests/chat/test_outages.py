@@ -24,9 +24,10 @@ from django.test import Client
 
 from chat.models import ChatSession, Message
 from core.processes import free_port
+from core.processes import stop_group as stop_process_group
 from spend.ledger import LEASE_IDLE
-from tests.conftest import BASE_DIR, http_get, stop_process_group, url_with_database
 from tests.support.personas import staff_user
+from tests.support.processes import BASE_DIR, http_get, url_with_database
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 

@@ -1,5 +1,4 @@
 import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -9,7 +8,8 @@ from django.utils import timezone
 
 from chat.tasks import sessions_clear_expired
 from config.celery import app, redelivery_problems
-from tests.conftest import BASE_DIR
+from devtools.workers import worker_command
+from tests.support.processes import BASE_DIR
 
 
 def _session(expires_in: timedelta) -> str:
@@ -83,7 +83,7 @@ def test_the_broker_never_hands_a_running_task_to_a_second_worker():
 def test_a_worker_refuses_to_start_when_a_task_could_outlive_the_visibility_timeout(child_env):
     env = {**child_env, "CELERY_VISIBILITY_TIMEOUT": "3600"}
     result = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "nothing", "-c", "1"],
+        worker_command(hostname="refused@%h", concurrency=1, queues="nothing"),
         cwd=BASE_DIR,
         env=env,
         capture_output=True,

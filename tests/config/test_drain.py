@@ -26,6 +26,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 TOKEN_MS = 50
 LONG = 200  # tokens: longer than any drain here
 QUESTION = "Tell me about lighthouses"
+# A model of the same engine whose answers stop after STALL_AFTER tokens and never end: an answer
+# that nothing but the gateway can end.
+STALLED, STALL_AFTER = "acme/stalled", 20
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +44,14 @@ def slow_engine():
     from tests.inference_ops.simulator_process import start_simulator
 
     sim = start_simulator(
-        "serve", "acme/local", "--time-to-first-token", "5", "--inter-token-latency", str(TOKEN_MS)
+        "serve",
+        "acme/local",
+        "--time-to-first-token",
+        "5",
+        "--inter-token-latency",
+        str(TOKEN_MS),
+        "--fault",
+        f"{STALLED}=stall;after={STALL_AFTER}",
     )
     yield sim
     sim.stop()
@@ -53,6 +63,15 @@ def session(alice, slow_engine):  # noqa: F811
     asked."""
     local = endpoint("local", slow_engine, idle_timeout=5, total_timeout=60)
     rule("default", local, is_default=True, use_kb_context=False, max_tokens=LONG)
+    return ChatSession.objects.create(user=alice)
+
+
+@pytest.fixture
+def stalled_session(alice, slow_engine):  # noqa: F811
+    """A chat session of alice's whose answers stall: no timeout of the engine's ends them
+    within the test."""
+    stalled = endpoint("local", slow_engine, model=STALLED, idle_timeout=600, total_timeout=600)
+    rule("default", stalled, is_default=True, use_kb_context=False, max_tokens=LONG)
     return ChatSession.objects.create(user=alice)
 
 
@@ -142,6 +161,17 @@ def sse_events(body: str) -> list[tuple[str, dict]]:
         (kind.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
         for kind, data in (event.split("\n", 1) for event in body.strip().split("\n\n"))
     ]
+
+
+async def until_draining(http: aiohttp.ClientSession, url: str, timeout: float = 20) -> None:
+    """Until /readyz fails `draining`: the process has taken the signal."""
+    started = time.monotonic()
+    while True:
+        async with http.get(f"{url}/readyz") as probe:
+            if probe.status == 503 and (await probe.json())["failing"] == ["draining"]:
+                return
+        assert time.monotonic() - started < timeout, "the process did not start draining"
+        await asyncio.sleep(0.05)
 
 
 async def wait_exit(process, timeout: float) -> None:
@@ -256,15 +286,22 @@ async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_a
 
 
 async def test_a_second_signal_ends_the_running_stream_at_once(
-    child_env, tmp_path, alice_key, session
+    child_env, tmp_path, alice_key, stalled_session
 ):  # noqa: F811
-    with web(child_env, tmp_path) as server:  # the default drain, far longer than this test
+    # An answer that cannot end by itself and a drain far longer than the test: only the second
+    # signal can end the stream. Both signals are SIGTERM: a parent that ignores SIGINT (a shell's
+    # background job, as a fresh clone's `make test` may run) leaves it ignored in daphne, where
+    # the drain leaves it alone; and two SIGTERMs that arrive before Python handles the first are
+    # one, so the second waits until /readyz says the drain has begun.
+    with web(child_env, tmp_path, WEB_DRAIN_SECONDS="600") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-            stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
+            stream = await start_stream(
+                http, server.url, alice_key, stalled_session.pk, max_tokens=LONG
+            )
             server.process.send_signal(signal.SIGTERM)
-            await stream.read(tokens=len(stream.tokens) + 3)  # still streaming: draining
-            server.process.send_signal(signal.SIGINT)
-            await stream.read()
+            await until_draining(http, server.url)  # the stream, stalled, goes on meanwhile
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(stream.read(), timeout=30)
         await wait_exit(server.process, timeout=20)
         log = server.log_path.read_text()
     *_, last, done = stream.events
@@ -272,8 +309,11 @@ async def test_a_second_signal_ends_the_running_stream_at_once(
         stream.events[-3:],
         log,
     )
+    assert 5 <= len(stream.tokens) <= STALL_AFTER
     [stored] = (await answers_stored()).values()
     assert (stored.status, stored.content) == ("partial", stream.text)
+    assert stored.error.startswith("shutdown: ")
+    assert "SIGTERM during the drain: ending the turns still running now" in log, log
 
 
 async def test_an_answer_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(

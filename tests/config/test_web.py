@@ -19,7 +19,7 @@ from django.conf import settings
 from core.processes import free_port
 from knowledge.models import EmbeddingModel
 from knowledge.services.vectors import embedding_model_ensure
-from tests.conftest import http_get
+from tests.support.processes import http_get
 
 pytestmark = pytest.mark.processes
 

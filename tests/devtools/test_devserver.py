@@ -15,8 +15,8 @@ from config.settings import BASE_DIR
 from core.processes import ENGINE_OWNER, free_port
 from devtools import devserver
 from inference_ops.engine_processes import ENGINE_TAG, port_in_use
-from tests.conftest import http_get
 from tests.support.polling import wait_until
+from tests.support.processes import http_get
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 

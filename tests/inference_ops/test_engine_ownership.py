@@ -25,7 +25,7 @@ from inference_ops import engine_processes, supervisor
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
 from tests.inference_ops.simulator_process import REPO, launch_simulator
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import rule
 from tests.support.polling import wait_until
 

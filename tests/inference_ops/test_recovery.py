@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -19,12 +18,13 @@ from django.utils import timezone
 from chat.models import Message
 from chat.turn_request import TurnRequest
 from chat.turns import run_turn
+from core.processes import stop_group as stop_process_group
+from devtools.workers import beat_command, worker_start
 from inference_ops import engine_processes, supervisor
 from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
 from routing import breaker, pipeline
 from routing.events import RouteRequest
-from tests.conftest import BASE_DIR, stop_process_group
 from tests.inference_ops.test_supervisor import (  # noqa: F401
     _check_until,
     make_engine,
@@ -32,8 +32,9 @@ from tests.inference_ops.test_supervisor import (  # noqa: F401
     stop_engines_afterwards,
     wait_until,
 )
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
+from tests.support.processes import BASE_DIR
 
 pytestmark = pytest.mark.processes
 
@@ -85,18 +86,7 @@ def celery_beat(child_env, tmp_path):
     """Celery beat with the production schedule: engine checks every ENGINE_CHECK_INTERVAL."""
     with open(tmp_path / "beat.log", "wb") as log:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "beat",
-                "-l",
-                "INFO",
-                "-s",
-                str(tmp_path / "schedule"),
-            ],
+            beat_command(schedule=str(tmp_path / "schedule")),
             cwd=BASE_DIR,
             env=child_env,
             stdout=log,
@@ -388,40 +378,16 @@ def test_an_engine_that_freezes_mid_answer_ends_it_at_the_idle_timeout(external_
 
 def _own_worker(child_env, log_path, queue: str) -> subprocess.Popen:
     """A Celery worker of this test alone (its own queue), to kill and start again."""
-    from config.celery import app
-
-    hostname = f"restart-{os.getpid()}-{time.monotonic_ns()}@%h"
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queue,
-                "-c",
-                "1",
-                "-l",
-                "INFO",
-                "-n",
-                hostname,
-            ],
-            cwd=BASE_DIR,
+    try:
+        return worker_start(
+            hostname=f"restart-{os.getpid()}-{time.monotonic_ns()}@%h",
             env=child_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            log_path=log_path,
+            cwd=BASE_DIR,
+            queues=queue,
         )
-    expected = hostname.replace("%h", os.uname().nodename)
-    deadline = time.monotonic() + 60
-    while not any(expected in reply for reply in app.control.ping(timeout=0.5)):
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_process_group(process)
-            pytest.fail(f"the worker did not start:\n{log_path.read_text()}")
-    return process
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _kill_worker(process: subprocess.Popen) -> None:

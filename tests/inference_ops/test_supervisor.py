@@ -18,7 +18,7 @@ from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
 from inference_ops.tasks import engine_check_task, engine_start_task
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import rule
 from tests.support.polling import wait_until
 

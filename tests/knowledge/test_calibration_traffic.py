@@ -13,7 +13,7 @@ from knowledge.misses import miss_flush
 from knowledge.models import Calibration, Feedback, Hit, Miss
 from knowledge.selectors import serving_model, serving_model_forget
 from knowledge.typos import index_forget
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import rule
 from tests.support.personas import client_of
 

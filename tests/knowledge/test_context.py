@@ -2,7 +2,7 @@ import pytest
 
 from knowledge.selectors import context_passages
 from knowledge.services.entries import entry_create, entry_update, split_passages
-from tests.knowledge.conftest import HANDBOOK
+from tests.support.faq import HANDBOOK
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from core import redis as core_redis
 from routing import breaker
 from tests.inference_ops.simulator_process import start_simulator
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ same stream. Where nothing can continue it, the original failure ends it as a pa
 import pytest
 
 from tests.inference_ops.simulator_process import start_simulator
-from tests.routing.conftest import answer_text, ask, kinds
+from tests.support.answers import answer_text, ask, kinds
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from routing.exceptions import RuleInvalid
 from routing.models import RoutingRule
 from routing.rules import rules_changed, snapshot
 from routing.validation import rule_validate
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

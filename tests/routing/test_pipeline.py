@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from knowledge.services.entries import entry_create
 from routing import breaker, pipeline
 from routing.events import RouteRequest
-from tests.routing.conftest import answer_text, ask, kinds
+from tests.support.answers import answer_text, ask, kinds
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.utils import timezone
 from inference_ops.models import ModelEndpoint
 from routing import pipeline, replicas
 from routing.events import RouteRequest
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db(transaction=True)

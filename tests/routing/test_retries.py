@@ -15,7 +15,7 @@ from routing import breaker
 from routing.compiled import Target
 from routing.failures import retry_wait
 from tests.inference_ops.simulator_process import start_simulator
-from tests.routing.conftest import answer_text, ask
+from tests.support.answers import answer_text, ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from asgiref.sync import async_to_sync
 
 from inference_ops.sdk_errors import retry_after
 from routing import breaker
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from routing.exceptions import RuleInvalid
 from routing.pipeline import order_targets
 from routing.rules import query_vector, snapshot, snapshot_build
 from routing.validation import rule_validate
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

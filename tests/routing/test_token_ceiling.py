@@ -7,7 +7,7 @@ the engine was asked.
 
 import pytest
 
-from tests.routing.conftest import ask
+from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
 
 pytestmark = pytest.mark.django_db

@@ -1,3 +1,5 @@
+"""The answer pipeline run from a sync test, and what its events say."""
+
 from asgiref.sync import async_to_sync
 
 from routing import pipeline
