@@ -219,7 +219,7 @@ async def loads_refresh() -> None:
     _loaded_at = time.monotonic()
     try:
         rows = await db.query_all(
-            "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"  # noqa: S608 - names from the models' _meta, values are parameters
+            "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"  # noqa: S608 - _meta's names; values are parameters
             f" FROM {ModelEndpoint._meta.db_table} WHERE replica_group <> '' AND active",
             [],
         )
