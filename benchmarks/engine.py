@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -67,7 +68,7 @@ async def one_request(
     end = time.perf_counter()
     if tokens != max_tokens:
         raise RuntimeError(f"expected {max_tokens} tokens, got {tokens}")
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     return Result(
         ttft=arrivals[0] - start, gaps=gaps, tokens=tokens, chunks=len(arrivals), end=end - start
     )

@@ -5,6 +5,7 @@ the providers saw (benchmarks.failover_recorder), as one row per scenario and mo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -174,7 +175,7 @@ def _back_on_primary(attempts: list[Attempt], *, down: float) -> float | None:
 
 def _row(scenario, mode, verdict, got, outcome: Outcome, attempts: list[Attempt]) -> dict:
     gaps = []
-    for before, after in zip(attempts, attempts[1:], strict=False):
+    for before, after in itertools.pairwise(attempts):
         gaps.append(round(after.at - (before.ended or before.at), 2))
     return {
         "scenario": scenario.name,

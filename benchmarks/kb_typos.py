@@ -93,13 +93,13 @@ def _spacing(text: str, rng: random.Random) -> str | None:
     words = text.split(" ")
     if len(words) >= 3 and rng.random() < 0.5:
         i = rng.randrange(1, len(words) - 1)
-        return " ".join(words[:i] + [words[i] + words[i + 1]] + words[i + 2 :])
+        return " ".join([*words[:i], words[i] + words[i + 1], *words[i + 2 :]])
     places = [i for i, w in enumerate(words) if len(w) >= 6 and w.isalpha()]
     if not places:
         return None
     i = rng.choice(places)
     cut = rng.randrange(3, len(words[i]) - 2)
-    return " ".join(words[:i] + [words[i][:cut], words[i][cut:]] + words[i + 1 :])
+    return " ".join([*words[:i], words[i][:cut], words[i][cut:], *words[i + 1 :]])
 
 
 def typo_cases(seed: int = SEED) -> list[Case]:

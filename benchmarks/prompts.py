@@ -200,6 +200,6 @@ def _with_reference(conversation: list[dict], reference: str) -> list[dict]:
     last = conversation[-1]
     if not isinstance(last.get("content"), str):
         # Content as a list of parts: add the reference as one more text part.
-        parts = list(last.get("content") or []) + [{"type": "text", "text": f"({reference})"}]
-        return conversation[:-1] + [{**last, "content": parts}]
-    return conversation[:-1] + [{**last, "content": f"{last['content']} ({reference})"}]
+        parts = [*(last.get("content") or []), {"type": "text", "text": f"({reference})"}]
+        return [*conversation[:-1], {**last, "content": parts}]
+    return [*conversation[:-1], {**last, "content": f"{last['content']} ({reference})"}]

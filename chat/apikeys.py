@@ -156,9 +156,10 @@ _touches: set[asyncio.Task] = set()  # the loop keeps only weak references to ta
 async def _atouch(key_id: int, now) -> None:
     try:
         await db.query_one(
-            f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s", [now, key_id]
+            f"UPDATE {ApiKey._meta.db_table} SET last_used_at = %s WHERE id = %s",  # noqa: S608 - _meta's names; values are parameters
+            [now, key_id],
         )
-    except Exception:  # noqa: BLE001 - a lost last-used time is not worth a failed request
+    except Exception:  # a lost last-used time is not worth a failed request
         logger.warning("could not record the last use of API key %s", key_id, exc_info=True)
 
 
@@ -179,7 +180,7 @@ def _live_key_sql() -> str:
     # The user's group names come along: routing rules read them, and /v1 starts an answer
     # before the turn's rows (whose statement also reads them) are written.
     return (
-        f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "
+        f"SELECT {rawsql.columns(ApiKey, 'k')}, {rawsql.columns(user_model, 'u')}, "  # noqa: S608 - _meta's names; values are parameters
         f"ARRAY({rawsql.user_groups(f'u.{user_model._meta.pk.column}')}) "
         f"FROM {ApiKey._meta.db_table} k JOIN {user_model._meta.db_table} u "
         f"ON u.{user_model._meta.pk.column} = k.{ApiKey._meta.get_field('user').column} "

@@ -309,7 +309,7 @@ class ChatConsumer(AnswerJoins, JsonFramesConsumer):
             with contextlib.suppress(Exception):
                 await self._send(stopped)
             raise
-        except Exception as exc:  # noqa: BLE001 - one failed answer must not kill the socket
+        except Exception as exc:  # one failed answer must not kill the socket
             outage = unavailable(exc)
             if outage is None:
                 logger.exception("chat answer failed")

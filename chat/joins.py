@@ -128,7 +128,7 @@ async def _stored(message_id: int, user_id: int) -> dict | None:
 
 
 _STORED_SQL = (
-    f"SELECT m.status, m.content, m.road, m.target FROM {Message._meta.db_table} m "
+    f"SELECT m.status, m.content, m.road, m.target FROM {Message._meta.db_table} m "  # noqa: S608 - _meta's names; values are parameters
     f"JOIN {ChatSession._meta.db_table} s ON s.id = m.session_id "
     "WHERE m.id = %s AND s.user_id = %s AND m.role = %s"
 )

@@ -216,7 +216,7 @@ class Relay:
     async def _handle_safely(self, data: bytes) -> None:
         try:
             await self._handle(json.loads(data))
-        except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+        except Exception:  # one bad message must not stop the relay
             logger.exception("live relay: could not handle a message")
 
     async def _publish(self, channel: str, message: dict) -> int:

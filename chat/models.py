@@ -31,7 +31,7 @@ class ChatSession(models.Model):
         return self.title or f"Session {self.pk}"
 
 
-class Message(models.Model):
+class Message(models.Model):  # noqa: DJ008 - its admin lists its fields; a name would change its pages
     """One turn. Written when it starts and when it ends, never per token."""
 
     class Role(models.TextChoices):

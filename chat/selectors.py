@@ -86,7 +86,7 @@ def search_query_validate(query) -> str:
 # keeps the lateral subquery a step of its own, which PostgreSQL would otherwise fold into the
 # query, the expression written (and computed) twice.
 _SEARCH_SQL = (
-    f"SELECT m.id FROM {Message._meta.db_table} m "
+    f"SELECT m.id FROM {Message._meta.db_table} m "  # noqa: S608 - _meta's names; values are parameters
     "CROSS JOIN LATERAL (SELECT chat_search_document(m.content) AS document OFFSET 0) d "
     "WHERE m.session_id = ANY(ARRAY("
     f"SELECT id FROM {ChatSession._meta.db_table} WHERE user_id = %(user)s)) "
@@ -97,7 +97,7 @@ _SEARCH_SQL = (
 )
 
 _HITS_SQL = (
-    "SELECT m.id, m.session_id, s.title, m.role, m.content, m.created_at "
+    "SELECT m.id, m.session_id, s.title, m.role, m.content, m.created_at "  # noqa: S608 - _meta's names; values are parameters
     f"FROM {Message._meta.db_table} m JOIN {ChatSession._meta.db_table} s ON s.id = m.session_id "
     "WHERE m.id = ANY(%(ids)s) AND s.user_id = %(user)s"
 )

@@ -187,7 +187,7 @@ async def astream_slot_release(*, slot: StreamSlot) -> None:
     ends with its lease, and the answer it counted is over either way."""
     try:
         await slots.give_back(core_redis.aclient(), key=slot.key, holder=slot.holder)
-    except Exception:  # noqa: BLE001 - see the docstring
+    except Exception:  # see the docstring
         logger.warning("could not give back a stream slot of %s", slot.key, exc_info=True)
 
 
@@ -247,14 +247,14 @@ def _turn_start_statement(
     }
     if session_id is None:
         the_session = (
-            f"INSERT INTO {session} (user_id, title, source, created_at, updated_at) "
+            f"INSERT INTO {session} (user_id, title, source, created_at, updated_at) "  # noqa: S608 - _meta's names; values are parameters
             "VALUES (%(user)s, %(title)s, %(source)s, %(now)s, %(now)s) RETURNING id, title"
         )
     else:
         # The row lock of the UPDATE orders concurrent turns of one session, as SELECT FOR UPDATE
         # did.
         the_session = (
-            f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "
+            f"UPDATE {session} SET updated_at = %(now)s WHERE id = %(sid)s AND user_id = %(user)s "  # noqa: S608 - _meta's names; values are parameters
             "RETURNING id, title"
         )
     # The session's messages a prompt may hold (the current versions, finished, with text): the
@@ -293,7 +293,7 @@ def _turn_start_statement(
             ARRAY(SELECT context FROM h ORDER BY created_at, id),
             {total}
         FROM s
-    """
+    """  # noqa: S608 - _meta's names; values are parameters
     return sql, params
 
 
@@ -408,11 +408,11 @@ def _turn_finish_statement(
         # The question's passages as this answer's prompt had them (a KB answer: none), written
         # in the same statement: what a later turn replays (history_replay).
         question = (
-            f"WITH q AS (UPDATE {table} SET context = %(context)s WHERE id = %(question_id)s) "
+            f"WITH q AS (UPDATE {table} SET context = %(context)s WHERE id = %(question_id)s) "  # noqa: S608 - _meta's names; values are parameters
         )
         params.update(context=route.context, question_id=question_id)
     return (
-        f"{question}UPDATE {table} SET {assignments} WHERE id = %(message_id)s",
+        f"{question}UPDATE {table} SET {assignments} WHERE id = %(message_id)s",  # noqa: S608 - _meta's names; values are parameters
         params,
     )
 

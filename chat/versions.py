@@ -41,7 +41,7 @@ def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
         # updates the same row.
         session = ChatSession.objects.select_for_update().get(pk=message.session_id)
         last = list(session.messages.filter(superseded=False).order_by("-created_at", "-pk")[:2])
-        answer, question = (last + [None, None])[:2]
+        answer, question = [*last, None, None][:2]
         if (
             answer is None
             or question is None

@@ -47,7 +47,7 @@ application = ProtocolTypeRouter(
 # one: made here, one cache object and its Redis connection pool serve every request. Made first
 # inside a request, it would be that request's alone, and each use (the rule snapshot's version
 # check, the health check) would open a new Redis connection.
-caches["default"]  # noqa: B018 - creating it is the point; it connects on first use
+caches["default"]  # creating it is the point; it connects on first use
 
 twisted_tuning.tune()
 body_limit.install()

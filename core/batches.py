@@ -183,13 +183,13 @@ class BatchWriter(Generic[Row]):
                 batch = self._take()
                 if batch:
                     self._write(batch)
-        except Exception:  # noqa: BLE001 - analytics must never take the thread down
+        except Exception:  # analytics must never take the thread down
             logger.warning("could not write a batch of %s", self.name, exc_info=True)
             ok = False
         try:
             # Back to the pool after each batch: this thread sleeps most of the time.
             connection.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning("could not close the %s writer's connection", self.name, exc_info=True)
         return ok
 
@@ -209,7 +209,7 @@ class BatchWriter(Generic[Row]):
     def _flush_at_exit(self) -> None:
         try:
             self.flush()
-        except Exception:  # noqa: BLE001 - the process is leaving; say what was lost
+        except Exception:  # the process is leaving; say what was lost
             logger.warning(
                 "could not write %d %s at exit", self.stats().buffered, self.name, exc_info=True
             )

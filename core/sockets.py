@@ -24,7 +24,7 @@ def _socket_login_sql() -> str:
     user_model = get_user_model()
     pk = user_model._meta.pk.column
     return (
-        f"SELECT u.is_active, u.password, s.session_data FROM {user_model._meta.db_table} u "
+        f"SELECT u.is_active, u.password, s.session_data FROM {user_model._meta.db_table} u "  # noqa: S608 - _meta's names; values are parameters
         f"LEFT JOIN {Session._meta.db_table} s ON s.session_key = %s AND s.expire_date > %s "
         f"WHERE u.{pk} = %s"
     )

@@ -114,7 +114,7 @@ def _start():
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=timeout)))
         return provider.get_tracer("answering-gateway.pipeline")
-    except Exception:  # noqa: BLE001 - a bad OTEL_* value must not stop answers
+    except Exception:  # a bad OTEL_* value must not stop answers
         logger.exception("OpenTelemetry tracing could not start; requests go untraced")
         return trace.NoOpTracer()
 
@@ -177,7 +177,7 @@ def answer_span(
 
 
 class _Request:
-    __slots__ = ("span", "before_first_token", "ended")
+    __slots__ = ("before_first_token", "ended", "span")
 
     def __init__(self, span):
         self.span, self.before_first_token, self.ended = span, True, False
@@ -269,7 +269,7 @@ class Chat:
     chunk and the finish (or the failure), and call `end()` in a `finally`: a call the caller
     abandoned (client gone) ends there, its finish reason `error` as the conventions ask."""
 
-    __slots__ = ("_span", "_ended")
+    __slots__ = ("_ended", "_span")
 
     def __init__(
         self, *, model: str, base_url: str, max_tokens: int | None, temperature: float | None

@@ -86,7 +86,7 @@ class Versioned(Generic[T]):
         group = (self, *self._followers)
         try:
             found = cache.get_many([member.key for member in group])
-        except Exception:  # noqa: BLE001 - Redis down: keep serving what we have
+        except Exception:  # Redis down: keep serving what we have
             logger.warning("cannot read the version of %s", self.what, exc_info=True)
             found = {member.key: member._version for member in group}
         self._refresh_group(group, found, time.monotonic())
@@ -133,7 +133,7 @@ class Versioned(Generic[T]):
                 member.key: None if raw is None else _SERIALIZER.loads(raw)
                 for member, raw in zip(group, replies, strict=True)
             }
-        except Exception:  # noqa: BLE001 - Redis down: keep serving what we have
+        except Exception:  # Redis down: keep serving what we have
             logger.warning("cannot read the version of %s", self.what, exc_info=True)
             found = {member.key: member._version for member in group}
         now = time.monotonic()
@@ -160,7 +160,7 @@ class Versioned(Generic[T]):
         self._value = None
         try:
             cache.set(self.key, uuid.uuid4().hex, timeout=None)
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.warning(
                 "cannot publish a change of %s; other processes catch up within %.0f s",
                 self.what,

@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-import django  # noqa: E402
+import django
 
-from config.bootstrap import process_setup  # noqa: E402
+from config.bootstrap import process_setup
 
 process_setup()
 django.setup()

@@ -199,7 +199,7 @@ def main() -> int:
 
 
 def _announce(host: str, port: int, started_at: float, stop: threading.Event) -> None:
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104 - a comparison
     body = _wait_ready(f"{base}/readyz", time.monotonic() + 90, stop)
     if stop.is_set():
         return

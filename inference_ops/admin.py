@@ -34,7 +34,7 @@ class ModelEndpointForm(forms.ModelForm):
 
     class Meta:
         model = ModelEndpoint
-        fields = "__all__"
+        fields = "__all__"  # noqa: DJ007 - the admin's fieldsets choose the fields
 
 
 @admin.register(ModelEndpoint)

@@ -220,7 +220,7 @@ class _ChatChunks:
     error event is the read's failure, after what came before it; an unreadable chunk is skipped
     and counted."""
 
-    __slots__ = ("config", "events", "finish_reasons", "usage", "fingerprint", "done", "skipped")
+    __slots__ = ("config", "done", "events", "fingerprint", "finish_reasons", "skipped", "usage")
 
     def __init__(self, config: EndpointConfig):
         self.config = config

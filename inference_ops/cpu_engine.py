@@ -273,7 +273,7 @@ def _run(
         try:
             for line in process.stdout:
                 line = line.rstrip()
-                tail = (tail + [line])[-40:]
+                tail = [*tail, line][-40:]
                 match = _PERCENT.match(line)
                 if progress and match and match.group(1) != last_percent:
                     last_percent = match.group(1)
@@ -385,4 +385,4 @@ def qa_arguments() -> list[str]:
     args = ["--chat-template-file", str(QA_TEMPLATE)]
     for stop in QA_STOP:
         args += ["--reverse-prompt", stop]
-    return args + ["--dry-multiplier", "0.8"]
+    return [*args, "--dry-multiplier", "0.8"]

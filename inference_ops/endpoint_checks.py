@@ -70,7 +70,7 @@ def endpoint_check(*, endpoint_id: int) -> str | None:
     if healthy and endpoint.status != ModelEndpoint.Status.READY:
         try:
             engine_ready.send(sender=ModelEndpoint, engine=None, endpoint=endpoint.name)
-        except Exception:  # noqa: BLE001 - a receiver's failure must never fail the check
+        except Exception:  # a receiver's failure must never fail the check
             logger.warning(
                 "endpoint %s: a receiver of engine_ready failed", endpoint.name, exc_info=True
             )

@@ -65,12 +65,12 @@ def _ready(engine: EngineProcess, endpoint: str | None) -> None:
         return
     try:
         engine_ready.send(sender=EngineProcess, engine=engine, endpoint=endpoint)
-    except Exception:  # noqa: BLE001 - a receiver's failure must never fail supervision
+    except Exception:  # a receiver's failure must never fail supervision
         logger.warning("engine %s: a receiver of engine_ready failed", engine.name, exc_info=True)
 
 
 def _broadcast(payload: dict) -> None:
     try:
         ops_event_broadcast(kind="engine.status", data=payload)
-    except Exception:  # noqa: BLE001 - a lost notification must never fail supervision
+    except Exception:  # a lost notification must never fail supervision
         logger.warning("could not broadcast engine status", exc_info=True)

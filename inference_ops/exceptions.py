@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 from core.errors import DomainError
 
 
@@ -16,7 +18,7 @@ class EngineError(InferenceError):
     status = 502
     code = "engine_error"
 
-    KINDS = {
+    KINDS: ClassVar[dict[str, bool]] = {
         # kind: retryable
         "connect": True,  # refused, reset, DNS: nothing reached the engine
         "timeout_connect": True,

@@ -352,11 +352,12 @@ class EngineProcess(models.Model):
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "") else self.bind_host
+        # A comparison, not a bind: a wildcard bind host is reached on loopback.
+        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "") else self.bind_host  # noqa: S104
         return f"http://{host}:{self.port}"
 
 
-class EngineEvent(models.Model):
+class EngineEvent(models.Model):  # noqa: DJ008 - listed by its fields under its engine
     """The history of an engine's states, with reasons: what an operator reads after an incident."""
 
     engine = models.ForeignKey(EngineProcess, on_delete=models.CASCADE, related_name="events")

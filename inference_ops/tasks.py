@@ -109,7 +109,7 @@ def engines_check_after_failure(endpoint_id: int) -> int:
             key, 1, nx=True, ex=max(1, round(settings.ENGINE_SUSPECT_SECONDS))
         ):
             return 0
-    except Exception:  # noqa: BLE001 - Redis down: the beat's checks still come
+    except Exception:  # Redis down: the beat's checks still come
         logger.warning("cannot debounce an engine check; not sending one", exc_info=True)
         return 0
     engines = EngineProcess.objects.filter(

@@ -36,7 +36,7 @@ LEFT JOIN LATERAL (
 WHERE m.grouped_at IS NULL
 ORDER BY m.id
 LIMIT %s
-"""
+"""  # noqa: S608 - _meta's names; values are parameters
 
 _MISS_MEMBERS_SQL = """
 UPDATE knowledge_miss m SET group_id = v.head, grouped_at = now()

@@ -189,7 +189,7 @@ class Entry(models.Model):
         return f"KB#{self.pk}: {self.question[:80]}"
 
 
-class Phrasing(models.Model):
+class Phrasing(models.Model):  # noqa: DJ008 - shown only as its entry's text
     """The question or one alias of an entry, normalized for exact match."""
 
     entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="phrasings")
@@ -198,7 +198,7 @@ class Phrasing(models.Model):
     primary = models.BooleanField(default=False)
 
 
-class Passage(models.Model):
+class Passage(models.Model):  # noqa: DJ008 - shown only as its entry's text
     """A retrievable piece of an entry: the whole of a short entry, a paragraph group of a
     document."""
 
@@ -213,7 +213,7 @@ class Passage(models.Model):
         ]
 
 
-class PhrasingVector(models.Model):
+class PhrasingVector(models.Model):  # noqa: DJ008 - a vector, never shown
     phrasing = models.ForeignKey(Phrasing, on_delete=models.CASCADE, related_name="vectors")
     model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE)
     embedding = VectorField()
@@ -224,7 +224,7 @@ class PhrasingVector(models.Model):
         ]
 
 
-class PassageVector(models.Model):
+class PassageVector(models.Model):  # noqa: DJ008 - a vector, never shown
     passage = models.ForeignKey(Passage, on_delete=models.CASCADE, related_name="vectors")
     model = models.ForeignKey(EmbeddingModel, on_delete=models.CASCADE)
     embedding = VectorField()

@@ -67,7 +67,7 @@ def _nearest(
     # The model id and dimensions are integers from our own rows; inlining them lets the
     # planner match the partial index (`WHERE model_id = N`, `embedding::vector(dims)`).
     sql = (
-        f"SELECT {owner}_id, 1 - ((embedding::vector({dims})) <=> %s::vector({dims})) AS score "
+        f"SELECT {owner}_id, 1 - ((embedding::vector({dims})) <=> %s::vector({dims})) AS score "  # noqa: S608 - _meta's names; values are parameters
         f"FROM {table} WHERE model_id = {int(model.pk)} "
         f"ORDER BY (embedding::vector({dims})) <=> %s::vector({dims}) LIMIT %s"
     )
@@ -273,7 +273,7 @@ def _context_statement(
     entry, the inactive and the weak left out, the best k in order."""
     dims = int(model.dimensions)
     sql = (
-        "WITH nearest AS ("
+        "WITH nearest AS ("  # noqa: S608 - _meta's names; values are parameters
         " SELECT passage_id,"
         f" 1 - ((embedding::vector({dims})) <=> %(vector)s::vector({dims})) AS score"
         f" FROM {PassageVector._meta.db_table} WHERE model_id = {int(model.pk)}"

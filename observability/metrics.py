@@ -217,14 +217,14 @@ ERROR_RESPONSES = Counter(
 def request_started(interface: str) -> None:
     try:
         _child(IN_FLIGHT, _one_of(interface, INTERFACES)).inc()
-    except Exception:  # noqa: BLE001 - a count must never cost a user their answer
+    except Exception:  # a count must never cost a user their answer
         logger.exception("metrics: request_started failed")
 
 
 def request_ended(record: RequestRecord) -> None:
     try:
         _ended(record)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("metrics: request_ended failed")
 
 
@@ -236,7 +236,7 @@ def response_refused(interface: str, status: int, code: str) -> None:
             str(status) if 400 <= status <= 599 else OTHER,
             _one_of(code or "", ERROR_CODES),
         ).inc()
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("metrics: response_refused failed")
 
 

@@ -118,7 +118,7 @@ def partitions() -> list[date]:
         names = [row[0] for row in cursor.fetchall()]
     prefix = f"{TABLE}_p"
     return sorted(
-        datetime.strptime(name.removeprefix(prefix), "%Y%m%d").date()
+        datetime.strptime(name.removeprefix(prefix), "%Y%m%d").date()  # noqa: DTZ007 - a partition's day, kept as a date
         for name in names
         if name.startswith(prefix)
     )
@@ -182,7 +182,7 @@ COLUMNS = (
 
 # One statement per batch, one array per column: the text is the same for every batch size.
 _INSERT_SQL = (
-    f"INSERT INTO {TABLE} ({', '.join(column for column, _ in COLUMNS)}) "
+    f"INSERT INTO {TABLE} ({', '.join(column for column, _ in COLUMNS)}) "  # noqa: S608 - _meta's names; values are parameters
     f"SELECT * FROM unnest({', '.join(f'%s::{sql_type}[]' for _, sql_type in COLUMNS)}) "
     "ON CONFLICT (request_key, at) DO NOTHING"
 )

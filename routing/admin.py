@@ -31,7 +31,7 @@ class RuleForm(forms.ModelForm):
 
     class Meta:
         model = RoutingRule
-        fields = "__all__"
+        fields = "__all__"  # noqa: DJ007 - the admin's fieldsets choose the fields
 
     def clean(self):
         cleaned = super().clean()
@@ -148,8 +148,9 @@ class RoutingRuleAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         return [
-            path("tester/", self.admin_site.admin_view(self.tester_view), name="routing_tester")
-        ] + super().get_urls()
+            path("tester/", self.admin_site.admin_view(self.tester_view), name="routing_tester"),
+            *super().get_urls(),
+        ]
 
     def tester_view(self, request):
         # It lists every rule's conditions, the KB's matches and the endpoints' failures: reading

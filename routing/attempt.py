@@ -193,7 +193,7 @@ class _Attempt:
     def token(self, event: EngineToken) -> Token:
         self.text.append(event.text)
         if event.choices is not None:
-            self.meter.extra(event.choices)
+            self.meter.extra(event.choices)  # noqa: S610 - the meter's own extra(), not QuerySet.extra
         return Token(text=event.text, choices=event.choices)
 
     async def finished(self, event: Finish) -> list[Event]:

@@ -96,7 +96,7 @@ async def states(endpoints: list[str]) -> dict[str, BreakerState]:
         pipe.exists(probe)
     try:
         replies = await pipe.execute()
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker state unavailable", exc_info=True)
         return {endpoint: BreakerState("closed", 0, None, None) for endpoint in endpoints}
     return {
@@ -147,7 +147,7 @@ async def allow(endpoint: str) -> bool:
         writes = _writes.get(endpoint, 0)  # as the look begins, not as its task runs
         _looks.start(endpoint, lambda: _look_behind(endpoint, writes))
         return True
-    key, probe = _keys(endpoint)
+    _key, probe = _keys(endpoint)
     try:
         # The requests that find the trust run out at once share one look.
         data = await _looks.do(endpoint, lambda: _look(endpoint, _writes.get(endpoint, 0)))
@@ -162,7 +162,7 @@ async def allow(endpoint: str) -> bool:
                 probe, "1", nx=True, ex=max(1, math.ceil(settings.ROUTING_BREAKER_COOLDOWN))
             )
         )
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker unavailable; letting the request through", exc_info=True)
         return True
 
@@ -188,7 +188,7 @@ async def _look(endpoint: str, writes: int) -> dict:
 async def _look_behind(endpoint: str, writes: int) -> dict:
     try:
         return await _look(endpoint, writes)
-    except Exception:  # noqa: BLE001 - the trust runs out; the next request looks itself
+    except Exception:  # the trust runs out; the next request looks itself
         logger.debug("breaker look behind the requests failed", exc_info=True)
         raise
 
@@ -205,7 +205,7 @@ async def success(endpoint: str) -> None:
         return  # clean when this request began, and no failure since: nothing to clear
     try:
         await _redis().delete(*_keys(endpoint))
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker unavailable", exc_info=True)
 
 
@@ -247,7 +247,7 @@ async def failure(endpoint: str) -> None:
             settings.ROUTING_BREAKER_PROBE_FIRST,
             settings.ROUTING_BREAKER_COOLDOWN,
         )
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker unavailable", exc_info=True)
 
 
@@ -262,7 +262,7 @@ async def rest(endpoint: str, seconds: float) -> float:
         client = _redis()
         await client.hset(key, "rest_until", repr(time.time() + seconds))
         await client.expire(key, _TTL)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker unavailable", exc_info=True)
     return seconds
 
@@ -277,7 +277,7 @@ def close(endpoint: str) -> None:
     that saw it open ask Redis on their next request and find it closed."""
     try:
         core_redis.client().delete(*_keys(endpoint))
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("breaker unavailable; %s stays as it was", endpoint, exc_info=True)
 
 

@@ -40,7 +40,7 @@ def report_engine_failure(endpoint_id: int) -> None:
 def _enqueue_engine_checks(endpoint_id: int) -> None:
     try:
         engines_check_after_failure(endpoint_id)
-    except Exception:  # noqa: BLE001 - the beat's checks still come
+    except Exception:  # the beat's checks still come
         logger.warning(
             "cannot ask for a check of endpoint %s's engines", endpoint_id, exc_info=True
         )

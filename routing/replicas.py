@@ -219,11 +219,11 @@ async def loads_refresh() -> None:
     _loaded_at = time.monotonic()
     try:
         rows = await db.query_all(
-            "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"
+            "SELECT id, requests_waiting, requests_running, kv_cache_usage, status, checked_at"  # noqa: S608 - _meta's names; values are parameters
             f" FROM {ModelEndpoint._meta.db_table} WHERE replica_group <> '' AND active",
             [],
         )
-    except Exception:  # noqa: BLE001 - picking goes on with what it knew
+    except Exception:  # picking goes on with what it knew
         logger.warning(
             "cannot read the replicas' loads; picking by this process's own counts", exc_info=True
         )

@@ -37,8 +37,8 @@ if not os.environ.get("REDIS_URL"):
 if not os.environ.get("DATABASE_URL"):
     os.environ["DATABASE_URL"] = embedded.postgres_url()
 
-from config.bootstrap import folders_make  # noqa: E402
-from config.settings import *  # noqa: E402,F403
+from config.bootstrap import folders_make
+from config.settings import *  # noqa: F403
 
 # What the entry points do before Django sets up (config.bootstrap), done here: pytest-django
 # loads these settings itself.

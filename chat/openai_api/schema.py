@@ -369,7 +369,7 @@ def _schema_refused(exc: ValidationError) -> Reply:
     return error_reply(400, message, param=name)
 
 
-def session_named(headers: dict[str, str]) -> int | None | Reply:
+def session_named(headers: dict[str, str]) -> int | Reply | None:
     """The chat session a call asks to be stored in (`X-Session-Id`), if any."""
     raw = headers.get("x-session-id", "").strip()
     if not raw:

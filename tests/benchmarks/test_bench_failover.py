@@ -103,7 +103,7 @@ def test_a_continuations_cost_is_the_callers_longest_wait_over_answers_cut_at_on
 
 
 def test_an_unknown_scenario_is_refused_with_the_known_ones():
-    with pytest.raises(CommandError, match="unknown scenario.*500-once"):
+    with pytest.raises(CommandError, match=r"unknown scenario.*500-once"):
         call_command("bench_failover", scenarios="500-once,teapot")
 
 

@@ -93,7 +93,7 @@ def test_a_port_served_by_something_else_and_a_remote_url_measure_nothing(fake_t
 
 
 def test_explicit_pids_are_measured_as_given(fake_tree):
-    tree, _, stranger = fake_tree
+    _tree, _, stranger = fake_tree
     probe = probe_for(base_url="http://192.0.2.1:8000/v1", pids=[stranger.pid])
     assert probe.roots == (stranger.pid,)
     assert [kind for kind, _, _ in probe.snapshot().values()] == ["web"]

@@ -4,6 +4,7 @@ A short soak here (docs/benchmarks.md#fig-soak is the long one); in a subprocess
 command points its database connection at its own database."""
 
 import io
+from typing import ClassVar
 
 import pytest
 
@@ -68,4 +69,4 @@ def test_the_check_counts_a_lost_or_reordered_token_and_a_misstored_answer(djang
 
 
 class _NoMemory:
-    samples = []
+    samples: ClassVar[list] = []

@@ -3,6 +3,7 @@ question replayed with the KB passages it was sent with, byte for byte, so the e
 conversation in its prefix cache. Over the real ASGI app (daphne), the chat API with a key, an
 engine that records what it receives, and the simulator, whose prefix cache keeps vLLM's books."""
 
+import itertools
 import json
 import time
 import urllib.request
@@ -110,7 +111,7 @@ def test_each_turn_replays_the_earlier_questions_as_the_engine_received_them(
     _, answers = converse(asgi_server, alice_key, QUESTIONS)
     sent = [body["messages"] for body in engine.received[before:]]
     assert len(sent) == 3
-    for turn, (earlier, later) in enumerate(zip(sent, sent[1:], strict=False)):
+    for turn, (earlier, later) in enumerate(itertools.pairwise(sent)):
         # The question went with its passages (so there was something to lose)...
         assert "<passage " in earlier[-1]["content"]
         assert earlier[-1]["content"].endswith(QUESTIONS[turn])

@@ -58,7 +58,7 @@ def slow_engine():
 
 
 @pytest.fixture
-def session(alice, slow_engine):  # noqa: F811
+def session(alice, slow_engine):
     """A chat session of alice's; every question goes to the slow engine, for LONG tokens unless
     asked."""
     local = endpoint("local", slow_engine, idle_timeout=5, total_timeout=60)
@@ -67,7 +67,7 @@ def session(alice, slow_engine):  # noqa: F811
 
 
 @pytest.fixture
-def stalled_session(alice, slow_engine):  # noqa: F811
+def stalled_session(alice, slow_engine):
     """A chat session of alice's whose answers stall: no timeout of the engine's ends them
     within the test."""
     stalled = endpoint("local", slow_engine, model=STALLED, idle_timeout=600, total_timeout=600)
@@ -76,7 +76,7 @@ def stalled_session(alice, slow_engine):  # noqa: F811
 
 
 @pytest.fixture
-def cookie(alice) -> str:  # noqa: F811
+def cookie(alice) -> str:
     client = Client()
     client.force_login(alice)
     return client.cookies["sessionid"].value
@@ -197,7 +197,7 @@ def request_logged() -> RequestLog:
 
 async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_running_stream(
     child_env, tmp_path, alice_key, session, cookie
-):  # noqa: F811
+):
     bearer = {"Authorization": f"Bearer {alice_key}"}
     # A drain far longer than the stream: the processes exit when it is done, not when the drain
     # ends.
@@ -263,7 +263,7 @@ async def test_on_sigterm_the_web_processes_take_no_new_chat_and_finish_the_runn
 
 async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_and_stored_partial(
     child_env, tmp_path, alice_key, session
-):  # noqa: F811
+):
     with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             stream = await start_stream(http, server.url, alice_key, session.pk, max_tokens=LONG)
@@ -287,7 +287,7 @@ async def test_a_stream_still_running_when_the_drain_ends_is_ended_as_shutdown_a
 
 async def test_a_second_signal_ends_the_running_stream_at_once(
     child_env, tmp_path, alice_key, stalled_session
-):  # noqa: F811
+):
     # An answer that cannot end by itself and a drain far longer than the test: only the second
     # signal can end the stream. Both signals are SIGTERM: a parent that ignores SIGINT (a shell's
     # background job, as a fresh clone's `make test` may run) leaves it ignored in daphne, where
@@ -318,7 +318,7 @@ async def test_a_second_signal_ends_the_running_stream_at_once(
 
 async def test_an_answer_running_when_the_drain_ends_is_ended_as_shutdown_on_every_other_interface(
     child_env, tmp_path, alice_key, session, cookie
-):  # noqa: F811
+):
     bearer = {"Authorization": f"Bearer {alice_key}"}
     with web(child_env, tmp_path, WEB_DRAIN_SECONDS="1") as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
@@ -386,7 +386,7 @@ async def test_an_answer_running_when_the_drain_ends_is_ended_as_shutdown_on_eve
 
 async def test_a_joined_answer_ends_as_shutdown_and_a_late_join_gets_it_partial(
     child_env, tmp_path, alice, session, cookie
-):  # noqa: F811
+):
     """The page watching an answer (joined from this process: chat.live) hears the drain's end
     of it; a page that joins after the process is gone gets the stored partial answer."""
     from tests.chat.test_chat_socket import frames_until_end

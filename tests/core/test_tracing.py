@@ -73,7 +73,7 @@ def collector():
     received = Collector(url="")
 
     class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the handler's API
+        def do_POST(self):  # the handler's API
             received.posts.append(self.path)
             body = self.rfile.read(int(self.headers["Content-Length"]))
             request = ExportTraceServiceRequest.FromString(body)

@@ -55,7 +55,7 @@ def test_a_read_in_the_second_half_checks_behind_the_readers_and_a_change_lands(
 
 
 def test_after_a_quiet_spell_a_read_waits_for_the_check():
-    value, builds = _versioned()
+    value, _builds = _versioned()
 
     async def scenario() -> list[int]:
         seen = [await value.aget()]

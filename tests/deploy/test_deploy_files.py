@@ -306,7 +306,10 @@ def test_the_kustomization_lists_every_manifest():
 )
 def test_kubectl_builds_the_manifests_with_the_registrys_image():
     result = subprocess.run(
-        ["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60
+        ["kubectl", "kustomize", str(K8S_DIR)],  # noqa: S607 - whichever kubectl is installed
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     built = [document for document in yaml.safe_load_all(result.stdout) if document]
@@ -616,7 +619,7 @@ def test_no_secret_is_written_in_the_files():
 def test_the_gateway_runs_as_the_images_unprivileged_user():
     users = [arguments for keyword, arguments in dockerfile_instructions() if keyword == "USER"]
     assert users, "the Dockerfile never leaves root"
-    uid, _, gid = users[-1].partition(":")
+    uid, _, _gid = users[-1].partition(":")
     # Numeric: the kubelet refuses runAsNonRoot for an image whose user is a name it cannot check.
     assert uid.isdigit() and int(uid) != 0, f"USER {users[-1]}: not a numeric, unprivileged user"
     for workload, _ in k8s_containers(GATEWAY_IMAGE):

@@ -134,7 +134,7 @@ def test_a_cpu_engine_that_is_not_built_fails_to_start_naming_the_command_that_b
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     settings.CPU_ENGINE_SERVER = ""
     engine = make_cpu_engine()
-    with pytest.raises(SupervisorError, match="manage.py cpu_engine_build"):
+    with pytest.raises(SupervisorError, match=r"manage\.py cpu_engine_build"):
         supervisor.engine_start(engine_id=engine.pk)
     engine.refresh_from_db()
     assert engine.status == "crashed" and "llama-server is not built yet" in engine.status_reason
@@ -143,7 +143,7 @@ def test_a_cpu_engine_that_is_not_built_fails_to_start_naming_the_command_that_b
 @pytest.mark.django_db
 def test_a_missing_own_model_is_named(fake_build):
     engine = make_cpu_engine(model=str(fake_build / "nowhere.gguf"))
-    with pytest.raises(SupervisorError, match="nowhere.gguf does not exist"):
+    with pytest.raises(SupervisorError, match=r"nowhere\.gguf does not exist"):
         engine_command.command_line(engine)
 
 
@@ -180,9 +180,9 @@ async def _two_at_once(config: EndpointConfig, engine: EngineProcess) -> tuple[d
     started: list[float] = []
 
     async def scrape() -> dict:
-        while len(started) < 2:
+        while len(started) < 2:  # noqa: ASYNC110 - _answer appends to a list it is given
             await asyncio.sleep(0.01)
-        healthy, reason, metrics = await asyncio.to_thread(probes.probe, engine, 10.0)
+        healthy, _reason, metrics = await asyncio.to_thread(probes.probe, engine, 10.0)
         return {"healthy": healthy, "metrics": metrics, "at": time.monotonic()}
 
     return await asyncio.gather(

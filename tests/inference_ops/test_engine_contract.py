@@ -205,7 +205,7 @@ async def test_a_client_that_hangs_up_aborts_its_request_in_the_engine(engine):
             assert await _metric(engine, "vllm:num_requests_running") == 1
     # The connection is closed: the engine stops generating for it.
     deadline = time.monotonic() + 15
-    while (
+    while (  # noqa: ASYNC110 - the engine's gauge, polled over HTTP: no event to wait on
         running := await _metric(engine, "vllm:num_requests_running")
     ) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
@@ -568,7 +568,7 @@ async def test_stream_chunks_carry_exactly_vllms_fields(engine):
         "token_ids",
     ]
     assert chunks[-1]["system_fingerprint"].startswith("vllm-0.32.0")
-    status, whole = await _post(
+    _status, whole = await _post(
         engine, "/v1/chat/completions", _greedy(model=BASE, messages=_CAPITAL, max_tokens=3)
     )
     assert list(whole["choices"][0]["message"]) == [
@@ -637,7 +637,8 @@ def scheduled(request, django_db_setup, tmp_path_factory):
 
 async def _until(engine: Engine, name: str, value: float) -> None:
     deadline = time.monotonic() + 60
-    while (seen := await _metric(engine, name)) != value and time.monotonic() < deadline:
+    # The engine's gauge, polled over HTTP: no event to wait on.
+    while (seen := await _metric(engine, name)) != value and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     assert seen == value, f"{name} stayed {seen}, not {value}"
 

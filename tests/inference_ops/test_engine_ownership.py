@@ -119,8 +119,20 @@ def test_the_watchdog_stops_the_engine_and_its_children_when_the_owner_is_killed
     engine_pid = None
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "inference_ops.launch", "--owner", str(owner.pid)]
-            + ["--grace", "1", str(log), "--", sys.executable, "-c", script],
+            [
+                sys.executable,
+                "-m",
+                "inference_ops.launch",
+                "--owner",
+                str(owner.pid),
+                "--grace",
+                "1",
+                str(log),
+                "--",
+                sys.executable,
+                "-c",
+                script,
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -152,8 +164,17 @@ def test_the_launcher_refuses_an_owner_that_is_already_gone(tmp_path):
     owner.kill()
     owner.wait(10)
     result = subprocess.run(
-        [sys.executable, "-m", "inference_ops.launch", "--owner", str(owner.pid)]
-        + [str(tmp_path / "engine.log"), "--", "sleep", "600"],
+        [
+            sys.executable,
+            "-m",
+            "inference_ops.launch",
+            "--owner",
+            str(owner.pid),
+            str(tmp_path / "engine.log"),
+            "--",
+            "sleep",
+            "600",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -167,8 +188,17 @@ def test_the_watchdog_leaves_with_the_engine(tmp_path):
     owner = sleeper()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "inference_ops.launch", "--owner", str(owner.pid)]
-            + [str(tmp_path / "engine.log"), "--", "sleep", "1"],
+            [
+                sys.executable,
+                "-m",
+                "inference_ops.launch",
+                "--owner",
+                str(owner.pid),
+                str(tmp_path / "engine.log"),
+                "--",
+                "sleep",
+                "1",
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -105,7 +105,7 @@ async def test_it_streams_a_chat_with_the_role_first_exactly_max_tokens_and_a_us
     assert last.choices == []
     assert last.usage.completion_tokens == 17
     assert last.usage.total_tokens == last.usage.prompt_tokens + 17
-    status, tokenized = await post(simulator, "/tokenize", {"model": "base", "messages": STORY})
+    _status, tokenized = await post(simulator, "/tokenize", {"model": "base", "messages": STORY})
     assert last.usage.prompt_tokens == tokenized["count"]
     finish_reasons = [chunk.choices[0].finish_reason for chunk in content]
     assert finish_reasons[-1] == "length"

@@ -502,7 +502,7 @@ async def test_an_agent_loop_completes_once_the_tool_has_answered(tools_sim, str
 
 
 async def test_a_tool_call_cut_by_max_tokens_comes_back_as_text(tools_sim):
-    status, answer = await post(
+    _status, answer = await post(
         tools_sim, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "max_tokens": 6}
     )
     choice = answer["choices"][0]
@@ -525,7 +525,7 @@ async def test_without_strict_tool_calling_a_named_choice_streams_vllms_json_arg
     assert all("content" not in c["choices"][0]["delta"] for c in chunks[1:-1])
     assert_valid_arguments("".join(d["function"]["arguments"] for d in calls), TIME)
     assert finishes(chunks)[-1] == "stop"
-    status, answer = await post(
+    _status, answer = await post(
         json_tools_sim,
         "/v1/chat/completions",
         {"messages": ASK, "tools": TOOLS, "tool_choice": NAMED},
@@ -568,7 +568,7 @@ async def test_a_json_schema_response_format_gives_a_schema_valid_document(tools
         assert len(contents) > 10  # streamed in token-sized pieces
         text = "".join(contents)
     else:
-        status, answer = await post(tools_sim, "/v1/chat/completions", body)
+        _status, answer = await post(tools_sim, "/v1/chat/completions", body)
         assert answer["choices"][0]["finish_reason"] == "stop"
         text = answer["choices"][0]["message"]["content"]
     document = json.loads(text)
@@ -694,7 +694,7 @@ def assert_chat_logprobs(entries: list[dict], top: int) -> None:
 @pytest.mark.parametrize("top", [0, 3])
 async def test_chat_logprobs_come_per_token_with_top_alternatives(tools_sim, top):
     body = {"messages": ASK, "logprobs": True, "top_logprobs": top, "max_tokens": 5}
-    status, answer = await post(tools_sim, "/v1/chat/completions", body)
+    _status, answer = await post(tools_sim, "/v1/chat/completions", body)
     entries = answer["choices"][0]["logprobs"]["content"]
     assert len(entries) == answer["usage"]["completion_tokens"] == 5
     assert "".join(e["token"] for e in entries) == answer["choices"][0]["message"]["content"]
@@ -719,7 +719,7 @@ async def test_logprobs_ride_on_tool_call_chunks_even_when_the_parser_holds_text
 
 async def test_completion_logprobs_use_the_legacy_shape(plain_sim):
     body = {"prompt": "The weather is", "max_tokens": 6, "logprobs": 2}
-    status, answer = await post(plain_sim, "/v1/completions", body)
+    _status, answer = await post(plain_sim, "/v1/completions", body)
     choice = answer["choices"][0]
     logprobs = choice["logprobs"]
     assert set(logprobs) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
@@ -819,10 +819,10 @@ async def test_n_choices_stream_interleaved_one_choice_per_chunk(plain_sim):
 async def test_n_choices_answer_whole_with_their_indexes_and_usage_counts_them_all(plain_sim, path):
     body = {"messages": ASK} if "chat" in path else {"prompt": "The weather is"}
     request = {**body, "n": 2, "max_tokens": 5, "seed": 9}
-    status, answer = await post(plain_sim, path, request)
+    _status, answer = await post(plain_sim, path, request)
     assert [c["index"] for c in answer["choices"]] == [0, 1]
     assert answer["usage"]["completion_tokens"] == 10
-    status, again = await post(plain_sim, path, request)
+    _status, again = await post(plain_sim, path, request)
     text = (lambda c: c["message"]["content"]) if "chat" in path else (lambda c: c["text"])
     # vLLM seeds choice i with seed + i: the same request gives the same choices, which differ.
     assert [text(c) for c in again["choices"]] == [text(c) for c in answer["choices"]]
@@ -865,14 +865,14 @@ async def test_usage_reports_cached_prompt_tokens_with_the_details_flag(tools_si
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
     assert "multimodal_tokens" not in second["usage"]["prompt_tokens_details"]
     assert second["system_fingerprint"].startswith("vllm-")
-    status, whole = await post(tools_sim, "/v1/chat/completions", {**body, "stream_options": None})
+    _status, whole = await post(tools_sim, "/v1/chat/completions", {**body, "stream_options": None})
     details = whole["usage"]["prompt_tokens_details"]
     assert set(details) == {"cached_tokens", "created_cache_tokens", "multimodal_tokens"}
     assert whole["usage"]["completion_tokens_details"] is None
 
 
 async def test_without_the_flag_there_are_no_details_and_usage_must_be_asked_for(plain_sim):
-    status, whole = await post(
+    _status, whole = await post(
         plain_sim, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2}
     )
     assert whole["usage"]["prompt_tokens_details"] is None
@@ -883,9 +883,14 @@ async def test_without_the_flag_there_are_no_details_and_usage_must_be_asked_for
 
 async def test_the_plain_stream_has_vllms_exact_chunk_fields(plain_sim):
     chunks = await events(plain_sim, {"messages": ASK, "max_tokens": 3})
-    role, *content, done = chunks
+    role, *content, _done = chunks
     # ChatCompletionStreamResponse.model_dump_json(exclude_unset=True) in vLLM 0.32.
-    assert list(role) == ["id", "object", "created", "model", "choices"] + [
+    assert list(role) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
         "prompt_token_ids",
         "prompt_text",
     ]
@@ -911,7 +916,7 @@ async def test_the_plain_stream_has_vllms_exact_chunk_fields(plain_sim):
 
 
 async def test_a_client_request_id_names_the_response(plain_sim):
-    status, answer = await post(
+    _status, answer = await post(
         plain_sim,
         "/v1/chat/completions",
         {"messages": ASK, "max_tokens": 1},
@@ -931,7 +936,7 @@ async def test_concurrent_tool_and_plain_streams_do_not_mix(tools_sim):
 
 
 async def test_a_mid_stream_fault_strikes_streams_of_several_choices_too(plain_sim):
-    status, text = await post(
+    _status, text = await post(
         plain_sim,
         "/v1/chat/completions",
         {"messages": ASK, "n": 2, "max_tokens": 20, "stream": True},

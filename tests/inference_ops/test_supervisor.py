@@ -469,7 +469,7 @@ def test_a_runtime_adapter_route_refuses_whoever_has_not_the_engines_key():
     engine = supervisor.engine_start(
         engine_id=make_engine(enable_lora=True, runtime_lora_updating=True).pk
     )
-    status, body = lora._post(
+    status, _body = lora._post(
         engine, "/v1/load_lora_adapter", {"lora_name": "mine", "lora_path": "/adapters/mine"}
     )
     assert status == 200  # the gateway's own call, with the key

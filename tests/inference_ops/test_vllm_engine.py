@@ -96,7 +96,7 @@ def test_a_row_that_names_its_block_size_keeps_it(settings, tmp_path, own):
 def test_a_start_before_the_install_names_the_command_that_installs_it(settings, tmp_path):
     settings.CPU_ENGINE_CACHE_DIR = str(tmp_path)
     settings.VLLM_EXECUTABLE = "project"
-    with pytest.raises(SupervisorError, match="manage.py vllm_engine_build"):
+    with pytest.raises(SupervisorError, match=r"manage\.py vllm_engine_build"):
         engine_command.command_line(_engine())
 
 

@@ -44,7 +44,7 @@ def test_an_entry_with_text_that_cannot_be_stored_is_a_400_and_nothing_is_writte
     assert (
         error["code"] == "invalid"
         and field in error["message"]
-        and list(error["fields"])[0].startswith(field)
+        and next(iter(error["fields"])).startswith(field)
     )
     assert not Entry.objects.exists()
 

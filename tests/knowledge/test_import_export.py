@@ -136,7 +136,7 @@ def test_export_writes_jsonl_that_import_reads(tmp_path, capsys):
 def test_an_unreadable_or_unknown_file_is_a_clear_error(tmp_path):
     with pytest.raises(CommandError, match="cannot read"):
         call_command("kb_import", str(tmp_path / "missing.jsonl"))
-    with pytest.raises(CommandError, match="must end in .jsonl"):
+    with pytest.raises(CommandError, match=r"must end in \.jsonl"):
         call_command("kb_import", str(tmp_path / "kb.xlsx"))
 
 

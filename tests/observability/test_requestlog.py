@@ -66,7 +66,7 @@ def post(url, body: dict, key: str, headers=None):
 def test_a_kb_answer_is_logged_with_its_entry_score_and_the_gateways_whole_time(
     asgi_server, alice, alice_key, product
 ):
-    status, headers, raw = post(
+    status, headers, _raw = post(
         f"{asgi_server}/v1/chat/completions", {"model": "auto", "messages": RESET}, alice_key
     )
     assert status == 200

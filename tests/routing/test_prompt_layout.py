@@ -2,6 +2,8 @@
 requests of a rule share comes first and reads the same, what changes with the question comes
 last, and trimming changes the prompt's start only once in a while."""
 
+import itertools
+
 from knowledge.selectors import ContextPassage
 from routing.prompt import (
     PASSAGES_PREAMBLE,
@@ -63,7 +65,7 @@ def test_each_turn_starts_as_the_previous_one_did():
             {"role": "user", "content": question},
             {"role": "assistant", "content": f"answer {turn}"},
         ]
-    for before, after in zip(prompts, prompts[1:], strict=False):
+    for before, after in itertools.pairwise(prompts):
         # Everything but the previous question (sent with its passages) is shared.
         assert common_prefix(before, after) == len(before) - 1
 
@@ -89,8 +91,8 @@ def test_over_the_window_history_is_cut_to_half_its_room_so_the_next_turns_keep_
         ]
     # The prompt's start (its first history message) changes only when a cut happens, and a cut
     # leaves room for several turns before the next one.
-    changes = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if a != b and a is not None)
-    cuts = sum(1 for a, b in zip(drops, drops[1:], strict=False) if b > a)
+    changes = sum(1 for a, b in itertools.pairwise(firsts) if a != b and a is not None)
+    cuts = sum(1 for a, b in itertools.pairwise(drops) if b > a)
     assert changes == cuts
     assert 2 <= cuts <= 40 // 5, (cuts, drops)
 
@@ -120,13 +122,13 @@ def replayed_conversation(turns: int, *, filler: int = 0) -> tuple[str, list[lis
 
 def test_a_replayed_conversation_starts_each_turn_with_the_whole_previous_prompt():
     _, prompts = replayed_conversation(4)
-    for before, after in zip(prompts, prompts[1:], strict=False):
+    for before, after in itertools.pairwise(prompts):
         assert after[: len(before)] == before
         assert [m["role"] for m in after[len(before) :]] == ["assistant", "user"]
 
 
 def test_trimming_a_replayed_conversation_drops_whole_turns_with_their_passages():
-    system, prompts = replayed_conversation(40, filler=10)
+    _system, prompts = replayed_conversation(40, filler=10)
     cut = [p for p in prompts if "question 00" not in p[1]["content"]]
     assert cut, "the conversation never outgrew its window"
     for messages in cut:

@@ -74,7 +74,7 @@ class Command(BaseCommand):
         cases = kb_typos.typo_cases()
         by_kind: dict[str, list[str]] = {}
         for case in cases:
-            road, entry = _answer(index, exact, case.question)
+            _road, entry = _answer(index, exact, case.question)
             verdict = (
                 "none" if entry is None else "right" if labels[entry] == case.expected else "wrong"
             )

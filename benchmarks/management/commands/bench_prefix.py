@@ -39,6 +39,7 @@ second. Compare block sizes by running it once per size, interleaved.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import shlex
 import statistics
@@ -243,7 +244,7 @@ class Command(BaseCommand):
         ) as stack:
             with_passages = sum(bool(p) for p in holder["passages"].values())
             passages = holder["passages"]
-            follow_ups = [(a, b) for script in scripts for a, b in zip(script, script[1:])]
+            follow_ups = [(a, b) for script in scripts for a, b in itertools.pairwise(script)]
             same = sum(passages[a] == passages[b] for a, b in follow_ups)
             self.out(
                 f"  {with_passages} of {len(passages)} questions get KB passages; "

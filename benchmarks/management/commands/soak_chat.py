@@ -91,7 +91,8 @@ class Command(BaseCommand):
         if sockets < 1 or seconds <= 0 or timeout <= 0:
             raise CommandError("--sockets must be at least 1, --seconds and --timeout positive")
         name = f"soak_chat_{settings.DATABASES['default']['NAME']}"
-        sim_args = engine.simulator_args(max_num_seqs=sockets, ttft=ttft, itl=itl) + [
+        sim_args = [
+            *engine.simulator_args(max_num_seqs=sockets, ttft=ttft, itl=itl),
             "--mode",
             "echo",
         ]
