@@ -28,8 +28,11 @@ def user_groups(user: str) -> str:
     from django.contrib.auth import get_user_model
 
     groups = get_user_model()._meta.get_field("groups")
-    through = groups.remote_field.through._meta
-    group_id, user_id = through.get_field("group").column, through.get_field("user").column
+    # auth's `groups` is a many-to-many field: it has a `through` model and a related model, and
+    # the through model's `group` and `user` are foreign keys, each with a column.
+    through = groups.remote_field.through._meta  # type: ignore[union-attr]
+    group_id = through.get_field("group").column  # type: ignore[union-attr]
+    user_id = through.get_field("user").column  # type: ignore[union-attr]
     return (
         f"SELECT g.name FROM {through.db_table} ug "
         f"JOIN {groups.related_model._meta.db_table} g ON g.id = ug.{group_id} "
