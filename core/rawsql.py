@@ -1,8 +1,12 @@
 """Model instances from hand-written SQL, for the few hot paths where the ORM's query building costs
 more than the query itself (a one-row ORM `get` spends longer in Python than its round trip)."""
 
+from typing import TypeVar
+
 from django.db import connection
 from django.db.models import Model
+
+M = TypeVar("M", bound=Model)
 
 
 def columns(model: type[Model], alias: str) -> str:
@@ -10,7 +14,7 @@ def columns(model: type[Model], alias: str) -> str:
     return ", ".join(f'{alias}."{field.column}"' for field in model._meta.concrete_fields)
 
 
-def instance(model: type[Model], row, start: int = 0) -> Model:
+def instance(model: type[M], row, start: int = 0) -> M:
     """The instance whose columns (as `columns` lists them) begin at `row[start]`, as the ORM builds
     it."""
     fields = model._meta.concrete_fields

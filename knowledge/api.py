@@ -173,7 +173,7 @@ class DirectSerializer(serializers.Serializer):
 
 class PassageSerializer(serializers.Serializer):
     entry_id = serializers.IntegerField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a declared field, not Field.label
     kind = serializers.CharField()
     score = serializers.FloatField()
     text = serializers.CharField()
@@ -183,7 +183,7 @@ class SearchResultSerializer(serializers.Serializer):
     query = serializers.CharField()
     direct = DirectSerializer()
     matches = MatchSerializer(many=True)
-    context = PassageSerializer(many=True)
+    context = PassageSerializer(many=True)  # type: ignore[assignment]  # a declared field, not Field.context
 
 
 class SearchView(APIView):
