@@ -25,7 +25,7 @@ from knowledge.models import (
 
 def configured_spec() -> EmbeddingSpec:
     return EmbeddingSpec(
-        name=settings.KB_EMBEDDING_MODEL,  # type: ignore[arg-type]  # the setting has a default
+        name=settings.KB_EMBEDDING_MODEL,  # type: ignore[arg-type]  # set for either backend (config.settings.knowledge)
         backend=settings.KB_EMBEDDING_BACKEND,
         dimensions=settings.KB_EMBEDDING_DIMENSIONS,
         base_url=settings.KB_EMBEDDING_BASE_URL or "",
