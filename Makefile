@@ -43,10 +43,15 @@ test-fast: $(STAMP)
 # tests; .pre-commit-config.yaml runs the same on each commit.
 lint: lint-py lint-js lint-commits
 
+# mypy's Django plugin imports config.settings, which requires these: placeholders, as in the
+# Dockerfile's build step (importing the settings reads them and connects to nothing).
+MYPY_ENV := DEBUG=0 SECRET_KEY=mypy-placeholder DATABASE_URL=postgresql://mypy@127.0.0.1:1/mypy \
+	REDIS_URL=redis://127.0.0.1:1/0
+
 lint-py: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy
+	$(MYPY_ENV) $(PY) -m mypy
 
 lint-js: node_modules/.installed
 	node_modules/.bin/eslint .

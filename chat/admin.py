@@ -23,7 +23,7 @@ class MessageInline(admin.TabularInline):
         "latency_ms",
         "error",
     ]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only
 
 
 @admin.register(ChatSession)
@@ -90,10 +90,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "last_used_at",
         "revoked_at",
     ]
-    list_display = fields
+    list_display = fields  # type: ignore[assignment]  # names only
     list_filter = ["revoked_at"]
     search_fields = ["name", "client_name", "user__username", "prefix"]
-    readonly_fields = [f for f in fields if f not in ("client_name", "priority")]
+    readonly_fields = [f for f in fields if f not in ("client_name", "priority")]  # type: ignore[misc]  # names only
     actions = ["revoke"]
 
     def has_add_permission(self, request):

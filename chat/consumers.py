@@ -64,7 +64,7 @@ class ChatConsumer(AnswerJoins, JsonFramesConsumer):
     through the channel layer, by the process's relay (chat.live).
     """
 
-    channel_layer_alias = None
+    channel_layer_alias = None  # type: ignore[assignment]  # this consumer uses no layer
 
     async def connect(self):
         user = self.scope.get("user")
@@ -211,7 +211,7 @@ class ChatConsumer(AnswerJoins, JsonFramesConsumer):
             if not await self._refusing(None, self._login_holds()):
                 return
         if asked:
-            task.cancel()
+            task.cancel()  # type: ignore[union-attr]  # asked: a task runs
         else:
             await self._stop_watched()
 
@@ -285,14 +285,17 @@ class ChatConsumer(AnswerJoins, JsonFramesConsumer):
                     message_id = event.message_id
                     # Stored as started: from here on, the answer can be joined.
                     self.live = live.begin(
-                        message_id=message_id, user_id=self.user.pk, task=self.task, parts=parts
+                        message_id=message_id,
+                        user_id=self.user.pk,
+                        task=self.task,  # type: ignore[arg-type]  # the answer runs in self.task
+                        parts=parts,
                     )
                 elif event.type in ("route", "done", "error"):
                     frame["message_id"] = message_id
                     if event.type == "done":
                         frame["status"] = "complete"
                     elif event.type == "error":
-                        frame["status"] = "partial" if event.partial else "failed"
+                        frame["status"] = "partial" if event.partial else "failed"  # type: ignore[attr-defined]  # an error event
                 await self._send(frame)
                 self._to_watchers(frame)
         except ChatError as exc:

@@ -105,6 +105,10 @@ class ApiKey(models.Model):
     """A per-user key for integrations. Only a SHA-256 of the key is stored: keys are long
     random strings, so a slow password hash would add latency without adding safety."""
 
+    # Not a column: the names of the key's user's groups, set on the key as it is authenticated
+    # (chat.apikeys), for routing and limits. Declared for the type checker only.
+    group_names: frozenset[str]
+
     class Scope(models.TextChoices):
         CHAT = "chat", "chat (/v1 and the chat API)"
         KB = "kb", "knowledge base API"

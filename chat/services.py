@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -419,7 +420,7 @@ def _turn_finish_statement(
 
 def messages_fail_stale() -> int:
     """Turns still `streaming` long after they started belong to a process that died: fail them."""
-    cutoff = timezone.now() - timezone.timedelta(seconds=settings.CHAT_STALE_STREAMING_AFTER)
+    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_STREAMING_AFTER)
     return Message.objects.filter(status=Message.Status.STREAMING, created_at__lt=cutoff).update(
         status=Message.Status.FAILED,
         error="interrupted: the server stopped before the answer finished",

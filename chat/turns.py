@@ -19,7 +19,7 @@ import asyncio
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from chat import services, versions
@@ -144,7 +144,7 @@ async def run_turn(
     arrived: float | None = None,
     request_key: uuid.UUID | None = None,
     parts: list[str] | None = None,
-) -> AsyncIterator[events.Event]:
+) -> AsyncGenerator[events.Event, None]:
     """Take the question in, persist, answer: yields the pipeline's events (a `session` event
     first when the turn is stored). Raises ChatError subclasses before anything is stored.
     `admitted`: the caller took the question in already (`aquestion_intake`); the turn gives its
@@ -187,7 +187,7 @@ async def run_turn(
             spent=spent,
         )
 
-    _running.add(task)
+    _running.add(task)  # type: ignore[arg-type]  # run_turn runs in a task
     begun = await _begin(turn, admitted, request_for)
     answer, first, start, slot = begun.answer, begun.first, begun.start, begun.slot
     if start is not None:
@@ -278,7 +278,7 @@ async def run_turn(
                     raise
                 # turns_end_running: the answer ends here, and its last event tells the client
                 # why.
-                asyncio.current_task().uncancel()
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]  # run_turn runs in a task
                 event = _shutdown(route, bool(parts))
                 await save(event, cancelled=False)
                 yield event
@@ -297,7 +297,7 @@ async def run_turn(
                 await save(event, cancelled=False)
             yield event
     finally:
-        _running.discard(task)
+        _running.discard(task)  # type: ignore[arg-type]  # run_turn runs in a task
         await _abandon(first, answer)
         if not saved:
             # Closed or cancelled mid-answer (Stop, socket gone, crash of the caller).
@@ -306,7 +306,7 @@ async def run_turn(
 
 @dataclass
 class _Begun:
-    answer: AsyncIterator[events.Event]  # the pipeline
+    answer: AsyncGenerator[events.Event, None]  # the pipeline
     first: asyncio.Future | None  # its first event, when it started before the rows were in
     start: services.TurnStart | None  # the rows written (None: a turn that stores nothing)
     slot: services.StreamSlot | None
@@ -333,7 +333,7 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
             starting = services.aturn_start(
                 user=turn.user,
                 session_id=turn.session_id,
-                content=content,
+                content=content,  # type: ignore[arg-type]  # a stored turn has its text
                 source=turn.source,
                 history=turn.history,
             )
@@ -349,7 +349,7 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
             except BaseException:
                 await _abandon(first, answer)
                 raise
-        start = await starting
+        start = await starting  # type: ignore[misc]  # an unstored turn has its history
         if turn.regenerate is not None:
             content = start.question  # the stored question, answered again
         answer = pipeline.answer(request_for(content, start.history, start.groups))
@@ -360,7 +360,9 @@ async def _begin(turn: TurnRequest, admitted: Admitted | None, request_for) -> _
         raise
 
 
-async def _abandon(first: asyncio.Future | None, answer: AsyncIterator[events.Event]) -> None:
+async def _abandon(
+    first: asyncio.Future | None, answer: AsyncGenerator[events.Event, None]
+) -> None:
     """Stop the pipeline (and so the engine's stream) whatever it is doing: running its first
     step in a task of its own, or suspended between events."""
     if first is not None:

@@ -58,7 +58,7 @@ def turn_redo_start(*, user, message_id: int, content: str | None) -> TurnStart:
         replaced = [answer.pk] if regenerate else [answer.pk, question.pk]
         Message.objects.filter(pk__in=replaced).update(superseded=True)
         if not regenerate:
-            question = Message.objects.create(
+            question = Message.objects.create(  # type: ignore[misc]  # an edit carries its text
                 session=session,
                 role=Message.Role.USER,
                 content=content,

@@ -38,7 +38,7 @@ application = ProtocolTypeRouter(
     {
         "http": http,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]  # Channels' path() entries
         ),
     }
 )

@@ -130,7 +130,7 @@ def _capped(web_request: type) -> type:
                     getattr(channel, "_path", b""), _limit_for(self, limit, upload_limit)
                 )
             )
-            self._linger = reactor.callLater(LINGER_SECONDS, channel.transport.abortConnection)
+            self._linger = reactor.callLater(LINGER_SECONDS, channel.transport.abortConnection)  # type: ignore[arg-type]  # Twisted's interfaces omit self
 
     CappedWebRequest.__name__ = CappedWebRequest.__qualname__ = f"Capped{web_request.__name__}"
     return CappedWebRequest

@@ -54,8 +54,8 @@ def request_arrived() -> None:
     config.asgi calls it for each request. A done callback, not a wrapper around the application:
     a wrapper's frame would be resumed on every token of every stream."""
     task = asyncio.current_task()
-    _requests.add(task)
-    task.add_done_callback(_requests.discard)
+    _requests.add(task)  # type: ignore[arg-type]  # called inside a task
+    task.add_done_callback(_requests.discard)  # type: ignore[union-attr]  # called inside a task
 
 
 def install() -> None:
@@ -68,7 +68,7 @@ def install() -> None:
         return
     from twisted.internet import reactor
 
-    reactor.addSystemEventTrigger("after", "startup", _take_signals, reactor)
+    reactor.addSystemEventTrigger("after", "startup", _take_signals, reactor)  # type: ignore[arg-type]  # Twisted's interfaces omit self
 
 
 def _take_signals(reactor) -> None:
@@ -90,11 +90,11 @@ def _on_signal(reactor, signum: int) -> None:
 
     name = signal.Signals(signum).name
     if draining:
-        if not _cut.done():
+        if not _cut.done():  # type: ignore[union-attr]  # _cut is set while draining
             logger.warning(
                 "pid %d: %s during the drain: ending the turns still running now", os.getpid(), name
             )
-            _cut.set_result(None)
+            _cut.set_result(None)  # type: ignore[union-attr]  # _cut is set while draining
         return
     draining = True
     turns.turns_refuse_new()

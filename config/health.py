@@ -55,7 +55,8 @@ _PGVECTOR_SQL = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
 
 
 def _check_database() -> str:
-    pool = connection.pool  # None when DATABASE_POOL_SIZE is 0
+    # None when DATABASE_POOL_SIZE is 0.
+    pool = connection.pool  # type: ignore[attr-defined]  # the postgresql backend's pool
     if pool is None:
         with connection.cursor() as cursor:  # bounded by DATABASE_CONNECT_TIMEOUT
             cursor.execute(_PGVECTOR_SQL)
@@ -95,7 +96,7 @@ def _check_redis() -> str:
 def _check_celery() -> str:
     with celery_app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
         # ensure_connection fails fast instead of kombu's default retry-forever.
-        conn.ensure_connection(max_retries=1, timeout=settings.READYZ_TIMEOUT)
+        conn.ensure_connection(max_retries=1, timeout=settings.READYZ_TIMEOUT)  # type: ignore[arg-type]  # kombu takes seconds as a float
         replies = celery_app.control.ping(connection=conn, timeout=settings.READYZ_TIMEOUT, limit=1)
     if not replies:
         raise RuntimeError("no Celery worker answered ping")
@@ -125,7 +126,7 @@ CHECKS = (
 
 
 def _run_checks() -> dict[str, dict]:
-    results = {}
+    results: dict[str, dict] = {}
     for name, check in CHECKS:
         if name == "celery" and not results["redis"]["ok"]:
             # The broker is Redis: without it a ping can only time out.

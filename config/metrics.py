@@ -133,7 +133,7 @@ def _state_read() -> _State:
         )
         for row in rows:
             if row["active"]:
-                state.endpoints.setdefault(row["name"], row)
+                state.endpoints.setdefault(row["name"], row)  # type: ignore[arg-type]  # a row of values() is a dict
             if row["engines__name"]:
                 state.engines[row["engines__name"]] = {
                     "endpoint": row["name"],

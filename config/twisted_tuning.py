@@ -58,7 +58,7 @@ def tune() -> None:
         if rest:
             buffered_write(self, rest)
 
-    tcp.Connection.write, tcp.Connection.writeSequence = write, writeSequence
+    tcp.Connection.write, tcp.Connection.writeSequence = write, writeSequence  # type: ignore[method-assign]  # the tuning replaces them
     _tuned = True
 
 

@@ -7,6 +7,7 @@ instead of a default silently taking its place.
 
 import os
 from pathlib import Path
+from typing import overload
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -27,6 +28,12 @@ def _fail(name: str, wanted: str, value: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"Environment variable {name} must be {wanted}; got {value!r}.")
 
 
+# The overloads tell the type checker what the readers do: a value given as the default means the
+# setting is never None.
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = _raw(name)
     return default if value is None else value
@@ -60,6 +67,14 @@ def env_int(
     return number
 
 
+@overload
+def env_float(
+    name: str, default: float, *, minimum: float | None = None, maximum: float | None = None
+) -> float: ...
+@overload
+def env_float(
+    name: str, default: None, *, minimum: float | None = None, maximum: float | None = None
+) -> float | None: ...
 def env_float(
     name: str,
     default: float | None,

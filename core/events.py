@@ -12,7 +12,8 @@ OPS_GROUP = "ops"
 
 
 async def ops_event_abroadcast(*, kind: str, data: dict) -> None:
-    await get_channel_layer().group_send(
+    # CHANNEL_LAYERS is always set (config.settings.databases), so there is a layer.
+    await get_channel_layer().group_send(  # type: ignore[union-attr]
         OPS_GROUP, {"type": "ops.event", "kind": kind, "data": data}
     )
 

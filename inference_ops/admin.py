@@ -19,7 +19,7 @@ class Operations:
     may."""
 
     def has_operate_permission(self, request):
-        opts = self.opts
+        opts = self.opts  # type: ignore[attr-defined]  # mixed into a ModelAdmin
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
 
@@ -127,7 +127,7 @@ class EngineEventInline(admin.TabularInline):
     model = EngineEvent
     extra = 0
     fields = ["at", "status", "reason"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only
     can_delete = False
     max_num = 0
     ordering = ["-at", "-pk"]
@@ -280,7 +280,7 @@ class EngineProcessAdmin(SuperuserEdits, Operations, admin.ModelAdmin):
 
     def _enqueue(self, request, queryset, action):
         for engine in queryset:
-            transaction.on_commit(lambda engine=engine: tasks.enqueue(action, engine))
+            transaction.on_commit(lambda engine=engine: tasks.enqueue(action, engine))  # type: ignore[misc]  # a default binds each engine
         self.message_user(
             request,
             f"{action.capitalize()} queued for {queryset.count()} engine(s); "

@@ -271,7 +271,7 @@ def _run(
         env=env,
     ) as process:
         try:
-            for line in process.stdout:
+            for line in process.stdout:  # type: ignore[union-attr]  # stdout=PIPE
                 line = line.rstrip()
                 tail = [*tail, line][-40:]
                 match = _PERCENT.match(line)

@@ -104,7 +104,7 @@ def owner_gone(pid: int | None) -> bool:
     """The engine was started for an owner (`make run`) that is no longer running."""
     with contextlib.suppress(psutil.Error, ValueError):
         owner = _environ(psutil.Process(pid or 0)).get(ENGINE_OWNER)
-        return bool(owner) and not psutil.pid_exists(int(owner))
+        return bool(owner) and not psutil.pid_exists(int(owner))  # type: ignore[arg-type]  # `bool(owner) and` leaves a str
     return False
 
 

@@ -17,7 +17,7 @@ from inference_ops.signals import engine_ready
 logger = logging.getLogger(__name__)
 Status = EngineProcess.Status
 
-_ENDPOINT_STATUS = {
+_ENDPOINT_STATUS: dict[str, str] = {
     Status.READY: ModelEndpoint.Status.READY,
     Status.UNHEALTHY: ModelEndpoint.Status.UNHEALTHY,
 }

@@ -252,8 +252,8 @@ async def create_embeddings(
                 model=config.model,
                 input=inputs,
                 encoding_format=encoding_format,  # type: ignore[arg-type]
-                **({"dimensions": dimensions} if dimensions is not None else {}),
-                **({"user": user} if user is not None else {}),
+                **({"dimensions": dimensions} if dimensions is not None else {}),  # type: ignore[arg-type]  # each value checked above
+                **({"user": user} if user is not None else {}),  # type: ignore[arg-type]  # each value checked above
                 extra_body=fields or None,
             )
     except TimeoutError:
@@ -286,7 +286,7 @@ async def create_embeddings(
             f"{len(vectors)} embeddings for {count} inputs",
             endpoint=config.name,
         )
-    return Embeddings(vectors=vectors, prompt_tokens=prompt_tokens, seconds=loop.time() - started)
+    return Embeddings(vectors=vectors, prompt_tokens=prompt_tokens, seconds=loop.time() - started)  # type: ignore[arg-type]  # list is invariant: floats here
 
 
 def _token_ids(inputs: list) -> bool:

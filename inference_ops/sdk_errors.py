@@ -98,8 +98,8 @@ def _provider_message(exc: openai.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict):
         inner = body.get("error") if isinstance(body.get("error"), dict) else body
-        if isinstance(inner.get("message"), str) and inner["message"]:
-            return inner["message"]
+        if isinstance(inner.get("message"), str) and inner["message"]:  # type: ignore[union-attr, index]  # a dict: body or its error
+            return inner["message"]  # type: ignore[index]  # a dict: body or its error
     return exc.message
 
 

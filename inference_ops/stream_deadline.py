@@ -4,6 +4,7 @@ per stream rather than one per read."""
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 
 class StreamDeadline:
@@ -34,17 +35,17 @@ class StreamDeadline:
 
     def __enter__(self) -> None:
         self._task = asyncio.current_task()
-        self._cancelling = self._task.cancelling()
+        self._cancelling = self._task.cancelling()  # type: ignore[union-attr]  # entered inside a task
         if self._read_started is not None:
             self._read_started = self._loop.time()
         if self._timer is None:  # it fired while the consumer had the last token
             self._timer = self._loop.call_at(self._due(), self._fire)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         task, self._task = self._task, None
         if self._fired:
             self._fired = False
-            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:  # type: ignore[union-attr]  # entered inside a task
                 raise TimeoutError from None
         return False
 

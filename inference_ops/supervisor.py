@@ -82,7 +82,7 @@ def engine_start(*, engine_id: int, reason: str = "started by an operator") -> E
             return engine
         if is_ours(engine, engine.pid):
             # A leftover of a failed start or an unhealthy run: replace it, never run two.
-            terminate_session(engine.pid, engine.stop_timeout)
+            terminate_session(engine.pid, engine.stop_timeout)  # type: ignore[arg-type]  # is_ours: a pid
         elif engine.pid and process_alive(engine.pid):
             logger.warning(
                 "engine %s: its recorded %s is not an engine of ours; left alone",
@@ -172,7 +172,7 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
         if _stopped_meanwhile(engine):
             # engine_stop (an operator, `make run` stopping) has written the row; a stop that
             # raced the launch may have missed the process, so it goes here too.
-            terminate_session(engine.pid, engine.stop_timeout)
+            terminate_session(engine.pid, engine.stop_timeout)  # type: ignore[arg-type]  # the launch wrote the pid
             raise SupervisorError(f"{engine.name}: start cancelled: the engine was stopped")
         if not process_alive(engine.pid):
             if _stopped_meanwhile(engine):  # stopped between the two looks: not a crash
@@ -194,7 +194,7 @@ def _wait_ready(engine: EngineProcess) -> EngineProcess:
                 last_check_ok=True,
             )
         time.sleep(0.25)
-    terminate_session(engine.pid, engine.stop_timeout)
+    terminate_session(engine.pid, engine.stop_timeout)  # type: ignore[arg-type]  # the launch wrote the pid
     transition(
         engine, Status.CRASHED, f"not ready within {engine.startup_timeout}s ({reason})", pid=None
     )
@@ -213,7 +213,7 @@ def engine_stop(
         engine.save(update_fields=["desired_state"])
         pid = engine.pid
     if is_ours(engine, pid):
-        terminate_session(pid, engine.stop_timeout)
+        terminate_session(pid, engine.stop_timeout)  # type: ignore[arg-type]  # is_ours: a pid
     # A start still under way may have launched it a moment ago, before its pid was recorded.
     if left := leftovers(engine, pid):
         stop_leftovers(engine, left)
@@ -249,7 +249,7 @@ def engine_check(*, engine_id: int) -> str | None:
     "scheduled" when it should start it at the row's `next_restart_at`."""
     engine = EngineProcess.objects.select_related("endpoint").filter(pk=engine_id).first()
     if engine is not None and engine.status == Status.PORT_TAKEN:
-        return _check_port_taken(engine)
+        return _check_port_taken(engine)  # type: ignore[func-returns-value]  # None, as engine_check's end
     if engine is None or engine.desired_state != EngineProcess.Desired.RUNNING:
         return None
     now = timezone.now()
@@ -293,7 +293,7 @@ def engine_check(*, engine_id: int) -> str | None:
     failed = engine.failed_checks + 1
     if failed >= settings.ENGINE_RESTART_UNHEALTHY_AFTER:
         if is_ours(engine, engine.pid):  # a pid the row kept across a reboot names a stranger
-            terminate_session(engine.pid, engine.stop_timeout)
+            terminate_session(engine.pid, engine.stop_timeout)  # type: ignore[arg-type]  # is_ours: a pid
         EngineProcess.objects.filter(pk=engine.pk).update(pid=None, failed_checks=failed)
         return _schedule_restart(engine, f"unhealthy for {failed} checks ({reason}); killed")
     status = Status.UNHEALTHY if failed >= settings.ENGINE_UNHEALTHY_AFTER else engine.status
@@ -351,7 +351,7 @@ def _check_starting(engine: EngineProcess, now) -> str | None:
         )
         return None
     if is_ours(engine, engine.pid):
-        terminate_session(engine.pid, engine.stop_timeout)
+        terminate_session(engine.pid, engine.stop_timeout)  # type: ignore[arg-type]  # is_ours: a pid
     return _schedule_restart(engine, f"start-up never finished ({reason}); killed")
 
 

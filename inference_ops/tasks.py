@@ -2,6 +2,7 @@
 take ids, re-read the row, and are safe to run twice."""
 
 import logging
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -15,7 +16,7 @@ from inference_ops.models import EngineProcess, LoraAdapter, ModelEndpoint
 logger = logging.getLogger(__name__)
 
 # vLLM may take many minutes to load weights; the global limits are for ordinary tasks.
-_START_LIMITS = {"soft_time_limit": 3600, "time_limit": 3660}
+_START_LIMITS: dict[str, Any] = {"soft_time_limit": 3600, "time_limit": 3660}
 
 
 @shared_task(name="inference_ops.tasks.engine_start", **_START_LIMITS)

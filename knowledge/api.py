@@ -1,5 +1,6 @@
 """DRF API for integrations: entries CRUD and search with the direct-answer verdict."""
 
+from django.db import models
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -22,7 +23,7 @@ class KBPermission(DjangoModelPermissions):
     By browser session, or by an API key that carries the `kb` scope (the key's user's
     permissions apply)."""
 
-    model = Entry
+    model: type[models.Model] = Entry
     VIEW = ["%(app_label)s.view_%(model_name)s"]
     perms_map = {**DjangoModelPermissions.perms_map, "GET": VIEW, "HEAD": VIEW, "OPTIONS": VIEW}
 
@@ -172,7 +173,7 @@ class DirectSerializer(serializers.Serializer):
 
 class PassageSerializer(serializers.Serializer):
     entry_id = serializers.IntegerField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a declared field, not Field.label
     kind = serializers.CharField()
     score = serializers.FloatField()
     text = serializers.CharField()
@@ -182,7 +183,7 @@ class SearchResultSerializer(serializers.Serializer):
     query = serializers.CharField()
     direct = DirectSerializer()
     matches = MatchSerializer(many=True)
-    context = PassageSerializer(many=True)
+    context = PassageSerializer(many=True)  # type: ignore[assignment]  # a declared field, not Field.context
 
 
 class SearchView(APIView):

@@ -188,7 +188,7 @@ def _entry_ids(keys: set) -> dict:
         )
     )
     numbers = [k for k in keys if isinstance(k, int)]
-    found.update({pk: pk for pk in faq.filter(pk__in=numbers).values_list("id", flat=True)})
+    found.update({pk: pk for pk in faq.filter(pk__in=numbers).values_list("id", flat=True)})  # type: ignore[misc]  # keys: external ids and numbers
     return found
 
 
@@ -197,7 +197,7 @@ def evidence_of(item: Labelled, model: EmbeddingModel) -> Evidence:
     key = normalize(item.question)
     exact = exact_match(key) or typo_match(key)
     if exact is not None:
-        ev.exact = exact.entry.pk
+        ev.exact = exact.entry.pk  # type: ignore[union-attr]  # a match has its entry
         return ev
     matches = faq_matches(item.question, limit=5, model=model, vector=item.vector)
     if not matches:
@@ -328,9 +328,9 @@ def calibrate(
                 "question": ev.item.question,
                 "kind": ev.item.kind,
                 "expected": ev.item.expected,
-                "expected_question": titles.get(ev.item.expected, ""),
+                "expected_question": titles.get(ev.item.expected, ""),  # type: ignore[arg-type]  # None has no title
                 "got": got,
-                "got_question": titles.get(got, ""),
+                "got_question": titles.get(got, ""),  # type: ignore[arg-type]  # None has no title
                 "score": round(ev.score, 4),
                 "lead": round(ev.lead, 4),
                 "guard": ev.guarded,

@@ -123,7 +123,7 @@ def review_queue(queryset: QuerySet[Hit] | None = None) -> QuerySet[Hit]:
         .values("pk")[:1]
     )
     return (
-        queryset.filter(pk=Subquery(newest))
+        queryset.filter(pk=Subquery(newest))  # type: ignore[misc]  # the caller annotates reports
         .filter(~Exists(same_question.exclude(review="")))
         .order_by("-reports", "-created_at")
     )

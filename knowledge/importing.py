@@ -62,7 +62,7 @@ def _rows(text: str, fmt: str):
             try:
                 row = json.loads(line)
             except ValueError as exc:
-                yield number, f"not valid JSON ({exc.msg} at column {exc.colno})"
+                yield number, f"not valid JSON ({exc.msg} at column {exc.colno})"  # type: ignore[attr-defined]  # json raises JSONDecodeError
                 continue
             yield number, row if isinstance(row, dict) else "each line must be a JSON object"
         return
@@ -103,7 +103,8 @@ def _parse_row(row: dict, fmt: str) -> dict:
     if (isinstance(raw_id, int) and not isinstance(raw_id, bool)) or (
         text_id and text_id.isdigit()
     ):
-        cleaned["id"] = int(raw_id)  # this instance's own id, as its export writes it
+        # this instance's own id, as its export writes it
+        cleaned["id"] = int(raw_id)  # type: ignore[arg-type]  # checked above
     elif text_id:
         # Another system's id (most KB exports carry one): kept as the entry's external key.
         if len(text_id) > 200 or text_problem(text_id):

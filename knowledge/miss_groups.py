@@ -112,15 +112,15 @@ class _PassHeads:
         self.by_key.setdefault(key, miss_id)
         if vector is None:
             return
-        ids = self._ids[model_id]
-        self._vectors[model_id][len(ids)] = _unit(vector)
+        ids = self._ids[model_id]  # type: ignore[index]  # a saved row's pk
+        self._vectors[model_id][len(ids)] = _unit(vector)  # type: ignore[index]  # a saved row's pk
         ids.append(miss_id)
 
     def nearest(self, model_id: int | None, vector) -> tuple[float, int | None]:
-        ids = self._ids.get(model_id)
+        ids = self._ids.get(model_id)  # type: ignore[arg-type]  # a saved row's pk
         if not ids:
             return -1.0, None
-        scores = self._vectors[model_id][: len(ids)] @ _unit(vector)
+        scores = self._vectors[model_id][: len(ids)] @ _unit(vector)  # type: ignore[index]  # a saved row's pk
         best = int(np.argmax(scores))
         return float(scores[best]), ids[best]
 

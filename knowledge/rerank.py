@@ -137,12 +137,12 @@ def _scores(data, count: int) -> list[float]:
         score = result.get("relevance_score") if isinstance(result, dict) else None
         if type(index) is not int or not 0 <= index < count or scores[index] is not None:
             raise _Malformed(f"a result for document {index!r} of {count}")
-        if type(score) not in (int, float) or not math.isfinite(score):
+        if type(score) not in (int, float) or not math.isfinite(score):  # type: ignore[arg-type]  # a number: its type is checked first
             raise _Malformed(f"relevance_score {score!r}")
-        scores[index] = float(score)
+        scores[index] = float(score)  # type: ignore[arg-type]  # a number: checked above
     if None in scores:
         raise _Malformed(f"{scores.count(None)} of {count} documents without a score")
-    return scores
+    return scores  # type: ignore[return-value]  # None is not in scores
 
 
 def _decide(

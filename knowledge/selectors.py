@@ -325,7 +325,7 @@ async def adirect_answer(text: str, *, in_conversation: bool = False) -> DirectA
     if in_conversation and verdict.hit and (marker := follow_up_marker(text)):
         verdict.hit, verdict.method = False, "follow_up"
         verdict.reason = (
-            f"a follow-up to the conversation ({marker!r}): KB#{verdict.entry.pk} is not answered "
+            f"a follow-up to the conversation ({marker!r}): KB#{verdict.entry.pk} is not answered "  # type: ignore[union-attr]  # a hit has its entry
             "on its own"
         )
     return verdict

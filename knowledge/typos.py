@@ -199,7 +199,7 @@ def index() -> TypoIndex:
 
 async def aindex() -> TypoIndex:
     """index() for async callers: no thread hop while the index is fresh."""
-    return _fresh() or await db.run(index)
+    return _fresh() or await db.run(index)  # type: ignore[return-value]  # index() always returns one
 
 
 def index_forget() -> None:

@@ -6,6 +6,7 @@ which refusals stand whatever the reranker would say."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -66,7 +67,7 @@ def vector_verdict(
     runner_up = matches[1] if len(matches) > 1 else None
     threshold = best.entry.threshold if best.entry.threshold is not None else threshold
     lead = best.score - (runner_up.score if runner_up else 0.0)
-    common = dict(
+    common: dict[str, Any] = dict(
         method="vector",
         entry=best.entry,
         score=best.score,
@@ -85,7 +86,7 @@ def vector_verdict(
         return DirectAnswer(
             hit=False,
             reason=(
-                f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "
+                f"KB#{runner_up.entry.pk} scores {runner_up.score:.3f}, too close to the best "  # type: ignore[union-attr]  # a lead under the margin has a runner-up
                 f"{best.score:.3f} (margin {lead:.3f} < {margin:.3f})"
             ),
             **common,
@@ -93,7 +94,7 @@ def vector_verdict(
     if runner_up is not None:
         _lexical_fill(text, [best, runner_up])
         words = (best.lexical, runner_up.lexical)
-        if None not in words and runner_up.lexical > best.lexical + LEXICAL_EDGE:
+        if None not in words and runner_up.lexical > best.lexical + LEXICAL_EDGE:  # type: ignore[operator]  # None not in words
             # The embedding prefers one entry, the words another: the near-miss case
             # ("cancel my subscription" vs "cancel my order", 订阅 vs 订单). Not sure means no.
             return DirectAnswer(

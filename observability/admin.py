@@ -9,6 +9,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import OperationalError, connections, transaction
+from django.db.models import QuerySet
 from django.http import HttpResponseBadRequest
 from django.urls import path, reverse
 from django.utils import timezone
@@ -32,7 +33,8 @@ class CountOrEstimatePaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list
+        # The admin pages a queryset.
+        queryset: QuerySet = self.object_list  # type: ignore[assignment]
         try:
             with transaction.atomic(using=queryset.db):
                 with connections[queryset.db].cursor() as cursor:
@@ -89,7 +91,7 @@ class TimeFilter(admin.ListFilter):
         if not value:
             return None
         try:
-            return date.fromisoformat(value)
+            return date.fromisoformat(value)  # type: ignore[arg-type]  # a date parameter is a str
         except ValueError:
             messages.warning(
                 request, f"“{value}” is not a date (YYYY-MM-DD): the {name} date is ignored."
@@ -269,7 +271,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         "features",
         "request_key",
     ]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only
     list_per_page = 100
     # No count of the whole table next to the filtered one, no counts per filter choice.
     show_full_result_count = False

@@ -6,6 +6,7 @@ the request log's view permission, as its rows do."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.admin import AdminSite
@@ -135,9 +136,9 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         ),
         "loop_chart": mark_safe(_loop_chart(loop)) if loop is not None else "",  # noqa: S308 - core.charts escapes its text
         "can_add_phrasings": can_see_misses
-        and "add_as_phrasings" in miss_admin.get_actions(request),
+        and "add_as_phrasings" in miss_admin.get_actions(request),  # type: ignore[union-attr]  # the misses admin is registered
         # The misses admin's own action: the page's button posts the miss to it, as its list would.
-        "can_make_entry": can_see_misses and "make_entry" in miss_admin.get_actions(request),
+        "can_make_entry": can_see_misses and "make_entry" in miss_admin.get_actions(request),  # type: ignore[union-attr]  # the misses admin is registered
         # Every chart escapes the text it writes.
         "road_chart": mark_safe(  # noqa: S308 - core.charts escapes its text
             charts.bars_over_time(
@@ -263,7 +264,7 @@ def _target_row(t: request_log.TargetLatency) -> dict:
 
 
 def _recent_events(engines: list[endpoints.EngineHistory]) -> list[dict]:
-    events = [
+    events: list[dict[str, Any]] = [
         {"engine": e.name, "at": ev.at, "status": ev.status, "reason": ev.reason}
         for e in engines
         for ev in e.events
@@ -296,7 +297,7 @@ def _engine_chart(
         for event in [*engine.events, None]:
             until = stop if event is None else event.at
             if until > since:
-                colour = STATES.get(state, NO_RECORD) if state else NO_RECORD
+                colour = STATES.get(state, NO_RECORD) if state else NO_RECORD  # type: ignore[call-overload]  # state: a status name
                 segments.append(
                     (
                         at(since),

@@ -36,7 +36,7 @@ class RuleForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         try:
-            rule_validate(fields=cleaned)
+            rule_validate(fields=cleaned)  # type: ignore[arg-type]  # a ModelForm's clean returns its cleaned_data
         except RuleInvalid as exc:
             for field, message in exc.errors.items():
                 self.add_error(field if field in self.fields else None, message)
@@ -214,7 +214,8 @@ class TesterForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        key, user = cleaned.get("api_key"), cleaned.get("user")
+        # A ModelForm's clean returns its cleaned_data, never None.
+        key, user = cleaned.get("api_key"), cleaned.get("user")  # type: ignore[union-attr]
         if key is not None and user is not None and key.user_id != user.pk:
             self.add_error("api_key", f"This key is {key.user.get_username()}'s, not {user}'s.")
         return cleaned

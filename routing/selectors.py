@@ -87,7 +87,7 @@ async def route_explain(
             else (None, f"no model named {model!r}")
         )
         rule_name = chosen.name if chosen else None
-        decision = (
+        decision: dict[str, object] = (
             {
                 "road": target.road,
                 "reason": f"model {model} requested, allowed by rule {rule_name}",

@@ -98,7 +98,8 @@ class Limit(models.Model):
     @property
     def subject_label(self) -> str:
         if self.api_key_id:
-            return f"API key {self.api_key.name} ({self.api_key.user})"
+            # api_key_id is set, so api_key is a key.
+            return f"API key {self.api_key.name} ({self.api_key.user})"  # type: ignore[union-attr]
         if self.user_id:
             return f"user {self.user}"
         if self.group_id:

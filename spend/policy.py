@@ -62,12 +62,14 @@ class Policies:
 
 
 def spec_of(row: Limit) -> Spec:
+    # A limit has exactly one subject (Limit.clean and its check constraint): the one whose id is
+    # set is there, hence the ignores.
     if row.api_key_id:
-        kind, ident, label = "key", str(row.api_key_id), f"API key {row.api_key.name}"
+        kind, ident, label = "key", str(row.api_key_id), f"API key {row.api_key.name}"  # type: ignore[union-attr]
     elif row.user_id:
-        kind, ident, label = "user", str(row.user_id), f"user {row.user.get_username()}"
+        kind, ident, label = "user", str(row.user_id), f"user {row.user.get_username()}"  # type: ignore[union-attr]
     else:
-        kind, ident, label = "group", row.group.name, f"group {row.group.name}"
+        kind, ident, label = "group", row.group.name, f"group {row.group.name}"  # type: ignore[union-attr]
     return Spec(
         kind=kind,
         ident=ident,
@@ -90,10 +92,11 @@ def policies_build() -> Policies:
     )
     for row in rows:
         spec = spec_of(row)
+        # spec_of chose the kind by which id is set.
         if spec.kind == "key":
-            policies.keys[row.api_key_id] = spec
+            policies.keys[row.api_key_id] = spec  # type: ignore[index]
         elif spec.kind == "user":
-            policies.users[row.user_id] = spec
+            policies.users[row.user_id] = spec  # type: ignore[index]
         else:
             policies.groups[spec.ident] = spec
     return policies

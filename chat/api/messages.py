@@ -156,4 +156,4 @@ async def _run_to_end(asked: TurnRequest) -> int:
             )
     if refused is not None:
         raise refused
-    return message_id
+    return message_id  # type: ignore[return-value]  # set, or the stream raised

@@ -46,7 +46,7 @@ class SearchView(APIView):
         query = selectors.search_query_validate(request.query_params.get("q", ""))
         hits = selectors.messages_search(user=request.user, query=query)
         paginator = SearchPagination()
-        page = paginator.paginate_queryset(hits, request, view=self)
+        page: list | None = paginator.paginate_queryset(hits, request, view=self)  # type: ignore[arg-type]  # SearchHits slices like a list
         results = [
             {
                 "message_id": hit.message_id,
@@ -56,6 +56,6 @@ class SearchView(APIView):
                 "snippet": selectors.search_snippet(hit.content, query),
                 "created_at": hit.created_at,
             }
-            for hit in page
+            for hit in page  # type: ignore[union-attr]  # the class sets a page size
         ]
         return paginator.get_paginated_response(SearchHitSerializer(results, many=True).data)

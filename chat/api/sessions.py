@@ -36,7 +36,7 @@ class SessionListView(APIView):
     def get(self, request):
         sessions = selectors.sessions_list(user=request.user)
         paginator = Pagination()
-        page = paginator.paginate_queryset(sessions, request, view=self)
+        page: list | None = paginator.paginate_queryset(sessions, request, view=self)
         return paginator.get_paginated_response(SessionSerializer(page, many=True).data)
 
     @extend_schema(request=SessionSerializer, responses={201: SessionSerializer})

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from chat import services
 from chat.models import ApiKey
@@ -28,12 +28,12 @@ async def run_call(
     *,
     key: ApiKey,
     api: str,
-    answer: AsyncIterator[events.Event],
+    answer: AsyncGenerator[events.Event, None],
     arrived: float,
     request_key: uuid.UUID,
     spent: events.Spent,
     features: tuple[str, ...] = (),
-) -> AsyncIterator[events.Event]:
+) -> AsyncGenerator[events.Event, None]:
     """Take the call in, then yield `answer`'s events; its row is noted (and its slot given back)
     before its last event is yielded, or when it is closed or cancelled before that. Raises
     Draining or RateLimited (TooManyStreams) before anything is counted or asked."""

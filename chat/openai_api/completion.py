@@ -11,7 +11,8 @@ gateway's finish chunk when the answer is whole: a stream that fails says so ins
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import orjson
 
@@ -71,7 +72,7 @@ async def completion_stream(
     include_usage: bool,
     user,
     choices: int = 1,
-) -> AsyncIterator[str | bytes]:
+) -> AsyncGenerator[str | bytes, None]:
     # A token chunk is the same JSON but for its text: built from two halves, one dumps a token.
     head, tail = (
         part.encode()
@@ -127,7 +128,7 @@ async def completion_stream(
                 yield await pipeline_error_event(event, user)
     except Exception as exc:  # noqa: BLE001 - the failure is the stream's last event
         failure = failure_reply(exc, method="POST", path="/v1/chat/completions")
-        yield stream_error_event(failure.body["error"])
+        yield stream_error_event(failure.body["error"])  # type: ignore[index]  # a failure reply has a body
     finally:
         await turn.aclose()
 
@@ -194,7 +195,7 @@ def _add_call(calls: dict[int, dict], delta: dict) -> None:
 def _choice(index: int, parts: dict, finish_reason: str) -> dict:
     calls = [parts["tool_calls"][number] for number in sorted(parts["tool_calls"])]
     content = "".join(parts["content"])
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": content if content or not calls else None,
         "refusal": "".join(parts["refusal"]) if "refusal" in parts else None,
@@ -234,15 +235,15 @@ async def completion_body(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": answer.choices_of(done),
-        "usage": done.usage or _zero_usage(),
+        "choices": answer.choices_of(done),  # type: ignore[arg-type]  # no Error: the stream ended Done
+        "usage": done.usage or _zero_usage(),  # type: ignore[union-attr]  # no Error: the stream ended Done
     }
-    if done.system_fingerprint is not None:
-        body["system_fingerprint"] = done.system_fingerprint
-    headers = {OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}
-    if done.continued:
+    if done.system_fingerprint is not None:  # type: ignore[union-attr]  # no Error: the stream ended Done
+        body["system_fingerprint"] = done.system_fingerprint  # type: ignore[union-attr]  # no Error: the stream ended Done
+    headers = {OVERHEAD_HEADER: f"{done.overhead_ms:.1f}"}  # type: ignore[union-attr]  # no Error: the stream ended Done
+    if done.continued:  # type: ignore[union-attr]  # no Error: the stream ended Done
         # The answer's stream broke mid-answer and these endpoints went on with it; the route
         # headers name the one that finished it.
-        headers[CONTINUED_HEADER] = ", ".join(done.continued)
-        headers["X-Route-Target"] = done.target or ""
+        headers[CONTINUED_HEADER] = ", ".join(done.continued)  # type: ignore[union-attr]  # no Error: the stream ended Done
+        headers["X-Route-Target"] = done.target or ""  # type: ignore[union-attr]  # no Error: the stream ended Done
     return Reply(200, headers=headers, body=body)

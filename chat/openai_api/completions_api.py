@@ -71,21 +71,21 @@ class _Body(BaseModel):
     max_tokens: _Tokens | None = None
     stream: StrictBool | None = None
     stream_options: _StreamOptions | None = None
-    temperature: _ranged(0, 2) | None = None
-    top_p: _ranged(0, 1) | None = None
+    temperature: _ranged(0, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    top_p: _ranged(0, 1) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] | None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] | None = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOPS)] | None = None
     seed: StrictInt | None = None
-    presence_penalty: _ranged(-2, 2) | None = None
-    frequency_penalty: _ranged(-2, 2) | None = None
-    logit_bias: dict[str, _ranged(-100, 100)] | None = None
+    presence_penalty: _ranged(-2, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    frequency_penalty: _ranged(-2, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    logit_bias: dict[str, _ranged(-100, 100)] | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: StrictBool | None = None
     suffix: StrictStr | None = None
     user: StrictStr | None = None
     top_k: StrictInt | None = None
-    min_p: _ranged(0, 1) | None = None
+    min_p: _ranged(0, 1) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     ignore_eos: StrictBool | None = None
     repetition_penalty: Annotated[_Number, Field(gt=0)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None

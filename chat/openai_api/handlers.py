@@ -153,9 +153,9 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
         return error_reply(exc.status, str(exc), code=exc.code, param="messages")
     # The model that answers: the one named, or the fallback that answered in its place.
     model_name = (
-        f"auto:{route.target or route.road}"
+        f"auto:{route.target or route.road}"  # type: ignore[union-attr]  # the loop stops at the route
         if parsed.model == "auto"
-        else route.target or parsed.model
+        else route.target or parsed.model  # type: ignore[union-attr]  # the loop stops at the route
     )
     choices = parsed.passthrough.choices
     if parsed.stream:
@@ -166,7 +166,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
                 "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
                 # So far: the stream's last chunk says it for the whole answer.
-                OVERHEAD_HEADER: overhead_header(arrived, route.engine_ms),
+                OVERHEAD_HEADER: overhead_header(arrived, route.engine_ms),  # type: ignore[union-attr]  # the loop stops at the route
             },
             stream=completion_stream(
                 turn=turn,
@@ -188,7 +188,7 @@ async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: fl
             choices=choices,
         )
     # Under the reply's own: an answer continued elsewhere names the endpoint that finished it.
-    reply.headers = {**route_headers(route), **reply.headers}
+    reply.headers = {**route_headers(route), **reply.headers}  # type: ignore[arg-type]  # the loop stops at the route
     return reply
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from chat.openai_api.ratelimit import ratelimit_headers
@@ -58,7 +58,7 @@ class Reply:
     status: int
     body: dict | None = None  # JSON
     headers: dict[str, str] = field(default_factory=dict)
-    stream: AsyncIterator[str | bytes] | None = None  # server-sent events, instead of a body
+    stream: AsyncGenerator[str | bytes, None] | None = None  # server-sent events, instead of a body
 
 
 def error_reply(

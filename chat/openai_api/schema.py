@@ -97,14 +97,14 @@ class _Body(BaseModel):
     stream: StrictBool | None = None
     stream_options: _StreamOptions | None = None
     # OpenAI's, for every engine.
-    temperature: _ranged(0, 2) | None = None
-    top_p: _ranged(0, 1) | None = None
+    temperature: _ranged(0, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    top_p: _ranged(0, 1) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] | None = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOPS)] | None = None
     seed: StrictInt | None = None
-    presence_penalty: _ranged(-2, 2) | None = None
-    frequency_penalty: _ranged(-2, 2) | None = None
-    logit_bias: dict[str, _ranged(-100, 100)] | None = None
+    presence_penalty: _ranged(-2, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    frequency_penalty: _ranged(-2, 2) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
+    logit_bias: dict[str, _ranged(-100, 100)] | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     response_format: _ResponseFormat | None = None
@@ -132,7 +132,7 @@ class _Body(BaseModel):
     # vLLM's, for vLLM targets (the three sampling ones for llama.cpp's server too). Its other
     # fields are not declared here: vLLM checks their values, and its 400 comes back as one.
     top_k: StrictInt | None = None
-    min_p: _ranged(0, 1) | None = None
+    min_p: _ranged(0, 1) | None = None  # type: ignore[valid-type]  # pydantic reads _ranged's Annotated
     ignore_eos: StrictBool | None = None
     repetition_penalty: Annotated[_Number, Field(gt=0)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None

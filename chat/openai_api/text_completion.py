@@ -12,7 +12,7 @@ says so instead.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import orjson
@@ -71,8 +71,8 @@ def _usage(done: events.Done) -> dict:
 
 
 async def completion_stream(
-    call: AsyncIterator[events.Event], answer: Answer, *, include_usage: bool, user
-) -> AsyncIterator[str | bytes]:
+    call: AsyncGenerator[events.Event, None], answer: Answer, *, include_usage: bool, user
+) -> AsyncGenerator[str | bytes, None]:
     # A text chunk is the same JSON but for its text: built from two halves, one dumps a token.
     head, tail = (
         part.encode() for part in answer.chunk([_choice(0, "\x00")]).split(json.dumps("\x00"))
@@ -106,7 +106,7 @@ async def completion_stream(
             elif isinstance(event, events.Error):
                 yield await pipeline_error_event(event, user)
     except Exception as exc:  # noqa: BLE001 - the failure is the stream's last event
-        yield stream_error_event(failure_reply(exc, method="POST", path=PATH).body["error"])
+        yield stream_error_event(failure_reply(exc, method="POST", path=PATH).body["error"])  # type: ignore[index]  # a failure reply has a body
     finally:
         await call.aclose()
 
@@ -155,7 +155,9 @@ class _Choices:
         ]
 
 
-async def completion_body(call: AsyncIterator[events.Event], answer: Answer, *, user) -> Reply:
+async def completion_body(
+    call: AsyncGenerator[events.Event, None], answer: Answer, *, user
+) -> Reply:
     choices, done, error = _Choices(), None, None
     try:
         async for event in call:

@@ -185,19 +185,19 @@ async def _send_stream(send, receive, reply: Reply) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         gone = True
-        streaming.cancel()
+        streaming.cancel()  # type: ignore[union-attr]  # called in a task
 
     watcher = asyncio.create_task(watch())
     try:
         await send(_head(reply, reply.headers.pop("Content-Type")))
-        async with contextlib.aclosing(reply.stream) as events:
-            async for text in events:
+        async with contextlib.aclosing(reply.stream) as events:  # type: ignore[type-var]  # a streaming reply has its stream
+            async for text in events:  # type: ignore[union-attr]  # a streaming reply has its stream
                 body = text if isinstance(text, bytes) else text.encode()
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
         if not gone:
             raise  # the server is stopping, not the client
-        streaming.uncancel()
+        streaming.uncancel()  # type: ignore[union-attr]  # called in a task
     finally:
         watcher.cancel()

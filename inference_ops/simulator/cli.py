@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from .config import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL, LoraModule, SimConfig
 from .faults import FAULTS, parse_spec
@@ -19,7 +20,7 @@ from .tools import STRICT_TOOL_CALLING_ENV, TOOL_PARSERS
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> SimConfig:
     environ = os.environ if environ is None else environ
     # vLLM's parser accepts --max_model_len as well as --max-model-len.
     argv = [_dashed(a) for a in argv]

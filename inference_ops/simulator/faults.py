@@ -128,7 +128,7 @@ def parse_spec(text: str) -> Fault:
             allowed = ", ".join(sorted({"times"} | _KEYS.get(kind, set())))
             raise ValueError(f"fault {kind!r} takes no {key!r} (it takes: {allowed})")
         values[key] = value
-    fault = {"kind": kind, "spec": text.strip()}
+    fault: dict = {"kind": kind, "spec": text.strip()}
     if "times" in values:
         fault["times"] = _number(values, "times", int, minimum=1)
     if "after" in values:
@@ -183,7 +183,7 @@ class FaultBook:
         if not fault.counted:
             return True
         struck = self._struck.get(fault.spec, 0)
-        if struck >= fault.times:
+        if struck >= fault.times:  # type: ignore[operator]  # a counted fault has its times
             return False
         self._struck[fault.spec] = struck + 1
         return True

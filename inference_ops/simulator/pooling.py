@@ -155,13 +155,13 @@ async def _score(request: web.Request, parse) -> web.Response:
         await asyncio.sleep(sim.config.ttft / 2)
         await drop_connection(request)
     if kind == "slow-first-token":
-        await asyncio.sleep(fault.delay)
+        await asyncio.sleep(fault.delay)  # type: ignore[union-attr]  # kind is set only with a fault
     await asyncio.sleep(sim.config.ttft)
     if kind == "stall":
         await asyncio.sleep(HANG_SECONDS)
         await drop_connection(request)
     if kind == "mid-stream":
-        if fault.how == "close":
+        if fault.how == "close":  # type: ignore[union-attr]  # kind is set only with a fault
             await drop_connection(request)
         raise APIError(ENGINE_ERROR_MESSAGE, err_type="InternalServerError", status=500)
     if sim.config.cross_encoder:

@@ -209,7 +209,7 @@ def chat_choice(
     finish_reason: str,
     stop_reason: str | None,
 ) -> dict:
-    message = {
+    message: dict[str, object] = {
         "role": "assistant",
         "content": content,
         "refusal": None,

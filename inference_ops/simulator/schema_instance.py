@@ -124,7 +124,7 @@ class _Builder:
             except ValueError:
                 value = self.text
         else:
-            value = FORMATS.get(schema.get("format"), self.text)
+            value = FORMATS.get(schema.get("format"), self.text)  # type: ignore[arg-type]  # no format: the text
         low = _int(schema.get("minLength"), 0)
         high = schema.get("maxLength")
         if len(value) < low:
@@ -212,7 +212,7 @@ def _number(schema: dict, *, integer: bool) -> int | float:
         high, high_open = exclusive_max, True
 
     step = schema.get("multipleOf")
-    step = step if _is_number(step) and step > 0 else (1 if integer else None)
+    step = step if _is_number(step) and step > 0 else (1 if integer else None)  # type: ignore[operator]  # _is_number: a number
     if integer and step is not None and step != int(step):
         step = None
 

@@ -94,7 +94,7 @@ def pair_length_error(*, max_model_len: int, tokens: int, endpoint: str) -> APIE
 def rerank_response(
     *, model: str, documents: list[str], scores: list[float], top_n: int, tokens: int
 ) -> dict:
-    results = [
+    results: list[dict] = [
         {"index": index, "document": {"text": documents[index]}, "relevance_score": score}
         for index, score in enumerate(scores)
     ]

@@ -151,7 +151,7 @@ def _structured_outputs(value, endpoint: str, tool_choice) -> dict | None:
     }
     for key, (types, kind, message) in checks.items():
         field = value.get(key)
-        if field is not None and not isinstance(field, types):
+        if field is not None and not isinstance(field, types):  # type: ignore[arg-type]  # a class or a tuple of them
             raise validation_error(f"structured_outputs.{key}", message, kind, field)
     choice = value.get("choice")
     if choice is not None and not all(isinstance(c, str) for c in choice):

@@ -162,7 +162,7 @@ class CalibrationAdmin(admin.ModelAdmin):
             raise PermissionDenied
         form = TrafficForm(request.POST)
         if not form.is_valid():
-            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())  # type: ignore[arg-type]  # an ErrorList holds str
             self.message_user(request, f"Not calibrated: {problems}", messages.ERROR)
             return redirect("admin:knowledge_calibration_changelist")
         days, target = form.cleaned_data["days"], form.cleaned_data["target"]
@@ -204,7 +204,8 @@ class CalibrationAdmin(admin.ModelAdmin):
                 round(run.threshold, 4),
                 round(run.margin, 4),
             ):
-                current = None  # the model already answers at this point: one mark says it
+                # the model already answers at this point: one mark says it
+                current = None  # type: ignore[assignment]  # None: no second mark
         # calibration_chart escapes every text it writes.
         chart = mark_safe(  # noqa: S308 - core.charts escapes its text
             calibration_chart(

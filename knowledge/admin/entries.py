@@ -43,7 +43,7 @@ class EntryForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         try:
-            entry_validate({k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")})
+            entry_validate({k: cleaned.get(k) for k in ("question", "answer", "kind", "threshold")})  # type: ignore[union-attr]  # clean returns cleaned_data
         except EntryInvalid as exc:
             for field, message in exc.errors.items():
                 self.add_error(field if field in self.fields else None, message)

@@ -114,8 +114,8 @@ class _Batcher:
                     continue
                 cache = query_cache()
                 for text, vector in zip(texts, vectors):
-                    vector = tuple(vector)
-                    cache.put(self.spec, text, vector)
+                    vector = tuple(vector)  # type: ignore[assignment]  # a tuple from here on
+                    cache.put(self.spec, text, vector)  # type: ignore[arg-type]  # a tuple from here on
                     for future in waiters[text]:
                         if not future.done():
                             future.set_result(vector)

@@ -60,7 +60,7 @@ def calibration_apply(*, run_id: int, by: AbstractBaseUser | None = None) -> Cal
         EmbeddingModel.objects.filter(pk=run.model_id).update(
             direct_threshold=run.threshold, direct_margin=run.margin
         )
-        run.applied, run.applied_at, run.applied_by = True, timezone.now(), by
+        run.applied, run.applied_at, run.applied_by = True, timezone.now(), by  # type: ignore[assignment]  # the user model is auth's User
         run.save(update_fields=["applied", "applied_at", "applied_by"])
     logger.warning(
         "calibration #%s applied by %s: %s answers directly at threshold %.3f, margin %.3f "

@@ -25,7 +25,7 @@ from knowledge.models import (
 
 def configured_spec() -> EmbeddingSpec:
     return EmbeddingSpec(
-        name=settings.KB_EMBEDDING_MODEL,
+        name=settings.KB_EMBEDDING_MODEL,  # type: ignore[arg-type]  # set for either backend (config.settings.knowledge)
         backend=settings.KB_EMBEDDING_BACKEND,
         dimensions=settings.KB_EMBEDDING_DIMENSIONS,
         base_url=settings.KB_EMBEDDING_BASE_URL or "",
@@ -144,10 +144,10 @@ def missing_vectors_embed(*, model: EmbeddingModel, batch_size: int = 128, progr
             )
             if not rows:
                 break
-            vectors = embed_texts(spec, [_embedding_text(row) for row in rows], PASSAGE)
+            vectors = embed_texts(spec, [_embedding_text(row) for row in rows], PASSAGE)  # type: ignore[arg-type]  # a Phrasing or a Passage
             vector_model.objects.bulk_create(
                 [
-                    vector_model(**{field: row}, model=model, embedding=vector)
+                    vector_model(**{field: row}, model=model, embedding=vector)  # type: ignore[misc]  # the vector model of owner
                     for row, vector in zip(rows, vectors)
                 ],
                 ignore_conflicts=True,

@@ -45,7 +45,7 @@ def feedback_record(
     if problem := text_problem(comment):
         raise EntryInvalid({"comment": problem})
     if not verdict:
-        Feedback.objects.filter(request_key=request_key, user_id=user_id).delete()
+        Feedback.objects.filter(request_key=request_key, user_id=user_id).delete()  # type: ignore[misc]  # None: IS NULL (user is nullable)
         return None
     with transaction.atomic():
         queued = (
@@ -70,7 +70,7 @@ def _review_allowance_left(*, user_id: int | None, request_key) -> bool:
     """Whether `user_id` may queue one more thumbs down now (on the answer `request_key`): their
     queued thumbs down of the last 24 hours are fewer than KB_REVIEW_DOWNVOTES_PER_DAY. Call it in
     the transaction that writes the verdict."""
-    mine = Feedback.objects.filter(user_id=user_id, verdict=Feedback.Verdict.DOWN, queued=True)
+    mine = Feedback.objects.filter(user_id=user_id, verdict=Feedback.Verdict.DOWN, queued=True)  # type: ignore[misc]  # None: IS NULL (user is nullable)
     if mine.filter(request_key=request_key).exists():
         return True  # queued before: a new comment on it is not another thumbs down
     # One user's thumbs down sent together take turns here until the transaction ends, so each

@@ -49,7 +49,7 @@ def admission_now(period: Period | None) -> list[AdmissionNow]:
     log: a request's wait is counted at the target it ended on); no period, no waits (the page's
     refresh of what is live)."""
     rows = [
-        AdmissionNow(endpoint_id=pk, endpoint=name, capacity=capacity, held=None, waiting=None)
+        AdmissionNow(endpoint_id=pk, endpoint=name, capacity=capacity, held=None, waiting=None)  # type: ignore[arg-type]  # capacity__isnull=False
         for pk, name, capacity in ModelEndpoint.objects.filter(active=True, capacity__isnull=False)
         .order_by("name")
         .values_list("pk", "name", "capacity")

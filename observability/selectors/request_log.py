@@ -76,7 +76,8 @@ def traffic(period: Period) -> Traffic:
     by_method: dict[str, int] = {}
     with connection.cursor() as cursor:
         cursor.execute(
-            _TRAFFIC_SQL, {"slot": period.slot, "start": period.start, "end": period.end}
+            _TRAFFIC_SQL,
+            {"slot": period.slot, "start": period.start, "end": period.end},  # type: ignore[dict-item]  # psycopg adapts a timedelta
         )
         for at, road, method, count, hits, failed, fell_back in cursor.fetchall():
             slot = slots[at]

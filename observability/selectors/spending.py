@@ -4,6 +4,7 @@ and every budget with what is spent of it now (Redis)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
@@ -74,7 +75,7 @@ def spend(period: Period, *, top: int = 10) -> Spend:
     by_slot: dict[str, list[float]] = {}
     index = {at: i for i, at in enumerate(period.slots)}
     found: dict[str, list[tuple]] = {"key": [], "user": [], "group": [], "target": []}
-    params = {"slot": period.slot, "start": period.start, "end": period.end}
+    params: dict[str, Any] = {"slot": period.slot, "start": period.start, "end": period.end}
     with connection.cursor() as cursor:
         cursor.execute(_SPEND_SLOTS_SQL, params)
         for at, target, cost in cursor.fetchall():
@@ -155,7 +156,7 @@ def budgets() -> list[BudgetState]:
             whose=row.subject_label,
             kind=spec.kind,
             spent=spent.get(spec.subject, 0) / MICROS,
-            budget=float(row.budget),
+            budget=float(row.budget),  # type: ignore[arg-type]  # budget__isnull=False
             period=row.budget_period,
             warn_at=row.warn_at,
             over_budget=row.over_budget,

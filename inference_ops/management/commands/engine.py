@@ -23,7 +23,7 @@ class Command(BaseCommand):
             return
         if not name:
             raise CommandError(f"engine {action} needs an engine name")
-        engine = EngineProcess.objects.filter(name=name).first()
+        engine = EngineProcess.objects.filter(name=name).first()  # type: ignore[assignment]  # the loop's name, reused
         if engine is None:
             known = ", ".join(EngineProcess.objects.values_list("name", flat=True)) or "none"
             raise CommandError(f"no engine named {name!r} (known: {known})")

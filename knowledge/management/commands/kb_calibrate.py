@@ -126,21 +126,21 @@ class Command(BaseCommand):
                     out(f"{title} ({len(rows)}):")
                     for row in rows[:show]:
                         got = (
-                            f" -> KB#{row['got']} {row['got_question'][:50]!r}"
+                            f" -> KB#{row['got']} {row['got_question'][:50]!r}"  # type: ignore[index]  # row: a dict of the rows here
                             if row["got"]
                             else ""
                         )
                         want = f"KB#{row['expected']}" if row["expected"] else "none"
                         out(
-                            f"  line {row['line']} [{row['kind']}] {row['question'][:70]!r}{got} "
+                            f"  line {row['line']} [{row['kind']}] {row['question'][:70]!r}{got} "  # type: ignore[index]  # row: a dict of the rows here
                             f"(want {want}; score {row['score']:.3f}, lead {row['lead']:.3f}"
-                            f"{'; ' + row['guard'] if row['guard'] else ''})"
+                            f"{'; ' + row['guard'] if row['guard'] else ''})"  # type: ignore[operator]  # row: a dict of the rows here
                         )
         out("")
         if run.applied:
             out(
                 f"applied: {result.model.name} now answers directly "
-                f"at threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f}"
+                f"at threshold {chosen.threshold:.3f}, margin {chosen.margin:.3f}"  # type: ignore[union-attr]  # an applied run has its point
             )
         out(f"saved as calibration #{run.pk} (admin: Knowledge › Calibrations)")
 
