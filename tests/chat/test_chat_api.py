@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from chat.apikeys import apikey_create
 from chat.models import ApiKey, ChatSession, Message
 from tests.support.personas import EVERY_VERB, staff_user
+from tests.support.rate_window import one_rate_window
 
 pytestmark = pytest.mark.django_db
 
@@ -109,6 +110,7 @@ def test_a_body_over_the_upload_limit_is_a_413(api, settings):
 
 def test_the_rate_limit_answers_429_with_retry_after(api, product, settings):
     settings.CHAT_RATE_LIMIT = 2
+    one_rate_window(settings)
     sid = api.post("/api/chat/sessions/", {}, format="json").json()["id"]
     for _ in range(2):
         assert (

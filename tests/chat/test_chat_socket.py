@@ -13,6 +13,7 @@ from django.test import AsyncClient
 
 from chat.models import ChatSession, Message
 from tests.support.factories import endpoint, rule
+from tests.support.rate_window import one_rate_window
 from tests.support.sockets import socket_at, socket_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -442,7 +443,7 @@ async def test_a_frame_over_the_size_limit_is_refused_unread_and_the_socket_stay
 
 async def test_joins_past_the_limit_get_an_error_frame_and_no_text(alice, product, settings):
     settings.CHAT_JOIN_RATE_LIMIT = 2
-    settings.CHAT_RATE_WINDOW = 86400  # one window for the whole test
+    one_rate_window(settings)
     socket = await socket_for(alice, connect=True)
     await socket.send_json_to(
         {"type": "message", "session": None, "content": "How do I reset my password?"}
