@@ -5,6 +5,8 @@ those inside functions. And no module grows past one idea's length."""
 import ast
 from pathlib import Path
 
+from tests.support.source import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. chat imports observability (a turn records its row); observability never imports
 # chat. spend (limits and budgets) is asked by the pipeline, so it sits under routing and imports
@@ -38,7 +40,7 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     """The project's modules `path` imports (a `from package import module` counts the module)."""
     out = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -5,13 +5,15 @@ conftest. Fixtures stay in conftest files."""
 import ast
 from pathlib import Path
 
+from tests.support.source import parse
+
 TESTS = Path(__file__).resolve().parent
 
 
 def test_no_test_module_imports_from_a_conftest():
     found = []
     for path in sorted(TESTS.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or "", *(alias.name for alias in node.names)]
             elif isinstance(node, ast.Import):
