@@ -20,10 +20,10 @@ import orjson
 from inference_ops import admission, admission_gate
 from inference_ops.endpoint_calls import (
     EndpointConfig,
-    _pool_for,
     close_stream,
     error_event,
     open_stream,
+    pool_for,
     read_broke,
     read_timed_out,
     stream_reads,
@@ -111,7 +111,7 @@ async def stream_chat(
     under load a read holds many chunks, which then cost the layers above one event instead of
     many. The timeouts are one timer per stream (`StreamDeadline`), not one per read.
     """
-    pool = _pool_for(config)
+    pool = pool_for(config)
     loop = asyncio.get_running_loop()
     # Room at the endpoint's capacity, before its clocks start: the wait has its own deadline.
     admitted = (
@@ -131,7 +131,7 @@ async def stream_chat(
         "model": config.model,
         "messages": messages,
         "stream": True,
-        **_options(max_tokens, max_tokens_field, temperature, stop),
+        **request_options(max_tokens, max_tokens_field, temperature, stop),
         **(extra_body or _EMPTY),
     }
     if config.priority_scheduling:
@@ -310,7 +310,7 @@ def _says(choice: dict) -> bool:
     return False
 
 
-def _options(
+def request_options(
     max_tokens: int | None, max_tokens_field: str, temperature: float | None, stop: list[str] | None
 ) -> dict:
     options: dict = {"stream_options": {"include_usage": True}}

@@ -36,7 +36,7 @@ class EndpointConfig:
     # An engine of the endpoint runs vLLM's priority scheduling: requests carry their class.
     priority_scheduling: bool = False
     headers: tuple[tuple[str, str], ...] = ()
-    # Retries before the first token, the pipeline's (routing.pipeline): how many, and the
+    # Retries before the first token, the pipeline's (routing.chain): how many, and the
     # backoff's base and cap in seconds.
     retries: int = 2
     retry_base: float = 0.25
@@ -94,7 +94,7 @@ class _Pool:
 _pools: PerLoop[_Pool] = PerLoop()
 
 
-def _pool_for(config: EndpointConfig) -> _Pool:
+def pool_for(config: EndpointConfig) -> _Pool:
     return _pools.get(lambda: _Pool(config), config)
 
 

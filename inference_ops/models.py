@@ -73,7 +73,7 @@ class ModelEndpoint(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=64, help_text="Requests in flight from one gateway process; more wait for a slot."
     )
-    # Retries before the first token (routing.pipeline): a transient failure (5xx, reset,
+    # Retries before the first token (routing.chain): a transient failure (5xx, reset,
     # refused, no headers in time, a 429) is tried again on this endpoint, after a backoff with
     # full jitter, before the chain's next target is.
     retries = models.PositiveSmallIntegerField(

@@ -18,13 +18,13 @@ import httpx2
 import orjson
 
 from inference_ops import admission_gate
-from inference_ops.client import Finish, Token, Usage, _options
+from inference_ops.client import Finish, Token, Usage, request_options
 from inference_ops.endpoint_calls import (
     EndpointConfig,
-    _pool_for,
     close_stream,
     error_event,
     open_stream,
+    pool_for,
     read_broke,
     read_timed_out,
     stream_reads,
@@ -54,7 +54,7 @@ async def stream_completion(
     client's own (n, logprobs, echo, suffix, stop, vLLM's sampling...), sent as they are; the
     model, the prompt, streaming with usage and the token ceiling are this call's. Iterate with
     `contextlib.aclosing`: closing it closes the engine's stream."""
-    pool = _pool_for(config)
+    pool = pool_for(config)
     loop = asyncio.get_running_loop()
     admitted = (
         await admission_gate.admit(config.name, config.capacity, config.total_timeout)
@@ -69,7 +69,7 @@ async def stream_completion(
         "model": config.model,
         "prompt": prompt,
         "stream": True,
-        **_options(max_tokens, "max_tokens", temperature, None),
+        **request_options(max_tokens, "max_tokens", temperature, None),
     }
     produced = False
     response = None
@@ -236,7 +236,7 @@ async def create_embeddings(
     """One embeddings call through the endpoint's pool: a slot and the answer by the endpoint's
     first-token deadline (an embedding is answered whole, as a first token is). `fields`: the
     client's own (dimensions, user, vLLM's extras), sent as they are. Raises EngineError."""
-    pool = _pool_for(config)
+    pool = pool_for(config)
     loop = asyncio.get_running_loop()
     started = loop.time()
     until = started + min(config.first_token_timeout, config.total_timeout)

@@ -90,7 +90,7 @@ class RequestLog(models.Model):
     )
     kb_score = models.FloatField("KB score", null=True)
     fallbacks = models.SmallIntegerField(default=0)
-    # Same-target retries before the first token (routing.pipeline): how many, the time they
+    # Same-target retries before the first token (routing.chain): how many, the time they
     # waited in all, their causes (engine failure kinds, space-separated, each once).
     retries = models.SmallIntegerField(default=0)
     retry_wait_ms = models.FloatField("retry wait ms", null=True)

@@ -1,7 +1,7 @@
-"""One target's try at an answer (`_Attempt`): the prompt it is sent, laid out for the target's
+"""One target's try at an answer (`Attempt`): the prompt it is sent, laid out for the target's
 window, the engine's stream, and what that stream's events become: the route at the first token,
 the tokens, the done event (`done_event`). An attempt that continues an answer cut elsewhere
-(routing.continuation) carries what the attempts before it produced (`_Resumed`).
+(routing.continuation) carries what the attempts before it produced (`Resumed`).
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from routing import breaker
 from routing.compiled import Target
 from routing.events import Done, Event, Route, Token, route_event, usage_of
 from routing.failures import Attempts
-from routing.kb_records import _record_miss
-from routing.plan import _Plan, _question
+from routing.kb_records import record_miss
+from routing.plan import Plan, question_message
 from routing.prompt import approx_tokens, build_messages
-from routing.spending import _Meter
+from routing.spending import Meter
 from spend import ledger
 
 
-def _ms(seconds: float) -> float:
+def ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
 
 def done_event(
-    plan: _Plan, target: Target, finish: Finish, attempts: Attempts, ttft: float | None
+    plan: Plan, target: Target, finish: Finish, attempts: Attempts, ttft: float | None
 ) -> Done:
     """The end of an answer `target` finished."""
     return Done(
@@ -39,11 +39,11 @@ def done_event(
         rule=plan.rule_name,
         target=target.endpoint,
         ttft_ms=ttft,
-        latency_ms=_ms(time.monotonic() - plan.started),
+        latency_ms=ms(time.monotonic() - plan.started),
         usage=usage_of(finish),
         finish_reason=finish.finish_reason,
         citations=plan.citations,
-        engine_ms=_ms(finish.total),
+        engine_ms=ms(finish.total),
         kb=plan.kb,
         fell_back_from=tuple(attempts.passed),
         finish_reasons=finish.finish_reasons if len(finish.finish_reasons) > 1 else None,
@@ -54,7 +54,7 @@ def done_event(
 
 
 @dataclass
-class _Resumed:
+class Resumed:
     """What an answer continued after a cut carries from its attempts before: the text sent as the
     prefill, the first token's time, the usage (estimated for a stream cut before the engine said
     it), the endpoints that continued it."""
@@ -86,21 +86,21 @@ class _Resumed:
         return usage
 
 
-class _Attempt:
+class Attempt:
     """One target's try at the answer: the prompt it is sent, the engine's stream, and what that
     stream's events become (the route at the first token, or at the end of an empty answer, the
-    tokens, the done event). `_generate` drives it: no generator layer of its own between the
+    tokens, the done event). `generate` drives it: no generator layer of its own between the
     engine's stream and the caller, since every token passes through here."""
 
     def __init__(
         self,
-        plan: _Plan,
+        plan: Plan,
         target: Target,
         attempts: Attempts,
-        meter: _Meter,
+        meter: Meter,
         standing: ledger.Standing | None,
         *,
-        resumed: _Resumed | None = None,
+        resumed: Resumed | None = None,
     ):
         self.plan, self.target, self.attempts = plan, target, attempts
         self.meter, self.standing = meter, standing
@@ -127,7 +127,7 @@ class _Attempt:
             system=plan.system,
             history=request.history,
             replay=plan.rule is None or plan.rule.replay_passages,
-            question=_question(request),
+            question=question_message(request),
             budget=self.target.context_window - plan.max_tokens,
             passages=plan.context,
             after=passthrough.after,
@@ -152,7 +152,7 @@ class _Attempt:
         )
 
     def route(self, engine_seconds: float, *, first_token: bool = True) -> Route:
-        self.ttft = _ms(time.monotonic() - self.plan.started)
+        self.ttft = ms(time.monotonic() - self.plan.started)
         if self.chat and first_token:
             self.chat.first_chunk(engine_seconds)
         if self.resumed is not None:
@@ -166,7 +166,7 @@ class _Attempt:
             retries=self.attempts.retry_notes() if self.attempts.retried else "",
             # A named request answered by a fallback was not answered by the model named.
             named=self.plan.named and self.target.endpoint == self.plan.request.model,
-            engine_ms=_ms(engine_seconds),
+            engine_ms=ms(engine_seconds),
             standing=self.standing,
             context=self.plan.context,
         )
@@ -184,7 +184,7 @@ class _Attempt:
             f"the partial answer sent as a prefill, after " + "; ".join(self.attempts.notes),
             reason="the answer was cut short and is continued by the "
             + ("same model" if same else f"{target.road} model"),
-            engine_ms=_ms(engine_seconds),
+            engine_ms=ms(engine_seconds),
             standing=self.standing,
             continued_from=resumed.cut_at,
             context=self.plan.context,
@@ -208,7 +208,7 @@ class _Attempt:
         plan, resumed = self.plan, self.resumed
         text = "".join(self.text) if resumed is None else "".join(resumed.text + self.text)
         if plan.direct is not None:
-            _record_miss(plan.request, plan.text, text, plan.direct)
+            record_miss(plan.request, plan.text, text, plan.direct)
         done = done_event(plan, self.target, event, self.attempts, self.ttft)
         if resumed is not None:
             resumed.on.append(self.target.endpoint)

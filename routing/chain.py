@@ -1,4 +1,4 @@
-"""The chain tried in order (`_generate`): each target until one answers. A transient failure
+"""The chain tried in order (`generate`): each target until one answers. A transient failure
 before the first token is tried again on the same target (`failures.retry_wait`), then the next
 target is asked; a stream cut after its first tokens is continued elsewhere
 (`routing.continuation`). Around the walk: the answer's place in the endpoints' admission queue
@@ -19,25 +19,25 @@ from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from knowledge.verdict import DirectAnswer
 from routing import breaker, replicas
-from routing.attempt import _Attempt
+from routing.attempt import Attempt
 from routing.compiled import CompiledRule, Target
-from routing.continuation import _continuable, _continue
+from routing.continuation import continuable, continue_answer
 from routing.events import Error, Event, RouteRequest
 from routing.failures import (
     Attempts,
-    _engine_failed,
-    _unserved_error,
     content_filtered,
     cut_error,
+    engine_failed,
     retry_wait,
+    unserved_error,
 )
-from routing.plan import _Plan, _plan, _refusal
-from routing.spending import _Meter, _reserve
+from routing.plan import Plan, build_plan, target_refusal
+from routing.spending import Meter, reserve
 from spend import ledger
 from spend.policy import Spec
 
 
-async def _generate(
+async def generate(
     request: RouteRequest,
     text: str,
     rule: CompiledRule | None,
@@ -48,22 +48,22 @@ async def _generate(
     rng: random.Random,
     direct: DirectAnswer | None = None,
     specs: tuple[Spec, ...] = (),
-    plan: _Plan | None = None,
-    attempt_of: Callable[..., _Attempt] | None = None,
+    plan: Plan | None = None,
+    attempt_of: Callable[..., Attempt] | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The chain tried in order, each target until one answers (see the module docstring).
     `plan` and `attempt_of`: another API's own (routing.completions), instead of a chat answer's."""
     if plan is None:
-        plan = await _plan(request, text, rule, targets, started, why=why, direct=direct)
-    attempt_of = attempt_of or _Attempt
+        plan = await build_plan(request, text, rule, targets, started, why=why, direct=direct)
+    attempt_of = attempt_of or Attempt
     reservation = None
     if specs:
-        booked = await _reserve(plan, specs)
+        booked = await reserve(plan, specs)
         if isinstance(booked, Error):
             yield booked
             return
         reservation = booked
-    meter = _Meter(request.spent)
+    meter = Meter(request.spent)
     attempts = Attempts()
     waiting = admission.Ticket(
         tenant=_tenant(request),
@@ -75,7 +75,7 @@ async def _generate(
     try:
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for at, target in enumerate(chain):
-            if (refusal := _refusal(plan, target)) is not None:
+            if (refusal := target_refusal(plan, target)) is not None:
                 if plan.named and at == 0 and refusal[1].code != "too_long":
                     # The model named cannot take a field or API the client sent: the client's
                     # to change, not a failure another model should hide (a prompt too long for
@@ -101,7 +101,7 @@ async def _generate(
                         wait=target.config.first_token_timeout if target is chain[-1] else 0.0,
                     )
                 ):
-                    attempts.refused(target, unserved.note, _unserved_error(plan, target, unserved))
+                    attempts.refused(target, unserved.note, unserved_error(plan, target, unserved))
                     continue
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
@@ -133,14 +133,14 @@ async def _generate(
                     assert failure is not None  # a stream ends with its Finish or an EngineError
                     tries += 1
                     if produced or failure.produced_tokens:
-                        await _engine_failed(target, failure)
+                        await engine_failed(target, failure)
                         # Tokens are out: the answer goes on from where it was cut, or ends.
                         cut = cut_error(plan, target, attempts, failure)
-                        if attempt_of is not _Attempt or not _continuable(plan, attempt, failure):
+                        if attempt_of is not Attempt or not continuable(plan, attempt, failure):
                             yield cut
                             return
-                        rest = [t for t in chain[at + 1 :] if _refusal(plan, t) is None]
-                        async for step in _continue(attempt, failure, rest, cut):
+                        rest = [t for t in chain[at + 1 :] if target_refusal(plan, t) is None]
+                        async for step in continue_answer(attempt, failure, rest, cut):
                             yield step
                         return
                     meter.failed(failure)
@@ -150,7 +150,7 @@ async def _generate(
                     attempts.retry(target, failure, wait)
                     await asyncio.sleep(wait)
                 # One vote per request for the breaker, however many tries it took.
-                await _engine_failed(target, failure)
+                await engine_failed(target, failure)
                 if failure.kind == "content_filter":
                     # The same request meets the same policy anywhere: the provider's reason goes
                     # to the client as it is, no other target is asked.

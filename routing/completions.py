@@ -19,14 +19,13 @@ from collections.abc import AsyncGenerator
 from django.conf import settings
 
 from inference_ops.other_apis import stream_completion
-from routing.attempt import _Attempt
-from routing.chain import _generate
-from routing.compiled import named_target
+from routing.attempt import Attempt
+from routing.chain import generate
+from routing.compiled import Snapshot
 from routing.events import Error, Event, RouteRequest
-from routing.pipeline import _match, _over_budget, _spend_of, named_chain, order_targets
-from routing.plan import _Plan, answer_budget
+from routing.pipeline import Named, matched_rule, named_route, order_targets, rules_for
+from routing.plan import Plan, answer_budget
 from routing.prompt import approx_tokens
-from routing.rules import asnapshot
 
 COMPLETIONS = "completions"
 
@@ -50,54 +49,21 @@ async def complete(
             param="prompt",
         )
         return
-    snap = await asnapshot()
+    snap = await rules_for(request)
     named = bool(request.model) and request.model != "auto"
-    if named and request.model not in snap.targets_by_model:
-        yield Error(
-            code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
-        )
+    chosen = await (
+        named_route(snap, request, text, rng or _rng) if named else _rule_route(snap, request, rng)
+    )
+    if isinstance(chosen, Error):
+        yield chosen
         return
-    specs, over_budget = await _spend_of(request)
-    rule, why = await _match(snap, request, text, None, over_budget=over_budget)
-    if over_budget and rule is None:
-        yield _over_budget(specs, None)
-        return
-    if named:
-        assert request.model is not None
-        target, refusal = named_target(rule, request.model)
-        if target is None:
-            yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
-            return
-        assert rule is not None  # a target was found in its chain
-        # The endpoint asked for, then the rule's chain as fallbacks (as for chat).
-        targets = named_chain(rule, target, rng or _rng)
-        why = f"model {request.model} requested; {why}"
-    elif rule is None:
-        yield Error(
-            code="no_route", message="No routing rule matches and there is no default rule."
-        )
-        return
-    elif rule.action != "generate":
-        yield Error(
-            code="model_not_allowed",
-            message=f"Rule {rule.name!r} answers from the knowledge base only, and a completion "
-            "of a raw prompt is no question it answers.",
-            rule=rule.name,
-        )
-        return
-    else:
-        targets = order_targets(rule, rng or _rng)
-        if not targets:
-            yield Error(
-                code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name
-            )
-            return
+    rule, targets, why, specs = chosen
     fields = request.passthrough.fields
     suffix = fields.get("suffix")
     tokens = (approx_tokens(text) if text else ids) + (
         approx_tokens(suffix) if isinstance(suffix, str) else 0
     )
-    plan = _Plan(
+    plan = Plan(
         request=request,
         text=text,
         rule=rule,
@@ -123,7 +89,7 @@ async def complete(
     def attempt_of(*args) -> _Completion:
         return _Completion(*args, prompt=prompt)
 
-    async for event in _generate(
+    async for event in generate(
         request,
         text,
         rule,
@@ -148,7 +114,7 @@ def _token_ids(prompt: str | list) -> int:
     return 0
 
 
-class _Completion(_Attempt):
+class _Completion(Attempt):
     """One target's try at a completion: the prompt as the client sent it, to /v1/completions."""
 
     def __init__(self, *args, prompt: str | list):
@@ -165,3 +131,31 @@ class _Completion(_Attempt):
             temperature=plan.temperature,
             fields=plan.request.passthrough.fields,
         )
+
+
+async def _rule_route(
+    snap: Snapshot, request: RouteRequest, rng: random.Random | None
+) -> Named | Error:
+    """The chain of the rule that takes a raw prompt, or why none does: a KB-only rule has no
+    answer to a completion."""
+    matched = await matched_rule(snap, request, request.text, None)
+    if isinstance(matched, Error):
+        return matched
+    rule, why, specs = matched
+    if rule is None:
+        return Error(
+            code="no_route", message="No routing rule matches and there is no default rule."
+        )
+    if rule.action != "generate":
+        return Error(
+            code="model_not_allowed",
+            message=f"Rule {rule.name!r} answers from the knowledge base only, and a completion "
+            "of a raw prompt is no question it answers.",
+            rule=rule.name,
+        )
+    targets = order_targets(rule, rng or _rng)
+    if not targets:
+        return Error(
+            code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name
+        )
+    return Named(rule, targets, why, specs)

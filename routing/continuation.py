@@ -1,8 +1,8 @@
 """An answer whose stream broke after its first tokens, continued from where it was cut
-(`_continue`): its text so far sent as an assistant prefill to the same target or the next that
-takes one, the new tokens following the old in the same stream; when none can, the cut's error
-(partial), so the caller keeps the partial answer. Whether an answer may be continued at all:
-`_continuable`.
+(`continue_answer`): its text so far sent as an assistant prefill to the same target or the
+next that takes one, the new tokens following the old in the same stream; when none can, the
+cut's error (partial), so the caller keeps the partial answer. Whether an answer may be
+continued at all: `continuable`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from inference_ops import engine_state
 from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from routing import breaker, replicas
-from routing.attempt import _Attempt, _Resumed
+from routing.attempt import Attempt, Resumed
 from routing.compiled import Target
 from routing.engine_failures import ENGINE_GONE
 from routing.events import Error, Event
-from routing.failures import _engine_failed
-from routing.plan import _Plan
+from routing.failures import engine_failed
+from routing.plan import Plan
 
 
-def _continuable(plan: _Plan, broken: _Attempt, failure: EngineError) -> bool:
+def continuable(plan: Plan, broken: Attempt, failure: EngineError) -> bool:
     """Whether an answer cut after its first tokens may be continued elsewhere: plain text of one
     choice (a tool call's arguments or several choices cannot be resumed as a prefill), with
     nothing of the client's own after its question (its own prefill, tool results), and not cut
@@ -39,8 +39,8 @@ def _continuable(plan: _Plan, broken: _Attempt, failure: EngineError) -> bool:
     )
 
 
-async def _continue(
-    broken: _Attempt, failure: EngineError, rest: list[Target], cut: Error
+async def continue_answer(
+    broken: Attempt, failure: EngineError, rest: list[Target], cut: Error
 ) -> AsyncGenerator[Event, None]:
     """Finish an answer whose stream broke after its first tokens: the text so far goes as an
     assistant prefill (`continue_final_message`) to the same target when it may be retried, then
@@ -48,7 +48,7 @@ async def _continue(
     stream. When none can, `cut`: the original failure, never a prefill refusal in its place."""
     plan, attempts, meter = broken.plan, broken.attempts, broken.meter
     failed_at = timezone.now() if failure.kind in ENGINE_GONE else None
-    resumed = _Resumed(
+    resumed = Resumed(
         text=list(broken.text),
         ttft=broken.ttft,
         cut_at=broken.target.endpoint,
@@ -79,7 +79,7 @@ async def _continue(
             ):
                 attempts.notes.append(f"{target.endpoint}: {unserved.note}")
                 continue
-            attempt = _Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
+            attempt = Attempt(plan, target, attempts, meter, broken.standing, resumed=resumed)
             new = False
             try:
                 async with contextlib.aclosing(attempt.stream()) as stream:
@@ -95,7 +95,7 @@ async def _continue(
             except EngineError as exc:
                 attempt.failed(exc)
                 # A refused prefill (a 400) is no failure of the endpoint: not for the breaker.
-                await _engine_failed(target, exc)
+                await engine_failed(target, exc)
                 attempts.notes.append(f"{target.endpoint}: {exc.kind} while continuing")
                 if new or exc.produced_tokens:
                     # It added to the answer before it broke too: the next one goes on from there.

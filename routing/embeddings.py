@@ -29,21 +29,21 @@ from knowledge.exceptions import EmbeddingError
 from knowledge.models import EmbeddingModel
 from knowledge.selectors import aserving_model
 from routing import breaker, replicas
-from routing.attempt import _ms
+from routing.attempt import ms
 from routing.compiled import Snapshot, Target
 from routing.events import Done, Error, Event, RouteRequest, route_event
 from routing.failures import (
     Attempts,
-    _engine_failed,
-    _unserved_error,
     content_filtered,
+    engine_failed,
     engine_too_long,
     retry_wait,
+    unserved_error,
 )
-from routing.pipeline import _over_budget, _spend_of
-from routing.plan import _Plan
+from routing.pipeline import budget_spent_error, spend_of
+from routing.plan import Plan
 from routing.rules import asnapshot
-from routing.spending import _reserve
+from routing.spending import reserve
 from spend import ledger
 from spend.prices import FREE
 
@@ -119,7 +119,7 @@ async def embed(
             road=target.road,
         )
         return
-    plan = _Plan(
+    plan = Plan(
         request=request,
         text="",
         rule=None,
@@ -137,14 +137,14 @@ async def embed(
         prompt_tokens=ask.tokens,
         fixed_tokens=ask.tokens,
     )
-    specs, over_budget = await _spend_of(request)
+    specs, over_budget = await spend_of(request)
     if over_budget and target.price != FREE:
         # No over-budget rule reroutes an embedding; the gateway's own model costs nothing.
-        yield _over_budget(specs, None)
+        yield budget_spent_error(specs, None)
         return
     reservation = None
     if specs:
-        booked = await _reserve(plan, specs)
+        booked = await reserve(plan, specs)
         if isinstance(booked, Error):
             yield booked
             return
@@ -174,7 +174,7 @@ async def embed(
                         target.endpoint_id, wait=target.config.first_token_timeout
                     )
                 ):
-                    yield _unserved_error(plan, target, unserved)
+                    yield unserved_error(plan, target, unserved)
                     return
                 if not await breaker.allow(target.endpoint):
                     attempts.skipped(target, "circuit open or resting after a Retry-After")
@@ -183,7 +183,7 @@ async def embed(
                 result = await _create_embeddings(request, ask, target, attempts, rng or _rng)
             except EngineError as exc:
                 # One vote per request for the breaker, however many tries it took.
-                await _engine_failed(target, exc)
+                await engine_failed(target, exc)
                 yield await _embeddings_error(plan, target, attempts, exc)
                 return
             finally:
@@ -191,7 +191,7 @@ async def embed(
             await breaker.success(target.endpoint)
             vectors = result.vectors
             used = result.prompt_tokens if result.prompt_tokens is not None else ask.tokens
-            engine_ms = _ms(result.seconds)
+            engine_ms = ms(result.seconds)
         spent.prompt_tokens, spent.completion_tokens = used, 0
         spent.cost = target.price.cost(used, 0, (engine_ms or 0.0) / 1000)
         yield route_event(
@@ -211,7 +211,7 @@ async def embed(
             rule=None,
             target=target.endpoint,
             ttft_ms=None,
-            latency_ms=_ms(time.monotonic() - started),
+            latency_ms=ms(time.monotonic() - started),
             usage={"prompt_tokens": used, "total_tokens": used},
             finish_reason="stop",
             citations=[],
@@ -251,7 +251,7 @@ async def _create_embeddings(
 
 
 async def _embeddings_error(
-    plan: _Plan, target: Target, attempts: Attempts, exc: EngineError
+    plan: Plan, target: Target, attempts: Attempts, exc: EngineError
 ) -> Error:
     """What the caller gets when the endpoint did not answer: a content-policy refusal with the
     provider's reason and an input too long for the model as the request's own fault, as for chat;

@@ -1,5 +1,5 @@
 """What a target's failure leads to: another try of the same target (`retry_wait`), its vote with
-the breaker and the engine's supervisor (`_engine_failed`), the record of the targets passed over
+the breaker and the engine's supervisor (`engine_failed`), the record of the targets passed over
 (`Attempts`), and the error the caller gets, built here for every road that asks a model: a chat
 answer, a completion, embeddings.
 """
@@ -18,7 +18,7 @@ from routing import breaker
 from routing.compiled import Target
 from routing.engine_failures import ENGINE_GONE, report_engine_failure
 from routing.events import Error
-from routing.plan import _Plan
+from routing.plan import Plan
 
 # How vLLM's and OpenAI's 400s name the window: "maximum context length is 4096 tokens",
 # "maximum model length of 4096".
@@ -63,7 +63,7 @@ class Attempts:
             for endpoint, kind, wait in self.retried
         )
 
-    def too_long(self, plan: _Plan, target: Target, exc: EngineError) -> None:
+    def too_long(self, plan: Plan, target: Target, exc: EngineError) -> None:
         """The engine found the prompt longer than its context window: a target with a larger
         window may take it; if none does, the client gets a 400 naming the limit."""
         # The engine's own limit when it says it (a row may claim more than its engine holds).
@@ -81,7 +81,7 @@ class Attempts:
             self.resting.append(target.endpoint)
         self.failure = exc
 
-    async def error(self, plan: _Plan) -> Error:
+    async def error(self, plan: Plan) -> Error:
         """What the caller gets when no target answered."""
         if self.failure is None and self.refusal is not None:
             self.refusal.kb = plan.kb
@@ -123,7 +123,7 @@ async def _soonest(endpoints: list[str]) -> float | None:
     return round(min(waits), 1) if waits else None
 
 
-def _unserved_error(plan: _Plan, target: Target, unserved: engine_state.Unserved) -> Error:
+def unserved_error(plan: Plan, target: Target, unserved: engine_state.Unserved) -> Error:
     return Error(
         code=unserved.code,
         message=unserved.message,
@@ -135,7 +135,7 @@ def _unserved_error(plan: _Plan, target: Target, unserved: engine_state.Unserved
     )
 
 
-def engine_too_long(plan: _Plan, target: Target, exc: EngineError) -> Error:
+def engine_too_long(plan: Plan, target: Target, exc: EngineError) -> Error:
     """The engine found the request longer than its context window: the request's own fault, a
     400 naming the limit. A question's window keeps room for the answer; an embeddings request has
     no answer (its max_tokens is 0) and the field at fault is its `input`."""
@@ -156,7 +156,7 @@ def engine_too_long(plan: _Plan, target: Target, exc: EngineError) -> Error:
     )
 
 
-def content_filtered(plan: _Plan, target: Target, attempts: Attempts, exc: EngineError) -> Error:
+def content_filtered(plan: Plan, target: Target, attempts: Attempts, exc: EngineError) -> Error:
     """A content-policy refusal: the same request meets the same policy anywhere, so the
     provider's reason goes to the client as it is and no other target is asked."""
     return Error(
@@ -171,7 +171,7 @@ def content_filtered(plan: _Plan, target: Target, attempts: Attempts, exc: Engin
     )
 
 
-def cut_error(plan: _Plan, target: Target, attempts: Attempts, exc: EngineError) -> Error:
+def cut_error(plan: Plan, target: Target, attempts: Attempts, exc: EngineError) -> Error:
     """A stream that broke after its first tokens, when its answer is not continued: partial, so
     the caller keeps what was sent."""
     return Error(
@@ -224,7 +224,7 @@ def retry_wait(
     return wait
 
 
-async def _engine_failed(target: Target, exc: EngineError) -> None:
+async def engine_failed(target: Target, exc: EngineError) -> None:
     """What a failure tells the breaker and the engine's supervisor (nothing when the endpoint
     had no room: that queue is the gateway's own, inference_ops.admission)."""
     if exc.kind == "busy":

@@ -11,7 +11,7 @@ from knowledge.verdict import DirectAnswer
 from routing.events import RouteRequest
 
 
-def _record_miss(
+def record_miss(
     request: RouteRequest, question: str, answer_text: str, direct: DirectAnswer
 ) -> None:
     """Keep the question (and the generated answer) as a KB miss for curators, with the vector
@@ -32,7 +32,7 @@ def _record_miss(
     )
 
 
-def _record_hit(request: RouteRequest, question: str, direct: DirectAnswer, entry_id: int) -> None:
+def record_hit(request: RouteRequest, question: str, direct: DirectAnswer, entry_id: int) -> None:
     """Keep the direct answer for the review queue and calibration from traffic, with the vector
     this request computed (the exact and typo roads compute none): buffered, never awaited."""
     if request.key is None or not request.store:

@@ -7,7 +7,7 @@ failure before the first token is retried on the same target, a bounded number o
 times with backoff, then the next target is tried (`retry_wait`; the policy is in
 docs/architecture.md, "Retries and fallback"). A stream that breaks after its first
 token is continued from where it was cut, its text sent as an assistant prefill to the
-same target or the next that takes one (`_continue`); when none can, it ends with an
+same target or the next that takes one (`continue_answer`); when none can, it ends with an
 `error` event (partial=True) so the caller can keep the partial answer.
 
 It runs as an async generator inside the ASGI process: no lock, no Celery hop.
@@ -29,6 +29,7 @@ import dataclasses
 import random
 import time
 from collections.abc import AsyncGenerator
+from typing import NamedTuple
 
 from django.conf import settings
 
@@ -36,8 +37,8 @@ from core import tracing
 from knowledge.normalize import normalize
 from knowledge.selectors import adirect_answer
 from knowledge.verdict import DirectAnswer
-from routing.attempt import _ms
-from routing.chain import _generate
+from routing.attempt import ms
+from routing.chain import generate
 from routing.compiled import CompiledRule, Context, Snapshot, Target, named_target
 from routing.events import (
     PLAIN,
@@ -50,7 +51,7 @@ from routing.events import (
     RouteRequest,
     Token,
 )
-from routing.kb_records import _record_hit, _record_miss
+from routing.kb_records import record_hit, record_miss
 from routing.rules import asnapshot, query_vector
 from spend import ledger
 from spend.policy import Spec, apolicies
@@ -100,37 +101,23 @@ async def answer(
             f"{settings.ROUTING_MAX_INPUT_CHARS}.",
         )
         return
-    snap = await asnapshot()
-    if request.priority is None:  # none from its API key: its groups', if they have one
-        request.priority = snap.priority_of(request.groups)
-
+    snap = await rules_for(request)
     if request.model and request.model != "auto":
         # A named model skips the KB, not the rules: the rule that takes this question must
         # list the endpoint, and its prompt, context and limits apply.
-        if request.model not in snap.targets_by_model:
-            yield Error(
-                code="unknown_model", message=f"No model named {request.model!r}; see /v1/models."
-            )
+        named = await named_route(snap, request, text, rng)
+        if isinstance(named, Error):
+            yield named
             return
-        specs, over_budget = await _spend_of(request)
-        rule, why = await _match(snap, request, text, None, over_budget=over_budget)
-        if over_budget and rule is None:
-            yield _over_budget(specs, None)
-            return
-        target, refusal = named_target(rule, request.model)
-        if target is None:
-            yield Error(code="model_not_allowed", message=refusal, rule=rule.name if rule else None)
-            return
-        assert rule is not None  # a target was found in its chain
-        async for event in _generate(
+        async for event in generate(
             request,
             text,
-            rule,
-            named_chain(rule, target, rng),
+            named.rule,
+            named.targets,
             started,
-            why=f"model {request.model} requested; {why}",
+            why=named.why,
             rng=rng,
-            specs=specs,
+            specs=named.specs,
         ):
             yield event
         return
@@ -152,8 +139,8 @@ async def answer(
             reason="answered from the knowledge base",
         )
         yield Token(text=entry.answer)
-        _record_hit(request, text, direct, entry.pk)
-        elapsed = _ms(time.monotonic() - started)
+        record_hit(request, text, direct, entry.pk)
+        elapsed = ms(time.monotonic() - started)
         yield Done(
             road="kb",
             rule=None,
@@ -168,11 +155,11 @@ async def answer(
         )
         return
 
-    specs, over_budget = await _spend_of(request)
-    rule, why = await _match(snap, request, text, direct, over_budget=over_budget)
-    if over_budget and rule is None:
-        yield _over_budget(specs, direct)
+    matched = await matched_rule(snap, request, text, direct)
+    if isinstance(matched, Error):
+        yield matched
         return
+    rule, why, specs = matched
     kb = KbLookup.of(direct) if direct is not None else None
     if rule is None:
         yield Error(
@@ -197,9 +184,9 @@ async def answer(
             why=f"rule {rule.name} is KB-only; {direct.reason}",
             reason="this kind of question is answered from the knowledge base only",
         )
-        _record_miss(request, text, "", direct)
+        record_miss(request, text, "", direct)
         yield Token(text=settings.ROUTING_KB_NO_ANSWER)
-        elapsed = _ms(time.monotonic() - started)
+        elapsed = ms(time.monotonic() - started)
         yield Done(
             road="kb",
             rule=rule.name,
@@ -221,13 +208,72 @@ async def answer(
             kb=kb,
         )
         return
-    async for event in _generate(
+    async for event in generate(
         request, text, rule, targets, started, why=why, rng=rng, direct=direct, specs=specs
     ):
         yield event
 
 
-async def _spend_of(request: RouteRequest) -> tuple[tuple[Spec, ...], bool]:
+async def rules_for(request: RouteRequest) -> Snapshot:
+    """The compiled rules, and the request's priority class from its groups when its API key
+    gave it none."""
+    snap = await asnapshot()
+    if request.priority is None:
+        request.priority = snap.priority_of(request.groups)
+    return snap
+
+
+class Matched(NamedTuple):
+    rule: CompiledRule | None
+    why: str
+    specs: tuple[Spec, ...]
+
+
+class Named(NamedTuple):
+    rule: CompiledRule
+    targets: list[Target]
+    why: str
+    specs: tuple[Spec, ...]
+
+
+async def matched_rule(
+    snap: Snapshot, request: RouteRequest, text: str, direct: DirectAnswer | None
+) -> Matched | Error:
+    """The rule for this question and the limits it answers to; over a budget that reroutes,
+    the refusal when no over-budget rule takes it."""
+    specs, over_budget = await spend_of(request)
+    rule, why = await match_rule(snap, request, text, direct, over_budget=over_budget)
+    if over_budget and rule is None:
+        return budget_spent_error(specs, direct)
+    return Matched(rule, why, specs)
+
+
+async def named_route(
+    snap: Snapshot, request: RouteRequest, text: str, rng: random.Random
+) -> Named | Error:
+    """The chain of a request that names a model (chat and raw completions alike): the model
+    must exist and the rule that takes the question must list it; or the refusal."""
+    model = request.model
+    assert model is not None
+    if model not in snap.targets_by_model:
+        return Error(code="unknown_model", message=f"No model named {model!r}; see /v1/models.")
+    matched = await matched_rule(snap, request, text, None)
+    if isinstance(matched, Error):
+        return matched
+    target, refusal = named_target(matched.rule, model)
+    if target is None:
+        rule_name = matched.rule.name if matched.rule else None
+        return Error(code="model_not_allowed", message=refusal, rule=rule_name)
+    assert matched.rule is not None  # a target was found in its chain
+    return Named(
+        matched.rule,
+        named_chain(matched.rule, target, rng),
+        f"model {model} requested; {matched.why}",
+        matched.specs,
+    )
+
+
+async def spend_of(request: RouteRequest) -> tuple[tuple[Spec, ...], bool]:
     """The limits this request answers to, and whether one of its budgets that reroute is spent
     (a Redis read only when such a budget applies). Asked once a model may answer: a direct
     answer costs nothing and is never counted."""
@@ -251,7 +297,7 @@ def _blank(passthrough: Passthrough) -> bool:
     return not isinstance(content, list) or all(part.get("type") == "text" for part in content)
 
 
-def _over_budget(specs: tuple[Spec, ...], direct: DirectAnswer | None) -> Error:
+def budget_spent_error(specs: tuple[Spec, ...], direct: DirectAnswer | None) -> Error:
     spent = ", ".join(spec.label for spec in specs if spec.reroute)
     return Error(
         code="budget_exceeded",
@@ -261,7 +307,7 @@ def _over_budget(specs: tuple[Spec, ...], direct: DirectAnswer | None) -> Error:
     )
 
 
-async def _match(
+async def match_rule(
     snap: Snapshot,
     request: RouteRequest,
     text: str,

@@ -1,7 +1,7 @@
-"""What generating one answer needs, settled once before the first target is tried (`_Plan`):
+"""What generating one answer needs, settled once before the first target is tried (`Plan`):
 the rule's prompt and the client's, this question's KB passages, the token ceiling
 (`answer_budget`), the prompt's size; and whether the request as it is fits a given target at all
-(`_refusal`: the API it asks, the fields it sends, the window).
+(`target_refusal`: the API it asks, the fields it sends, the window).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from routing.prompt import (
 
 
 @dataclass
-class _Plan:
+class Plan:
     """What generating one answer needs, settled once before the first target is tried: the
     request, the rule and its chain, the prompt's parts, the token ceiling."""
 
@@ -57,7 +57,7 @@ class _Plan:
         return self.max_tokens * self.request.passthrough.choices
 
 
-async def _plan(
+async def build_plan(
     request: RouteRequest,
     text: str,
     rule: CompiledRule | None,
@@ -66,7 +66,7 @@ async def _plan(
     *,
     why: str,
     direct: DirectAnswer | None,
-) -> _Plan:
+) -> Plan:
     """The answer's prompt parts and ceilings: the rule's prompt and the client's, this question's
     KB passages, the token ceiling, the prompt's size."""
     passthrough = request.passthrough
@@ -87,13 +87,13 @@ async def _plan(
         PROMPT_OVERHEAD
         + message_tokens({"content": system})
         + approx_tokens(context)
-        + message_tokens(_question(request) or {})
+        + message_tokens(question_message(request) or {})
         + sum(map(message_tokens, passthrough.after))
         + fields_tokens(passthrough.fields)
     )
     if passthrough.not_plain is not None and passthrough is not PLAIN:
         why = f"{why}; the knowledge base was not asked: {passthrough.not_plain}"
-    return _Plan(
+    return Plan(
         request=request,
         text=text,
         rule=rule,
@@ -117,14 +117,14 @@ async def _plan(
     )
 
 
-def _question(request: RouteRequest) -> dict | None:
+def question_message(request: RouteRequest) -> dict | None:
     """The question message as the client sent it (its parts), or as its text."""
     if request.passthrough is PLAIN:
         return {"role": "user", "content": request.text}
     return request.passthrough.question
 
 
-def _refusal(plan: _Plan, target: Target) -> tuple[str, Error] | None:
+def target_refusal(plan: Plan, target: Target) -> tuple[str, Error] | None:
     """Why the request as it is cannot go to this target (a note for the route's explanation,
     and the error if no target can take it), or None."""
     if (api := plan.request.api) not in target.apis:

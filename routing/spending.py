@@ -1,6 +1,6 @@
 """What an answer costs: its share of the caller's limits reserved before a model is asked
-(`_reserve`, priced at the dearest target that may answer), and what it used, metered while it runs
-(`_Meter`), for the request log and the reservation's settlement.
+(`reserve`, priced at the dearest target that may answer), and what it used, metered while it runs
+(`Meter`), for the request log and the reservation's settlement.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from routing.compiled import Target
 from routing.events import Error, Spent
-from routing.plan import _Plan
+from routing.plan import Plan
 from routing.prompt import approx_tokens, prompt_tokens
 from spend import engine_time, ledger
 from spend.policy import Spec
 
 
-async def _reserve(plan: _Plan, specs: tuple[Spec, ...]) -> ledger.Reservation | Error:
+async def reserve(plan: Plan, specs: tuple[Spec, ...]) -> ledger.Reservation | Error:
     """The request's share of its limits, or the refusal: the prompt as if no history were left
     out (so never under the real one) and the answer's ceiling for every choice, priced at the
     dearest target that may answer."""
@@ -58,7 +58,7 @@ def _dearest(targets: list[Target], prompt: int, completion: int) -> float:
     return most
 
 
-class _Meter:
+class Meter:
     """What the answer is using, for the request log and the limits: the engine's usage when it
     reports it, else an estimate of what the engine took, its prompt and what it produced (a
     stream cut short, stopped, failed). A request sent to an engine costs at least its prompt:

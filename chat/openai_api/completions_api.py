@@ -28,7 +28,7 @@ from pydantic import (
 from chat.exceptions import RateLimited
 from chat.openai_api import text_completion
 from chat.openai_api.calls import run_call
-from chat.openai_api.handlers import _authenticate
+from chat.openai_api.handlers import authenticate
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
     Reply,
@@ -234,7 +234,7 @@ def _schema_refused(exc: ValidationError) -> Reply:
 
 
 async def completions(headers: dict[str, str], raw_body: bytes, arrived: float) -> Reply:
-    key = await _authenticate(headers)
+    key = await authenticate(headers)
     if isinstance(key, Reply):
         return key
     parsed = completions_request(raw_body)

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from chat.exceptions import RateLimited
 from chat.openai_api.calls import run_call
-from chat.openai_api.handlers import _authenticate
+from chat.openai_api.handlers import authenticate
 from chat.openai_api.replies import (
     OVERHEAD_HEADER,
     Reply,
@@ -170,7 +170,7 @@ def _encoded(vector, encoding_format: str):
 
 
 async def embeddings(headers: dict[str, str], raw_body: bytes, arrived: float) -> Reply:
-    key = await _authenticate(headers)
+    key = await authenticate(headers)
     if isinstance(key, Reply):
         return key
     parsed = embeddings_request(raw_body)

@@ -33,7 +33,7 @@ from routing.embeddings import kb_model_name
 from routing.rules import asnapshot
 
 
-async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
+async def authenticate(headers: dict[str, str]) -> ApiKey | Reply:
     scheme, _, raw = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         return error_reply(
@@ -48,7 +48,7 @@ async def _authenticate(headers: dict[str, str]) -> ApiKey | Reply:
 
 
 async def models(headers: dict[str, str]) -> Reply:
-    key = await _authenticate(headers)
+    key = await authenticate(headers)
     if isinstance(key, Reply):
         return key
     snap = await asnapshot()
@@ -90,7 +90,7 @@ async def models(headers: dict[str, str]) -> Reply:
 
 
 async def chat_completions(headers: dict[str, str], raw_body: bytes, arrived: float) -> Reply:
-    key = await _authenticate(headers)
+    key = await authenticate(headers)
     if isinstance(key, Reply):
         return key
     parsed = completion_request(raw_body)
@@ -199,7 +199,7 @@ async def completion_update(
     `metadata` (the SDK's `client.chat.completions.update(id, metadata=…)`): here the metadata
     `feedback` (`up`, `down`, or empty to take it back) and `comment` are the user's verdict on
     that answer."""
-    key = await _authenticate(headers)
+    key = await authenticate(headers)
     if isinstance(key, Reply):
         return key
     request_key = completion_key(completion_id, key.user_id)

@@ -21,7 +21,7 @@ _PARTS = {
 }
 
 
-def _message_problem(message, index: int, limited: dict) -> Reply | None:
+def message_problem(message, index: int, limited: dict) -> Reply | None:
     where = f"messages[{index}]"
 
     def refused(why: str, code: str | None = None) -> Reply:
@@ -105,13 +105,13 @@ def _tool_call_valid(call) -> bool:
     )
 
 
-def _conversation(messages: list[dict]):
+def split_conversation(messages: list[dict]):
     """(system text, history, question, after): the leading system and developer messages go
     with the rule's system prompt, the last user message is the question."""
     lead = 0
     system = []
     while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
-        text = _text(messages[lead])
+        text = message_text(messages[lead])
         if text is None:
             return error_reply(
                 400, f"messages[{lead}] is a system message: text only.", param=f"messages[{lead}]"
@@ -133,7 +133,7 @@ def _conversation(messages: list[dict]):
     )
 
 
-def _text(message: dict) -> str | None:
+def message_text(message: dict) -> str | None:
     """A message's text: its string, or its text parts joined; "" for none; None for a part
     list with something else than text in it, when text alone is asked for (system)."""
     content = message.get("content")

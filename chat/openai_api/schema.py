@@ -24,7 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
-from chat.openai_api.messages import _conversation, _message_problem, _text
+from chat.openai_api.messages import message_problem, message_text, split_conversation
 from chat.openai_api.replies import Reply, error_reply
 from inference_ops import openai_fields
 from inference_ops.openai_fields import EXTERNAL, VLLM
@@ -248,10 +248,10 @@ def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
     messages = body["messages"]
     limited: dict[str, frozenset[str]] = {}
     for index, message in enumerate(messages):
-        problem = _message_problem(message, index, limited)
+        problem = message_problem(message, index, limited)
         if problem is not None:
             return problem
-    conversation = _conversation(messages)
+    conversation = split_conversation(messages)
     if isinstance(conversation, Reply):
         return conversation
     system, history, question, after = conversation
@@ -269,7 +269,7 @@ def completion_request(raw_body: bytes) -> CompletionRequest | Reply:
         model=request.model,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
-        text=(_text(question) or "") if question is not None else "",
+        text=(message_text(question) or "") if question is not None else "",
         system=system,
         history=history,
         max_tokens=request.max_completion_tokens or request.max_tokens,

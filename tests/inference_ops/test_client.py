@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from inference_ops.client import Finish, Token, stream_chat
-from inference_ops.endpoint_calls import EndpointConfig, _pool_for
+from inference_ops.endpoint_calls import EndpointConfig, pool_for
 from inference_ops.exceptions import EngineError
 
 from .simulator_process import start_simulator
@@ -91,8 +91,8 @@ async def test_it_streams_tokens_then_a_finish_with_usage_and_timings(sim):
 
 async def test_one_pooled_sdk_client_per_endpoint_is_reused(sim):
     config = config_for(sim.url)
-    assert _pool_for(config) is _pool_for(config)
-    assert _pool_for(config) is not _pool_for(config_for(sim.url, idle_timeout=3))
+    assert pool_for(config) is pool_for(config)
+    assert pool_for(config) is not pool_for(config_for(sim.url, idle_timeout=3))
 
 
 @pytest.mark.parametrize(

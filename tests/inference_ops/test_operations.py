@@ -5,7 +5,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from inference_ops.models import EngineProcess, LoraAdapter
-from tests.inference_ops.test_supervisor import make_engine, stop_engines_afterwards  # noqa: F401
+from tests.support.engines import make_engine, stop_engines_afterwards  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from inference_ops import engine_command, supervisor
 from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineEvent, LoraAdapter, ModelEndpoint
-from tests.inference_ops.test_supervisor import make_engine, processes_on, stop_engines_afterwards  # noqa: F401
+from tests.support.engines import make_engine, processes_on, stop_engines_afterwards  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -25,15 +25,15 @@ from inference_ops.models import EngineEvent, EngineProcess
 from inference_ops.tasks import engine_start_task
 from routing import breaker, pipeline
 from routing.events import RouteRequest
-from tests.inference_ops.test_supervisor import (  # noqa: F401
-    _check_until,
+from tests.support.answers import ask
+from tests.support.engines import (  # noqa: F401
+    check_until,
     make_engine,
     processes_on,
     stop_engines_afterwards,
-    wait_until,
 )
-from tests.support.answers import ask
 from tests.support.factories import endpoint, rule
+from tests.support.polling import wait_until
 from tests.support.processes import BASE_DIR
 
 pytestmark = pytest.mark.processes
@@ -74,7 +74,7 @@ def test_an_engine_left_starting_that_never_answers_is_killed_and_restarted(sett
     assert current.status == "restarting" and "start-up never finished" in current.status_reason
     assert not engine_processes.process_alive(engine.pid)
     EngineProcess.objects.filter(pk=engine.pk).update(startup_timeout=30)
-    restarted = _check_until(engine, "ready")
+    restarted = check_until(engine, "ready")
     assert restarted and restarted.pid != engine.pid
 
 
@@ -334,7 +334,7 @@ def test_a_hung_engine_times_out_every_request_falls_back_and_leaks_nothing(exte
 
     # The supervisor's probes time out as well; the engine is killed and restarted, and serves
     # again.
-    restarted = _check_until(engine, "ready", timeout=60)
+    restarted = check_until(engine, "ready", timeout=60)
     assert restarted and restarted.pid != engine.pid
     assert EngineEvent.objects.filter(engine=engine, reason__contains="killed").exists()
     assert ask("hi", max_tokens=2)[0].target == engine.endpoint.name

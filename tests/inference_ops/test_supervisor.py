@@ -12,58 +12,22 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.processes import free_port
 from inference_ops import engine_command, engine_keys, engine_processes, lora, probes, supervisor
 from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
-from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter
 from inference_ops.tasks import engine_check_task, engine_start_task
 from tests.support.answers import ask
+from tests.support.engines import (  # noqa: F401 (an autouse fixture)
+    check_until,
+    make_engine,
+    processes_on,
+    stop_engines_afterwards,
+)
 from tests.support.factories import rule
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.processes
-
-
-def make_engine(name="local-sim", **fields) -> EngineProcess:
-    port = fields.pop("port", None) or free_port()
-    endpoint = ModelEndpoint.objects.create(
-        name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1", model="acme/base"
-    )
-    defaults = dict(
-        kind="simulator",
-        model="acme/base",
-        port=port,
-        startup_timeout=30,
-        stop_timeout=5,
-        extra_args=["--time-to-first-token", "5", "--inter-token-latency", "2"],
-    )
-    return EngineProcess.objects.create(name=name, endpoint=endpoint, **{**defaults, **fields})
-
-
-def processes_on(port: int) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if (
-            "inference_ops.simulator" in cmdline
-            and str(port) in cmdline
-            and process.status() != "zombie"
-        ):
-            found.append(process)
-    return found
-
-
-@pytest.fixture(autouse=True)
-def stop_engines_afterwards(request):
-    yield
-    if request.node.get_closest_marker("django_db") is None:
-        return
-    for engine in EngineProcess.objects.all():
-        if engine.pid:
-            engine_processes.terminate_session(engine.pid, 2)
-        for process in processes_on(engine.port):
-            process.kill()
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -355,29 +319,14 @@ def test_a_killed_engine_is_restarted_by_the_worker_and_ready_again(celery_worke
     assert len(processes_on(engine.port)) == 1
 
 
-def _check_until(engine, wanted, timeout=30):
-    """Run checks (and the restarts they ask for) until the engine reaches `wanted`
-    with a process other than the one it had (for "ready")."""
-
-    def reached():
-        if supervisor.engine_check(engine_id=engine.pk) == "restart":
-            supervisor.engine_start(engine_id=engine.pk, reason="automatic restart")
-        current = EngineProcess.objects.get(pk=engine.pk)
-        if wanted == "ready" and current.pid == engine.pid:
-            return None
-        return current if current.status == wanted else None
-
-    return wait_until(reached, timeout=timeout, step=0.2)
-
-
 @pytest.mark.django_db
 def test_a_clean_exit_still_counts_as_a_failure():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     old_pid = engine.pid
     os.kill(old_pid, signal.SIGTERM)  # the simulator exits with status 0
     wait_until(lambda: not engine_processes.process_alive(old_pid))
-    assert _check_until(engine, "restarting")
-    current = _check_until(engine, "ready")
+    assert check_until(engine, "restarting")
+    current = check_until(engine, "ready")
     assert current and current.pid != old_pid
 
 
@@ -385,11 +334,11 @@ def test_a_clean_exit_still_counts_as_a_failure():
 def test_a_hung_engine_turns_unhealthy_then_is_killed_and_restarted():
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     os.kill(engine.pid, signal.SIGSTOP)  # alive, but answers nothing
-    unhealthy = _check_until(engine, "unhealthy")
+    unhealthy = check_until(engine, "unhealthy")
     assert unhealthy and "failed check" in unhealthy.status_reason
     unhealthy.endpoint.refresh_from_db()
     assert unhealthy.endpoint.status == "unhealthy"
-    current = _check_until(engine, "ready")
+    current = check_until(engine, "ready")
     assert current and current.pid != engine.pid
     assert EngineEvent.objects.filter(engine=engine, reason__contains="killed").exists()
 
@@ -415,9 +364,9 @@ def test_the_restart_budget_stops_automatic_restarts(settings):
     settings.ENGINE_RESTART_BUDGET = 1
     engine = supervisor.engine_start(engine_id=make_engine().pk)
     os.kill(engine.pid, signal.SIGKILL)
-    engine = _check_until(engine, "ready")
+    engine = check_until(engine, "ready")
     os.kill(engine.pid, signal.SIGKILL)
-    crashed = _check_until(engine, "crashed")
+    crashed = check_until(engine, "crashed")
     assert crashed and "restart budget exhausted (1 in 600s)" in crashed.status_reason
     assert supervisor.engine_check(engine_id=engine.pk) is None
     assert EngineProcess.objects.get(pk=engine.pk).status == "crashed"
