@@ -2,7 +2,7 @@
 
     python manage.py bench_fairness [--streams 48] [--max-num-seqs 16] [--seconds 40]
         [--long-tokens 256] [--short-tokens 16] [--ttft 100] [--itl 20] [--processes 2]
-        [--engine simulator|vllm]
+        [--engine simulator|vllm] [--capacity N] [--deadline S] [--modes alone,off,on,floor]
 
 Each run starts its own stack (a database of its own, the demo data, the simulator as the engine
 with `--max-num-seqs` sequences decoded at once, the gateway with `--processes` daphne processes
@@ -12,8 +12,15 @@ and Redis keys of its own) three times, once per mode:
   own), the demo's `local` endpoint without a capacity (today's code);
 - off: beside the noisy tenant (`--streams` long streams at once through /v1, refilled as they
   end), no capacity: every request goes to the engine, which queues what it cannot decode;
-- on: the same, the endpoint's capacity set to `--max-num-seqs` (inference_ops.admission): the
-  requests past it wait in the gateway, in fair-share order.
+- on: the same, the endpoint's capacity set to `--capacity` (default `--max-num-seqs`;
+  inference_ops.admission): the requests past it wait in the gateway, in fair-share order, and
+  ADMISSION_RESERVE of them (1) is kept from the noisy tenant; a request still waiting at its
+  class's deadline (`--deadline`, the API class's, ADMISSION_DEADLINE_API: 30 s) is refused with
+  a 429 and counted among the noisy tenant's failures;
+- floor (not by default): no gateway at all: the quiet tenant straight to the engine beside as many
+  noisy streams straight to the engine as admission lets the noisy tenant run (`--capacity` less
+  the reserve): what the engine itself costs a question that joins that batch, the best any
+  admission in front of it can do at that capacity.
 
 Per mode: the quiet tenant's TTFT p50/p99 (what its client sees), the engine's output tokens per
 second (its own counter) while the quiet tenant asks, and the noisy tenant's requests: started,
@@ -40,6 +47,7 @@ from benchmarks.stats import percentile
 from benchmarks.users import bench_api_key
 
 MODES = ("alone", "off", "on")
+ALL_MODES = (*MODES, "floor")
 
 
 class Command(BaseCommand):
@@ -48,8 +56,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--streams", type=int, default=48, help="the noisy tenant's streams")
         parser.add_argument("--max-num-seqs", type=int, default=16)
+        parser.add_argument(
+            "--capacity", type=int, help="the endpoint's capacity with admission (--max-num-seqs)"
+        )
         parser.add_argument("--seconds", type=float, default=40.0, help="per mode")
         parser.add_argument("--warmup", type=float, default=5.0)
+        parser.add_argument(
+            "--deadline",
+            type=float,
+            help="the API class's admission deadline, s (ADMISSION_DEADLINE_API: 30)",
+        )
         parser.add_argument("--long-tokens", type=int, default=256)
         parser.add_argument("--short-tokens", type=int, default=16)
         parser.add_argument("--ttft", type=float, default=100.0, help="the simulator's, ms")
@@ -67,10 +83,17 @@ class Command(BaseCommand):
         for name in ("httpx", "httpx2"):
             logging.getLogger(name).setLevel(logging.WARNING)
         modes = [m.strip() for m in o["modes"].split(",") if m.strip()]
-        if not modes or set(modes) - set(MODES):
-            raise CommandError(f"--modes: a comma-separated list of {', '.join(MODES)}")
-        if min(o["streams"], o["max_num_seqs"], o["processes"]) < 1 or o["seconds"] <= 0:
-            raise CommandError("--streams, --max-num-seqs, --processes and --seconds must be > 0")
+        if not modes or set(modes) - set(ALL_MODES):
+            raise CommandError(f"--modes: a comma-separated list of {', '.join(ALL_MODES)}")
+        if o["capacity"] is None:
+            o["capacity"] = o["max_num_seqs"]
+        if min(o["streams"], o["max_num_seqs"], o["processes"], o["capacity"]) < 1:
+            raise CommandError("--streams, --max-num-seqs, --capacity and --processes must be > 0")
+        if o["seconds"] <= 0:
+            raise CommandError("--seconds must be > 0")
+        if o["deadline"] is not None and o["deadline"] <= 0:
+            raise CommandError("--deadline must be > 0")
+        deadline = settings.ADMISSION_DEADLINE_API if o["deadline"] is None else o["deadline"]
         name = f"bench_fairness_{settings.DATABASES['default']['NAME']}"
         timing = (
             f"TTFT {o['ttft']:g} ms, ITL {o['itl']:g} ms"
@@ -81,7 +104,9 @@ class Command(BaseCommand):
             f"{o['engine']}: max-num-seqs {o['max_num_seqs']}, {timing}; noisy: {o['streams']} "
             f"streams of {o['long_tokens']} tokens; quiet: "
             f"one question of {o['short_tokens']} tokens at a time; {o['processes']} daphne "
-            f"processes; {o['seconds']:g} s per mode"
+            f"processes; capacity with admission {o['capacity']} (reserve "
+            f"{settings.ADMISSION_RESERVE}, API deadline {deadline:g} s); "
+            f"{o['seconds']:g} s per mode"
         )
         results = {}
         try:
@@ -101,7 +126,7 @@ class Command(BaseCommand):
             keys["quiet"] = bench_api_key(username="bench-quiet", name="fairness")
             keys["noisy"] = bench_api_key(username="bench-noisy", name="fairness")
             ModelEndpoint.objects.filter(name="local").update(
-                capacity=o["max_num_seqs"] if mode == "on" else None
+                capacity=o["capacity"] if mode == "on" else None
             )
 
         with stack_run(
@@ -118,6 +143,11 @@ class Command(BaseCommand):
                 "CHAT_RATE_LIMIT": "1000000",
                 "CHAT_MAX_STREAMS_PER_USER": "1000000",
                 "LOG_LEVEL": "WARNING",
+                **(
+                    {"ADMISSION_DEADLINE_API": str(o["deadline"])}
+                    if o["deadline"] is not None
+                    else {}
+                ),
             },
             # The per-process cap above the noisy tenant's streams: only the engine, or the
             # admission, decides what waits.
@@ -126,14 +156,19 @@ class Command(BaseCommand):
             log_dir=o["log_dir"] / mode if o["log_dir"] else None,
             setup=setup,
         ) as stack:
+            direct = mode == "floor"
             result = asyncio.run(
                 fairness.run(
-                    url=stack.gateway.url,
+                    url=stack.simulator_url if direct else stack.gateway.url,
                     simulator_url=stack.simulator_url,
-                    model="local",
-                    quiet_key=keys["quiet"],
-                    noisy_key=None if mode == "alone" else keys["noisy"],
-                    streams=o["streams"],
+                    model=stack.model if direct else "local",
+                    quiet_key="engine" if direct else keys["quiet"],
+                    noisy_key=(None if mode == "alone" else "engine" if direct else keys["noisy"]),
+                    streams=(
+                        max(o["capacity"] - settings.ADMISSION_RESERVE, 1)
+                        if direct
+                        else o["streams"]
+                    ),
                     long_tokens=o["long_tokens"],
                     short_tokens=o["short_tokens"],
                     seconds=o["seconds"],
@@ -159,8 +194,14 @@ class Command(BaseCommand):
         return text
 
     def summary(self, results: dict[str, fairness.Result]) -> None:
-        alone, off, on = (results.get(m) for m in MODES)
+        alone, off, on, floor = (results.get(m) for m in ALL_MODES)
         self.out("")
+        if floor and on:
+            ratio = percentile(on.ttfts, 0.99) / percentile(floor.ttfts, 0.99)
+            self.out(f"quiet p99 with admission / the engine's floor: {ratio:.2f}x")
+        if floor and alone:
+            ratio = percentile(floor.ttfts, 0.99) / percentile(alone.ttfts, 0.99)
+            self.out(f"quiet p99 at the engine's floor / alone: {ratio:.2f}x")
         if alone and on:
             ratio = percentile(on.ttfts, 0.99) / percentile(alone.ttfts, 0.99)
             self.out(f"quiet p99 with admission / alone: {ratio:.2f}x (target ≤ 2)")
