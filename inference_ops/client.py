@@ -1,11 +1,13 @@
 """Streaming chat completions from any OpenAI-compatible engine, through the official SDK.
 
-One pooled `AsyncOpenAI` per endpoint (and event loop) is reused across requests
-(`inference_ops.endpoint_calls`, with what every streamed call shares).
-Every failure becomes one `EngineError` with a kind, `retryable`, and whether a
-token was already produced. Closing or cancelling the consumer closes the
-upstream HTTP stream, so the engine stops generating and frees its slot: always
-iterate with `contextlib.aclosing(stream_chat(...))` or consume to the end.
+One driver streams every API that streams (`stream_events`: the admission, the deadlines, the
+reads, the events and the close); each API reads its own chunks (`Chunks`: chat's here,
+completions' in `inference_ops.other_apis`). One pooled `AsyncOpenAI` per endpoint (and event
+loop) is reused across requests (`inference_ops.endpoint_calls`, with what every streamed call
+shares). Every failure becomes one `EngineError` with a kind, `retryable`, and whether a token was
+already produced. Closing or cancelling the consumer closes the upstream HTTP stream, so the engine
+stops generating and frees its slot: always iterate with `contextlib.aclosing(stream_chat(...))`
+or consume to the end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx2
 import orjson
@@ -85,7 +88,7 @@ _TEXT_CHOICE = _PLAIN_CHOICE | {"token_ids"}
 _EMPTY: dict = {}
 
 
-async def stream_chat(
+def stream_chat(
     config: EndpointConfig,
     messages: list[dict],
     *,
@@ -97,11 +100,61 @@ async def stream_chat(
     extra_body: dict | None = None,
     extra_headers: dict[str, str] | None = None,
 ) -> AsyncGenerator[Token | Finish, None]:
-    """Yield Token events, then one Finish; raise EngineError on any failure.
+    """Yield Token events, then one Finish; raise EngineError on any failure (`stream_events`).
 
     `fields`: the client's own request fields (tools, response_format, logprobs, n, ...), sent as
     they are; the model, the messages, streaming with usage and the token ceiling are this call's.
     A chunk with more than the first choice's text comes back as it was (`Token.choices`).
+
+    A plain function that returns the driver's generator, not a generator of its own: a layer
+    around it would cost a resumption per token. Nothing is sent before the first iteration.
+    """
+    body = {
+        **(fields or _EMPTY),
+        "model": config.model,
+        "messages": messages,
+        "stream": True,
+        **request_options(max_tokens, max_tokens_field, temperature, stop),
+        **(extra_body or _EMPTY),
+    }
+    if config.priority_scheduling:
+        body["priority"] = admission.rank()
+    return stream_events(
+        config, "/chat/completions", body, _ChatChunks(config), extra_headers=extra_headers
+    )
+
+
+class Chunks(Protocol):
+    """What a stream's chunks say, a network read at a time (`_ChatChunks`, and
+    `other_apis._CompletionChunks` for completions). `read` returns the first choice's texts of
+    the read, its choices as the engine sent them when one held more than that text (else None),
+    how many chunks said something, and the failure that ended the read (after what came before
+    it). Over the whole stream: every choice's finish reason, the usage, the system fingerprint,
+    the unreadable chunks skipped, and whether the end (`[DONE]`) came."""
+
+    done: bool
+    finish_reasons: dict[int, str]
+    usage: Usage | None
+    fingerprint: str | None
+    skipped: int
+
+    def read(
+        self, data: bytes, *, produced: bool
+    ) -> tuple[list[str], list[dict] | None, int, EngineError | None]: ...
+
+
+async def stream_events(
+    config: EndpointConfig,
+    path: str,
+    body: dict,
+    said: Chunks,
+    *,
+    extra_headers: dict[str, str] | None = None,
+) -> AsyncGenerator[Token | Finish, None]:
+    """Stream `body` from the endpoint's `path` and yield Token events, then one Finish; raise
+    EngineError on any failure, its `chunks` the chunks that reached the caller before it. The
+    driver of every streamed API (`stream_chat`, `other_apis.stream_completion`); `said` reads
+    their chunks.
 
     The SDK sends the request (`client.post`, the SDK's documented way to a raw response: its
     typed `create` walks every message through its TypedDict annotations, which under load
@@ -126,27 +179,16 @@ async def stream_chat(
     response = None
     deadline = None
     count = 0
-    body = {
-        **(fields or _EMPTY),
-        "model": config.model,
-        "messages": messages,
-        "stream": True,
-        **request_options(max_tokens, max_tokens_field, temperature, stop),
-        **(extra_body or _EMPTY),
-    }
-    if config.priority_scheduling:
-        body["priority"] = admission.rank()
     try:
         response = await open_stream(
             pool,
             config,
-            "/chat/completions",
+            path,
             body,
             until=min(first_deadline, total_deadline),
             extra_headers=extra_headers,
         )
         reads = stream_reads(response)
-        said = _ChatChunks(config)
         ttft = None
         deadline = StreamDeadline(
             loop,
@@ -168,14 +210,13 @@ async def stream_chat(
                 raise read_broke(config, exc, produced=produced) from exc
             if said.done:
                 continue  # read the body to its end, so the connection goes back to the pool
-            texts, relayed, failed = said.read(data, produced=produced)
+            texts, relayed, chunks, failed = said.read(data, produced=produced)
             if texts or relayed:
                 # What arrived before a failure in the same read still reaches the caller.
                 elapsed = loop.time() - started
                 if not produced:
                     produced, ttft = True, elapsed
                     deadline.first_token()
-                chunks = len(relayed) if relayed else len(texts)
                 count += chunks
                 yield Token(text="".join(texts), elapsed=elapsed, chunks=chunks, choices=relayed)
             if failed is not None:
@@ -233,7 +274,7 @@ class _ChatChunks:
 
     def read(
         self, data: bytes, *, produced: bool
-    ) -> tuple[list[str], list[dict] | None, EngineError | None]:
+    ) -> tuple[list[str], list[dict] | None, int, EngineError | None]:
         texts: list[str] = []
         # Every choice of this read, kept in case one of them is more than text.
         choices: list[dict] = []
@@ -283,7 +324,10 @@ class _ChatChunks:
                 # (a finish reason), or the answer fails as truncated. Counted for the metrics.
                 self.skipped += 1
                 continue
-        return texts, _relayed(choices) if rich else None, failed
+        if not rich:
+            return texts, None, len(texts), failed
+        relayed = _relayed(choices)
+        return texts, relayed, len(relayed) if relayed else len(texts), failed
 
 
 def _relayed(choices: list[dict]) -> list[dict]:

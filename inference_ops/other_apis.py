@@ -2,7 +2,8 @@
 streamed) and embeddings, through the same per-endpoint pool, slots, deadlines and typed failures
 as `client.stream_chat`.
 
-`stream_completion` yields the same `Token` and `Finish` events as `stream_chat`: a token's text is
+`stream_completion` is `stream_chat`'s driver (`client.stream_events`) with its own reading of the
+chunks (`_CompletionChunks`), so it yields the same `Token` and `Finish` events: a token's text is
 the first choice's `text`; a chunk with more (logprobs, another choice, token ids, an echoed
 prompt's logprobs) comes back as the engine's own choice objects. `create_embeddings` is one call
 of the SDK's `embeddings.create`, bounded as a stream's first token is.
@@ -14,34 +15,20 @@ import asyncio
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 
-import httpx2
 import orjson
 
-from inference_ops import admission_gate
-from inference_ops.client import Finish, Token, Usage, request_options
-from inference_ops.endpoint_calls import (
-    EndpointConfig,
-    close_stream,
-    error_event,
-    open_stream,
-    pool_for,
-    read_broke,
-    read_timed_out,
-    stream_reads,
-    unfinished,
-    unreadable_chunk,
-)
+from inference_ops.client import Finish, Token, Usage, request_options, stream_events
+from inference_ops.endpoint_calls import EndpointConfig, error_event, pool_for, unreadable_chunk
 from inference_ops.exceptions import EngineError
 from inference_ops.sdk_errors import SDK_ERRORS, engine_error_from_sdk
 from inference_ops.sse import SSEDecoder
-from inference_ops.stream_deadline import StreamDeadline
 
 _EMPTY: dict = {}
 # A completion choice that says nothing but the first choice's text: relayed as its text alone.
 _PLAIN = frozenset({"index", "text", "finish_reason", "stop_reason"})
 
 
-async def stream_completion(
+def stream_completion(
     config: EndpointConfig,
     prompt: str | list,
     *,
@@ -50,20 +37,11 @@ async def stream_completion(
     fields: Mapping[str, object] | None = None,
     extra_headers: dict[str, str] | None = None,
 ) -> AsyncGenerator[Token | Finish, None]:
-    """Yield Token events, then one Finish; raise EngineError on any failure. `fields`: the
-    client's own (n, logprobs, echo, suffix, stop, vLLM's sampling...), sent as they are; the
-    model, the prompt, streaming with usage and the token ceiling are this call's. Iterate with
-    `contextlib.aclosing`: closing it closes the engine's stream."""
-    pool = pool_for(config)
-    loop = asyncio.get_running_loop()
-    admitted = (
-        await admission_gate.admit(config.name, config.capacity, config.total_timeout)
-        if config.capacity
-        else None
-    )
-    started = loop.time()
-    first_deadline = min(started + config.first_token_timeout, started + config.total_timeout)
-    total_deadline = started + config.total_timeout
+    """Yield Token events, then one Finish; raise EngineError on any failure (through
+    `stream_chat`'s driver, `client.stream_events`). `fields`: the client's own (n, logprobs,
+    echo, suffix, stop, vLLM's sampling...), sent as they are; the model, the prompt, streaming
+    with usage and the token ceiling are this call's. Iterate with `contextlib.aclosing`: closing
+    it closes the engine's stream."""
     body = {
         **(fields or _EMPTY),
         "model": config.model,
@@ -71,149 +49,89 @@ async def stream_completion(
         "stream": True,
         **request_options(max_tokens, "max_tokens", temperature, None),
     }
-    produced = False
-    response = None
-    deadline = None
-    try:
-        response = await open_stream(
-            pool, config, "/completions", body, until=first_deadline, extra_headers=extra_headers
-        )
-        reads = stream_reads(response)
-        events = SSEDecoder()
-        deadline = StreamDeadline(
-            loop, first=first_deadline, total=total_deadline, idle=config.idle_timeout
-        )
-        finish_reasons: dict[int, str] = {}
-        usage, ttft, count, done, fingerprint = None, None, 0, False, None
-        while True:
-            try:
-                with deadline:
-                    data = await reads.__anext__()
-            except StopAsyncIteration:
+    return stream_events(
+        config, "/completions", body, _CompletionChunks(config), extra_headers=extra_headers
+    )
+
+
+class _CompletionChunks:
+    """What a completion stream's chunks say, a network read at a time (`client.Chunks`): each
+    read's text of the first choice, every choice of the read as sent when one is more than that
+    text, and over the whole stream every choice's finish reason, the usage, the system
+    fingerprint and the end (`[DONE]`). An error event or an unreadable chunk is the read's
+    failure, after what came before it."""
+
+    __slots__ = ("config", "done", "events", "fingerprint", "finish_reasons", "skipped", "usage")
+
+    def __init__(self, config: EndpointConfig):
+        self.config = config
+        self.events = SSEDecoder()
+        self.finish_reasons: dict[int, str] = {}
+        self.usage: Usage | None = None
+        self.fingerprint: str | None = None
+        self.done = False
+        self.skipped = 0  # never more: an unreadable chunk fails the stream
+
+    def read(
+        self, data: bytes, *, produced: bool
+    ) -> tuple[list[str], list[dict] | None, int, EngineError | None]:
+        texts: list[str] = []
+        # Every choice of this read, kept in case one of them is more than text.
+        choices: list[dict] = []
+        rich = False
+        failed: EngineError | None = None
+        for payload in self.events.feed(data):
+            if payload == b"[DONE]":
+                self.done = True
                 break
-            except (TimeoutError, httpx2.TimeoutException):
-                raise read_timed_out(
-                    config, produced=produced, past_total=loop.time() >= total_deadline
-                ) from None
-            except httpx2.TransportError as exc:
-                raise read_broke(config, exc, produced=produced) from exc
-            if done:
-                continue  # read the body to its end, so the connection goes back to the pool
-            read = _Read()
-            for payload in events.feed(data):
-                if payload == b"[DONE]":
-                    done = True
+            try:
+                chunk = orjson.loads(payload)
+                if "error" in chunk:
+                    failed = error_event(
+                        self.config, chunk["error"], produced=produced or bool(texts) or rich
+                    )
                     break
-                try:
-                    chunk = orjson.loads(payload)
-                    if "error" in chunk:
-                        read.failed = error_event(
-                            config, chunk["error"], produced=produced or read.said
+                if chunk.get("usage"):
+                    self.usage = Usage.of(chunk["usage"])
+                if self.fingerprint is None:
+                    self.fingerprint = chunk.get("system_fingerprint")
+                for choice in chunk.get("choices") or ():
+                    index = choice.get("index") or 0
+                    if index == 0 and (text := choice.get("text")):
+                        texts.append(text)
+                    if (reason := choice.get("finish_reason")) is not None:
+                        self.finish_reasons[index] = reason
+                    choices.append(choice)
+                    # vLLM names every field of its choice, null when unused (logprobs,
+                    # token_ids, ...).
+                    rich = (
+                        rich
+                        or index != 0
+                        or any(
+                            value is not None for key, value in choice.items() if key not in _PLAIN
                         )
-                        break
-                    if chunk.get("usage"):
-                        usage = Usage.of(chunk["usage"])
-                    if fingerprint is None:
-                        fingerprint = chunk.get("system_fingerprint")
-                    for choice in chunk.get("choices") or ():
-                        read.add(choice, finish_reasons)
-                except (
-                    orjson.JSONDecodeError,
-                    ValueError,
-                    TypeError,
-                    AttributeError,
-                    KeyError,
-                ) as exc:
-                    read.failed = unreadable_chunk(config, exc, produced=produced or read.said)
-                    break
-            relayed = read.relayed()
-            if read.texts or relayed:
-                # What arrived before a failure in the same read still reaches the caller.
-                elapsed = loop.time() - started
-                if not produced:
-                    produced, ttft = True, elapsed
-                    deadline.first_token()
-                count += len(read.choices)
-                yield Token(
-                    text="".join(read.texts),
-                    elapsed=elapsed,
-                    chunks=len(read.choices),
-                    choices=relayed,
+                    )
+            except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
+                failed = unreadable_chunk(
+                    self.config, exc, produced=produced or bool(texts) or rich
                 )
-            if read.failed is not None:
-                raise read.failed
-        if not finish_reasons:
-            raise unfinished(config, produced=produced)
-        if admitted is not None:
-            # The engine is done with it: the place goes back now, not when the caller, done
-            # with its own end of the answer (the stored message, the log), closes this stream.
-            admitted.leave()
-            admitted = None
-        yield Finish(
-            finish_reason=finish_reasons.get(0) or next(iter(finish_reasons.values())),
-            usage=usage,
-            ttft=ttft,
-            total=loop.time() - started,
-            tokens=count,
-            finish_reasons=finish_reasons,
-            system_fingerprint=fingerprint,
-        )
-    finally:
-        if deadline is not None:
-            deadline.close()
-        try:
-            if response is not None:
-                await close_stream(pool, response)
-        finally:
-            if admitted is not None:
-                admitted.leave()
+                break
+        # The read's count: every choice in it, those that said nothing included.
+        return texts, _relayed(choices) if rich else None, len(choices), failed
 
 
-class _Read:
-    """The choices of one network read: the first choice's text, and every choice kept in case
-    one of them is more than text."""
-
-    __slots__ = ("choices", "failed", "rich", "texts")
-
-    def __init__(self):
-        self.texts: list[str] = []
-        self.choices: list[dict] = []
-        self.rich = False
-        self.failed: EngineError | None = None
-
-    @property
-    def said(self) -> bool:
-        return bool(self.texts) or self.rich
-
-    def add(self, choice: dict, finish_reasons: dict[int, str]) -> None:
-        index = choice.get("index") or 0
-        if index == 0 and (text := choice.get("text")):
-            self.texts.append(text)
-        if (reason := choice.get("finish_reason")) is not None:
-            finish_reasons[index] = reason
-        self.choices.append(choice)
-        # vLLM names every field of its choice, null when unused (logprobs, token_ids, ...).
-        self.rich = (
-            self.rich
-            or index != 0
-            or any(value is not None for key, value in choice.items() if key not in _PLAIN)
-        )
-
-    def relayed(self) -> list[dict] | None:
-        """The choices to relay when one held more than the first choice's text, without their
-        finish reasons (the caller ends every choice when the answer ends) and without those that
-        said nothing else; None otherwise."""
-        if not self.rich:
-            return None
-        relayed = []
-        for choice in self.choices:
-            choice.pop("finish_reason", None)
-            choice.pop("stop_reason", None)
-            if choice.get("text") or any(
-                value is not None for key, value in choice.items() if key not in _PLAIN
-            ):
-                relayed.append(choice)
-        return relayed
+def _relayed(choices: list[dict]) -> list[dict]:
+    """The choices to relay, without their finish reasons (the caller ends every choice when the
+    answer ends) and without those that said nothing else."""
+    relayed = []
+    for choice in choices:
+        choice.pop("finish_reason", None)
+        choice.pop("stop_reason", None)
+        if choice.get("text") or any(
+            value is not None for key, value in choice.items() if key not in _PLAIN
+        ):
+            relayed.append(choice)
+    return relayed
 
 
 @dataclass
