@@ -26,6 +26,7 @@ from django.core.management import call_command
 
 from benchmarks import database, servers
 from benchmarks.engines import engine_command, engine_run
+from config import bootstrap
 from devtools import embedded
 
 MODEL = "bench/model"
@@ -50,7 +51,8 @@ def stack_session(
     """Around a benchmark's whole run: SIGTERM as Ctrl-C, the embedded servers held, and the
     database `drop` (if named) dropped at the end."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    holder = not os.environ.get("DATABASE_URL")
+    # manage.py's bootstrap has put the embedded server's URL in the environment by now.
+    holder = bootstrap.uses_embedded("DATABASE_URL") or not os.environ.get("DATABASE_URL")
     if holder:
         # As a holder of the embedded servers, a test run that ends meanwhile does not stop
         # PostgreSQL under us. Then (re)start it in case one just did.

@@ -16,6 +16,9 @@ from django.core.exceptions import ImproperlyConfigured
 from core.env import env_bool, var_dir
 
 _done = False
+# The variables development_environ filled from the embedded servers (devtools.embedded): a
+# process that started or reused them, and holds them while it runs (benchmarks.stack).
+_embedded: set[str] = set()
 
 
 def process_setup() -> None:
@@ -50,10 +53,18 @@ def development_environ() -> None:
         from devtools import embedded
 
         os.environ["DATABASE_URL"] = embedded.postgres_url()
+        _embedded.add("DATABASE_URL")
     if not _is_set("REDIS_URL"):
         from devtools import embedded
 
         os.environ["REDIS_URL"] = embedded.redis_url()
+        _embedded.add("REDIS_URL")
+
+
+def uses_embedded(name: str) -> bool:
+    """Whether this process set `name` (DATABASE_URL, REDIS_URL) to the embedded server's: it
+    was unset, so the environment's own value cannot tell any more."""
+    return name in _embedded
 
 
 def folders_make(*, var: Path, metrics: Path) -> None:
