@@ -39,6 +39,7 @@ async def complete(
     ids); its text in `request.text` for the rules ("" for token ids), the client's other fields
     in `request.passthrough.fields`."""
     started = time.monotonic()
+    rng = rng or _rng
     text = request.text
     ids = _token_ids(prompt)
     if max(len(text), ids) > settings.ROUTING_MAX_INPUT_CHARS:
@@ -52,7 +53,7 @@ async def complete(
     snap = await rules_for(request)
     named = bool(request.model) and request.model != "auto"
     chosen = await (
-        named_route(snap, request, text, rng or _rng) if named else _rule_route(snap, request, rng)
+        named_route(snap, request, text, rng) if named else _rule_route(snap, request, rng)
     )
     if isinstance(chosen, Error):
         yield chosen
@@ -96,7 +97,7 @@ async def complete(
         targets,
         started,
         why=why,
-        rng=rng or _rng,
+        rng=rng,
         specs=specs,
         plan=plan,
         attempt_of=attempt_of,
@@ -133,9 +134,7 @@ class _Completion(Attempt):
         )
 
 
-async def _rule_route(
-    snap: Snapshot, request: RouteRequest, rng: random.Random | None
-) -> Named | Error:
+async def _rule_route(snap: Snapshot, request: RouteRequest, rng: random.Random) -> Named | Error:
     """The chain of the rule that takes a raw prompt, or why none does: a KB-only rule has no
     answer to a completion."""
     matched = await matched_rule(snap, request, request.text, None)
@@ -153,7 +152,7 @@ async def _rule_route(
             "of a raw prompt is no question it answers.",
             rule=rule.name,
         )
-    targets = order_targets(rule, rng or _rng)
+    targets = order_targets(rule, rng)
     if not targets:
         return Error(
             code="no_target", message=f"Rule {rule.name} has no active target.", rule=rule.name
