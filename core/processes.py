@@ -91,6 +91,37 @@ def session_members(sid: int) -> list[psutil.Process]:
     return found
 
 
+def with_their_sessions(
+    is_tagged: Callable[[psutil.Process], bool], *, session: int | None = None
+) -> list[psutil.Process]:
+    """Every live process `is_tagged` picks, and every member of their sessions (and of
+    `session`) that are theirs. vLLM's EngineCore and workers overwrite their environment when
+    they rename themselves, so a tag alone misses them; their session does not.
+
+    A session is theirs when its leader is one of them or is gone: Linux never hands out a pid
+    still naming a session, so the members of a gone leader's session are its own. Never a
+    session whose leader has no pid here (0: a leader outside this PID namespace, as a
+    container's init is, shared by all it started without a session of their own), nor the
+    caller's own: a launcher in flight may be tagged there, and that session is whoever started
+    the caller (a CI runner, a shell), not an engine."""
+    me, own = os.getpid(), os.getsid(0)
+    seen: dict[int, tuple[psutil.Process, int, bool]] = {}
+    for process in psutil.process_iter(["pid"]):
+        if process.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            seen[process.pid] = (process, os.getsid(process.pid), is_tagged(process))
+    sessions = {sid for _, sid, tagged in seen.values() if tagged}
+    if session:
+        sessions.add(session)
+    sessions = {
+        sid for sid in sessions if sid > 0 and sid != own and (sid not in seen or seen[sid][2])
+    }
+    return [process for process, sid, tagged in seen.values() if tagged or sid in sessions]
+
+
 def stop_processes(processes: list[psutil.Process], *, grace: float) -> None:
     """SIGTERM each, wait up to `grace` in all, SIGKILL what is left (0: SIGKILL at once)."""
     alive = processes

@@ -24,7 +24,14 @@ import psutil
 from django.conf import settings
 from django.db import connection
 
-from core.processes import ENGINE_OWNER, TEST_RUN_TAG, session_members, stop_processes, stop_session
+from core.processes import (
+    ENGINE_OWNER,
+    TEST_RUN_TAG,
+    session_members,
+    stop_processes,
+    stop_session,
+    with_their_sessions,
+)
 from inference_ops import engine_keys
 from inference_ops.engine_command import command_line, environment
 from inference_ops.exceptions import SupervisorError
@@ -109,28 +116,14 @@ def owner_gone(pid: int | None) -> bool:
 
 
 def leftovers(engine: EngineProcess, pid: int | None = None) -> list[psutil.Process]:
-    """Every live process of this engine: those carrying its tag, and every member of their
-    sessions and of the session of `pid` (a pid the supervisor launched). vLLM's EngineCore and
-    workers overwrite their environment when they rename themselves, so the tag alone misses
-    them; their session does not. A session counts only when its leader is gone or is ours:
-    Linux never hands out a pid still naming a session, so the members of a dead engine's
-    session are its own, while a live leader without the tag (the worker whose launcher is in
-    flight, a stranger on a reused pid) is never ours."""
+    """Every live process of this engine: those carrying its tag, and the members of their
+    sessions and of the session of `pid` (a pid the supervisor launched), where a session is
+    theirs (core.processes.with_their_sessions: never the caller's, nor one whose leader is a
+    stranger on a reused pid)."""
     wanted = tag(engine)
-    seen: dict[int, tuple[psutil.Process, int, bool]] = {}
-    for process in psutil.process_iter(["pid"]):
-        if process.pid == os.getpid():
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-            mine = _environ(process).get(ENGINE_TAG) == wanted
-            seen[process.pid] = (process, os.getsid(process.pid), mine)
-    sessions = {sid for _, sid, mine in seen.values() if mine}
-    if pid:
-        sessions.add(pid)
-    sessions = {sid for sid in sessions if sid not in seen or seen[sid][2]}
-    return [process for process, sid, mine in seen.values() if mine or sid in sessions]
+    return with_their_sessions(
+        lambda process: _environ(process).get(ENGINE_TAG) == wanted, session=pid
+    )
 
 
 def stop_leftovers(engine: EngineProcess, processes: list[psutil.Process]) -> list[str]:
@@ -204,6 +197,9 @@ def launch(engine: EngineProcess) -> int:
         capture_output=True,
         text=True,
         timeout=30,
+        # Tagged, so never in the caller's session (a CI runner's, a shell's): a sweep while it
+        # runs would take that session for the engine's.
+        start_new_session=True,
     )
     if result.returncode != 0:
         raise SupervisorError(f"could not launch {argv[0]}: {result.stderr.strip()}")

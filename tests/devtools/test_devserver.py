@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from config.settings import BASE_DIR
-from core.processes import ENGINE_OWNER, free_port
+from core.processes import ENGINE_OWNER, free_port, with_their_sessions
 from devtools import devserver
 from inference_ops.engine_processes import ENGINE_TAG, port_in_use
 from tests.support.polling import wait_until
@@ -128,25 +128,12 @@ def _engine_processes(owner: int) -> list[psutil.Process]:
     """The processes of the engines started for `owner` (a `make run`): those with the tags, and
     the members of their sessions (vLLM's EngineCore overwrites its environment when it renames
     itself)."""
-    tagged, sessions, everyone = [], set(), []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-            everyone.append((process, os.getsid(process.pid)))
-            environ = process.environ()
-        except (psutil.Error, OSError):
-            continue
-        if environ.get(ENGINE_TAG) and environ.get(ENGINE_OWNER) == str(owner):
-            tagged.append(process)
-            sessions.add(os.getsid(process.pid))
-    # A session counts when its leader is one of them or gone (a launcher in flight is tagged too,
-    # in the caller's session, which is not the engine's).
-    alive = {p.pid for p, _ in everyone}
-    tagged_pids = {p.pid for p in tagged}
-    sessions = {sid for sid in sessions if sid in tagged_pids or sid not in alive}
-    members = [p for p, sid in everyone if sid in sessions and p.pid not in tagged_pids]
-    return tagged + members
+
+    def tagged(process: psutil.Process) -> bool:
+        environ = process.environ()
+        return bool(environ.get(ENGINE_TAG)) and environ.get(ENGINE_OWNER) == str(owner)
+
+    return with_their_sessions(tagged)
 
 
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:

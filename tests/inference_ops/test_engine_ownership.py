@@ -5,6 +5,7 @@ start, and a port held by a process the gateway did not start is reported and ne
 Real processes (the simulator as the engine, slow to open its port with --startup-duration),
 real signals; each check of "no process left" waits a bounded time for the process to go."""
 
+import contextlib
 import json
 import os
 import signal
@@ -302,6 +303,50 @@ def test_an_engine_the_row_lost_track_of_is_found_by_its_tag_and_stopped():
     assert again.status == "ready" and again.pid != engine.pid
     assert not engine_processes.process_alive(engine.pid)
     assert [p.pid for p in tagged(again)] == [again.pid]
+
+
+# A session whose leader is gone, as a CI runner's is when its leader sits outside the container's
+# PID namespace (sid 0): in it an untagged process (the runner), a tagged one (a launcher in
+# flight), and the caller, which looks once the leader has gone.
+CALLER = """
+import json, sys, time, psutil
+from core.processes import with_their_sessions
+leader = psutil.Process(int(sys.argv[1]))
+while leader.is_running() and leader.status() != psutil.STATUS_ZOMBIE:
+    time.sleep(0.05)
+found = with_their_sessions(lambda p: p.environ().get("TAGGED") == "yes")
+print(json.dumps(sorted(p.pid for p in found)), flush=True)
+"""
+LEADER = """
+import json, os, subprocess, sys
+sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+untagged = subprocess.Popen(sleep, **quiet)
+tagged = subprocess.Popen(sleep, env={"TAGGED": "yes"}, **quiet)
+print(json.dumps([untagged.pid, tagged.pid]), flush=True)
+subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())])
+"""
+
+
+def test_a_tagged_process_in_the_callers_session_never_brings_that_session_in():
+    """Stopping an engine's leftovers must never reach whoever started the caller: a launcher in
+    flight carries the engine's tag in the caller's session, whose leader may be invisible."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEADER, CALLER],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,  # the caller holds the pipe until it has answered
+        start_new_session=True,
+    )
+    lines = done.stdout.splitlines()
+    untagged, tagged = json.loads(lines[0])
+    try:
+        assert json.loads(lines[1]) == [tagged], done.stderr
+    finally:
+        for pid in (untagged, tagged):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
 
 
 # --- a port held by a process we did not start ----------------------------------------------------
