@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # only the ground. benchmarks, devtools and tests may import anything and are not listed.
 LAYERS = [
     "core",
+    "privacy",
     "inference_ops",
     "knowledge",
     "spend",
