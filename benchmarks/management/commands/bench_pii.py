@@ -1,0 +1,121 @@
+"""Measure the personal-data detector (privacy.detector) on the labelled set: precision and
+recall per type, whether a question with data is caught at all, and what a question costs.
+
+    python manage.py bench_pii [--repeat 20] [--json FILE] [--write-set]
+
+A finding counts as right when its type and text are a labelled finding's; the set is
+benchmarks/pii_labelled/questions.jsonl (benchmarks/pii_set.py, which `--write-set` runs again).
+The cost is one process's CPU for `detect` on each question of the set, `--repeat` times, p50 and
+p99. No database, no network. A figure, not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+from django.core.management.base import BaseCommand
+
+from benchmarks import pii_set
+from benchmarks.arguments import json_add
+from benchmarks.stats import percentile
+from privacy.detector import CHECKSUMMED, TYPES, detect
+
+RECALL_TARGET, PRECISION_TARGET, P50_TARGET_MS = 0.95, 0.9, 1.0
+
+
+def score(rows: list[dict]) -> dict:
+    """Per type: right, wrong and missed findings; per question: caught, missed, false alarms."""
+    right, wrong, missed = Counter(), Counter(), Counter()
+    questions = Counter()
+    for row in rows:
+        text = row["text"]
+        expected = Counter((f["type"], f["value"]) for f in row["findings"])
+        got = Counter((f.type, text[f.start : f.end]) for f in detect(text))
+        for key, count in got.items():
+            hits = min(count, expected[key])
+            right[key[0]] += hits
+            wrong[key[0]] += count - hits
+        for key, count in expected.items():
+            missed[key[0]] += max(0, count - got[key])
+        if expected:
+            questions["with data, caught" if got else "with data, missed"] += 1
+        else:
+            questions["without data, false alarm" if got else "without data, clean"] += 1
+    types = {}
+    for kind in TYPES:
+        tp, fp, fn = right[kind], wrong[kind], missed[kind]
+        types[kind] = {
+            "right": tp,
+            "wrong": fp,
+            "missed": fn,
+            "precision": tp / (tp + fp) if tp + fp else None,
+            "recall": tp / (tp + fn) if tp + fn else None,
+        }
+    return {"types": types, "verdicts": dict(questions)}
+
+
+def cost(rows: list[dict], repeat: int) -> dict:
+    times = []
+    for _ in range(repeat):
+        for row in rows:
+            started = time.thread_time()
+            detect(row["text"])
+            times.append((time.thread_time() - started) * 1000)
+    return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99), "samples": len(times)}
+
+
+class Command(BaseCommand):
+    help = "The personal-data detector's precision and recall per type, and its cost a question."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--repeat", type=int, default=20, help="timed passes over the set")
+        parser.add_argument("--write-set", action="store_true", help="write the labelled set again")
+        json_add(parser)
+
+    def handle(self, *args, **options):
+        if options["write_set"]:
+            count = pii_set.write()
+            self.stdout.write(f"wrote {count} questions to {pii_set.SET}")
+        rows = pii_set.read()
+        detect("warm up: +44 20 7946 0958")  # phonenumbers loads a region's metadata once
+        report = {"questions": len(rows), **score(rows), "cost": cost(rows, options["repeat"])}
+        self.stdout.write(
+            f"{len(rows)} questions, {sum(1 for r in rows if r['findings'])} with personal data"
+        )
+        self.stdout.write(
+            f"{'type':<12} {'right':>6} {'wrong':>6} {'missed':>6} {'precision':>9} {'recall':>7}"
+        )
+        for kind, row in report["types"].items():
+            self.stdout.write(
+                f"{kind:<12} {row['right']:>6} {row['wrong']:>6} {row['missed']:>6} "
+                f"{_n(row['precision']):>9} {_n(row['recall']):>7}"
+            )
+        self.stdout.write(", ".join(f"{k}: {v}" for k, v in sorted(report["verdicts"].items())))
+        c = report["cost"]
+        self.stdout.write(
+            f"detector CPU a question: p50 {c['p50_ms']:.3f} ms, p99 {c['p99_ms']:.3f} ms "
+            f"({c['samples']} runs)"
+        )
+        self.stdout.write("Targets")
+        for kind in sorted(CHECKSUMMED):
+            row = report["types"][kind]
+            self._target(f"{kind}: recall >= {RECALL_TARGET}", row["recall"], RECALL_TARGET)
+            self._target(
+                f"{kind}: precision >= {PRECISION_TARGET}", row["precision"], PRECISION_TARGET
+            )
+        self._target(f"detector p50 <= {P50_TARGET_MS} ms", c["p50_ms"], P50_TARGET_MS, below=True)
+        if options["json"]:
+            with open(options["json"], "w") as handle:
+                json.dump(report, handle, indent=2)
+            self.stdout.write(f"wrote {options['json']}")
+
+    def _target(self, label: str, value: float | None, bound: float, below: bool = False) -> None:
+        met = value is not None and (value <= bound if below else value >= bound)
+        verdict = "not run" if value is None else "met" if met else "MISSED"
+        self.stdout.write(f"  {label:<44} {_n(value):>8}  {verdict}")
+
+
+def _n(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
