@@ -123,7 +123,7 @@ def passport(rng: random.Random) -> str:
 
 def ip_address(rng: random.Random) -> str:
     if rng.random() < 0.75:
-        first, last = rng.randrange(11, 223), rng.randrange(1, 255)
+        first, last = rng.choice([n for n in range(11, 223) if n != 127]), rng.randrange(1, 255)
         return f"{first}.{rng.randrange(256)}.{rng.randrange(256)}.{last}"
     return (
         "2001:db8:"

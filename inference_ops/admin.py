@@ -12,6 +12,7 @@ from core.admin import SuperuserEdits
 from inference_ops import engine_command, engine_processes, lora, tasks
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
+from privacy.detector import TYPES as PERSONAL_DATA_TYPES
 
 
 class Operations:
@@ -30,6 +31,13 @@ class ModelEndpointForm(forms.ModelForm):
         widget=forms.CheckboxSelectMultiple,
         label="APIs",
         help_text=ModelEndpoint._meta.get_field("apis").help_text,
+    )
+    personal_data = forms.TypedMultipleChoiceField(
+        choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES],
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        label="May receive",
+        help_text=ModelEndpoint._meta.get_field("personal_data").help_text,
     )
 
     class Meta:
@@ -92,6 +100,7 @@ class ModelEndpointAdmin(SuperuserEdits, admin.ModelAdmin):
             "Retries and continuation",
             {"fields": ["retries", "retry_base", "retry_cap", "accepts_prefill"]},
         ),
+        ("Personal data (external endpoints)", {"fields": ["personal_data"]}),
         (
             "Prices (the request log's cost and the budgets; empty: free)",
             {"fields": ["price_input", "price_output", "price_engine_second"]},

@@ -11,6 +11,7 @@ from django.db import models
 from core.key_env import key_env_problem
 from inference_ops import policy
 from inference_ops.engine_keys import derived_key
+from privacy.detector import TYPES as PERSONAL_DATA_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,15 @@ class ModelEndpoint(models.Model):
         "(continue_final_message, as vLLM does): an answer cut mid-stream elsewhere may be "
         "finished here. vLLM endpoints always do.",
     )
+    personal_data = ArrayField(
+        models.CharField(max_length=16, choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES]),
+        default=list,
+        blank=True,
+        help_text="External endpoints: the personal data it may receive (privacy.detector's "
+        "types). None by default: a question holding any other type never goes there, as a "
+        "target or a fallback; it stays on the local road or is refused. Local endpoints "
+        "receive every type.",
+    )
     retry_cap = models.FloatField(
         "retry backoff cap",
         default=2.0,
@@ -167,6 +177,11 @@ class ModelEndpoint(models.Model):
     def road(self) -> str:
         """The road a request to this endpoint takes: local (our own engines) or external."""
         return "external" if self.kind == self.Kind.EXTERNAL else "local"
+
+    @property
+    def takes_personal_data(self) -> frozenset[str]:
+        """The personal data types a question sent here may hold: every one on the local road."""
+        return frozenset(PERSONAL_DATA_TYPES if self.road == "local" else self.personal_data)
 
     @property
     def continues_answers(self) -> bool:

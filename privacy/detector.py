@@ -290,8 +290,10 @@ _VERSION_WORDS = ("version", "release", "版本")
 def _ip_addresses(text: str, lower: str) -> Iterator[Finding]:
     for match in _IPV4.finditer(text):
         try:
-            ipaddress.IPv4Address(match.group())
+            address = ipaddress.IPv4Address(match.group())
         except ValueError:
+            continue
+        if not _a_host(address):
             continue
         score = 0.4 if _near(lower, match.start(), match.end(), _VERSION_WORDS) else 0.9
         yield Finding(IP_ADDRESS, match.start(), match.end(), score)
@@ -300,10 +302,23 @@ def _ip_addresses(text: str, lower: str) -> Iterator[Finding]:
         if candidate.count(":") < 2 or not any(c not in ":0" for c in candidate):
             continue
         try:
-            ipaddress.IPv6Address(candidate)
+            address6 = ipaddress.IPv6Address(candidate)
         except ValueError:
             continue
-        yield Finding(IP_ADDRESS, match.start(), match.end(), 0.9)
+        if _a_host(address6):
+            yield Finding(IP_ADDRESS, match.start(), match.end(), 0.9)
+
+
+def _a_host(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """An address that may be someone's machine: not this one (loopback), not "any", not a
+    multicast group, a link-local or a reserved block."""
+    return not (
+        address.is_loopback
+        or address.is_unspecified
+        or address.is_multicast
+        or address.is_link_local
+        or address.is_reserved
+    )
 
 
 # --- keys and secrets -----------------------------------------------------------------------------

@@ -76,10 +76,11 @@ async def generate(
         chain = replicas.expand(plan.targets, replicas.affinity_of(request.history, text))
         for at, target in enumerate(chain):
             if (refusal := target_refusal(plan, target)) is not None:
-                if plan.named and at == 0 and refusal[1].code != "too_long":
+                if plan.named and at == 0 and refusal[1].code not in ("too_long", "personal_data"):
                     # The model named cannot take a field or API the client sent: the client's
                     # to change, not a failure another model should hide (a prompt too long for
-                    # its window is what a larger one is for).
+                    # its window is what a larger one is for, personal data what the local road
+                    # is for).
                     yield refusal[1]
                     return
                 attempts.refused(target, *refusal)

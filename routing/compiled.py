@@ -37,6 +37,9 @@ class Target:
     ] = ()  # the endpoint's replica group, itself included (routing.replicas)
     # It continues an answer cut elsewhere, sent as an assistant prefill (ModelEndpoint).
     accepts_prefill: bool = False
+    # The personal data types a question sent here may hold (ModelEndpoint.takes_personal_data):
+    # an external endpoint takes none unless an operator says which.
+    personal_data: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -24,7 +24,7 @@ from routing.chain import generate
 from routing.compiled import Snapshot
 from routing.events import Error, Event, RouteRequest
 from routing.pipeline import Named, matched_rule, named_route, order_targets, rules_for
-from routing.plan import Plan, answer_budget
+from routing.plan import Plan, answer_budget, personal_data_in
 from routing.prompt import approx_tokens
 
 COMPLETIONS = "completions"
@@ -85,6 +85,7 @@ async def complete(
         citations=[],
         prompt_tokens=tokens,
         fixed_tokens=tokens,  # a raw prompt has no history to trim
+        personal=personal_data_in([text, suffix if isinstance(suffix, str) else ""]),
     )
 
     def attempt_of(*args) -> _Completion:

@@ -13,6 +13,7 @@ from django.conf import settings
 from inference_ops import openai_fields
 from knowledge.selectors import acontext_passages
 from knowledge.verdict import DirectAnswer
+from privacy.detector import detect
 from routing.compiled import CompiledRule, Target
 from routing.events import PLAIN, Error, KbLookup, RouteRequest
 from routing.prompt import (
@@ -46,6 +47,8 @@ class Plan:
     citations: list[dict]
     prompt_tokens: int  # the prompt's estimate with the whole history (spend, window checks)
     fixed_tokens: int  # what of it never trims: system, question, what follows it, tools
+    # The personal data types in what the engine would be sent (privacy.detector), sorted.
+    personal: tuple[str, ...] = ()
 
     @property
     def rule_name(self) -> str | None:
@@ -114,7 +117,34 @@ async def build_plan(
         citations=[{"entry_id": p.entry_id, "label": p.label} for p in passages],
         prompt_tokens=fixed + sum(map(message_tokens, request.history)),
         fixed_tokens=fixed,
+        personal=personal_data_in(
+            [request.text, request.system or "", *map(_said, request.history)]
+            + [_said(message) for message in request.passthrough.after]
+        ),
     )
+
+
+def personal_data_in(texts: list[str]) -> tuple[str, ...]:
+    """The personal data types in these texts (privacy.detector, the operator's types), sorted."""
+    found: set[str] = set()
+    for text in texts:
+        if text:
+            found.update(finding.type for finding in detect(text))
+    return tuple(sorted(found))
+
+
+def _said(message: dict) -> str:
+    """A message's text as an engine would read it: its content, its text parts and the arguments
+    of the tool calls it holds."""
+    content = message.get("content")
+    parts = [content] if isinstance(content, str) else []
+    if isinstance(content, list):
+        parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            parts.append(function["arguments"])
+    return "\n".join(part for part in parts if isinstance(part, str))
 
 
 def question_message(request: RouteRequest) -> dict | None:
@@ -136,6 +166,20 @@ def target_refusal(plan: Plan, target: Target) -> tuple[str, Error] | None:
             target=target.endpoint,
             road=target.road,
         )
+    if plan.personal and target.road != "local":
+        if held := [kind for kind in plan.personal if kind not in target.personal_data]:
+            named = ", ".join(held)
+            return f"may not receive personal data ({named})", Error(
+                code="personal_data",
+                message=(
+                    f"The question holds personal data ({named}) that {target.endpoint} may not "
+                    "receive, and no target that may is answering. Ask without it, or again when "
+                    "the local model is up."
+                ),
+                rule=plan.rule_name,
+                target=target.endpoint,
+                road=target.road,
+            )
     limited = plan.request.passthrough.limited
     if limited and (name := openai_fields.field_refused(limited, target.kind)) is not None:
         return f"takes no {name}", Error(

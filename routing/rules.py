@@ -58,6 +58,7 @@ def _target(
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
             accepts_prefill=endpoint.continues_answers,
+            personal_data=endpoint.takes_personal_data,
         )
 
     target = one(t.endpoint)
@@ -161,6 +162,7 @@ def snapshot_build() -> Snapshot:
             kind=endpoint.kind,
             apis=frozenset(endpoint.apis),
             accepts_prefill=endpoint.continues_answers,
+            personal_data=endpoint.takes_personal_data,
         )
         targets_by_model.setdefault(endpoint.name, target)
     return Snapshot(

@@ -42,6 +42,8 @@ _PIPELINE_STATUS = {
     "content_filter": 400,
     # The model named serves another API (embeddings only, or no embeddings).
     "unsupported_api": 400,
+    # Personal data that no target which may receive it can take (routing.plan.target_refusal).
+    "personal_data": 400,
 }
 # Pipeline codes → the codes OpenAI's clients know.
 _OPENAI_CODES = {

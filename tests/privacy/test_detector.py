@@ -44,7 +44,7 @@ def found(text, **options):
         ("护照号码 E12345678 过期了", (PASSPORT, "E12345678")),
         ("my passport number is X1234567", (PASSPORT, "X1234567")),
         ("the server at 192.168.1.20 is down", (IP_ADDRESS, "192.168.1.20")),
-        ("from fe80::1ff:fe23:4567:890a", (IP_ADDRESS, "fe80::1ff:fe23:4567:890a")),
+        ("from 2001:db8:85a3::8a2e:370:7334", (IP_ADDRESS, "2001:db8:85a3::8a2e:370:7334")),
         (
             "my key sk-proj-abcdefghijklmnopqrstuvwxyz123 leaked",
             (SECRET, "sk-proj-abcdefghijklmnopqrstuvwxyz123"),
@@ -73,6 +73,9 @@ def test_each_type_is_found_with_its_span(text, expected):
         "E12345678",
         "upgrade to version 1.2.3.4",
         "meeting at 10:30:45",
+        # This machine, any address, a link-local one: nobody's.
+        "the server listens on 127.0.0.1 and 0.0.0.0",
+        "from fe80::1ff:fe23:4567:890a",
         "it costs 1,234,567.89 yuan",
         # A long number that fails Luhn, and one digit repeated.
         "reference 1234567890123456",

@@ -199,7 +199,10 @@ def test_the_breaker_opens_skips_the_target_then_probes_and_closes(
 @pytest.mark.processes
 def test_the_breaker_is_shared_by_processes(child_env, settings):
     settings.ROUTING_BREAKER_FAILURES = 1
-    settings.ROUTING_BREAKER_PROBE_FIRST = 60  # no probe due while the child starts
+    # No probe due while the child starts, however slowly on a loaded machine: the first probe
+    # waits the lesser of the two.
+    settings.ROUTING_BREAKER_PROBE_FIRST = 600
+    settings.ROUTING_BREAKER_COOLDOWN = 600
     async_to_sync(breaker.failure)("shared")
     script = (
         "import asyncio, django; django.setup(); from routing import breaker; "

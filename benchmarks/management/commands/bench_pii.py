@@ -63,7 +63,11 @@ def cost(rows: list[dict], repeat: int) -> dict:
             started = time.thread_time()
             detect(row["text"])
             times.append((time.thread_time() - started) * 1000)
-    return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99), "samples": len(times)}
+    return {
+        "p50_ms": percentile(times, 0.5),
+        "p99_ms": percentile(times, 0.99),
+        "samples": len(times),
+    }
 
 
 class Command(BaseCommand):
