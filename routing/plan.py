@@ -96,6 +96,13 @@ async def build_plan(
     )
     if passthrough.not_plain is not None and passthrough is not PLAIN:
         why = f"{why}; the knowledge base was not asked: {passthrough.not_plain}"
+    personal = personal_data_in(
+        [request.text, request.system or "", *map(_said, request.history)]
+        + [_said(message) for message in passthrough.after]
+    )
+    if personal:
+        held = ", ".join(personal)
+        why = f"{why}; holds personal data ({held}): only targets that may receive it"
     return Plan(
         request=request,
         text=text,
@@ -117,10 +124,7 @@ async def build_plan(
         citations=[{"entry_id": p.entry_id, "label": p.label} for p in passages],
         prompt_tokens=fixed + sum(map(message_tokens, request.history)),
         fixed_tokens=fixed,
-        personal=personal_data_in(
-            [request.text, request.system or "", *map(_said, request.history)]
-            + [_said(message) for message in request.passthrough.after]
-        ),
+        personal=personal,
     )
 
 

@@ -50,6 +50,7 @@ def test_a_question_with_personal_data_stays_local_and_one_without_goes_out(home
 
     events = ask(WITH_AN_ID, max_tokens=3)
     assert (events[0].target, events[-1].type) == ("local", "done")
+    assert "holds personal data (cn_id)" in events[0].why
     assert "strong: may not receive personal data (cn_id)" in events[0].why
     assert "11010519491231002X" not in events[0].why  # the type, never the value
     assert prompts_received(outside) == 0
