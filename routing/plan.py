@@ -13,7 +13,7 @@ from django.conf import settings
 from inference_ops import openai_fields
 from knowledge.selectors import acontext_passages
 from knowledge.verdict import DirectAnswer
-from privacy.detector import detect
+from privacy.detector import types_in
 from routing.compiled import CompiledRule, Target
 from routing.events import PLAIN, Error, KbLookup, RouteRequest
 from routing.prompt import (
@@ -133,7 +133,7 @@ def personal_data_in(texts: list[str]) -> tuple[str, ...]:
     found: set[str] = set()
     for text in texts:
         if text:
-            found.update(finding.type for finding in detect(text))
+            found |= types_in(text)
     return tuple(sorted(found))
 
 

@@ -16,6 +16,7 @@ from privacy.detector import (
     detect,
     iban_valid,
     luhn_valid,
+    types_in,
 )
 
 
@@ -135,3 +136,21 @@ def test_the_checks():
     assert luhn_valid("4111111111111111") and not luhn_valid("4111111111111112")
     assert iban_valid("GB82 WEST 1234 5698 7654 32")
     assert not iban_valid("GB82 WEST 1234 5698 7654")  # a British IBAN has 22 characters
+
+
+def test_types_in_agrees_with_detect_and_reads_a_text_once(monkeypatch):
+    from privacy import detector
+
+    texts = [
+        "我的手机13812345678，邮箱a@example.com",
+        "没有数字的中文问题，也没有邮箱",
+        "key sk-proj-abcdefghijklmnopqrstuvwxyz123",
+        "What is the refund policy?",
+    ]
+    for text in texts:
+        assert types_in(text) == {f.type for f in detect(text)}, text
+    calls = []
+    monkeypatch.setattr(detector, "detect", lambda text, **kw: calls.append(text) or [])
+    types_in(texts[0])  # read before: remembered
+    types_in(texts[1])  # nothing any finding could be: never read
+    assert calls == []
