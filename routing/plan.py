@@ -129,7 +129,9 @@ async def build_plan(
 
 
 def personal_data_in(texts: list[str]) -> tuple[str, ...]:
-    """The personal data types in these texts (privacy.detector, the operator's types), sorted."""
+    """The personal data types in these texts (privacy.detector's types and thresholds), sorted.
+    What the client sent is read; the rule's prompt and the KB's passages, the operator's own
+    words, are not."""
     found: set[str] = set()
     for text in texts:
         if text:
