@@ -55,7 +55,7 @@ class Finding:
 
 # Full-width forms (U+FF01..U+FF5E) and the ideographic space, read as ASCII: one character for
 # one, so every offset holds.
-_FOLD = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+FOLD = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
 # Digits and Latin letters end a token; a CJK character does not (`\b` would see none between
 # 是 and 1, both being word characters).
 _L = r"(?<![0-9A-Za-z])"
@@ -366,19 +366,33 @@ _RANK = {kind: rank for rank, kind in enumerate(TYPES)}
 _MAYBE = re.compile(r"[0-9\uff10-\uff19@]|sk-|gh[pousr]_|github_pat_|xox[abposr]-|AIza|eyJ|BEGIN ")
 
 
+_ALL = frozenset(TYPES)
 _SEEN_MAX = 4096
-_seen: dict[bytes, frozenset[str]] = {}  # a text's digest -> its types; emptied when full
+# A text's digest -> its types, under the policy `_seen_under` (a new policy starts afresh);
+# emptied when full.
+_seen: dict[bytes, frozenset[str]] = {}
+_seen_under: tuple = ()
 
 
-def types_in(text: str) -> frozenset[str]:
-    """The types `detect` finds in `text` with the default types and thresholds, remembered by the
+def types_in(
+    text: str,
+    *,
+    types: Collection[str] | None = None,
+    thresholds: Mapping[str, float] | None = None,
+) -> frozenset[str]:
+    """The types `detect` finds in `text` (with these types and thresholds), remembered by the
     text's digest: a conversation's earlier messages are read once, not at every turn."""
+    global _seen_under
     if not _MAYBE.search(text):
         return frozenset()
+    under = (_ALL if types is None else frozenset(types), tuple(sorted((thresholds or {}).items())))
+    if under != _seen_under:
+        _seen.clear()
+        _seen_under = under
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     found = _seen.get(digest)
     if found is None:
-        found = frozenset(finding.type for finding in detect(text))
+        found = frozenset(f.type for f in detect(text, types=types, thresholds=thresholds))
         if len(_seen) >= _SEEN_MAX:
             _seen.clear()  # one step, safe beside another thread's look
         _seen[digest] = found
@@ -394,7 +408,7 @@ def detect(
     """The findings in `text`, in order, none overlapping another: of `types` (default every
     one), each scored at least its threshold (`thresholds`, default THRESHOLD). Where two
     overlap, the higher score stays, then the longer span, then the more specific type."""
-    folded = text.translate(_FOLD)
+    folded = text.translate(FOLD)
     lower = folded.lower()
     limits = thresholds or {}
     found = [

@@ -1,12 +1,17 @@
 """Measure the personal-data detector (privacy.detector) on the labelled set: precision and
-recall per type, whether a question with data is caught at all, and what a question costs.
+recall per type, whether a question with data is caught at all, and what a question costs. Then
+the same for the injection screen (privacy.injection) on its own labelled set.
 
     python manage.py bench_pii [--repeat 20] [--json FILE] [--write-set]
 
 A finding counts as right when its type and text are a labelled finding's; the set is
 benchmarks/pii_labelled/questions.jsonl (benchmarks/pii_set.py, which `--write-set` runs again).
-The cost is one process's CPU for `detect` on each question of the set, `--repeat` times, p50 and
-p99. No database, no network. A figure, not a test.
+A text's suspicion counts as right when its kind is the text's label; the set is
+benchmarks/injection_labelled/questions.jsonl (benchmarks/injection_set.py, written again by
+`--write-set` too). The cost is one process's CPU for `detect`, and for `screen`, on each text of
+its set, `--repeat` times, p50 and p99; `screen` also on the personal-data questions, which hold
+no injection, as the plain text most questions are. No database, no network. A figure, not a
+test.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from django.core.management.base import BaseCommand
 
-from benchmarks import pii_set
+from benchmarks import injection_set, pii_set
 from benchmarks.arguments import json_add
 from benchmarks.stats import percentile
+from privacy import injection
 from privacy.detector import CHECKSUMMED, TYPES, detect
 
 RECALL_TARGET, PRECISION_TARGET, P50_TARGET_MS = 0.95, 0.9, 1.0
+# The screen refuses or reroutes whom it flags: precision first, and it runs on every question.
+INJECTION_PRECISION_TARGET, INJECTION_RECALL_TARGET, INJECTION_P50_TARGET_MS = 0.95, 0.9, 0.05
 
 
 def score(rows: list[dict]) -> dict:
@@ -43,25 +52,16 @@ def score(rows: list[dict]) -> dict:
             questions["with data, caught" if got else "with data, missed"] += 1
         else:
             questions["without data, false alarm" if got else "without data, clean"] += 1
-    types = {}
-    for kind in TYPES:
-        tp, fp, fn = right[kind], wrong[kind], missed[kind]
-        types[kind] = {
-            "right": tp,
-            "wrong": fp,
-            "missed": fn,
-            "precision": tp / (tp + fp) if tp + fp else None,
-            "recall": tp / (tp + fn) if tp + fn else None,
-        }
+    types = {kind: _rates(right[kind], wrong[kind], missed[kind]) for kind in TYPES}
     return {"types": types, "verdicts": dict(questions)}
 
 
-def cost(rows: list[dict], repeat: int) -> dict:
+def cost(rows: list[dict], repeat: int, measured: Callable[[str], object] = detect) -> dict:
     times = []
     for _ in range(repeat):
         for row in rows:
             started = time.thread_time()
-            detect(row["text"])
+            measured(row["text"])
             times.append((time.thread_time() - started) * 1000)
     return {
         "p50_ms": percentile(times, 0.5),
@@ -70,18 +70,57 @@ def cost(rows: list[dict], repeat: int) -> dict:
     }
 
 
+def injection_score(rows: list[dict]) -> dict:
+    """Per kind: right, wrong and missed suspicions; overall: whether an injection is flagged at
+    all (whatever its kind) and whether a text without one is left alone."""
+    right, wrong, missed = Counter(), Counter(), Counter()
+    verdicts = Counter()
+    for row in rows:
+        found = injection.screen(row["text"])
+        got, expected = (found.kind if found else None), row["kind"]
+        if got is not None and got == expected:
+            right[got] += 1
+        else:
+            if got is not None:
+                wrong[got] += 1
+            if expected is not None:
+                missed[expected] += 1
+        if expected:
+            verdicts["injection, flagged" if got else "injection, missed"] += 1
+        else:
+            verdicts["plain, false alarm" if got else "plain, clean"] += 1
+    kinds = {kind: _rates(right[kind], wrong[kind], missed[kind]) for kind in injection.KINDS}
+    flagged = verdicts["injection, flagged"]
+    overall = _rates(flagged, verdicts["plain, false alarm"], verdicts["injection, missed"])
+    return {"kinds": kinds, "overall": overall, "verdicts": dict(verdicts)}
+
+
+def _rates(tp: int, fp: int, fn: int) -> dict:
+    return {
+        "right": tp,
+        "wrong": fp,
+        "missed": fn,
+        "precision": tp / (tp + fp) if tp + fp else None,
+        "recall": tp / (tp + fn) if tp + fn else None,
+    }
+
+
 class Command(BaseCommand):
     help = "The personal-data detector's precision and recall per type, and its cost a question."
 
     def add_arguments(self, parser):
         parser.add_argument("--repeat", type=int, default=20, help="timed passes over the set")
-        parser.add_argument("--write-set", action="store_true", help="write the labelled set again")
+        parser.add_argument(
+            "--write-set", action="store_true", help="write the labelled sets again"
+        )
         json_add(parser)
 
     def handle(self, *args, **options):
         if options["write_set"]:
             count = pii_set.write()
             self.stdout.write(f"wrote {count} questions to {pii_set.SET}")
+            count = injection_set.write()
+            self.stdout.write(f"wrote {count} texts to {injection_set.SET}")
         rows = pii_set.read()
         detect("warm up: +44 20 7946 0958")  # phonenumbers loads a region's metadata once
         report = {"questions": len(rows), **score(rows), "cost": cost(rows, options["repeat"])}
@@ -110,10 +149,59 @@ class Command(BaseCommand):
                 f"{kind}: precision >= {PRECISION_TARGET}", row["precision"], PRECISION_TARGET
             )
         self._target(f"detector p50 <= {P50_TARGET_MS} ms", c["p50_ms"], P50_TARGET_MS, below=True)
+        report["injection"] = self._injection(rows, options["repeat"])
         if options["json"]:
             with open(options["json"], "w") as handle:
                 json.dump(report, handle, indent=2)
             self.stdout.write(f"wrote {options['json']}")
+
+    def _injection(self, pii_rows: list[dict], repeat: int) -> dict:
+        rows = injection_set.read()
+        report = {
+            "texts": len(rows),
+            **injection_score(rows),
+            "cost": cost(rows, repeat, injection.screen),
+            "cost_plain": cost(pii_rows, repeat, injection.screen),
+        }
+        injections = sum(1 for row in rows if row["kind"])
+        self.stdout.write("")
+        self.stdout.write(
+            f"Injection screen: {len(rows)} texts, {injections} injections, "
+            f"{len(rows) - injections} without"
+        )
+        self.stdout.write(
+            f"{'kind':<20} {'right':>6} {'wrong':>6} {'missed':>6} {'precision':>9} {'recall':>7}"
+        )
+        for kind, row in (*report["kinds"].items(), ("any kind", report["overall"])):
+            self.stdout.write(
+                f"{kind:<20} {row['right']:>6} {row['wrong']:>6} {row['missed']:>6} "
+                f"{_n(row['precision']):>9} {_n(row['recall']):>7}"
+            )
+        self.stdout.write(", ".join(f"{k}: {v}" for k, v in sorted(report["verdicts"].items())))
+        for label, c in (("its set", report["cost"]), ("plain questions", report["cost_plain"])):
+            self.stdout.write(
+                f"screen CPU a text, {label}: p50 {c['p50_ms']:.4f} ms, p99 {c['p99_ms']:.4f} ms "
+                f"({c['samples']} runs)"
+            )
+        self.stdout.write("Targets")
+        overall = report["overall"]
+        self._target(
+            f"injection: precision >= {INJECTION_PRECISION_TARGET}",
+            overall["precision"],
+            INJECTION_PRECISION_TARGET,
+        )
+        self._target(
+            f"injection: recall >= {INJECTION_RECALL_TARGET}",
+            overall["recall"],
+            INJECTION_RECALL_TARGET,
+        )
+        self._target(
+            f"screen p50 <= {INJECTION_P50_TARGET_MS} ms",
+            report["cost"]["p50_ms"],
+            INJECTION_P50_TARGET_MS,
+            below=True,
+        )
+        return report
 
     def _target(self, label: str, value: float | None, bound: float, below: bool = False) -> None:
         met = value is not None and (value <= bound if below else value >= bound)
