@@ -96,4 +96,14 @@ def turn_log_row(
         key=key,
         wait_ms=round(spent.waited * 1000, 1) if spent.waited else None,
         priority=spent.priority,
+        personal_data=" ".join(spent.personal_data),
+        personal_data_action=spent.personal_data_action or _refused_for(error, "personal_data"),
+        injection=spent.injection,
+        injection_action=spent.injection_action or _refused_for(error, "prompt_injection"),
     )
+
+
+def _refused_for(error: events.Error | None, code: str) -> str:
+    # A refusal for what the screening found is one whatever path raised it: a refusal the
+    # pipeline did not note in `spent` must not read in the log as data that went nowhere.
+    return "refused" if error is not None and error.code == code else ""

@@ -22,6 +22,8 @@ from observability.dashboard import PERIOD_NAMES, dashboard_page
 from observability.export import QueryOnlyChangeList, export_response
 from observability.models import REQUEST_FEATURES, RequestLog
 from observability.selectors import periods
+from privacy.detector import TYPES
+from privacy.injection import KINDS as INJECTION_KINDS
 
 
 class CountOrEstimatePaginator(Paginator):
@@ -164,6 +166,35 @@ class FeatureFilter(admin.SimpleListFilter):
         return queryset.filter(features__regex=rf"(^| ){value}( |$)")
 
 
+class PersonalDataFilter(admin.SimpleListFilter):
+    """Requests that held a personal data type: one of the names in `personal_data`."""
+
+    title = "personal data"
+    parameter_name = "personal_data"
+
+    def lookups(self, request, model_admin):
+        return [(kind, kind) for kind in TYPES]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value not in TYPES:
+            return queryset
+        return queryset.filter(personal_data__regex=rf"(^| ){value}( |$)")
+
+
+class InjectionFilter(admin.SimpleListFilter):
+    """Suspected prompt injections by kind, from the fixed set: a DISTINCT would read the log."""
+
+    title = "suspected injection"
+    parameter_name = "injection"
+
+    def lookups(self, request, model_admin):
+        return [(kind, kind) for kind in INJECTION_KINDS]
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(injection=self.value())
+
+
 class TargetFilter(admin.SimpleListFilter):
     """The endpoints by name: a DISTINCT over the log would read all of it."""
 
@@ -217,6 +248,10 @@ class RequestLogAdmin(admin.ModelAdmin):
         "kb_score",
         "fallbacks",
         "features",
+        "personal_data",
+        "personal_data_action",
+        "injection",
+        "injection_action",
     ]
     list_filter = [
         TimeFilter,
@@ -228,6 +263,10 @@ class RequestLogAdmin(admin.ModelAdmin):
         "api",
         "priority",
         "kb_hit",
+        PersonalDataFilter,
+        "personal_data_action",
+        InjectionFilter,
+        "injection_action",
     ]
     search_fields = ["rule", "target", "error_code", "user__username"]
     search_help_text = "Rule, target, error code or user name."
@@ -269,6 +308,10 @@ class RequestLogAdmin(admin.ModelAdmin):
         "kb_score",
         "fallbacks",
         "features",
+        "personal_data",
+        "personal_data_action",
+        "injection",
+        "injection_action",
         "request_key",
     ]
     readonly_fields = fields  # type: ignore[assignment]  # names only

@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -20,7 +21,7 @@ from core import charts
 from inference_ops.admission import CLASSES
 from inference_ops.models import EngineProcess
 from knowledge.models import Hit, Miss
-from observability.models import REQUEST_FEATURES
+from observability.models import REQUEST_FEATURES, RequestLog
 from observability.selectors import curation, endpoints, periods, request_log, spending
 
 ROADS = {
@@ -70,6 +71,7 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
     targets = request_log.latency_by_target(period)
     errors = request_log.errors(period)
     features = request_log.features(period)
+    screened = request_log.screened(period)
     engines, events_cut = endpoints.engine_history(period)
     miss_admin = admin_site.get_model_admin(Miss) if admin_site.is_registered(Miss) else None
     can_see_misses = miss_admin is not None and miss_admin.has_view_permission(request)
@@ -100,6 +102,10 @@ def dashboard_page(request: HttpRequest, *, admin_site: AdminSite) -> HttpRespon
         "targets": [_target_row(t) for t in targets],
         "errors": errors,
         "features": [(f, REQUEST_FEATURES.get(f.feature, f.feature)) for f in features],
+        "personal_data": _screened_table(
+            screened.personal_data, RequestLog.PersonalDataAction, total=screened.personal_requests
+        ),
+        "injections": _screened_table(screened.injections, RequestLog.InjectionAction),
         "engines": engines,
         "events_cut": events_cut,
         "recent_events": _recent_events(engines),
@@ -223,6 +229,39 @@ def _admission_context(period: periods.Period, *, live: bool = False) -> dict:
         ],
         "admission_unread": any(row.held is None for row in rows),
         "admission_columns": 3 + 2 * len(CLASSES),
+    }
+
+
+def _screened_table(
+    found: dict[str, dict[str, int]],
+    actions: type[models.TextChoices],
+    *,
+    total: dict[str, int] | None = None,
+) -> dict:
+    """A type (or kind) per row, busiest first, and a column per action: the known ones always,
+    in their order, and any other a row names ("": none noted) after them, so every request
+    counts somewhere."""
+    seen = {action for counts in found.values() for action in counts} | set(total or ())
+    others = sorted(seen - set(actions.values))
+    columns = [(a.value, a.label) for a in actions]
+    columns += [(a, "no action noted" if a == "" else a) for a in others]
+    rows = [
+        {
+            "name": name,
+            "counts": [(action, counts.get(action, 0)) for action, _ in columns],
+            "requests": sum(counts.values()),
+        }
+        for name, counts in sorted(found.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    ]
+    return {
+        "columns": columns,
+        "rows": rows,
+        "total": None
+        if total is None
+        else {
+            "counts": [(action, total.get(action, 0)) for action, _ in columns],
+            "requests": sum(total.values()),
+        },
     }
 
 

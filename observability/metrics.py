@@ -6,10 +6,11 @@ multiprocess files in PROMETHEUS_MULTIPROC_DIR, which config.bootstrap sets befo
 imports prometheus_client; /metrics adds up the files of every process of the host. A count is
 a few writes to memory: no query, no round trip, nothing per token.
 
-Label values come from fixed sets (interface, road, status, KB method, error code) or from names
-an admin created (rule, endpoint); never a user, key, question, session or KB entry, each of
-which would give every one of them its own series. A value outside its set is counted as
-"other", so a new code or a bug cannot flood Prometheus.
+Label values come from fixed sets (interface, road, status, KB method, error code, personal data
+type, injection kind, what came of them) or from names an admin created (rule, endpoint); never a
+user, key, question, session or KB entry, each of which would give every one of them its own
+series; never a personal data value. A value outside its set is counted as "other", so a new code
+or a bug cannot flood Prometheus.
 
 The KB hit ratio is hits over hits and misses, by method if wanted:
     sum(rate(gateway_kb_lookups_total{result="hit"}[5m]))
@@ -33,6 +34,8 @@ from prometheus_client import Counter, Gauge, Histogram, multiprocess, values
 from inference_ops.exceptions import EngineError
 from observability.models import REQUEST_FEATURES, RequestLog
 from observability.requestlog import RequestRecord
+from privacy.detector import TYPES as PERSONAL_DATA_TYPES
+from privacy.injection import KINDS as INJECTION_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,11 @@ APIS = frozenset(RequestLog.Api.values)
 STATUSES = frozenset(RequestLog.Status.values)
 ROADS = frozenset({"kb", "local", "external", ""})
 FEATURE_NAMES = frozenset(REQUEST_FEATURES)
+# The screening's findings and what came of them ("": none noted); never the values themselves.
+PERSONAL_DATA_NAMES = frozenset(PERSONAL_DATA_TYPES)
+PERSONAL_DATA_ACTIONS = frozenset(RequestLog.PersonalDataAction.values) | {""}
+INJECTION_NAMES = frozenset(INJECTION_KINDS)
+INJECTION_ACTIONS = frozenset(RequestLog.InjectionAction.values) | {""}
 KB_METHODS = frozenset({"exact", "typo", "vector", "none", "follow_up"})
 # Every code a turn ends with (routing.pipeline's, an engine failure's kind) and every code /v1
 # answers with (chat.openai_api, after its renames); "" is a reply without a code.
@@ -84,6 +92,9 @@ ERROR_CODES = frozenset(EngineError.KINDS) | frozenset(
         "too_many_inputs",
         "input_too_large",
         "draining",
+        # Refused for what the screening found (routing.screening).
+        "personal_data",
+        "prompt_injection",
     }
 )
 # Rule and endpoint names are slugs of at most this length; anything longer is not one.
@@ -195,6 +206,19 @@ FEATURES = Counter(
     "tool_results, structured, logprobs, n, media.",
     ["interface", "feature"],
 )
+PERSONAL_DATA = Counter(
+    "gateway_personal_data_total",
+    "Requests holding a personal data type (privacy.detector.TYPES), by type and where the "
+    "question went: local, redacted, sent (to an endpoint allowed the type), refused. A request "
+    "holding two types counts once under each.",
+    ["type", "action"],
+)
+PROMPT_INJECTIONS = Counter(
+    "gateway_prompt_injections_total",
+    "Requests with a suspected prompt injection, by its kind and what came of it: logged, "
+    "routed (by a rule written for it), refused.",
+    ["kind", "action"],
+)
 IN_FLIGHT = Gauge(
     "gateway_requests_in_flight",
     "Turns being answered now.",
@@ -280,6 +304,16 @@ def _ended(record: RequestRecord) -> None:
     if record.features:
         for feature in record.features.split():
             _child(FEATURES, interface, _one_of(feature, FEATURE_NAMES)).inc()
+    if record.personal_data:
+        action = _one_of(record.personal_data_action, PERSONAL_DATA_ACTIONS)
+        for found in record.personal_data.split():
+            _child(PERSONAL_DATA, _one_of(found, PERSONAL_DATA_NAMES), action).inc()
+    if record.injection:
+        _child(
+            PROMPT_INJECTIONS,
+            _one_of(record.injection, INJECTION_NAMES),
+            _one_of(record.injection_action, INJECTION_ACTIONS),
+        ).inc()
 
 
 # Each series' child, found once: prometheus_client's labels() costs more than the count itself.

@@ -43,6 +43,21 @@ class RequestLog(models.Model):
         FAILED = "failed", "failed"
         CANCELLED = "cancelled", "cancelled"
 
+    class PersonalDataAction(models.TextChoices):
+        """Where a question holding personal data went (routing.screening; routing.events.Spent)."""
+
+        LOCAL = "local", "answered locally"
+        REDACTED = "redacted", "sent out redacted"
+        SENT = "sent", "sent to an endpoint allowed the types"
+        REFUSED = "refused", "refused"
+
+    class InjectionAction(models.TextChoices):
+        """What came of a suspected prompt injection (privacy.policy's setting, as carried out)."""
+
+        LOGGED = "logged", "logged"
+        ROUTED = "routed", "routed by its rule"
+        REFUSED = "refused", "refused"
+
     id = models.BigIntegerField(primary_key=True)
     at = models.DateTimeField("time")
     interface = models.CharField(max_length=8, choices=Interface.choices)
@@ -99,6 +114,17 @@ class RequestLog(models.Model):
     skipped_chunks = models.SmallIntegerField(default=0)
     # REQUEST_FEATURES' names, space-separated: what the request asked beyond text.
     features = models.CharField(max_length=100, blank=True, default="")
+    # What the screening found (routing.screening), never the values: the personal data types
+    # (privacy.detector.TYPES, space-separated) and where the question went with them; a
+    # suspected prompt injection's kind (privacy.injection) and what came of it. "": none found.
+    personal_data = models.CharField(max_length=100, blank=True, default="")
+    personal_data_action = models.CharField(
+        max_length=16, choices=PersonalDataAction.choices, blank=True, default=""
+    )
+    injection = models.CharField(max_length=40, blank=True, default="")
+    injection_action = models.CharField(
+        max_length=16, choices=InjectionAction.choices, blank=True, default=""
+    )
     request_key = models.UUIDField()
 
     class Meta:

@@ -66,6 +66,13 @@ class RequestRecord:
     key: uuid.UUID = field(default_factory=uuid.uuid4)  # stores a batch written twice once
     wait_ms: float | None = None  # waiting for room at an endpoint's capacity; None: no wait
     priority: str = ""  # its class at an endpoint's capacity; "" when no model was asked
+    # What the screening found, never the values (observability.models.RequestLog's): the
+    # personal data types, space-separated, and where the question went with them; a suspected
+    # prompt injection's kind and what came of it.
+    personal_data: str = ""
+    personal_data_action: str = ""
+    injection: str = ""
+    injection_action: str = ""
 
 
 def request_note(record: RequestRecord) -> None:
@@ -178,6 +185,10 @@ COLUMNS = (
     ("request_key", "uuid"),
     ("wait_ms", "float8"),
     ("priority", "text"),
+    ("personal_data", "text"),
+    ("personal_data_action", "text"),
+    ("injection", "text"),
+    ("injection_action", "text"),
 )
 
 # One statement per batch, one array per column: the text is the same for every batch size.
@@ -235,6 +246,10 @@ def _write(batch: list[RequestRecord]) -> int:
         [r.key for r in batch],
         [r.wait_ms for r in batch],
         [_short(r.priority, 16) for r in batch],
+        [_short(r.personal_data, 100) for r in batch],
+        [_short(r.personal_data_action, 16) for r in batch],
+        [_short(r.injection, 40) for r in batch],
+        [_short(r.injection_action, 16) for r in batch],
     )
     try:
         with (

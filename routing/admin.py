@@ -9,6 +9,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from core.forms import LinesField
+from privacy.detector import TYPES as PERSONAL_DATA_TYPES
 from routing.exceptions import RuleInvalid
 from routing.models import GroupPriority, RouteTarget, RoutingRule
 from routing.selectors import apikey_find, asker, route_explain
@@ -27,6 +28,13 @@ class RuleForm(forms.ModelForm):
     )
     requested_models = LinesField(
         required=False, help_text="Model names an API request may ask for."
+    )
+    personal_data_types = forms.TypedMultipleChoiceField(
+        choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES],
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        label="Personal data types",
+        help_text=RoutingRule._meta.get_field("personal_data_types").help_text,
     )
 
     class Meta:
@@ -100,6 +108,9 @@ class RoutingRuleAdmin(admin.ModelAdmin):
                     "clients",
                     "over_budget",
                     "requested_models",
+                    "personal_data",
+                    "personal_data_types",
+                    "injection",
                 ]
             },
         ),
@@ -108,6 +119,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             {
                 "fields": [
                     "pin_named",
+                    "redact_personal_data",
                     "system_prompt",
                     "use_kb_context",
                     "replay_passages",
@@ -138,6 +150,13 @@ class RoutingRuleAdmin(admin.ModelAdmin):
             parts.append("models: " + ", ".join(obj.requested_models))
         if obj.over_budget:
             parts.append("over budget")
+        if obj.personal_data:
+            kinds = f" ({', '.join(obj.personal_data_types)})" if obj.personal_data_types else ""
+            parts.append(
+                ("personal data" + kinds) if obj.personal_data == "with" else "no personal data"
+            )
+        if obj.injection:
+            parts.append("suspected injection")
         return "; ".join(parts) or "—"
 
     @admin.display(description="chain")

@@ -107,7 +107,10 @@ class Attempt:
         self.resumed = resumed  # continuing an answer cut elsewhere
         self.ttft: float | None = None
         self.dropped = 0  # history messages left out to fit the window
-        self.text: list[str] = []
+        self.text: list[str] = []  # the answer as the user gets it (placeholders put back)
+        # The request's placeholders when this target gets the question redacted (routing.plan).
+        self.redaction = plan.redaction_for(target)
+        self.restorer = self.redaction.restorer() if self.redaction is not None else None
         self.chat = (
             tracing.Chat(
                 model=target.config.model,
@@ -140,6 +143,9 @@ class Attempt:
             messages.append({"role": "assistant", "content": so_far})
             extra_body = {"continue_final_message": True, "add_generation_prompt": False}
             max_tokens = max(1, plan.max_tokens - (self.resumed.produced or approx_tokens(so_far)))
+        if self.redaction is not None:
+            # Last, so the prefill of an answer continued here is redacted too.
+            messages = self.redaction.messages(messages, keep=self.target.personal_data)
         self.meter.begin(self.target, messages, self.text)
         return stream_chat(
             self.target.config,
@@ -155,12 +161,21 @@ class Attempt:
         self.ttft = ms(time.monotonic() - self.plan.started)
         if self.chat and first_token:
             self.chat.first_chunk(engine_seconds)
+        why = self.plan.why
+        if self.plan.personal:
+            spent = self.plan.request.spent
+            if self.redaction is not None:
+                spent.personal_data_action = "redacted"
+                why = f"{why}; personal data ({', '.join(sorted(self.redaction.found))}) "
+                why += f"sent to {self.target.endpoint} as placeholders"
+            else:
+                spent.personal_data_action = "local" if self.target.road == "local" else "sent"
         if self.resumed is not None:
-            return self._continued_route(engine_seconds)
+            return self._continued_route(engine_seconds, why)
         return route_event(
             self.target,
             self.plan.rule_name,
-            self.plan.why,
+            why,
             self.attempts.notes,
             self.dropped,
             retries=self.attempts.retry_notes() if self.attempts.retried else "",
@@ -171,7 +186,7 @@ class Attempt:
             context=self.plan.context,
         )
 
-    def _continued_route(self, engine_seconds: float) -> Route:
+    def _continued_route(self, engine_seconds: float, why: str) -> Route:
         """The route of the answer's continuation: where it goes on, and where it was cut."""
         resumed, target = self.resumed, self.target
         assert resumed is not None
@@ -180,7 +195,7 @@ class Attempt:
             road=target.road,
             rule=self.plan.rule_name,
             target=target.endpoint,
-            why=f"{self.plan.why}. Continued on {target.endpoint} from where the stream was cut, "
+            why=f"{why}. Continued on {target.endpoint} from where the stream was cut, "
             f"the partial answer sent as a prefill, after " + "; ".join(self.attempts.notes),
             reason="the answer was cut short and is continued by the "
             + ("same model" if same else f"{target.road} model"),
@@ -191,10 +206,13 @@ class Attempt:
         )
 
     def token(self, event: EngineToken) -> Token:
-        self.text.append(event.text)
+        """The engine's token as the user gets it: with the placeholders put back when the
+        question went redacted (its text may then be empty: the start of a placeholder held)."""
+        text = event.text if self.restorer is None else self.restorer.feed(event.text)
+        self.text.append(text)
         if event.choices is not None:
             self.meter.extra(event.choices)  # noqa: S610 - the meter's own extra(), not QuerySet.extra
-        return Token(text=event.text, choices=event.choices)
+        return Token(text=text, choices=event.choices)
 
     async def finished(self, event: Finish) -> list[Event]:
         """The events that end the answer: the route, for an answer without a token, and done."""
@@ -205,6 +223,9 @@ class Attempt:
         ending: list[Event] = []
         if self.ttft is None:  # an answer without a token
             ending.append(self.route(event.total, first_token=False))
+        if self.restorer is not None and (held := self.restorer.flush()):
+            self.text.append(held)  # a "[" that began no placeholder after all
+            ending.append(Token(text=held))
         plan, resumed = self.plan, self.resumed
         text = "".join(self.text) if resumed is None else "".join(resumed.text + self.text)
         if plan.direct is not None:

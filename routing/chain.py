@@ -125,7 +125,8 @@ async def generate(
                                     produced = True
                                     request.spent.waited = waiting.waited
                                     yield attempt.route(event.elapsed)
-                                yield attempt.token(event)
+                                if (token := attempt.token(event)).says_something:
+                                    yield token
                     except EngineError as exc:
                         attempt.failed(exc)
                         failure = exc

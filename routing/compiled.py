@@ -16,6 +16,8 @@ import re2
 from inference_ops.admission import CLASSES
 from inference_ops.endpoint_calls import EndpointConfig
 from knowledge.normalize import normalize
+from privacy.policy import DEFAULT as DEFAULT_PRIVACY
+from privacy.policy import ROUTE, Policy
 from spend.prices import FREE, Price
 
 
@@ -54,6 +56,9 @@ class Context:
     vector: tuple[float, ...] | None = None
     # a budget of the caller's that reroutes is spent (spend.ledger.aover_budget)
     over_budget: bool = False
+    # what it holds (routing.screening): the personal data types, a suspected injection's kind
+    personal: tuple[str, ...] = ()
+    injection: str | None = None
 
     @functools.cached_property
     def normalized(self) -> str:
@@ -88,6 +93,11 @@ class CompiledRule:
     pin_named: bool = False  # a request naming a model gets no fallback
     # Earlier questions of a stored conversation go with their passages (routing.prompt.History).
     replay_passages: bool = True
+    personal_data: str = ""  # "" either | "with" (of personal_data_types, or any) | "without"
+    personal_data_types: frozenset[str] = frozenset()
+    injection: bool = False  # only a suspected prompt injection
+    # An external target that may not receive the question's personal data gets it redacted.
+    redact_personal_data: bool = False
 
     @functools.cached_property
     def intent_matrix(self) -> np.ndarray:
@@ -110,6 +120,8 @@ class CompiledRule:
             or self.max_length is not None
             or self.requested_models
             or self.over_budget
+            or self.personal_data
+            or self.injection
         )
 
     def target_named(self, model: str) -> Target | None:
@@ -194,9 +206,41 @@ class CompiledRule:
             check(ok, f"requested model {ctx.model!r} " + ("listed" if ok else "not listed"))
         if self.over_budget:
             check(ctx.over_budget, "budget spent" if ctx.over_budget else "budget not spent")
+        if self.personal_data:
+            self._personal_data(ctx, check)
+        if self.injection:
+            check(
+                ctx.injection is not None,
+                f"suspected prompt injection ({ctx.injection})"
+                if ctx.injection
+                else "no suspected prompt injection",
+            )
         if not reasons:
             check(True, "no conditions: matches everything")
         return matched, reasons
+
+    def _personal_data(self, ctx: Context, check: Callable[[bool, str], None]) -> None:
+        """The personal data condition: the types are named, never the values."""
+        held = [
+            kind
+            for kind in ctx.personal
+            if not self.personal_data_types or kind in self.personal_data_types
+        ]
+        if self.personal_data == "without":
+            check(
+                not ctx.personal,
+                f"holds personal data ({', '.join(ctx.personal)})"
+                if ctx.personal
+                else "holds no personal data",
+            )
+        else:
+            wanted = ", ".join(sorted(self.personal_data_types)) or "any type"
+            check(
+                bool(held),
+                f"holds personal data ({', '.join(held)})"
+                if held
+                else f"holds no personal data of {wanted}",
+            )
 
 
 @dataclass
@@ -205,6 +249,8 @@ class Snapshot:
     targets_by_model: dict[str, Target]  # `model` names a client may force, for /v1
     # Group name -> its priority class at an endpoint's capacity (routing.models.GroupPriority).
     group_priorities: dict[str, str] = field(default_factory=dict)
+    # What the screening looks for and does (privacy.policy; PrivacySettings in the admin).
+    privacy: Policy = DEFAULT_PRIVACY
 
     def priority_of(self, groups: frozenset[str]) -> str | None:
         """The best priority class of these groups, None when none has one."""
@@ -234,6 +280,8 @@ class Snapshot:
         for rule in self.rules:
             if ctx.over_budget and not rule.over_budget:
                 continue  # over a budget that reroutes, only the rules written for it
+            if ctx.injection and not rule.injection and self.privacy.injection_action == ROUTE:
+                continue  # a suspected injection, routed: only the rules written for it
             if rule.needs_vector and not asked and rule.evaluate(ctx, intent=False)[0]:
                 ctx.vector, asked = await vector(), True
             matched, reasons = rule.evaluate(ctx)

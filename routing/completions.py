@@ -19,13 +19,15 @@ from collections.abc import AsyncGenerator
 from django.conf import settings
 
 from inference_ops.other_apis import stream_completion
+from privacy.policy import DEFAULT as DEFAULT_PRIVACY
 from routing.attempt import Attempt
 from routing.chain import generate
 from routing.compiled import Snapshot
 from routing.events import Error, Event, RouteRequest
 from routing.pipeline import Named, matched_rule, named_route, order_targets, rules_for
-from routing.plan import Plan, answer_budget, personal_data_in
+from routing.plan import Plan, answer_budget
 from routing.prompt import approx_tokens
+from routing.screening import screen
 
 COMPLETIONS = "completions"
 
@@ -85,7 +87,7 @@ async def complete(
         citations=[],
         prompt_tokens=tokens,
         fixed_tokens=tokens,  # a raw prompt has no history to trim
-        personal=personal_data_in([text, suffix if isinstance(suffix, str) else ""]),
+        personal=(request.screening or screen(request, DEFAULT_PRIVACY)).personal,
     )
 
     def attempt_of(*args) -> _Completion:

@@ -91,7 +91,8 @@ async def continue_answer(
                         if not new:
                             new = True
                             yield attempt.route(event.elapsed)
-                        yield attempt.token(event)
+                        if (token := attempt.token(event)).says_something:
+                            yield token
             except EngineError as exc:
                 attempt.failed(exc)
                 # A refused prefill (a 400) is no failure of the endpoint: not for the breaker.

@@ -43,6 +43,7 @@ from routing.failures import (
 from routing.pipeline import budget_spent_error, spend_of
 from routing.plan import Plan
 from routing.rules import asnapshot
+from routing.screening import personal_data_in
 from routing.spending import reserve
 from spend import ledger
 from spend.prices import FREE
@@ -87,6 +88,31 @@ async def kb_model_name() -> str | None:
     return kb_model_id(model) if model is not None else None
 
 
+async def _personal_data_refusal(
+    request: RouteRequest, ask: EmbeddingAsk, target: Target
+) -> Error | None:
+    """The refusal of texts holding personal data the endpoint may not receive (an external one
+    that was not opted in to their types), as a chat question's; the local road takes them all."""
+    if target.road == "local" or not ask.texts:
+        return None
+    personal = personal_data_in(ask.texts, (await asnapshot()).privacy)
+    request.spent.personal_data = personal
+    if not (held := [kind for kind in personal if kind not in target.personal_data]):
+        if personal:
+            request.spent.personal_data_action = "sent"
+        return None
+    request.spent.personal_data_action = "refused"
+    named = ", ".join(held)
+    return Error(
+        code="personal_data",
+        message=f"The input holds personal data ({named}) that {target.endpoint} may not "
+        "receive. Embed it with a local model, or without it.",
+        param="input",
+        target=target.endpoint,
+        road=target.road,
+    )
+
+
 def embedding_targets(snap: Snapshot, *, groups: frozenset[str], client: str) -> list[str]:
     """The endpoints serving embeddings this caller may name (the rules that admit it list them)."""
     return [
@@ -118,6 +144,9 @@ async def embed(
             target=target.endpoint,
             road=target.road,
         )
+        return
+    if (refusal := await _personal_data_refusal(request, ask, target)) is not None:
+        yield refusal
         return
     plan = Plan(
         request=request,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from inference_ops.client import Finish
 from inference_ops.exceptions import EngineError
 from knowledge.verdict import DirectAnswer
+from privacy.policy import Screening
 from routing.compiled import Target
 from spend.ledger import Standing
 
@@ -73,6 +74,9 @@ class RouteRequest:
     # Its priority class at an endpoint's capacity (inference_ops.admission.CLASSES); None: the
     # interface's default (interactive for people, api for an API key).
     priority: str | None = None
+    # What it holds that decides where it may go (routing.screening.screen): read once, after the
+    # knowledge base; None until then.
+    screening: Screening | None = None
 
 
 @dataclass
@@ -87,6 +91,16 @@ class Spent:
     tool_calls: int = 0  # the tool calls the model made
     waited: float = 0.0  # seconds spent waiting for room at an endpoint's capacity
     priority: str = ""  # its class there (inference_ops.admission.CLASSES); "": no model asked
+    # What the screening found (routing.screening), and what came of it, for the request log and
+    # the metrics: the personal data types (never the values) and where they went: "local" (the
+    # local road answered), "redacted" (an external one, placeholders for the data), "sent" (an
+    # external endpoint opted in to the types), "refused" (no target that may take them
+    # answered); a suspected prompt injection's kind and its action: "logged" | "routed" |
+    # "refused".
+    personal_data: tuple[str, ...] = ()
+    personal_data_action: str = ""
+    injection: str = ""
+    injection_action: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +180,11 @@ class Token(Event):
     # text.
     choices: list[dict] | None = None
     type: str = "token"
+
+    @property
+    def says_something(self) -> bool:
+        """False for a token whose text is held back (a redacted answer's placeholder begun)."""
+        return bool(self.text) or self.choices is not None
 
     def as_dict(self, *, details: bool = False) -> dict:
         fields = super().as_dict()

@@ -1,6 +1,8 @@
 """What the knowledge base keeps of an answer for its curators: a direct answer as a hit, a
 question it did not answer as a miss, each with the vector the request already computed; buffered
-in memory and written in batches, never awaited on the answer's way.
+in memory and written in batches, never awaited on the answer's way. Personal data in them is kept
+as typed placeholders (privacy.redaction.for_curators): curators read `[PHONE_1]`, never the
+number.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 from knowledge.hits import hit_note
 from knowledge.misses import miss_note
 from knowledge.verdict import DirectAnswer
+from privacy.redaction import for_curators
 from routing.events import RouteRequest
 
 
@@ -20,6 +23,7 @@ def record_miss(
     that stores nothing keeps no copy of the question here either."""
     if direct.method == "follow_up" or not request.store:
         return
+    question, answer_text = for_curators(question, answer_text)
     miss_note(
         question=question,
         answer=answer_text,
@@ -37,6 +41,7 @@ def record_hit(request: RouteRequest, question: str, direct: DirectAnswer, entry
     this request computed (the exact and typo roads compute none): buffered, never awaited."""
     if request.key is None or not request.store:
         return
+    (question,) = for_curators(question)
     lead = None
     if direct.score is not None:
         lead = direct.score - (direct.runner_up.score if direct.runner_up else 0.0)

@@ -13,6 +13,7 @@ from django.db import models
 
 from inference_ops.admission import CLASSES
 from inference_ops.models import ModelEndpoint
+from privacy.detector import TYPES as PERSONAL_DATA_TYPES
 
 
 class RoutingRule(models.Model):
@@ -82,7 +83,38 @@ class RoutingRule(models.Model):
         "over-budget rule takes is refused.",
     )
 
+    personal_data = models.CharField(
+        "personal data",
+        max_length=8,
+        blank=True,
+        choices=[("", "Either"), ("with", "Holds personal data"), ("without", "Holds none")],
+        help_text="Only for questions that hold personal data (of the types below, or any "
+        "type when none is chosen), or only for those that hold none (privacy settings say "
+        "which types are looked for).",
+    )
+    personal_data_types = ArrayField(
+        models.CharField(max_length=16, choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES]),
+        default=list,
+        blank=True,
+        help_text='With "holds personal data": only these types count.',
+    )
+    injection = models.BooleanField(
+        "suspected prompt injection",
+        default=False,
+        help_text="Only for questions the screening reads as a prompt injection (privacy "
+        'settings: with "route", only such a rule takes them).',
+    )
+
     action = models.CharField(max_length=16, choices=Action.choices, default=Action.GENERATE)
+    redact_personal_data = models.BooleanField(
+        "redact personal data for external targets",
+        default=False,
+        help_text="Off: a question holding personal data an external target may not receive "
+        "never goes there (it stays local or is refused). On: it may, with each finding "
+        "replaced by a typed placeholder ([PHONE_1]) before it leaves, and put back in the "
+        "answer as it streams. Text answers only: a request with tools, a schema or several "
+        "choices is still kept from it.",
+    )
     pin_named = models.BooleanField(
         "named requests use only the named model",
         default=False,

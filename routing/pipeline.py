@@ -37,6 +37,7 @@ from core import tracing
 from knowledge.normalize import normalize
 from knowledge.selectors import adirect_answer
 from knowledge.verdict import DirectAnswer
+from privacy.policy import LOG, REFUSE, ROUTE
 from routing.attempt import ms
 from routing.chain import generate
 from routing.compiled import CompiledRule, Context, Snapshot, Target, named_target
@@ -53,6 +54,7 @@ from routing.events import (
 )
 from routing.kb_records import record_hit, record_miss
 from routing.rules import asnapshot, query_vector
+from routing.screening import screen
 from spend import ledger
 from spend.policy import Spec, apolicies
 
@@ -240,12 +242,46 @@ async def matched_rule(
     snap: Snapshot, request: RouteRequest, text: str, direct: DirectAnswer | None
 ) -> Matched | Error:
     """The rule for this question and the limits it answers to; over a budget that reroutes,
-    the refusal when no over-budget rule takes it."""
+    the refusal when no over-budget rule takes it; a suspected prompt injection's refusal where
+    the privacy settings say so."""
+    screening = screen(request, snap.privacy)
+    action = snap.privacy.injection_action
+    if screening.injection:
+        request.spent.injection_action = INJECTION_ACTIONS_DONE[action]
+    if screening.injection and action == REFUSE:
+        return injection_error(screening.injection, direct, routed=False)
     specs, over_budget = await spend_of(request)
     rule, why = await match_rule(snap, request, text, direct, over_budget=over_budget)
     if over_budget and rule is None:
         return budget_spent_error(specs, direct)
+    if screening.injection:
+        if action == ROUTE and rule is None:
+            request.spent.injection_action = "refused"
+            return injection_error(screening.injection, direct, routed=True)
+        why = f"{why}; suspected prompt injection ({screening.injection}): {action}"
     return Matched(rule, why, specs)
+
+
+# What the request log says a suspected injection's action did.
+INJECTION_ACTIONS_DONE = {LOG: "logged", ROUTE: "routed", REFUSE: "refused"}
+
+
+def injection_error(kind: str, direct: DirectAnswer | None, *, routed: bool) -> Error:
+    return Error(
+        code="prompt_injection",
+        message=(
+            "The question reads as an attempt to override the assistant's instructions "
+            f"({kind.replace('_', ' ')}), and "
+            + (
+                "no rule for such questions takes it."
+                if routed
+                else "this service does not send such questions to a model."
+            )
+            + " Ask it in other words."
+        ),
+        retryable=False,
+        kb=KbLookup.of(direct) if direct is not None else None,
+    )
 
 
 async def named_route(
@@ -316,6 +352,7 @@ async def match_rule(
     over_budget: bool = False,
 ) -> tuple[CompiledRule | None, str]:
     """The rule for this question; over a budget that reroutes, only the over-budget rules."""
+    screening = screen(request, snap.privacy)
     ctx = Context(
         text=text,
         groups=request.groups,
@@ -323,6 +360,8 @@ async def match_rule(
         model=request.model,
         vector=direct.vector if direct is not None else None,
         over_budget=over_budget,
+        personal=screening.personal,
+        injection=screening.injection,
     )
     choosing = snap.choose(ctx, lambda: query_vector(text))
     return await (tracing.rule_match(choosing) if tracing.ENABLED else choosing)

@@ -13,7 +13,9 @@ from django.conf import settings
 from inference_ops import openai_fields
 from knowledge.selectors import acontext_passages
 from knowledge.verdict import DirectAnswer
-from privacy.detector import types_in
+from privacy.injection import suspected
+from privacy.policy import DEFAULT as DEFAULT_PRIVACY
+from privacy.redaction import Redaction
 from routing.compiled import CompiledRule, Target
 from routing.events import PLAIN, Error, KbLookup, RouteRequest
 from routing.prompt import (
@@ -24,6 +26,7 @@ from routing.prompt import (
     passages_block,
     system_message,
 )
+from routing.screening import screen
 
 
 @dataclass
@@ -47,8 +50,40 @@ class Plan:
     citations: list[dict]
     prompt_tokens: int  # the prompt's estimate with the whole history (spend, window checks)
     fixed_tokens: int  # what of it never trims: system, question, what follows it, tools
-    # The personal data types in what the engine would be sent (privacy.detector), sorted.
+    # The personal data types in what the engine would be sent (routing.screening), sorted.
     personal: tuple[str, ...] = ()
+    # The request's placeholders, made by the first attempt that redacts (`redaction_for`).
+    redaction: Redaction | None = None
+
+    @property
+    def may_redact(self) -> bool:
+        """The rule lets an external target that may not receive the question's personal data
+        have it redacted. A text answer only: placeholders in a tool call's arguments, a schema's
+        JSON or logprobs would reach the client as they are."""
+        passthrough = self.request.passthrough
+        return (
+            self.rule is not None
+            and self.rule.redact_personal_data
+            and self.request.api == "chat"
+            and passthrough.not_plain is None
+            and not passthrough.fields.get("tools")
+            and not passthrough.fields.get("functions")
+        )
+
+    def withheld(self, target: Target) -> tuple[str, ...]:
+        """The question's personal data types `target` may not receive."""
+        if not self.personal or target.road == "local":
+            return ()
+        return tuple(kind for kind in self.personal if kind not in target.personal_data)
+
+    def redaction_for(self, target: Target) -> Redaction | None:
+        """The request's redaction when `target` gets the question redacted, else None."""
+        if not self.withheld(target) or not self.may_redact:
+            return None
+        if self.redaction is None:
+            policy = (self.request.screening or screen(self.request, DEFAULT_PRIVACY)).policy
+            self.redaction = Redaction(types=policy.types, thresholds=policy.threshold_of or None)
+        return self.redaction
 
     @property
     def rule_name(self) -> str | None:
@@ -81,6 +116,12 @@ async def build_plan(
             else None
         )
         passages = await acontext_passages(text, k=rule.context_k, query=query)
+    screening = request.screening or screen(request, DEFAULT_PRIVACY)
+    if passages and screening.policy.screen_passages:
+        kept = [p for p in passages if suspected(p.text) is None]
+        if left := [p.label for p in passages if p not in kept]:
+            why = f"{why}; KB passages left out, read as a prompt injection: {', '.join(left)}"
+            passages = kept
     prompt = (rule.system_prompt if rule else "") or settings.ROUTING_SYSTEM_PROMPT
     if request.system:
         prompt = f"{prompt}\n\n{request.system}"
@@ -96,11 +137,7 @@ async def build_plan(
     )
     if passthrough.not_plain is not None and passthrough is not PLAIN:
         why = f"{why}; the knowledge base was not asked: {passthrough.not_plain}"
-    personal = personal_data_in(
-        [request.text, request.system or "", *map(_said, request.history)]
-        + [_said(message) for message in passthrough.after]
-    )
-    if personal:
+    if personal := screening.personal:
         held = ", ".join(personal)
         why = f"{why}; holds personal data ({held}): only targets that may receive it"
     return Plan(
@@ -128,31 +165,6 @@ async def build_plan(
     )
 
 
-def personal_data_in(texts: list[str]) -> tuple[str, ...]:
-    """The personal data types in these texts (privacy.detector's types and thresholds), sorted.
-    What the client sent is read; the rule's prompt and the KB's passages, the operator's own
-    words, are not."""
-    found: set[str] = set()
-    for text in texts:
-        if text:
-            found |= types_in(text)
-    return tuple(sorted(found))
-
-
-def _said(message: dict) -> str:
-    """A message's text as an engine would read it: its content, its text parts and the arguments
-    of the tool calls it holds."""
-    content = message.get("content")
-    parts = [content] if isinstance(content, str) else []
-    if isinstance(content, list):
-        parts += [p.get("text", "") for p in content if isinstance(p, dict)]
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-            parts.append(function["arguments"])
-    return "\n".join(part for part in parts if isinstance(part, str))
-
-
 def question_message(request: RouteRequest) -> dict | None:
     """The question message as the client sent it (its parts), or as its text."""
     if request.passthrough is PLAIN:
@@ -172,20 +184,19 @@ def target_refusal(plan: Plan, target: Target) -> tuple[str, Error] | None:
             target=target.endpoint,
             road=target.road,
         )
-    if plan.personal and target.road != "local":
-        if held := [kind for kind in plan.personal if kind not in target.personal_data]:
-            named = ", ".join(held)
-            return f"may not receive personal data ({named})", Error(
-                code="personal_data",
-                message=(
-                    f"The question holds personal data ({named}) that {target.endpoint} may not "
-                    "receive, and no target that may is answering. Ask without it, or again when "
-                    "the local model is up."
-                ),
-                rule=plan.rule_name,
-                target=target.endpoint,
-                road=target.road,
-            )
+    if (held := plan.withheld(target)) and not plan.may_redact:
+        named = ", ".join(held)
+        return f"may not receive personal data ({named})", Error(
+            code="personal_data",
+            message=(
+                f"The question holds personal data ({named}) that {target.endpoint} may not "
+                "receive, and no target that may is answering. Ask without it, or again when "
+                "the local model is up."
+            ),
+            rule=plan.rule_name,
+            target=target.endpoint,
+            road=target.road,
+        )
     limited = plan.request.passthrough.limited
     if limited and (name := openai_fields.field_refused(limited, target.kind)) is not None:
         return f"takes no {name}", Error(

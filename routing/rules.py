@@ -19,6 +19,7 @@ from inference_ops.models import EngineProcess, ModelEndpoint
 from knowledge.embedding import embed_texts, spec_of
 from knowledge.normalize import normalize
 from knowledge.selectors import aquery_vector, serving_model
+from privacy.models import current_policy
 from routing.compiled import CompiledRule, Snapshot, Target
 from routing.exceptions import RuleInvalid
 from routing.models import GroupPriority, RouteTarget, RoutingRule
@@ -146,6 +147,10 @@ def snapshot_build() -> Snapshot:
                 chain=chain,
                 pin_named=rule.pin_named,
                 replay_passages=rule.replay_passages,
+                personal_data=rule.personal_data,
+                personal_data_types=frozenset(rule.personal_data_types),
+                injection=rule.injection,
+                redact_personal_data=rule.redact_personal_data,
             )
         )
     targets_by_model: dict[str, Target] = {}
@@ -169,6 +174,7 @@ def snapshot_build() -> Snapshot:
         rules=tuple(rules),
         targets_by_model=targets_by_model,
         group_priorities=dict(GroupPriority.objects.values_list("group__name", "priority")),
+        privacy=current_policy(),
     )
 
 

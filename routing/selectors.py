@@ -13,7 +13,9 @@ from inference_ops.models import ModelEndpoint
 from knowledge.selectors import direct_answer
 from routing import breaker
 from routing.compiled import Context, Target, named_target
+from routing.events import RouteRequest
 from routing.rules import asnapshot, query_vector
+from routing.screening import screen
 
 # What the caller gets when no room is found at the chain's last target within the deadline.
 REFUSED_BUSY = (
@@ -60,7 +62,15 @@ async def route_explain(
     `api_key`: whether an API key asks (its default class is api, a person's interactive)."""
     snap = await asnapshot()
     kb = await sync_to_async(direct_answer)(text, with_matches=True)
-    ctx = Context(text=text, groups=groups, client=client, model=model)
+    screening = screen(RouteRequest(text=text), snap.privacy)
+    ctx = Context(
+        text=text,
+        groups=groups,
+        client=client,
+        model=model,
+        personal=screening.personal,
+        injection=screening.injection,
+    )
     if any(rule.needs_vector for rule in snap.rules):
         ctx.vector = await query_vector(text)
     rules, chosen = [], None
@@ -190,6 +200,11 @@ async def route_explain(
             ],
         },
         "rules": rules,
+        "screening": {
+            "personal_data": list(screening.personal),
+            "injection": screening.injection,
+            "injection_action": snap.privacy.injection_action if screening.injection else None,
+        },
         "chain": chain,
         "priority": {
             "class": klass,

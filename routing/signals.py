@@ -1,11 +1,12 @@
-"""Cache invalidation only: any change to rules, targets, endpoints or group priority classes
-rebuilds every process's rule snapshot (after commit, so no process rebuilds from uncommitted
-rows)."""
+"""Cache invalidation only: any change to rules, targets, endpoints, group priority classes or the
+privacy settings rebuilds every process's rule snapshot (after commit, so no process rebuilds from
+uncommitted rows)."""
 
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from inference_ops.models import EngineProcess, ModelEndpoint
+from privacy.models import PrivacySettings
 from routing.models import GroupPriority, RouteTarget, RoutingRule
 from routing.rules import rules_changed
 
@@ -22,7 +23,7 @@ def _engine_changed(sender, created=False, update_fields=None, **kwargs):
 
 
 def connect():
-    for model in (RoutingRule, RouteTarget, ModelEndpoint, GroupPriority):
+    for model in (RoutingRule, RouteTarget, ModelEndpoint, GroupPriority, PrivacySettings):
         post_save.connect(_changed, sender=model, dispatch_uid=f"routing-{model.__name__}-save")
         post_delete.connect(_changed, sender=model, dispatch_uid=f"routing-{model.__name__}-delete")
     post_save.connect(_engine_changed, sender=EngineProcess, dispatch_uid="routing-engine-save")

@@ -82,6 +82,8 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
         "clients",
         "requested_models",
         "over_budget",
+        "personal_data",
+        "injection",
     )
     if is_default and any(fields.get(name) for name in conditions):
         errors["is_default"] = "the default rule catches everything: remove its conditions"
@@ -94,6 +96,10 @@ def rule_validate(*, fields: dict, targets: list[dict] | None = None) -> None:
         not normalize(k) for k in fields.get("keywords") or []
     ):
         errors["keywords"] = "a keyword made only of spaces or punctuation can never match"
+    if fields.get("personal_data_types") and fields.get("personal_data") != "with":
+        errors["personal_data_types"] = (
+            'types count only with "holds personal data": choose it, or clear the types'
+        )
     if problem := clients_problem(list(fields.get("clients") or [])):
         errors["clients"] = problem
     low, high = fields.get("min_length"), fields.get("max_length")

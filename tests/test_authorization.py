@@ -316,6 +316,8 @@ ADMIN_PAGES = {
     "spend.limit": ("", "", "", "", "vacd"),
     "inference_ops.engineprocess": ("", "v", "v", "v", "vacd"),
     "inference_ops.loraadapter": ("", "v", "v", "v", "vacd"),
+    # What leaves the building: superusers' (one row, never deleted; the add form only while none).
+    "privacy.privacysettings": ("", "v", "v", "v", "vac"),
 }
 
 # Every admin action of every registered model, for each kind of staff (STAFF's order): whether it

@@ -44,6 +44,8 @@ _PIPELINE_STATUS = {
     "unsupported_api": 400,
     # Personal data that no target which may receive it can take (routing.plan.target_refusal).
     "personal_data": 400,
+    # A suspected prompt injection, where the privacy settings refuse them (routing.pipeline).
+    "prompt_injection": 400,
 }
 # Pipeline codes → the codes OpenAI's clients know.
 _OPENAI_CODES = {

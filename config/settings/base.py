@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served locally: no CDN
     "channels",
+    "privacy",
     "inference_ops",
     "knowledge",
     "routing",

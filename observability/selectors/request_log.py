@@ -1,4 +1,5 @@
-"""Reads of the request log over a period: traffic by road, latency by target, errors, features.
+"""Reads of the request log over a period: traffic by road, latency by target, errors, features,
+what the screening found.
 
 Every figure is summed in PostgreSQL, one statement per panel, bounded by the period on `at`:
 the request log is partitioned by day on it, so a period reads only its days' partitions.
@@ -181,3 +182,50 @@ def features(period: Period) -> list[FeatureCount]:
     with connection.cursor() as cursor:
         cursor.execute(_FEATURES_SQL, {"start": period.start, "end": period.end})
         return [FeatureCount(*row) for row in cursor.fetchall()]
+
+
+@dataclass
+class Screened:
+    """What the screening found in the period's requests, never the values: per personal data type
+    and per suspected injection's kind, the requests by what came of them (RequestLog's actions;
+    "" where the row names none)."""
+
+    personal_data: dict[str, dict[str, int]] = field(default_factory=dict)  # type -> action -> n
+    # Requests that held any personal data, by action: a request holding two types counts under
+    # each type above, once here.
+    personal_requests: dict[str, int] = field(default_factory=dict)
+    injections: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> action -> n
+
+
+# One statement for the panel: the types (a row per type a request held), the requests that held
+# any, and the injections, each grouped by its action. Most rows hold neither, and skip the unnest.
+_SCREENED_SQL = """
+SELECT 'type', found, personal_data_action, count(*)
+FROM chat_requestlog, unnest(string_to_array(personal_data, ' ')) AS found
+WHERE at >= %(start)s AND at < %(end)s AND personal_data <> ''
+GROUP BY 2, 3
+UNION ALL
+SELECT 'requests', '', personal_data_action, count(*)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s AND personal_data <> ''
+GROUP BY 3
+UNION ALL
+SELECT 'injection', injection, injection_action, count(*)
+FROM chat_requestlog
+WHERE at >= %(start)s AND at < %(end)s AND injection <> ''
+GROUP BY 2, 3
+"""
+
+
+def screened(period: Period) -> Screened:
+    """The period's personal data by type and its injections by kind, each by action."""
+    result = Screened()
+    with connection.cursor() as cursor:
+        cursor.execute(_SCREENED_SQL, {"start": period.start, "end": period.end})
+        for what, name, action, count in cursor.fetchall():
+            if what == "requests":
+                result.personal_requests[action] = count
+            else:
+                table = result.personal_data if what == "type" else result.injections
+                table.setdefault(name, {})[action] = count
+    return result

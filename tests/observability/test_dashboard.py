@@ -179,6 +179,86 @@ def test_the_dashboard_shows_the_figures_the_rows_imply(operator_client):
     assert "local · TTFT p50: 250 ms" in latency and "local · latency p95: 3850 ms" in latency
 
 
+def screening_table(html: str, table: str, key: str) -> dict[str, dict[str, str]]:
+    """A screening table's rows by type or kind ("" for the any-type row): its cells by class."""
+    parsed = ET.fromstring(fragment(html, f'<table id="{table}">', "</table>"))
+    return {
+        row.get(key): {cell.get("class"): cell.text for cell in row.iter("td") if cell.get("class")}
+        for row in parsed.iter("tr")
+        if row.get(key) is not None
+    }
+
+
+def test_the_dashboard_counts_personal_data_by_type_and_injections_by_kind_and_action(
+    operator_client,
+):
+    a_minute = timedelta(minutes=1)
+    write(
+        record(ago=a_minute),  # nothing found
+        record(personal_data="email phone", personal_data_action="local", ago=a_minute),
+        record(personal_data="phone", personal_data_action="redacted", ago=a_minute),
+        record(personal_data="phone", personal_data_action="redacted", ago=a_minute),
+        record(
+            personal_data="cn_id",
+            personal_data_action="refused",
+            status="failed",
+            error_code="personal_data",
+            ago=a_minute,
+        ),
+        record(injection="role_override", injection_action="logged", ago=a_minute),
+        record(
+            injection="role_override",
+            injection_action="refused",
+            personal_data="email",
+            personal_data_action="",  # refused before a road was chosen: none noted
+            ago=a_minute,
+        ),
+        record(personal_data="email", personal_data_action="sent", ago=timedelta(hours=3)),
+    )
+    html = operator_client.get(DASHBOARD, {"period": "hour"}).content.decode()
+
+    found = screening_table(html, "personal-data", "data-type")
+    assert found["phone"] == {
+        "action-local": "1",
+        "action-redacted": "2",
+        "action-sent": "0",
+        "action-refused": "0",
+        "action-none": "0",
+        "requests": "3",
+    }
+    assert (found["email"]["action-local"], found["email"]["action-none"]) == ("1", "1")
+    assert (found["cn_id"]["action-refused"], found["cn_id"]["requests"]) == ("1", "1")
+    assert list(found) == ["phone", "email", "cn_id", ""]  # busiest first, then every request
+    assert found[""] == {
+        "action-local": "1",
+        "action-redacted": "2",
+        "action-sent": "0",  # three hours ago: another period's
+        "action-refused": "1",
+        "action-none": "1",
+        "requests": "5",
+    }
+    assert "period=hour&amp;personal_data=phone" in html
+
+    injections = screening_table(html, "injections", "data-injection")
+    assert injections == {
+        "role_override": {
+            "action-logged": "1",
+            "action-routed": "0",
+            "action-refused": "1",
+            "requests": "2",
+        }
+    }
+    assert "period=hour&amp;injection=role_override" in html
+
+
+def test_a_period_without_findings_says_so(operator_client):
+    write(record(ago=timedelta(minutes=1)))
+    html = operator_client.get(DASHBOARD, {"period": "hour"}).content.decode()
+    assert "No personal data found in this period." in html
+    assert "No suspected prompt injections in this period." in html
+    assert 'data-type="' not in html and 'data-injection="' not in html
+
+
 def test_each_period_counts_its_own_rows(operator_client):
     write(
         record(ago=timedelta(minutes=10)),
@@ -417,8 +497,9 @@ def test_the_dashboard_reads_in_the_same_few_queries_whatever_the_rows(admin_cli
         if "chat_requestlog" in sql or "engine" in sql or "knowledge_miss" in sql
     ]
     # traffic, targets, errors, what requests asked for beyond text, engines, their events,
-    # misses, the KB loop's days and what waits, spend over time and its top spenders
-    assert len(reads) == 11
+    # misses, the KB loop's days and what waits, spend over time and its top spenders, what the
+    # screening found
+    assert len(reads) == 12
     assert all(
         "at >= " in sql for sql in busy if "chat_requestlog" in sql
     )  # each bounded by the period

@@ -204,6 +204,42 @@ def test_the_list_shows_and_filters_the_api_each_request_called(operator_client)
 
 
 @pytest.mark.django_db
+def test_the_list_shows_and_filters_what_the_screening_found(operator_client):
+    write(
+        record(rule="clean"),
+        record(rule="kept-local", personal_data="email phone", personal_data_action="local"),
+        record(rule="redacted", personal_data="phone", personal_data_action="redacted"),
+        record(
+            rule="refused",
+            status="failed",
+            error_code="prompt_injection",
+            injection="role_override",
+            injection_action="refused",
+        ),
+    )
+
+    def rules(**query):
+        return sorted(column(operator_client.get(LIST, query), "rule"))
+
+    assert rules(personal_data="phone") == ["kept-local", "redacted"]
+    assert rules(personal_data="email") == ["kept-local"]
+    assert rules(personal_data_action__exact="redacted") == ["redacted"]
+    assert rules(injection="role_override") == ["refused"]
+    assert rules(injection_action__exact="refused") == ["refused"]
+    assert rules(personal_data="not-a-type") == ["clean", "kept-local", "redacted", "refused"]
+    response = operator_client.get(LIST, {"personal_data": "email"})
+    assert column(response, "personal_data") == ["email phone"]
+    assert column(response, "personal_data_action") == ["answered locally"]
+    html = response.content.decode()
+    for heading in ("Personal data", "Personal data action", "Injection", "Injection action"):
+        assert f">{heading}</" in html, heading
+
+    pk = RequestLog.objects.get(rule="refused").pk
+    detail = operator_client.get(f"{LIST}{pk}/change/").content.decode()
+    assert "role_override" in detail and "Injection action" in detail
+
+
+@pytest.mark.django_db
 def test_the_list_shows_the_last_day_unless_asked_for_another_period(operator_client):
     now = timezone.localtime()
     write(
@@ -277,6 +313,8 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
             retried=(("local", "server_error", 0.125), ("local", "connect", 0.25)),
             interface="v1",
             api="completions",
+            personal_data="phone",
+            personal_data_action="sent",  # the external endpoint may receive phone numbers
         )
     )[0]
     write(
@@ -328,6 +366,10 @@ def test_the_csv_export_holds_the_filtered_rows_with_every_column(operator_clien
         "features": "",
         "request_key": str(kept.key),
         "priority": "",
+        "personal_data": "phone",
+        "personal_data_action": "sent",
+        "injection": "",
+        "injection_action": "",
     }
     everything = exported(operator_client.get(EXPORT, {"period": "all"}))
     assert len(everything) == 4

@@ -10,9 +10,10 @@ from django.contrib.messages import get_messages
 from django.db.models import Q
 from django.test import Client
 
-# What curators look after: the knowledge base, the routing rules, the engines and the API keys
-# (to revoke one). Not the request log, nor the users' conversations, nor the users.
-CURATED = Q(content_type__app_label__in=["knowledge", "routing", "inference_ops"]) | Q(
+# What curators look after: the knowledge base, the routing rules, the engines, the privacy
+# settings and the API keys (to revoke one). Not the request log, nor the users' conversations, nor
+# the users.
+CURATED = Q(content_type__app_label__in=["knowledge", "routing", "inference_ops", "privacy"]) | Q(
     content_type__app_label="chat", content_type__model="apikey"
 )
 
