@@ -48,6 +48,8 @@ def test_the_command_reports_each_type_and_the_targets(tmp_path, capsys):
     assert injection["cost_plain"]["samples"] == len(pii_set.read())
     assert "injection: precision >= 0.95" in printed
     assert "screen p50 <= 0.05 ms" in printed
+    assert report["screening"]["samples"] == len(rows) + len(pii_set.read())
+    assert "the hot path's cost, a request's screening" in printed
 
 
 def test_the_shipped_injection_set_is_what_its_generator_builds():
