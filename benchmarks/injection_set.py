@@ -18,9 +18,10 @@ find what they miss. docs/benchmarks.md says so.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from benchmarks.labelled import rows_read, rows_write
 
 SET = Path(__file__).resolve().parent / "injection_labelled" / "questions.jsonl"
 SEED = 47
@@ -354,13 +355,8 @@ def build(seed: int = SEED) -> list[dict]:
 
 
 def write(path: Path = SET) -> int:
-    rows = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"
-    )
-    return len(rows)
+    return rows_write(path, build())
 
 
 def read(path: Path = SET) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return rows_read(path)

@@ -12,7 +12,7 @@ from core.admin import SuperuserEdits
 from inference_ops import engine_command, engine_processes, lora, tasks
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineEvent, EngineProcess, LoraAdapter, ModelEndpoint
-from privacy.detector import TYPES as PERSONAL_DATA_TYPES
+from privacy.forms import types_field
 
 
 class Operations:
@@ -32,13 +32,7 @@ class ModelEndpointForm(forms.ModelForm):
         label="APIs",
         help_text=ModelEndpoint._meta.get_field("apis").help_text,
     )
-    personal_data = forms.TypedMultipleChoiceField(
-        choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES],
-        widget=forms.CheckboxSelectMultiple,
-        required=False,
-        label="May receive",
-        help_text=ModelEndpoint._meta.get_field("personal_data").help_text,
-    )
+    personal_data = types_field("May receive", ModelEndpoint, "personal_data")
 
     class Meta:
         model = ModelEndpoint

@@ -150,36 +150,38 @@ class RoadFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(road="" if value == "none" else value)
 
 
-class FeatureFilter(admin.SimpleListFilter):
+class _NamedInFilter(admin.SimpleListFilter):
+    """Requests whose space-separated names in `field` include the one chosen, of `names`."""
+
+    field: str
+    names: dict[str, str]  # name -> its label
+
+    def lookups(self, request, model_admin):
+        return list(self.names.items())
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value not in self.names:
+            return queryset
+        return queryset.filter(**{f"{self.field}__regex": rf"(^| ){value}( |$)"})
+
+
+class FeatureFilter(_NamedInFilter):
     """Requests that asked for tools, a structured output, ...: one of the names in `features`."""
 
     title = "asked for"
     parameter_name = "feature"
-
-    def lookups(self, request, model_admin):
-        return list(REQUEST_FEATURES.items())
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value not in REQUEST_FEATURES:
-            return queryset
-        return queryset.filter(features__regex=rf"(^| ){value}( |$)")
+    field = "features"
+    names = dict(REQUEST_FEATURES)
 
 
-class PersonalDataFilter(admin.SimpleListFilter):
+class PersonalDataFilter(_NamedInFilter):
     """Requests that held a personal data type: one of the names in `personal_data`."""
 
     title = "personal data"
     parameter_name = "personal_data"
-
-    def lookups(self, request, model_admin):
-        return [(kind, kind) for kind in TYPES]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value not in TYPES:
-            return queryset
-        return queryset.filter(personal_data__regex=rf"(^| ){value}( |$)")
+    field = "personal_data"
+    names = {kind: kind for kind in TYPES}
 
 
 class InjectionFilter(admin.SimpleListFilter):

@@ -2,18 +2,12 @@ from django import forms
 from django.contrib import admin
 
 from core.admin import SuperuserEdits
-from privacy.detector import TYPES
+from privacy.forms import types_field
 from privacy.models import PrivacySettings
 
 
 class PrivacySettingsForm(forms.ModelForm):
-    types = forms.TypedMultipleChoiceField(
-        choices=[(kind, kind) for kind in TYPES],
-        widget=forms.CheckboxSelectMultiple,
-        required=False,
-        label="Types looked for",
-        help_text=PrivacySettings._meta.get_field("types").help_text,
-    )
+    types = types_field("Types looked for", PrivacySettings, "types")
 
     class Meta:
         model = PrivacySettings

@@ -9,7 +9,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from core.forms import LinesField
-from privacy.detector import TYPES as PERSONAL_DATA_TYPES
+from privacy.forms import types_field
 from routing.exceptions import RuleInvalid
 from routing.models import GroupPriority, RouteTarget, RoutingRule
 from routing.selectors import apikey_find, asker, route_explain
@@ -29,13 +29,7 @@ class RuleForm(forms.ModelForm):
     requested_models = LinesField(
         required=False, help_text="Model names an API request may ask for."
     )
-    personal_data_types = forms.TypedMultipleChoiceField(
-        choices=[(kind, kind) for kind in PERSONAL_DATA_TYPES],
-        widget=forms.CheckboxSelectMultiple,
-        required=False,
-        label="Personal data types",
-        help_text=RoutingRule._meta.get_field("personal_data_types").help_text,
-    )
+    personal_data_types = types_field("Personal data types", RoutingRule, "personal_data_types")
 
     class Meta:
         model = RoutingRule
