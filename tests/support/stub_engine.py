@@ -10,6 +10,7 @@ the behaviour:
 - `broken`: `BROKEN_AFTER` tokens, then an error event in the stream, then the end.
 - `slow`: `SLOW_TOKENS` tokens, one every `SLOW_GAP` seconds: a stream that lasts.
 - `quick`: three tokens, then the end.
+- `Parrot` (an engine of its own): the last user message it was sent, three characters a chunk.
 - a name in `SCRIPTS` (`toolcall`, `choices`, `refusal`): that script's chunks, written as vLLM
   writes such answers (tool-call deltas, several choices with logprobs, a refusal), with a
   `system_fingerprint` and usage details.
@@ -247,6 +248,25 @@ class StubEngine:
         asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class Parrot(StubEngine):
+    """An engine that answers with the last user message it was sent, three characters a chunk
+    (a placeholder arrives in pieces), and keeps every request body it got."""
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        said = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for at in range(0, len(said), 3):
+            chunk = {"choices": [{"index": 0, "delta": {"content": said[at : at + 3]}}]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(0)
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        await response.write(b"data: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
 
 
 COMPLETION_USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
