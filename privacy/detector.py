@@ -368,10 +368,9 @@ _MAYBE = re.compile(r"[0-9\uff10-\uff19@]|sk-|gh[pousr]_|github_pat_|xox[abposr]
 
 _ALL = frozenset(TYPES)
 _SEEN_MAX = 4096
-# A text's digest -> its types, under the policy `_seen_under` (a new policy starts afresh);
-# emptied when full.
-_seen: dict[bytes, frozenset[str]] = {}
-_seen_under: tuple = ()
+# Under each policy (its types and thresholds: the routing's, the curators' defaults), a text's
+# digest -> its types; a memo is emptied when full, and all of them when a fifth policy comes.
+_seen: dict[tuple, dict[bytes, frozenset[str]]] = {}
 
 
 def types_in(
@@ -382,20 +381,21 @@ def types_in(
 ) -> frozenset[str]:
     """The types `detect` finds in `text` (with these types and thresholds), remembered by the
     text's digest: a conversation's earlier messages are read once, not at every turn."""
-    global _seen_under
     if not _MAYBE.search(text):
         return frozenset()
     under = (_ALL if types is None else frozenset(types), tuple(sorted((thresholds or {}).items())))
-    if under != _seen_under:
-        _seen.clear()
-        _seen_under = under
+    seen = _seen.get(under)
+    if seen is None:
+        if len(_seen) >= 4:
+            _seen.clear()
+        seen = _seen[under] = {}
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    found = _seen.get(digest)
+    found = seen.get(digest)
     if found is None:
         found = frozenset(f.type for f in detect(text, types=types, thresholds=thresholds))
-        if len(_seen) >= _SEEN_MAX:
-            _seen.clear()  # one step, safe beside another thread's look
-        _seen[digest] = found
+        if len(seen) >= _SEEN_MAX:
+            seen.clear()  # one step, safe beside another thread's look
+        seen[digest] = found
     return found
 
 

@@ -154,3 +154,19 @@ def test_types_in_agrees_with_detect_and_reads_a_text_once(monkeypatch):
     types_in(texts[0])  # read before: remembered
     types_in(texts[1])  # nothing any finding could be: never read
     assert calls == []
+
+
+def test_types_in_remembers_each_policy_apart(monkeypatch):
+    """The routing's policy and the curators' defaults alternate request by request: neither
+    empties the other's memo, and each answers with its own types and thresholds."""
+    from privacy import detector
+
+    text = "Try 13812345678 tomorrow, or mail a@example.com"  # a phone at 0.7, an e-mail
+    strict = {"types": {"phone", "email"}, "thresholds": {"phone": 0.8}}
+    assert types_in(text, **strict) == {"email"}
+    assert types_in(text) == {"email", "phone"}
+    calls = []
+    monkeypatch.setattr(detector, "detect", lambda text, **kw: calls.append(text) or [])
+    assert types_in(text, **strict) == {"email"}
+    assert types_in(text) == {"email", "phone"}
+    assert calls == []
