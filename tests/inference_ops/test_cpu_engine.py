@@ -8,18 +8,18 @@ import time
 
 import pytest
 
-from core.processes import free_port
 from inference_ops import cpu_engine, engine_command, engine_processes, probes, supervisor
 from inference_ops.client import Finish, Token, stream_chat
 from inference_ops.endpoint_calls import EndpointConfig
 from inference_ops.exceptions import SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
+from tests.support.engines import unclaimed_port
 
 pytestmark = pytest.mark.engines
 
 
 def make_cpu_engine(name="cpu-test", *, port=None, **fields) -> EngineProcess:
-    port = port or free_port()
+    port = port or unclaimed_port()
     endpoint = ModelEndpoint.objects.create(
         name=name,
         kind="cpu",

@@ -27,6 +27,7 @@ from inference_ops.exceptions import EngineStartRefused, SupervisorError
 from inference_ops.models import EngineProcess, ModelEndpoint
 from tests.inference_ops.simulator_process import REPO, launch_simulator
 from tests.support.answers import ask
+from tests.support.engines import unclaimed_port
 from tests.support.factories import rule
 from tests.support.polling import wait_until
 
@@ -35,7 +36,7 @@ transactional = pytest.mark.django_db(transaction=True)
 
 
 def make_engine(name="own-sim", *, startup=0.0, first_token_timeout=30.0, **fields):
-    port = fields.pop("port", None) or free_port()
+    port = fields.pop("port", None) or unclaimed_port()
     endpoint = ModelEndpoint.objects.create(
         name=name,
         kind="vllm",

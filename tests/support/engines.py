@@ -11,8 +11,18 @@ from inference_ops.models import EngineProcess, ModelEndpoint
 from tests.support.polling import wait_until
 
 
+def unclaimed_port() -> int:
+    """A free loopback port that no engine row names yet. A row holds its port before any process
+    binds it, and the system may hand out the same free port twice in a row (it did, beside
+    another test run): two rows on one port break the engines' unique (host, port)."""
+    claimed = set(EngineProcess.objects.values_list("port", flat=True))
+    while (port := free_port()) in claimed:
+        pass
+    return port
+
+
 def make_engine(name="local-sim", **fields) -> EngineProcess:
-    port = fields.pop("port", None) or free_port()
+    port = fields.pop("port", None) or unclaimed_port()
     endpoint = ModelEndpoint.objects.create(
         name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1", model="acme/base"
     )
