@@ -1,7 +1,8 @@
 """What generating one answer needs, settled once before the first target is tried (`Plan`):
 the rule's prompt and the client's, this question's KB passages, the token ceiling
 (`answer_budget`), the prompt's size; and whether the request as it is fits a given target at all
-(`target_refusal`: the API it asks, the fields it sends, the window).
+(`target_refusal`: the API it asks, the personal data it holds, the fields it sends, the window),
+or fits it redacted (`Plan.redaction_for`, where the rule allows it).
 """
 
 from __future__ import annotations
