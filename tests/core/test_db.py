@@ -8,6 +8,19 @@ from core import db
 MARKER = "SELECT %s::int + 1 AS core_db_test"
 
 
+@pytest.fixture(autouse=True)
+async def _pool_closed_while_its_loop_runs():
+    """These tests grow this loop's pool to its full size. Closed with the loop instead, its
+    workers are cancelled, and one cancelled while it connects can swallow the cancellation
+    (Python 3.11's `asyncio.wait_for` may turn it into a timeout, which the pool logs as a failed
+    connection and goes on): the loop's close then waits for that worker until the test times out,
+    as it did once in a fresh clone's run beside another (300 s)."""
+    yield
+    pool = db._loop_pools.peek()
+    if pool is not None:
+        await pool.close(timeout=10)
+
+
 async def _prepared_on_each(marker: str) -> list[int]:
     """How many statements with `marker` each connection of this loop's pool has prepared."""
     pool = await db._pool()
