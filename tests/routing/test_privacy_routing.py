@@ -7,17 +7,15 @@ engines over HTTP: a stub that repeats what it was sent, in small pieces."""
 import json
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.test import Client
 
 from knowledge.misses import miss_flush
 from knowledge.models import Miss
 from knowledge.services.entries import entry_create
 from privacy.models import PrivacySettings
-from routing import pipeline
 from routing.events import Passthrough, RouteRequest
 from routing.rules import rules_changed
-from tests.support.answers import answer_text, ask
+from tests.support.answers import answer_text, ask, ask_request
 from tests.support.factories import endpoint, rule
 from tests.support.stub_engine import Parrot
 
@@ -55,7 +53,7 @@ def privacy(**fields):
 def test_a_redacting_rule_sends_placeholders_and_the_user_reads_the_data(parrot, outside):
     rule("default", outside, is_default=True, use_kb_context=False, redact_personal_data=True)
     request = RouteRequest(text=WITH_BOTH, max_tokens=50)
-    events = async_to_sync(_collect)(request)
+    events = ask_request(request)
 
     assert events[-1].type == "done", events[-1]
     assert answer_text(events) == WITH_BOTH  # the parrot's placeholders, put back
@@ -71,7 +69,7 @@ def test_a_redacting_rule_sends_placeholders_and_the_user_reads_the_data(parrot,
 def test_without_the_rule_s_leave_the_question_is_refused_and_nothing_is_sent(parrot, outside):
     rule("default", outside, is_default=True, use_kb_context=False)
     request = RouteRequest(text=WITH_BOTH, max_tokens=50)
-    events = async_to_sync(_collect)(request)
+    events = ask_request(request)
     assert events[-1].type == "error" and events[-1].code == "personal_data"
     assert parrot.received == []
 
@@ -86,7 +84,7 @@ def test_a_request_with_tools_is_not_redacted_but_kept_from_the_external_road(pa
         max_tokens=50,
         passthrough=Passthrough(question=question, fields={"tools": tools}),
     )
-    events = async_to_sync(_collect)(request)
+    events = ask_request(request)
     assert events[-1].type == "error" and events[-1].code == "personal_data"
     assert parrot.received == []
 
@@ -136,14 +134,14 @@ def test_a_suspected_injection_is_logged_routed_or_refused(parrot, outside, loca
     rule("default", outside, is_default=True, use_kb_context=False)
 
     request = RouteRequest(text=INJECTION, max_tokens=3)
-    events = async_to_sync(_collect)(request)
+    events = ask_request(request)
     assert events[0].rule == "guarded" and "suspected prompt injection" in events[0].why
     assert request.spent.injection and request.spent.injection_action == "logged"
     assert ask(PLAIN, max_tokens=3)[0].rule == "default"
 
     privacy(injection_action="refuse")
     request = RouteRequest(text=INJECTION, max_tokens=3)
-    events = async_to_sync(_collect)(request)
+    events = ask_request(request)
     assert events[-1].code == "prompt_injection" and "other words" in events[-1].message
     assert request.spent.injection_action == "refused"
     assert ask(PLAIN, max_tokens=3)[-1].type == "done"
@@ -204,10 +202,6 @@ def test_the_privacy_settings_are_edited_in_the_admin(admin_user):
     row = PrivacySettings.objects.get()
     assert row.policy.types == {"phone", "email"} and row.policy.threshold("phone") == 0.7
     assert client.get(url).status_code == 403  # one row: no second
-
-
-async def _collect(request):
-    return [event async for event in pipeline.answer(request)]
 
 
 def test_the_route_tester_shows_the_screening_and_rules_refuse_types_without_the_condition(

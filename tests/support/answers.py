@@ -12,7 +12,12 @@ async def _collect(request, rng=None):
 
 def ask(text, **fields):
     """Run the pipeline from a sync test: its ORM calls share the test's transaction."""
-    return async_to_sync(_collect)(RouteRequest(text=text, **fields))
+    return ask_request(RouteRequest(text=text, **fields))
+
+
+def ask_request(request):
+    """`ask` with a request made by the test, to read what the pipeline wrote on it after."""
+    return async_to_sync(_collect)(request)
 
 
 def kinds(events):
