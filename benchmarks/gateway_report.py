@@ -70,7 +70,7 @@ def targets_evaluate(*, report: dict) -> list[dict]:
             "x",
             lambda v: v >= 0.80,
         )
-    # The real engine's sweep runs at the few streams a CPU serves (issue 25: 1, 4, 8, 16).
+    # The real engine's sweep runs at the few streams a CPU serves: 1, 4, 8, 16.
     row = _level(report, "named", 8) or {}
     add(
         "local: throughput >= 0.95x direct at c=8",

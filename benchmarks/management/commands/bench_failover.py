@@ -1,5 +1,5 @@
-"""The failover scorecard: every provider fault of issue 41 through the real gateway, auto and
-named, scored from the caller's side (benchmarks/failover_caller.py says how).
+"""The failover scorecard: every provider fault the gateway must survive, through the real
+gateway, auto and named, scored from the caller's side (benchmarks/failover_caller.py says how).
 
     python manage.py bench_failover [--scenarios a,b] [--quick] [--json FILE] [--no-keep]
         [--log-dir DIR]
