@@ -24,10 +24,10 @@ from chat.openai_api.replies import pipeline_error_reply
 from core.processes import ENGINE_OWNER, free_port, session_members, stop_session
 from inference_ops import engine_processes, supervisor
 from inference_ops.exceptions import EngineStartRefused, SupervisorError
-from inference_ops.models import EngineProcess, ModelEndpoint
+from inference_ops.models import EngineProcess
 from tests.inference_ops.simulator_process import REPO, launch_simulator
+from tests.support import engines
 from tests.support.answers import ask
-from tests.support.engines import unclaimed_port
 from tests.support.factories import rule
 from tests.support.polling import wait_until
 
@@ -35,24 +35,13 @@ pytestmark = pytest.mark.processes
 transactional = pytest.mark.django_db(transaction=True)
 
 
-def make_engine(name="own-sim", *, startup=0.0, first_token_timeout=30.0, **fields):
-    port = fields.pop("port", None) or unclaimed_port()
-    endpoint = ModelEndpoint.objects.create(
-        name=name,
-        kind="vllm",
-        base_url=f"http://127.0.0.1:{port}/v1",
-        model="acme/base",
-        first_token_timeout=first_token_timeout,
-    )
-    return EngineProcess.objects.create(
-        name=name,
-        endpoint=endpoint,
-        kind="simulator",
-        model="acme/base",
-        port=port,
+def make_engine(name="own-sim", *, startup=0.0, **fields):
+    return engines.make_engine(
+        name,
         startup_timeout=90,
         stop_timeout=3,
         extra_args=["--startup-duration", str(startup), "--time-to-first-token", "5"],
+        **fields,
     )
 
 

@@ -21,10 +21,15 @@ def unclaimed_port() -> int:
     return port
 
 
-def make_engine(name="local-sim", **fields) -> EngineProcess:
+def make_engine(name="local-sim", *, first_token_timeout=30.0, **fields) -> EngineProcess:
+    """A simulator engine's row and its endpoint's (`first_token_timeout` is the endpoint's)."""
     port = fields.pop("port", None) or unclaimed_port()
     endpoint = ModelEndpoint.objects.create(
-        name=name, kind="vllm", base_url=f"http://127.0.0.1:{port}/v1", model="acme/base"
+        name=name,
+        kind="vllm",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model="acme/base",
+        first_token_timeout=first_token_timeout,
     )
     defaults = dict(
         kind="simulator",
